@@ -1,0 +1,55 @@
+# Palimpsest — every target works on a fresh machine: `install` runs first where it is needed.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PROTOS  := $(wildcard protos/palimpsest/v1/*.proto)
+GEN_DIR := palimpsest/v1
+
+.PHONY: install protos protos-check lint run demo test test-store bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+node_modules/.installed: package.json
+	npm install --no-audit --no-fund --silent
+	touch $@
+
+install: $(VENV)/.installed node_modules/.installed
+
+# Regenerates the committed Python code (messages, stubs and .pyi type stubs) from protos/.
+protos: $(VENV)/.installed
+	rm -f $(GEN_DIR)/*_pb2*.py $(GEN_DIR)/*_pb2*.pyi
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+
+# Fails when the committed generated code is not what `make protos` produces.
+protos-check: protos
+	git diff --exit-code -- $(GEN_DIR) || (echo "generated code is stale: run 'make protos' and commit" >&2; exit 1)
+	test -z "$$(git status --porcelain -- $(GEN_DIR))" || (echo "untracked generated files: run 'make protos' and commit" >&2; exit 1)
+
+lint: node_modules/.installed
+	cd protos && ../node_modules/.bin/buf lint
+
+run: install
+	$(BIN)/python -m services.run
+
+demo: install
+	$(BIN)/python -m services.demo
+
+test: install
+	$(BIN)/python -m pytest -n 2 -q
+
+# The SessionStore tests alone (CI runs them again on the machine's PostgreSQL via TEST_DATABASE_URL).
+test-store: install
+	$(BIN)/python -m pytest -n 2 -q tests/test_store*.py
+
+bench: install
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache

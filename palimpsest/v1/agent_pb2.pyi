@@ -1,0 +1,299 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from palimpsest.v1 import compressor_pb2 as _compressor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StreamEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STREAM_END_REASON_UNSPECIFIED: _ClassVar[StreamEndReason]
+    STREAM_END_REASON_COMPLETED: _ClassVar[StreamEndReason]
+    STREAM_END_REASON_STOPPED: _ClassVar[StreamEndReason]
+    STREAM_END_REASON_MAX_ITERATIONS: _ClassVar[StreamEndReason]
+    STREAM_END_REASON_CONTEXT_TOO_LARGE: _ClassVar[StreamEndReason]
+    STREAM_END_REASON_ERROR: _ClassVar[StreamEndReason]
+STREAM_END_REASON_UNSPECIFIED: StreamEndReason
+STREAM_END_REASON_COMPLETED: StreamEndReason
+STREAM_END_REASON_STOPPED: StreamEndReason
+STREAM_END_REASON_MAX_ITERATIONS: StreamEndReason
+STREAM_END_REASON_CONTEXT_TOO_LARGE: StreamEndReason
+STREAM_END_REASON_ERROR: StreamEndReason
+
+class RunStreamRequest(_message.Message):
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    profile_id: str
+    text: str
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    hidden: bool
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ...) -> None: ...
+
+class RunRequest(_message.Message):
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    profile_id: str
+    text: str
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    hidden: bool
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ...) -> None: ...
+
+class RunResponse(_message.Message):
+    __slots__ = ("session_id", "text", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    text: str
+    reason: StreamEndReason
+    def __init__(self, session_id: _Optional[str] = ..., text: _Optional[str] = ..., reason: _Optional[_Union[StreamEndReason, str]] = ...) -> None: ...
+
+class RunEphemeralRequest(_message.Message):
+    __slots__ = ("text", "profile_id", "max_iterations", "exclude_tools", "briefing", "custom_system_prompt", "inherit_system_prompt", "context_transfer", "parent_session_id", "timeout_seconds")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    BRIEFING_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    INHERIT_SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    profile_id: str
+    max_iterations: int
+    exclude_tools: _containers.RepeatedScalarFieldContainer[str]
+    briefing: str
+    custom_system_prompt: str
+    inherit_system_prompt: bool
+    context_transfer: str
+    parent_session_id: str
+    timeout_seconds: float
+    def __init__(self, text: _Optional[str] = ..., profile_id: _Optional[str] = ..., max_iterations: _Optional[int] = ..., exclude_tools: _Optional[_Iterable[str]] = ..., briefing: _Optional[str] = ..., custom_system_prompt: _Optional[str] = ..., inherit_system_prompt: _Optional[bool] = ..., context_transfer: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class RunEphemeralResponse(_message.Message):
+    __slots__ = ("text", "completed_normally")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_NORMALLY_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    completed_normally: bool
+    def __init__(self, text: _Optional[str] = ..., completed_normally: _Optional[bool] = ...) -> None: ...
+
+class CompactRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class StopResponse(_message.Message):
+    __slots__ = ("stopped",)
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    stopped: bool
+    def __init__(self, stopped: _Optional[bool] = ...) -> None: ...
+
+class ListProfilesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Profile(_message.Message):
+    __slots__ = ("id", "name", "model", "context_window", "max_iterations", "think_enabled", "agent_tools", "subagent_tools", "compression", "description")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    THINK_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    SUBAGENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    model: str
+    context_window: int
+    max_iterations: int
+    think_enabled: bool
+    agent_tools: _containers.RepeatedScalarFieldContainer[str]
+    subagent_tools: _containers.RepeatedScalarFieldContainer[str]
+    compression: _compressor_pb2.CompressionSettings
+    description: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., model: _Optional[str] = ..., context_window: _Optional[int] = ..., max_iterations: _Optional[int] = ..., think_enabled: _Optional[bool] = ..., agent_tools: _Optional[_Iterable[str]] = ..., subagent_tools: _Optional[_Iterable[str]] = ..., compression: _Optional[_Union[_compressor_pb2.CompressionSettings, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ListProfilesResponse(_message.Message):
+    __slots__ = ("profiles", "default_profile_id")
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[Profile]
+    default_profile_id: str
+    def __init__(self, profiles: _Optional[_Iterable[_Union[Profile, _Mapping]]] = ..., default_profile_id: _Optional[str] = ...) -> None: ...
+
+class TextDelta(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class ThinkingDelta(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class ThinkingEnd(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ToolStarted(_message.Message):
+    __slots__ = ("call_id", "name", "arguments_json")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    name: str
+    arguments_json: str
+    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class ToolFinished(_message.Message):
+    __slots__ = ("call_id", "name", "preview", "is_error", "elapsed_seconds")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    name: str
+    preview: str
+    is_error: bool
+    elapsed_seconds: float
+    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., preview: _Optional[str] = ..., is_error: _Optional[bool] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("model", "context_window")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    context_window: int
+    def __init__(self, model: _Optional[str] = ..., context_window: _Optional[int] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("context_tokens", "max_context_tokens", "prompt_tokens", "completion_tokens")
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    context_tokens: int
+    max_context_tokens: int
+    prompt_tokens: int
+    completion_tokens: int
+    def __init__(self, context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class PlanningStatus(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    def __init__(self, status: _Optional[str] = ...) -> None: ...
+
+class PlanReady(_message.Message):
+    __slots__ = ("plan", "steps", "complexity")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    COMPLEXITY_FIELD_NUMBER: _ClassVar[int]
+    plan: str
+    steps: _containers.RepeatedScalarFieldContainer[str]
+    complexity: str
+    def __init__(self, plan: _Optional[str] = ..., steps: _Optional[_Iterable[str]] = ..., complexity: _Optional[str] = ...) -> None: ...
+
+class TodoItem(_message.Message):
+    __slots__ = ("id", "text", "status", "validation")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    text: str
+    status: str
+    validation: str
+    def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., status: _Optional[str] = ..., validation: _Optional[str] = ...) -> None: ...
+
+class TodoUpdated(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[TodoItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[TodoItem, _Mapping]]] = ...) -> None: ...
+
+class StreamEnd(_message.Message):
+    __slots__ = ("reason", "text")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    reason: StreamEndReason
+    text: str
+    def __init__(self, reason: _Optional[_Union[StreamEndReason, str]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ErrorEvent(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AgentEvent(_message.Message):
+    __slots__ = ("session_id", "seq", "is_subagent", "text_delta", "thinking_delta", "thinking_end", "tool_started", "tool_finished", "model_info", "usage", "compression_started", "context_compressed", "planning_status", "plan_ready", "todo_updated", "stream_end", "error", "extra")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    IS_SUBAGENT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
+    THINKING_DELTA_FIELD_NUMBER: _ClassVar[int]
+    THINKING_END_FIELD_NUMBER: _ClassVar[int]
+    TOOL_STARTED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_INFO_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_STARTED_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    PLANNING_STATUS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_READY_FIELD_NUMBER: _ClassVar[int]
+    TODO_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    STREAM_END_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    seq: int
+    is_subagent: bool
+    text_delta: TextDelta
+    thinking_delta: ThinkingDelta
+    thinking_end: ThinkingEnd
+    tool_started: ToolStarted
+    tool_finished: ToolFinished
+    model_info: ModelInfo
+    usage: Usage
+    compression_started: _compressor_pb2.CompressionStarted
+    context_compressed: _compressor_pb2.ContextCompressed
+    planning_status: PlanningStatus
+    plan_ready: PlanReady
+    todo_updated: TodoUpdated
+    stream_end: StreamEnd
+    error: ErrorEvent
+    extra: _struct_pb2.Struct
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., is_subagent: _Optional[bool] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., thinking_delta: _Optional[_Union[ThinkingDelta, _Mapping]] = ..., thinking_end: _Optional[_Union[ThinkingEnd, _Mapping]] = ..., tool_started: _Optional[_Union[ToolStarted, _Mapping]] = ..., tool_finished: _Optional[_Union[ToolFinished, _Mapping]] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., compression_started: _Optional[_Union[_compressor_pb2.CompressionStarted, _Mapping]] = ..., context_compressed: _Optional[_Union[_compressor_pb2.ContextCompressed, _Mapping]] = ..., planning_status: _Optional[_Union[PlanningStatus, _Mapping]] = ..., plan_ready: _Optional[_Union[PlanReady, _Mapping]] = ..., todo_updated: _Optional[_Union[TodoUpdated, _Mapping]] = ..., stream_end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...

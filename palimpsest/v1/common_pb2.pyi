@@ -1,0 +1,205 @@
+import datetime
+
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments_json: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class SeqRange(_message.Message):
+    __slots__ = ("first", "last")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+
+class Message(_message.Message):
+    __slots__ = ("seq", "role", "content", "thinking", "tool_calls", "tool_call_id", "name", "images", "files", "metadata", "is_context", "is_display", "is_plan", "is_compression", "is_summary", "is_compression_critical", "is_recall", "elapsed_seconds", "tool_call_count", "token_count", "created_at", "breadcrumbs", "replaces", "archived", "explicit_flags")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    THINKING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    IS_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    IS_DISPLAY_FIELD_NUMBER: _ClassVar[int]
+    IS_PLAN_FIELD_NUMBER: _ClassVar[int]
+    IS_COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    IS_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    IS_COMPRESSION_CRITICAL_FIELD_NUMBER: _ClassVar[int]
+    IS_RECALL_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    BREADCRUMBS_FIELD_NUMBER: _ClassVar[int]
+    REPLACES_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVED_FIELD_NUMBER: _ClassVar[int]
+    EXPLICIT_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    role: str
+    content: str
+    thinking: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_id: str
+    name: str
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    files: _containers.RepeatedScalarFieldContainer[str]
+    metadata: _struct_pb2.Struct
+    is_context: bool
+    is_display: bool
+    is_plan: bool
+    is_compression: bool
+    is_summary: bool
+    is_compression_critical: bool
+    is_recall: bool
+    elapsed_seconds: float
+    tool_call_count: int
+    token_count: int
+    created_at: _timestamp_pb2.Timestamp
+    breadcrumbs: _containers.RepeatedScalarFieldContainer[str]
+    replaces: SeqRange
+    archived: bool
+    explicit_flags: bool
+    def __init__(self, seq: _Optional[int] = ..., role: _Optional[str] = ..., content: _Optional[str] = ..., thinking: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., files: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., is_context: _Optional[bool] = ..., is_display: _Optional[bool] = ..., is_plan: _Optional[bool] = ..., is_compression: _Optional[bool] = ..., is_summary: _Optional[bool] = ..., is_compression_critical: _Optional[bool] = ..., is_recall: _Optional[bool] = ..., elapsed_seconds: _Optional[float] = ..., tool_call_count: _Optional[int] = ..., token_count: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaces: _Optional[_Union[SeqRange, _Mapping]] = ..., archived: _Optional[bool] = ..., explicit_flags: _Optional[bool] = ...) -> None: ...
+
+class ExternalRef(_message.Message):
+    __slots__ = ("kind", "uri", "created_by", "read_only", "created_at")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    uri: str
+    created_by: str
+    read_only: bool
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, kind: _Optional[str] = ..., uri: _Optional[str] = ..., created_by: _Optional[str] = ..., read_only: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Session(_message.Message):
+    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "context_token_count", "revision", "metadata", "external_refs", "untrusted_ingested", "episode_untrusted", "planning_logs", "display_message_count", "messages", "context")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
+    UNTRUSTED_INGESTED_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
+    PLANNING_LOGS_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    profile_id: str
+    owner: str
+    name: str
+    pinned: bool
+    provider: str
+    model: str
+    created_at: _timestamp_pb2.Timestamp
+    last_active: _timestamp_pb2.Timestamp
+    context_token_count: int
+    revision: int
+    metadata: _struct_pb2.Struct
+    external_refs: _containers.RepeatedCompositeFieldContainer[ExternalRef]
+    untrusted_ingested: bool
+    episode_untrusted: bool
+    planning_logs: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    display_message_count: int
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    context: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., external_refs: _Optional[_Iterable[_Union[ExternalRef, _Mapping]]] = ..., untrusted_ingested: _Optional[bool] = ..., episode_untrusted: _Optional[bool] = ..., planning_logs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., display_message_count: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class SessionSummary(_message.Message):
+    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "display_message_count", "preview", "context_token_count", "revision")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    profile_id: str
+    owner: str
+    name: str
+    pinned: bool
+    provider: str
+    model: str
+    created_at: _timestamp_pb2.Timestamp
+    last_active: _timestamp_pb2.Timestamp
+    display_message_count: int
+    preview: str
+    context_token_count: int
+    revision: int
+    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., display_message_count: _Optional[int] = ..., preview: _Optional[str] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class RawChunk(_message.Message):
+    __slots__ = ("id", "session_id", "content", "content_hash", "turn_range", "first_at", "last_at", "breadcrumbs", "score")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    TURN_RANGE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_AT_FIELD_NUMBER: _ClassVar[int]
+    BREADCRUMBS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    session_id: str
+    content: str
+    content_hash: str
+    turn_range: SeqRange
+    first_at: _timestamp_pb2.Timestamp
+    last_at: _timestamp_pb2.Timestamp
+    breadcrumbs: _containers.RepeatedScalarFieldContainer[str]
+    score: float
+    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., turn_range: _Optional[_Union[SeqRange, _Mapping]] = ..., first_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ...) -> None: ...
+
+class FileInfo(_message.Message):
+    __slots__ = ("name", "path", "size", "sha256", "content_type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    size: int
+    sha256: str
+    content_type: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ...) -> None: ...

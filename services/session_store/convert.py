@@ -1,0 +1,215 @@
+"""Rows ↔ protobuf messages for the SessionStore: one place that knows both shapes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from palimpsest.v1 import common_pb2
+from services.session_store.redaction import redact_arguments
+
+MESSAGE_COLUMNS = (
+    "seq, role, content, thinking, tool_calls, tool_call_id, name, images, files, metadata, "
+    "is_context, is_display, is_plan, is_compression, is_summary, is_compression_critical, is_recall, "
+    "elapsed_seconds, tool_call_count, token_count, created_at, breadcrumbs, replaces_first, replaces_last"
+)
+INSERT_COLUMNS = "session_id, " + MESSAGE_COLUMNS
+VALID_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def struct_to_dict(struct: struct_pb2.Struct | None) -> dict[str, Any]:
+    if struct is None:
+        return {}
+    return json_format.MessageToDict(struct)
+
+
+def dict_to_struct(data: dict[str, Any] | None) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    if data:
+        struct.update(data)
+    return struct
+
+
+def timestamp(dt: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if dt is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(dt.astimezone(timezone.utc))
+    return ts
+
+
+def to_datetime(ts: timestamp_pb2.Timestamp | None) -> datetime | None:
+    if ts is None or (ts.seconds == 0 and ts.nanos == 0):
+        return None
+    return ts.ToDatetime(tzinfo=timezone.utc)
+
+
+def tool_calls_json(message: common_pb2.Message) -> list[dict[str, str]]:
+    """Tool calls as stored: arguments redacted so secrets never reach the database."""
+    return [
+        {"id": c.id, "name": c.name, "arguments": redact_arguments(c.arguments_json)} for c in message.tool_calls
+    ]
+
+
+def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime) -> tuple:
+    """The INSERT values for one appended message (flags default to context + display)."""
+    explicit = message.explicit_flags
+    replaces = message.replaces if message.HasField("replaces") else None
+    return (
+        session_id,
+        seq,
+        message.role,
+        message.content,
+        message.thinking,
+        tool_calls_json(message),
+        message.tool_call_id,
+        message.name,
+        list(message.images),
+        list(message.files),
+        struct_to_dict(message.metadata) if message.HasField("metadata") else {},
+        message.is_context if explicit else True,
+        message.is_display if explicit else True,
+        message.is_plan,
+        message.is_compression,
+        message.is_summary,
+        message.is_compression_critical,
+        message.is_recall,
+        message.elapsed_seconds,
+        message.tool_call_count or len(message.tool_calls),
+        message.token_count,
+        to_datetime(message.created_at) if message.HasField("created_at") else now,
+        list(message.breadcrumbs),
+        replaces.first if replaces else None,
+        replaces.last if replaces else None,
+    )
+
+
+def row_bytes(message: common_pb2.Message) -> int:
+    """What a row weighs in the hot table, for the byte cap."""
+    return (
+        len(message.content.encode())
+        + len(message.thinking.encode())
+        + sum(len(i) for i in message.images)
+        + sum(len(c.arguments_json) for c in message.tool_calls)
+    )
+
+
+def message_from_row(row, *, archived: bool = False) -> common_pb2.Message:
+    message = common_pb2.Message(
+        seq=row["seq"],
+        role=row["role"],
+        content=row["content"],
+        thinking=row["thinking"],
+        tool_call_id=row["tool_call_id"],
+        name=row["name"],
+        images=list(row["images"] or []),
+        files=list(row["files"] or []),
+        is_context=row["is_context"],
+        is_display=row["is_display"],
+        is_plan=row["is_plan"],
+        is_compression=row["is_compression"],
+        is_summary=row["is_summary"],
+        is_compression_critical=row["is_compression_critical"],
+        is_recall=row["is_recall"],
+        elapsed_seconds=row["elapsed_seconds"],
+        tool_call_count=row["tool_call_count"],
+        token_count=row["token_count"],
+        breadcrumbs=list(row["breadcrumbs"] or []),
+        archived=archived,
+        explicit_flags=True,
+    )
+    for call in row["tool_calls"] or []:
+        message.tool_calls.add(id=call.get("id", ""), name=call.get("name", ""), arguments_json=call.get("arguments", ""))
+    if row["metadata"]:
+        message.metadata.update(row["metadata"])
+    message.created_at.CopyFrom(timestamp(row["created_at"]))
+    if row["replaces_first"] is not None:
+        message.replaces.first = row["replaces_first"]
+        message.replaces.last = row["replaces_last"]
+    return message
+
+
+def external_ref_to_json(ref) -> dict[str, Any]:
+    return {
+        "kind": ref.kind,
+        "uri": ref.uri,
+        "created_by": ref.created_by,
+        "read_only": ref.read_only,
+        "created_at": ref.created_at.isoformat() if ref.created_at else None,
+    }
+
+
+def external_ref_to_proto(data: dict[str, Any]) -> common_pb2.ExternalRef:
+    ref = common_pb2.ExternalRef(
+        kind=data["kind"], uri=data["uri"], created_by=data["created_by"], read_only=bool(data.get("read_only"))
+    )
+    if data.get("created_at"):
+        ref.created_at.CopyFrom(timestamp(datetime.fromisoformat(data["created_at"])))
+    return ref
+
+
+def session_from_row(row) -> common_pb2.Session:
+    session = common_pb2.Session(
+        id=str(row["id"]),
+        profile_id=row["profile_id"],
+        owner=row["owner"] or "",
+        name=row["name"],
+        pinned=row["pinned"],
+        provider=row["provider"],
+        model=row["model"],
+        context_token_count=row["context_token_count"],
+        revision=row["revision"],
+        untrusted_ingested=row["untrusted_ingested"],
+        episode_untrusted=row["episode_untrusted"],
+        display_message_count=row["display_count"],
+        external_refs=[external_ref_to_proto(r) for r in row["external_refs"] or []],
+        planning_logs=[dict_to_struct(log) for log in row["planning_logs"] or []],
+    )
+    session.created_at.CopyFrom(timestamp(row["created_at"]))
+    session.last_active.CopyFrom(timestamp(row["last_active"]))
+    if row["metadata"]:
+        session.metadata.update(row["metadata"])
+    return session
+
+
+def summary_from_row(row) -> common_pb2.SessionSummary:
+    summary = common_pb2.SessionSummary(
+        id=str(row["id"]),
+        profile_id=row["profile_id"],
+        owner=row["owner"] or "",
+        name=row["name"],
+        pinned=row["pinned"],
+        provider=row["provider"],
+        model=row["model"],
+        display_message_count=row["display_count"],
+        preview=row["preview"],
+        context_token_count=row["context_token_count"],
+        revision=row["revision"],
+    )
+    summary.created_at.CopyFrom(timestamp(row["created_at"]))
+    summary.last_active.CopyFrom(timestamp(row["last_active"]))
+    return summary
+
+
+def chunk_from_row(row) -> common_pb2.RawChunk:
+    chunk = common_pb2.RawChunk(
+        id=row["id"],
+        session_id=str(row["session_id"]),
+        content=row["content"],
+        content_hash=row["content_hash"],
+        turn_range=common_pb2.SeqRange(first=row["first_seq"], last=row["last_seq"]),
+        breadcrumbs=list(row["breadcrumbs"] or []),
+        score=float(row["score"]) if "score" in row.keys() and row["score"] is not None else 0.0,
+    )
+    if row["first_at"]:
+        chunk.first_at.CopyFrom(timestamp(row["first_at"]))
+    if row["last_at"]:
+        chunk.last_at.CopyFrom(timestamp(row["last_at"]))
+    return chunk
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)

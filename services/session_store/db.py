@@ -1,0 +1,75 @@
+"""The connection pool and versioned migrations, applied on start."""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import resources
+
+import asyncpg
+
+log = logging.getLogger("palimpsest.store.db")
+
+# Serializes migrations when several store replicas (or test workers) start at once.
+_MIGRATION_LOCK = 0x7061_6C69  # "pali"
+
+_TRGM_INDEXES = {
+    "session_messages_content_trgm": "session_messages USING gin (content gin_trgm_ops)",
+    "session_messages_archive_content_trgm": "session_messages_archive USING gin (content gin_trgm_ops)",
+    "memory_chunks_content_trgm": "memory_chunks USING gin (content gin_trgm_ops)",
+    "sessions_name_trgm": "sessions USING gin (name gin_trgm_ops)",
+}
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection)
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    folder = resources.files("services.session_store") / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(pool: asyncpg.Pool) -> bool:
+    """Apply pending migrations; returns whether trigram indexes are available."""
+    async with pool.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+        try:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            applied = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            for version, name, sql in _migrations():
+                if version in applied:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+                log.info("applied migration %s", name)
+            return await _ensure_trigram(conn)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+
+
+async def _ensure_trigram(conn: asyncpg.Connection) -> bool:
+    """Trigram GIN indexes make substring search use an index; without pg_trgm we fall back to scans."""
+    have = await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'pg_trgm'")
+    if not have:
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+        except asyncpg.PostgresError as exc:
+            log.warning("pg_trgm is not available (%s): search works without trigram indexes, slower", exc)
+            return False
+    for name, target in _TRGM_INDEXES.items():
+        await conn.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {target}")
+    return True

@@ -1,0 +1,557 @@
+"""Session file storage: one folder per session under a root directory.
+
+Uploaded files and pasted images land in ``<root>/<session_id>/`` where the
+agent's file tools can reach them.  Everything here is synchronous on purpose;
+the gRPC servicer calls it through ``asyncio.to_thread`` so disk I/O never
+blocks the event loop, and the tests need no event loop at all.
+
+Naming choices:
+
+* Uploaded names go through :func:`safe_name`; a name already taken gets a
+  numeric suffix before the extension, ``report.pdf`` -> ``report_1.pdf`` ->
+  ``report_2.pdf`` (an underscore rather than `` (1)`` so the result needs no
+  quoting in the shell commands the agent writes).
+* Pasted images are ``image_N.<ext>`` with N running across the session
+  whatever the format, and the extension read from the bytes.
+* In-progress uploads are hidden dot files (``.upload-*.part``); safe_name
+  strips leading dots, so no stored name can ever collide with one, and
+  listing and reading skip them.
+
+Final names are claimed with ``os.link`` (fails instead of clobbering), so two
+concurrent uploads of ``report.pdf`` end up as ``report.pdf`` and
+``report_1.pdf`` rather than one overwriting the other.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import mimetypes
+import os
+import re
+import shutil
+import tempfile
+import unicodedata
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from services.shared.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+
+DEFAULT_MAX_BYTES = 200 * 1024 * 1024
+MAX_NAME_BYTES = 255
+CHUNK_SIZE = 64 * 1024
+# Longest magic number we look for is 4 bytes; 8 leaves headroom and is still
+# tiny enough to buffer before the first write.
+HEAD_BYTES = 8
+TEMP_PREFIX = ".upload-"
+# How many suffixes to try before concluding something is wrong with the folder.
+MAX_NAME_ATTEMPTS = 10_000
+
+# Extensions of programs and scripts.  Rejected case-insensitively on the last
+# suffix only: "notes.sh.txt" is a text file by name, and the content check
+# still catches it if it starts with a shebang.
+EXECUTABLE_EXTENSIONS = frozenset(
+    {
+        ".sh", ".bash", ".zsh", ".ksh", ".csh", ".fish", ".command",
+        ".py", ".pyc", ".pyo", ".pyw", ".pyz",
+        ".exe", ".bat", ".cmd", ".com", ".ps1", ".psm1", ".msi", ".msp",
+        ".dll", ".so", ".dylib", ".bin", ".app", ".jar", ".vbs", ".vbe",
+        ".jse", ".wsf", ".wsh", ".scr", ".cpl", ".hta",
+        ".elf", ".run", ".out", ".pl", ".rb", ".php", ".lua", ".appimage",
+        ".deb", ".rpm", ".apk", ".pkg", ".dmg", ".gadget", ".reg", ".lnk",
+    }
+)
+
+# Magic numbers of native executables.  Mach-O is listed in both byte orders;
+# 0xCAFEBABE is the fat (universal) binary header and also a Java class file,
+# which is just as unwelcome.
+_EXECUTABLE_MAGICS = (
+    b"\x7fELF",
+    b"MZ",  # DOS/PE
+    b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe",  # Mach-O 32-bit
+    b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",  # Mach-O 64-bit
+    b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca",  # fat binary / Java class
+    b"#!",  # interpreter script
+)
+
+# Content signatures that decide the content type over a misleading extension.
+_SIGNATURE_TYPES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"%PDF-", "application/pdf"),
+)
+
+# Pillow format name -> stored extension.  An allowlist: Pillow recognises
+# some formats by very weak signatures, and a "pasted image" in an exotic
+# format is more likely garbage than a picture.
+IMAGE_EXTENSIONS = {
+    "PNG": "png",
+    "JPEG": "jpg",
+    "MPO": "jpg",  # multi-picture JPEG (phone cameras); still a JPEG file
+    "GIF": "gif",
+    "WEBP": "webp",
+    "BMP": "bmp",
+    "TIFF": "tiff",
+    "ICO": "ico",
+    "AVIF": "avif",
+    "HEIF": "heic",
+}
+
+_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+_IMAGE_NAME = re.compile(r"image_([1-9][0-9]*)\.[a-z0-9]+")
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._ -]")
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A built-in table only: the module-level mimetypes functions also read the
+# host's /etc/mime.types, which would make content types differ by machine.
+_MIME = mimetypes.MimeTypes()
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    name: str
+    path: Path
+    size: int
+    sha256: str
+    content_type: str
+
+
+# --- pure helpers ----------------------------------------------------------------
+
+
+def safe_name(name: str) -> str:
+    """Return ``name`` reduced to a plain file name that stays inside a folder."""
+    # Clients send Windows paths too, so both separators strip directories.
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    # NFKC folds look-alikes (full-width letters) to ASCII before the
+    # allowlist turns everything else into "_".
+    base = unicodedata.normalize("NFKC", base)
+    base = _CONTROL_CHARS.sub("", base)
+    base = _UNSAFE_CHARS.sub("_", base)
+    base = re.sub(r"_{2,}", "_", base)
+    base = re.sub(r" {2,}", " ", base)
+    # Leading dots would make hidden files (and collide with upload temp
+    # files); trailing dots/spaces are stripped by some filesystems.
+    base = base.lstrip(". ").rstrip(". ")
+    if not base:
+        raise InvalidArgument("filename", f"{name!r} does not contain a usable file name")
+    return _capped(base, MAX_NAME_BYTES)
+
+
+def _capped(name: str, limit: int) -> str:
+    """Return ``name`` cut to ``limit`` bytes, keeping its extension when it has one."""
+    if len(name.encode()) <= limit:
+        return name
+    stem, ext = _split_extension(name)
+    if len(ext) >= limit // 2:
+        # An "extension" this long is not one worth keeping.
+        stem, ext = name, ""
+    return stem[: limit - len(ext)].rstrip(". ") + ext
+
+
+def _split_extension(name: str) -> tuple[str, str]:
+    stem, dot, ext = name.rpartition(".")
+    if not dot or not stem:
+        return name, ""
+    return stem, "." + ext
+
+
+def numbered_name(name: str, n: int) -> str:
+    """Return the ``n``-th alternative for a taken ``name``: report.pdf -> report_n.pdf."""
+    if n == 0:
+        return name
+    stem, ext = _split_extension(name)
+    suffix = f"_{n}"
+    stem = stem[: MAX_NAME_BYTES - len(ext) - len(suffix)]
+    return f"{stem}{suffix}{ext}"
+
+
+def is_executable(name: str, head: bytes) -> bool:
+    """Whether a file is a program, judged by its extension OR its first bytes."""
+    return has_executable_extension(name) or has_executable_magic(head)
+
+
+def has_executable_extension(name: str) -> bool:
+    return _split_extension(name.lower())[1] in EXECUTABLE_EXTENSIONS
+
+
+def has_executable_magic(head: bytes) -> bool:
+    return head.startswith(_EXECUTABLE_MAGICS)
+
+
+def content_type(name: str, head: bytes) -> str:
+    """Return the MIME type: a known content signature beats the extension."""
+    for signature, mime in _SIGNATURE_TYPES:
+        if head.startswith(signature):
+            return mime
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    guessed, _ = _MIME.guess_type(name, strict=False)
+    return guessed or "application/octet-stream"
+
+
+def image_extension(data: bytes) -> str:
+    """Return the file extension for image bytes, from the bytes alone."""
+    # Imported here so that modules importing FileStore for uploads alone do
+    # not pay for Pillow's plugin registry.
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            fmt = image.format
+            # verify() checks structure (PNG chunk CRCs etc.) without decoding
+            # pixels, so a truncated paste is refused instead of stored.
+            image.verify()
+    except Exception as exc:  # noqa: BLE001 -- Pillow raises many unrelated types
+        raise InvalidArgument("images", f"not a readable image ({type(exc).__name__})") from exc
+    ext = IMAGE_EXTENSIONS.get(fmt or "")
+    if ext is None:
+        raise InvalidArgument("images", f"unsupported image format {fmt}")
+    return ext
+
+
+def normalized_session_id(session_id: str) -> str:
+    """Return the canonical (lower-case) form of a UUID session id."""
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise InvalidArgument("session_id", f"{session_id!r} is not a UUID")
+    return session_id.lower()
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK_SIZE), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _head_of(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(HEAD_BYTES)
+
+
+def _link_without_clobber(source: Path, target: Path) -> None:
+    """Make ``target`` name the file at ``source``; FileExistsError if it is taken."""
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+        # Filesystems without hard links: reserve the name exclusively, then
+        # move the data over the reservation.  Readers may briefly see an
+        # empty file, but nothing is ever overwritten.
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+        os.replace(source, target)
+        return
+    source.unlink()
+
+
+def _claim_name(temp: Path, folder: Path, candidates: Iterator[str]) -> Path:
+    """Give ``temp`` the first free name from ``candidates``; return the final path."""
+    for _, name in zip(range(MAX_NAME_ATTEMPTS), candidates):
+        target = _inside(folder, name)
+        try:
+            _link_without_clobber(temp, target)
+        except FileExistsError:
+            continue  # taken, possibly by a concurrent upload a moment ago
+        return target
+    raise ResourceExhausted(f"no free file name left in {folder.name}")
+
+
+def _inside(folder: Path, name: str) -> Path:
+    """Return ``folder / name``, refusing anything that resolves elsewhere."""
+    path = folder / name
+    if path.resolve().parent != folder.resolve():
+        # safe_name already makes this impossible; this guards against a
+        # future change (or a planted symlink) breaking that assumption.
+        raise InvalidArgument("filename", f"{name!r} escapes the session folder")
+    return path
+
+
+# --- uploads -----------------------------------------------------------------------
+
+
+class Upload:
+    """One streaming upload into a session folder: write() chunks, then commit()."""
+
+    def __init__(
+        self,
+        folder: Path,
+        name: str,
+        max_bytes: int,
+        *,
+        final_names: Callable[[], Iterator[str]] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.name = name
+        self.max_bytes = max_bytes
+        # Called at commit time, not now, so the free names are computed as
+        # late as possible; the default numbers duplicates of `name`.
+        self._final_names = final_names or self._numbered_names
+        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".part", dir=folder)
+        self.temp_path = Path(temp)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb")
+        self._size = 0
+        self._sha256 = hashlib.sha256()
+        self._head = b""
+        self._head_checked = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def write(self, chunk: bytes) -> None:
+        """Append ``chunk``; reject the upload as soon as it breaks a rule."""
+        file = self._open_file()
+        if self._size + len(chunk) > self.max_bytes:
+            # Checked before writing, so the disk never holds more than the cap.
+            self.abort()
+            raise ResourceExhausted(
+                f"file {self.name!r} exceeds the session file limit of {self.max_bytes} bytes"
+                f" ({self.max_bytes / (1024 * 1024):g} MB)"
+            )
+        if not self._head_checked:
+            self._head += chunk[: HEAD_BYTES - len(self._head)]
+            if len(self._head) >= HEAD_BYTES:
+                self._check_head()
+        file.write(chunk)
+        self._sha256.update(chunk)
+        self._size += len(chunk)
+
+    def commit(self) -> FileInfo:
+        """Finish the upload under a free name and return what was stored."""
+        file = self._open_file()
+        if not self._head_checked:
+            self._check_head()  # files shorter than HEAD_BYTES
+        try:
+            file.flush()
+            os.fsync(file.fileno())
+            file.close()
+            self._file = None
+            final = _claim_name(self.temp_path, self.folder, self._final_names())
+        except BaseException:
+            self.abort()
+            raise
+        return FileInfo(
+            name=final.name,
+            path=final,
+            size=self._size,
+            sha256=self._sha256.hexdigest(),
+            content_type=content_type(final.name, self._head),
+        )
+
+    def abort(self) -> None:
+        """Drop the upload and its temp file; safe to call more than once."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.temp_path.unlink(missing_ok=True)
+        self._head_checked = True
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # Leaving the block without commit() (an exception, a cancelled
+        # stream) must not leave a partial file behind.
+        if self._file is not None:
+            self.abort()
+
+    def _open_file(self) -> BinaryIO:
+        if self._file is None:
+            raise FailedPrecondition(f"upload of {self.name!r} is already finished")
+        return self._file
+
+    def _check_head(self) -> None:
+        self._head_checked = True
+        if has_executable_magic(self._head):
+            self.abort()
+            raise InvalidArgument("content", f"{self.name!r} is an executable or script")
+
+    def _numbered_names(self) -> Iterator[str]:
+        n = 0
+        while True:
+            yield numbered_name(self.name, n)
+            n += 1
+
+
+# --- the store ------------------------------------------------------------------------
+
+
+class FileStore:
+    """Files of every session, one folder per session id under ``root``."""
+
+    def __init__(self, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+
+    def session_dir(self, session_id: str) -> Path:
+        """Return the folder of ``session_id`` (not created)."""
+        return self.root / normalized_session_id(session_id)
+
+    def begin_upload(self, session_id: str, filename: str) -> Upload:
+        """Start a streaming upload; the name is sanitised and checked up front."""
+        name = safe_name(filename)
+        if has_executable_extension(name):
+            raise InvalidArgument("filename", f"{name!r} is an executable or script")
+        folder = self._created_dir(session_id)
+        _inside(folder, name)
+        return Upload(folder, name, self.max_bytes)
+
+    def save(self, session_id: str, filename: str, data: bytes) -> FileInfo:
+        """Store a whole file in one call (an upload with a single chunk)."""
+        with self.begin_upload(session_id, filename) as upload:
+            upload.write(data)
+            return upload.commit()
+
+    def save_image(self, session_id: str, data: bytes) -> FileInfo:
+        """Store pasted image bytes verbatim as image_N.<ext>, reusing identical ones."""
+        if not data:
+            raise InvalidArgument("images", "image is empty")
+        if len(data) > self.max_bytes:
+            raise ResourceExhausted(
+                f"image exceeds the session file limit of {self.max_bytes} bytes"
+            )
+        ext = image_extension(data)
+        folder = self._created_dir(session_id)
+        existing = self._same_image(folder, data)
+        if existing is not None:
+            return existing
+        # Never re-encoded: a PNG keeps its alpha channel, a JPEG its quality.
+        names = lambda: self._image_names(folder, ext)  # noqa: E731
+        with Upload(folder, f"image.{ext}", self.max_bytes, final_names=names) as upload:
+            upload.write(data)
+            return upload.commit()
+
+    def open_read(self, session_id: str, name: str) -> BinaryIO:
+        """Open a stored file for reading; NotFound when it does not exist."""
+        path = self._existing_file(session_id, name)
+        try:
+            return path.open("rb")
+        except FileNotFoundError:
+            raise NotFound(f"file {name!r} not found in session {session_id}") from None
+
+    def iter_chunks(self, session_id: str, name: str, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
+        """Return an iterator over a stored file's bytes.
+
+        The file is opened now, not at the first next(), so NotFound reaches
+        the caller before it starts a response stream.
+        """
+        file = self.open_read(session_id, name)
+
+        def chunks() -> Iterator[bytes]:
+            with file:
+                while chunk := file.read(chunk_size):
+                    yield chunk
+
+        return chunks()
+
+    def list_files(self, session_id: str) -> list[FileInfo]:
+        """Return the stored files of a session sorted by name ([] if none)."""
+        folder = self.session_dir(session_id)
+        if not folder.is_dir():
+            return []
+        return [self._info(path) for path in sorted(self._stored_files(folder), key=lambda p: p.name)]
+
+    def delete_session(self, session_id: str) -> bool:
+        """Remove a session's folder; return whether there was one."""
+        folder = self.session_dir(session_id)
+        if not folder.exists():
+            return False
+        shutil.rmtree(folder, ignore_errors=False)
+        return True
+
+    def sweep(self, existing_session_ids: Callable[[list[str]], Collection[str]] | Collection[str]) -> list[str]:
+        """Remove folders of sessions that no longer exist; return their ids.
+
+        ``existing_session_ids`` is either the ids that exist, or a callable
+        that receives the candidate ids found on disk and returns those of
+        them that still exist (one database round trip for the batch).
+        Folders whose names are not UUIDs are not ours and are left alone.
+        """
+        candidates = self._session_folders()
+        if not candidates:
+            return []
+        existing = existing_session_ids(candidates) if callable(existing_session_ids) else existing_session_ids
+        alive = {str(i).lower() for i in existing}
+        removed = []
+        for session_id in candidates:
+            if session_id.lower() not in alive:
+                shutil.rmtree(self.root / session_id, ignore_errors=True)
+                removed.append(session_id)
+        return removed
+
+    # --- internals -------------------------------------------------------------------
+
+    def _created_dir(self, session_id: str) -> Path:
+        folder = self.session_dir(session_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _existing_file(self, session_id: str, name: str) -> Path:
+        folder = self.session_dir(session_id)
+        if not name or safe_name(name) != name:
+            # Only names safe_name produces can be stored, so anything else
+            # (paths, temp files, "..") is a malformed request, not a miss.
+            raise InvalidArgument("filename", f"{name!r} is not a stored file name")
+        path = _inside(folder, name)
+        if not path.is_file():
+            raise NotFound(f"file {name!r} not found in session {session_id}")
+        return path
+
+    def _session_folders(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in os.scandir(self.root)
+            if entry.is_dir(follow_symlinks=False) and _SESSION_ID.fullmatch(entry.name)
+        )
+
+    @staticmethod
+    def _stored_files(folder: Path) -> Iterator[Path]:
+        for entry in os.scandir(folder):
+            if not entry.name.startswith(".") and entry.is_file(follow_symlinks=False):
+                yield Path(entry.path)
+
+    @staticmethod
+    def _info(path: Path) -> FileInfo:
+        return FileInfo(
+            name=path.name,
+            path=path,
+            size=path.stat().st_size,
+            sha256=_sha256_of(path),
+            content_type=content_type(path.name, _head_of(path)),
+        )
+
+    def _same_image(self, folder: Path, data: bytes) -> FileInfo | None:
+        """The stored image_N file holding exactly ``data``, if there is one."""
+        digest: str | None = None
+        for path in self._stored_files(folder):
+            # Size first: hashing is only needed for the rare same-size file.
+            if not _IMAGE_NAME.fullmatch(path.name) or path.stat().st_size != len(data):
+                continue
+            digest = digest or hashlib.sha256(data).hexdigest()
+            info = self._info(path)
+            if info.sha256 == digest:
+                return info
+        return None
+
+    def _image_names(self, folder: Path, ext: str) -> Iterator[str]:
+        taken = [int(m[1]) for p in self._stored_files(folder) if (m := _IMAGE_NAME.fullmatch(p.name))]
+        n = max(taken, default=0) + 1
+        while True:
+            yield f"image_{n}.{ext}"
+            n += 1

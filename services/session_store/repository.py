@@ -1,0 +1,671 @@
+"""All SQL of the SessionStore, one method per mutation or query; parameters always bound.
+
+Every write to a session locks its row, checks ownership and `expected_revision`, and bumps the
+revision in the same transaction, so two writers can never interleave unnoticed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import asyncpg
+
+from palimpsest.v1 import common_pb2
+from services.shared.auth import Identity
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from services.session_store import convert
+from services.session_store.convert import INSERT_COLUMNS, MESSAGE_COLUMNS
+
+PLANNING_LOG_CAP = 20
+PREVIEW_CHARS = 120
+
+_SORT_COLUMNS = {
+    "last_active": "s.last_active",
+    "created_at": "s.created_at",
+    "name": "lower(s.name)",
+    "message_count": "s.display_count",
+}
+
+_INSERT_SQL = (
+    f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES "
+    f"({', '.join(f'${i}' for i in range(1, 26))})"
+)
+
+# Hot and archived rows read as one history; `archived` tells them apart.
+_BOTH_TABLES = f"""
+    SELECT {MESSAGE_COLUMNS}, false AS archived FROM session_messages WHERE session_id = $1 AND {{where}}
+    UNION ALL
+    SELECT {MESSAGE_COLUMNS}, true AS archived FROM session_messages_archive WHERE session_id = $1 AND {{where}}
+"""
+
+
+def like_pattern(text: str) -> str:
+    """A substring ILIKE pattern matching `text` literally."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def snippet_around(content: str, query: str, radius: int = 60) -> str:
+    at = content.lower().find(query.lower())
+    if at < 0:
+        return content[: radius * 2]
+    start, end = max(0, at - radius), min(len(content), at + len(query) + radius)
+    return ("…" if start else "") + content[start:end] + ("…" if end < len(content) else "")
+
+
+@dataclass
+class AppendResult:
+    seqs: list[int]
+    revision: int
+    archived: int
+
+
+@dataclass
+class HotWindow:
+    """Past either cap, the oldest message groups move to the archive."""
+
+    max_messages: int
+    max_bytes: int
+
+
+class SessionRepository:
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, trigram: bool):
+        self.pool = pool
+        self.hot_window = hot_window
+        self.trigram = trigram
+
+    # -- access ----------------------------------------------------------------------------
+    async def _lock_session(
+        self, conn: asyncpg.Connection, session_id: uuid.UUID, identity: Identity, expected_revision: int | None
+    ) -> asyncpg.Record:
+        row = await conn.fetchrow(
+            "SELECT owner, revision, next_seq, hot_count, hot_bytes FROM sessions WHERE id = $1 FOR UPDATE",
+            session_id,
+        )
+        if row is None:
+            raise NotFound(f"session {session_id} not found")
+        identity.require_access(row["owner"], str(session_id))
+        if expected_revision is not None and row["revision"] != expected_revision:
+            raise Aborted(
+                f"session {session_id} is at revision {row['revision']}, not the expected {expected_revision}: "
+                "another writer changed it; reload and retry"
+            )
+        return row
+
+    async def _readable(self, conn: asyncpg.Connection, session_id: uuid.UUID, identity: Identity) -> asyncpg.Record:
+        row = await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", session_id)
+        if row is None:
+            raise NotFound(f"session {session_id} not found")
+        identity.require_access(row["owner"], str(session_id))
+        return row
+
+    @staticmethod
+    def _visible(identity: Identity, params: list[Any]) -> str:
+        """A WHERE fragment limiting sessions to the caller's (admins and auth-off see all)."""
+        if not identity.enforced or identity.is_admin:
+            return "true"
+        params.append(identity.sub)
+        return f"s.owner = ${len(params)}"
+
+    # -- sessions --------------------------------------------------------------------------
+    async def create_session(
+        self,
+        identity: Identity,
+        *,
+        profile_id: str,
+        name: str,
+        provider: str,
+        model: str,
+        external_refs: list[dict[str, Any]],
+        metadata: dict[str, Any],
+    ) -> asyncpg.Record:
+        return await self.pool.fetchrow(
+            "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
+            uuid.uuid4(), identity.owner_for_new_session, profile_id, name, provider, model, external_refs, metadata,
+        )
+
+    async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
+        async with self.pool.acquire() as conn:
+            return await self._readable(conn, session_id, identity)
+
+    async def display_history(self, session_id: uuid.UUID) -> list[common_pb2.Message]:
+        return await self._history(session_id, "is_display", "seq")
+
+    async def context(self, session_id: uuid.UUID) -> list[common_pb2.Message]:
+        # A summary stands where the history it replaced stood, so it sorts at its range's start.
+        return await self._history(session_id, "is_context", "coalesce(replaces_first, seq), seq")
+
+    async def _history(self, session_id: uuid.UUID, where: str, order: str) -> list[common_pb2.Message]:
+        rows = await self.pool.fetch(
+            f"SELECT * FROM ({_BOTH_TABLES.format(where=where)}) rows ORDER BY {order}", session_id
+        )
+        return [convert.message_from_row(r, archived=r["archived"]) for r in rows]
+
+    async def list_sessions(
+        self,
+        identity: Identity,
+        *,
+        profile_id: str,
+        query: str,
+        sort_by: str,
+        descending: bool,
+        limit: int,
+        offset: int,
+    ) -> tuple[list[asyncpg.Record], int]:
+        params: list[Any] = []
+        where = [self._visible(identity, params)]
+        if profile_id:
+            params.append(profile_id)
+            where.append(f"s.profile_id = ${len(params)}")
+        if query:
+            params.append(like_pattern(query))
+            p = f"${len(params)}"
+            # Each branch can use its own trigram index; the semi-joins never load history.
+            where.append(
+                f"(s.name ILIKE {p}"
+                f" OR s.id IN (SELECT m.session_id FROM session_messages m WHERE m.is_display AND m.content ILIKE {p})"
+                f" OR s.id IN (SELECT a.session_id FROM session_messages_archive a"
+                f" WHERE a.is_display AND a.content ILIKE {p}))"
+            )
+        where_sql = " AND ".join(where)
+        direction = "DESC" if descending else "ASC"
+        order = f"s.pinned DESC, {_SORT_COLUMNS[sort_by]} {direction}, s.id"
+        count_params = list(params)
+        params.extend([limit, offset])
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT s.* FROM sessions s WHERE {where_sql} ORDER BY {order}"
+                f" LIMIT ${len(params) - 1} OFFSET ${len(params)}",
+                *params,
+            )
+            total = await conn.fetchval(f"SELECT count(*) FROM sessions s WHERE {where_sql}", *count_params)
+        return rows, total
+
+    async def search_matches(
+        self, identity: Identity, session_ids: list[uuid.UUID], query: str
+    ) -> list[tuple[str, list[int], str]]:
+        """Display indices where `query` appears, per session, in one aggregate query."""
+        params: list[Any] = [session_ids]
+        visible = self._visible(identity, params)
+        params.append(like_pattern(query))
+        rows = await self.pool.fetch(
+            f"""
+            WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {visible}),
+            display AS (
+                SELECT session_id, seq, content FROM session_messages
+                 WHERE session_id IN (SELECT id FROM allowed) AND is_display
+                UNION ALL
+                SELECT session_id, seq, content FROM session_messages_archive
+                 WHERE session_id IN (SELECT id FROM allowed) AND is_display
+            ),
+            numbered AS (
+                SELECT session_id, content,
+                       row_number() OVER (PARTITION BY session_id ORDER BY seq) - 1 AS idx
+                  FROM display
+            )
+            SELECT session_id, array_agg(idx ORDER BY idx) AS indices,
+                   (array_agg(content ORDER BY idx))[1] AS first_content
+              FROM numbered WHERE content ILIKE ${len(params)}
+             GROUP BY session_id
+            """,
+            *params,
+        )
+        return [(str(r["session_id"]), list(r["indices"]), snippet_around(r["first_content"], query)) for r in rows]
+
+    async def history_page(
+        self, identity: Identity | None, session_id: uuid.UUID, before_seq: int, limit: int, *, archive_only: bool
+    ) -> tuple[list[common_pb2.Message], bool]:
+        async with self.pool.acquire() as conn:
+            if identity is not None:
+                await self._readable(conn, session_id, identity)
+            before = before_seq if before_seq > 0 else 2**62
+            if archive_only:
+                sql = (
+                    f"SELECT {MESSAGE_COLUMNS}, true AS archived FROM session_messages_archive"
+                    " WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
+                )
+            else:
+                sql = _BOTH_TABLES.format(where="is_display AND seq < $2") + " ORDER BY seq DESC LIMIT $3"
+            rows = await conn.fetch(sql, session_id, before, limit + 1)
+        has_more = len(rows) > limit
+        page = [convert.message_from_row(r, archived=r["archived"]) for r in rows[:limit]]
+        page.reverse()
+        return page, has_more
+
+    # -- writes ----------------------------------------------------------------------------
+    async def append_messages(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        messages: Sequence[common_pb2.Message],
+        expected_revision: int | None,
+    ) -> AppendResult:
+        now = datetime.now(timezone.utc)
+        async with self.pool.acquire() as conn, conn.transaction():
+            locked = await self._lock_session(conn, session_id, identity, expected_revision)
+            first = locked["next_seq"]
+            seqs = list(range(first, first + len(messages)))
+            rows = [convert.message_row(session_id, seq, m, now) for seq, m in zip(seqs, messages)]
+            await conn.executemany(_INSERT_SQL, rows)
+            displayed = sum(1 for r in rows if r[12])
+            preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
+            added_bytes = sum(convert.row_bytes(m) for m in messages)
+            revision = await conn.fetchval(
+                """
+                UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
+                       display_count = display_count + $4, hot_count = hot_count + $5, hot_bytes = hot_bytes + $6,
+                       preview = CASE WHEN preview = '' THEN $7 ELSE preview END
+                 WHERE id = $1 RETURNING revision
+                """,
+                session_id, first + len(messages), now, displayed, len(messages), added_bytes, preview,
+            )
+            archived = 0
+            if self._over_hot_window(locked["hot_count"] + len(messages), locked["hot_bytes"] + added_bytes):
+                archived = await self._archive_overflow(conn, session_id)
+        return AppendResult(seqs=seqs, revision=revision, archived=archived)
+
+    async def update_session(self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any],
+                             expected_revision: int | None) -> asyncpg.Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._lock_session(conn, session_id, identity, expected_revision)
+            current = await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", session_id)
+            sets: dict[str, Any] = {}
+            for key in ("name", "pinned", "profile_id", "context_token_count", "provider", "model"):
+                if key in changes:
+                    sets[key] = changes[key]
+            if "metadata" in changes:
+                merged = dict(current["metadata"])
+                for key, value in changes["metadata"].items():
+                    if value is None:
+                        merged.pop(key, None)
+                    else:
+                        merged[key] = value
+                sets["metadata"] = merged
+            if "external_refs" in changes:
+                sets["external_refs"] = changes["external_refs"](current["external_refs"])
+            if changes.get("untrusted_ingested"):
+                sets["untrusted_ingested"] = True
+            if changes.get("episode_untrusted"):
+                sets["episode_untrusted"] = True
+            if "planning_log" in changes:
+                sets["planning_logs"] = (list(current["planning_logs"]) + [changes["planning_log"]])[-PLANNING_LOG_CAP:]
+            columns = list(sets)
+            assignments = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(columns))
+            return await conn.fetchrow(
+                f"UPDATE sessions SET {assignments}{',' if assignments else ''} revision = revision + 1"
+                " WHERE id = $1 RETURNING *",
+                session_id, *[sets[c] for c in columns],
+            )
+
+    async def set_context_flag(self, identity: Identity, session_id: uuid.UUID, seqs: list[int], is_context: bool,
+                               expected_revision: int | None) -> tuple[int, int]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._lock_session(conn, session_id, identity, expected_revision)
+            updated = await self._set_flag(conn, session_id, seqs, is_context)
+            revision = await self._bump(conn, session_id)
+        return updated, revision
+
+    @staticmethod
+    async def _set_flag(conn: asyncpg.Connection, session_id: uuid.UUID, seqs: list[int], is_context: bool) -> int:
+        # Deliberately no filter on is_display: context-only rows (older summaries) must flip too.
+        total = 0
+        for table in ("session_messages", "session_messages_archive"):
+            status = await conn.execute(
+                f"UPDATE {table} SET is_context = $3 WHERE session_id = $1 AND seq = ANY($2::bigint[])",
+                session_id, seqs, is_context,
+            )
+            total += int(status.split()[-1])
+        return total
+
+    @staticmethod
+    async def _bump(conn: asyncpg.Connection, session_id: uuid.UUID) -> int:
+        return await conn.fetchval(
+            "UPDATE sessions SET revision = revision + 1, last_active = now() WHERE id = $1 RETURNING revision",
+            session_id,
+        )
+
+    async def commit_compression(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        *,
+        demote_seqs: list[int],
+        summary: common_pb2.Message | None,
+        marker: common_pb2.Message | None,
+        context_token_count: int,
+        chunks: Sequence[common_pb2.RawChunk],
+        expected_revision: int | None,
+        archive: bool,
+    ) -> dict[str, int]:
+        now = datetime.now(timezone.utc)
+        async with self.pool.acquire() as conn, conn.transaction():
+            locked = await self._lock_session(conn, session_id, identity, expected_revision)
+            await self._set_flag(conn, session_id, demote_seqs, False)
+            next_seq = locked["next_seq"]
+            result = {"summary_seq": 0, "marker_seq": 0}
+            added = []
+            if summary is not None:
+                summary.is_summary, summary.is_context, summary.is_display = True, True, False
+                summary.explicit_flags = True
+                result["summary_seq"] = next_seq
+                added.append((next_seq, summary))
+                next_seq += 1
+            if marker is not None:
+                marker.is_compression, marker.is_context, marker.is_display = True, False, True
+                marker.explicit_flags = True
+                result["marker_seq"] = next_seq
+                added.append((next_seq, marker))
+                next_seq += 1
+            await conn.executemany(_INSERT_SQL, [convert.message_row(session_id, s, m, now) for s, m in added])
+            result["chunks_indexed"] = await self._insert_chunks(conn, session_id, chunks)
+            added_bytes = sum(convert.row_bytes(m) for _, m in added)
+            result["revision"] = await conn.fetchval(
+                """
+                UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
+                       context_token_count = $4, display_count = display_count + $5,
+                       hot_count = hot_count + $6, hot_bytes = hot_bytes + $7
+                 WHERE id = $1 RETURNING revision
+                """,
+                session_id, next_seq, now, context_token_count, 1 if marker is not None else 0,
+                len(added), added_bytes,
+            )
+            # The context just shrank: the last real prompt size no longer describes it.
+            await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
+            result["archived"] = 0
+            if archive and self._over_hot_window(locked["hot_count"] + len(added), locked["hot_bytes"] + added_bytes):
+                result["archived"] = await self._archive_overflow(conn, session_id)
+        return result
+
+    def _over_hot_window(self, count: int, size: int) -> bool:
+        return count > self.hot_window.max_messages or size > self.hot_window.max_bytes
+
+    async def _archive_overflow(self, conn: asyncpg.Connection, session_id: uuid.UUID) -> int:
+        """Move the oldest whole groups out until the hot rows are back to 80% of both caps."""
+        rows = await conn.fetch(
+            "SELECT seq, role, is_summary, octet_length(content) + octet_length(thinking)"
+            " + coalesce((SELECT sum(octet_length(i)) FROM unnest(images) i), 0) AS size"
+            " FROM session_messages WHERE session_id = $1 ORDER BY seq",
+            session_id,
+        )
+        protected = _protected_seqs(rows)
+        count, size = len(rows), sum(r["size"] for r in rows)
+        goal_count = int(self.hot_window.max_messages * 0.8)
+        goal_bytes = int(self.hot_window.max_bytes * 0.8)
+        threshold = None
+        for i, row in enumerate(rows):
+            if count <= goal_count and size <= goal_bytes:
+                break
+            if row["seq"] not in protected:
+                count -= 1
+                size -= row["size"]
+            # Cut only where a new group starts, so a turn never straddles the two tables.
+            nxt = rows[i + 1] if i + 1 < len(rows) else None
+            if nxt is not None and nxt["role"] == "user" and not nxt["is_summary"]:
+                threshold = nxt["seq"]
+        if threshold is None:
+            return 0
+        return await self._move_to_archive(conn, session_id, threshold, sorted(protected))
+
+    @staticmethod
+    async def _move_to_archive(
+        conn: asyncpg.Connection, session_id: uuid.UUID, below_seq: int, protected: list[int]
+    ) -> int:
+        status = await conn.execute(
+            f"""
+            WITH moved AS (
+                DELETE FROM session_messages
+                 WHERE session_id = $1 AND seq < $2 AND NOT (seq = ANY($3::bigint[]))
+                RETURNING {INSERT_COLUMNS}
+            )
+            INSERT INTO session_messages_archive ({INSERT_COLUMNS}) SELECT {INSERT_COLUMNS} FROM moved
+            """,
+            session_id, below_seq, protected,
+        )
+        moved = int(status.split()[-1])
+        if moved:
+            await conn.execute(
+                """
+                UPDATE sessions SET hot_count = sub.n, hot_bytes = sub.bytes FROM (
+                    SELECT count(*) AS n, coalesce(sum(octet_length(content) + octet_length(thinking)), 0) AS bytes
+                      FROM session_messages WHERE session_id = $1) sub
+                 WHERE id = $1
+                """,
+                session_id,
+            )
+        return moved
+
+    async def archive_old_messages(self, identity: Identity, session_id: uuid.UUID, below_seq: int) -> int:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._lock_session(conn, session_id, identity, None)
+            rows = await conn.fetch(
+                "SELECT seq, role, is_summary FROM session_messages WHERE session_id = $1 AND seq < $2 ORDER BY seq",
+                session_id, below_seq,
+            )
+            first_rows = await conn.fetch(
+                "SELECT seq, role, is_summary FROM session_messages WHERE session_id = $1 AND role IN ('system', 'user')"
+                " ORDER BY seq", session_id,
+            )
+            protected = _protected_seqs(first_rows)
+            moved = await self._move_to_archive(conn, session_id, below_seq, sorted(protected)) if rows else 0
+            if moved:
+                await self._bump(conn, session_id)
+        return moved
+
+    async def trim_session(self, identity: Identity, session_id: uuid.UUID, keep: int) -> tuple[int, int]:
+        """Keep the newest `keep` messages, the first system message counting as one of them."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._lock_session(conn, session_id, identity, None)
+            rows = await conn.fetch(
+                "SELECT seq, role FROM session_messages WHERE session_id = $1"
+                " UNION ALL SELECT seq, role FROM session_messages_archive WHERE session_id = $1 ORDER BY seq",
+                session_id,
+            )
+            before = len(rows)
+            first_system = next((r["seq"] for r in rows if r["role"] == "system"), None)
+            kept = set()
+            if first_system is not None:
+                kept.add(first_system)
+            for row in reversed(rows):
+                if len(kept) >= keep:
+                    break
+                kept.add(row["seq"])
+            drop = [r["seq"] for r in rows if r["seq"] not in kept]
+            if drop:
+                for table in ("session_messages", "session_messages_archive"):
+                    await conn.execute(
+                        f"DELETE FROM {table} WHERE session_id = $1 AND seq = ANY($2::bigint[])", session_id, drop
+                    )
+                await self._recount(conn, session_id)
+        return before, before - len(drop)
+
+    @staticmethod
+    async def _recount(conn: asyncpg.Connection, session_id: uuid.UUID) -> None:
+        await conn.execute(
+            f"""
+            UPDATE sessions s SET revision = revision + 1, last_active = now(),
+                   display_count = (SELECT count(*) FROM ({_BOTH_TABLES.format(where="is_display")}) d),
+                   hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
+                   hot_bytes = (SELECT coalesce(sum(octet_length(content) + octet_length(thinking)), 0)
+                                  FROM session_messages WHERE session_id = $1),
+                   preview = coalesce((SELECT left(content, {PREVIEW_CHARS}) FROM (
+                        {_BOTH_TABLES.format(where="role = 'user' AND content <> ''")}) u ORDER BY seq LIMIT 1), '')
+             WHERE id = $1
+            """,
+            session_id,
+        )
+
+    async def delete_session(self, identity: Identity, session_id: uuid.UUID) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._lock_session(conn, session_id, identity, None)
+            # Messages, archive, chunks, shares and baselines go with it (ON DELETE CASCADE).
+            await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
+
+    async def cleanup_sessions(self, identity: Identity, older_than_days: int) -> list[str]:
+        params: list[Any] = [older_than_days]
+        visible = self._visible(identity, params)
+        rows = await self.pool.fetch(
+            f"DELETE FROM sessions s WHERE s.last_active < now() - make_interval(days => $1) AND {visible}"
+            " RETURNING s.id"
+            if older_than_days > 0
+            else f"DELETE FROM sessions s WHERE ($1::int = 0) AND {visible} RETURNING s.id",
+            *params,
+        )
+        return [str(r["id"]) for r in rows]
+
+    async def existing_ids(self, ids: list[str]) -> set[str]:
+        rows = await self.pool.fetch("SELECT id FROM sessions WHERE id = ANY($1::uuid[])", ids)
+        return {str(r["id"]) for r in rows}
+
+    # -- shares ----------------------------------------------------------------------------
+    async def create_share(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await self._lock_session(conn, session_id, identity, None)
+            if row["next_seq"] <= 1:
+                raise FailedPrecondition(f"session {session_id} has no messages yet; share it after the first one")
+            existing = await conn.fetchrow("SELECT token, created_at FROM session_shares WHERE session_id = $1",
+                                           session_id)
+            if existing is not None:
+                return existing
+            token = secrets.token_urlsafe(32)  # 256 bits
+            return await conn.fetchrow(
+                "INSERT INTO session_shares (session_id, token, token_hash) VALUES ($1, $2, $3)"
+                " RETURNING token, created_at",
+                session_id, token, hashlib.sha256(token.encode()).digest(),
+            )
+
+    async def shared_session(self, token: str) -> asyncpg.Record:
+        # Looked up by hash, then compared in constant time: the token itself never steers the search.
+        row = await self.pool.fetchrow(
+            "SELECT sh.token, s.id, s.name, s.profile_id, s.created_at, s.last_active"
+            " FROM session_shares sh JOIN sessions s ON s.id = sh.session_id WHERE sh.token_hash = $1",
+            hashlib.sha256(token.encode()).digest(),
+        )
+        if row is None or not hmac.compare_digest(row["token"].encode(), token.encode()):
+            raise NotFound("share link not found (the session may have been deleted)")
+        return row
+
+    # -- raw chunks ------------------------------------------------------------------------
+    @staticmethod
+    async def _insert_chunks(conn: asyncpg.Connection, session_id: uuid.UUID,
+                             chunks: Sequence[common_pb2.RawChunk]) -> int:
+        indexed = 0
+        for chunk in chunks:
+            content_hash = chunk.content_hash or hashlib.sha256(chunk.content.encode()).hexdigest()
+            status = await conn.execute(
+                "INSERT INTO memory_chunks (session_id, content, content_hash, first_seq, last_seq, first_at, last_at,"
+                " breadcrumbs) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session_id, content_hash) DO NOTHING",
+                session_id, chunk.content, content_hash, chunk.turn_range.first, chunk.turn_range.last,
+                convert.to_datetime(chunk.first_at), convert.to_datetime(chunk.last_at), list(chunk.breadcrumbs),
+            )
+            indexed += int(status.split()[-1])
+        return indexed
+
+    async def index_chunks(self, identity: Identity, session_id: uuid.UUID,
+                           chunks: Sequence[common_pb2.RawChunk]) -> int:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._readable(conn, session_id, identity)
+            return await self._insert_chunks(conn, session_id, chunks)
+
+    async def search_memory(self, identity: Identity, session_id: uuid.UUID, query: str, limit: int,
+                            min_similarity: float) -> list[asyncpg.Record]:
+        async with self.pool.acquire() as conn:
+            await self._readable(conn, session_id, identity)
+            if self.trigram:
+                return await conn.fetch(
+                    """
+                    SELECT *, greatest(word_similarity($2, content),
+                                       word_similarity($2, array_to_string(breadcrumbs, ' '))) AS score
+                      FROM memory_chunks WHERE session_id = $1
+                     ORDER BY score DESC, id LIMIT $3
+                    """,
+                    session_id, query, limit,
+                ) if min_similarity <= 0 else await conn.fetch(
+                    """
+                    SELECT * FROM (
+                        SELECT *, greatest(word_similarity($2, content),
+                                           word_similarity($2, array_to_string(breadcrumbs, ' '))) AS score
+                          FROM memory_chunks WHERE session_id = $1) c
+                     WHERE score >= $4 ORDER BY score DESC, id LIMIT $3
+                    """,
+                    session_id, query, limit, min_similarity,
+                )
+            # Without pg_trgm: the share of query words each chunk contains.
+            rows = await conn.fetch("SELECT *, 0.0 AS score FROM memory_chunks WHERE session_id = $1", session_id)
+        words = {w for w in query.lower().split() if w}
+        scored = []
+        for row in rows:
+            text = (row["content"] + " " + " ".join(row["breadcrumbs"])).lower()
+            score = sum(1 for w in words if w in text) / max(1, len(words))
+            if score > 0 and score >= min_similarity:
+                scored.append((score, row))
+        scored.sort(key=lambda pair: (-pair[0], pair[1]["id"]))
+        return [dict(row) | {"score": score} for score, row in scored[:limit]]
+
+    # -- calibration and baselines -----------------------------------------------------------
+    async def record_observation(self, model: str, chars: int, tokens: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO calibration_observations (model, chars, tokens) VALUES ($1, $2, $3)", model, chars, tokens
+        )
+
+    async def list_observations(self, model: str, limit: int) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            "SELECT model, chars, tokens, observed_at FROM calibration_observations WHERE model = $1"
+            " ORDER BY id DESC LIMIT $2",
+            model, limit,
+        )
+
+    async def set_baseline(self, identity: Identity, session_id: uuid.UUID, baseline: dict[str, Any] | None,
+                           only_truncated_flag: bool) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._readable(conn, session_id, identity)
+            if baseline is None:
+                await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
+            elif only_truncated_flag:
+                await conn.execute(
+                    "UPDATE session_baselines SET context_truncated = $2 WHERE session_id = $1",
+                    session_id, baseline["context_truncated"],
+                )
+            else:
+                await conn.execute(
+                    """
+                    INSERT INTO session_baselines (session_id, tokens, through_seq, model, context_truncated)
+                    VALUES ($1, $2, $3, $4, $5)
+                    ON CONFLICT (session_id) DO UPDATE SET tokens = $2, through_seq = $3, model = $4,
+                        context_truncated = $5, recorded_at = now()
+                    """,
+                    session_id, baseline["tokens"], baseline["through_seq"], baseline["model"],
+                    baseline["context_truncated"],
+                )
+
+    async def get_baseline(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record | None:
+        async with self.pool.acquire() as conn:
+            await self._readable(conn, session_id, identity)
+            return await conn.fetchrow("SELECT * FROM session_baselines WHERE session_id = $1", session_id)
+
+
+def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
+    """The first system message and the first user message (the original task) always stay hot."""
+    protected = set()
+    system = next((r["seq"] for r in rows if r["role"] == "system"), None)
+    user = next((r["seq"] for r in rows if r["role"] == "user" and not r["is_summary"]), None)
+    for seq in (system, user):
+        if seq is not None:
+            protected.add(seq)
+    return protected
+
+
+def parse_session_id(value: str, field: str = "session_id") -> uuid.UUID:
+    if not value:
+        raise InvalidArgument(field, "required")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise InvalidArgument(field, f"{value!r} is not a session id (a UUID)") from None

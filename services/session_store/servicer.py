@@ -1,0 +1,426 @@
+"""The SessionStore gRPC servicer: validates requests, resolves the caller, calls the repository."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator
+
+import grpc
+
+from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
+from services.shared.auth import Identity, identity_from_context
+from services.shared.errors import InvalidArgument, ResourceExhausted
+from services.shared.settings import Settings
+from services.session_store import convert
+from services.session_store.external_refs import ExternalRef, merge_refs, validate_ref
+from services.session_store.files import FileStore
+from services.session_store.repository import SessionRepository, parse_session_id
+
+log = logging.getLogger("palimpsest.store")
+
+MAX_PAGE = 500
+DEFAULT_PAGE = 50
+FILE_CHUNK = 64 * 1024
+
+_SORT_NAMES = {
+    pb.SORT_BY_UNSPECIFIED: "last_active",
+    pb.SORT_BY_LAST_ACTIVE: "last_active",
+    pb.SORT_BY_CREATED_AT: "created_at",
+    pb.SORT_BY_NAME: "name",
+    pb.SORT_BY_MESSAGE_COUNT: "message_count",
+}
+
+
+def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int = MAX_PAGE) -> int:
+    if value == 0:
+        return default
+    if value < 0 or value > maximum:
+        raise InvalidArgument(field, f"must be between 1 and {maximum}, got {value}")
+    return value
+
+
+def _refs_from_proto(refs) -> list[ExternalRef]:
+    validated = []
+    for i, ref in enumerate(refs):
+        created = convert.to_datetime(ref.created_at) if ref.HasField("created_at") else None
+        validated.append(validate_ref(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), i))
+    return validated
+
+
+def _refs_from_json(items) -> list[ExternalRef]:
+    from datetime import datetime
+
+    return [
+        ExternalRef(r["kind"], r["uri"], r["created_by"], bool(r.get("read_only")),
+                    datetime.fromisoformat(r["created_at"]) if r.get("created_at") else None)
+        for r in items
+    ]
+
+
+def _validate_messages(messages) -> None:
+    if not messages:
+        raise InvalidArgument("messages", "at least one message is required")
+    for i, m in enumerate(messages):
+        if m.role not in convert.VALID_ROLES:
+            raise InvalidArgument(f"messages[{i}].role", f"must be one of system, user, assistant, tool; got {m.role!r}")
+        if m.seq:
+            raise InvalidArgument(f"messages[{i}].seq", "is assigned by the store; leave it 0")
+        if "\x00" in m.content:
+            raise InvalidArgument(f"messages[{i}].content", "must not contain NUL characters")
+        if not math.isfinite(m.elapsed_seconds):
+            raise InvalidArgument(f"messages[{i}].elapsed_seconds", "must be a finite number")
+
+
+def _expected(request) -> int | None:
+    return request.expected_revision if request.HasField("expected_revision") else None
+
+
+class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
+    def __init__(self, repo: SessionRepository, files: FileStore, settings: Settings):
+        self.repo = repo
+        self.files = files
+        self.settings = settings
+
+    def _identity(self, context: grpc.aio.ServicerContext) -> Identity:
+        return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
+
+    # -- sessions --------------------------------------------------------------------------
+    async def CreateSession(self, request, context):
+        identity = self._identity(context)
+        if not request.profile_id.strip():
+            raise InvalidArgument("profile_id", "required")
+        refs = merge_refs([], _refs_from_proto(request.external_refs))
+        row = await self.repo.create_session(
+            identity,
+            profile_id=request.profile_id.strip(),
+            name=request.name.strip(),
+            provider=request.provider,
+            model=request.model,
+            external_refs=[convert.external_ref_to_json(r) for r in refs],
+            metadata=convert.struct_to_dict(request.metadata),
+        )
+        return pb.CreateSessionResponse(session=convert.session_from_row(row))
+
+    async def GetSession(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if request.view not in pb.SessionView.values():
+            raise InvalidArgument("view", f"unknown view {request.view}")
+        session = convert.session_from_row(await self.repo.get_session(identity, session_id))
+        if request.view in (pb.SESSION_VIEW_DISPLAY, pb.SESSION_VIEW_FULL):
+            session.messages.extend(await self.repo.display_history(session_id))
+        if request.view in (pb.SESSION_VIEW_CONTEXT, pb.SESSION_VIEW_FULL):
+            session.context.extend(await self.repo.context(session_id))
+        return pb.GetSessionResponse(session=session)
+
+    async def ListSessions(self, request, context):
+        identity = self._identity(context)
+        if request.sort_by not in _SORT_NAMES:
+            raise InvalidArgument("sort_by", f"unknown sort {request.sort_by}")
+        if request.offset < 0:
+            raise InvalidArgument("offset", "must not be negative")
+        limit = page_size(request.page_size, "page_size")
+        rows, total = await self.repo.list_sessions(
+            identity,
+            profile_id=request.profile_id,
+            query=request.query.strip(),
+            sort_by=_SORT_NAMES[request.sort_by],
+            descending=request.descending if request.HasField("descending") else True,
+            limit=limit,
+            offset=request.offset,
+        )
+        return pb.ListSessionsResponse(
+            sessions=[convert.summary_from_row(r) for r in rows],
+            total=total,
+            has_more=request.offset + len(rows) < total,
+        )
+
+    async def SearchMatches(self, request, context):
+        identity = self._identity(context)
+        if not request.query.strip():
+            raise InvalidArgument("query", "required")
+        if len(request.session_ids) > MAX_PAGE:
+            raise InvalidArgument("session_ids", f"at most {MAX_PAGE} sessions per call")
+        ids = [parse_session_id(s, f"session_ids[{i}]") for i, s in enumerate(request.session_ids)]
+        found = await self.repo.search_matches(identity, ids, request.query.strip())
+        return pb.SearchMatchesResponse(
+            matches=[pb.SessionMatch(session_id=s, display_indices=idx, snippet=snip) for s, idx, snip in found]
+        )
+
+    async def GetHistoryPage(self, request, context):
+        return pb.GetHistoryPageResponse(**await self._page(request, context, archive_only=False))
+
+    async def GetArchivedMessages(self, request, context):
+        return pb.GetArchivedMessagesResponse(**await self._page(request, context, archive_only=True))
+
+    async def _page(self, request, context, *, archive_only: bool) -> dict:
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if request.before_seq < 0:
+            raise InvalidArgument("before_seq", "must not be negative")
+        limit = page_size(request.limit, "limit")
+        messages, has_more = await self.repo.history_page(
+            identity, session_id, request.before_seq, limit, archive_only=archive_only
+        )
+        return {"messages": messages, "has_more": has_more}
+
+    async def AppendMessages(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        _validate_messages(request.messages)
+        result = await self.repo.append_messages(identity, session_id, request.messages, _expected(request))
+        return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision)
+
+    async def UpdateSession(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        changes: dict = {}
+        for field in ("name", "pinned", "profile_id", "context_token_count", "provider", "model"):
+            if request.HasField(field):
+                changes[field] = getattr(request, field)
+        if "profile_id" in changes and not changes["profile_id"].strip():
+            raise InvalidArgument("profile_id", "must not be empty")
+        if changes.get("context_token_count", 0) < 0:
+            raise InvalidArgument("context_token_count", "must not be negative")
+        if request.HasField("metadata"):
+            changes["metadata"] = convert.struct_to_dict(request.metadata)
+        if request.add_external_refs:
+            new = _refs_from_proto(request.add_external_refs)
+            changes["external_refs"] = lambda current: [
+                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new)
+            ]
+        if request.mark_untrusted_ingested:
+            changes["untrusted_ingested"] = True
+        if request.mark_episode_untrusted:
+            changes["episode_untrusted"] = True
+        if request.HasField("planning_log"):
+            changes["planning_log"] = convert.struct_to_dict(request.planning_log)
+        row = await self.repo.update_session(identity, session_id, changes, _expected(request))
+        return pb.UpdateSessionResponse(session=convert.session_from_row(row))
+
+    async def SetContextFlag(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if not request.seqs:
+            raise InvalidArgument("seqs", "at least one seq is required")
+        updated, revision = await self.repo.set_context_flag(
+            identity, session_id, list(request.seqs), request.is_context, _expected(request)
+        )
+        return pb.SetContextFlagResponse(updated=updated, revision=revision)
+
+    async def CommitCompression(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if not request.demote_seqs and not request.HasField("summary"):
+            raise InvalidArgument("demote_seqs", "a compression must demote messages or add a summary")
+        if request.context_token_count < 0:
+            raise InvalidArgument("context_token_count", "must not be negative")
+        for i, chunk in enumerate(request.chunks):
+            if not chunk.content:
+                raise InvalidArgument(f"chunks[{i}].content", "required")
+        result = await self.repo.commit_compression(
+            identity,
+            session_id,
+            demote_seqs=list(request.demote_seqs),
+            summary=request.summary if request.HasField("summary") else None,
+            marker=request.marker if request.HasField("marker") else None,
+            context_token_count=request.context_token_count,
+            chunks=request.chunks,
+            expected_revision=_expected(request),
+            archive=request.archive,
+        )
+        return pb.CommitCompressionResponse(**result)
+
+    async def ArchiveOldMessages(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if request.below_seq <= 0:
+            raise InvalidArgument("below_seq", "must be positive")
+        return pb.ArchiveOldMessagesResponse(
+            archived=await self.repo.archive_old_messages(identity, session_id, request.below_seq)
+        )
+
+    async def TrimSession(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if request.keep < 1:
+            raise InvalidArgument("keep", f"must be at least 1, got {request.keep}")
+        before, after = await self.repo.trim_session(identity, session_id, request.keep)
+        return pb.TrimSessionResponse(before=before, after=after, dropped=before - after)
+
+    async def CleanupSessions(self, request, context):
+        identity = self._identity(context)
+        if request.older_than_days < 0:
+            raise InvalidArgument("older_than_days", "must not be negative (0 deletes every session)")
+        ids = await self.repo.cleanup_sessions(identity, request.older_than_days)
+        for session_id in ids:
+            await asyncio.to_thread(self.files.delete_session, session_id)
+        return pb.CleanupSessionsResponse(deleted=len(ids), session_ids=ids)
+
+    async def DeleteSession(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        await self.repo.delete_session(identity, session_id)
+        await asyncio.to_thread(self.files.delete_session, str(session_id))
+        return pb.DeleteSessionResponse(deleted=True)
+
+    # -- shares ----------------------------------------------------------------------------
+    async def CreateShare(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        row = await self.repo.create_share(identity, session_id)
+        response = pb.CreateShareResponse(token=row["token"])
+        response.created_at.CopyFrom(convert.timestamp(row["created_at"]))
+        return response
+
+    async def GetShared(self, request, context):
+        if not request.token:
+            raise InvalidArgument("token", "required")
+        if request.before_seq < 0:
+            raise InvalidArgument("before_seq", "must not be negative")
+        limit = page_size(request.limit, "limit")
+        shared = await self.repo.shared_session(request.token)
+        messages, has_more = await self.repo.history_page(
+            None, shared["id"], request.before_seq, limit, archive_only=False
+        )
+        response = pb.GetSharedResponse(
+            name=shared["name"], profile_id=shared["profile_id"], messages=messages, has_more=has_more
+        )
+        response.created_at.CopyFrom(convert.timestamp(shared["created_at"]))
+        response.last_active.CopyFrom(convert.timestamp(shared["last_active"]))
+        return response
+
+    # -- raw chunks ------------------------------------------------------------------------
+    async def SearchMemory(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if not request.query.strip():
+            raise InvalidArgument("query", "required")
+        limit = page_size(request.limit, "limit", default=5, maximum=50)
+        if not 0 <= request.min_similarity <= 1:
+            raise InvalidArgument("min_similarity", "must be between 0 and 1")
+        rows = await self.repo.search_memory(identity, session_id, request.query.strip(), limit, request.min_similarity)
+        return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows])
+
+    async def IndexChunks(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        for i, chunk in enumerate(request.chunks):
+            if not chunk.content:
+                raise InvalidArgument(f"chunks[{i}].content", "required")
+        return pb.IndexChunksResponse(indexed=await self.repo.index_chunks(identity, session_id, request.chunks))
+
+    # -- calibration and baselines -----------------------------------------------------------
+    async def RecordObservation(self, request, context):
+        self._identity(context)
+        obs = request.observation
+        if not obs.model:
+            raise InvalidArgument("observation.model", "required")
+        if obs.chars <= 0 or obs.tokens <= 0:
+            raise InvalidArgument("observation", "chars and tokens must be positive")
+        await self.repo.record_observation(obs.model, obs.chars, obs.tokens)
+        return pb.RecordObservationResponse()
+
+    async def ListObservations(self, request, context):
+        self._identity(context)
+        if not request.model:
+            raise InvalidArgument("model", "required")
+        limit = page_size(request.limit, "limit", default=8, maximum=100)
+        rows = await self.repo.list_observations(request.model, limit)
+        observations = []
+        for r in rows:
+            obs = pb.Observation(model=r["model"], chars=r["chars"], tokens=r["tokens"])
+            obs.observed_at.CopyFrom(convert.timestamp(r["observed_at"]))
+            observations.append(obs)
+        return pb.ListObservationsResponse(observations=observations)
+
+    async def SetBaseline(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        baseline = None
+        if request.HasField("baseline"):
+            b = request.baseline
+            if b.tokens < 0 or b.through_seq < 0:
+                raise InvalidArgument("baseline", "tokens and through_seq must not be negative")
+            baseline = {"tokens": b.tokens, "through_seq": b.through_seq, "model": b.model,
+                        "context_truncated": b.context_truncated}
+        elif request.only_truncated_flag:
+            raise InvalidArgument("baseline", "required with only_truncated_flag")
+        await self.repo.set_baseline(identity, session_id, baseline, request.only_truncated_flag)
+        return pb.SetBaselineResponse()
+
+    async def GetBaseline(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        row = await self.repo.get_baseline(identity, session_id)
+        if row is None:
+            return pb.GetBaselineResponse()
+        baseline = pb.Baseline(tokens=row["tokens"], through_seq=row["through_seq"], model=row["model"],
+                               context_truncated=row["context_truncated"])
+        baseline.recorded_at.CopyFrom(convert.timestamp(row["recorded_at"]))
+        return pb.GetBaselineResponse(baseline=baseline)
+
+    # -- files -----------------------------------------------------------------------------
+    async def PutFile(self, request_iterator: AsyncIterator[pb.PutFileRequest], context):
+        identity = self._identity(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("header"):
+            raise InvalidArgument("header", "the first message of a PutFile stream must carry the header")
+        header = first.header
+        session_id = parse_session_id(header.session_id, "header.session_id")
+        await self.repo.get_session(identity, session_id)
+        if header.kind == pb.FILE_KIND_IMAGE:
+            data = bytearray()
+            async for part in request_iterator:
+                data.extend(part.chunk)
+                if len(data) > self.files.max_bytes:
+                    raise ResourceExhausted(f"image exceeds the {self.files.max_bytes}-byte file limit")
+            before = {f.name for f in await asyncio.to_thread(self.files.list_files, str(session_id))}
+            info = await asyncio.to_thread(self.files.save_image, str(session_id), bytes(data))
+            return pb.PutFileResponse(file=_file_info(info), deduplicated=info.name in before)
+        if not header.filename:
+            raise InvalidArgument("header.filename", "required")
+        upload = await asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename)
+        try:
+            async for part in request_iterator:
+                if part.HasField("header"):
+                    raise InvalidArgument("header", "only the first message may carry a header")
+                await asyncio.to_thread(upload.write, part.chunk)
+            info = await asyncio.to_thread(upload.commit)
+        except BaseException:
+            await asyncio.to_thread(upload.abort)
+            raise
+        return pb.PutFileResponse(file=_file_info(info))
+
+    async def GetFile(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if not request.name:
+            raise InvalidArgument("name", "required")
+        await self.repo.get_session(identity, session_id)
+        infos = {f.name: f for f in await asyncio.to_thread(self.files.list_files, str(session_id))}
+        chunks = await asyncio.to_thread(self.files.iter_chunks, str(session_id), request.name, FILE_CHUNK)
+        info = infos.get(request.name)
+        if info is not None:
+            yield pb.GetFileResponse(info=_file_info(info))
+        while True:
+            chunk = await asyncio.to_thread(next, chunks, None)
+            if chunk is None:
+                break
+            yield pb.GetFileResponse(chunk=chunk)
+
+    async def ListFiles(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        await self.repo.get_session(identity, session_id)
+        files = await asyncio.to_thread(self.files.list_files, str(session_id))
+        return pb.ListFilesResponse(files=[_file_info(f) for f in files])
+
+
+def _file_info(info) -> common_pb2.FileInfo:
+    return common_pb2.FileInfo(
+        name=info.name, path=str(info.path), size=info.size, sha256=info.sha256, content_type=info.content_type
+    )
+

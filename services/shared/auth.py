@@ -1,0 +1,95 @@
+"""Caller identity from request metadata (`authorization: Bearer <JWT>`, HS256, claims sub and role)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import jwt
+
+from services.shared.errors import PermissionDenied, Unauthenticated
+
+ANONYMOUS = "anonymous"
+ADMIN_ROLE = "admin"
+
+
+@dataclass(frozen=True)
+class Identity:
+    sub: str
+    role: str = "user"
+    # With auth off every session belongs to `anonymous` and access checks are skipped.
+    enforced: bool = True
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == ADMIN_ROLE
+
+    def can_access(self, owner: str | None) -> bool:
+        """Owners see their sessions, admins see all, ownerless (legacy) sessions are admin-only."""
+        if not self.enforced or self.is_admin:
+            return True
+        return bool(owner) and owner == self.sub
+
+    def require_access(self, owner: str | None, session_id: str) -> None:
+        if not self.can_access(owner):
+            raise PermissionDenied(f"session {session_id} belongs to another owner")
+
+    @property
+    def owner_for_new_session(self) -> str:
+        return self.sub
+
+
+AUTH_OFF = Identity(sub=ANONYMOUS, role=ADMIN_ROLE, enforced=False)
+
+
+def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("authorization metadata must be 'Bearer <token>'")
+            return token.strip()
+    return None
+
+
+def identity_from_metadata(metadata, *, enabled: bool, secret: str) -> Identity:
+    if not enabled:
+        return AUTH_OFF
+    token = bearer_token(metadata)
+    if token is None:
+        raise Unauthenticated("missing authorization metadata: send 'authorization: Bearer <JWT>'")
+    try:
+        claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["sub"]})
+    except jwt.ExpiredSignatureError:
+        raise Unauthenticated("token expired") from None
+    except jwt.InvalidTokenError as exc:
+        raise Unauthenticated(f"invalid token: {exc}") from None
+    sub = str(claims["sub"]).strip()
+    if not sub:
+        raise Unauthenticated("invalid token: empty sub claim")
+    return Identity(sub=sub, role=str(claims.get("role") or "user"))
+
+
+def identity_from_context(context: grpc.aio.ServicerContext, *, enabled: bool, secret: str) -> Identity:
+    return identity_from_metadata(context.invocation_metadata(), enabled=enabled, secret=secret)
+
+
+def forwarded_metadata(context: grpc.aio.ServicerContext | None) -> tuple[tuple[str, str], ...]:
+    """The caller's credentials, passed on to the services this one calls."""
+    if context is None:
+        return ()
+    for key, value in context.invocation_metadata() or ():
+        if key.lower() == "authorization":
+            return (("authorization", value if isinstance(value, str) else value.decode()),)
+    return ()
+
+
+def make_token(sub: str, secret: str, role: str = "user", ttl_seconds: int | None = None) -> str:
+    """A signed token for tests and the CLI's `pal token`."""
+    import time
+
+    claims: dict[str, object] = {"sub": sub, "role": role, "iat": int(time.time())}
+    if ttl_seconds:
+        claims["exp"] = int(time.time()) + ttl_seconds
+    return jwt.encode(claims, secret, algorithm="HS256")

@@ -1,0 +1,177 @@
+"""One server bootstrap for all three services: grpc.aio, health, reflection, graceful stop,
+and one interceptor that turns known errors into their status code."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.shared.errors import PalimpsestError
+from services.shared.settings import Settings
+
+log = logging.getLogger("palimpsest.server")
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Known errors become their status; anything else is logged once and answered as INTERNAL."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _guard_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _guard_stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _guard_unary(handler.stream_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                _guard_stream(handler.stream_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str) -> None:
+    if isinstance(exc, PalimpsestError):
+        await context.abort(exc.code, str(exc))
+    log.exception("unexpected error in %s", method, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+
+
+def _guard_unary(fn, method: str):
+    async def guarded(request, context):
+        try:
+            return await fn(request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 — this is the one place that maps them all
+            await _abort_for(exc, context, method)
+
+    return guarded
+
+
+def _guard_stream(fn, method: str):
+    async def guarded(request, context):
+        try:
+            result = fn(request, context)
+            if inspect.isasyncgen(result):
+                async for item in result:
+                    yield item
+            else:
+                await result
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            await _abort_for(exc, context, method)
+
+    return guarded
+
+
+def server_options(settings: Settings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ]
+
+
+def channel_options(settings: Settings) -> list[tuple[str, object]]:
+    return [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+    ]
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+    service_names: tuple[str, ...]
+    on_stop: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Stop taking new calls (health NOT_SERVING first, so balancers drain us), then stop."""
+        await self.set_serving(False)
+        await self.server.stop(grace)
+        if self.on_stop is not None:
+            await self.on_stop()
+
+
+async def start_server(
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Iterable[str],
+    *,
+    settings: Settings,
+    port: int,
+    host: str = "127.0.0.1",
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> RunningServer:
+    """Start a server with the given servicers on host:port (0 picks a free port)."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=server_options(settings))
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = tuple(service_names)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise SystemExit(f"cannot listen on {host}:{port}: the port is taken or not allowed")
+    await server.start()
+    running = RunningServer(server, health_servicer, bound, names, on_stop)
+    await running.set_serving(True)
+    return running
+
+
+async def serve_forever(running: RunningServer, *, name: str, grace: float) -> None:
+    """Block until SIGTERM/SIGINT, then stop gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("%s serving on %s", name, running.address)
+    await stop.wait()
+    log.info("%s stopping (grace %.1fs)", name, grace)
+    await running.stop(grace)
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

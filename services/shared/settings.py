@@ -1,0 +1,138 @@
+"""Configuration from environment variables, each with a working default (README lists them all)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number, got {raw!r}") from None
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def default_data_dir() -> Path:
+    """Where Palimpsest keeps its embedded database and files.
+
+    As root the embedded PostgreSQL must run as its own system user, which needs to traverse every
+    parent folder; a folder made for it under /var/lib keeps home directories closed.
+    """
+    if os.name == "posix" and os.geteuid() == 0:
+        return Path("/var/lib/palimpsest")
+    return Path(platformdirs.user_data_dir("palimpsest"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = ""
+    data_dir: Path = field(default_factory=default_data_dir)
+    files_root: Path = field(default_factory=lambda: default_data_dir() / "session_files")
+    ollama_host: str = "http://127.0.0.1:11434"
+    store_addr: str = "127.0.0.1:50051"
+    compressor_addr: str = "127.0.0.1:50052"
+    agent_addr: str = "127.0.0.1:50053"
+    profiles_path: str = ""
+    auth_enabled: bool = False
+    jwt_secret: str = ""
+    stream_first_chunk_timeout: float = 90.0
+    stream_chunk_timeout: float = 60.0
+    # gRPC transport
+    max_message_bytes: int = 64 * 1024 * 1024
+    keepalive_time_ms: int = 30_000
+    keepalive_timeout_ms: int = 10_000
+    grace_seconds: float = 5.0
+    # SessionStore
+    files_max_bytes: int = 200 * 1024 * 1024
+    hot_window_messages: int = 2000
+    hot_window_bytes: int = 32 * 1024 * 1024
+    file_sweep_interval_s: float = 3600.0
+    # Compression (seed defaults)
+    compression_enabled: bool = True
+    compression_threshold: float = 0.90
+    compression_target: float = 0.65
+    keep_recent: int = 4
+    summary_temperature: float = 0.3
+    summary_max_tokens: int = 6000
+    output_reserve_tokens: int = 2048
+    message_token_budget: int = 0
+    image_tokens_fallback: int = 1024
+    ollama_num_ctx: int = 8192
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        data_dir = Path(_env("PALIMPSEST_DATA_DIR", str(default_data_dir())))
+        return cls(
+            database_url=_env("DATABASE_URL", ""),
+            data_dir=data_dir,
+            files_root=Path(_env("PALIMPSEST_FILES_ROOT", str(data_dir / "session_files"))),
+            ollama_host=_normalize_ollama_host(_env("OLLAMA_HOST", "http://127.0.0.1:11434")),
+            store_addr=_env("PALIMPSEST_STORE_ADDR", "127.0.0.1:50051"),
+            compressor_addr=_env("PALIMPSEST_COMPRESSOR_ADDR", "127.0.0.1:50052"),
+            agent_addr=_env("PALIMPSEST_AGENT_ADDR", "127.0.0.1:50053"),
+            profiles_path=_env("PALIMPSEST_PROFILES", ""),
+            auth_enabled=_env_bool("PALIMPSEST_AUTH_ENABLED", False),
+            jwt_secret=_env("PALIMPSEST_JWT_SECRET", ""),
+            stream_first_chunk_timeout=_env_float("LLM_STREAM_FIRST_CHUNK_TIMEOUT", 90.0),
+            stream_chunk_timeout=_env_float("LLM_STREAM_CHUNK_TIMEOUT", 60.0),
+            max_message_bytes=_env_int("PALIMPSEST_MAX_MESSAGE_BYTES", 64 * 1024 * 1024),
+            keepalive_time_ms=_env_int("PALIMPSEST_KEEPALIVE_TIME_MS", 30_000),
+            keepalive_timeout_ms=_env_int("PALIMPSEST_KEEPALIVE_TIMEOUT_MS", 10_000),
+            grace_seconds=_env_float("PALIMPSEST_GRACE_SECONDS", 5.0),
+            files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
+            hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),
+            hot_window_bytes=_env_int("PALIMPSEST_HOT_WINDOW_MB", 32) * 1024 * 1024,
+            file_sweep_interval_s=_env_float("PALIMPSEST_FILE_SWEEP_INTERVAL_S", 3600.0),
+            compression_enabled=_env_bool("CONTEXT_COMPRESSION_ENABLED", True),
+            compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
+            compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
+            keep_recent=_env_int("CONTEXT_KEEP_RECENT", 4),
+            summary_temperature=_env_float("CONTEXT_SUMMARY_TEMPERATURE", 0.3),
+            summary_max_tokens=_env_int("CONTEXT_SUMMARY_MAX_TOKENS", 6000),
+            output_reserve_tokens=_env_int("OUTPUT_RESERVE_TOKENS", 2048),
+            message_token_budget=_env_int("CONTEXT_MESSAGE_TOKEN_BUDGET", 0),
+            image_tokens_fallback=_env_int("CONTEXT_IMAGE_TOKENS", 1024),
+            ollama_num_ctx=_env_int("OLLAMA_NUM_CTX", 8192),
+        )
+
+    def port_of(self, addr: str) -> int:
+        return int(addr.rsplit(":", 1)[1])
+
+
+def _normalize_ollama_host(raw: str) -> str:
+    """Accept Ollama's own forms: `host`, `host:port`, `0.0.0.0`, with or without a scheme."""
+    host = raw.strip().rstrip("/")
+    if "://" not in host:
+        host = "http://" + host
+    scheme, rest = host.split("://", 1)
+    if ":" not in rest.split("/", 1)[0]:
+        rest = rest + ":11434"
+    return f"{scheme}://{rest.replace('0.0.0.0', '127.0.0.1')}"

@@ -1,0 +1,89 @@
+"""Shared fixtures: a real PostgreSQL, real gRPC servers on port 0, generated stubs."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from palimpsest.v1 import session_store_pb2_grpc
+from services.shared.auth import make_token
+from services.shared.settings import Settings
+
+JWT_SECRET = "test-secret-for-palimpsest-tests-only"
+
+
+def _embedded_url() -> str:
+    from services.shared.embedded_pg import EmbeddedPostgres
+    from services.shared.settings import default_data_dir
+
+    data_dir = Path(os.environ.get("PALIMPSEST_TEST_DATA_DIR", str(default_data_dir().with_name("palimpsest-test"))))
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    # xdist workers share one server: the first initializes it, the others wait on the lock.
+    with open(data_dir.parent / ".palimpsest-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return EmbeddedPostgres(data_dir).start()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    """TEST_DATABASE_URL when set (CI runs the suite against the machine's server too), else embedded."""
+    return os.environ.get("TEST_DATABASE_URL") or _embedded_url()
+
+
+@pytest.fixture(scope="session")
+def base_settings(tmp_path_factory) -> Settings:
+    root = tmp_path_factory.mktemp("files")
+    return replace(Settings(), files_root=root, jwt_secret=JWT_SECRET, file_sweep_interval_s=3600)
+
+
+async def _start_store(settings: Settings, dsn: str):
+    from services.session_store.app import start_store
+
+    return await start_store(settings, port=0, dsn=dsn)
+
+
+@pytest.fixture(scope="session")
+async def store_server(base_settings, database_url):
+    running = await _start_store(base_settings, database_url)
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture(scope="session")
+async def store_server_auth(base_settings, database_url):
+    running = await _start_store(replace(base_settings, auth_enabled=True), database_url)
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture(scope="session")
+async def store(store_server):
+    async with grpc.aio.insecure_channel(store_server.address) as channel:
+        yield session_store_pb2_grpc.SessionStoreStub(channel)
+
+
+@pytest.fixture(scope="session")
+async def store_auth(store_server_auth):
+    async with grpc.aio.insecure_channel(store_server_auth.address) as channel:
+        yield session_store_pb2_grpc.SessionStoreStub(channel)
+
+
+def bearer(sub: str, role: str = "user") -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {make_token(sub, JWT_SECRET, role)}"),)
+
+
+@pytest.fixture
+def user() -> str:
+    """A user of its own, so parallel tests never see each other's sessions."""
+    return f"user-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def profile() -> str:
+    return f"profile-{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,443 @@
+"""SessionStore over a real gRPC server and a real PostgreSQL: sessions, messages, compression commits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+
+from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+
+Message = common_pb2.Message
+
+
+async def new_session(store, profile, **kw) -> common_pb2.Session:
+    return (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile, **kw))).session
+
+
+async def append(store, session_id, *messages, **kw) -> pb.AppendMessagesResponse:
+    return await store.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=messages, **kw))
+
+
+async def full(store, session_id) -> common_pb2.Session:
+    return (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
+
+
+async def expect_status(call, code: grpc.StatusCode, *words: str) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call
+    assert err.value.code() == code, err.value.details()
+    for word in words:
+        assert word in err.value.details()
+    return err.value.details()
+
+
+def shown(message: Message) -> bytes:
+    """A display row as the user sees it: everything but its context membership."""
+    copy = Message()
+    copy.CopyFrom(message)
+    copy.is_context = False
+    return copy.SerializeToString()
+
+
+def conversation(turns: int) -> list[Message]:
+    out = []
+    for i in range(turns):
+        out += [Message(role="user", content=f"question {i}"), Message(role="assistant", content=f"answer {i}")]
+    return out
+
+
+# -- create / get -----------------------------------------------------------------------------
+async def test_created_session_carries_what_was_asked(store, profile):
+    meta = struct_pb2.Struct()
+    meta.update({"source": "test"})
+    session = await new_session(store, profile, name="  Trip  ", provider="ollama", model="qwen3.6", metadata=meta)
+    assert session.profile_id == profile and session.name == "Trip"
+    assert (session.provider, session.model) == ("ollama", "qwen3.6")
+    assert session.owner == "anonymous"
+    assert dict(session.metadata) == {"source": "test"}
+    got = (await store.GetSession(pb.GetSessionRequest(session_id=session.id))).session
+    assert got.id == session.id and not got.messages and not got.context
+
+
+async def test_create_without_profile_is_invalid(store):
+    await expect_status(store.CreateSession(pb.CreateSessionRequest()), grpc.StatusCode.INVALID_ARGUMENT, "profile_id")
+
+
+async def test_unknown_and_malformed_ids(store):
+    await expect_status(store.GetSession(pb.GetSessionRequest(session_id=str(uuid.uuid4()))), grpc.StatusCode.NOT_FOUND)
+    await expect_status(store.GetSession(pb.GetSessionRequest(session_id="nope")),
+                        grpc.StatusCode.INVALID_ARGUMENT, "session_id")
+
+
+async def test_views_choose_display_context_or_both(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, Message(role="user", content="visible"),
+                 Message(role="user", content="context only", explicit_flags=True, is_context=True, is_display=False))
+    display = (await store.GetSession(pb.GetSessionRequest(session_id=s.id, view=pb.SESSION_VIEW_DISPLAY))).session
+    context = (await store.GetSession(pb.GetSessionRequest(session_id=s.id, view=pb.SESSION_VIEW_CONTEXT))).session
+    summary = (await store.GetSession(pb.GetSessionRequest(session_id=s.id, view=pb.SESSION_VIEW_SUMMARY))).session
+    assert [m.content for m in display.messages] == ["visible"] and not display.context
+    assert [m.content for m in context.context] == ["visible", "context only"] and not context.messages
+    assert not summary.messages and not summary.context and summary.display_message_count == 1
+
+
+# -- append -----------------------------------------------------------------------------------
+async def test_append_assigns_seqs_and_bumps_revision(store, profile):
+    s = await new_session(store, profile)
+    first = await append(store, s.id, *conversation(1))
+    second = await append(store, s.id, Message(role="user", content="again"))
+    assert list(first.seqs) == [1, 2] and list(second.seqs) == [3]
+    assert second.revision == first.revision + 1
+    got = await full(store, s.id)
+    assert [m.seq for m in got.messages] == [1, 2, 3]
+    assert all(m.is_context and m.is_display for m in got.messages)
+
+
+async def test_bad_message_is_rejected_and_nothing_is_stored(store, profile):
+    s = await new_session(store, profile)
+    await expect_status(append(store, s.id, Message(role="user", content="ok"), Message(role="robot", content="x")),
+                        grpc.StatusCode.INVALID_ARGUMENT, "messages[1].role")
+    await expect_status(append(store, s.id), grpc.StatusCode.INVALID_ARGUMENT, "messages")
+    got = await full(store, s.id)
+    assert not got.messages and got.revision == s.revision
+
+
+async def test_stale_expected_revision_is_aborted_and_changes_nothing(store, profile):
+    s = await new_session(store, profile)
+    r = await append(store, s.id, Message(role="user", content="one"), expected_revision=s.revision)
+    await expect_status(append(store, s.id, Message(role="user", content="two"), expected_revision=s.revision),
+                        grpc.StatusCode.ABORTED, "revision")
+    got = await full(store, s.id)
+    assert [m.content for m in got.messages] == ["one"] and got.revision == r.revision
+
+
+async def test_two_writers_with_the_same_revision_one_wins_nothing_lost(store, profile):
+    s = await new_session(store, profile)
+    results = await asyncio.gather(
+        *(append(store, s.id, Message(role="user", content=f"writer {i}"), expected_revision=s.revision)
+          for i in range(2)),
+        return_exceptions=True,
+    )
+    wins = [r for r in results if isinstance(r, pb.AppendMessagesResponse)]
+    losses = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(wins) == 1 and len(losses) == 1
+    assert losses[0].code() == grpc.StatusCode.ABORTED
+    # The loser retries on the new revision: both messages end up stored, in order.
+    loser = "writer 1" if "writer 0" in (await full(store, s.id)).messages[0].content else "writer 0"
+    await append(store, s.id, Message(role="user", content=loser), expected_revision=wins[0].revision)
+    assert sorted(m.content for m in (await full(store, s.id)).messages) == ["writer 0", "writer 1"]
+
+
+async def test_tool_call_secrets_are_redacted_and_json_stays_valid(store, profile):
+    s = await new_session(store, profile)
+    args = json.dumps({"url": "https://api.test", "api_key": "sk-abcdefghijklmnopqrstuvwxyz123456", "n": 3})
+    await append(store, s.id, Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c1", name="fetch",
+                                                                                        arguments_json=args)]))
+    stored = (await full(store, s.id)).messages[0].tool_calls[0]
+    parsed = json.loads(stored.arguments_json)
+    assert parsed["url"] == "https://api.test" and parsed["n"] == 3
+    assert "sk-abcdefghijklmnopqrstuvwxyz123456" not in stored.arguments_json
+
+
+# -- update -----------------------------------------------------------------------------------
+async def test_update_changes_only_the_fields_set(store, profile):
+    meta = struct_pb2.Struct()
+    meta.update({"a": 1, "b": 2})
+    s = await new_session(store, profile, name="before", metadata=meta)
+    patch = struct_pb2.Struct()
+    patch.update({"b": None, "c": "new"})
+    updated = (await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, pinned=True, metadata=patch))).session
+    assert updated.name == "before" and updated.pinned
+    assert dict(updated.metadata) == {"a": 1, "c": "new"}
+    renamed = (await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, name=""))).session
+    assert renamed.name == "" and renamed.pinned
+
+
+async def test_update_rejects_bad_fields_and_changes_nothing(store, profile):
+    s = await new_session(store, profile, name="keep")
+    await expect_status(store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, name="x", context_token_count=-1)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "context_token_count")
+    await expect_status(store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, profile_id=" ")),
+                        grpc.StatusCode.INVALID_ARGUMENT, "profile_id")
+    assert (await full(store, s.id)).name == "keep"
+
+
+async def test_planning_logs_keep_the_newest_twenty(store, profile):
+    s = await new_session(store, profile)
+    for i in range(23):
+        log = struct_pb2.Struct()
+        log.update({"turn": i})
+        await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, planning_log=log))
+    logs = (await full(store, s.id)).planning_logs
+    assert [int(l["turn"]) for l in logs] == list(range(3, 23))
+
+
+async def test_trust_flags_are_sticky(store, profile):
+    s = await new_session(store, profile)
+    on = (await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, mark_untrusted_ingested=True))).session
+    assert on.untrusted_ingested and not on.episode_untrusted
+    again = (await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, mark_episode_untrusted=True,
+                                                               mark_untrusted_ingested=False))).session
+    assert again.untrusted_ingested and again.episode_untrusted
+    await store.TrimSession(pb.TrimSessionRequest(session_id=s.id, keep=1))
+    assert (await full(store, s.id)).untrusted_ingested
+
+
+async def test_external_refs_are_validated_deduplicated_and_stamped(store, profile):
+    ref = common_pb2.ExternalRef(kind="ci-run", uri="https://ci.test/runs/1", created_by="ci")
+    s = await new_session(store, profile, external_refs=[ref, ref])
+    assert len(s.external_refs) == 1 and s.external_refs[0].created_at.seconds > 0
+    other = common_pb2.ExternalRef(kind="dashboard", uri="https://grafana.test/d/1", created_by="ops", read_only=True)
+    s2 = (await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, add_external_refs=[ref, other]))).session
+    assert [r.kind for r in s2.external_refs] == ["ci-run", "dashboard"] and s2.external_refs[1].read_only
+    bad = common_pb2.ExternalRef(kind="Bad Kind", uri="https://x.test", created_by="me")
+    await expect_status(store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, add_external_refs=[other, bad])),
+                        grpc.StatusCode.INVALID_ARGUMENT, "external_refs[1].kind")
+    await expect_status(store.CreateSession(pb.CreateSessionRequest(profile_id=profile, external_refs=[
+        common_pb2.ExternalRef(kind="k", uri="x" * 2049, created_by="me")])), grpc.StatusCode.INVALID_ARGUMENT, "uri")
+    assert len((await full(store, s.id)).external_refs) == 2
+
+
+# -- list / search ------------------------------------------------------------------------------
+async def test_list_returns_summaries_with_counts_previews_and_paging(store, profile):
+    ids = []
+    for i in range(3):
+        s = await new_session(store, profile, name=f"s{i}")
+        await append(store, s.id, *conversation(i + 1))
+        ids.append(s.id)
+    await store.UpdateSession(pb.UpdateSessionRequest(session_id=ids[0], pinned=True))
+    page = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, page_size=2))
+    assert page.total == 3 and page.has_more
+    assert page.sessions[0].id == ids[0]  # pinned first, whatever the sort
+    assert page.sessions[1].id == ids[2]  # then the most recently active
+    rest = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, page_size=2, offset=2))
+    assert [x.id for x in rest.sessions] == [ids[1]] and not rest.has_more
+    by_count = await store.ListSessions(pb.ListSessionsRequest(
+        profile_id=profile, sort_by=pb.SORT_BY_MESSAGE_COUNT, descending=False))
+    assert [x.display_message_count for x in by_count.sessions] == [2, 4, 6]
+    assert by_count.sessions[1].preview == "question 0"
+
+
+async def test_list_query_matches_names_and_messages(store, profile):
+    a = await new_session(store, profile, name="Kubernetes upgrade")
+    b = await new_session(store, profile, name="other")
+    await append(store, b.id, Message(role="user", content="the kubernetes_v2 cluster 100% down"))
+    await new_session(store, profile, name="unrelated")
+    found = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="KUBERNETES"))
+    assert {x.id for x in found.sessions} == {a.id, b.id} and found.total == 2
+    # LIKE wildcards in the query are taken literally.
+    literal = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="100%"))
+    assert [x.id for x in literal.sessions] == [b.id]
+    assert (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="kubernetes_v"))).total == 1
+
+
+async def test_list_rejects_bad_paging(store):
+    await expect_status(store.ListSessions(pb.ListSessionsRequest(page_size=501)), grpc.StatusCode.INVALID_ARGUMENT,
+                        "page_size")
+    await expect_status(store.ListSessions(pb.ListSessionsRequest(offset=-1)), grpc.StatusCode.INVALID_ARGUMENT,
+                        "offset")
+
+
+async def test_search_matches_gives_display_indices_and_a_snippet(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, Message(role="user", content="deploy the app"),
+                 Message(role="assistant", content="hidden deploy", explicit_flags=True, is_context=True),
+                 Message(role="user", content="what about the DEPLOY key?"))
+    other = await new_session(store, profile)
+    await append(store, other.id, Message(role="user", content="nothing here"))
+    result = await store.SearchMatches(pb.SearchMatchesRequest(session_ids=[s.id, other.id], query="deploy"))
+    assert len(result.matches) == 1
+    match = result.matches[0]
+    # The hidden (not displayed) row does not count: indices are display positions.
+    assert match.session_id == s.id and list(match.display_indices) == [0, 1]
+    assert "deploy" in match.snippet
+    await expect_status(store.SearchMatches(pb.SearchMatchesRequest(session_ids=[s.id])),
+                        grpc.StatusCode.INVALID_ARGUMENT, "query")
+
+
+# -- history, context flags, compression, archive ------------------------------------------------
+async def test_history_pages_go_back_in_time(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, *conversation(5))
+    newest = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=s.id, limit=4))
+    assert [m.seq for m in newest.messages] == [7, 8, 9, 10] and newest.has_more
+    older = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=s.id, limit=4, before_seq=7))
+    assert [m.seq for m in older.messages] == [3, 4, 5, 6] and older.has_more
+    oldest = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=s.id, limit=4, before_seq=3))
+    assert [m.seq for m in oldest.messages] == [1, 2] and not oldest.has_more
+    await expect_status(store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=s.id, limit=-1)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "limit")
+
+
+async def test_set_context_flag_reaches_context_only_rows(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, Message(role="user", content="old summary", explicit_flags=True, is_context=True,
+                                      is_display=False, is_summary=True), Message(role="user", content="hi"))
+    result = await store.SetContextFlag(pb.SetContextFlagRequest(session_id=s.id, seqs=[1], is_context=False))
+    assert result.updated == 1
+    got = await full(store, s.id)
+    assert [m.content for m in got.context] == ["hi"]
+    await expect_status(store.SetContextFlag(pb.SetContextFlagRequest(session_id=s.id)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "seqs")
+
+
+async def test_commit_compression_is_one_transaction_and_leaves_display_alone(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, *conversation(4))
+    before = await full(store, s.id)
+    await store.SetBaseline(pb.SetBaselineRequest(session_id=s.id, baseline=pb.Baseline(tokens=900, through_seq=8)))
+    summary = Message(role="user", content="Summary of turns 0-2", breadcrumbs=["question 0"],
+                      replaces=common_pb2.SeqRange(first=1, last=6))
+    marker = Message(role="system", content="Context compressed: 8 → 3 messages")
+    chunk = common_pb2.RawChunk(content="user: question 0\nassistant: answer 0",
+                                turn_range=common_pb2.SeqRange(first=1, last=2), breadcrumbs=["question 0"])
+    result = await store.CommitCompression(pb.CommitCompressionRequest(
+        session_id=s.id, demote_seqs=[1, 2, 3, 4, 5, 6], summary=summary, marker=marker,
+        context_token_count=123, chunks=[chunk, chunk], expected_revision=before.revision))
+    assert (result.summary_seq, result.marker_seq, result.chunks_indexed) == (9, 10, 1)
+    after = await full(store, s.id)
+    assert [m.content for m in after.context] == ["Summary of turns 0-2", "question 3", "answer 3"]
+    assert after.context[0].is_summary and not after.context[0].is_display
+    assert list(after.context[0].breadcrumbs) == ["question 0"] and after.context[0].replaces.last == 6
+    # The display history is byte-for-byte what it was (only the context flag moved), plus the marker.
+    assert [shown(m) for m in after.messages[:-1]] == [shown(m) for m in before.messages]
+    assert after.messages[-1].is_compression and not after.messages[-1].is_context
+    assert after.context_token_count == 123
+    assert not (await store.GetBaseline(pb.GetBaselineRequest(session_id=s.id))).HasField("baseline")
+
+
+async def test_stale_compression_commit_changes_nothing(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, *conversation(2))
+    await expect_status(store.CommitCompression(pb.CommitCompressionRequest(
+        session_id=s.id, demote_seqs=[1, 2], summary=Message(role="user", content="sum"), expected_revision=0)),
+        grpc.StatusCode.ABORTED)
+    got = await full(store, s.id)
+    assert len(got.context) == 4 and len(got.messages) == 4
+
+
+async def test_archive_moves_old_rows_but_history_reads_across_both(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, Message(role="system", content="task note"), *conversation(5))
+    moved = await store.ArchiveOldMessages(pb.ArchiveOldMessagesRequest(session_id=s.id, below_seq=8))
+    # seq 1 (first system) and seq 2 (first user message) stay hot.
+    assert moved.archived == 5
+    archived = await store.GetArchivedMessages(pb.GetArchivedMessagesRequest(session_id=s.id))
+    assert [m.seq for m in archived.messages] == [3, 4, 5, 6, 7] and all(m.archived for m in archived.messages)
+    got = await full(store, s.id)
+    assert [m.seq for m in got.messages] == list(range(1, 12))
+    page = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=s.id, limit=6, before_seq=9))
+    assert [m.seq for m in page.messages] == [3, 4, 5, 6, 7, 8] and page.has_more
+    assert [m.archived for m in page.messages] == [True] * 5 + [False]
+    await expect_status(store.ArchiveOldMessages(pb.ArchiveOldMessagesRequest(session_id=s.id)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "below_seq")
+
+
+# -- trim / cleanup / delete ---------------------------------------------------------------------
+async def test_trim_keeps_the_newest_and_the_first_system_message(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, Message(role="system", content="record"), *conversation(5))
+    result = await store.TrimSession(pb.TrimSessionRequest(session_id=s.id, keep=4))
+    assert (result.before, result.after, result.dropped) == (11, 4, 7)
+    got = await full(store, s.id)
+    assert [m.content for m in got.messages] == ["record", "answer 3", "question 4", "answer 4"]
+    assert got.display_message_count == 4
+    await expect_status(store.TrimSession(pb.TrimSessionRequest(session_id=s.id, keep=0)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "keep")
+
+
+async def test_delete_removes_everything_the_session_owns(store, profile, database_url):
+    import asyncpg
+
+    s = await new_session(store, profile)
+    await append(store, s.id, *conversation(3))
+    await store.ArchiveOldMessages(pb.ArchiveOldMessagesRequest(session_id=s.id, below_seq=5))
+    await store.IndexChunks(pb.IndexChunksRequest(session_id=s.id, chunks=[common_pb2.RawChunk(content="raw")]))
+    token = (await store.CreateShare(pb.CreateShareRequest(session_id=s.id))).token
+    await store.SetBaseline(pb.SetBaselineRequest(session_id=s.id, baseline=pb.Baseline(tokens=5, through_seq=1)))
+
+    async def put():
+        yield pb.PutFileRequest(header=pb.PutFileHeader(session_id=s.id, filename="notes.txt"))
+        yield pb.PutFileRequest(chunk=b"hello")
+
+    file = (await store.PutFile(put())).file
+    assert (await store.DeleteSession(pb.DeleteSessionRequest(session_id=s.id))).deleted
+    conn = await asyncpg.connect(database_url)
+    try:
+        for table in ("session_messages", "session_messages_archive", "memory_chunks", "session_shares",
+                      "session_baselines"):
+            assert await conn.fetchval(f"SELECT count(*) FROM {table} WHERE session_id = $1", uuid.UUID(s.id)) == 0
+    finally:
+        await conn.close()
+    from pathlib import Path
+
+    assert not Path(file.path).exists()
+    await expect_status(store.GetShared(pb.GetSharedRequest(token=token)), grpc.StatusCode.NOT_FOUND)
+    await expect_status(store.DeleteSession(pb.DeleteSessionRequest(session_id=s.id)), grpc.StatusCode.NOT_FOUND)
+
+
+# -- shares -----------------------------------------------------------------------------------
+async def test_share_needs_a_message_and_hides_ids(store, profile):
+    s = await new_session(store, profile, name="shared chat")
+    await expect_status(store.CreateShare(pb.CreateShareRequest(session_id=s.id)),
+                        grpc.StatusCode.FAILED_PRECONDITION)
+    await append(store, s.id, *conversation(3))
+    token = (await store.CreateShare(pb.CreateShareRequest(session_id=s.id))).token
+    assert len(token) >= 43  # 256 bits, URL-safe base64
+    assert (await store.CreateShare(pb.CreateShareRequest(session_id=s.id))).token == token
+    shared = await store.GetShared(pb.GetSharedRequest(token=token, limit=4))
+    assert shared.name == "shared chat" and shared.has_more
+    assert [m.content for m in shared.messages] == ["answer 1", "question 2", "answer 2"][-3:] or len(shared.messages) == 4
+    assert s.id not in str(shared) and "anonymous" not in str(shared)
+    older = await store.GetShared(pb.GetSharedRequest(token=token, before_seq=shared.messages[0].seq))
+    assert [m.seq for m in older.messages] == [1, 2] and not older.has_more
+    await expect_status(store.GetShared(pb.GetSharedRequest(token=token[:-1] + ("A" if token[-1] != "A" else "B"))),
+                        grpc.StatusCode.NOT_FOUND)
+    await expect_status(store.GetShared(pb.GetSharedRequest()), grpc.StatusCode.INVALID_ARGUMENT, "token")
+
+
+# -- memory chunks, calibration, baselines ----------------------------------------------------------
+async def test_chunks_are_idempotent_and_ranked_by_similarity(store, profile):
+    s = await new_session(store, profile)
+    chunks = [
+        common_pb2.RawChunk(content="We configured nginx reverse proxy on port 8080", breadcrumbs=["nginx"]),
+        common_pb2.RawChunk(content="The invoice total was $1,250 for March", breadcrumbs=["invoice"]),
+        common_pb2.RawChunk(content="Deploy with kubectl apply -f deploy.yaml", breadcrumbs=["kubectl"]),
+    ]
+    assert (await store.IndexChunks(pb.IndexChunksRequest(session_id=s.id, chunks=chunks))).indexed == 3
+    assert (await store.IndexChunks(pb.IndexChunksRequest(session_id=s.id, chunks=chunks))).indexed == 0
+    found = await store.SearchMemory(pb.SearchMemoryRequest(session_id=s.id, query="invoice total", limit=2))
+    assert found.chunks[0].content.startswith("The invoice total")
+    assert found.chunks[0].score >= found.chunks[1].score
+    await expect_status(store.SearchMemory(pb.SearchMemoryRequest(session_id=s.id)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "query")
+
+
+async def test_observations_are_listed_newest_first_per_model(store):
+    model = f"model-{uuid.uuid4().hex[:8]}"
+    for chars, tokens in [(1000, 560), (2000, 1100), (3000, 1650)]:
+        await store.RecordObservation(pb.RecordObservationRequest(
+            observation=pb.Observation(model=model, chars=chars, tokens=tokens)))
+    listed = await store.ListObservations(pb.ListObservationsRequest(model=model, limit=2))
+    assert [o.chars for o in listed.observations] == [3000, 2000]
+    assert not (await store.ListObservations(pb.ListObservationsRequest(model=model + "x"))).observations
+    await expect_status(store.RecordObservation(pb.RecordObservationRequest(
+        observation=pb.Observation(model=model, chars=0, tokens=1))), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+async def test_baseline_round_trip_and_truncated_flag(store, profile):
+    s = await new_session(store, profile)
+    assert not (await store.GetBaseline(pb.GetBaselineRequest(session_id=s.id))).HasField("baseline")
+    await store.SetBaseline(pb.SetBaselineRequest(session_id=s.id, baseline=pb.Baseline(
+        tokens=4000, through_seq=12, model="qwen3.6")))
+    await store.SetBaseline(pb.SetBaselineRequest(session_id=s.id, only_truncated_flag=True,
+                                                  baseline=pb.Baseline(context_truncated=True)))
+    b = (await store.GetBaseline(pb.GetBaselineRequest(session_id=s.id))).baseline
+    assert (b.tokens, b.through_seq, b.model, b.context_truncated) == (4000, 12, "qwen3.6", True)
+    await store.SetBaseline(pb.SetBaselineRequest(session_id=s.id))
+    assert not (await store.GetBaseline(pb.GetBaselineRequest(session_id=s.id))).HasField("baseline")
