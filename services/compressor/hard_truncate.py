@@ -1,0 +1,72 @@
+"""The last resort when summarizing fails: drop the oldest whole turns, no LLM call.
+
+The dropped messages are still demoted and indexed as raw history by the caller, so nothing is
+lost from the session, only from the model's window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from palimpsest.v1.common_pb2 import Message
+from services.compressor.planner import Estimator, split_turns
+
+# Half the window: far enough below the 90% trigger that the next turns do not re-fire
+# compression while the summarizer is still failing.
+HARD_TRUNCATE_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Which messages leave the context; the new context is system + to_keep."""
+
+    dropped: list[Message]
+    to_keep: list[Message]
+    system: list[Message]
+    tokens: int  # estimate of the new context
+    fits: bool  # False when even the newest turn alone is over the budget
+
+    @property
+    def new_context(self) -> list[Message]:
+        return list(self.system) + list(self.to_keep)
+
+
+def hard_truncate(
+    context: Sequence[Message],
+    *,
+    window: int,
+    estimate: Estimator,
+    frac: float = HARD_TRUNCATE_FRACTION,
+) -> Truncation:
+    """Drop the oldest whole turns until the estimate is under ``frac × window``.
+
+    System messages and the newest turn are always kept. Live summaries are dropped only after
+    every older turn: a summary is the densest record of the history, so it goes last.
+    """
+    system = [m for m in context if m.role == "system"]
+    summaries = [m for m in context if m.role != "system" and m.is_summary]
+    turns = split_turns([m for m in context if m.role != "system" and not m.is_summary])
+    budget = frac * window
+
+    def kept(first_turn: int, with_summaries: bool) -> list[Message]:
+        ids = {id(m) for turn in turns[first_turn:] for m in turn}
+        if with_summaries:
+            ids |= {id(m) for m in summaries}
+        return [m for m in context if id(m) in ids]  # context order
+
+    # Candidates from least to most dropped; the first under budget wins.
+    last = max(0, len(turns) - 1)
+    candidates = [(first, True) for first in range(last + 1)]
+    if summaries:
+        candidates.append((last, False))
+    for first, with_summaries in candidates:
+        keep = kept(first, with_summaries)
+        tokens = estimate(system + keep)
+        if tokens < budget:
+            break
+    ids = {id(m) for m in keep}
+    dropped = [m for m in context if m.role != "system" and id(m) not in ids]
+    return Truncation(
+        dropped=dropped, to_keep=keep, system=system, tokens=tokens, fits=tokens < budget
+    )

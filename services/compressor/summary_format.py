@@ -1,0 +1,194 @@
+"""The summarizer's input: the messages to summarize as bounded plain text plus images.
+
+Every cap here exists because an unbounded input to the summarizer overflows its own window,
+gets silently truncated by Ollama, and comes back as a summary written as if the history had
+been read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from palimpsest.v1.common_pb2 import Message
+from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
+
+# Several old summaries past this many chars crowd the summarizer input: consolidate them first.
+META_SUMMARY_THRESHOLD = 10_600
+# A call's name and the start of its arguments say what was done; the rest is in the result.
+TOOL_ARGS_PREVIEW_CHARS = 120
+# Critical results (declared by the profile or flagged on the message) survive nearly whole.
+CRITICAL_RESULT_MAX_CHARS = 4_000
+CRITICAL_HEAD_CHARS = 2_000
+CRITICAL_TAIL_CHARS = 2_000
+# Other results: the start usually holds the status line and the answer's shape.
+RESULT_PREVIEW_CHARS = 800
+# Images may take a quarter of the summarizer's window; text needs the rest.
+IMAGE_BUDGET_FRACTION = 0.25
+# The formatted input's cap; 75% head keeps the oldest history, 25% tail the work closest to
+# the kept window (a head-only cut silently dropped the newest summarized work).
+MAX_SUMMARY_INPUT_CHARS = 32_000
+HEAD_SHARE_PERCENT = 75
+
+SUMMARY_PROMPT = """\
+You condense an earlier part of a conversation between a user and an AI assistant that uses \
+tools, so that the assistant can carry on the work without the original messages.
+
+Write a concise bullet-point summary. Keep:
+- what the user asked for and every decision taken, with its reason;
+- facts established along the way: results, numbers, names, errors and how they were resolved;
+- exact file paths, commands, configuration keys, identifiers and links;
+- what is still open: unfinished tasks, next steps, questions waiting for an answer.
+Leave out greetings, small talk and reasoning that led nowhere. Do not invent anything.
+
+Finish with exactly one line of the form
+KEYS: item, item, item
+listing the names, commands, paths, config keys, amounts, tickets, decisions and links a reader \
+would search for later."""
+
+META_SUMMARY_PROMPT = """\
+Below are several summaries of consecutive earlier parts of one conversation, oldest first. \
+Merge them into one bullet-point summary that keeps every decision, fact, file path, command \
+and open task, dropping only repetition. Where they disagree, the later summary wins."""
+
+_KEYS_LINE = re.compile(r"^[ \t>*_\-•]*keys[*_]*\s*:[*_]*(?P<keys>.*)$", re.I | re.M)
+# A comma separates keys unless it sits inside a number such as 1,000.
+_KEY_SEPARATOR = re.compile(r"\s*(?:;|(?<!\d),|,(?!\d))\s*")
+_EMPTY_KEYS = frozenset({"", "none", "n/a", "-", "—"})
+
+
+@dataclass(frozen=True)
+class SummaryInput:
+    """What the summarizer is given: text, the images that fit, and how many were left out."""
+
+    text: str
+    images: list[bytes] = field(default_factory=list)
+    omitted_images: int = 0
+
+
+def split_summaries(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
+    """(existing summaries, everything else), each in the given order."""
+    summaries = [m for m in messages if m.is_summary]
+    others = [m for m in messages if not m.is_summary]
+    return summaries, others
+
+
+def needs_meta_summary(messages: Sequence[Message]) -> bool:
+    """True when several existing summaries together pass META_SUMMARY_THRESHOLD chars."""
+    summaries, _ = split_summaries(messages)
+    return len(summaries) >= 2 and sum(len(m.content) for m in summaries) > META_SUMMARY_THRESHOLD
+
+
+def omission_marker(chars: int) -> str:
+    """Stands in for text cut out of the summarizer input."""
+    return f"\n[… {chars} chars omitted …]\n"
+
+
+def preview_arguments(arguments_json: str) -> str:
+    """Tool-call arguments cut to TOOL_ARGS_PREVIEW_CHARS."""
+    if len(arguments_json) <= TOOL_ARGS_PREVIEW_CHARS:
+        return arguments_json
+    return arguments_json[:TOOL_ARGS_PREVIEW_CHARS] + "…"
+
+
+def critical_result_text(content: str) -> str:
+    """Verbatim up to 4,000 chars; beyond that the first and last 2,000 around a marker."""
+    if len(content) <= CRITICAL_RESULT_MAX_CHARS:
+        return content
+    omitted = len(content) - CRITICAL_HEAD_CHARS - CRITICAL_TAIL_CHARS
+    return content[:CRITICAL_HEAD_CHARS] + omission_marker(omitted) + content[-CRITICAL_TAIL_CHARS:]
+
+
+def result_preview(content: str) -> str:
+    """The first RESULT_PREVIEW_CHARS chars of an ordinary tool result."""
+    if len(content) <= RESULT_PREVIEW_CHARS:
+        return content
+    return content[:RESULT_PREVIEW_CHARS] + f"… [{len(content) - RESULT_PREVIEW_CHARS} more chars]"
+
+
+def _is_critical(message: Message, critical_tools: frozenset[str]) -> bool:
+    return message.is_compression_critical or (bool(message.name) and message.name in critical_tools)
+
+
+def render_message(message: Message, critical_tools: frozenset[str] = frozenset()) -> str:
+    """One message as a block of the summarizer's input (thinking is left out: it is not
+    what was said or done, and it would double the input)."""
+    if message.role == "tool":
+        if _is_critical(message, critical_tools):
+            body = critical_result_text(message.content)
+        else:
+            body = result_preview(message.content)
+        label = f"Tool result ({message.name})" if message.name else "Tool result"
+        lines = [f"{label}: {body}"]
+    elif message.is_summary:
+        lines = [f"Earlier summary: {message.content}"]
+    else:
+        lines = [f"{message.role.capitalize()}: {message.content}".rstrip()]
+    for call in message.tool_calls:
+        lines.append(f"  → {call.name}({preview_arguments(call.arguments_json)})")
+    if message.images:
+        lines.append(f"[+ {len(message.images)} image(s)]")
+    return "\n".join(lines)
+
+
+def cap_text(text: str, limit: int = MAX_SUMMARY_INPUT_CHARS) -> str:
+    """``text`` within ``limit`` chars (marker included): 75% head, 25% tail."""
+    if len(text) <= limit:
+        return text
+    room = limit - len(omission_marker(len(text)))  # the real count has no more digits
+    head = room * HEAD_SHARE_PERCENT // 100
+    tail = room - head
+    return text[:head] + omission_marker(len(text) - head - tail) + text[len(text) - tail :]
+
+
+def collect_images(
+    messages: Sequence[Message], *, window: int, image_fallback: int = DEFAULT_FALLBACK_TOKENS
+) -> tuple[list[bytes], int]:
+    """Images in order while their priced total stays within window × 0.25; (kept, left out).
+
+    Collection stops at the first image that does not fit, so what the summarizer sees is an
+    unbroken stretch of history rather than a sample.
+    """
+    budget = window * IMAGE_BUDGET_FRACTION
+    kept: list[bytes] = []
+    spent = 0
+    all_images = [image for m in messages for image in m.images]
+    for image in all_images:
+        cost = image_tokens(image, image_fallback)
+        if spent + cost > budget:
+            break
+        kept.append(image)
+        spent += cost
+    return kept, len(all_images) - len(kept)
+
+
+def format_for_summary(
+    messages: Sequence[Message],
+    *,
+    critical_tools: Iterable[str] = (),
+    vision: bool,
+    window: int,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+) -> SummaryInput:
+    """The summarizer's input for ``messages`` (call ``needs_meta_summary`` first)."""
+    critical = frozenset(critical_tools)
+    text = cap_text("\n\n".join(render_message(m, critical) for m in messages))
+    if vision:
+        images, omitted = collect_images(messages, window=window, image_fallback=image_fallback)
+    else:
+        images, omitted = [], sum(len(m.images) for m in messages)
+    return SummaryInput(text=text, images=images, omitted_images=omitted)
+
+
+def split_keys_line(text: str) -> tuple[str, list[str]]:
+    """(summary without its last ``KEYS:`` line, the keys); (text, []) when there is none."""
+    matches = list(_KEYS_LINE.finditer(text))
+    if not matches:
+        return text, []
+    last = matches[-1]
+    raw = last.group("keys").strip().strip("*_ ").rstrip(".")
+    keys = [k.strip().strip("`") for k in _KEY_SEPARATOR.split(raw)]
+    keys = [k for k in keys if k.lower() not in _EMPTY_KEYS]
+    remaining = (text[: last.start()] + text[last.end() :]).strip("\n")
+    return remaining.rstrip(), keys

@@ -1,0 +1,155 @@
+"""Real prompt tokens of a message list: the one estimator every window decision uses.
+
+Text is priced through the model's calibrated line (chars / 1.8 without one), images one by one
+from their headers, and always over the truncated view the model is sent, never the raw rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from palimpsest.v1.common_pb2 import Message
+from services.compressor.calibration import (
+    Line,
+    Observation,
+    estimate_text_tokens,
+    marginal_text_tokens,
+)
+from services.shared.context_view import truncate_oversized, view_chars
+from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
+
+# Headroom for the model's answer; a quarter of the window at most, so a deliberately small
+# test or profile window does not fail every size check.
+DEFAULT_OUTPUT_RESERVE = 2048
+OUTPUT_RESERVE_WINDOW_DIVISOR = 4
+
+# 70%: a real count below this share of what we sent means Ollama cut the prompt (it evaluates
+# about half the window of an oversized prompt and reports only that), so it is no baseline.
+TRUNCATION_RATIO_PERCENT = 70
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Prompt tokens = baseline_tokens + text_tokens + image_tokens; chars are the priced text."""
+
+    tokens: int
+    text_tokens: int
+    image_tokens: int
+    chars: int
+    baseline_tokens: int = 0
+
+
+def chars_to_tokens(line: Line | None) -> Callable[[int], int]:
+    """The per-message text pricer handed to the view truncation (no fixed prompt overhead)."""
+    return lambda chars: marginal_text_tokens(chars, line)
+
+
+def priced_view(
+    messages: Sequence[Message], line: Line | None, budget_tokens: int | None
+) -> list[Message]:
+    """The view the model is sent; ``budget_tokens=None`` prices the rows uncut."""
+    if budget_tokens is None:
+        return list(messages)
+    return truncate_oversized(messages, budget_tokens, chars_to_tokens(line))
+
+
+def _image_tokens(messages: Sequence[Message], image_fallback: int) -> int:
+    return sum(image_tokens(image, image_fallback) for m in messages for image in m.images)
+
+
+def estimate_tokens(
+    messages: Sequence[Message],
+    line: Line | None,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    budget_tokens: int | None = None,
+) -> Estimate:
+    """Tokens of a whole prompt made of ``messages``, fixed prompt overhead included.
+
+    ``budget_tokens`` is the per-message view budget (``message_budget(window, configured)``);
+    pass it whenever the messages will be sent through the Agent's view.
+    """
+    if not messages:
+        return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
+    view = priced_view(messages, line, budget_tokens)
+    chars = view_chars(view)
+    text = estimate_text_tokens(chars, line)
+    images = _image_tokens(view, image_fallback)
+    return Estimate(tokens=text + images, text_tokens=text, image_tokens=images, chars=chars)
+
+
+def delta_estimate(
+    messages: Sequence[Message],
+    line: Line | None,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    budget_tokens: int | None = None,
+) -> Estimate:
+    """Tokens that ``messages`` add to a prompt whose fixed overhead is already counted."""
+    view = priced_view(messages, line, budget_tokens)
+    chars = view_chars(view)
+    text = marginal_text_tokens(chars, line)
+    images = _image_tokens(view, image_fallback)
+    return Estimate(tokens=text + images, text_tokens=text, image_tokens=images, chars=chars)
+
+
+def baseline_delta_estimate(
+    context: Sequence[Message],
+    baseline_tokens: int,
+    through_seq: int,
+    line: Line | None,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    budget_tokens: int | None = None,
+    incoming: Sequence[Message] = (),
+) -> Estimate:
+    """A real baseline plus the calibrated price of what came after it.
+
+    ``baseline_tokens`` is the real prompt count of the call that covered the context through
+    ``through_seq``; the rows with a larger seq and the ``incoming`` messages (not stored yet, so
+    without a seq) are priced marginally: the baseline already paid the prompt's fixed cost.
+    """
+    delta = [m for m in context if m.seq > through_seq] + list(incoming)
+    priced = delta_estimate(delta, line, image_fallback, budget_tokens)
+    baseline = max(0, baseline_tokens)
+    return Estimate(
+        tokens=baseline + priced.tokens,
+        text_tokens=priced.text_tokens,
+        image_tokens=priced.image_tokens,
+        chars=priced.chars,
+        baseline_tokens=baseline,
+    )
+
+
+def output_reserve(window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> int:
+    """Tokens kept free for the answer: ``reserve``, capped at a quarter of the window."""
+    return max(0, min(reserve, window // OUTPUT_RESERVE_WINDOW_DIVISOR))
+
+
+def fits(tokens: int, window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> bool:
+    """True when a prompt of ``tokens`` leaves the output reserve free in ``window``."""
+    return tokens <= window - output_reserve(window, reserve)
+
+
+def is_truncated_report(reported: int, sent_estimate: int) -> bool:
+    """True when Ollama's count is below 70% of the prompt we sent: it cut the prompt."""
+    # Integers only, so exactly 70% is on the honest side.
+    return reported * 100 < sent_estimate * TRUNCATION_RATIO_PERCENT
+
+
+def calibration_observation(
+    messages: Sequence[Message],
+    reported_tokens: int,
+    line: Line | None,
+    budget_tokens: int | None = None,
+) -> Observation | None:
+    """The observation a real count gives for the view sent, or None when it must not be fitted.
+
+    A prompt with images is not an observation: image tokens are not chars and would bend the
+    line for every later text estimate. A truncated report is not one either.
+    """
+    view = priced_view(messages, line, budget_tokens)
+    if any(m.images for m in view) or reported_tokens <= 0:
+        return None
+    sent = estimate_text_tokens(view_chars(view), line)
+    if is_truncated_report(reported_tokens, sent):
+        return None
+    return Observation(chars=view_chars(view), tokens=reported_tokens)

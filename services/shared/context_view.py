@@ -1,0 +1,159 @@
+"""The view of a context the model is actually sent, shared by the Agent and the Compressor.
+
+The Agent sends exactly ``to_ollama_messages(truncate_oversized(...))`` and the Compressor prices
+exactly ``truncate_oversized(...)``. Pricing the raw stored rows instead (a megabyte tool result
+counted as ~500k tokens while the model received a few thousand) made the gates fire for work the
+planner cannot do and failed size checks over prompts the model never saw. So there is one
+implementation, here.
+
+What counts as sent: a message's content and its tool calls (name + JSON arguments). Not its
+``thinking``: reasoning of past calls is not sent back to the model (chat templates of reasoning
+models drop it for earlier turns anyway), so counting it would overprice every assistant message.
+Images are sent but priced separately, per image, from their headers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Callable, Sequence
+
+from palimpsest.v1.common_pb2 import Message
+
+# About five template tokens wrap every message (``<|im_start|>role\n`` … ``<|im_end|>\n``);
+# at the fallback 1.8 chars/token that is ~9 chars. Counting it keeps a context of many short
+# tool results from being underpriced against one of few long messages of the same text size.
+MESSAGE_OVERHEAD_CHARS = 9
+
+# A sixth of the window: one message alone can take a large share, yet never crowd out the rest.
+MESSAGE_BUDGET_WINDOW_DIVISOR = 6
+
+# Roles whose content can be cut in the view: model output and tool output. A user's own words
+# and summaries are sent whole.
+TRUNCATABLE_ROLES = frozenset({"assistant", "tool"})
+
+
+def message_chars(message: Message) -> int:
+    """Characters of a message as sent: content plus each tool call's name and arguments."""
+    return len(message.content) + sum(
+        len(call.name) + len(call.arguments_json) for call in message.tool_calls
+    )
+
+
+def view_chars(messages: Sequence[Message]) -> int:
+    """Characters of a message list as sent, each message charged its template overhead.
+
+    This is the ``chars`` of every calibration observation and estimate, so both sides of the
+    fitted line measure the same thing.
+    """
+    return sum(message_chars(m) + MESSAGE_OVERHEAD_CHARS for m in messages)
+
+
+def default_message_budget(window: int) -> int:
+    """Per-message token budget when none is configured: a sixth of the window."""
+    return max(0, window) // MESSAGE_BUDGET_WINDOW_DIVISOR
+
+
+def message_budget(window: int, configured: int = 0) -> int:
+    """A configured budget (> 0) wins; 0 or less means "derive it from the window"."""
+    return configured if configured > 0 else default_message_budget(window)
+
+
+def truncation_marker(tokens: int) -> str:
+    """The text that replaces the cut middle of an oversized message."""
+    return f"\n[…truncated ~{tokens} tokens…]\n"
+
+
+def _largest_fitting(limit: int, fits: Callable[[int], bool]) -> int:
+    """Largest n in [0, limit] with fits(n), for a monotone ``fits``; -1 when even 0 fails."""
+    if not fits(0):
+        return -1
+    low, high = 0, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _truncated_copy(
+    message: Message, budget_tokens: int, estimate_chars_to_tokens: Callable[[int], int]
+) -> Message | None:
+    """A copy whose content keeps head and tail within the budget; None if cutting cannot help."""
+    content = message.content
+    fixed = message_chars(message) - len(content)  # tool calls stay whole: their JSON must parse
+    # The marker's number only shrinks as more content is kept, so this bounds its length.
+    marker_room = len(truncation_marker(estimate_chars_to_tokens(len(content))))
+    kept = _largest_fitting(
+        len(content) - 1,
+        lambda n: estimate_chars_to_tokens(fixed + marker_room + n) <= budget_tokens,
+    )
+    kept = max(kept, 0)
+    if kept >= len(content):
+        return None
+    head = (kept + 1) // 2
+    tail = kept - head
+    removed = estimate_chars_to_tokens(len(content) - kept)
+    copy = Message()
+    copy.CopyFrom(message)
+    copy.content = content[:head] + truncation_marker(removed) + (content[-tail:] if tail else "")
+    return copy
+
+
+def truncate_oversized(
+    messages: Sequence[Message],
+    budget_tokens: int,
+    estimate_chars_to_tokens: Callable[[int], int],
+) -> list[Message]:
+    """The view with every oversized assistant/tool message cut to head + marker + tail.
+
+    A message is oversized when ``estimate_chars_to_tokens(message_chars(m))`` exceeds
+    ``budget_tokens``; it is replaced by a copy (stored messages are never mutated), others are
+    returned as they are. ``estimate_chars_to_tokens`` prices a piece of text, without the
+    prompt's fixed overhead. A budget of 0 or less disables truncation.
+    """
+    if budget_tokens <= 0:
+        return list(messages)
+    view: list[Message] = []
+    for message in messages:
+        if (
+            message.role in TRUNCATABLE_ROLES
+            and estimate_chars_to_tokens(message_chars(message)) > budget_tokens
+        ):
+            view.append(_truncated_copy(message, budget_tokens, estimate_chars_to_tokens) or message)
+        else:
+            view.append(message)
+    return view
+
+
+def tool_arguments(arguments_json: str) -> dict[str, Any]:
+    """Arguments as the object Ollama expects; text that is not a JSON object is wrapped, not lost."""
+    if not arguments_json.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments_json)
+    except ValueError:
+        return {"raw": arguments_json}
+    return parsed if isinstance(parsed, dict) else {"raw": arguments_json}
+
+
+def to_ollama_message(message: Message) -> dict[str, Any]:
+    """One message as an Ollama /api/chat message dict."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.images:
+        out["images"] = [base64.b64encode(image).decode("ascii") for image in message.images]
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"function": {"name": call.name, "arguments": tool_arguments(call.arguments_json)}}
+            for call in message.tool_calls
+        ]
+    if message.role == "tool" and message.name:
+        out["tool_name"] = message.name
+    return out
+
+
+def to_ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The messages as Ollama /api/chat ``messages``; thinking is not sent back (see module doc)."""
+    return [to_ollama_message(m) for m in messages]

@@ -1,0 +1,188 @@
+"""The one Ollama HTTP client, shared by the Agent and the Compressor (httpx.AsyncClient)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from services.shared.errors import FailedPrecondition, NotFound, PalimpsestError, Unavailable
+
+log = logging.getLogger("palimpsest.ollama")
+
+
+class OllamaStreamError(Unavailable):
+    """Ollama reported an error after the stream had begun (a final `{"error": …}` line)."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    context_length: int
+    capabilities: frozenset[str]
+
+    @property
+    def vision(self) -> bool:
+        return "vision" in self.capabilities
+
+    @property
+    def tools(self) -> bool:
+        return "tools" in self.capabilities
+
+    @property
+    def thinking(self) -> bool:
+        return "thinking" in self.capabilities
+
+
+@dataclass
+class ChatResult:
+    """Everything one /api/chat call produced, accumulated over all chunks."""
+
+    content: str = ""
+    thinking: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    done_reason: str = ""
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    model: str = ""
+
+    def absorb(self, chunk: dict[str, Any]) -> None:
+        message = chunk.get("message") or {}
+        self.content += message.get("content") or ""
+        self.thinking += message.get("thinking") or ""
+        self.tool_calls.extend(message.get("tool_calls") or [])
+        self.model = chunk.get("model") or self.model
+        if chunk.get("done"):
+            self.done_reason = chunk.get("done_reason") or "stop"
+            self.prompt_eval_count = chunk.get("prompt_eval_count")
+            self.eval_count = chunk.get("eval_count")
+
+
+def _not_running(host: str) -> Unavailable:
+    return Unavailable(
+        f"Ollama is not answering at {host} (OLLAMA_HOST): start it with `ollama serve`, "
+        "or point OLLAMA_HOST at a running Ollama"
+    )
+
+
+def _error_for(status: int, body: str, model: str, host: str) -> PalimpsestError:
+    try:
+        message = json.loads(body).get("error") or body
+    except (ValueError, AttributeError):
+        message = body
+    if status == 404:
+        return NotFound(f"model '{model}' is not available in Ollama at {host}: run `ollama pull {model}`")
+    if status == 400:
+        return FailedPrecondition(f"Ollama refused the request for model '{model}': {message}")
+    return Unavailable(f"Ollama at {host} answered {status}: {message}")
+
+
+class OllamaClient:
+    def __init__(self, host: str, *, timeout: float = 600.0, connect_timeout: float = 5.0):
+        self.host = host.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.host, timeout=httpx.Timeout(timeout, connect=connect_timeout)
+        )
+        self._facts: dict[str, ModelFacts] = {}
+        self._facts_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any], model: str) -> dict[str, Any]:
+        try:
+            response = await self._http.post(path, json=body)
+        except httpx.TransportError as exc:
+            raise _not_running(self.host) from exc
+        if response.status_code != 200:
+            raise _error_for(response.status_code, response.text, model, self.host)
+        data = response.json()
+        if "error" in data:
+            raise _error_for(500, response.text, model, self.host)
+        return data
+
+    async def version(self) -> str:
+        try:
+            response = await self._http.get("/api/version", timeout=3.0)
+        except httpx.TransportError as exc:
+            raise _not_running(self.host) from exc
+        return response.json().get("version", "")
+
+    async def model_facts(self, model: str) -> ModelFacts:
+        """Context length and capabilities from /api/show, cached per model."""
+        if model in self._facts:
+            return self._facts[model]
+        async with self._facts_lock:
+            if model not in self._facts:
+                data = await self._post("/api/show", {"model": model}, model)
+                info = data.get("model_info") or {}
+                arch = info.get("general.architecture", "")
+                length = info.get(f"{arch}.context_length") or next(
+                    (v for k, v in info.items() if k.endswith(".context_length")), 0
+                )
+                self._facts[model] = ModelFacts(model, int(length or 0), frozenset(data.get("capabilities") or ()))
+        return self._facts[model]
+
+    def forget(self, model: str | None = None) -> None:
+        if model is None:
+            self._facts.clear()
+        else:
+            self._facts.pop(model, None)
+
+    @staticmethod
+    def chat_body(
+        model: str,
+        messages: Sequence[dict[str, Any]],
+        *,
+        num_ctx: int,
+        tools: Sequence[dict[str, Any]] | None = None,
+        think: bool | str | None = None,
+        stream: bool = True,
+        options: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        # num_ctx always goes out: Ollama's own default is small and silently truncates.
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": list(messages),
+            "stream": stream,
+            "options": {**(options or {}), "num_ctx": num_ctx},
+        }
+        if tools:
+            body["tools"] = list(tools)
+        if think is not None:
+            body["think"] = think
+        return body
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Yields each NDJSON chunk. Closing the generator closes the HTTP connection."""
+        model = body.get("model", "")
+        try:
+            async with self._http.stream("POST", "/api/chat", json={**body, "stream": True}) as response:
+                if response.status_code != 200:
+                    raise _error_for(response.status_code, (await response.aread()).decode(errors="replace"),
+                                     model, self.host)
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    chunk = json.loads(line)
+                    if "error" in chunk:
+                        raise OllamaStreamError(f"Ollama stopped with an error mid-stream: {chunk['error']}")
+                    yield chunk
+        except httpx.TransportError as exc:
+            raise _not_running(self.host) from exc
+
+    async def chat(self, body: dict[str, Any]) -> ChatResult:
+        """One non-streamed call (summaries, planning)."""
+        data = await self._post("/api/chat", {**body, "stream": False}, body.get("model", ""))
+        result = ChatResult()
+        result.absorb({**data, "done": True})
+        return result
+
+    async def embed(self, model: str, inputs: Sequence[str]) -> list[list[float]]:
+        data = await self._post("/api/embed", {"model": model, "input": list(inputs)}, model)
+        return data.get("embeddings") or []

@@ -1,0 +1,174 @@
+"""Prompt-token estimates over the view the model is sent, and the window arithmetic around them."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from palimpsest.v1.common_pb2 import Message
+from services.compressor.calibration import Line, estimate_text_tokens
+from services.compressor.token_estimate import (
+    Estimate,
+    baseline_delta_estimate,
+    calibration_observation,
+    estimate_tokens,
+    fits,
+    is_truncated_report,
+    output_reserve,
+)
+from services.shared.context_view import MESSAGE_OVERHEAD_CHARS, view_chars
+
+
+def msg(role: str, content: str = "", seq: int = 0, **kw: object) -> Message:
+    return Message(role=role, content=content, seq=seq, **kw)  # type: ignore[arg-type]
+
+
+def png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height)).save(out, format="PNG")
+    return out.getvalue()
+
+
+# -- estimate_tokens ----------------------------------------------------------------------
+
+
+def test_text_without_a_line_is_priced_at_1_8_chars_per_token() -> None:
+    messages = [msg("user", "a" * (1800 - MESSAGE_OVERHEAD_CHARS))]
+    est = estimate_tokens(messages, None)
+    assert est == Estimate(tokens=1000, text_tokens=1000, image_tokens=0, chars=1800)
+
+
+def test_text_with_a_line_includes_its_overhead() -> None:
+    line = Line(overhead=500, tokens_per_char=0.5)
+    messages = [msg("user", "a" * (2000 - MESSAGE_OVERHEAD_CHARS))]
+    assert estimate_tokens(messages, line).tokens == 1500
+
+
+def test_an_empty_context_costs_nothing() -> None:
+    assert estimate_tokens([], Line(overhead=500, tokens_per_char=0.5)).tokens == 0
+
+
+def test_each_image_is_priced_by_its_own_size() -> None:
+    small, big = png(512, 512), png(1024, 1024)
+    est = estimate_tokens([msg("user", "", images=[small, big])], None)
+    assert est.image_tokens == 258 + 1026  # 16×16+2 and 32×32+2 patches
+    assert est.tokens == est.text_tokens + est.image_tokens
+
+
+def test_an_unreadable_image_costs_the_fallback() -> None:
+    est = estimate_tokens([msg("user", "", images=[b"not an image"])], None, image_fallback=777)
+    assert est.image_tokens == 777
+
+
+def test_a_megabyte_tool_result_is_priced_as_the_truncated_view() -> None:
+    huge = [msg("user", "cat the log"), msg("tool", "x" * 1_000_000, name="cat")]
+    raw = estimate_tokens(huge, None)
+    viewed = estimate_tokens(huge, None, budget_tokens=5_000)
+    assert raw.tokens > 500_000
+    assert viewed.tokens < 5_100
+    assert huge[1].content == "x" * 1_000_000
+
+
+# -- baseline + delta ---------------------------------------------------------------------
+
+
+def test_baseline_plus_delta_prices_only_rows_after_the_baseline() -> None:
+    context = [msg("user", "a" * 1000, seq=1), msg("assistant", "b" * 1000, seq=2), msg("user", "c" * 171, seq=3)]
+    est = baseline_delta_estimate(context, baseline_tokens=4_000, through_seq=2, line=None)
+    assert est.baseline_tokens == 4_000
+    assert est.chars == 171 + MESSAGE_OVERHEAD_CHARS
+    assert est.tokens == 4_000 + 100
+
+
+def test_the_delta_does_not_pay_the_prompt_overhead_again() -> None:
+    line = Line(overhead=900, tokens_per_char=0.5)
+    context = [msg("user", "a" * (200 - MESSAGE_OVERHEAD_CHARS), seq=5)]
+    assert baseline_delta_estimate(context, 3_000, through_seq=4, line=line).tokens == 3_100
+
+
+def test_the_incoming_message_is_added_to_the_delta() -> None:
+    incoming = [msg("user", "", images=[png(1024, 1024)])]
+    est = baseline_delta_estimate([], 2_000, through_seq=9, line=None, incoming=incoming)
+    assert est.image_tokens == 1026
+    assert est.tokens == 2_000 + est.text_tokens + 1026
+
+
+def test_no_new_rows_means_the_baseline_itself() -> None:
+    context = [msg("user", "hello", seq=1)]
+    assert baseline_delta_estimate(context, 1_234, through_seq=1, line=None).tokens == 1_234
+
+
+def test_the_delta_is_priced_through_the_truncated_view() -> None:
+    context = [msg("tool", "x" * 1_000_000, seq=8, name="cat")]
+    est = baseline_delta_estimate(context, 1_000, through_seq=7, line=None, budget_tokens=5_000)
+    assert est.tokens < 1_000 + 5_100
+
+
+# -- output reserve and fit ---------------------------------------------------------------
+
+
+def test_the_output_reserve_is_2048_on_a_normal_window() -> None:
+    assert output_reserve(32_768) == 2048
+
+
+def test_the_output_reserve_is_capped_at_a_quarter_of_the_window() -> None:
+    assert output_reserve(4_000) == 1_000
+    assert output_reserve(8_192) == 2048
+    assert output_reserve(8_188) == 2047
+
+
+def test_a_prompt_exactly_at_window_minus_reserve_fits() -> None:
+    assert fits(32_768 - 2048, 32_768)
+    assert not fits(32_768 - 2047, 32_768)
+
+
+def test_a_small_window_keeps_three_quarters_for_the_prompt() -> None:
+    assert fits(3_000, 4_000)
+    assert not fits(3_001, 4_000)
+
+
+# -- truncated reports --------------------------------------------------------------------
+
+
+def test_a_report_at_69_percent_of_what_was_sent_is_truncated() -> None:
+    assert is_truncated_report(6_900, 10_000)
+
+
+def test_a_report_at_exactly_70_percent_is_not_truncated() -> None:
+    assert not is_truncated_report(7_000, 10_000)
+
+
+def test_a_report_at_71_percent_is_not_truncated() -> None:
+    assert not is_truncated_report(7_100, 10_000)
+
+
+def test_a_report_one_token_under_70_percent_is_truncated() -> None:
+    assert is_truncated_report(6_999, 10_000)
+
+
+# -- calibration observations -------------------------------------------------------------
+
+
+def test_a_text_prompt_becomes_an_observation_of_its_view_chars() -> None:
+    messages = [msg("user", "a" * 5_000)]
+    observation = calibration_observation(messages, 2_900, line=None)
+    assert observation is not None
+    assert observation.chars == view_chars(messages) and observation.tokens == 2_900
+
+
+def test_a_prompt_with_images_is_not_an_observation() -> None:
+    assert calibration_observation([msg("user", "a" * 5_000, images=[png(64, 64)])], 3_000, line=None) is None
+
+
+def test_a_truncated_report_is_not_an_observation() -> None:
+    messages = [msg("user", "a" * 18_000)]
+    sent = estimate_text_tokens(view_chars(messages), None)
+    assert calibration_observation(messages, int(sent * 0.69), line=None) is None
+    assert calibration_observation(messages, int(sent * 0.71), line=None) is not None
+
+
+@pytest.mark.parametrize("window", [2_048, 8_192, 131_072])
+def test_reserve_never_exceeds_a_quarter(window: int) -> None:
+    assert output_reserve(window, reserve=10**9) == window // 4
