@@ -87,3 +87,30 @@ def user() -> str:
 @pytest.fixture
 def profile() -> str:
     return f"profile-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def ollama_sim():
+    """A real HTTP server speaking Ollama's protocol, one per test module."""
+    from services.ollama_sim import OllamaSimulator
+
+    with OllamaSimulator() as sim:
+        yield sim
+
+
+@pytest.fixture(scope="module")
+async def compressor_server(base_settings, store_server, ollama_sim):
+    from services.compressor.app import start_compressor
+
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address)
+    running = await start_compressor(settings, port=0)
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture(scope="module")
+async def compressor(compressor_server):
+    from palimpsest.v1 import compressor_pb2_grpc
+
+    async with grpc.aio.insecure_channel(compressor_server.address) as channel:
+        yield compressor_pb2_grpc.CompressorStub(channel)

@@ -629,17 +629,24 @@ class SessionRepository:
             if baseline is None:
                 await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
             elif only_truncated_flag:
+                # A session may be flagged before it ever had an honest baseline (tokens 0 = none).
                 await conn.execute(
-                    "UPDATE session_baselines SET context_truncated = $2 WHERE session_id = $1",
+                    """
+                    INSERT INTO session_baselines (session_id, tokens, through_seq, context_truncated)
+                    VALUES ($1, 0, 0, $2)
+                    ON CONFLICT (session_id) DO UPDATE SET context_truncated = $2
+                    """,
                     session_id, baseline["context_truncated"],
                 )
             else:
+                # The truncated flag survives a later honest baseline: only the post-turn pass
+                # (or a compression, which deletes the row) consumes it.
                 await conn.execute(
                     """
                     INSERT INTO session_baselines (session_id, tokens, through_seq, model, context_truncated)
                     VALUES ($1, $2, $3, $4, $5)
                     ON CONFLICT (session_id) DO UPDATE SET tokens = $2, through_seq = $3, model = $4,
-                        context_truncated = $5, recorded_at = now()
+                        context_truncated = session_baselines.context_truncated OR $5, recorded_at = now()
                     """,
                     session_id, baseline["tokens"], baseline["through_seq"], baseline["model"],
                     baseline["context_truncated"],

@@ -1,0 +1,32 @@
+"""Wiring of the Compressor: a channel to the store, the Ollama client, the servicer."""
+
+from __future__ import annotations
+
+from palimpsest.v1 import compressor_pb2, compressor_pb2_grpc
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.compressor.servicer import CompressorServicer
+from services.shared.channels import open_channel
+from services.shared.ollama import OllamaClient
+from services.shared.server import RunningServer, start_server
+from services.shared.settings import Settings
+
+SERVICE_NAME = compressor_pb2.DESCRIPTOR.services_by_name["Compressor"].full_name
+
+
+async def start_compressor(settings: Settings, *, port: int, host: str = "127.0.0.1") -> RunningServer:
+    channel = open_channel(settings.store_addr, settings)
+    ollama = OllamaClient(settings.ollama_host)
+    servicer = CompressorServicer(SessionStoreStub(channel), ollama, settings, settings.store_addr)
+
+    async def on_stop() -> None:
+        await ollama.aclose()
+        await channel.close()
+
+    return await start_server(
+        lambda server: compressor_pb2_grpc.add_CompressorServicer_to_server(servicer, server),
+        [SERVICE_NAME],
+        settings=settings,
+        port=port,
+        host=host,
+        on_stop=on_stop,
+    )

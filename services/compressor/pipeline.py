@@ -1,0 +1,224 @@
+"""One compression, end to end: plan, summarize (retry, then hard-truncate), commit to the store.
+
+The plan, the summary input and the truncation are pure functions elsewhere; this module only
+orders the I/O around them. A summarizer failure never escapes: the fallback needs no LLM.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass
+
+from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
+from services.compressor.breadcrumbs import chunk_messages, extract_entities, merge_breadcrumbs
+from services.compressor.hard_truncate import hard_truncate
+from services.compressor.planner import Plan, apply_plan, plan_compression
+from services.compressor.pricing import Knobs, Pricing
+from services.compressor.summary_format import (
+    META_SUMMARY_PROMPT,
+    SUMMARY_PROMPT,
+    format_for_summary,
+    needs_meta_summary,
+    split_keys_line,
+    split_summaries,
+)
+from services.shared.ollama import OllamaClient
+
+log = logging.getLogger("palimpsest.compressor")
+
+Message = common_pb2.Message
+
+SUMMARY_ATTEMPTS = 2  # one retry, then the hard-truncate fallback
+_REASON_NAMES = {
+    pb.COMPRESSION_REASON_PRETURN: "preturn",
+    pb.COMPRESSION_REASON_MIDTURN: "midturn",
+    pb.COMPRESSION_REASON_POSTTURN: "postturn",
+    pb.COMPRESSION_REASON_FORCED: "forced",
+}
+
+
+def reason_name(reason: int) -> str:
+    return _REASON_NAMES.get(reason, "unspecified")
+
+
+def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
+              keep_recent_messages: int) -> Plan:
+    """The one plan WouldCompress and Compress share."""
+    return plan_compression(
+        context,
+        keep_recent=knobs.keep_recent,
+        window=window,
+        target=knobs.target,
+        estimate=pricing.estimate,
+        keep_recent_messages=keep_recent_messages or None,
+        critical_tools=knobs.critical_tools,
+    )
+
+
+def replaced_range(messages: list[Message]) -> common_pb2.SeqRange:
+    """The seqs a new summary stands for; an older summary contributes the range it replaced."""
+    firsts = [m.replaces.first if m.is_summary and m.HasField("replaces") else m.seq for m in messages]
+    return common_pb2.SeqRange(first=min(firsts), last=max(m.seq for m in messages))
+
+
+@dataclass
+class Outcome:
+    """What a compression did, before it is committed."""
+
+    method: int
+    demoted: list[Message]
+    new_context: list[Message]
+    summary: Message | None
+    breadcrumbs: list[str]
+
+    @property
+    def summary_text(self) -> str:
+        return self.summary.content if self.summary is not None else ""
+
+
+class Summarizer:
+    """Writes summaries through Ollama with think=False, per the resolved knobs."""
+
+    def __init__(self, ollama: OllamaClient, knobs: Knobs, model: str, window: int):
+        self.ollama = ollama
+        self.knobs = knobs
+        self.model = knobs.summarizer_model or model
+        self.window = window
+
+    async def _call(self, prompt: str, text: str, images: list[bytes], pricing: Pricing) -> str:
+        facts = await self.ollama.model_facts(self.model)
+        user: dict = {"role": "user", "content": text}
+        if images:
+            user["images"] = [base64.b64encode(i).decode() for i in images]
+        needed = pricing.estimate([Message(role="system", content=prompt), Message(role="user", content=text,
+                                                                                    images=images)])
+        num_ctx = max(self.window, needed + self.knobs.summary_max_tokens + 256)
+        if facts.context_length:
+            num_ctx = min(num_ctx, facts.context_length)
+        body = OllamaClient.chat_body(
+            self.model,
+            [{"role": "system", "content": prompt}, user],
+            num_ctx=num_ctx,
+            think=False if facts.thinking else None,
+            stream=False,
+            options={"temperature": self.knobs.summary_temperature, "num_predict": self.knobs.summary_max_tokens},
+        )
+        result = await self.ollama.chat(body)
+        if not result.content.strip():
+            raise ValueError("the summarizer returned an empty summary")
+        return result.content.strip()
+
+    async def summarize(self, messages: list[Message], pricing: Pricing) -> tuple[str, list[str]]:
+        facts = await self.ollama.model_facts(self.model)
+        if needs_meta_summary(messages):
+            # Old summaries first condensed into one, so they do not crowd out the new history.
+            summaries, rest = split_summaries(messages)
+            meta_input = format_for_summary(summaries, vision=False, window=self.window,
+                                            image_fallback=self.knobs.image_fallback)
+            meta = await self._call(META_SUMMARY_PROMPT, meta_input.text, [], pricing)
+            meta_text, _ = split_keys_line(meta)
+            messages = [Message(role="user", content=meta_text, is_summary=True), *rest]
+        formatted = format_for_summary(
+            messages,
+            critical_tools=self.knobs.critical_tools,
+            vision=facts.vision,
+            window=self.window,
+            image_fallback=self.knobs.image_fallback,
+        )
+        prompt = self.knobs.summary_prompt or SUMMARY_PROMPT
+        text = await self._call(prompt, formatted.text, formatted.images, pricing)
+        return split_keys_line(text)
+
+
+async def summarize_or_truncate(
+    context: list[Message], plan: Plan, pricing: Pricing, knobs: Knobs, summarizer: Summarizer, window: int,
+) -> Outcome:
+    last_error: Exception | None = None
+    for attempt in range(1, SUMMARY_ATTEMPTS + 1):
+        try:
+            text, keys = await summarizer.summarize(plan.to_summarize, pricing)
+            break
+        except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
+            last_error = exc
+            log.warning("summarizer attempt %d/%d failed: %s", attempt, SUMMARY_ATTEMPTS, exc)
+    else:
+        return truncate_outcome(context, pricing, window, last_error)
+    dropped_text = "\n".join(m.content for m in plan.to_summarize if not m.is_summary)
+    crumbs = merge_breadcrumbs(keys, extract_entities(dropped_text))
+    covered = replaced_range(plan.to_summarize)
+    summary = Message(
+        role="user",
+        content=f"[Summary of the earlier conversation, messages {covered.first}–{covered.last}]\n{text}",
+        is_summary=True,
+        is_context=True,
+        is_display=False,
+        explicit_flags=True,
+        breadcrumbs=crumbs,
+        replaces=covered,
+    )
+    return Outcome(pb.COMPRESSION_METHOD_SUMMARY, list(plan.to_summarize), apply_plan(plan, summary), summary, crumbs)
+
+
+def truncate_outcome(context: list[Message], pricing: Pricing, window: int, error: Exception | None) -> Outcome:
+    """The last resort: drop the oldest whole turns until under half the window, no LLM call."""
+    cut = hard_truncate(context, window=window, estimate=pricing.estimate)
+    crumbs = merge_breadcrumbs([], extract_entities("\n".join(m.content for m in cut.dropped)))
+    log.warning("summarizer failed (%s): hard-truncated %d messages", error, len(cut.dropped))
+    return Outcome(pb.COMPRESSION_METHOD_HARD_TRUNCATE, cut.dropped, cut.new_context, None, crumbs)
+
+
+def commit_request(
+    session: common_pb2.Session, context: list[Message], outcome: Outcome, pricing: Pricing, reason: int,
+) -> tuple[store_pb.CommitCompressionRequest, int]:
+    """The one-transaction store write for an outcome, and the new context's token count."""
+    tokens = pricing.estimate(outcome.new_context)
+    chunks = []
+    for data in chunk_messages(outcome.demoted, outcome.breadcrumbs):
+        chunk = common_pb2.RawChunk(
+            content=data.content, content_hash=data.content_hash,
+            turn_range=common_pb2.SeqRange(first=data.first_seq, last=data.last_seq), breadcrumbs=data.breadcrumbs,
+        )
+        if data.first_at:
+            chunk.first_at.FromDatetime(data.first_at)
+        if data.last_at:
+            chunk.last_at.FromDatetime(data.last_at)
+        chunks.append(chunk)
+    marker_meta = {
+        "messages_before": len(context),
+        "messages_after": len(outcome.new_context),
+        "reason": reason_name(reason),
+        "method": "summary" if outcome.summary is not None else "hard_truncate",
+    }
+    headline = f"Context compressed: {len(context)} → {len(outcome.new_context)} messages"
+    marker = Message(role="system", content=f"{headline}\n{outcome.summary_text}".strip())
+    marker.metadata.update(marker_meta)
+    request = store_pb.CommitCompressionRequest(
+        session_id=session.id,
+        demote_seqs=[m.seq for m in outcome.demoted],
+        marker=marker,
+        context_token_count=tokens,
+        chunks=chunks,
+        expected_revision=session.revision,
+        archive=True,
+    )
+    if outcome.summary is not None:
+        request.summary.CopyFrom(outcome.summary)
+    return request, tokens
+
+
+def log_compressed(session_id: str, reason: int, outcome: Outcome, before: int, after: int, tokens_before: int,
+                   tokens_after: int, window: int) -> None:
+    """The structured `compressor.compressed` line."""
+    log.info("compressor.compressed %s", json.dumps({
+        "event": "compressor.compressed",
+        "session_id": session_id,
+        "reason": reason_name(reason),
+        "method": "summary" if outcome.summary is not None else "hard_truncate",
+        "messages_before": before,
+        "messages_after": after,
+        "tokens_before": tokens_before,
+        "tokens_after": tokens_after,
+        "window": window,
+    }))

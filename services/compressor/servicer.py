@@ -1,0 +1,219 @@
+"""The Compressor gRPC servicer. Stateless: every fact it decides on is loaded from the store
+per request, so any replica answers the same and a replica can die mid-request losing nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.compressor import pipeline
+from services.compressor.planner import would_compress
+from services.compressor.pricing import Knobs, Pricing, SessionState
+from services.compressor.token_estimate import fits, is_truncated_report, output_reserve
+from services.shared.auth import forwarded_metadata
+from services.shared.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.shared.image_tokens import image_size, image_tokens
+from services.shared.ollama import OllamaClient
+from services.shared.settings import Settings
+
+log = logging.getLogger("palimpsest.compressor")
+
+MAX_WINDOW = 10_000_000
+
+
+class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
+    def __init__(self, store: SessionStoreStub, ollama: OllamaClient, settings: Settings, store_addr: str):
+        self.store = store
+        self.ollama = ollama
+        self.settings = settings
+        self.store_addr = store_addr
+
+    # -- loading -----------------------------------------------------------------------------
+    def _window(self, window: int) -> int:
+        if window < 0 or window > MAX_WINDOW:
+            raise InvalidArgument("window", f"must be between 1 and {MAX_WINDOW}, got {window}")
+        return window or self.settings.ollama_num_ctx
+
+    async def _store_call(self, method, request, context):
+        try:
+            return await method(request, metadata=forwarded_metadata(context))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Unavailable(f"SessionStore at {self.store_addr} is not answering: {exc.details()}") from None
+            # The store's own status (NOT_FOUND, PERMISSION_DENIED, ABORTED …) is the caller's answer.
+            await context.abort(exc.code(), exc.details())
+
+    async def _observations(self, model: str, context) -> list[store_pb.Observation]:
+        if not model:
+            return []
+        reply = await self._store_call(self.store.ListObservations, store_pb.ListObservationsRequest(model=model),
+                                       context)
+        return list(reply.observations)
+
+    async def _load(self, session_id: str, model: str, context) -> SessionState:
+        session_reply, baseline_reply, observations = await asyncio.gather(
+            self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
+                session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT), context),
+            self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(session_id=session_id), context),
+            self._observations(model, context),
+        )
+        baseline = baseline_reply.baseline if baseline_reply.HasField("baseline") else None
+        return SessionState(session_reply.session, baseline, observations)
+
+    @staticmethod
+    def _usable_baseline(state: SessionState, model: str) -> store_pb.Baseline | None:
+        b = state.baseline
+        if b is None or b.tokens <= 0 or (b.model and model and b.model != model):
+            return None
+        return b
+
+    # -- estimates ---------------------------------------------------------------------------
+    async def EstimateTokens(self, request, context):
+        window = self._window(request.window)
+        knobs = Knobs.resolve(self.settings, request.settings)
+        if request.session_id:
+            state = await self._load(request.session_id, request.model, context)
+            pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, request.model))
+            messages = list(request.messages) or state.context
+        else:
+            pricing = Pricing.build(await self._observations(request.model, context), window, knobs)
+            messages = list(request.messages)
+        estimate, method = pricing.with_baseline(messages, list(request.incoming))
+        return pb.EstimateTokensResponse(
+            tokens=estimate.tokens, text_tokens=estimate.text_tokens, image_tokens=estimate.image_tokens,
+            chars=estimate.chars, method=method, baseline_tokens=estimate.baseline_tokens,
+            delta_tokens=estimate.tokens - estimate.baseline_tokens,
+        )
+
+    async def CheckContextSize(self, request, context):
+        window = self._window(request.window)
+        if not request.messages:
+            raise InvalidArgument("messages", "the built context to check is required")
+        knobs = Knobs.resolve(self.settings, request.settings)
+        if request.session_id:
+            state = await self._load(request.session_id, request.model, context)
+            pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, request.model))
+        else:
+            pricing = Pricing.build(await self._observations(request.model, context), window, knobs)
+        estimate, method = pricing.with_baseline(list(request.messages))
+        return pb.CheckContextSizeResponse(
+            fits=fits(estimate.tokens, window, knobs.output_reserve),
+            tokens=estimate.tokens,
+            limit=window - output_reserve(window, knobs.output_reserve),
+            method=method,
+        )
+
+    async def RecordBaseline(self, request, context):
+        if not request.model:
+            raise InvalidArgument("model", "required")
+        if request.prompt_eval_count <= 0:
+            raise InvalidArgument("prompt_eval_count", "must be positive")
+        if request.sent_tokens < 0 or request.sent_chars < 0 or request.through_seq < 0:
+            raise InvalidArgument("sent_tokens", "sizes must not be negative")
+        truncated = request.sent_tokens > 0 and is_truncated_report(request.prompt_eval_count, request.sent_tokens)
+        if truncated:
+            # Ollama cut the prompt: its count describes half a window, not our context. Keep the
+            # previous honest baseline and flag the session for the post-turn pass.
+            if request.session_id:
+                await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
+                    session_id=request.session_id, only_truncated_flag=True,
+                    baseline=store_pb.Baseline(context_truncated=True)), context)
+            log.warning("truncated prompt: Ollama reported %d tokens of ~%d sent (session %s)",
+                        request.prompt_eval_count, request.sent_tokens, request.session_id or "-")
+            return pb.RecordBaselineResponse(recorded=False, truncated=True)
+        if request.session_id:
+            await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
+                session_id=request.session_id,
+                baseline=store_pb.Baseline(tokens=request.prompt_eval_count, through_seq=request.through_seq,
+                                           model=request.model)), context)
+        if request.sent_chars > 0 and not request.had_images:
+            # Image tokens are not chars: a prompt with images would bend the line for text.
+            await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
+                observation=store_pb.Observation(model=request.model, chars=request.sent_chars,
+                                                 tokens=request.prompt_eval_count)), context)
+        return pb.RecordBaselineResponse(recorded=True, truncated=False)
+
+    async def PriceImages(self, request, context):
+        prices = []
+        for data in request.images:
+            size = await asyncio.to_thread(image_size, data)
+            tokens = await asyncio.to_thread(image_tokens, data, self.settings.image_tokens_fallback)
+            prices.append(pb.ImagePrice(tokens=tokens, width=size[0] if size else 0, height=size[1] if size else 0))
+        return pb.PriceImagesResponse(prices=prices, total_tokens=sum(p.tokens for p in prices))
+
+    # -- compression -------------------------------------------------------------------------
+    async def _prepare(self, request, context):
+        if not request.session_id:
+            raise InvalidArgument("session_id", "required")
+        if request.keep_recent_messages < 0:
+            raise InvalidArgument("keep_recent_messages", "must not be negative")
+        if request.current_tokens < 0:
+            raise InvalidArgument("current_tokens", "must not be negative")
+        window = self._window(request.window)
+        knobs = Knobs.resolve(self.settings, request.settings)
+        state = await self._load(request.session_id, request.model, context)
+        model = request.model or state.session.model
+        pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, model))
+        context_messages = state.context
+        current = request.current_tokens or pricing.with_baseline(context_messages)[0].tokens
+        plan = pipeline.make_plan(context_messages, pricing, knobs, window, request.keep_recent_messages)
+        return window, knobs, state, model, pricing, context_messages, current, plan
+
+    async def WouldCompress(self, request, context):
+        window, knobs, state, model, pricing, messages, current, plan = await self._prepare(request, context)
+        kept = pricing.estimate(plan.system + plan.to_keep)
+        return pb.WouldCompressResponse(
+            would_compress=would_compress(plan, pricing.estimate),
+            messages_before=len(messages),
+            messages_after=len(plan.system) + len(plan.to_keep) + (0 if plan.is_empty else 1),
+            tokens_before=current,
+            kept_tokens=kept,
+        )
+
+    async def Compress(self, request, context):
+        if request.reason not in pipeline._REASON_NAMES:
+            raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
+        window, knobs, state, model, pricing, messages, current, plan = await self._prepare(request, context)
+        truncated_flag = state.baseline is not None and state.baseline.context_truncated
+        if request.only_if_over_threshold and request.reason != pb.COMPRESSION_REASON_FORCED:
+            if current < knobs.threshold * window and not truncated_flag:
+                return  # under the threshold: nothing to do, no events
+        if not would_compress(plan, pricing.estimate):
+            if truncated_flag:  # consumed: there is nothing this session can shed
+                await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
+                    session_id=state.session.id, only_truncated_flag=True,
+                    baseline=store_pb.Baseline(context_truncated=False)), context)
+            raise FailedPrecondition(
+                f"nothing to compress in session {state.session.id}: the context cannot shrink "
+                f"({len(messages)} messages, ~{current} tokens)"
+            )
+        yield pb.CompressionEvent(started=pb.CompressionStarted(context_tokens=current, max_context_tokens=window))
+        summarizer = pipeline.Summarizer(self.ollama, knobs, model, window)
+        outcome = await pipeline.summarize_or_truncate(messages, plan, pricing, knobs, summarizer, window)
+        if not outcome.demoted:  # the fallback found nothing it may drop: say so, change nothing
+            log.warning("compression of %s changed nothing: the newest turn alone is the context", state.session.id)
+            yield pb.CompressionEvent(compressed=pb.ContextCompressed(
+                messages_before=len(messages), messages_after=len(messages), context_tokens=current,
+                max_context_tokens=window, method=outcome.method))
+            return
+        commit, tokens = pipeline.commit_request(state.session, messages, outcome, pricing, request.reason)
+        result = await self._store_call(self.store.CommitCompression, commit, context)
+        pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
+                                current, tokens, window)
+        replaced = outcome.summary.replaces if outcome.summary is not None else common_pb2.SeqRange(
+            first=min(m.seq for m in outcome.demoted), last=max(m.seq for m in outcome.demoted))
+        yield pb.CompressionEvent(compressed=pb.ContextCompressed(
+            summary=outcome.summary_text,
+            messages_before=len(messages),
+            messages_after=len(outcome.new_context),
+            context_tokens=tokens,
+            max_context_tokens=window,
+            method=outcome.method,
+            breadcrumbs=outcome.breadcrumbs,
+            replaced=replaced,
+            chunks_indexed=result.chunks_indexed,
+        ))

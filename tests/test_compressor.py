@@ -1,0 +1,290 @@
+"""The Compressor over real servers: the store on PostgreSQL and the Ollama simulator over HTTP."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from dataclasses import replace
+
+import grpc
+import pytest
+from PIL import Image
+
+from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
+from services.ollama_sim import Reply
+from tests.test_store_sessions import expect_status, full, shown
+
+Message = common_pb2.Message
+WINDOW = 4096
+MODEL = "qwen3.6"
+
+
+def summary_reply(body) -> Reply:
+    """Summaries for every unscripted call: bullet points and the KEYS line."""
+    return Reply(text="- The user asked about deploys; we used kubectl.\n- Decided on blue-green.\n"
+                      "KEYS: kubectl, blue-green, deploy.yaml")
+
+
+@pytest.fixture(autouse=True)
+def summaries(ollama_sim):
+    ollama_sim.set_responder(summary_reply)
+    yield
+    ollama_sim.set_responder(None)
+
+
+def filler(i: int, size: int = 600) -> str:
+    words = f"turn {i} discusses the deployment of service-{i} with config key timeout_{i} and path /srv/app{i}.py "
+    return (words * (size // len(words) + 1))[:size]
+
+
+def turns(n: int, size: int = 600) -> list[Message]:
+    out = []
+    for i in range(n):
+        out += [Message(role="user", content=f"question {i}: " + filler(i, size // 3)),
+                Message(role="assistant", content=filler(i, size))]
+    return out
+
+
+async def session_with(store, profile, messages) -> str:
+    s = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id=profile, model=MODEL))).session
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=s.id, messages=messages))
+    return s.id
+
+
+async def compress(compressor, session_id, reason=pb.COMPRESSION_REASON_FORCED, **kw) -> list[pb.CompressionEvent]:
+    return [e async for e in compressor.Compress(pb.CompressRequest(
+        session_id=session_id, reason=reason, model=MODEL, window=WINDOW, **kw))]
+
+
+def png(w: int, h: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (w, h)).save(out, "PNG")
+    return out.getvalue()
+
+
+# -- estimates and calibration -------------------------------------------------------------------
+async def test_without_observations_the_estimate_is_chars_over_1_8(compressor):
+    model = f"fresh-{uuid.uuid4().hex[:6]}"
+    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(
+        model=model, messages=[Message(role="user", content="x" * 900)], window=WINDOW))
+    assert reply.method == pb.ESTIMATE_METHOD_FALLBACK
+    assert reply.tokens == -(-reply.chars // 1.8)
+
+
+async def test_recorded_baselines_calibrate_the_next_estimate(compressor):
+    model = f"cal-{uuid.uuid4().hex[:6]}"
+    for chars, tokens in [(4000, 1100), (8000, 2100)]:
+        r = await compressor.RecordBaseline(pb.RecordBaselineRequest(
+            model=model, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars))
+        assert r.recorded and not r.truncated
+    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(
+        model=model, messages=[Message(role="user", content="y" * 5991)], window=100_000))
+    assert reply.method == pb.ESTIMATE_METHOD_CALIBRATED
+    assert abs(reply.tokens - 1600) <= 5  # on the line through (4000, 1100) and (8000, 2100)
+
+
+async def test_prompts_with_images_do_not_calibrate(compressor):
+    model = f"img-{uuid.uuid4().hex[:6]}"
+    for chars, tokens in [(4000, 5100), (8000, 6100)]:
+        await compressor.RecordBaseline(pb.RecordBaselineRequest(
+            model=model, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars, had_images=True))
+    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(model=model, messages=[
+        Message(role="user", content="z" * 900)]))
+    assert reply.method == pb.ESTIMATE_METHOD_FALLBACK
+
+
+@pytest.mark.parametrize("reported, truncated", [(69, True), (70, False), (71, False)])
+async def test_a_report_below_70_percent_is_a_truncated_prompt(compressor, store, profile, reported, truncated):
+    session_id = await session_with(store, profile, turns(1))
+    await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900, through_seq=2))
+    reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=MODEL, prompt_eval_count=reported * 10, sent_tokens=1000, through_seq=2))
+    assert reply.truncated is truncated and reply.recorded is not truncated
+    baseline = (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline
+    assert baseline.tokens == (900 if truncated else reported * 10)  # the honest baseline survives
+    assert baseline.context_truncated is truncated
+
+
+async def test_session_estimates_use_the_baseline_plus_the_delta(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(2))
+    await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=MODEL, prompt_eval_count=3000, sent_tokens=3000, through_seq=4))
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=[
+        Message(role="user", content="a" * 180)]))
+    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(
+        session_id=session_id, model=MODEL, window=WINDOW, incoming=[Message(role="user", content="b" * 180)]))
+    assert reply.method == pb.ESTIMATE_METHOD_BASELINE_DELTA
+    assert reply.baseline_tokens == 3000 and 150 < reply.delta_tokens < 300
+
+
+async def test_estimates_count_the_truncated_view_not_a_megabyte(compressor):
+    huge = Message(role="tool", name="read_log", content="log line\n" * 120_000)
+    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(model="m", messages=[huge], window=WINDOW))
+    assert reply.tokens <= WINDOW // 6 + 50
+
+
+@pytest.mark.parametrize("window, limit", [(4096, 4096 - 1024), (100_000, 100_000 - 2048)])
+async def test_output_reserve_is_capped_at_a_quarter_of_the_window(compressor, window, limit):
+    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model="m", window=window, messages=[Message(role="user", content="hello")]))
+    assert reply.fits and reply.limit == limit
+    big = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model="m", window=window, messages=[Message(role="user", content="w " * int(limit * 1.9))]))
+    assert not big.fits and big.tokens > limit
+
+
+async def test_images_are_priced_by_their_header(compressor):
+    reply = await compressor.PriceImages(pb.PriceImagesRequest(images=[png(1024, 1024), png(2049, 2049),
+                                                                       b"\x89PNG corrupt"]))
+    assert [p.tokens for p in reply.prices] == [1026, 4096, 1024]
+    assert (reply.prices[0].width, reply.prices[2].width) == (1024, 0)
+    assert reply.total_tokens == 1026 + 4096 + 1024
+
+
+async def test_bad_estimate_input_is_invalid(compressor):
+    await expect_status(compressor.EstimateTokens(pb.EstimateTokensRequest(window=-1)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "window")
+    await expect_status(compressor.CheckContextSize(pb.CheckContextSizeRequest(model="m")),
+                        grpc.StatusCode.INVALID_ARGUMENT, "messages")
+    await expect_status(compressor.RecordBaseline(pb.RecordBaselineRequest(model="m")),
+                        grpc.StatusCode.INVALID_ARGUMENT, "prompt_eval_count")
+    await expect_status(compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=str(uuid.uuid4()))),
+                        grpc.StatusCode.NOT_FOUND)
+
+
+# -- compression --------------------------------------------------------------------------------
+async def test_a_short_context_would_not_compress_and_compress_says_so(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(2, 100))
+    dry = await compressor.WouldCompress(pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW))
+    assert not dry.would_compress
+    await expect_status(compress(compressor, session_id), grpc.StatusCode.FAILED_PRECONDITION, "nothing to compress")
+
+
+async def test_compress_summarizes_old_turns_and_leaves_the_display_alone(compressor, store, profile, ollama_sim):
+    session_id = await session_with(store, profile, turns(12))
+    before = await full(store, session_id)
+    dry = await compressor.WouldCompress(pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW))
+    assert dry.would_compress and dry.messages_after < dry.messages_before
+    events = await compress(compressor, session_id)
+    assert [e.WhichOneof("event") for e in events] == ["started", "compressed"]
+    done = events[1].compressed
+    assert done.method == pb.COMPRESSION_METHOD_SUMMARY and "blue-green" in done.summary
+    assert "kubectl" in done.breadcrumbs and done.messages_after == dry.messages_after
+    assert done.context_tokens <= 0.65 * WINDOW
+    after = await full(store, session_id)
+    summaries = [m for m in after.context if m.is_summary]
+    assert len(summaries) == 1 and after.context[0].is_summary and "KEYS" not in summaries[0].content
+    assert summaries[0].replaces.first == 1
+    assert [shown(m) for m in after.messages[:-1]] == [shown(m) for m in before.messages]
+    assert after.messages[-1].is_compression
+    assert after.context_token_count == done.context_tokens
+    # The summary call asked for no thinking and carried the configured temperature and cap.
+    body = [b for b in ollama_sim.bodies() if b.get("stream") is False][-1]
+    assert body["think"] is False and body["options"]["temperature"] == 0.3
+    assert body["options"]["num_predict"] == 6000 and body["options"]["num_ctx"] >= WINDOW
+    # Every dropped message can be found again in the raw-history index.
+    found = await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query="service-0 question 0"))
+    assert any("question 0" in c.content for c in found.chunks)
+
+
+async def test_summarizer_failing_twice_hard_truncates_and_the_session_survives(compressor, store, profile, ollama_sim):
+    session_id = await session_with(store, profile, turns(12))
+    ollama_sim.script(Reply(http_status=500, error="boom"), Reply(http_status=500, error="boom again"))
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_MIDTURN)
+    done = events[-1].compressed
+    assert done.method == pb.COMPRESSION_METHOD_HARD_TRUNCATE and done.summary == ""
+    assert done.context_tokens < 0.5 * WINDOW
+    after = await full(store, session_id)
+    assert not any(m.is_summary for m in after.context)
+    assert after.context[-1].content == after.messages[-2].content  # the newest turn is kept
+    assert len(after.messages) == 25
+
+
+async def test_fifty_compressions_leave_at_most_one_live_summary(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(6))
+    for round_ in range(50):
+        await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(3)))
+        await compress(compressor, session_id)
+        context = (await store.GetSession(store_pb.GetSessionRequest(
+            session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+        assert sum(1 for m in context if m.is_summary) <= 1, f"round {round_}"
+    display = await full(store, session_id)
+    assert len([m for m in display.messages if not m.is_compression]) == 12 + 50 * 6
+
+
+async def test_post_turn_under_threshold_does_nothing_unless_the_prompt_was_truncated(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(6))
+    quiet = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN,
+                           only_if_over_threshold=True, current_tokens=100)
+    assert quiet == []
+    await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=MODEL, prompt_eval_count=2050, sent_tokens=6000, through_seq=12))
+    forced = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN,
+                            only_if_over_threshold=True, current_tokens=2050)
+    assert forced and forced[-1].compressed.messages_after < 12
+
+
+async def test_tool_groups_stay_whole_across_compression(compressor, store, profile):
+    messages = []
+    for i in range(8):
+        messages += [
+            Message(role="user", content=f"task {i} " + filler(i, 200)),
+            Message(role="assistant", tool_calls=[common_pb2.ToolCall(
+                id=f"c{i}", name="read_file", arguments_json=json.dumps({"path": f"/srv/app{i}.py"}))]),
+            Message(role="tool", name="read_file", tool_call_id=f"c{i}", content=filler(i, 900)),
+            Message(role="assistant", content=f"done {i}"),
+        ]
+    session_id = await session_with(store, profile, messages)
+    await compress(compressor, session_id)
+    context = (await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    calls = {c.id for m in context for c in m.tool_calls}
+    assert all(m.tool_call_id in calls for m in context if m.role == "tool")
+
+
+async def test_compress_checks_its_input(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(1))
+    await expect_status(compress(compressor, session_id, reason=pb.COMPRESSION_REASON_UNSPECIFIED),
+                        grpc.StatusCode.INVALID_ARGUMENT, "reason")
+    await expect_status(compress(compressor, "", reason=pb.COMPRESSION_REASON_FORCED),
+                        grpc.StatusCode.INVALID_ARGUMENT, "session_id")
+    await expect_status(compress(compressor, str(uuid.uuid4())), grpc.StatusCode.NOT_FOUND)
+
+
+# -- replicas -----------------------------------------------------------------------------------
+async def test_an_observation_through_one_replica_prices_the_next_estimate_on_another(
+        base_settings, store_server, ollama_sim):
+    from services.compressor.app import start_compressor
+    from services.shared.channels import open_channel
+
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address)
+    replicas = [await start_compressor(settings, port=0) for _ in range(2)]
+    try:
+        channel = open_channel(",".join(r.address for r in replicas), settings)
+        stub = compressor_pb2_grpc.CompressorStub(channel)
+        model = f"replica-{uuid.uuid4().hex[:6]}"
+        await stub.RecordBaseline(pb.RecordBaselineRequest(model=model, prompt_eval_count=1100, sent_tokens=1100,
+                                                           sent_chars=4000))
+        await stub.RecordBaseline(pb.RecordBaselineRequest(model=model, prompt_eval_count=2100, sent_tokens=2100,
+                                                           sent_chars=8000))
+        # Directly: recorded through the first replica, priced by the second at its very next estimate.
+        async with grpc.aio.insecure_channel(replicas[0].address) as a, grpc.aio.insecure_channel(
+                replicas[1].address) as b:
+            other = f"{model}-direct"
+            for chars, tokens in [(4000, 1100), (8000, 2100)]:
+                await compressor_pb2_grpc.CompressorStub(a).RecordBaseline(pb.RecordBaselineRequest(
+                    model=other, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars))
+            reply = await compressor_pb2_grpc.CompressorStub(b).EstimateTokens(pb.EstimateTokensRequest(
+                model=other, messages=[Message(role="user", content="q" * 5991)], window=100_000))
+            assert reply.method == pb.ESTIMATE_METHOD_CALIBRATED and abs(reply.tokens - 1600) <= 5
+        # Round-robin: consecutive calls land on both replicas; each must see the same line.
+        for _ in range(4):
+            reply = await stub.EstimateTokens(pb.EstimateTokensRequest(
+                model=model, messages=[Message(role="user", content="q" * 5991)], window=100_000))
+            assert reply.method == pb.ESTIMATE_METHOD_CALIBRATED and abs(reply.tokens - 1600) <= 5
+        await channel.close()
+    finally:
+        for r in replicas:
+            await r.stop(0)
