@@ -33,7 +33,7 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
     while True:
         await asyncio.sleep(interval)
         try:
-            ids = await asyncio.to_thread(files._session_folders)
+            ids = await asyncio.to_thread(files.session_folders)
             existing = await repo.existing_ids(ids) if ids else set()
             removed = await asyncio.to_thread(files.sweep, existing)
             if removed:

@@ -458,6 +458,19 @@ class FileStore:
 
         return chunks()
 
+    def file_info(self, session_id: str, name: str) -> FileInfo:
+        """One stored file's info; NotFound when it does not exist."""
+        return self._info(self._existing_file(session_id, name))
+
+    def file_names(self, session_id: str) -> set[str]:
+        """Names of a session's stored files, without reading them."""
+        folder = self.session_dir(session_id)
+        return {p.name for p in self._stored_files(folder)} if folder.is_dir() else set()
+
+    def session_folders(self) -> list[str]:
+        """Ids of the sessions that have a folder here."""
+        return self._session_folders()
+
     def list_files(self, session_id: str) -> list[FileInfo]:
         """Return the stored files of a session sorted by name ([] if none)."""
         folder = self.session_dir(session_id)

@@ -38,7 +38,10 @@ _PEM_PRIVATE_KEY = re.compile(
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
     # A terminated block, or (when the text was truncated mid-key) the base64
     # body that follows, so half a key is not stored either.
-    r"(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|[A-Za-z0-9+/=\\\s]*)",
+    # The body runs up to the next "-----" and no further, so text full of
+    # unterminated BEGIN lines stays linear instead of each BEGIN scanning
+    # to the end of the text for an END.
+    r"(?:(?:[^-]|-(?!----))*+-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|[A-Za-z0-9+/=\\\s]*+)",
     re.DOTALL,
 )
 
@@ -86,18 +89,31 @@ _BEARER = re.compile(rf"\b(?P<label>Bearer\s+)(?P<cred>{_CREDENTIAL})", re.IGNOR
 
 # "scheme://user:password@host": keep the user, mask the password.
 _URL_PASSWORD = re.compile(
-    r"(?P<prefix>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@\"'<>]*:)(?P<password>[^\s/@\"'<>]+)(?=@)"
+    # The lookbehind plus possessive quantifiers make each scheme start one
+    # linear scan; a plain \b start is quadratic on text like "a-a-a-a-...".
+    r"(?P<prefix>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*+://[^\s/:@\"'<>]*+:)"
+    r"(?P<password>[^\s/@\"'<>]++)(?=@)"
 )
 
 # "password=...", "secret: ...", "api-key = '...'", "--token=...", '"token": "..."'.
-# The key must END with a secret word at a word boundary: "token_count",
+# The key must END with a secret word: "token_count",
 # "max_tokens" and "secret_name" are ordinary identifiers and never match.
 _SECRET_WORDS = (
     r"password|passwd|passphrase|secret|token|api[_\-]?key|access[_\-]?key"
     r"|secret[_\-]?key|private[_\-]?key|client[_\-]?secret|credentials?"
 )
+# Spelled out for the lookbehind below, which needs fixed-width alternatives.
+_SECRET_WORD_SPELLINGS = (
+    "password", "passwd", "passphrase", "secret", "token", "credential", "credentials",
+    *(f"{a}{sep}{b}" for a, b in (("api", "key"), ("access", "key"), ("secret", "key"),
+                                  ("private", "key"), ("client", "secret")) for sep in ("", "_", "-")),
+)
+_ENDS_WITH_SECRET_WORD = "(?:%s)" % "|".join(f"(?<={word})" for word in _SECRET_WORD_SPELLINGS)
 _ASSIGNMENT = re.compile(
-    rf"(?P<key>\b[A-Za-z0-9_.\-]*?(?:{_SECRET_WORDS})\b)"
+    # The key is a whole identifier-like run, taken possessively and then
+    # checked to END with a secret word.  (A lazy prefix before the word
+    # alternation is quadratic on long runs such as "a.a.a.a...".)
+    rf"(?P<key>(?<![A-Za-z0-9_.\-])[A-Za-z0-9_.\-]*+{_ENDS_WITH_SECRET_WORD})"
     r"(?P<keyquote>[\"']?)"
     # "==" / "!=" are comparisons, not assignments.
     r"(?P<sep>\s*(?P<op>[:=])(?!=)[ \t]*)"

@@ -377,7 +377,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 data.extend(part.chunk)
                 if len(data) > self.files.max_bytes:
                     raise ResourceExhausted(f"image exceeds the {self.files.max_bytes}-byte file limit")
-            before = {f.name for f in await asyncio.to_thread(self.files.list_files, str(session_id))}
+            before = await asyncio.to_thread(self.files.file_names, str(session_id))
             info = await asyncio.to_thread(self.files.save_image, str(session_id), bytes(data))
             return pb.PutFileResponse(file=_file_info(info), deduplicated=info.name in before)
         if not header.filename:
@@ -400,11 +400,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if not request.name:
             raise InvalidArgument("name", "required")
         await self.repo.get_session(identity, session_id)
-        infos = {f.name: f for f in await asyncio.to_thread(self.files.list_files, str(session_id))}
+        info = await asyncio.to_thread(self.files.file_info, str(session_id), request.name)
         chunks = await asyncio.to_thread(self.files.iter_chunks, str(session_id), request.name, FILE_CHUNK)
-        info = infos.get(request.name)
-        if info is not None:
-            yield pb.GetFileResponse(info=_file_info(info))
+        yield pb.GetFileResponse(info=_file_info(info))
         while True:
             chunk = await asyncio.to_thread(next, chunks, None)
             if chunk is None:

@@ -118,6 +118,7 @@ class RunningServer:
     port: int
     service_names: tuple[str, ...]
     on_stop: Callable[[], Awaitable[None]] | None = None
+    servicer: object | None = None  # the main servicer, for in-process callers and tests
 
     @property
     def address(self) -> str:
