@@ -56,8 +56,8 @@ def main() -> int:
         for name, module, addr_field in SERVICES:
             if importlib.util.find_spec(f"{module}.__main__") is None:
                 continue
-            addr = getattr(settings, addr_field)
-            proc = subprocess.Popen([sys.executable, "-m", module], env=env)
+            addr = getattr(settings, addr_field).split(",")[0].strip()  # a replica list: this one runs the first
+            proc = subprocess.Popen([sys.executable, "-m", module], env=env, start_new_session=True)
             procs.append(proc)
             wait_serving(addr, 60, proc)
             print(f"{name:<13} serving on {addr}")

@@ -336,3 +336,37 @@ def test_not_secret_key_names(key):
 )
 def test_redact_uri(uri, expected):
     assert redact_uri(uri) == expected
+
+
+# --- robustness ---------------------------------------------------------------------------
+
+
+def test_encrypted_pem_with_headers_and_escaped_newlines():
+    block = (
+        "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,AB12\n\n"
+        "MIIabc\n-----END RSA PRIVATE KEY-----"
+    )
+    assert redact_text(f"x {block} y") == f"x {MASK} y"
+    escaped = '{"key": "-----BEGIN PRIVATE KEY-----\\nMIIabc\\n-----END PRIVATE KEY-----\\n"}'
+    assert redact_text(escaped) == f'{{"key": "{MASK}\\n"}}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a-" * 100_000,
+        "a." * 100_000,
+        "https://" + "a:" * 100_000,
+        "-----BEGIN PRIVATE KEY-----\n" * 10_000,
+        'password="' + "a" * 200_000,
+        "ghp_" + "a" * 200_000 + "_",
+        "x: " * 100_000,
+    ],
+)
+def test_adversarial_input_is_fast(text):
+    # Guards against regexes going quadratic on long runs (they once did).
+    import time
+
+    started = time.perf_counter()
+    redact_text(text)
+    assert time.perf_counter() - started < 2.0

@@ -172,3 +172,14 @@ def test_a_truncated_report_is_not_an_observation() -> None:
 @pytest.mark.parametrize("window", [2_048, 8_192, 131_072])
 def test_reserve_never_exceeds_a_quarter(window: int) -> None:
     assert output_reserve(window, reserve=10**9) == window // 4
+
+
+def test_a_report_far_below_half_the_window_is_never_a_cut_prompt() -> None:
+    # An uncalibrated chars/1.8 estimate of 1,445 against a real 589 in an 8,192 window: honest.
+    assert not is_truncated_report(589, 1_445, window=8_192)
+    assert is_truncated_report(589, 1_445)  # without the window, only the ratio speaks
+
+
+def test_a_report_of_half_the_window_under_a_larger_estimate_is_a_cut_prompt() -> None:
+    assert is_truncated_report(4_098, 7_900, window=8_192)
+    assert not is_truncated_report(3_276, 7_900, window=8_192)  # 39.99%: below the floor

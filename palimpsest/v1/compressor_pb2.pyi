@@ -98,7 +98,7 @@ class EstimateTokensResponse(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ...) -> None: ...
 
 class RecordBaselineRequest(_message.Message):
-    __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq")
+    __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq", "window")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_EVAL_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class RecordBaselineRequest(_message.Message):
     SENT_CHARS_FIELD_NUMBER: _ClassVar[int]
     HAD_IMAGES_FIELD_NUMBER: _ClassVar[int]
     THROUGH_SEQ_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model: str
     prompt_eval_count: int
@@ -113,7 +114,8 @@ class RecordBaselineRequest(_message.Message):
     sent_chars: int
     had_images: bool
     through_seq: int
-    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_eval_count: _Optional[int] = ..., sent_tokens: _Optional[int] = ..., sent_chars: _Optional[int] = ..., had_images: _Optional[bool] = ..., through_seq: _Optional[int] = ...) -> None: ...
+    window: int
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_eval_count: _Optional[int] = ..., sent_tokens: _Optional[int] = ..., sent_chars: _Optional[int] = ..., had_images: _Optional[bool] = ..., through_seq: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
 
 class RecordBaselineResponse(_message.Message):
     __slots__ = ("recorded", "truncated")

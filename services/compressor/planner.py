@@ -237,13 +237,18 @@ class _Partitioner:
     def swap_important(self, kept: list[int]) -> list[int]:
         """Swap important old turns in for filler kept ones; the newest turn never leaves."""
         newest = len(self.turns) - 1
-        score = {i: turn_importance(t, self.critical_tools) for i, t in enumerate(self.turns)}
-        old = sorted(
-            (i for i in range(len(self.turns)) if i not in kept and score[i] >= IMPORTANT_AT_LEAST),
-            key=lambda i: (-score[i], -i),
-        )
+        score = {i: turn_importance(self.turns[i], self.critical_tools) for i in kept}
         fillers = sorted(
             (i for i in kept if i != newest and score[i] <= FILLER_AT_MOST), key=lambda i: (score[i], i)
+        )
+        if not fillers:  # nothing to swap out: spare scoring the whole history (O(history) regexes)
+            return kept
+        kept_set = set(kept)
+        score.update({i: turn_importance(t, self.critical_tools)
+                      for i, t in enumerate(self.turns) if i not in kept_set})
+        old = sorted(
+            (i for i in range(len(self.turns)) if i not in kept_set and score[i] >= IMPORTANT_AT_LEAST),
+            key=lambda i: (-score[i], -i),
         )
         for candidate in old:
             if not fillers:

@@ -13,7 +13,7 @@ from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.planner import would_compress
 from services.compressor.pricing import Knobs, Pricing, SessionState
-from services.compressor.token_estimate import fits, is_truncated_report, output_reserve
+from services.compressor.token_estimate import fits, is_truncated_report, output_reserve, trigger_tokens
 from services.shared.auth import forwarded_metadata
 from services.shared.errors import FailedPrecondition, InvalidArgument, Unavailable
 from services.shared.image_tokens import image_size, image_tokens
@@ -114,7 +114,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("prompt_eval_count", "must be positive")
         if request.sent_tokens < 0 or request.sent_chars < 0 or request.through_seq < 0:
             raise InvalidArgument("sent_tokens", "sizes must not be negative")
-        truncated = request.sent_tokens > 0 and is_truncated_report(request.prompt_eval_count, request.sent_tokens)
+        truncated = request.sent_tokens > 0 and is_truncated_report(
+            request.prompt_eval_count, request.sent_tokens, request.window)
         if truncated:
             # Ollama cut the prompt: its count describes half a window, not our context. Keep the
             # previous honest baseline and flag the session for the post-turn pass.
@@ -180,7 +181,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         window, knobs, state, model, pricing, messages, current, plan = await self._prepare(request, context)
         truncated_flag = state.baseline is not None and state.baseline.context_truncated
         if request.only_if_over_threshold and request.reason != pb.COMPRESSION_REASON_FORCED:
-            if current < knobs.threshold * window and not truncated_flag:
+            if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
                 return  # under the threshold: nothing to do, no events
         if not would_compress(plan, pricing.estimate):
             if truncated_flag:  # consumed: there is nothing this session can shed

@@ -27,6 +27,9 @@ OUTPUT_RESERVE_WINDOW_DIVISOR = 4
 # 70%: a real count below this share of what we sent means Ollama cut the prompt (it evaluates
 # about half the window of an oversized prompt and reports only that), so it is no baseline.
 TRUNCATION_RATIO_PERCENT = 70
+# A cut prompt reports about half the window (num_ctx/2 + 2 in recent Ollama); 40% leaves room for
+# versions that keep a little less.
+TRUNCATION_FLOOR_PERCENT = 40
 
 
 @dataclass(frozen=True)
@@ -124,13 +127,28 @@ def output_reserve(window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> int:
     return max(0, min(reserve, window // OUTPUT_RESERVE_WINDOW_DIVISOR))
 
 
+def trigger_tokens(threshold: float, window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> float:
+    """Where compression starts: the threshold share of the window, but never above the size check's
+    limit. In a small window the output reserve (up to a quarter) sits below 90%, and a trigger
+    above the limit would let a context fail the size check before compression ever ran."""
+    return min(threshold * window, window - output_reserve(window, reserve))
+
+
 def fits(tokens: int, window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> bool:
     """True when a prompt of ``tokens`` leaves the output reserve free in ``window``."""
     return tokens <= window - output_reserve(window, reserve)
 
 
-def is_truncated_report(reported: int, sent_estimate: int) -> bool:
-    """True when Ollama's count is below 70% of the prompt we sent: it cut the prompt."""
+def is_truncated_report(reported: int, sent_estimate: int, window: int = 0) -> bool:
+    """True when Ollama's count is below 70% of the prompt we sent: it cut the prompt.
+
+    With the window known, a report far below half of it is never a cut: Ollama keeps about half
+    the window when it cuts, so such a report is an honest small prompt that an uncalibrated
+    estimate (chars / 1.8) over-counted. Without this, the first calls of a new model could never
+    calibrate: every honest report would look truncated and be thrown away.
+    """
+    if window > 0 and reported * 100 < window * TRUNCATION_FLOOR_PERCENT:
+        return False
     # Integers only, so exactly 70% is on the honest side.
     return reported * 100 < sent_estimate * TRUNCATION_RATIO_PERCENT
 

@@ -45,12 +45,8 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
 async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None) -> RunningServer:
     url = dsn or await asyncio.to_thread(database_url, settings)
     pool = await db.create_pool(url)
-    trigram = await db.migrate(pool)
-    repo = SessionRepository(
-        pool,
-        hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
-        trigram=trigram,
-    )
+    await db.migrate(pool)
+    repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes))
     files = FileStore(settings.files_root, max_bytes=settings.files_max_bytes)
     servicer = SessionStoreServicer(repo, files, settings)
     sweeper = asyncio.create_task(sweep_files_forever(files, repo, settings.file_sweep_interval_s))

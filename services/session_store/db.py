@@ -16,7 +16,6 @@ _MIGRATION_LOCK = 0x7061_6C69  # "pali"
 _TRGM_INDEXES = {
     "session_messages_content_trgm": "session_messages USING gin (content gin_trgm_ops)",
     "session_messages_archive_content_trgm": "session_messages_archive USING gin (content gin_trgm_ops)",
-    "memory_chunks_content_trgm": "memory_chunks USING gin (content gin_trgm_ops)",
     "sessions_name_trgm": "sessions USING gin (name gin_trgm_ops)",
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -24,6 +25,9 @@ from services.session_store import convert
 from services.session_store.convert import INSERT_COLUMNS, MESSAGE_COLUMNS
 
 PLANNING_LOG_CAP = 20
+# A recall query is the user's whole message; its first words carry enough to find candidates.
+MEMORY_QUERY_CHARS = 500
+MEMORY_CANDIDATES_PER_RESULT = 10
 PREVIEW_CHARS = 120
 
 _SORT_COLUMNS = {
@@ -76,10 +80,9 @@ class HotWindow:
 
 
 class SessionRepository:
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, trigram: bool):
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow):
         self.pool = pool
         self.hot_window = hot_window
-        self.trigram = trigram
 
     # -- access ----------------------------------------------------------------------------
     async def _lock_session(
@@ -575,37 +578,28 @@ class SessionRepository:
             return await self._insert_chunks(conn, session_id, chunks)
 
     async def search_memory(self, identity: Identity, session_id: uuid.UUID, query: str, limit: int,
-                            min_similarity: float) -> list[asyncpg.Record]:
+                            min_similarity: float) -> list[dict[str, Any]]:
+        """Chunks ranked by how much of the query they hold; a verbatim hit (an id, a path) first.
+
+        A full-text index picks the candidates (any query word), so the cost does not grow with
+        the session's history; the final score is computed over those few."""
         async with self.pool.acquire() as conn:
             await self._readable(conn, session_id, identity)
-            if self.trigram:
-                return await conn.fetch(
-                    """
-                    SELECT *, greatest(word_similarity($2, content),
-                                       word_similarity($2, array_to_string(breadcrumbs, ' '))) AS score
-                      FROM memory_chunks WHERE session_id = $1
-                     ORDER BY score DESC, id LIMIT $3
-                    """,
-                    session_id, query, limit,
-                ) if min_similarity <= 0 else await conn.fetch(
-                    """
-                    SELECT * FROM (
-                        SELECT *, greatest(word_similarity($2, content),
-                                           word_similarity($2, array_to_string(breadcrumbs, ' '))) AS score
-                          FROM memory_chunks WHERE session_id = $1) c
-                     WHERE score >= $4 ORDER BY score DESC, id LIMIT $3
-                    """,
-                    session_id, query, limit, min_similarity,
-                )
-            # Without pg_trgm: the share of query words each chunk contains.
-            rows = await conn.fetch("SELECT *, 0.0 AS score FROM memory_chunks WHERE session_id = $1", session_id)
-        words = {w for w in query.lower().split() if w}
-        scored = []
-        for row in rows:
-            text = (row["content"] + " " + " ".join(row["breadcrumbs"])).lower()
-            score = sum(1 for w in words if w in text) / max(1, len(words))
-            if score > 0 and score >= min_similarity:
-                scored.append((score, row))
+            rows = await conn.fetch(
+                """
+                WITH q AS (SELECT replace(plainto_tsquery('simple', $2)::text, ' & ', ' | ')::tsquery AS tsq)
+                SELECT c.id, c.session_id, c.content, c.content_hash, c.first_seq, c.last_seq, c.first_at,
+                       c.last_at, c.breadcrumbs
+                  FROM memory_chunks c, q
+                 WHERE c.session_id = $1 AND (c.tsv @@ q.tsq OR c.content ILIKE $3 OR $2 = ANY(c.breadcrumbs))
+                 ORDER BY (c.content ~* $5) DESC, (c.content ILIKE $3) DESC, ts_rank_cd(c.tsv, q.tsq) DESC, c.id
+                 LIMIT $4
+                """,
+                session_id, query[:MEMORY_QUERY_CHARS], like_pattern(query), limit * MEMORY_CANDIDATES_PER_RESULT,
+                whole_token_pattern(query),
+            )
+        scored = [(memory_score(query, row["content"], row["breadcrumbs"]), row) for row in rows]
+        scored = [(score, row) for score, row in scored if score > 0 and score >= min_similarity]
         scored.sort(key=lambda pair: (-pair[0], pair[1]["id"]))
         return [dict(row) | {"score": score} for score, row in scored[:limit]]
 
@@ -656,6 +650,25 @@ class SessionRepository:
         async with self.pool.acquire() as conn:
             await self._readable(conn, session_id, identity)
             return await conn.fetchrow("SELECT * FROM session_baselines WHERE session_id = $1", session_id)
+
+
+def whole_token_pattern(query: str) -> str:
+    """A regex (Python's and PostgreSQL's alike) matching the query as a whole token: marker-1,
+    not the marker-1 inside marker-10."""
+    return rf"(^|[^[:alnum:]_-]){re.escape(query)}($|[^[:alnum:]_-])"
+
+
+def memory_score(query: str, content: str, breadcrumbs: Sequence[str]) -> float:
+    """The share of the query's words a chunk holds (0–1), plus 1 when it holds the query as a
+    whole token (0.5 when only inside a longer one)."""
+    text = (content + " " + " ".join(breadcrumbs)).lower()
+    q = query.lower()
+    words = {w for w in re.findall(r"[\w./:-]+", q) if len(w) > 1}
+    coverage = sum(1 for w in words if w in text) / len(words) if words else 0.0
+    if q not in text:
+        return coverage
+    whole = re.search(rf"(?<![\w-]){re.escape(q)}(?![\w-])", text) is not None
+    return (1.0 if whole else 0.5) + coverage
 
 
 def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
