@@ -114,3 +114,46 @@ async def compressor(compressor_server):
 
     async with grpc.aio.insecure_channel(compressor_server.address) as channel:
         yield compressor_pb2_grpc.CompressorStub(channel)
+
+
+TEST_PROFILES = {
+    "default": "small",
+    "profiles": [
+        {"id": "small", "name": "Small window", "model": "qwen3.6", "context_window": 8192, "max_iterations": 8},
+        {"id": "tiny", "name": "No thinking", "model": "tiny", "context_window": 8192, "max_iterations": 4,
+         "think_enabled": False},
+        {"id": "missing", "name": "Unpulled model", "model": "no-such-model", "context_window": 8192},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def profiles_file(tmp_path_factory) -> str:
+    import json
+
+    path = tmp_path_factory.mktemp("profiles") / "profiles.json"
+    path.write_text(json.dumps(TEST_PROFILES))
+    return str(path)
+
+
+def agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file, **overrides):
+    return replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
+                   compressor_addr=compressor_server.address, profiles_path=profiles_file, **overrides)
+
+
+@pytest.fixture(scope="module")
+async def agent_server(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    from services.agent.app import start_agent
+
+    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
+                                               profiles_file), port=0)
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture(scope="module")
+async def agent(agent_server):
+    from palimpsest.v1 import agent_pb2_grpc
+
+    async with grpc.aio.insecure_channel(agent_server.address) as channel:
+        yield agent_pb2_grpc.AgentStub(channel)

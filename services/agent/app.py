@@ -1,0 +1,84 @@
+"""Wiring of the Agent: channels to the store and the Compressor replicas, the Ollama client,
+profiles, and a health entry that says whether Ollama answers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+
+from grpc_health.v1 import health_pb2
+
+from palimpsest.v1 import agent_pb2, agent_pb2_grpc
+from palimpsest.v1.compressor_pb2_grpc import CompressorStub
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.agent.context_builder import ContextBuilder
+from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry
+from services.agent.servicer import AgentServicer
+from services.agent.turn import AgentDeps
+from services.shared.channels import open_channel
+from services.shared.errors import PalimpsestError
+from services.shared.ollama import OllamaClient
+from services.shared.server import RunningServer, start_server
+from services.shared.settings import Settings
+
+log = logging.getLogger("palimpsest.agent")
+
+SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
+# A health entry of its own: the Agent serves (and says why turns fail) even without Ollama.
+OLLAMA_HEALTH_NAME = "ollama"
+OLLAMA_CHECK_INTERVAL = 10.0
+
+
+async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: float) -> None:
+    missing_logged = False
+    while True:
+        try:
+            await ollama.version()
+            status = health_pb2.HealthCheckResponse.SERVING
+            missing_logged = False
+        except PalimpsestError as exc:
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
+            if not missing_logged:
+                log.warning("%s", exc)
+                missing_logged = True
+        await running.health.set(OLLAMA_HEALTH_NAME, status)
+        await asyncio.sleep(interval)
+
+
+async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1") -> RunningServer:
+    store_channel = open_channel(settings.store_addr, settings)
+    compressor_channel = open_channel(settings.compressor_addr, settings)
+    ollama = OllamaClient(settings.ollama_host)
+    deps = AgentDeps(
+        store=SessionStoreStub(store_channel),
+        compressor=CompressorStub(compressor_channel),
+        ollama=ollama,
+        settings=settings,
+        profiles=ProfileRegistry.load(settings.profiles_path),
+        builder=ContextBuilder(DEFAULT_PERSONA),
+    )
+    servicer = AgentServicer(deps, settings.store_addr)
+    watcher: list[asyncio.Task] = []
+
+    async def on_stop() -> None:
+        for task in watcher:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+        await servicer.drain(settings.grace_seconds)
+        await ollama.aclose()
+        await store_channel.close()
+        await compressor_channel.close()
+
+    running = await start_server(
+        lambda server: agent_pb2_grpc.add_AgentServicer_to_server(servicer, server),
+        [SERVICE_NAME],
+        settings=settings,
+        port=port,
+        host=host,
+        on_stop=on_stop,
+    )
+    watcher.append(asyncio.create_task(watch_ollama(running, ollama, OLLAMA_CHECK_INTERVAL)))
+    running.servicer = servicer  # tests reach running turns through it
+    return running

@@ -1,0 +1,90 @@
+"""What the model sees on each call: the system prompt rebuilt from the current profile, an
+optional memory message, the stored context (service records only from the allowlist), and the
+turn's notes; then the same per-message view truncation the Compressor counts with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from palimpsest.v1 import common_pb2
+from services.agent.profiles import Profile
+from services.compressor.calibration import marginal_text_tokens
+from services.shared.context_view import truncate_oversized
+
+Message = common_pb2.Message
+
+# Stored system records that may reach the model; every other one is transcript only.
+LLM_SYSTEM_SOURCES = frozenset({"task_note", "synapse_event"})
+
+
+def reaches_model(message: Message) -> bool:
+    if message.role != "system":
+        return True
+    source = message.metadata["source"] if "source" in message.metadata else ""
+    return source in LLM_SYSTEM_SOURCES
+
+
+def fallback_chars_to_tokens(chars: int) -> int:
+    # The agent has no calibration line; chars/1.8 over-counts, so it never sends more than the
+    # Compressor (which truncates with the calibrated line) counts.
+    return marginal_text_tokens(chars, None)
+
+
+class ContextBuilder:
+    def __init__(self, persona: str):
+        self.persona = persona
+        self._system_prompts: dict[tuple[str, bool], str] = {}
+
+    def system_prompt(self, profile: Profile, *, subagent: bool = False) -> str:
+        """persona + profile prompt, cached per profile until the profile is reloaded."""
+        key = (profile.id, subagent)
+        if key not in self._system_prompts:
+            own = profile.subagent_system_prompt if subagent else profile.system_prompt
+            self._system_prompts[key] = f"{self.persona}\n---\n{own}" if own else self.persona
+        return self._system_prompts[key]
+
+    def invalidate(self, profile_id: str | None = None) -> None:
+        if profile_id is None:
+            self._system_prompts.clear()
+        else:
+            for key in [k for k in self._system_prompts if k[0] == profile_id]:
+                del self._system_prompts[key]
+
+    @staticmethod
+    def build(
+        system_prompt: str,
+        context: Sequence[Message],
+        *,
+        budget_tokens: int,
+        memory: str = "",
+        notes: Sequence[str] = (),
+    ) -> list[Message]:
+        messages = [Message(role="system", content=system_prompt)]
+        if memory:
+            messages.append(Message(role="system", content=memory))
+        messages.extend(m for m in context if reaches_model(m))
+        messages.extend(Message(role="system", content=note) for note in notes if note)
+        return truncate_oversized(messages, budget_tokens, fallback_chars_to_tokens)
+
+
+def iteration_budget_note(iteration: int, max_iterations: int) -> str:
+    remaining = max_iterations - iteration
+    hurry = " Wrap up now: give your final answer." if remaining <= 2 else ""
+    return f"[Iteration {iteration + 1} of {max_iterations}; {remaining - 1} left after this one.{hurry}]"
+
+
+def goal_anchor_note(goal: str) -> str:
+    return f"[Goal reminder — the task you are working on: {goal[:2000]}]"
+
+
+def anti_stall_note(iterations: int) -> str:
+    return (f"[Warning: {iterations} iterations without progress on the todo list. You may be looping. "
+            "Step back: check what is blocking you, update the todo, or give the user your best answer.]")
+
+
+def recall_note(chunks: Sequence[common_pb2.RawChunk]) -> str:
+    """Excerpts of compressed-away history, recalled because they match the new request."""
+    parts = ["## Recalled from earlier in this conversation (verbatim excerpts)"]
+    for chunk in chunks:
+        parts.append(f"[messages {chunk.turn_range.first}–{chunk.turn_range.last}]\n{chunk.content[:2000]}")
+    return "\n\n".join(parts)

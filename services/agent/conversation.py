@@ -1,0 +1,161 @@
+"""Where a turn's messages live: a stored session (every write through the SessionStore, guarded by
+the session's revision) or an ephemeral sub-agent context in memory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+from google.protobuf import struct_pb2
+
+from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.shared.errors import Aborted, NotFound, PalimpsestError, PermissionDenied, Unavailable
+
+Message = common_pb2.Message
+
+_STATUS_ERRORS = {
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.ABORTED: Aborted,
+}
+
+
+def store_error(exc: grpc.aio.AioRpcError, addr: str) -> PalimpsestError:
+    """The store's status, passed on to our caller in our own words where it helps."""
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(f"SessionStore at {addr} is not answering: {exc.details()}")
+    if exc.code() == grpc.StatusCode.ABORTED:
+        return Aborted(f"another turn changed this session at the same time: {exc.details()}")
+    cls = _STATUS_ERRORS.get(exc.code())
+    if cls is not None:
+        return cls(exc.details())
+    error = PalimpsestError(exc.details())
+    error.code = exc.code()
+    return error
+
+
+class StoredConversation:
+    """A persistent session. Writes carry the revision this turn last saw: a second writer is
+    refused (ABORTED) instead of interleaving with us."""
+
+    ephemeral = False
+
+    def __init__(self, store: SessionStoreStub, session_id: str, metadata, store_addr: str):
+        self.store = store
+        self.session_id = session_id
+        self.metadata = metadata
+        self.store_addr = store_addr
+        self.revision: int | None = None
+        self.session: common_pb2.Session | None = None
+        self.context: list[Message] = []
+
+    async def _call(self, method, request):
+        try:
+            return await method(request, metadata=self.metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise store_error(exc, self.store_addr) from None
+
+    async def load(self) -> list[Message]:
+        reply = await self._call(self.store.GetSession, store_pb.GetSessionRequest(
+            session_id=self.session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+        self.session = reply.session
+        self.revision = reply.session.revision
+        self.context = list(reply.session.context)
+        return self.context
+
+    async def refresh_revision(self) -> None:
+        """Tools of this turn may write to the session themselves (todo, planning logs)."""
+        reply = await self._call(self.store.GetSession, store_pb.GetSessionRequest(session_id=self.session_id))
+        self.session = reply.session
+        self.revision = reply.session.revision
+
+    async def append(self, messages: Sequence[Message]) -> list[int]:
+        reply = await self._call(self.store.AppendMessages, store_pb.AppendMessagesRequest(
+            session_id=self.session_id, messages=messages, expected_revision=self.revision))
+        self.revision = reply.revision
+        stored = []
+        for seq, message in zip(reply.seqs, messages):
+            copy = Message()
+            copy.CopyFrom(message)
+            copy.seq = seq
+            stored.append(copy)
+        self.context.extend(m for m in stored if (m.is_context if m.explicit_flags else True))
+        return list(reply.seqs)
+
+    async def update(self, **fields) -> common_pb2.Session:
+        metadata = fields.pop("metadata", None)
+        request = store_pb.UpdateSessionRequest(session_id=self.session_id, expected_revision=self.revision, **fields)
+        if metadata is not None:
+            request.metadata.CopyFrom(_struct(metadata))
+        reply = await self._call(self.store.UpdateSession, request)
+        self.revision = reply.session.revision
+        self.session = reply.session
+        return reply.session
+
+    async def set_token_count(self, tokens: int) -> None:
+        await self.update(context_token_count=tokens)
+
+    async def mark_untrusted(self) -> None:
+        if self.session is not None and self.session.untrusted_ingested:
+            return
+        await self.update(mark_untrusted_ingested=True)
+
+    @property
+    def untrusted(self) -> bool:
+        return bool(self.session and self.session.untrusted_ingested)
+
+    @property
+    def through_seq(self) -> int:
+        return max((m.seq for m in self.context), default=0)
+
+    def has_summary(self) -> bool:
+        return any(m.is_summary for m in self.context)
+
+
+class EphemeralConversation:
+    """A sub-agent's temporary context: nothing is written anywhere."""
+
+    ephemeral = True
+    session_id = ""
+
+    def __init__(self, messages: Sequence[Message] = (), untrusted: bool = False):
+        self.context: list[Message] = list(messages)
+        self._untrusted = untrusted
+        self.revision = None
+
+    async def load(self) -> list[Message]:
+        return self.context
+
+    async def refresh_revision(self) -> None:
+        return None
+
+    async def append(self, messages: Sequence[Message]) -> list[int]:
+        self.context.extend(messages)
+        return [0] * len(messages)
+
+    async def update(self, **fields) -> None:
+        return None
+
+    async def set_token_count(self, tokens: int) -> None:
+        return None
+
+    async def mark_untrusted(self) -> None:
+        self._untrusted = True
+
+    @property
+    def untrusted(self) -> bool:
+        return self._untrusted
+
+    @property
+    def through_seq(self) -> int:
+        return 0
+
+    def has_summary(self) -> bool:
+        return False
+
+
+def _struct(data: dict) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(data)
+    return struct

@@ -1,0 +1,73 @@
+"""Building AgentEvents: one small constructor per kind, so the loop reads like the behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from palimpsest.v1 import agent_pb2 as pb, compressor_pb2
+
+AgentEvent = pb.AgentEvent
+
+
+@dataclass
+class EventSink:
+    """Where a turn puts its events; RunStream drains it. Sub-agents share their parent's sink."""
+
+    session_id: str = ""
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    is_subagent: bool = False
+    _seq: list[int] = field(default_factory=lambda: [0])  # shared with sub-sinks: one numbering per turn
+
+    def emit(self, **kind) -> AgentEvent:
+        self._seq[0] += 1
+        event = AgentEvent(session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent, **kind)
+        self.queue.put_nowait(event)
+        return event
+
+    def for_subagent(self) -> "EventSink":
+        return EventSink(self.session_id, self.queue, True, self._seq)
+
+    def text(self, text: str) -> None:
+        self.emit(text_delta=pb.TextDelta(text=text))
+
+    def thinking(self, text: str) -> None:
+        self.emit(thinking_delta=pb.ThinkingDelta(text=text))
+
+    def thinking_end(self) -> None:
+        self.emit(thinking_end=pb.ThinkingEnd())
+
+    def tool_started(self, call_id: str, name: str, arguments_json: str) -> None:
+        self.emit(tool_started=pb.ToolStarted(call_id=call_id, name=name, arguments_json=arguments_json))
+
+    def tool_finished(self, call_id: str, name: str, preview: str, is_error: bool, elapsed: float) -> None:
+        self.emit(tool_finished=pb.ToolFinished(call_id=call_id, name=name, preview=preview, is_error=is_error,
+                                                elapsed_seconds=elapsed))
+
+    def model_info(self, model: str, window: int) -> None:
+        self.emit(model_info=pb.ModelInfo(model=model, context_window=window))
+
+    def usage(self, context_tokens: int, window: int, prompt_tokens: int, completion_tokens: int) -> None:
+        self.emit(usage=pb.Usage(context_tokens=context_tokens, max_context_tokens=window,
+                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+
+    def compression(self, event: compressor_pb2.CompressionEvent) -> None:
+        if event.HasField("started"):
+            self.emit(compression_started=event.started)
+        elif event.HasField("compressed"):
+            self.emit(context_compressed=event.compressed)
+
+    def planning_status(self, status: str) -> None:
+        self.emit(planning_status=pb.PlanningStatus(status=status))
+
+    def plan_ready(self, plan: str, steps: list[str], complexity: str) -> None:
+        self.emit(plan_ready=pb.PlanReady(plan=plan, steps=steps, complexity=complexity))
+
+    def todo_updated(self, items: list[pb.TodoItem]) -> None:
+        self.emit(todo_updated=pb.TodoUpdated(items=items))
+
+    def error(self, code: str, message: str) -> None:
+        self.emit(error=pb.ErrorEvent(code=code, message=message))
+
+    def stream_end(self, reason: int, text: str) -> None:
+        self.emit(stream_end=pb.StreamEnd(reason=reason, text=text))

@@ -1,0 +1,96 @@
+"""Images pasted into a turn: stored as session files, sent to the model while they fit, and
+named in a notice on the context copy of the message (the user's copy stays as typed)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import grpc
+
+from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from services.shared.image_tokens import image_tokens
+
+if TYPE_CHECKING:
+    from services.agent.turn import Turn, TurnInput
+
+log = logging.getLogger("palimpsest.agent.images")
+
+Message = common_pb2.Message
+
+# Images may take what is left of 80% of the window once the context is counted.
+IMAGE_BUDGET_SHARE = 0.8
+
+
+def images_within_budget(images: Sequence[bytes], budget: int, fallback: int) -> int:
+    """How many of the images, in order, fit the budget when each is priced by its own area."""
+    spent = 0
+    for count, data in enumerate(images):
+        cost = image_tokens(data, fallback)
+        if spent + cost > budget:
+            return count
+        spent += cost
+    return len(images)
+
+
+def notice(paths: Sequence[str], sent: int, total: int) -> str:
+    if not paths:
+        return ""
+    if sent == total:
+        return (f"[{total} image(s) attached inline — already in your context, no extra loading needed.\n"
+                f"On disk: {', '.join(paths)}]")
+    return (f"[{total} image(s) attached inline — {sent} in your context, the rest were not loaded;\n"
+            f"open them with image_view: {', '.join(paths[sent:])}]")
+
+
+async def _store_image(turn: "Turn", data: bytes) -> str | None:
+    async def parts():
+        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=turn.session_id,
+                                                                    kind=store_pb.FILE_KIND_IMAGE))
+        for i in range(0, len(data), 1 << 20):
+            yield store_pb.PutFileRequest(chunk=data[i:i + (1 << 20)])
+
+    try:
+        reply = await turn.deps.store.PutFile(parts(), metadata=turn.metadata)
+        return reply.file.path
+    except grpc.aio.AioRpcError as exc:
+        # A picture that cannot be stored never costs the turn.
+        log.warning("agent.image_save_failed session=%s: %s", turn.session_id, exc.details())
+        return None
+
+
+async def _context_tokens(turn: "Turn") -> int:
+    if not turn.stored:
+        return 0
+    try:
+        reply = await turn.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
+            session_id=turn.session_id, model=turn.profile.model, window=turn.window,
+            settings=turn.profile.compression_settings()), metadata=turn.metadata)
+        return reply.tokens
+    except grpc.aio.AioRpcError:
+        return 0
+
+
+async def attach_images(turn: "Turn", turn_input: "TurnInput") -> list[Message]:
+    """The message(s) to append for this input: one row, or a display row and a context row."""
+    text, images = turn_input.text, list(turn_input.images)
+    if turn_input.hidden:
+        # Machine payloads: nothing is stored as files and nothing is displayed.
+        return [Message(role="user", content=text, images=images, explicit_flags=True, is_context=True,
+                        is_display=False)]
+    if not images:
+        return [Message(role="user", content=text)]
+    paths = []
+    if turn.stored:
+        for data in images:
+            path = await _store_image(turn, data)
+            if path:
+                paths.append(path)
+    budget = int(IMAGE_BUDGET_SHARE * turn.window) - await _context_tokens(turn)
+    sent = images_within_budget(images, max(0, budget), turn.settings.image_tokens_fallback)
+    note = notice(paths, min(sent, len(paths)), len(paths))
+    shown = Message(role="user", content=text, files=paths, explicit_flags=True, is_context=False, is_display=True)
+    context_copy = Message(role="user", content=f"{text}\n\n{note}" if note else text, images=images[:sent],
+                           files=paths, explicit_flags=True, is_context=True, is_display=False)
+    return [shown, context_copy]

@@ -1,0 +1,152 @@
+"""Agent profiles: a JSON file (PALIMPSEST_PROFILES) over a working built-in default.
+
+Every flag of the agent loop lives here with its default; compression overrides travel to the
+Compressor as CompressionSettings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from palimpsest.v1 import agent_pb2, compressor_pb2
+from services.shared.errors import InvalidArgument, NotFound
+
+DEFAULT_PERSONA = (
+    "You are Palimpsest, a careful assistant that works through tools. Be concise. When a task has "
+    "several steps, call the plan tool first and keep the todo list current."
+)
+
+DEFAULT_TOOLS = ("plan", "todo", "spawn_agent", "memory_search", "session_search", "image_view", "switch_profile")
+DEFAULT_SUBAGENT_TOOLS = ("todo", "memory_search", "session_search", "image_view")
+
+
+@dataclass(frozen=True)
+class Profile:
+    id: str = "default"
+    name: str = "Default"
+    description: str = "General assistant"
+    model: str = "qwen3.6"
+    # The active window; 0 means the OLLAMA_NUM_CTX setting. Also sent to Ollama as num_ctx.
+    context_window: int = 0
+    system_prompt: str = ""
+    subagent_system_prompt: str = "You are a focused sub-agent. Finish the task you are given and report the result."
+    max_iterations: int = 40
+    # Thinking mechanics (the agent-loop seed's flags and defaults)
+    think_enabled: bool = True
+    iteration_budget_enabled: bool = True
+    goal_anchoring_enabled: bool = True
+    goal_anchoring_interval: int = 5
+    anti_stall_enabled: bool = True
+    anti_stall_threshold: int = 8
+    step_validation_enabled: bool = False
+    subagent_planning_enabled: bool = False
+    # Tools
+    agent_tools: tuple[str, ...] = DEFAULT_TOOLS
+    subagent_tools: tuple[str, ...] = ()
+    # Memory recall
+    memory_recall_enabled: bool = True
+    memory_recall_k: int = 2
+    memory_recall_min_similarity: float = 0.3
+    # Compression overrides (None: the Compressor's settings)
+    compression_enabled: bool = True
+    compression_threshold: float | None = None
+    compression_target: float | None = None
+    compression_keep_recent: int | None = None
+    compression_max_tokens: int | None = None
+    compression_temperature: float | None = None
+    compression_prompt_file: str = ""
+    summarizer_model: str = ""
+    critical_tools: tuple[str, ...] = ()
+    # Extra tools: "module:attribute" paths to Tool classes or instances users provide.
+    custom_tools: tuple[str, ...] = ()
+
+    @property
+    def tools_for_subagent(self) -> tuple[str, ...]:
+        """tools.subagent, falling back to tools.agent when empty."""
+        return self.subagent_tools or self.agent_tools
+
+    def window(self, default: int) -> int:
+        return self.context_window or default
+
+    def compression_settings(self) -> compressor_pb2.CompressionSettings:
+        settings = compressor_pb2.CompressionSettings(
+            summarizer_model=self.summarizer_model, critical_tools=list(self.critical_tools)
+        )
+        for attr, target in (("compression_threshold", "threshold"), ("compression_target", "target"),
+                             ("compression_keep_recent", "keep_recent"),
+                             ("compression_max_tokens", "summary_max_tokens"),
+                             ("compression_temperature", "summary_temperature")):
+            value = getattr(self, attr)
+            if value is not None:
+                setattr(settings, target, value)
+        if self.compression_prompt_file:
+            settings.summary_prompt = Path(self.compression_prompt_file).expanduser().read_text()
+        return settings
+
+    def to_proto(self, default_window: int) -> agent_pb2.Profile:
+        return agent_pb2.Profile(
+            id=self.id, name=self.name, model=self.model, context_window=self.window(default_window),
+            max_iterations=self.max_iterations, think_enabled=self.think_enabled,
+            agent_tools=list(self.agent_tools), subagent_tools=list(self.tools_for_subagent),
+            compression=self.compression_settings(), description=self.description,
+        )
+
+
+_FIELDS = {f.name: f for f in fields(Profile)}
+_TUPLES = {name for name, f in _FIELDS.items() if str(f.type).startswith("tuple")}
+
+
+def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Profile:
+    """A profile from JSON; `tools: {agent: [...], subagent: [...]}` is accepted as in the seed."""
+    data = dict(data)
+    tools = data.pop("tools", None)
+    if isinstance(tools, dict):
+        data.setdefault("agent_tools", tools.get("agent", list(DEFAULT_TOOLS)))
+        data.setdefault("subagent_tools", tools.get("subagent", []))
+    unknown = set(data) - set(_FIELDS)
+    if unknown:
+        raise InvalidArgument("profiles", f"unknown profile field(s): {', '.join(sorted(unknown))}")
+    for name in _TUPLES & set(data):
+        data[name] = tuple(data[name])
+    return replace(base or Profile(), **data)
+
+
+@dataclass
+class ProfileRegistry:
+    profiles: dict[str, Profile] = field(default_factory=lambda: {"default": Profile()})
+    default_id: str = "default"
+    path: str = ""
+
+    @classmethod
+    def load(cls, path: str = "") -> "ProfileRegistry":
+        """The file's profiles (each over the built-in default), or just the built-in default."""
+        if not path:
+            return cls()
+        raw = json.loads(Path(path).expanduser().read_text())
+        entries = raw.get("profiles", raw) if isinstance(raw, dict) else raw
+        if isinstance(entries, dict):
+            entries = [{"id": key, **value} for key, value in entries.items()]
+        profiles = {}
+        for entry in entries:
+            profile = profile_from_dict(entry)
+            profiles[profile.id] = profile
+        if not profiles:
+            profiles = {"default": Profile()}
+        default_id = raw.get("default", next(iter(profiles))) if isinstance(raw, dict) else next(iter(profiles))
+        if default_id not in profiles:
+            raise InvalidArgument("profiles", f"default profile {default_id!r} is not defined in {path}")
+        return cls(profiles, default_id, path)
+
+    def get(self, profile_id: str) -> Profile:
+        if not profile_id:
+            return self.profiles[self.default_id]
+        try:
+            return self.profiles[profile_id]
+        except KeyError:
+            raise NotFound(f"profile {profile_id!r} is not configured (known: {', '.join(self.profiles)})") from None
+
+    def reload(self) -> "ProfileRegistry":
+        return ProfileRegistry.load(self.path)

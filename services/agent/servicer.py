@@ -1,0 +1,201 @@
+"""The Agent gRPC servicer. A turn runs as its own task and streams through a queue, so a client
+that goes away (or calls Stop) ends it cooperatively: partial text saved, every tool call
+answered, the session loadable."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+
+import grpc
+
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from services.agent.conversation import StoredConversation, store_error
+from services.agent.events import EventSink
+from services.agent.subagent import run_subagent
+from services.agent.tools.base import SpawnRequest
+from services.agent.turn import AgentDeps, Turn, TurnInput
+from services.shared.auth import forwarded_metadata, identity_from_context
+from services.shared.errors import FailedPrecondition, InvalidArgument, Unavailable
+
+log = logging.getLogger("palimpsest.agent")
+
+MAX_TEXT_CHARS = 1_000_000
+
+
+def _validate_turn(request) -> None:
+    if not request.text.strip() and not request.images:
+        raise InvalidArgument("text", "a turn needs text or images")
+    if len(request.text) > MAX_TEXT_CHARS:
+        raise InvalidArgument("text", f"at most {MAX_TEXT_CHARS} characters")
+    if request.hidden and request.images:
+        raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
+
+
+class AgentServicer(agent_pb2_grpc.AgentServicer):
+    def __init__(self, deps: AgentDeps, store_addr: str):
+        self.deps = deps
+        self.store_addr = store_addr
+        # One turn per session at a time in this process; across replicas the store's revision
+        # check refuses the second writer.
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._running: dict[str, Turn] = {}
+
+    def _metadata(self, context) -> tuple[tuple[str, str], ...]:
+        identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
+        return forwarded_metadata(context)
+
+    async def _store(self, method, request, metadata):
+        try:
+            return await method(request, metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise store_error(exc, self.store_addr) from None
+
+    async def _open_turn(self, request, context) -> Turn:
+        """Everything that can fail with a plain status before the stream begins."""
+        _validate_turn(request)
+        metadata = self._metadata(context)
+        if request.session_id:
+            session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
+                session_id=request.session_id), metadata)).session
+            profile = self.deps.profiles.get(request.profile_id or session.profile_id)
+            if request.profile_id and request.profile_id != session.profile_id:
+                await self._store(self.deps.store.UpdateSession, store_pb.UpdateSessionRequest(
+                    session_id=session.id, profile_id=profile.id), metadata)
+        else:
+            profile = self.deps.profiles.get(request.profile_id)
+        try:
+            facts = await self.deps.ollama.model_facts(profile.model)
+        except Unavailable as exc:
+            raise Unavailable(f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}") from None
+        if not request.session_id:
+            session = (await self._store(self.deps.store.CreateSession, store_pb.CreateSessionRequest(
+                profile_id=profile.id, provider="ollama", model=profile.model), metadata)).session
+        conversation = StoredConversation(self.deps.store, session.id, metadata, self.store_addr)
+        return Turn(self.deps, conversation, profile, EventSink(session.id), metadata, facts=facts)
+
+    async def _drive(self, turn: Turn, turn_input: TurnInput):
+        """Run the turn under the session lock; yields its events until stream_end."""
+        lock = self._locks.setdefault(turn.session_id, asyncio.Lock())
+        await lock.acquire()
+        self._running[turn.session_id] = turn
+
+        async def work() -> None:
+            try:
+                try:
+                    await turn.run(turn_input)
+                finally:
+                    self._running.pop(turn.session_id, None)
+                await turn.post_turn()
+            finally:
+                lock.release()
+
+        task = asyncio.create_task(work())
+        self.deps.post_turn_tasks.add(task)
+        task.add_done_callback(self.deps.post_turn_tasks.discard)
+        finished = False
+        try:
+            while True:
+                event = await turn.sink.queue.get()
+                yield event
+                if event.HasField("stream_end") and not event.is_subagent:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                turn.stop.set()  # the client went away: end the turn cooperatively
+
+    async def RunStream(self, request, context):
+        turn = await self._open_turn(request, context)
+        async for event in self._drive(turn, TurnInput(request.text, list(request.images), request.hidden)):
+            yield event
+
+    async def Run(self, request, context):
+        turn = await self._open_turn(request, context)
+        text, reason = "", pb.STREAM_END_REASON_UNSPECIFIED
+        async for event in self._drive(turn, TurnInput(request.text, list(request.images), request.hidden)):
+            if event.HasField("stream_end") and not event.is_subagent:
+                text, reason = event.stream_end.text, event.stream_end.reason
+            elif event.HasField("error") and not event.is_subagent and event.error.code == "UNAVAILABLE":
+                raise Unavailable(event.error.message)
+        return pb.RunResponse(session_id=turn.session_id, text=text, reason=reason)
+
+    async def RunEphemeral(self, request, context):
+        if not request.text.strip():
+            raise InvalidArgument("text", "required")
+        if request.max_iterations < 0 or request.timeout_seconds < 0:
+            raise InvalidArgument("max_iterations", "limits must not be negative")
+        metadata = self._metadata(context)
+        parent_profile = None
+        untrusted = False
+        if request.parent_session_id:
+            parent = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
+                session_id=request.parent_session_id), metadata)).session
+            parent_profile = self.deps.profiles.get(parent.profile_id)
+            untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
+        spawn = SpawnRequest(
+            text=request.text, profile_id=request.profile_id, max_iterations=request.max_iterations or 40,
+            exclude_tools=tuple(request.exclude_tools), briefing=request.briefing,
+            custom_system_prompt=request.custom_system_prompt, inherit_system_prompt=request.inherit_system_prompt,
+            context_transfer=request.context_transfer, parent_session_id=request.parent_session_id,
+            timeout_seconds=request.timeout_seconds or 300.0,
+        )
+        result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
+                                    metadata=metadata, untrusted=untrusted, parent_profile=parent_profile)
+        return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
+
+    async def Compact(self, request, context):
+        metadata = self._metadata(context)
+        if not request.session_id:
+            raise InvalidArgument("session_id", "required")
+        session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
+            session_id=request.session_id), metadata)).session
+        profile = self.deps.profiles.get(session.profile_id)
+        window = profile.window(self.deps.settings.ollama_num_ctx)
+        sink = EventSink(session.id)
+        lock = self._locks.setdefault(session.id, asyncio.Lock())
+        async with lock:
+            try:
+                async for event in self.deps.compressor.Compress(cpb.CompressRequest(
+                        session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model=profile.model,
+                        window=window, settings=profile.compression_settings()), metadata=metadata):
+                    sink.compression(event)
+                    yield sink.queue.get_nowait()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    raise FailedPrecondition(f"nothing to compact: {exc.details()}") from None
+                raise store_error(exc, "the Compressor") from None
+        sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
+        yield sink.queue.get_nowait()
+
+    async def Stop(self, request, context):
+        self._metadata(context)
+        if not request.session_id:
+            raise InvalidArgument("session_id", "required")
+        turn = self._running.get(request.session_id)
+        if turn is None:
+            return pb.StopResponse(stopped=False)
+        # Only the session's owner (or an admin) may stop it: reading it checks exactly that.
+        await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(session_id=request.session_id),
+                          forwarded_metadata(context))
+        turn.stop.set()
+        return pb.StopResponse(stopped=True)
+
+    async def ListProfiles(self, request, context):
+        self._metadata(context)
+        default_window = self.deps.settings.ollama_num_ctx
+        return pb.ListProfilesResponse(
+            profiles=[p.to_proto(default_window) for p in self.deps.profiles.profiles.values()],
+            default_profile_id=self.deps.profiles.default_id,
+        )
+
+    async def drain(self, timeout: float) -> None:
+        """On shutdown: stop running turns and give post-turn work a moment to finish."""
+        for turn in list(self._running.values()):
+            turn.stop.set()
+        tasks = list(self.deps.post_turn_tasks)
+        if tasks:
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout)
+

@@ -1,0 +1,68 @@
+"""The streaming guard: timeouts for a silent prefill and for gaps between chunks, and a stop
+signal honoured even while Ollama has not said a word yet."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# The seed's bound on how long a Stop may go unnoticed during a silent prefill.
+STOP_POLL_SECONDS = 1.0
+
+
+class StreamStopped(Exception):
+    """The stop signal was set while waiting for the model."""
+
+
+class StreamTimeout(Exception):
+    def __init__(self, first_chunk: bool, seconds: float):
+        what = "the first token" if first_chunk else "the next token"
+        super().__init__(f"the model sent nothing for {seconds:g}s while we waited for {what}")
+        self.first_chunk = first_chunk
+
+
+async def guarded(
+    stream: AsyncIterator[T],
+    *,
+    first_chunk_timeout: float,
+    chunk_timeout: float,
+    stop: asyncio.Event,
+    poll: float = STOP_POLL_SECONDS,
+) -> AsyncIterator[T]:
+    """Yield `stream`'s items; on stop or timeout close it, which closes the HTTP connection."""
+    iterator = stream.__aiter__()
+    loop = asyncio.get_running_loop()
+    first = True
+    try:
+        while True:
+            limit = first_chunk_timeout if first else chunk_timeout
+            deadline = loop.time() + limit
+            pending = asyncio.ensure_future(iterator.__anext__())
+            try:
+                while not pending.done():
+                    if stop.is_set():
+                        raise StreamStopped()
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise StreamTimeout(first, limit)
+                    await asyncio.wait({pending}, timeout=min(poll, remaining))
+            except BaseException:
+                pending.cancel()
+                with suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                    await pending
+                raise
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            first = False
+            yield item
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            with suppress(Exception):
+                await aclose()

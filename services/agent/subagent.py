@@ -1,0 +1,72 @@
+"""Sub-agents (RunEphemeral, spawn_agent): a temporary in-memory context, nothing persisted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+
+from palimpsest.v1 import common_pb2
+from services.agent.conversation import EphemeralConversation
+from services.agent.events import EventSink
+from services.agent.profiles import Profile
+from services.agent.tools.base import SpawnRequest
+from services.agent.turn import AgentDeps, Turn, TurnInput, TurnResult, END
+
+log = logging.getLogger("palimpsest.agent.subagent")
+
+Message = common_pb2.Message
+
+
+def _system_prompt(deps: AgentDeps, request: SpawnRequest, profile: Profile, parent: Profile | None) -> str:
+    if request.custom_system_prompt:
+        base = request.custom_system_prompt
+    elif request.inherit_system_prompt and parent is not None:
+        base = deps.builder.system_prompt(parent)
+    else:
+        base = deps.builder.system_prompt(profile, subagent=True)
+    return f"{base}\n\n## Briefing\n{request.briefing}" if request.briefing else base
+
+
+async def run_subagent(
+    deps: AgentDeps,
+    request: SpawnRequest,
+    *,
+    sink: EventSink,
+    metadata: tuple[tuple[str, str], ...],
+    untrusted: bool = False,
+    depth: int = 1,
+    parent_profile: Profile | None = None,
+) -> TurnResult:
+    """Run to completion or timeout; returns the text and how it ended."""
+    profile = deps.profiles.get(request.profile_id or (parent_profile.id if parent_profile else ""))
+    facts = await deps.ollama.model_facts(profile.model)
+    seed: list[Message] = []
+    if request.context_transfer:
+        seed = [Message(role="user", content=f"Context from the parent task:\n{request.context_transfer}"),
+                Message(role="assistant", content="Understood. I have the context.")]
+    turn = Turn(
+        deps, EphemeralConversation(seed, untrusted=untrusted), profile, sink, metadata,
+        facts=facts, is_subagent=True, system_prompt=_system_prompt(deps, request, profile, parent_profile),
+        max_iterations=request.max_iterations or 40, exclude_tools=request.exclude_tools, depth=depth,
+        parent_session_id=request.parent_session_id,
+    )
+    text = request.text
+    if profile.subagent_planning_enabled:
+        from services.agent.tools.plan import run_subagent_planning
+
+        plan = await run_subagent_planning(turn._tool_context(), text)
+        if plan:
+            text = f"{text}\n\n## Plan (ready — execute it now)\n{plan}"
+    task = asyncio.create_task(turn.run(TurnInput(text=text)))
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), timeout=request.timeout_seconds or 300.0)
+    except asyncio.TimeoutError:
+        turn.stop.set()
+        with suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=5)
+        log.warning("sub-agent timed out after %.0fs", request.timeout_seconds)
+        return TurnResult(text=turn.result.text, reason=END.STREAM_END_REASON_STOPPED)
+    except asyncio.CancelledError:
+        turn.stop.set()
+        raise

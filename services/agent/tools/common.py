@@ -1,0 +1,70 @@
+"""Small helpers the built-in tools share: argument reading, timestamps, Struct conversion."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from services.agent.tools.base import ToolResult
+
+
+class ToolInputError(Exception):
+    """The model's arguments cannot be used; the message names the field and says what to send."""
+
+
+def error(text: str) -> ToolResult:
+    """A refusal the model should read and correct; our own words, so it taints nothing."""
+    return ToolResult(content=text, is_error=True, untrusted=False)
+
+
+def text_arg(args: dict[str, Any], name: str, *, required: bool = False, default: str = "") -> str:
+    value = args.get(name)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise ToolInputError(f"'{name}' is required")
+        return default
+    return str(value).strip()
+
+
+def int_arg(args: dict[str, Any], name: str, *, default: int, low: int, high: int) -> int:
+    value = args.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise ToolInputError(f"'{name}' must be a whole number")
+    if not low <= value <= high:
+        raise ToolInputError(f"'{name}' must be between {low} and {high}, got {int(value)}")
+    return int(value)
+
+
+def when(ts: timestamp_pb2.Timestamp) -> str:
+    """A protobuf timestamp as minutes in UTC; '?' when unset."""
+    if not ts.seconds and not ts.nanos:
+        return "?"
+    return ts.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def to_struct(data: dict[str, Any]) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    struct.update(data)
+    return struct
+
+
+def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
+    return json_format.MessageToDict(struct)
+
+
+def shorten(text: str, limit: int) -> str:
+    """At most `limit` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" […{len(text) - limit} more chars]"
+
+
+def role_and_content(message: Any) -> tuple[str, str]:
+    """Role and text of a context message, whether a protobuf Message or an Ollama-style dict."""
+    if isinstance(message, dict):
+        return str(message.get("role") or ""), str(message.get("content") or "")
+    return str(getattr(message, "role", "") or ""), str(getattr(message, "content", "") or "")

@@ -1,0 +1,90 @@
+"""image_view: look at an image stored with this session (a pasted image, or one a tool saved)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any
+
+import grpc
+
+from palimpsest.v1 import session_store_pb2 as store_pb
+from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.common import ToolInputError, error, text_arg
+from services.shared.image_tokens import image_size
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
+
+
+def file_name(path: str, session_id: str) -> str:
+    """The stored name behind `path`: `image_2.png`, `session_files/<id>/image_2.png` or an absolute
+    path from a notice. A path into another session's folder is refused rather than silently read
+    from this one."""
+    text = path.strip().strip("'\"`")
+    pure = PureWindowsPath(text) if "\\" in text else PurePosixPath(text)
+    name = pure.name
+    if not name or name in (".", ".."):
+        raise ToolInputError(f"'path' {path!r} does not name a file")
+    folder = pure.parent.name
+    if _UUID.match(folder) and session_id and folder.lower() != session_id.lower():
+        raise ToolInputError(f"{path!r} belongs to another session; only this session's images can be viewed")
+    return name
+
+
+async def _download(ctx: ToolContext, name: str) -> tuple[str, bytes]:
+    content_type, data = "", bytearray()
+    async for part in ctx.store.GetFile(store_pb.GetFileRequest(session_id=ctx.session_id, name=name),
+                                        metadata=ctx.metadata):
+        if part.HasField("info"):
+            content_type = part.info.content_type
+        else:
+            data.extend(part.chunk)
+    return content_type, bytes(data)
+
+
+async def _image_names(ctx: ToolContext) -> list[str]:
+    try:
+        listed = await ctx.store.ListFiles(store_pb.ListFilesRequest(session_id=ctx.session_id), metadata=ctx.metadata)
+    except grpc.aio.AioRpcError:
+        return []
+    return [f.name for f in listed.files if f.content_type.startswith("image/")]
+
+
+class ImageViewTool:
+    name = "image_view"
+    description = (
+        "Look at an image stored with this session, e.g. one the user pasted earlier. Give its name "
+        "(image_2.png) or the path from a notice; the image is attached to the result for you to see."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "The image's name or path."}},
+        "required": ["path"],
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            name = file_name(text_arg(args, "path", required=True), ctx.session_id)
+        except ToolInputError as exc:
+            return error(f"image_view: {exc}")
+        if not ctx.session_id:
+            return error("image_view: this run has no stored session, so it has no files.")
+        facts = await ctx.ollama.model_facts(ctx.profile.model)
+        if not facts.vision:
+            return error(f"image_view: the model {ctx.profile.model} cannot see images; "
+                         "describe what you need from the user instead.")
+        try:
+            content_type, data = await _download(ctx, name)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise
+            images = await _image_names(ctx)
+            known = f"Images in this session: {', '.join(images)}." if images else "This session has no images."
+            return error(f"image_view: no file named {name!r} in this session. {known}")
+        size = image_size(data)
+        if size is None or (content_type and not content_type.startswith("image/")):
+            return error(f"image_view: {name} is not an image ({content_type or 'unknown type'}).")
+        width, height = size
+        # The bytes come from the store, but what they show came from outside the engine.
+        return ToolResult(content=f"Image {name} ({width}×{height}) is attached.", images=[data], untrusted=True,
+                          metadata={"name": name, "width": width, "height": height})

@@ -1,0 +1,172 @@
+"""session_search: browse, search and read the caller's other sessions.
+
+Only the caller's sessions are reachable: every call carries the caller's credentials and the
+SessionStore enforces ownership. Results are untrusted: other sessions hold tool output, files and
+text from anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
+
+ACTIONS = ("list", "search", "get", "find")
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 50
+# `find` filters summaries by name and task, so it reads a wider page than it shows.
+FIND_SCAN = 200
+GET_CHARS = 20_000
+MESSAGE_CHARS = 2_000
+TOOL_RESULT_CHARS = 800
+_NOT_READABLE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def session_line(s: common_pb2.SessionSummary, current: str = "") -> str:
+    title = s.name or shorten(s.preview, 80) or "(untitled)"
+    mark = " (this session)" if s.id == current else ""
+    return (f"- {s.id}{mark} · {title} · {s.display_message_count} messages · "
+            f"last active {when(s.last_active)} · model {s.model or '?'}")
+
+
+def render_message(index: int, m: common_pb2.Message) -> str:
+    if m.is_compression:
+        return f"[{index}] (context compressed here)"
+    if m.role == "tool":
+        return f"[{index}] tool {m.name or '?'} → {shorten(m.content.strip(), TOOL_RESULT_CHARS)}"
+    text = shorten(m.content.strip(), MESSAGE_CHARS)
+    calls = "".join(f"\n    calls {c.name}({shorten(c.arguments_json, 200)})" for c in m.tool_calls)
+    plan = " (plan)" if m.is_plan else ""
+    files = f" [files: {', '.join(m.files)}]" if m.files else ""
+    return f"[{index}] {m.role}{plan}: {text}{files}{calls}"
+
+
+def render_history(session: common_pb2.Session, start: int = 0, budget: int = GET_CHARS) -> str:
+    """The display history from `start`, compact, within `budget` chars, saying where it stopped."""
+    total = len(session.messages)
+    head = (f"Session {session.id} · {session.name or '(untitled)'} · {total} messages · "
+            f"created {when(session.created_at)} · last active {when(session.last_active)} · "
+            f"model {session.model or '?'}")
+    lines, used = [head], len(head)
+    shown_to = start
+    for index in range(start, total):
+        line = render_message(index, session.messages[index])
+        if used + len(line) > budget and index > start:
+            break
+        lines.append(line)
+        used += len(line) + 1
+        shown_to = index + 1
+    if shown_to < total:
+        lines.append(f"[… {total - shown_to} later messages not shown (about {budget:,} chars per call); "
+                     f"call get again with start={shown_to} to read on]")
+    elif start >= total and total:
+        lines.append(f"(start={start} is past the last message; the history has {total} messages)")
+    return "\n".join(lines)
+
+
+class SessionSearchTool:
+    name = "session_search"
+    description = (
+        "Recall the user's past sessions. action=list: recent sessions. action=search with `query`: sessions "
+        "whose messages mention it, with a snippet. action=find with `query`: sessions whose name or task "
+        "matches. action=get with `session_id`: read that session's conversation (use it after search/find)."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": list(ACTIONS)},
+            "query": {"type": "string", "description": "For search and find: the words to look for."},
+            "session_id": {"type": "string", "description": "For get: the session to read."},
+            "start": {"type": "integer", "description": "For get: the first message index to show (default 0)."},
+            "limit": {"type": "integer", "description": "For list/search/find: at most this many (default 20)."},
+        },
+        "required": ["action"],
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            action = text_arg(args, "action", required=True)
+            if action not in ACTIONS:
+                raise ToolInputError(f"unknown action {action!r}: use {', '.join(ACTIONS)}")
+            limit = int_arg(args, "limit", default=DEFAULT_LIMIT, low=1, high=MAX_LIMIT)
+            if action == "list":
+                text = await self._list(ctx, limit)
+            elif action == "search":
+                text = await self._search(ctx, text_arg(args, "query", required=True), limit)
+            elif action == "find":
+                text = await self._find(ctx, text_arg(args, "query", required=True), limit)
+            else:
+                start = int_arg(args, "start", default=0, low=0, high=10_000_000)
+                text = await self._get(ctx, text_arg(args, "session_id", required=True), start)
+        except ToolInputError as exc:
+            return error(f"session_search: {exc}")
+        return ToolResult(content=text, untrusted=True)
+
+    @staticmethod
+    async def _summaries(ctx: ToolContext, query: str, page_size: int) -> store_pb.ListSessionsResponse:
+        return await ctx.store.ListSessions(
+            store_pb.ListSessionsRequest(query=query, sort_by=store_pb.SORT_BY_LAST_ACTIVE, page_size=page_size),
+            metadata=ctx.metadata,
+        )
+
+    async def _list(self, ctx: ToolContext, limit: int) -> str:
+        reply = await self._summaries(ctx, "", limit)
+        if not reply.sessions:
+            return "There are no sessions yet."
+        lines = [f"{len(reply.sessions)} most recent of {reply.total} sessions:"]
+        lines += [session_line(s, ctx.session_id) for s in reply.sessions]
+        return "\n".join(lines)
+
+    async def _search(self, ctx: ToolContext, query: str, limit: int) -> str:
+        reply = await self._summaries(ctx, query, limit)
+        if not reply.sessions:
+            return f"No session mentions {query!r}."
+        matches = await ctx.store.SearchMatches(
+            store_pb.SearchMatchesRequest(session_ids=[s.id for s in reply.sessions], query=query),
+            metadata=ctx.metadata,
+        )
+        found = {m.session_id: m for m in matches.matches}
+        lines = [f"{reply.total} session{'s' if reply.total != 1 else ''} mention {query!r}"
+                 + (f" (showing {len(reply.sessions)})" if reply.total > len(reply.sessions) else "") + ":"]
+        for s in reply.sessions:
+            lines.append(session_line(s, ctx.session_id))
+            match = found.get(s.id)
+            if match is not None:
+                positions = ", ".join(str(i) for i in match.display_indices[:10])
+                more = "…" if len(match.display_indices) > 10 else ""
+                lines.append(f"    {len(match.display_indices)} matching messages (at {positions}{more}): "
+                             f"{shorten(match.snippet.strip(), 300)}")
+            else:
+                lines.append("    (matched by its name)")
+        lines.append("Read one with action=get and its session_id.")
+        return "\n".join(lines)
+
+    async def _find(self, ctx: ToolContext, query: str, limit: int) -> str:
+        reply = await self._summaries(ctx, query, FIND_SCAN)
+        needle = query.casefold()
+        hits = [s for s in reply.sessions if needle in s.name.casefold() or needle in s.preview.casefold()]
+        if not hits:
+            return f"No session's name or task contains {query!r} (try action=search for its messages)."
+        lines = [f"{len(hits)} session{'s' if len(hits) != 1 else ''} named or tasked with {query!r}:"]
+        lines += [session_line(s, ctx.session_id) for s in hits[:limit]]
+        if len(hits) > limit:
+            lines.append(f"(and {len(hits) - limit} more)")
+        return "\n".join(lines)
+
+    @staticmethod
+    async def _get(ctx: ToolContext, session_id: str, start: int) -> str:
+        try:
+            reply = await ctx.store.GetSession(
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY),
+                metadata=ctx.metadata,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _NOT_READABLE:
+                raise ToolInputError(f"no session {session_id!r} that you can read "
+                                     "(use list, search or find for valid ids)") from None
+            raise
+        return render_history(reply.session, start)

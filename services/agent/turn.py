@@ -1,0 +1,504 @@
+"""One turn of the agent: pre-turn compression, then the tool loop against Ollama, then the
+post-turn check. Events go to the turn's sink as they happen; nothing here knows about gRPC
+streams, so RunStream, Run and RunEphemeral all drive the same code."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1.compressor_pb2_grpc import CompressorStub
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.agent import context_builder as cb
+from services.agent.context_builder import ContextBuilder
+from services.agent.conversation import EphemeralConversation, StoredConversation
+from services.agent.events import EventSink
+from services.agent.images import attach_images
+from services.agent.profiles import Profile, ProfileRegistry
+from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
+from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
+from services.agent.tools.registry import execute, tools_for
+from services.compressor.token_estimate import trigger_tokens
+from services.shared.context_view import message_budget, to_ollama_messages, view_chars
+from services.shared.errors import PalimpsestError
+from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
+from services.shared.settings import Settings
+
+log = logging.getLogger("palimpsest.agent")
+
+Message = common_pb2.Message
+END = agent_pb2.StreamEndReason
+
+# The session a turn is working for. A sub-agent sets it for its own run and restores the
+# parent's in `finally`, so nothing after it (the parent's next iteration, background work)
+# ever sees a sub-agent's session.
+current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_session", default="")
+
+MAX_SPAWN_DEPTH = 2
+PREVIEW_CHARS = 400
+TOO_LARGE_ANSWER = (
+    "This conversation no longer fits the model's context window (about {tokens} tokens of a "
+    "{limit}-token budget), even after compression. Start a new session, or run /compact and try again."
+)
+
+
+@dataclass
+class AgentDeps:
+    """The long-lived parts a turn uses; one per Agent server."""
+
+    store: SessionStoreStub
+    compressor: CompressorStub
+    ollama: OllamaClient
+    settings: Settings
+    profiles: ProfileRegistry
+    builder: ContextBuilder
+    post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
+
+
+@dataclass
+class TurnInput:
+    text: str
+    images: Sequence[bytes] = ()
+    hidden: bool = False
+
+
+@dataclass
+class TurnResult:
+    text: str = ""
+    reason: int = END.STREAM_END_REASON_UNSPECIFIED
+
+    @property
+    def completed_normally(self) -> bool:
+        return self.reason == END.STREAM_END_REASON_COMPLETED
+
+
+class Turn:
+    def __init__(
+        self,
+        deps: AgentDeps,
+        conversation: StoredConversation | EphemeralConversation,
+        profile: Profile,
+        sink: EventSink,
+        metadata: tuple[tuple[str, str], ...],
+        *,
+        facts: ModelFacts,
+        is_subagent: bool = False,
+        system_prompt: str | None = None,
+        max_iterations: int | None = None,
+        exclude_tools: Sequence[str] = (),
+        depth: int = 0,
+        parent_session_id: str = "",
+    ):
+        self.deps = deps
+        self.conv = conversation
+        self.profile = profile
+        self.sink = sink
+        self.metadata = metadata
+        self.facts = facts
+        self.is_subagent = is_subagent
+        self.system_prompt_override = system_prompt
+        self.max_iterations = max_iterations or profile.max_iterations
+        self.exclude_tools = tuple(exclude_tools)
+        self.depth = depth
+        self.parent_session_id = parent_session_id
+        self.stop = asyncio.Event()
+        self.state = TurnState()
+        self.window = profile.window(deps.settings.ollama_num_ctx)
+        self.last_prompt_tokens = 0
+        self.truncated = False
+        self.result = TurnResult()
+        self._load_tools()
+
+    # -- small helpers -------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        return self.deps.settings
+
+    @property
+    def session_id(self) -> str:
+        return self.conv.session_id
+
+    @property
+    def stored(self) -> bool:
+        return not self.conv.ephemeral
+
+    def _load_tools(self) -> None:
+        names = self.profile.tools_for_subagent if self.is_subagent else self.profile.agent_tools
+        excluded = set(self.exclude_tools)
+        if self.depth >= MAX_SPAWN_DEPTH:
+            excluded.add("spawn_agent")
+        self.tools = tools_for(names, self.profile.custom_tools, excluded)
+
+    def _system_prompt(self) -> str:
+        if self.system_prompt_override is not None:
+            return self.system_prompt_override
+        return self.deps.builder.system_prompt(self.profile, subagent=self.is_subagent)
+
+    def _keep_recent(self) -> int:
+        return self.profile.compression_keep_recent or self.settings.keep_recent
+
+    def _threshold(self) -> float:
+        return self.profile.compression_threshold or self.settings.compression_threshold
+
+    def _compression_on(self) -> bool:
+        return self.stored and self.settings.compression_enabled and self.profile.compression_enabled
+
+    def _end(self, reason: int, text: str) -> TurnResult:
+        self.result = TurnResult(text=text, reason=reason)
+        if not self.is_subagent:
+            self.sink.stream_end(reason, text)
+        return self.result
+
+    # -- the turn ------------------------------------------------------------------------------
+    async def run(self, turn_input: TurnInput) -> TurnResult:
+        token = current_session.set(self.session_id or f"subagent-of-{self.parent_session_id}")
+        try:
+            return await self._run(turn_input)
+        except PalimpsestError as exc:
+            self.sink.error(exc.code.name, str(exc))
+            return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
+        except Exception as exc:  # noqa: BLE001 — a turn always ends with stream_end
+            log.exception("turn failed in session %s", self.session_id)
+            self.sink.error("INTERNAL", f"the turn failed: {type(exc).__name__}: {exc}")
+            return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
+        finally:
+            current_session.reset(token)
+
+    async def _run(self, turn_input: TurnInput) -> TurnResult:
+        self.sink.model_info(self.profile.model, self.window)
+        await self.conv.load()
+        self.state.goal = turn_input.text
+        messages = await attach_images(self, turn_input)
+        if self._compression_on():
+            await self._compress_preturn(messages[-1])
+        await self.conv.append(messages)
+        if self.stored and not turn_input.hidden:
+            await self._name_session(turn_input.text)
+        memory = await self._recall(turn_input.text)
+        return await self._loop(memory)
+
+    async def _loop(self, memory: str) -> TurnResult:
+        stalled = 0
+        progress_seen = self.state.todo_progress
+        for iteration in range(self.max_iterations):
+            if self.stop.is_set():
+                return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
+            if iteration > 0 and self._compression_on():
+                await self._compress_midturn()
+            built = self._build(memory, iteration, stalled)
+            check = await self._check_size(built)
+            if not check.fits and self._compression_on() and await self._compress(
+                    cpb.COMPRESSION_REASON_MIDTURN, check.tokens, self._midturn_keep()):
+                # Over the limit: one compression before giving up on this context.
+                built = self._build(memory, iteration, stalled)
+                check = await self._check_size(built)
+            if not check.fits:
+                answer = TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit)
+                await self.conv.append([Message(role="assistant", content=answer)])
+                self.sink.text(answer)
+                return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
+            try:
+                reply = await self._call_model(built)
+            except StreamStopped:
+                await self._save_partial("stopped")
+                return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
+            except (StreamTimeout, PalimpsestError) as exc:
+                await self._save_partial("error")
+                code = "DEADLINE_EXCEEDED" if isinstance(exc, StreamTimeout) else exc.code.name
+                self.sink.error(code, str(exc))
+                return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
+            await self._record_usage(reply, check, built)
+            if not reply.tool_calls:
+                await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)])
+                return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
+            await self._run_tools(reply)
+            if self.stop.is_set():
+                return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
+            if self.state.todo_progress > progress_seen:
+                progress_seen, stalled = self.state.todo_progress, 0
+            else:
+                stalled += 1
+            if self.state.switched_profile:
+                self._switch_profile(self.state.switched_profile)
+        return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
+
+    def _build(self, memory: str, iteration: int, stalled: int) -> list[Message]:
+        return cb.ContextBuilder.build(
+            self._system_prompt(),
+            self.conv.context,
+            budget_tokens=message_budget(self.window, self.settings.message_token_budget),
+            memory=memory,
+            notes=self._notes(iteration, stalled),
+        )
+
+    def _notes(self, iteration: int, stalled: int) -> list[str]:
+        p = self.profile
+        notes = []
+        if p.iteration_budget_enabled:
+            notes.append(cb.iteration_budget_note(iteration, self.max_iterations))
+        if p.goal_anchoring_enabled and iteration > 0 and iteration % max(1, p.goal_anchoring_interval) == 0:
+            notes.append(cb.goal_anchor_note(self.state.goal))
+        if p.anti_stall_enabled and stalled >= p.anti_stall_threshold:
+            notes.append(cb.anti_stall_note(stalled))
+        return notes
+
+    def _switch_profile(self, profile_id: str) -> None:
+        self.state.switched_profile = ""
+        self.profile = self.deps.profiles.get(profile_id)
+        self.deps.builder.invalidate(profile_id)
+        self.window = self.profile.window(self.settings.ollama_num_ctx)
+        self._load_tools()
+        self.sink.model_info(self.profile.model, self.window)
+
+    # -- the model call --------------------------------------------------------------------------
+    async def _check_size(self, built: list[Message]) -> cpb.CheckContextSizeResponse:
+        return await self.deps.compressor.CheckContextSize(cpb.CheckContextSizeRequest(
+            model=self.profile.model, messages=built, window=self.window, session_id=self.session_id,
+            settings=self.profile.compression_settings()), metadata=self.metadata)
+
+    def _request_body(self, built: list[Message]) -> dict:
+        messages = to_ollama_messages(built)
+        if not self.facts.vision:
+            for m in messages:
+                m.pop("images", None)
+        think = None
+        if self.facts.thinking:
+            think = self.profile.think_enabled
+        tools = [schema(t) for t in self.tools.values()] if self.facts.tools and self.tools else None
+        return OllamaClient.chat_body(self.profile.model, messages, num_ctx=self.window, tools=tools, think=think)
+
+    async def _call_model(self, built: list[Message]) -> ChatResult:
+        reply = ChatResult()
+        self._partial = reply
+        thinking_open = False
+        stream = self.deps.ollama.chat_stream(self._request_body(built))
+        async for chunk in guarded(stream, first_chunk_timeout=self.settings.stream_first_chunk_timeout,
+                                   chunk_timeout=self.settings.stream_chunk_timeout, stop=self.stop):
+            message = chunk.get("message") or {}
+            if message.get("thinking"):
+                thinking_open = True
+                self.sink.thinking(message["thinking"])
+            if thinking_open and (message.get("content") or message.get("tool_calls") or chunk.get("done")):
+                thinking_open = False
+                self.sink.thinking_end()
+            if message.get("content"):
+                self.sink.text(message["content"])
+            reply.absorb(chunk)
+            self.result.text = reply.content
+        if reply.model and reply.model != self.profile.model:
+            self.sink.model_info(reply.model, self.window)
+        return reply
+
+    async def _save_partial(self, why: str) -> None:
+        partial = getattr(self, "_partial", None)
+        if partial is None or not (partial.content or partial.thinking):
+            return
+        message = Message(role="assistant", content=partial.content, thinking=partial.thinking)
+        message.metadata.update({"partial": True, "ended": why})
+        try:
+            await self.conv.append([message])
+        except PalimpsestError:
+            log.exception("could not save the partial answer of session %s", self.session_id)
+        self._partial = None
+
+    async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse,
+                            built: list[Message]) -> None:
+        tokens = check.tokens
+        if reply.prompt_eval_count:
+            recorded = await self.deps.compressor.RecordBaseline(cpb.RecordBaselineRequest(
+                session_id=self.session_id, model=self.profile.model, prompt_eval_count=reply.prompt_eval_count,
+                sent_tokens=check.tokens, sent_chars=view_chars(built), had_images=any(m.images for m in built),
+                through_seq=self.conv.through_seq, window=self.window), metadata=self.metadata)
+            self.truncated = self.truncated or recorded.truncated
+            # A truncated report describes half a window, not our context: keep the honest estimate.
+            tokens = check.tokens if recorded.truncated else reply.prompt_eval_count
+        self.last_prompt_tokens = tokens
+        self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0)
+        await self.conv.set_token_count(tokens)
+
+    # -- tools -----------------------------------------------------------------------------------
+    def _tool_context(self) -> ToolContext:
+        return ToolContext(
+            session_id=self.session_id or self.parent_session_id,
+            store=self.deps.store,
+            metadata=self.metadata,
+            ollama=self.deps.ollama,
+            profile=self.profile,
+            settings=self.settings,
+            events=self.sink,
+            state=self.state,
+            window=self.window,
+            is_subagent=self.is_subagent,
+            untrusted=self.conv.untrusted,
+            spawn=self._spawn if self.depth < MAX_SPAWN_DEPTH else None,
+            conversation=list(self.conv.context),
+            tool_schemas=[schema(t) for t in self.tools.values()],
+        )
+
+    async def _run_tools(self, reply: ChatResult) -> None:
+        calls = []
+        for i, raw in enumerate(reply.tool_calls):
+            fn = raw.get("function") or {}
+            arguments = fn.get("arguments") or {}
+            calls.append(common_pb2.ToolCall(
+                id=raw.get("id") or f"call_{i}", name=fn.get("name", ""),
+                arguments_json=json.dumps(arguments) if not isinstance(arguments, str) else arguments))
+        await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking,
+                                        tool_calls=calls)])
+        results: list[Message] = []
+        extra: list[Message] = []
+        untrusted = tools_ran = False
+        for call in calls:
+            if self.stop.is_set():
+                # Every call gets a result, so the context stays valid for the next turn.
+                results.append(Message(role="tool", name=call.name, tool_call_id=call.id,
+                                       content="[not run: the turn was stopped]"))
+                continue
+            outcome = await self._run_tool(call)
+            tools_ran = True
+            untrusted = untrusted or outcome.untrusted
+            result = Message(role="tool", name=call.name, tool_call_id=call.id, content=outcome.content,
+                             images=outcome.images, is_compression_critical=outcome.critical)
+            results.append(result)
+            if "plan" in outcome.metadata:
+                extra.append(Message(role="assistant", content=outcome.metadata["plan"], is_plan=True))
+        if tools_ran:
+            await self.conv.refresh_revision()
+        await self.conv.append(results + extra)
+        if untrusted:
+            await self.conv.mark_untrusted()
+        if self.state.todo_changed:
+            self.state.todo_changed = False
+            self.sink.todo_updated(list(self.state.todo))
+
+    async def _run_tool(self, call: common_pb2.ToolCall) -> ToolResult:
+        self.sink.tool_started(call.id, call.name, call.arguments_json)
+        started = time.monotonic()
+        tool = self.tools.get(call.name)
+        if tool is None:
+            outcome = ToolResult(content=f"Unknown tool {call.name!r}. Available: {', '.join(self.tools)}",
+                                 is_error=True, untrusted=False)
+        else:
+            try:
+                args = json.loads(call.arguments_json or "{}")
+            except ValueError:
+                args = None
+            if not isinstance(args, dict):
+                outcome = ToolResult(content=f"Arguments for {call.name} must be a JSON object", is_error=True,
+                                     untrusted=False)
+            else:
+                outcome = await execute(tool, args, self._tool_context())
+        self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error,
+                                time.monotonic() - started)
+        return outcome
+
+    async def _spawn(self, request: SpawnRequest) -> tuple[str, bool]:
+        from services.agent.subagent import run_subagent
+
+        result = await run_subagent(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
+                                    untrusted=self.conv.untrusted, depth=self.depth + 1,
+                                    parent_profile=self.profile)
+        return result.text, result.completed_normally
+
+    # -- compression -----------------------------------------------------------------------------
+    async def _compress(self, reason: int, current_tokens: int, keep_recent_messages: int = 0) -> bool:
+        """Run one compression, forwarding its events; a failure is logged and the turn goes on."""
+        try:
+            async for event in self.deps.compressor.Compress(cpb.CompressRequest(
+                    session_id=self.session_id, reason=reason, model=self.profile.model, window=self.window,
+                    keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings(),
+                    current_tokens=current_tokens), metadata=self.metadata):
+                self.sink.compression(event)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                log.warning("compression (%s) failed for %s: %s", reason, self.session_id, exc.details())
+            return False
+        await self.conv.load()
+        return True
+
+    async def _should_compress(self, tokens: int, keep_recent_messages: int = 0) -> bool:
+        if tokens < trigger_tokens(self._threshold(), self.window, self.settings.output_reserve_tokens):
+            return False
+        dry = await self.deps.compressor.WouldCompress(cpb.WouldCompressRequest(
+            session_id=self.session_id, model=self.profile.model, window=self.window, current_tokens=tokens,
+            keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings()),
+            metadata=self.metadata)
+        return dry.would_compress
+
+    async def _compress_preturn(self, incoming: Message) -> None:
+        try:
+            estimate = await self.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
+                session_id=self.session_id, model=self.profile.model, window=self.window, incoming=[incoming],
+                settings=self.profile.compression_settings()), metadata=self.metadata)
+            if await self._should_compress(estimate.tokens):
+                await self._compress(cpb.COMPRESSION_REASON_PRETURN, estimate.tokens)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("pre-turn compression check failed for %s: %s", self.session_id, exc.details())
+
+    def _midturn_keep(self) -> int:
+        return max(12, 2 * self._keep_recent())
+
+    async def _compress_midturn(self) -> None:
+        try:
+            estimate = await self.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
+                session_id=self.session_id, model=self.profile.model, window=self.window,
+                settings=self.profile.compression_settings()), metadata=self.metadata)
+            if await self._should_compress(estimate.tokens, self._midturn_keep()):
+                await self._compress(cpb.COMPRESSION_REASON_MIDTURN, estimate.tokens, self._midturn_keep())
+        except grpc.aio.AioRpcError as exc:
+            log.warning("mid-turn compression check failed for %s: %s", self.session_id, exc.details())
+
+    async def post_turn(self) -> None:
+        """After stream_end, off the client's path: compress on the real count, or because the last
+        prompt came back truncated (the Compressor knows from the session's flag)."""
+        if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
+            return
+        try:
+            async for _ in self.deps.compressor.Compress(cpb.CompressRequest(
+                    session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.profile.model,
+                    window=self.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
+                    current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings()),
+                    metadata=self.metadata):
+                pass
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                log.warning("post-turn compression failed for %s: %s", self.session_id, exc.details())
+
+    # -- memory ----------------------------------------------------------------------------------
+    async def _recall(self, text: str) -> str:
+        """Up to k relevant excerpts of compressed-away history, each injected once per session."""
+        p = self.profile
+        if not (self.stored and p.memory_recall_enabled and text.strip() and self.conv.has_summary()):
+            return ""
+        try:
+            found = await self.deps.store.SearchMemory(store_pb.SearchMemoryRequest(
+                session_id=self.session_id, query=text[:500], limit=max(1, p.memory_recall_k) * 3,
+                min_similarity=p.memory_recall_min_similarity), metadata=self.metadata)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("memory recall failed for %s: %s", self.session_id, exc.details())
+            return ""
+        session = self.conv.session
+        seen = set(session.metadata["injected_chunk_ids"]) if session and "injected_chunk_ids" in session.metadata \
+            else set()
+        fresh = [c for c in found.chunks if float(c.id) not in seen][: p.memory_recall_k]
+        if not fresh:
+            return ""
+        await self.conv.update(metadata={"injected_chunk_ids": sorted(seen | {float(c.id) for c in fresh})})
+        return cb.recall_note(fresh)
+
+    async def _name_session(self, text: str) -> None:
+        session = self.conv.session
+        if session is not None and not session.name and text.strip():
+            name = " ".join(text.split())[:60]
+            try:
+                await self.conv.update(name=name)
+            except PalimpsestError:
+                log.warning("could not name session %s", self.session_id)

@@ -1,0 +1,83 @@
+"""`make demo`: a scripted long conversation through the real services against the Ollama
+simulator, showing the context meter climb and compression fire. Needs no Ollama."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from dataclasses import replace
+
+import grpc
+from rich.console import Console
+
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc
+from services.ollama_sim import OllamaSimulator, Reply
+from services.shared.settings import Settings
+
+TURNS = int(os.environ.get("DEMO_TURNS", "40"))
+WINDOW = 4096
+console = Console()
+
+
+def scripted_model(body) -> Reply:
+    if not body.get("stream", True):
+        return Reply(text="- The user walked through a series of log reviews.\nKEYS: logs, reviews, demo")
+    last = (body.get("messages") or [{}])[-1]
+    if last.get("role") == "user":
+        return Reply(text="Here is a long, careful answer. " + "The log shows steady progress. " * 25)
+    return Reply(text="Done.")
+
+
+def meter(tokens: int, window: int, width: int = 40) -> str:
+    filled = min(width, int(width * tokens / window))
+    colour = "green" if tokens < 0.7 * window else "yellow" if tokens < 0.9 * window else "red"
+    return f"[{colour}]{'█' * filled}{'░' * (width - filled)}[/] {tokens:>5}/{window}"
+
+
+async def main() -> None:
+    from services.agent.app import start_agent
+    from services.compressor.app import start_compressor
+    from services.session_store.app import start_store
+
+    with OllamaSimulator() as sim, tempfile.TemporaryDirectory() as tmp:
+        sim.set_responder(scripted_model)
+        profiles = os.path.join(tmp, "profiles.json")
+        with open(profiles, "w") as f:
+            json.dump({"profiles": [{"id": "demo", "model": "qwen3.6", "context_window": WINDOW}]}, f)
+        settings = replace(Settings.from_env(), ollama_host=sim.url, profiles_path=profiles)
+        console.print(f"[bold]Palimpsest demo[/]: {TURNS} turns in a {WINDOW}-token window, Ollama simulated at {sim.url}")
+        store = await start_store(settings, port=0)
+        settings = replace(settings, store_addr=store.address)
+        compressor = await start_compressor(settings, port=0)
+        settings = replace(settings, compressor_addr=compressor.address)
+        agent = await start_agent(settings, port=0)
+        try:
+            async with grpc.aio.insecure_channel(agent.address) as channel:
+                stub = agent_pb2_grpc.AgentStub(channel)
+                session_id = ""
+                for turn in range(1, TURNS + 1):
+                    request = pb.RunStreamRequest(session_id=session_id, text=f"Turn {turn}: review today's logs")
+                    async for event in stub.RunStream(request):
+                        session_id = event.session_id
+                        kind = event.WhichOneof("event")
+                        if kind == "usage":
+                            console.print(f"turn {turn:>3}  {meter(event.usage.context_tokens, WINDOW)}")
+                        elif kind == "compression_started":
+                            console.print("          [magenta]compressing…[/]")
+                        elif kind == "context_compressed":
+                            c = event.context_compressed
+                            console.print(f"          [magenta]Context compressed: {c.messages_before} → "
+                                          f"{c.messages_after} messages, {c.context_tokens} tokens[/]")
+                    await asyncio.sleep(0.05)  # let the post-turn check run, as a user pause would
+                console.print(f"\nsession {session_id}: the full history is still there — "
+                              f"`pal sessions show {session_id}` against `make run` shows it.")
+        finally:
+            await agent.stop(1)
+            await compressor.stop(1)
+            await store.stop(1)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,296 @@
+"""The Agent end to end: real gRPC servers, the store on PostgreSQL, the Ollama simulator over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import uuid
+
+import grpc
+import pytest
+from PIL import Image
+
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from services.ollama_sim import Reply
+from tests.conftest import agent_settings
+from tests.test_store_sessions import expect_status, full
+
+END = pb.StreamEndReason
+
+
+async def run(agent, text="hello", **kw) -> list[pb.AgentEvent]:
+    return [e async for e in agent.RunStream(pb.RunStreamRequest(text=text, **kw))]
+
+
+def kinds(events) -> list[str]:
+    return [e.WhichOneof("event") for e in events]
+
+
+def end_of(events) -> pb.StreamEnd:
+    ends = [e.stream_end for e in events if e.HasField("stream_end") and not e.is_subagent]
+    assert len(ends) == 1, kinds(events)
+    return ends[0]
+
+
+def text_of(events) -> str:
+    return "".join(e.text_delta.text for e in events if e.HasField("text_delta") and not e.is_subagent)
+
+
+@pytest.fixture(autouse=True)
+def fresh_sim(ollama_sim):
+    ollama_sim.clear()
+    ollama_sim.set_responder(None)
+    yield
+
+
+async def test_a_turn_streams_text_usage_and_ends_completed(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text="The answer is forty-two.", thinking="Let me think."))
+    events = await run(agent, "what is the answer?")
+    assert kinds(events)[0] == "model_info"
+    assert "thinking_delta" in kinds(events) and "thinking_end" in kinds(events)
+    assert kinds(events).index("thinking_end") < kinds(events).index("text_delta")
+    assert text_of(events) == "The answer is forty-two."
+    usage = [e.usage for e in events if e.HasField("usage")]
+    assert len(usage) == 1 and usage[0].max_context_tokens == 8192 and usage[0].context_tokens > 0
+    end = end_of(events)
+    assert end.reason == END.STREAM_END_REASON_COMPLETED and end.text == "The answer is forty-two."
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    session = await full(store, events[0].session_id)
+    assert [(m.role, m.content) for m in session.messages] == [
+        ("user", "what is the answer?"), ("assistant", "The answer is forty-two.")]
+    assert session.messages[1].thinking == "Let me think."
+    assert session.name == "what is the answer?" and session.context_token_count == usage[0].context_tokens
+    body = ollama_sim.bodies()[-1]
+    assert body["options"]["num_ctx"] == 8192 and body["think"] is True and body["tools"]
+
+
+async def test_tool_calls_run_and_their_results_reach_the_model(agent, store, ollama_sim):
+    ollama_sim.script(
+        Reply(tool_calls=[("todo", {"action": "set", "items": [{"text": "write tests"}, {"text": "ship"}]})]),
+        Reply(text="Todo is ready."),
+    )
+    events = await run(agent, "plan my day")
+    assert kinds(events).count("usage") == 2
+    started = [e.tool_started for e in events if e.HasField("tool_started")]
+    finished = [e.tool_finished for e in events if e.HasField("tool_finished")]
+    assert [s.name for s in started] == ["todo"] and not finished[0].is_error
+    todo = [e.todo_updated for e in events if e.HasField("todo_updated")]
+    assert [i.text for i in todo[-1].items] == ["write tests", "ship"]
+    assert end_of(events).text == "Todo is ready."
+    second = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] != "system"]
+    assert second[-1]["role"] == "tool" and second[-1].get("tool_name") == "todo"
+    session = await full(store, events[0].session_id)
+    assert [m.role for m in session.messages] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_a_second_turn_continues_the_session(agent, store, ollama_sim):
+    first = await run(agent, "remember the number 7")
+    session_id = first[0].session_id
+    await run(agent, "what number?", session_id=session_id)
+    sent = ollama_sim.bodies()[-1]["messages"]
+    assert any("remember the number 7" in m["content"] for m in sent)
+    assert (await full(store, session_id)).display_message_count == 4
+
+
+async def test_stop_during_a_silent_prefill(agent, agent_server, store, ollama_sim):
+    ollama_sim.script(Reply(text="too late", first_chunk_delay=30))
+    stream = agent.RunStream(pb.RunStreamRequest(text="slow one"))
+    first = await stream.read()
+    session_id = first.session_id
+    await asyncio.sleep(0.3)
+    assert (await agent.Stop(pb.StopRequest(session_id=session_id))).stopped
+    rest = []
+    while (event := await stream.read()) is not grpc.aio.EOF:
+        rest.append(event)
+    assert end_of(rest).reason == END.STREAM_END_REASON_STOPPED
+    assert ollama_sim.wait_until(lambda: ollama_sim.disconnects >= 1, timeout=5)
+    assert [m.role for m in (await full(store, session_id)).messages] == ["user"]
+    assert not (await agent.Stop(pb.StopRequest(session_id=session_id))).stopped
+
+
+async def test_cancelling_the_stream_stops_the_turn_and_keeps_partial_text(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text="one two three four five six seven eight nine ten", chunk_delay=0.3))
+    call = agent.RunStream(pb.RunStreamRequest(text="count"))
+    session_id = ""
+    async for event in call:
+        session_id = event.session_id
+        if event.HasField("text_delta"):
+            call.cancel()
+            break
+    for _ in range(50):
+        messages = (await full(store, session_id)).messages
+        if len(messages) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert messages[1].role == "assistant" and messages[1].metadata["partial"] is True
+    assert messages[1].content and "ten" not in messages[1].content
+
+
+@pytest.fixture(scope="module")
+async def impatient_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    from services.agent.app import start_agent
+
+    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
+                                               profiles_file, stream_first_chunk_timeout=0.6,
+                                               stream_chunk_timeout=0.6), port=0)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        yield agent_pb2_grpc.AgentStub(channel)
+    await running.stop(0)
+
+
+async def test_first_chunk_timeout_ends_the_turn_with_an_error(impatient_agent, ollama_sim):
+    ollama_sim.script(Reply(text="late", first_chunk_delay=5))
+    events = await run(impatient_agent, "prefill forever")
+    errors = [e.error for e in events if e.HasField("error")]
+    assert errors and errors[0].code == "DEADLINE_EXCEEDED" and "first token" in errors[0].message
+    assert end_of(events).reason == END.STREAM_END_REASON_ERROR
+    assert ollama_sim.wait_until(lambda: ollama_sim.disconnects >= 1, timeout=5)
+
+
+async def test_between_chunk_timeout_saves_what_arrived(impatient_agent, store, ollama_sim):
+    ollama_sim.script(Reply(text="alpha beta gamma delta", chunk_delay=3))
+    events = await run(impatient_agent, "stall mid-answer")
+    assert "next token" in [e.error for e in events if e.HasField("error")][0].message
+    messages = (await full(store, events[0].session_id)).messages
+    assert messages[-1].metadata["partial"] is True and messages[-1].content.startswith("alpha")
+
+
+async def test_a_mid_stream_error_line_becomes_an_error_event(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text="partial answer that breaks", error_after_chunks=2, error="GPU fell over"))
+    events = await run(agent, "break please")
+    error = [e.error for e in events if e.HasField("error")][0]
+    assert "GPU fell over" in error.message and error.code == "UNAVAILABLE"
+    assert end_of(events).reason == END.STREAM_END_REASON_ERROR
+    session = await full(store, events[0].session_id)
+    assert [m.role for m in session.messages] == ["user", "assistant"]  # consistent and loadable
+
+
+async def test_an_unknown_model_names_ollama_pull(agent):
+    details = await expect_status(run(agent, "hi", profile_id="missing"), grpc.StatusCode.NOT_FOUND)
+    assert "no-such-model" in details and "ollama pull no-such-model" in details
+
+
+async def test_ollama_down_is_unavailable_with_the_address(base_settings, store_server, compressor_server,
+                                                           ollama_sim, profiles_file):
+    from services.agent.app import start_agent
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    settings = agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file)
+    from dataclasses import replace
+
+    running = await start_agent(replace(settings, ollama_host=dead), port=0)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            details = await expect_status(run(stub, "hi"), grpc.StatusCode.UNAVAILABLE)
+            assert dead in details and "ollama serve" in details and "ollama pull qwen3.6" in details
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+            health = health_pb2_grpc.HealthStub(channel)
+            assert (await health.Check(health_pb2.HealthCheckRequest())).status == health_pb2.HealthCheckResponse.SERVING
+            for _ in range(50):
+                ollama = await health.Check(health_pb2.HealthCheckRequest(service="ollama"))
+                if ollama.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    break
+                await asyncio.sleep(0.1)
+            assert ollama.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await running.stop(0)
+
+
+async def test_bad_turn_input_is_invalid(agent):
+    await expect_status(run(agent, "   "), grpc.StatusCode.INVALID_ARGUMENT, "text")
+    await expect_status(run(agent, "x", session_id="not-a-uuid"), grpc.StatusCode.INVALID_ARGUMENT, "session_id")
+    await expect_status(run(agent, "x", profile_id="nobody"), grpc.StatusCode.NOT_FOUND, "nobody")
+
+
+async def test_context_too_large_is_answered_not_raised(agent, store):
+    events = await run(agent, "word " * 40_000)
+    end = end_of(events)
+    assert end.reason == END.STREAM_END_REASON_CONTEXT_TOO_LARGE and "context window" in end.text
+    messages = (await full(store, events[0].session_id)).messages
+    assert messages[-1].role == "assistant" and messages[-1].content == end.text
+
+
+async def test_two_turns_on_one_session_never_interleave(agent, store, ollama_sim):
+    first = await run(agent, "start")
+    session_id = first[0].session_id
+    ollama_sim.script(Reply(text="first answer", chunk_delay=0.05), Reply(text="second answer"))
+    a, b = await asyncio.gather(run(agent, "one", session_id=session_id), run(agent, "two", session_id=session_id))
+    assert {end_of(a).reason, end_of(b).reason} == {END.STREAM_END_REASON_COMPLETED}
+    roles = [(m.role, m.content) for m in (await full(store, session_id)).messages][2:]
+    assert roles[0][0] == "user" and roles[1][0] == "assistant" and roles[2][0] == "user" and roles[3][0] == "assistant"
+    assert {roles[0][1], roles[2][1]} == {"one", "two"}
+
+
+async def test_unary_run_returns_the_final_text(agent, ollama_sim):
+    ollama_sim.script(Reply(text="done and dusted"))
+    reply = await agent.Run(pb.RunRequest(text="finish"))
+    assert reply.text == "done and dusted" and reply.session_id and reply.reason == END.STREAM_END_REASON_COMPLETED
+
+
+async def test_run_ephemeral_persists_nothing(agent, store, ollama_sim):
+    marker = f"ephemeral-{uuid.uuid4().hex}"
+    ollama_sim.script(Reply(text="sub result"))
+    reply = await agent.RunEphemeral(pb.RunEphemeralRequest(text=f"do a small thing {marker}", profile_id="tiny"))
+    assert reply.text == "sub result" and reply.completed_normally
+    ollama_sim.script(*[Reply(tool_calls=[("todo", {"action": "list"})]) for _ in range(3)])
+    limited = await agent.RunEphemeral(pb.RunEphemeralRequest(text=f"loop {marker}", profile_id="tiny",
+                                                              max_iterations=2))
+    assert not limited.completed_normally
+    assert (await store.ListSessions(store_pb.ListSessionsRequest(query=marker))).total == 0
+
+
+async def test_compact_with_nothing_to_compact_is_a_failed_precondition(agent):
+    events = await run(agent, "short")
+    await expect_status(_collect(agent.Compact(pb.CompactRequest(session_id=events[0].session_id))),
+                        grpc.StatusCode.FAILED_PRECONDITION, "nothing to compact")
+
+
+async def _collect(call):
+    return [e async for e in call]
+
+
+async def test_list_profiles(agent):
+    reply = await agent.ListProfiles(pb.ListProfilesRequest())
+    assert reply.default_profile_id == "small"
+    assert {p.id for p in reply.profiles} == {"small", "tiny", "missing"}
+    small = next(p for p in reply.profiles if p.id == "small")
+    assert small.context_window == 8192 and "plan" in small.agent_tools
+
+
+def png(w, h) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 20, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+async def test_pasted_images_are_stored_and_those_past_the_budget_named(agent, store, ollama_sim):
+    small, big = png(64, 64), png(2048, 2048)
+    events = await run(agent, "look at these", images=[small, big, big])
+    session_id = events[0].session_id
+    files = (await store.ListFiles(store_pb.ListFilesRequest(session_id=session_id))).files
+    assert [f.name for f in files] == ["image_1.png", "image_2.png"]  # the same bytes are stored once
+    sent = ollama_sim.bodies()[-1]["messages"]
+    user = [m for m in sent if m["role"] == "user"][-1]
+    assert len(user["images"]) == 2  # 256 + 4096 fit 0.8 × 8192 − context; a second 4096 does not
+    assert "image_view" in user["content"] and "image_2.png" in user["content"]
+    session = await full(store, session_id)
+    assert session.messages[0].content == "look at these"  # the user's copy has no notice
+
+
+async def test_hidden_turns_store_no_files_and_show_nothing(agent, store):
+    events = await run(agent, '{"form": "submitted"}', hidden=True)
+    session_id = events[0].session_id
+    assert not (await store.ListFiles(store_pb.ListFilesRequest(session_id=session_id))).files
+    session = await full(store, session_id)
+    assert [m.role for m in session.messages] == ["assistant"]
+
+
+async def test_tool_output_marks_the_session_untrusted(agent, store, ollama_sim):
+    ollama_sim.script(Reply(tool_calls=[("session_search", {"action": "list"})]), Reply(text="ok"))
+    events = await run(agent, "what did we talk about?")
+    assert (await full(store, events[0].session_id)).untrusted_ingested
