@@ -1,0 +1,59 @@
+"""`pal`: the command-line client of Palimpsest. Parses arguments and dispatches; commands live in commands/."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from clients.pal.app import App
+from clients.pal.commands import chat, info, sessions, turns
+from clients.pal.connection import Connection
+from clients.pal.errors import CliError
+from clients.pal.output import Output
+
+DESCRIPTION = """\
+Talk to Palimpsest's services: chat with the Agent, run one-off tasks, and manage sessions.
+Addresses come from PALIMPSEST_STORE_ADDR, PALIMPSEST_AGENT_ADDR and PALIMPSEST_COMPRESSOR_ADDR
+(defaults: 127.0.0.1:50051, :50053, :50052); with auth on, PALIMPSEST_TOKEN holds your JWT."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # --json is accepted before or after the subcommand; SUPPRESS keeps a subparser from resetting it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output: one JSON object per line")
+    parser = argparse.ArgumentParser(prog="pal", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", default=False,
+                        help="machine-readable output: one JSON object per line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chat.register(sub, common)
+    turns.register(sub, common)
+    sessions.register(sub, common)
+    info.register(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Output(json=args.json)
+    try:
+        with Connection() as conn:
+            return int(args.handler(App(conn, out), args))
+    except CliError as err:
+        out.errors.print(f"pal: {err}", style="red", markup=False, highlight=False, soft_wrap=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        out.errors.print("pal: interrupted", style="dim")
+        return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: nothing left to say, and nowhere to say it.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

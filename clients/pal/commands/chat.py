@@ -1,0 +1,235 @@
+"""`pal chat`: an interactive conversation with slash commands, attachments and pasted images."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from rich.text import Text
+
+from clients.pal.app import App
+from clients.pal.commands import Subparsers
+from clients.pal.chat_input import image_paths_in, parse_command, read_message
+from clients.pal.errors import ServiceError
+from clients.pal.render import ContextMeter, renderer_for
+from clients.pal.streaming import StreamResult, stream_turn
+from clients.pal.views import message_view
+from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
+
+# PutFile streams the file in pieces of this size; the store enforces its own size cap while receiving.
+UPLOAD_CHUNK = 256 * 1024
+# On resuming a session, this many of its newest messages are shown as a reminder.
+RESUME_MESSAGES = 6
+HELP = """\
+/new            start a new session with your next message
+/compact        compress this session's context now
+/profile [ID]   use another agent profile (no ID: list them)
+/attach FILE    upload a file to the session; your next message tells the model where it is
+/image PATH     send an image with your next message (image paths typed in a message are sent too)
+/id             show the session id
+/exit           leave (also Ctrl-D; Ctrl-C stops a running turn, a second Ctrl-C leaves)
+A line ending with \\ continues on the next line; \"\"\" opens and closes a multi-line block."""
+
+
+def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("chat", help="an interactive conversation", parents=[common])
+    p.add_argument("--id", dest="session_id", default="", help="resume this session")
+    p.add_argument("--profile", default="", help="agent profile (default: the session's, else the Agent's default)")
+    p.set_defaults(handler=chat)
+
+
+def _chunks(header: pb.PutFileHeader, data: bytes) -> Iterator[pb.PutFileRequest]:
+    yield pb.PutFileRequest(header=header)
+    for start in range(0, len(data), UPLOAD_CHUNK):
+        yield pb.PutFileRequest(chunk=data[start:start + UPLOAD_CHUNK])
+
+
+@dataclass
+class Chat:
+    app: App
+    session_id: str = ""
+    profile_id: str = ""
+    meter: ContextMeter = field(default_factory=ContextMeter)
+    images: list[bytes] = field(default_factory=list)
+    # Told to the model at the start of the next message (where attached files now live).
+    notes: list[str] = field(default_factory=list)
+    interactive: bool = field(default_factory=lambda: sys.stdin.isatty())
+
+    # -- input -----------------------------------------------------------------------------------
+    def read_line(self, prompt: str) -> str:
+        if self.interactive and self.app.out.json:
+            # stdout carries only JSON: the prompt goes where people look and scripts do not.
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+            return input()
+        if self.interactive:
+            return input(prompt)
+        # Piped input: no prompts, so the transcript stays what the model said.
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    def say(self, text: str, style: str = "dim") -> None:
+        (self.app.out.errors if self.app.out.json else self.app.out.console).print(Text(text, style=style),
+                                                                                   soft_wrap=True)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def loop(self) -> int:
+        if self.interactive:
+            import readline  # noqa: F401 — line editing and history for input()
+        self.greet()
+        while True:
+            try:
+                text = read_message(self.read_line, "you› ", "  … ")
+            except KeyboardInterrupt:
+                self.say("")
+                return 0
+            if text is None:
+                return 0
+            if not text.strip():
+                continue
+            try:
+                command = parse_command(text)
+                if command is not None:
+                    if not self.command(*command):
+                        return 0
+                    continue
+                result = self.send(text)
+            except ServiceError as err:
+                # One failed call should not end the conversation: say why and keep the prompt.
+                self.say(f"error: {err}", "bold red")
+                continue
+            if result.leave:
+                return 0
+
+    def greet(self) -> None:
+        where = f"session {self.session_id}" if self.session_id else "a new session"
+        self.say(f"pal chat · {where} · /help for commands")
+        if not self.session_id or self.app.out.json:
+            return
+        store = self.app.conn.store()
+        page = store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=self.session_id, limit=RESUME_MESSAGES))
+        for message in page.messages:
+            self.app.out.console.print(message_view(message, brief=True))
+
+    # -- turns -----------------------------------------------------------------------------------
+    def send(self, text: str) -> StreamResult:
+        images = list(self.images)
+        for path in image_paths_in(text):
+            images.append(path.read_bytes())
+            self.say(f"sending image {path}")
+        body = "\n\n".join([*self.notes, text]) if self.notes else text
+        request = agent_pb2.RunStreamRequest(session_id=self.session_id, profile_id=self.profile_id,
+                                             text=body, images=images)
+        agent = self.app.conn.agent()
+        result = stream_turn(agent, lambda: agent.RunStream(request),
+                             renderer_for(self.app.out, self.meter), self.session_id)
+        # What was sent is now in the session, even when the turn was stopped.
+        self.images.clear()
+        self.notes.clear()
+        self.session_id = result.outcome.session_id or self.session_id
+        return result
+
+    def compact(self) -> None:
+        if not self.session_id:
+            self.say("nothing to compact yet: this session has no messages")
+            return
+        agent = self.app.conn.agent()
+        request = agent_pb2.CompactRequest(session_id=self.session_id)
+        try:
+            stream_turn(agent, lambda: agent.Compact(request),
+                        renderer_for(self.app.out, self.meter, "compressing the context"), self.session_id,
+                        require_end=False)
+        except ServiceError as err:
+            if err.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            self.say(err.details or str(err))  # the Agent's own words: why there is nothing to compact
+
+    # -- slash commands --------------------------------------------------------------------------
+    def command(self, name: str, rest: str) -> bool:
+        """Run one slash command; False means leave."""
+        if name in ("exit", "quit", "q"):
+            return False
+        if name in ("help", "?"):
+            self.say(HELP, "")
+        elif name == "new":
+            self.session_id, self.meter, self.images, self.notes = "", ContextMeter(), [], []
+            self.say("new session: your next message starts it")
+        elif name == "compact":
+            self.compact()
+        elif name == "profile":
+            self.switch_profile(rest)
+        elif name == "attach":
+            self.attach(rest)
+        elif name == "image":
+            self.add_image(rest)
+        elif name == "id":
+            self.say(self.session_id or "no session yet: your next message starts one", "")
+        else:
+            self.say(f"unknown command /{name}: /help lists them", "yellow")
+        return True
+
+    def switch_profile(self, profile_id: str) -> None:
+        response = self.app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest())
+        known = {p.id: p for p in response.profiles}
+        if not profile_id:
+            current = self.profile_id or f"{response.default_profile_id} (default)"
+            self.say(f"profile: {current} · available: {', '.join(known)}", "")
+            return
+        if profile_id not in known:
+            self.say(f"no profile {profile_id!r}: available are {', '.join(known)}", "yellow")
+            return
+        self.profile_id = profile_id
+        self.say(f"using profile {profile_id} ({known[profile_id].model}) from your next message", "")
+
+    def ensure_session(self) -> str:
+        """Files belong to a session: create it now when the conversation has not started yet."""
+        if not self.session_id:
+            profile = self.profile_id
+            if not profile:
+                profile = self.app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest()).default_profile_id
+            created = self.app.conn.store().CreateSession(pb.CreateSessionRequest(profile_id=profile or "default"))
+            self.session_id = created.session.id
+            self.say(f"started session {self.session_id}")
+        return self.session_id
+
+    def _read(self, raw: str) -> tuple[Path, bytes] | None:
+        if not raw:
+            self.say("which file? e.g. /attach notes.txt", "yellow")
+            return None
+        path = Path(raw.strip("'\"")).expanduser()
+        try:
+            return path, path.read_bytes()
+        except OSError as err:
+            self.say(f"cannot read {path}: {err.strerror or err}", "yellow")
+            return None
+
+    def attach(self, raw: str) -> None:
+        read = self._read(raw)
+        if read is None:
+            return
+        path, data = read
+        header = pb.PutFileHeader(session_id=self.ensure_session(), filename=path.name)
+        info = self.app.conn.store().PutFile(_chunks(header, data)).file
+        self.notes.append(f"[I attached the file {info.name} ({info.size:,} bytes); it is stored at {info.path}]")
+        self.say(f"attached {path} → {info.path}; your next message tells the model where it is")
+
+    def add_image(self, raw: str) -> None:
+        read = self._read(raw)
+        if read is None:
+            return
+        path, data = read
+        self.images.append(data)
+        self.say(f"image {path} will be sent with your next message")
+
+
+def chat(app: App, args: argparse.Namespace) -> int:
+    if args.session_id:
+        # Fail early, with the store's message, on an id that does not exist.
+        app.conn.store().GetSession(pb.GetSessionRequest(session_id=args.session_id, view=pb.SESSION_VIEW_SUMMARY))
+    return Chat(app, session_id=args.session_id, profile_id=args.profile).loop()

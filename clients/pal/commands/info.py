@@ -1,0 +1,107 @@
+"""`pal context`, `pal profiles`, `pal health`: what the model sees, what is configured, what is up."""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from clients.pal.app import App
+from clients.pal.commands import Subparsers
+from clients.pal.connection import AGENT, COMPRESSOR, ENDPOINTS, replicas
+from clients.pal.errors import ServiceError
+from clients.pal.views import context_view, health_table, profiles_table
+from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
+
+# A health check that takes longer than this is as good as down for someone asking "is it up?".
+HEALTH_TIMEOUT_S = 3.0
+SERVICE_NAMES = {
+    "SessionStore": "palimpsest.v1.SessionStore",
+    COMPRESSOR.name: "palimpsest.v1.Compressor",
+    AGENT.name: "palimpsest.v1.Agent",
+}
+# The Agent keeps a health entry of this name for Ollama: it serves turns' errors even without it.
+OLLAMA_HEALTH_ENTRY = "ollama"
+
+
+def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("context", help="what the model sees of a session, after compression", parents=[common])
+    p.add_argument("session_id")
+    p.add_argument("--brief", action="store_true", help="a short preview of each message")
+    p.set_defaults(handler=context)
+
+    p = sub.add_parser("profiles", help="the Agent's configured profiles", parents=[common])
+    p.set_defaults(handler=profiles)
+
+    p = sub.add_parser("health", help="whether each service answers SERVING", parents=[common])
+    p.set_defaults(handler=health)
+
+
+def context(app: App, args: argparse.Namespace) -> int:
+    session = app.conn.store().GetSession(pb.GetSessionRequest(session_id=args.session_id,
+                                                               view=pb.SESSION_VIEW_CONTEXT)).session
+    if app.out.json:
+        app.out.emit(session)
+    else:
+        app.out.console.print(context_view(session, brief=args.brief))
+    return 0
+
+
+def profiles(app: App, args: argparse.Namespace) -> int:
+    response = app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest())
+    if app.out.json:
+        app.out.emit(response)
+    else:
+        app.out.console.print(profiles_table(response))
+    return 0
+
+
+def _status(stub: object, service: str) -> str:
+    reply = stub.Check(health_pb2.HealthCheckRequest(service=service),  # type: ignore[attr-defined]
+                       timeout=HEALTH_TIMEOUT_S)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def _check(stub: object, service: str) -> tuple[str, str]:
+    """(status, detail) of one health entry; the server-wide entry when the service has none of its own."""
+    for name in (service, ""):
+        try:
+            return _status(stub, name), ""
+        except ServiceError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND and name:
+                continue
+            if err.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return "UNREACHABLE", str(err)
+            return err.code.name, str(err)
+    return "UNKNOWN", "no health status registered"
+
+
+def _ollama_row(stub: object, agent_address: str) -> dict[str, str] | None:
+    """The Agent's own view of Ollama (its `ollama` health entry); None when it keeps none."""
+    try:
+        status = _status(stub, OLLAMA_HEALTH_ENTRY)
+    except ServiceError:
+        return None
+    detail = "" if status == "SERVING" else (
+        "the Agent cannot reach Ollama at its OLLAMA_HOST: start it (ollama serve) and pull the profile's model")
+    return {"service": "Ollama", "address": f"via the Agent at {agent_address}", "status": status, "error": detail}
+
+
+def health(app: App, args: argparse.Namespace) -> int:
+    rows = []
+    for endpoint in ENDPOINTS:
+        for address in replicas(app.conn.address(endpoint)):
+            stub = app.conn.health(endpoint, address)
+            status, detail = _check(stub, SERVICE_NAMES[endpoint.name])
+            rows.append({"service": endpoint.name, "address": address, "status": status, "error": detail})
+            if endpoint is AGENT and status != "UNREACHABLE":
+                ollama = _ollama_row(stub, address)
+                if ollama is not None:
+                    rows.append(ollama)
+    healthy = all(row["status"] == "SERVING" for row in rows)
+    if app.out.json:
+        app.out.emit({"healthy": healthy, "services": rows})
+    else:
+        app.out.console.print(health_table(rows))
+    return 0 if healthy else 1

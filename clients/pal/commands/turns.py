@@ -1,0 +1,97 @@
+"""`pal run` (a new session) and `pal continue` (the most recent one, or --id): one streamed turn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from clients.pal.app import App
+from clients.pal.commands import Subparsers
+from clients.pal.errors import CliError
+from clients.pal.render import ContextMeter, renderer_for
+from clients.pal.streaming import StreamResult, stream_turn
+from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+
+# ListSessions puts pinned sessions first, so the most recent one may sit below them.
+_SCAN_PAGE = 100
+
+
+def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("run", help="run a task in a new session, streamed", parents=[common])
+    p.add_argument("text", nargs="+", help="the task ('-' reads it from stdin)")
+    p.add_argument("--profile", default="", help="agent profile (default: the Agent's default)")
+    p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
+    p.set_defaults(handler=run)
+
+    p = sub.add_parser("continue", help="send a message to the most recent session, streamed", parents=[common])
+    p.add_argument("text", nargs="+", help="the message ('-' reads it from stdin)")
+    p.add_argument("--id", dest="session_id", default="", help="this session instead of the most recent")
+    p.add_argument("--profile", default="", help="the most recent session of this profile")
+    p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
+    p.set_defaults(handler=continue_)
+
+
+def message_text(words: list[str]) -> str:
+    text = sys.stdin.read() if words == ["-"] else " ".join(words)
+    if not text.strip():
+        raise CliError("the message is empty", exit_code=2)
+    return text
+
+
+def read_images(paths: list[str]) -> list[bytes]:
+    images = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        try:
+            images.append(path.read_bytes())
+        except OSError as err:
+            raise CliError(f"cannot read image {raw}: {err.strerror or err}") from None
+    return images
+
+
+def most_recent_session(store: SessionStoreStub, profile_id: str = "") -> str:
+    """The session with the newest activity, pinned or not."""
+    best: tuple[int, str] | None = None
+    offset = 0
+    while True:
+        page = store.ListSessions(pb.ListSessionsRequest(profile_id=profile_id, sort_by=pb.SORT_BY_LAST_ACTIVE,
+                                                         descending=True, page_size=_SCAN_PAGE, offset=offset))
+        for summary in page.sessions:
+            stamp = summary.last_active.ToNanoseconds()
+            if best is None or stamp > best[0]:
+                best = (stamp, summary.id)
+            if not summary.pinned:
+                # Unpinned rows are in last-active order: nothing after the first one is newer.
+                return best[1]
+        if not page.has_more:
+            break
+        offset += len(page.sessions)
+    if best is None:
+        where = f" of profile {profile_id!r}" if profile_id else ""
+        raise CliError(f"no sessions{where} yet: start one with pal run \"…\"")
+    return best[1]
+
+
+def stream_one_turn(app: App, request: agent_pb2.RunStreamRequest) -> StreamResult:
+    agent = app.conn.agent()
+    result = stream_turn(agent, lambda: agent.RunStream(request), renderer_for(app.out, ContextMeter()),
+                         request.session_id)
+    if not app.out.json and result.outcome.session_id:
+        app.out.note(f"session {result.outcome.session_id} · pal continue --id {result.outcome.session_id} \"…\"")
+    return result
+
+
+def run(app: App, args: argparse.Namespace) -> int:
+    request = agent_pb2.RunStreamRequest(profile_id=args.profile, text=message_text(args.text),
+                                         images=read_images(args.image))
+    return stream_one_turn(app, request).exit_code
+
+
+def continue_(app: App, args: argparse.Namespace) -> int:
+    text = message_text(args.text)
+    images = read_images(args.image)
+    session_id = args.session_id or most_recent_session(app.conn.store(), args.profile)
+    request = agent_pb2.RunStreamRequest(session_id=session_id, text=text, images=images)
+    return stream_one_turn(app, request).exit_code
