@@ -1,0 +1,247 @@
+"""Compressor benchmarks: estimate error against the real tokenizer, estimate/plan latency as the
+context grows, and Compress throughput with one and two replicas (separate processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+
+import grpc
+from PIL import Image
+
+from bench import _common
+from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.compressor.calibration import Observation, estimate_text_tokens, fit_line
+from services.ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
+from services.shared.context_view import to_ollama_messages, view_chars
+from services.shared.image_tokens import image_tokens
+
+Message = common_pb2.Message
+NEEDS_POSTGRES = True
+
+_PROSE = ("The migration plan moves the billing service onto the new cluster in three waves, "
+          "keeping the old path warm until the error budget recovers. ")
+_NON_LATIN = ("Переносим сервис оплаты на новый кластер в три этапа. 我们将分三步迁移计费服务。"
+              "請求はキューに入り、ワーカーが順番に処理します。 ")
+
+
+def _code(rng: random.Random) -> str:
+    return "\n".join(f"def step_{i}(ctx, retries={rng.randint(1, 9)}):\n    return ctx.run('{i}')" for i in range(8))
+
+
+def _json(rng: random.Random) -> str:
+    return json.dumps({"rows": [{"id": rng.randint(1, 10**6), "status": rng.choice(["ok", "failed"]),
+                                 "path": f"/srv/app/{rng.randint(1, 99)}.py"} for _ in range(12)]})
+
+
+def _png(side: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (side % 255, 30, 60)).save(out, "PNG")
+    return out.getvalue()
+
+
+def conversation(rng: random.Random, size: int, images: bool) -> list[Message]:
+    """A mixed agent context: prose, code, JSON tool output, non-Latin text, maybe images."""
+    out = [Message(role="system", content="You are a careful assistant. " * 20)]
+    while view_chars(out) < size:
+        kind = rng.choice(["prose", "code", "json", "non_latin"])
+        out.append(Message(role="user", content=(_PROSE if kind != "non_latin" else _NON_LATIN) * rng.randint(1, 4)))
+        if kind in ("code", "json"):
+            args = json.dumps({"path": f"/srv/{rng.randint(1, 50)}.py"})
+            out.append(Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c", name="read", arguments_json=args)]))
+            out.append(Message(role="tool", name="read", content=_code(rng) if kind == "code" else _json(rng)))
+        out.append(Message(role="assistant", content=(_PROSE if kind != "non_latin" else _NON_LATIN) * rng.randint(1, 3)))
+    if images:
+        out[1].images.append(_png(rng.choice([256, 512, 1024])))
+    return out
+
+
+def real_tokens(messages: list[Message]) -> int:
+    return count_prompt_tokens(to_ollama_messages(messages))
+
+
+async def estimate_error() -> str:
+    rng = random.Random(7)
+    train = [conversation(rng, rng.randint(2_000, 30_000), images=False) for _ in range(8)]
+    line = fit_line([Observation(view_chars(c), real_tokens(c)) for c in train])
+    tests = [conversation(rng, rng.randint(2_000, 30_000), images=i % 5 == 0) for i in range(40)]
+    methods = {
+        "calibrated line (8 observations)": lambda chars, raw: estimate_text_tokens(chars, line),
+        "chars / 1.8": lambda chars, raw: chars / 1.8,
+        "chars / 3": lambda chars, raw: chars / 3,
+        "bytes / 4": lambda chars, raw: raw / 4,
+    }
+    errors: dict[str, list[float]] = {name: [] for name in methods}
+    for sample in tests:
+        real = await asyncio.to_thread(real_tokens, sample)
+        chars = view_chars(sample)
+        raw = sum(len(m.content.encode()) + sum(len(c.arguments_json.encode()) for c in m.tool_calls) for m in sample)
+        pictures = sum(image_tokens(i) for m in sample for i in m.images)
+        for name, method in methods.items():
+            # Every method prices images the same way (by area), so the columns compare text pricing.
+            estimate = method(chars, raw) + pictures
+            errors[name].append(abs(estimate - real) / real * 100)
+    rows = [[name, f"{statistics.median(e):.1f}%", f"{_common.percentile(e, 95):.1f}%", f"{max(e):.1f}%"]
+            for name, e in errors.items()]
+    slope = f"{line.tokens_per_char:.3f} tokens/char" if line else "no line"
+    return (f"Token estimate error against the simulator's real tokenizer (Qwen3.6 vocabulary), 40 mixed "
+            f"contexts (prose, code, JSON tool output, non-Latin text; every 5th with an image), 2k–30k chars; "
+            f"line fitted on 8 other contexts ({slope}). Target: calibrated median ≤ 3%.\n\n"
+            + _common.table(["method", "median abs error", "p95", "max"], rows))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def processes(specs: list[tuple[str, dict[str, str]]]):
+    """Start services as their own processes (so two replicas really use two cores)."""
+    procs = []
+    try:
+        for module, env in specs:
+            procs.append(subprocess.Popen([sys.executable, "-m", module], env={**os.environ, **env},
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        yield procs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def wait_ready(address: str) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for _ in range(300):
+            try:
+                if (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == 1:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{address} did not become ready")
+
+
+async def seeded_session(store: SessionStoreStub, messages: int, chatter: _common.Chatter) -> str:
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="bench", model="qwen3.6"))).session
+    batch = []
+    for i in range(messages // 2):
+        user, assistant = chatter.turn(200, 500)
+        batch += [Message(role="user", content=user), Message(role="assistant", content=assistant)]
+        if len(batch) >= 200:
+            await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=batch))
+            batch = []
+    if batch:
+        await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=batch))
+    return session.id
+
+
+async def latency(store: SessionStoreStub, compressor: compressor_pb2_grpc.CompressorStub, quick: bool) -> str:
+    chatter = _common.Chatter(11)
+    rows = []
+    for size in (200, 2000):
+        session_id = await seeded_session(store, size, chatter)
+        timings = {"EstimateTokens": [], "WouldCompress": []}
+        for _ in range(10 if quick else 40):
+            t = time.perf_counter()
+            await compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6",
+                                                                     window=32768))
+            timings["EstimateTokens"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await compressor.WouldCompress(pb.WouldCompressRequest(session_id=session_id, model="qwen3.6",
+                                                                   window=32768))
+            timings["WouldCompress"].append(time.perf_counter() - t)
+        for name, values in timings.items():
+            rows.append([f"{size:,}", name, _common.ms(_common.p50(values)), _common.ms(_common.percentile(values, 95))])
+    return ("EstimateTokens and WouldCompress through gRPC (store round trips included), 32,768-token window.\n\n"
+            + _common.table(["context messages", "RPC", "p50", "p95"], rows))
+
+
+async def throughput(server, quick: bool) -> str:
+    rows = []
+    sessions = 8 if quick else 24
+    with OllamaSimulator() as sim:
+        for path, reply in (("hard truncate (summarizer down)", Reply(http_status=500, error="down")),
+                            ("summary (simulated summarizer)", Reply(text="- summary\nKEYS: a, b"))):
+            sim.set_responder(lambda body, reply=reply: reply)
+            for replicas in (1, 2):
+                async with _common.fresh_database(server, "compress") as dsn:
+                    store_port = _free_port()
+                    ports = [_free_port() for _ in range(replicas)]
+                    base = {"DATABASE_URL": dsn, "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{store_port}",
+                            "OLLAMA_HOST": sim.url, "PALIMPSEST_FILES_ROOT": "/tmp/palimpsest-bench-files"}
+                    specs = [("services.session_store", base)] + [
+                        ("services.compressor", {**base, "PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{p}"})
+                        for p in ports]
+                    async with processes(specs[:1]):
+                        await wait_ready(f"127.0.0.1:{store_port}")
+                        async with processes(specs[1:]):
+                            for p in ports:
+                                await wait_ready(f"127.0.0.1:{p}")
+                            rows.append([path, replicas, await _compress_all(store_port, ports, sessions)])
+    return (f"Compress throughput: {sessions} sessions of 120 messages compressed concurrently (8 in flight) "
+            "through a round-robin channel; store and replicas each in their own process on this 2-core machine.\n\n"
+            + _common.table(["path", "replicas", "compressions/s"], rows))
+
+
+async def _compress_all(store_port: int, ports: list[int], sessions: int) -> str:
+    from services.shared.channels import open_channel
+    from services.shared.settings import Settings
+
+    settings = Settings()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{store_port}") as store_channel:
+        store = SessionStoreStub(store_channel)
+        chatter = _common.Chatter(5)
+        ids = [await seeded_session(store, 120, chatter) for _ in range(sessions)]
+        channel = open_channel(",".join(f"127.0.0.1:{p}" for p in ports), settings)
+        stub = compressor_pb2_grpc.CompressorStub(channel)
+
+        async def one(session_id: str) -> None:
+            async for _ in stub.Compress(pb.CompressRequest(session_id=session_id, reason=pb.COMPRESSION_REASON_FORCED,
+                                                            model="qwen3.6", window=8192)):
+                pass
+
+        started = time.perf_counter()
+        await _common.gather_limited([one(i) for i in ids], 8)
+        elapsed = time.perf_counter() - started
+        await channel.close()
+    return f"{sessions / elapsed:.1f}"
+
+
+async def run(args) -> str:
+    parts = [await estimate_error()]
+    async with _common.fresh_database(args.server, "compressor") as dsn:
+        async with _common.running_store(dsn) as (store_server, store):
+            with OllamaSimulator() as sim:
+                from dataclasses import replace
+
+                from services.compressor.app import start_compressor
+                from services.shared.settings import Settings
+
+                settings = replace(Settings(), ollama_host=sim.url, store_addr=store_server.address)
+                compressor = await start_compressor(settings, port=0)
+                try:
+                    async with grpc.aio.insecure_channel(compressor.address) as channel:
+                        parts.append(await latency(store, compressor_pb2_grpc.CompressorStub(channel), args.quick))
+                finally:
+                    await compressor.stop(0)
+    parts.append(await throughput(args.server, args.quick))
+    return "\n\n".join(parts)
