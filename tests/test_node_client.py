@@ -1,0 +1,97 @@
+"""The Node.js client (clients/node) against the running services: installed with npm, run with node."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from palimpsest.v1 import session_store_pb2 as pb
+from test_pal import pal_env
+from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "clients" / "node"
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """`node`, with clients/node's dependencies installed from its lock file (once, whichever worker is first)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("the Node.js client needs node and npm on PATH (Node.js 18 or newer)")
+    installed = NODE_DIR / "node_modules" / ".package-lock.json"
+    # xdist workers share the folder: one installs while the other waits, and neither deletes it under the other.
+    with open(Path(tempfile.gettempdir()) / "palimpsest-node-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not installed.exists() or installed.stat().st_mtime < (NODE_DIR / "package-lock.json").stat().st_mtime:
+            done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True,
+                                  text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                pytest.fail(f"npm ci in clients/node failed:\n{done.stderr[-2000:]}")
+    return node
+
+
+async def run_node(node: str, *args: str, env: dict[str, str], timeout: float = 60) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(node, *args, cwd=NODE_DIR, env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(timeout):
+        out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+LIST_SCRIPT = """
+const { sessionStore, call } = require('./index');
+const store = sessionStore();
+(async () => {
+  const profile = process.argv[1];
+  const created = await call(store, 'CreateSession', { profile_id: profile, name: 'from node' });
+  const listed = await call(store, 'ListSessions', { profile_id: profile });
+  console.log(JSON.stringify({ created: created.session.id, listed: listed.sessions.map((s) => s.id),
+                               total: listed.total }));
+  store.close();
+})().catch((err) => { console.error(err.message); process.exit(1); });
+"""
+
+
+async def test_the_client_loads_the_protos_at_runtime_and_talks_to_the_store(node, store, store_server, profile):
+    code, out, err = await run_node(node, "-e", LIST_SCRIPT, profile, env=pal_env(store=store_server.address))
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["listed"] == [result["created"]] and result["total"] == "1"  # int64 arrives as a string
+    got = await store.GetSession(pb.GetSessionRequest(session_id=result["created"]))
+    assert (got.session.name, got.session.profile_id) == ("from node", profile)
+
+
+async def test_demo_creates_a_session_streams_a_turn_and_lists_sessions(node, agent_server, store, store_server,
+                                                                         compressor_server, pal_profiles):
+    env = pal_env(store=store_server.address, agent=agent_server.address, compressor=compressor_server.address)
+    code, out, err = await run_node(node, "demo.js", "Hello from Node", env=env)
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    session_id = lines[0]["created"]["session_id"]
+    assert lines[0]["created"]["profile_id"] == pal_profiles[0]  # the Agent's default profile
+    events = [line for line in lines if "kind" in line]
+    assert {e["session_id"] for e in events} == {session_id}
+    assert events[-1]["kind"] == "stream_end"
+    assert events[-1]["stream_end"] == {"reason": "STREAM_END_REASON_COMPLETED",
+                                        "text": "Simulated answer to: Hello from Node"}
+    assert "".join(e["text_delta"]["text"] for e in events if e["kind"] == "text_delta") == \
+        "Simulated answer to: Hello from Node"
+    listed = [line["session"] for line in lines if "session" in line]
+    assert session_id in {s["id"] for s in listed} and "total_sessions" in lines[-1]
+    history = await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_DISPLAY))
+    assert history.session.messages[0].content == "Hello from Node"
+
+
+async def test_demo_exits_non_zero_with_one_line_when_a_service_is_down(node, store_server):
+    code, out, err = await run_node(node, "demo.js", env=pal_env(store=store_server.address))
+    assert code != 0 and out == ""
+    assert err.strip().splitlines() == [err.strip()] and "cannot reach the Agent at 127.0.0.1:1" in err
+    code, _, err = await run_node(node, "demo.js", env=pal_env(PALIMPSEST_PROFILE="default"))
+    assert code != 0 and "cannot reach the SessionStore at 127.0.0.1:1" in err

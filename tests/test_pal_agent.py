@@ -1,0 +1,378 @@
+"""`pal run`, `pal continue`, `pal chat`, `pal profiles` and `pal health` against the real Agent and the
+Ollama simulator, typed as a user would: subprocesses, piped stdin, and SIGINT for Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import fcntl
+import io
+import os
+import pty
+import re
+import signal
+import struct
+import sys
+import termios
+import uuid
+from dataclasses import replace
+
+import pytest
+from PIL import Image
+
+from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from services.ollama_sim import Reply
+from test_pal import CLOSED, PAL, chat_messages, new_session, pal, pal_env
+from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
+
+Message = common_pb2.Message
+COMPLETED = "STREAM_END_REASON_COMPLETED"
+
+
+@pytest.fixture
+def env(agent_server, store_server, compressor_server) -> dict[str, str]:
+    return pal_env(store=store_server.address, agent=agent_server.address, compressor=compressor_server.address)
+
+
+@pytest.fixture(autouse=True)
+def echoing_simulator(ollama_sim):
+    """Every test starts from the simulator's deterministic echo, whatever the previous one scripted."""
+    ollama_sim.set_responder(None)
+    ollama_sim.clear()
+    yield
+    ollama_sim.set_responder(None)
+
+
+async def display(store, session_id: str) -> list[Message]:
+    got = await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_DISPLAY))
+    return list(got.session.messages)
+
+
+def sessions_of(events: list[dict]) -> list[str]:
+    """Session ids in the order the events first named them."""
+    seen: list[str] = []
+    for event in events:
+        if event.get("session_id") and event["session_id"] not in seen:
+            seen.append(event["session_id"])
+    return seen
+
+
+def png(width: int = 32, height: int = 24) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+# -- run and continue -------------------------------------------------------------------------------
+async def test_run_streams_the_answer_into_a_new_session(env, store, pal_profiles):
+    ran = await pal("run", "What is the capital of Peru?", env=env)
+    assert ran.code == 0, ran.stderr
+    assert "Simulated answer to: What is the capital of Peru?" in ran.stdout
+    assert "Reading the request" in ran.stdout  # thinking is shown (dimmed on a terminal)
+    assert "context" in ran.stdout and "/ 8,192 tokens" in ran.stdout  # the meter from `usage`
+    session_id = ran.stdout.split("session ")[-1].split()[0]
+    messages = await display(store, session_id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[0].content == "What is the capital of Peru?"
+    summary = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
+    assert summary.profile_id == pal_profiles[0]
+
+
+async def test_run_json_prints_one_parseable_event_per_line(env):
+    ran = await pal("run", "--json", "Say hello", env=env)
+    assert ran.code == 0, ran.stderr
+    events = ran.json_lines()
+    kinds = [next(k for k in e if k not in ("session_id", "seq", "is_subagent", "extra")) for e in events]
+    assert {"model_info", "text_delta", "usage"} <= set(kinds)
+    assert kinds[-1] == "stream_end" and events[-1]["stream_end"]["reason"] == COMPLETED
+    assert events[-1]["stream_end"]["text"] == "Simulated answer to: Say hello"
+    assert len(sessions_of(events)) == 1
+    assert [int(e["seq"]) for e in events] == sorted(int(e["seq"]) for e in events)
+
+
+async def test_run_reads_the_task_from_stdin_and_sends_images(env, store, tmp_path):
+    picture = tmp_path / "chart.png"
+    picture.write_bytes(png())
+    ran = await pal("run", "--json", "--image", str(picture), "-", env=env, stdin="Describe this chart\n")
+    assert ran.code == 0, ran.stderr
+    (session_id,) = sessions_of(ran.json_lines())
+    first = (await display(store, session_id))[0]
+    assert first.content.strip() == "Describe this chart" and len(first.files) == 1
+    files = await store.ListFiles(pb.ListFilesRequest(session_id=session_id))
+    assert [f.name for f in files.files] == ["image_1.png"]
+
+
+async def test_continue_goes_to_the_most_recent_session_of_a_profile(env, store, pal_profiles):
+    first = sessions_of((await pal("run", "--json", "first task", env=env)).json_lines())[0]
+    latest = sessions_of((await pal("run", "--json", "second task", env=env)).json_lines())[0]
+    ran = await pal("continue", "--profile", pal_profiles[0], "--json", "and then?", env=env)
+    assert ran.code == 0, ran.stderr
+    assert sessions_of(ran.json_lines()) == [latest]
+    assert [m.content for m in await display(store, latest)][-2] == "and then?"
+
+    by_id = await pal("continue", "--id", first, "back to the first", env=env)
+    assert by_id.code == 0 and "Simulated answer to: back to the first" in by_id.stdout
+    assert len(await display(store, first)) == 4
+
+
+async def test_continue_an_unknown_session_is_one_line(env):
+    unknown = str(uuid.uuid4())
+    (await pal("continue", "--id", unknown, "hello", env=env)).assert_one_line_error(unknown)
+
+
+# -- profiles and health ---------------------------------------------------------------------------
+async def test_profiles_lists_what_the_agent_is_configured_with(env, pal_profiles):
+    main, other, _ = pal_profiles
+    ran = await pal("profiles", env=env)
+    assert ran.code == 0, ran.stderr
+    rows = {line.split()[1] if line.startswith("*") else line.split()[0]: line
+            for line in ran.stdout.splitlines()[1:] if line.strip()}
+    assert rows[main].startswith("*") and "qwen3.6" in rows[main]
+    assert "tiny" in rows[other]
+    data = (await pal("profiles", "--json", env=env)).json()
+    assert data["default_profile_id"] == main
+    assert {p["id"] for p in data["profiles"]} == {main, other}
+
+
+async def test_health_is_green_when_everything_runs(env):
+    ran = await pal("health", "--json", env=env)
+    assert ran.code == 0, ran.stdout
+    status = {row["service"]: row["status"] for row in ran.json()["services"]}
+    assert status == {"SessionStore": "SERVING", "Compressor": "SERVING", "Agent": "SERVING", "Ollama": "SERVING"}
+
+
+async def test_ollama_missing_is_reported_by_health_and_by_a_turn(base_settings, store_server, compressor_server,
+                                                                   pal_profiles):
+    from services.agent.app import start_agent
+
+    settings = replace(base_settings, ollama_host=f"http://{CLOSED}", store_addr=store_server.address,
+                       compressor_addr=compressor_server.address, profiles_path=str(pal_profiles[2]))
+    agent = await start_agent(settings, port=0)
+    try:
+        env = pal_env(store=store_server.address, agent=agent.address, compressor=compressor_server.address)
+        health = await pal("health", "--json", env=env)
+        assert health.code == 1
+        ollama = next(row for row in health.json()["services"] if row["service"] == "Ollama")
+        assert ollama["status"] == "NOT_SERVING" and "ollama serve" in ollama["error"]
+        ran = await pal("run", "hello", env=env)
+        line = ran.assert_one_line_error("Ollama")
+        assert CLOSED in line and "ollama pull qwen3.6" in line
+    finally:
+        await agent.stop(0)
+
+
+async def test_agent_down_is_one_line_naming_its_address(store_server):
+    for args in (("run", "hello"), ("profiles",), ("continue", "--id", str(uuid.uuid4()), "hi")):
+        ran = await pal(*args, env=pal_env(store=store_server.address))
+        ran.assert_one_line_error("cannot reach the Agent at 127.0.0.1:1", "make run")
+
+
+# -- chat ---------------------------------------------------------------------------------------------
+async def test_chat_reads_multi_line_messages_and_starts_over_on_new(env, store):
+    typed = 'first line \\\nsecond line\n/id\n"""\nblock one\nblock two\n"""\n/new\nanother topic\n'
+    ran = await pal("chat", "--json", env=env, stdin=typed)
+    assert ran.code == 0, ran.stderr
+    first, second = sessions_of(ran.json_lines())
+    assert [m.content for m in await display(store, first) if m.role == "user"] == [
+        "first line \nsecond line", "block one\nblock two"]
+    assert [m.content for m in await display(store, second) if m.role == "user"] == ["another topic"]
+    assert first in ran.stderr  # /id answered
+    assert "new session" in ran.stderr
+
+
+async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, store, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("buy milk\n")
+    picture = tmp_path / "photo one.png"
+    picture.write_bytes(png())
+    typed = (f"/attach {notes}\nplease read my notes\n/image {picture}\nwhat colour is this?\n"
+             f"and this one: '{picture}'\n")
+    ran = await pal("chat", env=env, stdin=typed)
+    assert ran.code == 0, ran.stderr
+    assert "Traceback" not in ran.stderr
+    session_id = next(line.split("started session ")[1].split()[0] for line in ran.stdout.splitlines()
+                      if "started session" in line)
+    files = {f.name: f for f in (await store.ListFiles(pb.ListFilesRequest(session_id=session_id))).files}
+    assert "notes.txt" in files and "image_1.png" in files
+    users = [m for m in await display(store, session_id) if m.role == "user"]
+    assert files["notes.txt"].path in users[0].content and "please read my notes" in users[0].content
+    assert users[1].content == "what colour is this?" and len(users[1].files) == 1
+    assert len(users[2].files) == 1  # the pasted (quoted) path was sent as an image too
+    assert "Simulated answer to:" in ran.stdout
+
+
+async def test_chat_commands_report_problems_without_leaving(env, tmp_path, pal_profiles):
+    typed = (f"/attach {tmp_path / 'missing.txt'}\n/profile nope\n/profile {pal_profiles[1]}\n/frobnicate\n"
+             "/compact\n/help\nstill here?\n/exit\nnot sent\n")
+    ran = await pal("chat", env=env, stdin=typed)
+    assert ran.code == 0, ran.stderr
+    out = ran.stdout
+    assert "cannot read" in out and "no profile 'nope'" in out and f"using profile {pal_profiles[1]}" in out
+    assert "unknown command /frobnicate" in out and "nothing to compact yet" in out and "/attach FILE" in out
+    assert "Simulated answer to: still here?" in out and "not sent" not in out
+
+
+async def test_chat_compact_shows_the_compression_card(env, store, pal_profiles):
+    filler = "the deployment of service alpha uses a blue-green rollout with health checks. " * 30
+    s = await new_session(store, pal_profiles[0], *chat_messages(*[(f"question {i}: {filler}", f"answer {i}: {filler}")
+                                                          for i in range(8)]))
+    ran = await pal("chat", "--id", s.id, env=env, stdin="/compact\n/compact\n")
+    assert ran.code == 0, ran.stderr
+    assert "Context compressed: 16 → " in ran.stdout
+    after = (await store.GetSession(pb.GetSessionRequest(session_id=s.id, view=pb.SESSION_VIEW_CONTEXT))).session
+    assert any(m.is_summary for m in after.context)
+    context = await pal("context", s.id, env=env)
+    assert "summary" in context.stdout
+
+
+async def test_chat_resuming_an_unknown_session_is_one_line(env):
+    unknown = str(uuid.uuid4())
+    (await pal("chat", "--id", unknown, env=env, stdin="hello\n")).assert_one_line_error(unknown)
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------------
+async def start_pal(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(PAL, *args, env=env, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def read_until(stream: asyncio.StreamReader, text: str, timeout: float = 30) -> str:
+    seen = ""
+    async with asyncio.timeout(timeout):
+        while text not in seen:
+            line = await stream.readline()
+            if not line:
+                raise AssertionError(f"output ended before {text!r}: {seen}")
+            seen += line.decode()
+    return seen
+
+
+def slow_answer(lines: int = 400) -> Reply:
+    return Reply(text="".join(f"line {i}\n" for i in range(lines)), chunk_delay=0.05)
+
+
+async def test_ctrl_c_stops_the_running_turn(env, store, ollama_sim):
+    ollama_sim.set_responder(lambda body: slow_answer())
+    proc = await start_pal("run", "tell me a long story", env=env)
+    shown = await read_until(proc.stdout, "line 3")
+    proc.send_signal(signal.SIGINT)
+    async with asyncio.timeout(15):
+        out, err = await proc.communicate()
+    text = shown + out.decode()
+    assert proc.returncode == 130, err.decode()
+    assert "Traceback" not in err.decode()
+    assert "stopped" in text and "line 399" not in text
+    session_id = text.split("session ")[-1].split()[0]
+    # The partial answer was kept: the session stays loadable and shows what was streamed.
+    messages = await display(store, session_id)
+    assert messages[0].content == "tell me a long story"
+
+
+async def test_a_second_ctrl_c_leaves_chat(env, ollama_sim):
+    ollama_sim.set_responder(lambda body: slow_answer())
+    proc = await start_pal("chat", env=env)
+    proc.stdin.write(b"tell me a long story\n")
+    await proc.stdin.drain()
+    await read_until(proc.stdout, "line 3")
+    proc.send_signal(signal.SIGINT)
+    await read_until(proc.stdout, "stopped")
+    assert proc.returncode is None  # the turn stopped; the chat is still there
+    proc.send_signal(signal.SIGINT)
+    async with asyncio.timeout(15):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode()
+
+
+# -- in a real terminal -------------------------------------------------------------------------------
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+class Terminal:
+    """`pal` in a pseudo-terminal it controls: keys go in as typed (Ctrl-C included), the screen comes out."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, master: int) -> None:
+        self.proc, self.master = proc, master
+        self._raw, self._seen = "", 0
+        # A read may end inside a multi-byte character or an escape sequence: decode incrementally,
+        # strip escapes from the whole text.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._changed = asyncio.Event()
+        asyncio.get_running_loop().add_reader(master, self._read)
+
+    @property
+    def screen(self) -> str:
+        return ANSI.sub("", self._raw)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.master, 65536)
+        except OSError:  # EIO: the program closed the terminal
+            data = b""
+        if not data:
+            asyncio.get_running_loop().remove_reader(self.master)
+        self._raw += self._decoder.decode(data, final=not data)
+        self._changed.set()
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    async def expect(self, text: str, timeout: float = 30) -> None:
+        """Wait until `text` shows up after what earlier expectations consumed."""
+        try:
+            async with asyncio.timeout(timeout):
+                while (found := self.screen.find(text, self._seen)) < 0:
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"{text!r} never showed; the screen ends with:\n{self.screen[-1500:]}") from None
+        self._seen = found + len(text)
+
+    async def exit_code(self, timeout: float = 15) -> int:
+        async with asyncio.timeout(timeout):
+            return await self.proc.wait()
+
+    def close(self) -> None:
+        """Never leave a pal behind, whatever the test saw."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+        asyncio.get_running_loop().remove_reader(self.master)
+        os.close(self.master)
+
+
+# Makes the terminal on stdin the controlling one, so Ctrl-C typed there reaches pal as SIGINT; done in a
+# small exec'd program because Python code between fork and exec is unsafe next to gRPC's threads.
+TAKE_TERMINAL = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+async def open_terminal(*args: str, env: dict[str, str]) -> Terminal:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", TAKE_TERMINAL, PAL, *args,
+                                                env={**env, "TERM": "xterm-256color"}, stdin=slave, stdout=slave,
+                                                stderr=slave, start_new_session=True)
+    os.close(slave)
+    return Terminal(proc, master)
+
+
+async def test_chat_in_a_terminal_streams_live_and_obeys_ctrl_c(env, ollama_sim):
+    term = await open_terminal("chat", env=env)
+    try:
+        await term.expect("you›")
+        term.type("hello from a terminal\r")
+        await term.expect("Simulated answer to: hello from a terminal")
+        await term.expect("/ 8,192 tokens")  # the context meter stays under the answer
+        await term.expect("you›")
+
+        ollama_sim.set_responder(lambda body: slow_answer())
+        term.type("now a long story\r")
+        await term.expect("line 3")
+        term.type("\x03")  # Ctrl-C: stop the turn, keep the chat
+        await term.expect("stopping the turn")
+        await term.expect("turn stopped")
+        await term.expect("you›")
+        term.type("\x03")  # Ctrl-C again: leave
+        assert await term.exit_code() == 0
+    finally:
+        term.close()
+    assert "Traceback" not in term.screen and "line 399" not in term.screen
