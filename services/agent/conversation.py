@@ -59,9 +59,13 @@ class StoredConversation:
     async def load(self) -> list[Message]:
         reply = await self._call(self.store.GetSession, store_pb.GetSessionRequest(
             session_id=self.session_id, view=store_pb.SESSION_VIEW_CONTEXT))
-        self.session = reply.session
-        self.revision = reply.session.revision
-        self.context = list(reply.session.context)
+        return self.adopt(reply.session)
+
+    def adopt(self, session: common_pb2.Session) -> list[Message]:
+        """Take a session (CONTEXT view) already loaded by the caller."""
+        self.session = session
+        self.revision = session.revision
+        self.context = list(session.context)
         return self.context
 
     async def refresh_revision(self) -> None:
@@ -118,6 +122,7 @@ class EphemeralConversation:
 
     ephemeral = True
     session_id = ""
+    session = None
 
     def __init__(self, messages: Sequence[Message] = (), untrusted: bool = False):
         self.context: list[Message] = list(messages)

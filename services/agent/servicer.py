@@ -41,6 +41,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # check refuses the second writer.
         self._locks: dict[str, asyncio.Lock] = {}
         self._running: dict[str, Turn] = {}
+        # Bumped whenever a session changes under its lock: a turn opened before it reloads.
+        self._generation: dict[str, int] = {}
 
     def _metadata(self, context) -> tuple[tuple[str, str], ...]:
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
@@ -57,8 +59,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         _validate_turn(request)
         metadata = self._metadata(context)
         if request.session_id:
+            # The CONTEXT view: the turn starts from it without loading the session again.
             session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-                session_id=request.session_id), metadata)).session
+                session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), metadata)).session
             profile = self.deps.profiles.get(request.profile_id or session.profile_id)
             if request.profile_id and request.profile_id != session.profile_id:
                 await self._store(self.deps.store.UpdateSession, store_pb.UpdateSessionRequest(
@@ -73,7 +76,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session = (await self._store(self.deps.store.CreateSession, store_pb.CreateSessionRequest(
                 profile_id=profile.id, provider="ollama", model=profile.model), metadata)).session
         conversation = StoredConversation(self.deps.store, session.id, metadata, self.store_addr)
-        return Turn(self.deps, conversation, profile, EventSink(session.id), metadata, facts=facts)
+        conversation.adopt(session)
+        turn = Turn(self.deps, conversation, profile, EventSink(session.id), metadata, facts=facts)
+        turn.opened_generation = self._generation.get(session.id, 0)
+        return turn
 
     async def _drive(self, turn: Turn, turn_input: TurnInput):
         """Run the turn under the session lock; yields its events until stream_end."""
@@ -83,12 +89,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
         async def work() -> None:
             try:
+                if self._generation.get(turn.session_id, 0) != turn.opened_generation:
+                    turn.conv.session = None  # another turn ran while we waited: start from the store
                 try:
                     await turn.run(turn_input)
                 finally:
                     self._running.pop(turn.session_id, None)
                 await turn.post_turn()
             finally:
+                self._generation[turn.session_id] = self._generation.get(turn.session_id, 0) + 1
                 lock.release()
 
         task = asyncio.create_task(work())
@@ -166,6 +175,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     raise FailedPrecondition(f"nothing to compact: {exc.details()}") from None
                 raise store_error(exc, "the Compressor") from None
+            finally:
+                self._generation[session.id] = self._generation.get(session.id, 0) + 1
         sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
         yield sink.queue.get_nowait()
 

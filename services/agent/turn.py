@@ -26,7 +26,9 @@ from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
 from services.agent.tools.registry import execute, tools_for
+from services.compressor.calibration import MAX_TOKENS_PER_CHAR
 from services.compressor.token_estimate import trigger_tokens
+from services.shared.image_tokens import image_tokens
 from services.shared.context_view import message_budget, to_ollama_messages, view_chars
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
@@ -115,6 +117,7 @@ class Turn:
         self.last_prompt_tokens = 0
         self.truncated = False
         self.result = TurnResult()
+        self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
         self._load_tools()
 
     # -- small helpers -------------------------------------------------------------------------
@@ -174,7 +177,8 @@ class Turn:
 
     async def _run(self, turn_input: TurnInput) -> TurnResult:
         self.sink.model_info(self.profile.model, self.window)
-        await self.conv.load()
+        if self.conv.session is None and self.stored:
+            await self.conv.load()
         self.state.goal = turn_input.text
         messages = await attach_images(self, turn_input)
         if self._compression_on():
@@ -433,7 +437,19 @@ class Turn:
             metadata=self.metadata)
         return dry.would_compress
 
+    def _surely_under_trigger(self, messages: Sequence[Message]) -> bool:
+        """A bound no calibration can beat: at most one token per character (the steepest line the
+        calibration accepts) plus each image's own price. Under the trigger by that bound, the
+        Compressor need not be asked — the common case, kept off the path to the first token."""
+        built = self._build("", 0, 0) + list(messages)
+        bound = view_chars(built) * MAX_TOKENS_PER_CHAR + sum(
+            image_tokens(i, self.settings.image_tokens_fallback) for m in built for i in m.images)
+        bound += sum(len(json.dumps(schema(t))) for t in self.tools.values())
+        return bound < trigger_tokens(self._threshold(), self.window, self.settings.output_reserve_tokens)
+
     async def _compress_preturn(self, incoming: Message) -> None:
+        if self._surely_under_trigger([incoming]):
+            return
         try:
             estimate = await self.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
                 session_id=self.session_id, model=self.profile.model, window=self.window, incoming=[incoming],
@@ -447,6 +463,8 @@ class Turn:
         return max(12, 2 * self._keep_recent())
 
     async def _compress_midturn(self) -> None:
+        if self._surely_under_trigger([]):
+            return
         try:
             estimate = await self.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
                 session_id=self.session_id, model=self.profile.model, window=self.window,

@@ -54,15 +54,20 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                        context)
         return list(reply.observations)
 
-    async def _load(self, session_id: str, model: str, context) -> SessionState:
-        session_reply, baseline_reply, observations = await asyncio.gather(
-            self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
-                session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT), context),
-            self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(session_id=session_id), context),
-            self._observations(model, context),
-        )
-        baseline = baseline_reply.baseline if baseline_reply.HasField("baseline") else None
-        return SessionState(session_reply.session, baseline, observations)
+    async def _baseline(self, session_id: str, context) -> store_pb.Baseline | None:
+        reply = await self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(session_id=session_id),
+                                       context)
+        return reply.baseline if reply.HasField("baseline") else None
+
+    async def _load(self, session_id: str, model: str, context, *, with_context: bool = True) -> SessionState:
+        """Baseline and calibration always; the stored context only when the caller did not send one."""
+        loads = [self._baseline(session_id, context), self._observations(model, context)]
+        if with_context:
+            loads.append(self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
+                session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT), context))
+        baseline, observations, *rest = await asyncio.gather(*loads)
+        session = rest[0].session if rest else common_pb2.Session(id=session_id)
+        return SessionState(session, baseline, observations)
 
     @staticmethod
     def _usable_baseline(state: SessionState, model: str) -> store_pb.Baseline | None:
@@ -76,7 +81,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
         if request.session_id:
-            state = await self._load(request.session_id, request.model, context)
+            state = await self._load(request.session_id, request.model, context,
+                                     with_context=not request.messages)
             pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, request.model))
             messages = list(request.messages) or state.context
         else:
@@ -95,7 +101,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("messages", "the built context to check is required")
         knobs = Knobs.resolve(self.settings, request.settings)
         if request.session_id:
-            state = await self._load(request.session_id, request.model, context)
+            state = await self._load(request.session_id, request.model, context, with_context=False)
             pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, request.model))
         else:
             pricing = Pricing.build(await self._observations(request.model, context), window, knobs)
