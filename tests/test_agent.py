@@ -294,3 +294,23 @@ async def test_tool_output_marks_the_session_untrusted(agent, store, ollama_sim)
     ollama_sim.script(Reply(tool_calls=[("session_search", {"action": "list"})]), Reply(text="ok"))
     events = await run(agent, "what did we talk about?")
     assert (await full(store, events[0].session_id)).untrusted_ingested
+
+
+async def test_an_edited_profiles_file_applies_from_the_next_turn(agent, agent_server, profiles_file, ollama_sim):
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(profiles_file)
+    original = path.read_text()
+    data = json.loads(original)
+    data["profiles"][0]["system_prompt"] = "Always answer in haiku."
+    try:
+        path.write_text(json.dumps(data))
+        os.utime(path, (1, 1))  # a different mtime however fast the edit
+        await run(agent, "hello again")
+        system = ollama_sim.bodies()[-1]["messages"][0]["content"]
+        assert "Always answer in haiku." in system
+    finally:
+        path.write_text(original)
+        os.utime(path, (2, 2))

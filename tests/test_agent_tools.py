@@ -15,6 +15,7 @@ from PIL import Image
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from services.agent.events import EventSink
 from services.agent.profiles import Profile
+from services.agent.conversation import StoredConversation
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
 from services.agent.tools.plan import (
     MAX_STEPS,
@@ -61,6 +62,8 @@ def make_ctx(store, ollama, base_settings):
         kw.setdefault("metadata", ())
         kw.setdefault("settings", base_settings)
         kw.setdefault("window", 8192)
+        if session_id:  # the loop's writer: the turn's own conversation, revision and all
+            kw.setdefault("update_session", StoredConversation(store, session_id, (), "test-store").update)
         return ToolContext(session_id=session_id, ollama=ollama, profile=profile or Profile(),
                            events=EventSink(session_id), state=state or TurnState(), **kw)
 

@@ -443,3 +443,33 @@ async def test_baseline_round_trip_and_truncated_flag(store, profile):
     assert (b.tokens, b.through_seq, b.model, b.context_truncated) == (4000, 12, "qwen3.6", True)
     await store.SetBaseline(pb.SetBaselineRequest(session_id=s.id))
     assert not (await store.GetBaseline(pb.GetBaselineRequest(session_id=s.id))).HasField("baseline")
+
+
+async def test_trim_forgets_the_baseline_and_never_keeps_an_orphan_tool_result(store, profile):
+    s = await new_session(store, profile)
+    await append(store, s.id, *conversation(2),
+                 Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c1", name="ls", arguments_json="{}")]),
+                 Message(role="tool", name="ls", tool_call_id="c1", content="a b c"),
+                 Message(role="assistant", content="done"))
+    await store.SetBaseline(pb.SetBaselineRequest(session_id=s.id, baseline=pb.Baseline(tokens=5000, through_seq=7)))
+    result = await store.TrimSession(pb.TrimSessionRequest(session_id=s.id, keep=2))
+    got = await full(store, s.id)
+    assert [m.content for m in got.messages] == ["done"] and result.dropped == 6
+    assert not (await store.GetBaseline(pb.GetBaselineRequest(session_id=s.id))).HasField("baseline")
+    assert got.context_token_count == 0
+
+
+async def test_non_json_numbers_and_impossible_dates_are_invalid(store, profile):
+    s = await new_session(store, profile)
+    bad = Message(role="user", content="x")
+    bad.metadata.update({"score": float("nan")})
+    await expect_status(append(store, s.id, bad), grpc.StatusCode.INVALID_ARGUMENT, "messages[0].metadata")
+    late = Message(role="user", content="x")
+    late.created_at.seconds = 253402300800 + 10
+    await expect_status(append(store, s.id, late), grpc.StatusCode.INVALID_ARGUMENT, "created_at")
+    assert not (await full(store, s.id)).messages
+
+
+async def test_cleanup_without_a_day_count_is_refused(store):
+    await expect_status(store.CleanupSessions(pb.CleanupSessionsRequest()), grpc.StatusCode.INVALID_ARGUMENT,
+                        "older_than_days")

@@ -140,16 +140,18 @@ class CheckContextSizeRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., session_id: _Optional[str] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ...) -> None: ...
 
 class CheckContextSizeResponse(_message.Message):
-    __slots__ = ("fits", "tokens", "limit", "method")
+    __slots__ = ("fits", "tokens", "limit", "method", "tokens_per_char")
     FITS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_CHAR_FIELD_NUMBER: _ClassVar[int]
     fits: bool
     tokens: int
     limit: int
     method: EstimateMethod
-    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ...) -> None: ...
+    tokens_per_char: float
+    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., tokens_per_char: _Optional[float] = ...) -> None: ...
 
 class WouldCompressRequest(_message.Message):
     __slots__ = ("session_id", "model", "window", "current_tokens", "keep_recent_messages", "settings")
@@ -182,7 +184,7 @@ class WouldCompressResponse(_message.Message):
     def __init__(self, would_compress: _Optional[bool] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., tokens_before: _Optional[int] = ..., kept_tokens: _Optional[int] = ...) -> None: ...
 
 class CompressRequest(_message.Message):
-    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens")
+    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens", "expected_revision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +193,7 @@ class CompressRequest(_message.Message):
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     ONLY_IF_OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     reason: CompressionReason
     model: str
@@ -199,7 +202,8 @@ class CompressRequest(_message.Message):
     settings: CompressionSettings
     only_if_over_threshold: bool
     current_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ...) -> None: ...
+    expected_revision: int
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ..., expected_revision: _Optional[int] = ...) -> None: ...
 
 class CompressionStarted(_message.Message):
     __slots__ = ("context_tokens", "max_context_tokens")
@@ -210,7 +214,7 @@ class CompressionStarted(_message.Message):
     def __init__(self, context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
 
 class ContextCompressed(_message.Message):
-    __slots__ = ("summary", "messages_before", "messages_after", "context_tokens", "max_context_tokens", "method", "breadcrumbs", "replaced", "chunks_indexed")
+    __slots__ = ("summary", "messages_before", "messages_after", "context_tokens", "max_context_tokens", "method", "breadcrumbs", "replaced", "chunks_indexed", "revision")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_BEFORE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_AFTER_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +224,7 @@ class ContextCompressed(_message.Message):
     BREADCRUMBS_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_INDEXED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     summary: str
     messages_before: int
     messages_after: int
@@ -229,7 +234,8 @@ class ContextCompressed(_message.Message):
     breadcrumbs: _containers.RepeatedScalarFieldContainer[str]
     replaced: _common_pb2.SeqRange
     chunks_indexed: int
-    def __init__(self, summary: _Optional[str] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., method: _Optional[_Union[CompressionMethod, str]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaced: _Optional[_Union[_common_pb2.SeqRange, _Mapping]] = ..., chunks_indexed: _Optional[int] = ...) -> None: ...
+    revision: int
+    def __init__(self, summary: _Optional[str] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., method: _Optional[_Union[CompressionMethod, str]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaced: _Optional[_Union[_common_pb2.SeqRange, _Mapping]] = ..., chunks_indexed: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class CompressionEvent(_message.Message):
     __slots__ = ("started", "compressed")

@@ -4,11 +4,12 @@ turn's notes; then the same per-message view truncation the Compressor counts wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2
 from services.agent.profiles import Profile
-from services.compressor.calibration import marginal_text_tokens
+from services.compressor.calibration import MAX_TOKENS_PER_CHAR
 from services.shared.context_view import truncate_oversized
 
 Message = common_pb2.Message
@@ -24,10 +25,9 @@ def reaches_model(message: Message) -> bool:
     return source in LLM_SYSTEM_SOURCES
 
 
-def fallback_chars_to_tokens(chars: int) -> int:
-    # The agent has no calibration line; chars/1.8 over-counts, so it never sends more than the
-    # Compressor (which truncates with the calibrated line) counts.
-    return marginal_text_tokens(chars, None)
+def pricing_at(tokens_per_char: float):
+    """The per-message pricer for the view truncation, at the rate the Compressor last counted with."""
+    return lambda chars: math.ceil(chars * tokens_per_char) if chars > 0 else 0
 
 
 class ContextBuilder:
@@ -56,15 +56,18 @@ class ContextBuilder:
         context: Sequence[Message],
         *,
         budget_tokens: int,
+        tokens_per_char: float = MAX_TOKENS_PER_CHAR,
         memory: str = "",
         notes: Sequence[str] = (),
     ) -> list[Message]:
+        """The messages of one call. Oversized messages are cut at `tokens_per_char` — the rate the
+        Compressor counts with (until it is known, the steepest rate, so nothing is undercounted)."""
         messages = [Message(role="system", content=system_prompt)]
         if memory:
             messages.append(Message(role="system", content=memory))
         messages.extend(m for m in context if reaches_model(m))
         messages.extend(Message(role="system", content=note) for note in notes if note)
-        return truncate_oversized(messages, budget_tokens, fallback_chars_to_tokens)
+        return truncate_oversized(messages, budget_tokens, pricing_at(tokens_per_char))
 
 
 def iteration_budget_note(iteration: int, max_iterations: int) -> str:

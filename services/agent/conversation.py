@@ -6,33 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
-from google.protobuf import struct_pb2
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.shared.errors import Aborted, NotFound, PalimpsestError, PermissionDenied, Unavailable
+from services.shared.errors import Aborted, PalimpsestError, from_rpc_error
+from services.shared.structs import to_struct
 
 Message = common_pb2.Message
 
-_STATUS_ERRORS = {
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.ABORTED: Aborted,
-}
-
-
 def store_error(exc: grpc.aio.AioRpcError, addr: str) -> PalimpsestError:
-    """The store's status, passed on to our caller in our own words where it helps."""
-    if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return Unavailable(f"SessionStore at {addr} is not answering: {exc.details()}")
+    """The store's status in our caller's terms; a revision conflict says what it means here."""
     if exc.code() == grpc.StatusCode.ABORTED:
         return Aborted(f"another turn changed this session at the same time: {exc.details()}")
-    cls = _STATUS_ERRORS.get(exc.code())
-    if cls is not None:
-        return cls(exc.details())
-    error = PalimpsestError(exc.details())
-    error.code = exc.code()
-    return error
+    return from_rpc_error(exc, "SessionStore", addr)
 
 
 class StoredConversation:
@@ -68,12 +54,6 @@ class StoredConversation:
         self.context = list(session.context)
         return self.context
 
-    async def refresh_revision(self) -> None:
-        """Tools of this turn may write to the session themselves (todo, planning logs)."""
-        reply = await self._call(self.store.GetSession, store_pb.GetSessionRequest(session_id=self.session_id))
-        self.session = reply.session
-        self.revision = reply.session.revision
-
     async def append(self, messages: Sequence[Message]) -> list[int]:
         reply = await self._call(self.store.AppendMessages, store_pb.AppendMessagesRequest(
             session_id=self.session_id, messages=messages, expected_revision=self.revision))
@@ -88,10 +68,11 @@ class StoredConversation:
         return list(reply.seqs)
 
     async def update(self, **fields) -> common_pb2.Session:
-        metadata = fields.pop("metadata", None)
+        """UpdateSession fields (dicts for `metadata` and `planning_log`), guarded by our revision."""
+        structs = {name: fields.pop(name) for name in ("metadata", "planning_log") if name in fields}
         request = store_pb.UpdateSessionRequest(session_id=self.session_id, expected_revision=self.revision, **fields)
-        if metadata is not None:
-            request.metadata.CopyFrom(_struct(metadata))
+        for name, data in structs.items():
+            getattr(request, name).CopyFrom(to_struct(data))
         reply = await self._call(self.store.UpdateSession, request)
         self.revision = reply.session.revision
         self.session = reply.session
@@ -132,9 +113,6 @@ class EphemeralConversation:
     async def load(self) -> list[Message]:
         return self.context
 
-    async def refresh_revision(self) -> None:
-        return None
-
     async def append(self, messages: Sequence[Message]) -> list[int]:
         self.context.extend(messages)
         return [0] * len(messages)
@@ -158,9 +136,3 @@ class EphemeralConversation:
 
     def has_summary(self) -> bool:
         return False
-
-
-def _struct(data: dict) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(data)
-    return struct

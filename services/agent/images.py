@@ -34,14 +34,19 @@ def images_within_budget(images: Sequence[bytes], budget: int, fallback: int) ->
     return len(images)
 
 
-def notice(paths: Sequence[str], sent: int, total: int) -> str:
-    if not paths:
+def notice(paths: Sequence[str | None], sent: int) -> str:
+    """Where the images landed; the ones past the budget are named for image_view. `paths[i]` is
+    None for an image that could not be stored."""
+    total = len(paths)
+    stored = [p for p in paths if p]
+    if not stored:
         return ""
     if sent == total:
         return (f"[{total} image(s) attached inline — already in your context, no extra loading needed.\n"
-                f"On disk: {', '.join(paths)}]")
+                f"On disk: {', '.join(stored)}]")
+    rest = [p for p in paths[sent:] if p]
     return (f"[{total} image(s) attached inline — {sent} in your context, the rest were not loaded;\n"
-            f"open them with image_view: {', '.join(paths[sent:])}]")
+            f"open them with image_view: {', '.join(rest) or '(they could not be stored)'}]")
 
 
 async def _store_image(turn: "Turn", data: bytes) -> str | None:
@@ -81,16 +86,12 @@ async def attach_images(turn: "Turn", turn_input: "TurnInput") -> list[Message]:
                         is_display=False)]
     if not images:
         return [Message(role="user", content=text)]
-    paths = []
-    if turn.stored:
-        for data in images:
-            path = await _store_image(turn, data)
-            if path:
-                paths.append(path)
+    paths: list[str | None] = [await _store_image(turn, data) for data in images] if turn.stored else []
     budget = int(IMAGE_BUDGET_SHARE * turn.window) - await _context_tokens(turn)
     sent = images_within_budget(images, max(0, budget), turn.settings.image_tokens_fallback)
-    note = notice(paths, min(sent, len(paths)), len(paths))
-    shown = Message(role="user", content=text, files=paths, explicit_flags=True, is_context=False, is_display=True)
+    note = notice(paths, sent)
+    files = [p for p in paths if p]
+    shown = Message(role="user", content=text, files=files, explicit_flags=True, is_context=False, is_display=True)
     context_copy = Message(role="user", content=f"{text}\n\n{note}" if note else text, images=images[:sent],
-                           files=paths, explicit_flags=True, is_context=True, is_display=False)
+                           files=files, explicit_flags=True, is_context=True, is_display=False)
     return [shown, context_copy]

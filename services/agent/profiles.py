@@ -119,6 +119,7 @@ class ProfileRegistry:
     profiles: dict[str, Profile] = field(default_factory=lambda: {"default": Profile()})
     default_id: str = "default"
     path: str = ""
+    mtime: float = 0.0
 
     @classmethod
     def load(cls, path: str = "") -> "ProfileRegistry":
@@ -138,7 +139,7 @@ class ProfileRegistry:
         default_id = raw.get("default", next(iter(profiles))) if isinstance(raw, dict) else next(iter(profiles))
         if default_id not in profiles:
             raise InvalidArgument("profiles", f"default profile {default_id!r} is not defined in {path}")
-        return cls(profiles, default_id, path)
+        return cls(profiles, default_id, path, Path(path).expanduser().stat().st_mtime)
 
     def get(self, profile_id: str) -> Profile:
         if not profile_id:
@@ -148,5 +149,14 @@ class ProfileRegistry:
         except KeyError:
             raise NotFound(f"profile {profile_id!r} is not configured (known: {', '.join(self.profiles)})") from None
 
-    def reload(self) -> "ProfileRegistry":
-        return ProfileRegistry.load(self.path)
+    def reloaded(self) -> "ProfileRegistry | None":
+        """The file's profiles again when it changed since it was read (None: unchanged, or the edit
+        does not parse yet — the profiles in use stay)."""
+        if not self.path:
+            return None
+        try:
+            if Path(self.path).expanduser().stat().st_mtime == self.mtime:
+                return None
+            return ProfileRegistry.load(self.path)
+        except (OSError, ValueError, InvalidArgument):
+            return None

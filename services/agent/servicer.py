@@ -48,6 +48,14 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
         return forwarded_metadata(context)
 
+    def _reload_profiles(self) -> None:
+        """An edited profiles file applies from the next turn; cached system prompts go with it."""
+        fresh = self.deps.profiles.reloaded()
+        if fresh is not None:
+            self.deps.profiles = fresh
+            self.deps.builder.invalidate()
+            log.info("profiles reloaded from %s", fresh.path)
+
     async def _store(self, method, request, metadata):
         try:
             return await method(request, metadata=metadata)
@@ -58,14 +66,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         """Everything that can fail with a plain status before the stream begins."""
         _validate_turn(request)
         metadata = self._metadata(context)
+        self._reload_profiles()
         if request.session_id:
             # The CONTEXT view: the turn starts from it without loading the session again.
             session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
                 session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), metadata)).session
             profile = self.deps.profiles.get(request.profile_id or session.profile_id)
-            if request.profile_id and request.profile_id != session.profile_id:
-                await self._store(self.deps.store.UpdateSession, store_pb.UpdateSessionRequest(
-                    session_id=session.id, profile_id=profile.id), metadata)
         else:
             profile = self.deps.profiles.get(request.profile_id)
         try:
@@ -79,6 +85,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         conversation.adopt(session)
         turn = Turn(self.deps, conversation, profile, EventSink(session.id), metadata, facts=facts)
         turn.opened_generation = self._generation.get(session.id, 0)
+        if request.session_id and profile.id != session.profile_id:
+            turn.switch_to = profile.id  # written by the turn, under the session lock
         return turn
 
     async def _drive(self, turn: Turn, turn_input: TurnInput):

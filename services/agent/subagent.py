@@ -17,6 +17,8 @@ log = logging.getLogger("palimpsest.agent.subagent")
 
 Message = common_pb2.Message
 
+STOP_GRACE_SECONDS = 5.0
+
 
 def _system_prompt(deps: AgentDeps, request: SpawnRequest, profile: Profile, parent: Profile | None) -> str:
     if request.custom_system_prompt:
@@ -37,6 +39,7 @@ async def run_subagent(
     untrusted: bool = False,
     depth: int = 1,
     parent_profile: Profile | None = None,
+    session_writer=None,
 ) -> TurnResult:
     """Run to completion or timeout; returns the text and how it ended."""
     profile = deps.profiles.get(request.profile_id or (parent_profile.id if parent_profile else ""))
@@ -49,7 +52,7 @@ async def run_subagent(
         deps, EphemeralConversation(seed, untrusted=untrusted), profile, sink, metadata,
         facts=facts, is_subagent=True, system_prompt=_system_prompt(deps, request, profile, parent_profile),
         max_iterations=request.max_iterations or 40, exclude_tools=request.exclude_tools, depth=depth,
-        parent_session_id=request.parent_session_id,
+        parent_session_id=request.parent_session_id, session_writer=session_writer,
     )
     text = request.text
     if profile.subagent_planning_enabled:
@@ -62,11 +65,21 @@ async def run_subagent(
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout=request.timeout_seconds or 300.0)
     except asyncio.TimeoutError:
-        turn.stop.set()
-        with suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=5)
+        turn.stop.set()  # cooperative first: the sub-agent saves what it has and answers its tools
+        await _finish(task, grace=STOP_GRACE_SECONDS)
         log.warning("sub-agent timed out after %.0fs", request.timeout_seconds)
         return TurnResult(text=turn.result.text, reason=END.STREAM_END_REASON_STOPPED)
     except asyncio.CancelledError:
         turn.stop.set()
+        await _finish(task, grace=0)
         raise
+
+
+async def _finish(task: asyncio.Task, grace: float) -> None:
+    """Give a stopped sub-agent `grace` seconds, then cancel it: nothing is left running."""
+    with suppress(asyncio.TimeoutError, asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(task), timeout=grace)
+    if not task.done():
+        task.cancel()
+        with suppress(asyncio.CancelledError, Exception):
+            await task

@@ -30,7 +30,7 @@ from services.compressor.calibration import MAX_TOKENS_PER_CHAR
 from services.compressor.token_estimate import trigger_tokens
 from services.shared.image_tokens import image_tokens
 from services.shared.context_view import message_budget, to_ollama_messages, view_chars
-from services.shared.errors import PalimpsestError
+from services.shared.errors import Aborted, PalimpsestError, from_rpc_error
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared.settings import Settings
 
@@ -63,6 +63,8 @@ class AgentDeps:
     profiles: ProfileRegistry
     builder: ContextBuilder
     post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
+    # Per model, the rate the Compressor last priced text at: the view is cut at the same rate.
+    view_rates: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Turn:
         exclude_tools: Sequence[str] = (),
         depth: int = 0,
         parent_session_id: str = "",
+        session_writer=None,
     ):
         self.deps = deps
         self.conv = conversation
@@ -111,13 +114,15 @@ class Turn:
         self.exclude_tools = tuple(exclude_tools)
         self.depth = depth
         self.parent_session_id = parent_session_id
+        # A stored turn writes its own session; a sub-agent writes its parent's through the parent.
+        self.session_writer = conversation.update if not conversation.ephemeral else session_writer
         self.stop = asyncio.Event()
         self.state = TurnState()
         self.window = profile.window(deps.settings.ollama_num_ctx)
         self.last_prompt_tokens = 0
-        self.truncated = False
         self.result = TurnResult()
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
+        self.switch_to = ""  # a profile the request asked for, recorded under the session lock
         self._load_tools()
 
     # -- small helpers -------------------------------------------------------------------------
@@ -166,10 +171,12 @@ class Turn:
         try:
             return await self._run(turn_input)
         except PalimpsestError as exc:
+            await self._save_partial("error")
             self.sink.error(exc.code.name, str(exc))
             return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
         except Exception as exc:  # noqa: BLE001 — a turn always ends with stream_end
             log.exception("turn failed in session %s", self.session_id)
+            await self._save_partial("error")
             self.sink.error("INTERNAL", f"the turn failed: {type(exc).__name__}: {exc}")
             return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
         finally:
@@ -179,6 +186,8 @@ class Turn:
         self.sink.model_info(self.profile.model, self.window)
         if self.conv.session is None and self.stored:
             await self.conv.load()
+        if self.switch_to and self.stored:
+            await self.conv.update(profile_id=self.switch_to)
         self.state.goal = turn_input.text
         messages = await attach_images(self, turn_input)
         if self._compression_on():
@@ -219,11 +228,14 @@ class Turn:
                 code = "DEADLINE_EXCEEDED" if isinstance(exc, StreamTimeout) else exc.code.name
                 self.sink.error(code, str(exc))
                 return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
-            await self._record_usage(reply, check, built)
+            self._partial = None  # from here on the reply is saved, never as a partial
             if not reply.tool_calls:
                 await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)])
+                await self._record_usage(reply, check, built)
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
-            await self._run_tools(reply)
+            calls = await self._save_tool_calls(reply)
+            await self._record_usage(reply, check, built)
+            await self._run_tools(calls)
             if self.stop.is_set():
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
             if self.state.todo_progress > progress_seen:
@@ -239,6 +251,7 @@ class Turn:
             self._system_prompt(),
             self.conv.context,
             budget_tokens=message_budget(self.window, self.settings.message_token_budget),
+            tokens_per_char=self.deps.view_rates.get(self.profile.model, MAX_TOKENS_PER_CHAR),
             memory=memory,
             notes=self._notes(iteration, stalled),
         )
@@ -263,10 +276,19 @@ class Turn:
         self.sink.model_info(self.profile.model, self.window)
 
     # -- the model call --------------------------------------------------------------------------
+    async def _compressor(self, method, request):
+        try:
+            return await method(request, metadata=self.metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "Compressor", self.settings.compressor_addr) from None
+
     async def _check_size(self, built: list[Message]) -> cpb.CheckContextSizeResponse:
-        return await self.deps.compressor.CheckContextSize(cpb.CheckContextSizeRequest(
+        check = await self._compressor(self.deps.compressor.CheckContextSize, cpb.CheckContextSizeRequest(
             model=self.profile.model, messages=built, window=self.window, session_id=self.session_id,
-            settings=self.profile.compression_settings()), metadata=self.metadata)
+            settings=self.profile.compression_settings()))
+        if check.tokens_per_char > 0:
+            self.deps.view_rates[self.profile.model] = check.tokens_per_char
+        return check
 
     def _request_body(self, built: list[Message]) -> dict:
         messages = to_ollama_messages(built)
@@ -315,15 +337,19 @@ class Turn:
 
     async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse,
                             built: list[Message]) -> None:
+        # The prompt covered the stored rows the built context carried (not the reply just saved).
+        through_seq = max((m.seq for m in built), default=0)
         tokens = check.tokens
         if reply.prompt_eval_count:
-            recorded = await self.deps.compressor.RecordBaseline(cpb.RecordBaselineRequest(
-                session_id=self.session_id, model=self.profile.model, prompt_eval_count=reply.prompt_eval_count,
-                sent_tokens=check.tokens, sent_chars=view_chars(built), had_images=any(m.images for m in built),
-                through_seq=self.conv.through_seq, window=self.window), metadata=self.metadata)
-            self.truncated = self.truncated or recorded.truncated
-            # A truncated report describes half a window, not our context: keep the honest estimate.
-            tokens = check.tokens if recorded.truncated else reply.prompt_eval_count
+            try:
+                recorded = await self._compressor(self.deps.compressor.RecordBaseline, cpb.RecordBaselineRequest(
+                    session_id=self.session_id, model=self.profile.model, prompt_eval_count=reply.prompt_eval_count,
+                    sent_tokens=check.tokens, sent_chars=view_chars(built), had_images=any(m.images for m in built),
+                    through_seq=through_seq, window=self.window))
+                # A truncated report describes half a window, not our context: keep the honest estimate.
+                tokens = check.tokens if recorded.truncated else reply.prompt_eval_count
+            except PalimpsestError as exc:  # the answer is saved; a lost baseline only costs precision
+                log.warning("could not record the baseline of %s: %s", self.session_id, exc)
         self.last_prompt_tokens = tokens
         self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0)
         await self.conv.set_token_count(tokens)
@@ -343,11 +369,12 @@ class Turn:
             is_subagent=self.is_subagent,
             untrusted=self.conv.untrusted,
             spawn=self._spawn if self.depth < MAX_SPAWN_DEPTH else None,
+            update_session=self.session_writer,
             conversation=list(self.conv.context),
             tool_schemas=[schema(t) for t in self.tools.values()],
         )
 
-    async def _run_tools(self, reply: ChatResult) -> None:
+    async def _save_tool_calls(self, reply: ChatResult) -> list[common_pb2.ToolCall]:
         calls = []
         for i, raw in enumerate(reply.tool_calls):
             fn = raw.get("function") or {}
@@ -357,9 +384,12 @@ class Turn:
                 arguments_json=json.dumps(arguments) if not isinstance(arguments, str) else arguments))
         await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking,
                                         tool_calls=calls)])
+        return calls
+
+    async def _run_tools(self, calls: list[common_pb2.ToolCall]) -> None:
         results: list[Message] = []
         extra: list[Message] = []
-        untrusted = tools_ran = False
+        untrusted = False
         for call in calls:
             if self.stop.is_set():
                 # Every call gets a result, so the context stays valid for the next turn.
@@ -367,15 +397,12 @@ class Turn:
                                        content="[not run: the turn was stopped]"))
                 continue
             outcome = await self._run_tool(call)
-            tools_ran = True
             untrusted = untrusted or outcome.untrusted
             result = Message(role="tool", name=call.name, tool_call_id=call.id, content=outcome.content,
                              images=outcome.images, is_compression_critical=outcome.critical)
             results.append(result)
             if "plan" in outcome.metadata:
                 extra.append(Message(role="assistant", content=outcome.metadata["plan"], is_plan=True))
-        if tools_ran:
-            await self.conv.refresh_revision()
         await self.conv.append(results + extra)
         if untrusted:
             await self.conv.mark_untrusted()
@@ -409,23 +436,30 @@ class Turn:
 
         result = await run_subagent(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
-                                    parent_profile=self.profile)
+                                    parent_profile=self.profile, session_writer=self.session_writer)
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------
     async def _compress(self, reason: int, current_tokens: int, keep_recent_messages: int = 0) -> bool:
         """Run one compression, forwarding its events; a failure is logged and the turn goes on."""
+        committed = 0
         try:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=reason, model=self.profile.model, window=self.window,
                     keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings(),
-                    current_tokens=current_tokens), metadata=self.metadata):
+                    current_tokens=current_tokens, expected_revision=self.conv.revision), metadata=self.metadata):
                 self.sink.compression(event)
+                if event.HasField("compressed"):
+                    committed = event.compressed.revision
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.ABORTED:
+                raise from_rpc_error(exc, "Compressor", self.settings.compressor_addr) from None
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 log.warning("compression (%s) failed for %s: %s", reason, self.session_id, exc.details())
             return False
         await self.conv.load()
+        if committed and self.conv.revision != committed:
+            raise Aborted(f"another writer changed session {self.session_id} right after its compression")
         return True
 
     async def _should_compress(self, tokens: int, keep_recent_messages: int = 0) -> bool:
@@ -448,31 +482,27 @@ class Turn:
         return bound < trigger_tokens(self._threshold(), self.window, self.settings.output_reserve_tokens)
 
     async def _compress_preturn(self, incoming: Message) -> None:
-        if self._surely_under_trigger([incoming]):
-            return
-        try:
-            estimate = await self.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
-                session_id=self.session_id, model=self.profile.model, window=self.window, incoming=[incoming],
-                settings=self.profile.compression_settings()), metadata=self.metadata)
-            if await self._should_compress(estimate.tokens):
-                await self._compress(cpb.COMPRESSION_REASON_PRETURN, estimate.tokens)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("pre-turn compression check failed for %s: %s", self.session_id, exc.details())
+        await self._compress_if_needed(cpb.COMPRESSION_REASON_PRETURN, [incoming], 0)
 
     def _midturn_keep(self) -> int:
         return max(12, 2 * self._keep_recent())
 
     async def _compress_midturn(self) -> None:
-        if self._surely_under_trigger([]):
+        await self._compress_if_needed(cpb.COMPRESSION_REASON_MIDTURN, [], self._midturn_keep())
+
+    async def _compress_if_needed(self, reason: int, incoming: list[Message], keep_recent_messages: int) -> None:
+        """Estimate (baseline + delta + what is not stored yet); over the trigger and only when the
+        dry run says the context would shrink, compress — so compression_started never lies."""
+        if self._surely_under_trigger(incoming):
             return
         try:
             estimate = await self.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
-                session_id=self.session_id, model=self.profile.model, window=self.window,
+                session_id=self.session_id, model=self.profile.model, window=self.window, incoming=incoming,
                 settings=self.profile.compression_settings()), metadata=self.metadata)
-            if await self._should_compress(estimate.tokens, self._midturn_keep()):
-                await self._compress(cpb.COMPRESSION_REASON_MIDTURN, estimate.tokens, self._midturn_keep())
+            if await self._should_compress(estimate.tokens, keep_recent_messages):
+                await self._compress(reason, estimate.tokens, keep_recent_messages)
         except grpc.aio.AioRpcError as exc:
-            log.warning("mid-turn compression check failed for %s: %s", self.session_id, exc.details())
+            log.warning("compression check (%s) failed for %s: %s", reason, self.session_id, exc.details())
 
     async def post_turn(self) -> None:
         """After stream_end, off the client's path: compress on the real count, or because the last

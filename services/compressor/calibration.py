@@ -102,6 +102,12 @@ def estimate_text_tokens(chars: int, line: Line | None) -> int:
     return max(0, math.ceil(usable.overhead + chars * usable.tokens_per_char))
 
 
+def tokens_per_char(line: Line | None) -> float:
+    """The marginal rate a line (or the chars / 1.8 fallback) prices text at."""
+    usable = _usable(line)
+    return usable.tokens_per_char if usable is not None else 1 / FALLBACK_CHARS_PER_TOKEN
+
+
 def marginal_text_tokens(chars: int, line: Line | None) -> int:
     """Tokens that ``chars`` more characters add to a prompt whose fixed cost is already paid.
 

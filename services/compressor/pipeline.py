@@ -6,6 +6,7 @@ orders the I/O around them. A summarizer failure never escapes: the fallback nee
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -55,12 +56,6 @@ def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: in
         keep_recent_messages=keep_recent_messages or None,
         critical_tools=knobs.critical_tools,
     )
-
-
-def replaced_range(messages: list[Message]) -> common_pb2.SeqRange:
-    """The seqs a new summary stands for; an older summary contributes the range it replaced."""
-    firsts = [m.replaces.first if m.is_summary and m.HasField("replaces") else m.seq for m in messages]
-    return common_pb2.SeqRange(first=min(firsts), last=max(m.seq for m in messages))
 
 
 @dataclass
@@ -144,10 +139,11 @@ async def summarize_or_truncate(
             last_error = exc
             log.warning("summarizer attempt %d/%d failed: %s", attempt, SUMMARY_ATTEMPTS, exc)
     else:
-        return truncate_outcome(context, pricing, window, last_error)
+        return await asyncio.to_thread(truncate_outcome, context, pricing, window, last_error)
     dropped_text = "\n".join(m.content for m in plan.to_summarize if not m.is_summary)
     crumbs = merge_breadcrumbs(keys, extract_entities(dropped_text))
-    covered = replaced_range(plan.to_summarize)
+    first, last = plan.replaced_range
+    covered = common_pb2.SeqRange(first=first, last=last)
     summary = Message(
         role="user",
         content=f"[Summary of the earlier conversation, messages {covered.first}–{covered.last}]\n{text}",

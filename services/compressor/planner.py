@@ -85,8 +85,9 @@ class Plan:
         """(first seq, last seq) of the summarized messages, for the summary's ``replaces``."""
         if not self.to_summarize:
             return None
-        seqs = [m.seq for m in self.to_summarize]
-        return min(seqs), max(seqs)
+        # An older summary stands for the range it replaced, so the new one starts where that began.
+        firsts = [m.replaces.first if m.is_summary and m.HasField("replaces") else m.seq for m in self.to_summarize]
+        return min(firsts), max(m.seq for m in self.to_summarize)
 
 
 def is_turn_start(message: Message) -> bool:

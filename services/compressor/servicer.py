@@ -11,11 +11,12 @@ import grpc
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
+from services.compressor.calibration import tokens_per_char
 from services.compressor.planner import would_compress
 from services.compressor.pricing import Knobs, Pricing, SessionState
 from services.compressor.token_estimate import fits, is_truncated_report, output_reserve, trigger_tokens
 from services.shared.auth import forwarded_metadata
-from services.shared.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, from_rpc_error
 from services.shared.image_tokens import image_size, image_tokens
 from services.shared.ollama import OllamaClient
 from services.shared.settings import Settings
@@ -42,10 +43,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         try:
             return await method(request, metadata=forwarded_metadata(context))
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise Unavailable(f"SessionStore at {self.store_addr} is not answering: {exc.details()}") from None
-            # The store's own status (NOT_FOUND, PERMISSION_DENIED, ABORTED …) is the caller's answer.
-            await context.abort(exc.code(), exc.details())
+            raise from_rpc_error(exc, "SessionStore", self.store_addr) from None
 
     async def _observations(self, model: str, context) -> list[store_pb.Observation]:
         if not model:
@@ -111,6 +109,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             tokens=estimate.tokens,
             limit=window - output_reserve(window, knobs.output_reserve),
             method=method,
+            tokens_per_char=tokens_per_char(pricing.line),
         )
 
     async def RecordBaseline(self, request, context):
@@ -167,11 +166,16 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, model))
         context_messages = state.context
         current = request.current_tokens or pricing.with_baseline(context_messages)[0].tokens
-        plan = pipeline.make_plan(context_messages, pricing, knobs, window, request.keep_recent_messages)
-        return window, knobs, state, model, pricing, context_messages, current, plan
+        return window, knobs, state, model, pricing, context_messages, current
+
+    @staticmethod
+    async def _plan(messages, pricing, knobs, window, keep_recent_messages):
+        # Pure CPU over the whole context: off the event loop, so other sessions keep streaming.
+        return await asyncio.to_thread(pipeline.make_plan, messages, pricing, knobs, window, keep_recent_messages)
 
     async def WouldCompress(self, request, context):
-        window, knobs, state, model, pricing, messages, current, plan = await self._prepare(request, context)
+        window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
+        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages)
         kept = pricing.estimate(plan.system + plan.to_keep)
         return pb.WouldCompressResponse(
             would_compress=would_compress(plan, pricing.estimate),
@@ -184,11 +188,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def Compress(self, request, context):
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
-        window, knobs, state, model, pricing, messages, current, plan = await self._prepare(request, context)
+        window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
+        if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
+            raise Aborted(f"session {state.session.id} is at revision {state.session.revision}, not the expected "
+                          f"{request.expected_revision}: another writer changed it")
         truncated_flag = state.baseline is not None and state.baseline.context_truncated
         if request.only_if_over_threshold and request.reason != pb.COMPRESSION_REASON_FORCED:
             if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
                 return  # under the threshold: nothing to do, no events
+        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages)
         if not would_compress(plan, pricing.estimate):
             if truncated_flag:  # consumed: there is nothing this session can shed
                 await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
@@ -223,4 +231,5 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             breadcrumbs=outcome.breadcrumbs,
             replaced=replaced,
             chunks_indexed=result.chunks_indexed,
+            revision=result.revision,
         ))

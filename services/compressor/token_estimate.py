@@ -61,6 +61,20 @@ def _image_tokens(messages: Sequence[Message], image_fallback: int) -> int:
     return sum(image_tokens(image, image_fallback) for m in messages for image in m.images)
 
 
+def _priced(
+    messages: Sequence[Message],
+    line: Line | None,
+    image_fallback: int,
+    budget_tokens: int | None,
+    text_price: Callable[[int, Line | None], int],
+) -> Estimate:
+    view = priced_view(messages, line, budget_tokens)
+    chars = view_chars(view)
+    text = text_price(chars, line)
+    images = _image_tokens(view, image_fallback)
+    return Estimate(tokens=text + images, text_tokens=text, image_tokens=images, chars=chars)
+
+
 def estimate_tokens(
     messages: Sequence[Message],
     line: Line | None,
@@ -74,11 +88,7 @@ def estimate_tokens(
     """
     if not messages:
         return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
-    view = priced_view(messages, line, budget_tokens)
-    chars = view_chars(view)
-    text = estimate_text_tokens(chars, line)
-    images = _image_tokens(view, image_fallback)
-    return Estimate(tokens=text + images, text_tokens=text, image_tokens=images, chars=chars)
+    return _priced(messages, line, image_fallback, budget_tokens, estimate_text_tokens)
 
 
 def delta_estimate(
@@ -88,11 +98,7 @@ def delta_estimate(
     budget_tokens: int | None = None,
 ) -> Estimate:
     """Tokens that ``messages`` add to a prompt whose fixed overhead is already counted."""
-    view = priced_view(messages, line, budget_tokens)
-    chars = view_chars(view)
-    text = marginal_text_tokens(chars, line)
-    images = _image_tokens(view, image_fallback)
-    return Estimate(tokens=text + images, text_tokens=text, image_tokens=images, chars=chars)
+    return _priced(messages, line, image_fallback, budget_tokens, marginal_text_tokens)
 
 
 def baseline_delta_estimate(

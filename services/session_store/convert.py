@@ -6,10 +6,11 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from palimpsest.v1 import common_pb2
 from services.session_store.redaction import redact_arguments
+from services.shared.structs import from_struct, to_struct
 
 MESSAGE_COLUMNS = (
     "seq, role, content, thinking, tool_calls, tool_call_id, name, images, files, metadata, "
@@ -18,19 +19,6 @@ MESSAGE_COLUMNS = (
 )
 INSERT_COLUMNS = "session_id, " + MESSAGE_COLUMNS
 VALID_ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
-def struct_to_dict(struct: struct_pb2.Struct | None) -> dict[str, Any]:
-    if struct is None:
-        return {}
-    return json_format.MessageToDict(struct)
-
-
-def dict_to_struct(data: dict[str, Any] | None) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    if data:
-        struct.update(data)
-    return struct
 
 
 def timestamp(dt: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -69,7 +57,7 @@ def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime
         message.name,
         list(message.images),
         list(message.files),
-        struct_to_dict(message.metadata) if message.HasField("metadata") else {},
+        from_struct(message.metadata) if message.HasField("metadata") else {},
         message.is_context if explicit else True,
         message.is_display if explicit else True,
         message.is_plan,
@@ -84,16 +72,6 @@ def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime
         list(message.breadcrumbs),
         replaces.first if replaces else None,
         replaces.last if replaces else None,
-    )
-
-
-def row_bytes(message: common_pb2.Message) -> int:
-    """What a row weighs in the hot table, for the byte cap."""
-    return (
-        len(message.content.encode())
-        + len(message.thinking.encode())
-        + sum(len(i) for i in message.images)
-        + sum(len(c.arguments_json) for c in message.tool_calls)
     )
 
 
@@ -166,7 +144,7 @@ def session_from_row(row) -> common_pb2.Session:
         episode_untrusted=row["episode_untrusted"],
         display_message_count=row["display_count"],
         external_refs=[external_ref_to_proto(r) for r in row["external_refs"] or []],
-        planning_logs=[dict_to_struct(log) for log in row["planning_logs"] or []],
+        planning_logs=[to_struct(log) for log in row["planning_logs"] or []],
     )
     session.created_at.CopyFrom(timestamp(row["created_at"]))
     session.last_active.CopyFrom(timestamp(row["last_active"]))

@@ -37,6 +37,10 @@ _SORT_COLUMNS = {
     "message_count": "s.display_count",
 }
 
+# What a row weighs against the hot window's byte cap: one definition, in SQL, for every counter.
+ROW_BYTES = ("(octet_length(content) + octet_length(thinking) + octet_length(tool_calls::text)"
+             " + coalesce((SELECT sum(octet_length(i)) FROM unnest(images) i), 0))")
+
 _INSERT_SQL = (
     f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES "
     f"({', '.join(f'${i}' for i in range(1, 26))})"
@@ -260,7 +264,7 @@ class SessionRepository:
             await conn.executemany(_INSERT_SQL, rows)
             displayed = sum(1 for r in rows if r[12])
             preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
-            added_bytes = sum(convert.row_bytes(m) for m in messages)
+            added_bytes = await self._bytes_from(conn, session_id, first)
             revision = await conn.fetchval(
                 """
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
@@ -369,7 +373,7 @@ class SessionRepository:
                 next_seq += 1
             await conn.executemany(_INSERT_SQL, [convert.message_row(session_id, s, m, now) for s, m in added])
             result["chunks_indexed"] = await self._insert_chunks(conn, session_id, chunks)
-            added_bytes = sum(convert.row_bytes(m) for _, m in added)
+            added_bytes = await self._bytes_from(conn, session_id, locked["next_seq"])
             result["revision"] = await conn.fetchval(
                 """
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
@@ -387,15 +391,22 @@ class SessionRepository:
                 result["archived"] = await self._archive_overflow(conn, session_id)
         return result
 
+    @staticmethod
+    async def _bytes_from(conn: asyncpg.Connection, session_id: uuid.UUID, first_seq: int) -> int:
+        """Bytes of the rows just written (seq ≥ first_seq): O(new rows)."""
+        return await conn.fetchval(
+            f"SELECT coalesce(sum({ROW_BYTES}), 0) FROM session_messages WHERE session_id = $1 AND seq >= $2",
+            session_id, first_seq,
+        )
+
     def _over_hot_window(self, count: int, size: int) -> bool:
         return count > self.hot_window.max_messages or size > self.hot_window.max_bytes
 
     async def _archive_overflow(self, conn: asyncpg.Connection, session_id: uuid.UUID) -> int:
         """Move the oldest whole groups out until the hot rows are back to 80% of both caps."""
         rows = await conn.fetch(
-            "SELECT seq, role, is_summary, octet_length(content) + octet_length(thinking)"
-            " + coalesce((SELECT sum(octet_length(i)) FROM unnest(images) i), 0) AS size"
-            " FROM session_messages WHERE session_id = $1 ORDER BY seq",
+            f"SELECT seq, role, is_summary, {ROW_BYTES} AS size FROM session_messages WHERE session_id = $1"
+            " ORDER BY seq",
             session_id,
         )
         protected = _protected_seqs(rows)
@@ -435,9 +446,9 @@ class SessionRepository:
         moved = int(status.split()[-1])
         if moved:
             await conn.execute(
-                """
+                f"""
                 UPDATE sessions SET hot_count = sub.n, hot_bytes = sub.bytes FROM (
-                    SELECT count(*) AS n, coalesce(sum(octet_length(content) + octet_length(thinking)), 0) AS bytes
+                    SELECT count(*) AS n, coalesce(sum({ROW_BYTES}), 0) AS bytes
                       FROM session_messages WHERE session_id = $1) sub
                  WHERE id = $1
                 """,
@@ -480,6 +491,13 @@ class SessionRepository:
                 if len(kept) >= keep:
                     break
                 kept.add(row["seq"])
+            # A tool result whose call was cut would be an orphan no chat template accepts: it goes too.
+            for row in rows:
+                if row["seq"] == first_system or row["seq"] not in kept:
+                    continue
+                if row["role"] != "tool":
+                    break
+                kept.discard(row["seq"])
             drop = [r["seq"] for r in rows if r["seq"] not in kept]
             if drop:
                 for table in ("session_messages", "session_messages_archive"):
@@ -487,16 +505,18 @@ class SessionRepository:
                         f"DELETE FROM {table} WHERE session_id = $1 AND seq = ANY($2::bigint[])", session_id, drop
                     )
                 await self._recount(conn, session_id)
+                # The last real prompt size described rows that are gone.
+                await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
         return before, before - len(drop)
 
     @staticmethod
     async def _recount(conn: asyncpg.Connection, session_id: uuid.UUID) -> None:
         await conn.execute(
             f"""
-            UPDATE sessions s SET revision = revision + 1, last_active = now(),
+            UPDATE sessions s SET revision = revision + 1, last_active = now(), context_token_count = 0,
                    display_count = (SELECT count(*) FROM ({_BOTH_TABLES.format(where="is_display")}) d),
                    hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
-                   hot_bytes = (SELECT coalesce(sum(octet_length(content) + octet_length(thinking)), 0)
+                   hot_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0)
                                   FROM session_messages WHERE session_id = $1),
                    preview = coalesce((SELECT left(content, {PREVIEW_CHARS}) FROM (
                         {_BOTH_TABLES.format(where="role = 'user' AND content <> ''")}) u ORDER BY seq LIMIT 1), '')

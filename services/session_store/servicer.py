@@ -14,6 +14,7 @@ from services.shared.auth import Identity, identity_from_context
 from services.shared.errors import InvalidArgument, ResourceExhausted
 from services.shared.settings import Settings
 from services.session_store import convert
+from services.shared.structs import from_struct
 from services.session_store.external_refs import ExternalRef, merge_refs, validate_ref
 from services.session_store.files import FileStore
 from services.session_store.repository import SessionRepository, parse_session_id
@@ -71,6 +72,29 @@ def _validate_messages(messages) -> None:
             raise InvalidArgument(f"messages[{i}].content", "must not contain NUL characters")
         if not math.isfinite(m.elapsed_seconds):
             raise InvalidArgument(f"messages[{i}].elapsed_seconds", "must be a finite number")
+        if m.HasField("created_at") and not MIN_TIMESTAMP <= m.created_at.seconds <= MAX_TIMESTAMP:
+            raise InvalidArgument(f"messages[{i}].created_at", "must be a date between years 1 and 9999")
+        if m.HasField("metadata"):
+            check_struct(m.metadata, f"messages[{i}].metadata")
+
+
+MIN_TIMESTAMP, MAX_TIMESTAMP = -62135596800, 253402300799  # 0001-01-01 … 9999-12-31
+
+
+def check_struct(struct, field: str) -> None:
+    """JSON can hold neither NaN nor infinities; PostgreSQL's jsonb refuses them."""
+    def walk(value) -> None:
+        kind = value.WhichOneof("kind")
+        if kind == "number_value" and not math.isfinite(value.number_value):
+            raise InvalidArgument(field, "numbers must be finite (no NaN or infinity)")
+        if kind == "struct_value":
+            for v in value.struct_value.fields.values():
+                walk(v)
+        if kind == "list_value":
+            for v in value.list_value.values:
+                walk(v)
+    for v in struct.fields.values():
+        walk(v)
 
 
 def _expected(request) -> int | None:
@@ -91,6 +115,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         identity = self._identity(context)
         if not request.profile_id.strip():
             raise InvalidArgument("profile_id", "required")
+        check_struct(request.metadata, "metadata")
         refs = merge_refs([], _refs_from_proto(request.external_refs))
         row = await self.repo.create_session(
             identity,
@@ -99,7 +124,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             provider=request.provider,
             model=request.model,
             external_refs=[convert.external_ref_to_json(r) for r in refs],
-            metadata=convert.struct_to_dict(request.metadata),
+            metadata=from_struct(request.metadata),
         )
         return pb.CreateSessionResponse(session=convert.session_from_row(row))
 
@@ -185,7 +210,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if changes.get("context_token_count", 0) < 0:
             raise InvalidArgument("context_token_count", "must not be negative")
         if request.HasField("metadata"):
-            changes["metadata"] = convert.struct_to_dict(request.metadata)
+            check_struct(request.metadata, "metadata")
+            changes["metadata"] = from_struct(request.metadata)
         if request.add_external_refs:
             new = _refs_from_proto(request.add_external_refs)
             changes["external_refs"] = lambda current: [
@@ -196,7 +222,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.mark_episode_untrusted:
             changes["episode_untrusted"] = True
         if request.HasField("planning_log"):
-            changes["planning_log"] = convert.struct_to_dict(request.planning_log)
+            check_struct(request.planning_log, "planning_log")
+            changes["planning_log"] = from_struct(request.planning_log)
         row = await self.repo.update_session(identity, session_id, changes, _expected(request))
         return pb.UpdateSessionResponse(session=convert.session_from_row(row))
 
@@ -252,6 +279,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     async def CleanupSessions(self, request, context):
         identity = self._identity(context)
+        if not request.HasField("older_than_days"):
+            raise InvalidArgument("older_than_days", "required (0 deletes every session you can see)")
         if request.older_than_days < 0:
             raise InvalidArgument("older_than_days", "must not be negative (0 deletes every session)")
         ids = await self.repo.cleanup_sessions(identity, request.older_than_days)

@@ -49,3 +49,20 @@ class Unavailable(PalimpsestError):
     """A dependency is down; the message carries its address."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Aborted,
+                                      ResourceExhausted, FailedPrecondition, Unavailable)}
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError, service: str, address: str) -> PalimpsestError:
+    """A downstream service's status, passed on to our caller: UNAVAILABLE names who and where."""
+    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(f"{service} at {address} is not answering: {exc.details()}")
+    cls = _BY_CODE.get(exc.code())
+    if cls is InvalidArgument:
+        return InvalidArgument("request", exc.details() or "")
+    error = (cls or PalimpsestError)(exc.details() or f"{service} failed")
+    if cls is None:
+        error.code = exc.code()
+    return error

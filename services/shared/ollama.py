@@ -128,12 +128,6 @@ class OllamaClient:
                 self._facts[model] = ModelFacts(model, int(length or 0), frozenset(data.get("capabilities") or ()))
         return self._facts[model]
 
-    def forget(self, model: str | None = None) -> None:
-        if model is None:
-            self._facts.clear()
-        else:
-            self._facts.pop(model, None)
-
     @staticmethod
     def chat_body(
         model: str,
@@ -169,7 +163,11 @@ class OllamaClient:
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue
-                    chunk = json.loads(line)
+                    try:
+                        chunk = json.loads(line)
+                    except ValueError:
+                        raise OllamaStreamError(f"Ollama at {self.host} sent a line that is not JSON: "
+                                                f"{line[:200]!r}") from None
                     if "error" in chunk:
                         raise OllamaStreamError(f"Ollama stopped with an error mid-stream: {chunk['error']}")
                     yield chunk

@@ -176,3 +176,16 @@ async def serve_forever(running: RunningServer, *, name: str, grace: float) -> N
 
 def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def run_service(start, listen_address: Callable[[Settings], str], name: str) -> None:
+    """`python -m services.<name>`: settings from the environment, serve until SIGTERM/SIGINT."""
+    configure_logging()
+
+    async def main() -> None:
+        settings = Settings.from_env()
+        host, port = listen_address(settings).rsplit(":", 1)
+        running = await start(settings, port=int(port), host=host)
+        await serve_forever(running, name=name, grace=settings.grace_seconds)
+
+    asyncio.run(main())

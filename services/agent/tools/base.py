@@ -72,6 +72,9 @@ class ToolContext:
     window: int
     is_subagent: bool = False
     untrusted: bool = False  # the session has ingested untrusted content
+    # Writes UpdateSession fields to `session_id` through the running turn, carrying its revision, so
+    # a tool's write never looks like another writer's (None: nothing may be written).
+    update_session: Callable[..., Awaitable[Any]] | None = None
     # Runs a sub-agent; returns (text, completed_normally).
     spawn: Callable[[SpawnRequest], Awaitable[tuple[str, bool]]] | None = None
     # The conversation so far, for tools that need it (plan).

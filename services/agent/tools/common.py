@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from services.agent.tools.base import ToolResult
+from services.shared.structs import from_struct, to_struct  # noqa: F401 — the tools' one import site
 
 
 class ToolInputError(Exception):
@@ -44,16 +45,6 @@ def when(ts: timestamp_pb2.Timestamp) -> str:
     if not ts.seconds and not ts.nanos:
         return "?"
     return ts.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def to_struct(data: dict[str, Any]) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(data)
-    return struct
-
-
-def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(struct)
 
 
 def shorten(text: str, limit: int) -> str:

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
-from services.agent.tools.common import role_and_content, shorten, text_arg, to_struct
+from services.agent.tools.common import role_and_content, shorten, text_arg
 from services.agent.tools.todo import load_todo, render as render_todo, replace_todo
 
 log = logging.getLogger("palimpsest.agent.plan")
@@ -338,13 +337,10 @@ async def _think_flag(ctx: ToolContext) -> bool | None:
 
 
 async def _store_log(ctx: ToolContext, entry: dict[str, Any]) -> None:
-    if not ctx.session_id:
+    if not ctx.session_id or ctx.update_session is None:
         return
     try:
-        await ctx.store.UpdateSession(
-            store_pb.UpdateSessionRequest(session_id=ctx.session_id, planning_log=to_struct(entry)),
-            metadata=ctx.metadata,
-        )
+        await ctx.update_session(planning_log=entry)
     except Exception:  # noqa: BLE001 — a debug log must never fail the plan
         log.warning("could not store the planning log of session %s", ctx.session_id, exc_info=True)
 

@@ -13,7 +13,6 @@ import logging
 import re
 from typing import Any
 
-from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.tools.base import ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, text_arg
@@ -59,11 +58,8 @@ class SwitchProfileTool:
         profiles = await configured_profiles(ctx)
         if profiles is not None and profile_id not in profiles:
             return error(f"switch_profile: no profile {profile_id!r}. Configured: {', '.join(profiles)}.")
-        if ctx.session_id:
-            await ctx.store.UpdateSession(
-                store_pb.UpdateSessionRequest(session_id=ctx.session_id, profile_id=profile_id),
-                metadata=ctx.metadata,
-            )
+        if ctx.session_id and ctx.update_session is not None:
+            await ctx.update_session(profile_id=profile_id)
         ctx.state.switched_profile = profile_id
         target = profiles.get(profile_id) if profiles else None
         about = f" ({target.name}: {target.description})" if target else ""

@@ -14,7 +14,7 @@ from typing import Any
 
 from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
-from services.agent.tools.common import ToolInputError, error, from_struct, text_arg, to_struct
+from services.agent.tools.common import ToolInputError, error, from_struct, text_arg
 
 TodoItem = agent_pb2.TodoItem
 
@@ -81,14 +81,8 @@ async def load_todo(ctx: ToolContext) -> list[TodoItem]:
 
 async def save_todo(ctx: ToolContext, items: list[TodoItem]) -> None:
     """Make `items` the list: in the turn's state, in the session, and flagged for TodoUpdated."""
-    if _persistent(ctx):
-        await ctx.store.UpdateSession(
-            store_pb.UpdateSessionRequest(
-                session_id=ctx.session_id,
-                metadata=to_struct({METADATA_KEY: [item_to_dict(i) for i in items]}),
-            ),
-            metadata=ctx.metadata,
-        )
+    if _persistent(ctx) and ctx.update_session is not None:
+        await ctx.update_session(metadata={METADATA_KEY: [item_to_dict(i) for i in items]})
     ctx.state.todo = list(items)
     ctx.state.todo_changed = True
 
