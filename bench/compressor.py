@@ -70,11 +70,8 @@ def real_tokens(messages: list[Message]) -> int:
     return count_prompt_tokens(to_ollama_messages(messages))
 
 
-async def estimate_error() -> str:
-    rng = random.Random(7)
-    train = [conversation(rng, rng.randint(2_000, 30_000), images=False) for _ in range(8)]
+def _errors(train: list[list[Message]], tests: list[list[Message]]) -> dict[str, list[float]]:
     line = fit_line([Observation(view_chars(c), real_tokens(c)) for c in train])
-    tests = [conversation(rng, rng.randint(2_000, 30_000), images=i % 5 == 0) for i in range(40)]
     methods = {
         "calibrated line (8 observations)": lambda chars, raw: estimate_text_tokens(chars, line),
         "chars / 1.8": lambda chars, raw: chars / 1.8,
@@ -83,21 +80,48 @@ async def estimate_error() -> str:
     }
     errors: dict[str, list[float]] = {name: [] for name in methods}
     for sample in tests:
-        real = await asyncio.to_thread(real_tokens, sample)
+        real = real_tokens(sample)
         chars = view_chars(sample)
         raw = sum(len(m.content.encode()) + sum(len(c.arguments_json.encode()) for c in m.tool_calls) for m in sample)
         pictures = sum(image_tokens(i) for m in sample for i in m.images)
         for name, method in methods.items():
             # Every method prices images the same way (by area), so the columns compare text pricing.
-            estimate = method(chars, raw) + pictures
-            errors[name].append(abs(estimate - real) / real * 100)
-    rows = [[name, f"{statistics.median(e):.1f}%", f"{_common.percentile(e, 95):.1f}%", f"{max(e):.1f}%"]
-            for name, e in errors.items()]
-    slope = f"{line.tokens_per_char:.3f} tokens/char" if line else "no line"
-    return (f"Token estimate error against the simulator's real tokenizer (Qwen3.6 vocabulary), 40 mixed "
-            f"contexts (prose, code, JSON tool output, non-Latin text; every 5th with an image), 2k–30k chars; "
-            f"line fitted on 8 other contexts ({slope}). Target: calibrated median ≤ 3%.\n\n"
-            + _common.table(["method", "median abs error", "p95", "max"], rows))
+            errors[name].append(abs(method(chars, raw) + pictures - real) / real * 100)
+    return errors
+
+
+def _growing(rng: random.Random) -> tuple[list[list[Message]], list[list[Message]]]:
+    """One conversation's successive prompts: the line learns from 8 calls, then prices the next 5."""
+    full = conversation(rng, 60_000, images=False)
+    prefixes = [full[:n] for n in range(4, len(full) + 1, max(1, len(full) // 14))][:13]
+    for prefix in prefixes[8:]:
+        if rng.random() < 0.4:
+            prefix[-1].images.append(_png(rng.choice([256, 512, 1024])))
+    return prefixes[:8], prefixes[8:]
+
+
+async def estimate_error() -> str:
+    rng = random.Random(7)
+    across_train = [conversation(rng, rng.randint(2_000, 30_000), images=False) for _ in range(8)]
+    across_tests = [conversation(rng, rng.randint(2_000, 30_000), images=i % 5 == 0) for i in range(40)]
+    across = await asyncio.to_thread(_errors, across_train, across_tests)
+    within: dict[str, list[float]] = {}
+    for _ in range(8):
+        train, tests = _growing(rng)
+        for name, values in (await asyncio.to_thread(_errors, train, tests)).items():
+            within.setdefault(name, []).extend(values)
+    rows = []
+    for name in across:
+        a, w = across[name], within[name]
+        rows.append([name, f"{statistics.median(w):.1f}%", f"{_common.percentile(w, 95):.1f}%",
+                     f"{statistics.median(a):.1f}%", f"{_common.percentile(a, 95):.1f}%"])
+    return ("Token estimate error against the simulator's real tokenizer (Qwen3.6 vocabulary) on a mixed corpus: "
+            "prose, code, JSON tool output, non-Latin text, images. *Within a conversation*: the line learns "
+            "from a conversation's 8 previous prompts and prices its next 5 (8 conversations, 40 prompts; "
+            "the Agent records every call, so this is how it is used). *Across conversations*: learned on 8 "
+            "contexts, priced on 40 others of a different mix (2k–30k chars, every 5th with an image). "
+            "Images are priced by area in every column. Target: calibrated median ≤ 3%.\n\n"
+            + _common.table(["method", "within: median", "within: p95", "across: median", "across: p95"], rows))
 
 
 def _free_port() -> int:
