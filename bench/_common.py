@@ -211,12 +211,12 @@ async def machine_summary(server: Server) -> str:
     if shared.endswith("8kB") and shared[:-3].isdigit():
         shared = f"{int(shared[:-3]) * 8 // 1024} MB"
     return "\n".join([
-        f"- machine: {os.cpu_count()} cores{f' ({model})' if model else ''}, {memory}, "
+        (f"- machine: {os.cpu_count()} cores{f' ({model})' if model else ''}, {memory}, "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
-        f"load average {load_average()} at start (other work on the machine skews the numbers)",
-        f"- PostgreSQL {version} ({server.description}); shared_buffers {shared}, "
+        f"load average {load_average()} at start (other work on the machine skews the numbers)"),
+        (f"- PostgreSQL {version} ({server.description}); shared_buffers {shared}, "
         f"max_parallel_workers_per_gather {settings.get('max_parallel_workers_per_gather', '?')}, "
-        f"synchronous_commit {settings.get('synchronous_commit', '?')}",
+        f"synchronous_commit {settings.get('synchronous_commit', '?')}"),
     ])
 
 

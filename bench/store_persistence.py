@@ -19,9 +19,18 @@ import asyncpg
 from google.protobuf import struct_pb2
 
 from bench._common import (
-    Chatter, checkpoint, fresh_database, human_bytes, ms, p50, percentile, running_store, table,
+    Chatter,
+    checkpoint,
+    fresh_database,
+    human_bytes,
+    ms,
+    p50,
+    percentile,
+    running_store,
+    table,
 )
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 
 log = logging.getLogger("bench.store_persistence")
 
@@ -86,8 +95,8 @@ class LangGraph:
     """A `MessagesState` chat graph compiled with LangGraph's AsyncPostgresSaver."""
 
     def __init__(self, saver):
-        from langgraph.graph import END, START, MessagesState, StateGraph
         from langchain_core.messages import AIMessage
+        from langgraph.graph import END, START, MessagesState, StateGraph
 
         self.reply = ""
 
@@ -168,7 +177,7 @@ async def run(args) -> str:
                     hot = {"count": await admin.fetchval("SELECT hot_count FROM sessions WHERE id = $1", sid)}
                     archiving: list[float] = []  # seconds of the measured turns that moved rows to the archive
 
-                    async def watch_archive(_: int, seconds: float) -> None:
+                    async def watch_archive(_: int, seconds: float, sid=sid, hot=hot, archiving=archiving) -> None:
                         count = await admin.fetchval("SELECT hot_count FROM sessions WHERE id = $1", sid)
                         if count < hot["count"]:
                             archiving.append(seconds)
@@ -207,28 +216,28 @@ async def run(args) -> str:
         + (f" ({', '.join(ms(t) for t in results[s]['archiving'])} ms)" if results[s]["archiving"] else "")
         for s in sizes)
     notes = [
-        f"Per-turn latency in ms over {turns_per_size} turns at each size (after {WARMUP_TURNS} warm-up turns); "
+        (f"Per-turn latency in ms over {turns_per_size} turns at each size (after {WARMUP_TURNS} warm-up turns); "
         f"messages 300–800 chars of generated chat text; the same conversation is saved by both, "
-        f"on the same server, in this run.",
-        f"**Flatness (p50@{last:,} / p50@{first:,}):** ours **{ratios['ours']:.2f}×** (target: flat, ≈1×), "
-        f"LangGraph **{ratios['lang']:.2f}×**.",
+        f"on the same server, in this run."),
+        (f"**Flatness (p50@{last:,} / p50@{first:,}):** ours **{ratios['ours']:.2f}×** (target: flat, ≈1×), "
+        f"LangGraph **{ratios['lang']:.2f}×**."),
         f"Max per turn: {maxima}.",
-        "Ours = AppendMessages(user + assistant) + UpdateSession(metadata), two unary calls through the real gRPC "
+        ("Ours = AppendMessages(user + assistant) + UpdateSession(metadata), two unary calls through the real gRPC "
         "server on loopback (same process), with `expected_revision`. Past the hot window "
         "(PALIMPSEST_HOT_WINDOW_MESSAGES, default 2,000) an append also moves the oldest groups to the archive "
-        f"table inside the same transaction; measured turns that did so: {archive_events}.",
-        "LangGraph = one `graph.ainvoke({'messages': [HumanMessage]})` per turn on a `MessagesState` graph "
+        f"table inside the same transaction; measured turns that did so: {archive_events}."),
+        ("LangGraph = one `graph.ainvoke({'messages': [HumanMessage]})` per turn on a `MessagesState` graph "
         "(START → respond → END; the node returns the given AIMessage, no model call) compiled with "
         "`AsyncPostgresSaver.from_conn_string(...)` after `setup()`, default durability (`async`, awaited before "
         "ainvoke returns). This is how a LangGraph chat app persists: each invoke loads the thread's latest "
         "checkpoint and writes 3 checkpoints (input, after START, after the node); the `add_messages` channel "
         "changes twice per turn, so 2 new full copies of the whole message list are written per turn "
         f"(at the end: {lang_checkpoints:,} checkpoints, {lang_blobs:,} message-list blobs). "
-        "Growth between sizes used one `aupdate_state` with the same messages.",
-        "Bytes = pg_total_relation_size (heap + TOAST + indexes, including the trigram GIN index on message content) "
+        "Growth between sizes used one `aupdate_state` with the same messages."),
+        ("Bytes = pg_total_relation_size (heap + TOAST + indexes, including the trigram GIN index on message content) "
         f"of {', '.join(OUR_TABLES)} vs {', '.join(LANGGRAPH_TABLES)}, measured after the turns at each size, "
         f"without VACUUM. Our session at the end: {hot['display_count']:,} displayed messages, "
-        f"{hot['hot_count']:,} in the hot table.",
+        f"{hot['hot_count']:,} in the hot table."),
     ]
     headers = ["stored messages", "ours p50", "ours p95", "LangGraph p50", "LangGraph p95", "ours bytes",
                "LangGraph bytes"]

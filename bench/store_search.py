@@ -15,11 +15,19 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from bench._common import Chatter, fresh_database, ms, p50, percentile, running_store, table
+from bench._common import (
+    Chatter,
+    fresh_database,
+    ms,
+    p50,
+    percentile,
+    running_store,
+    table,
+)
 from palimpsest.v1 import session_store_pb2 as pb
 
 log = logging.getLogger("bench.store_search")
@@ -195,7 +203,7 @@ async def load(dsn: str, sessions: int, messages: int) -> dict[str, float]:
     """COPY the generated data in, generation of the next batch overlapping the copy of the current one."""
     rng = random.Random(7)
     counts = message_counts(rng, sessions, messages)
-    gen = Generator(11, counts, datetime.now(timezone.utc))
+    gen = Generator(11, counts, datetime.now(UTC))
     conn = await asyncpg.connect(dsn)
     timings = {}
     try:
@@ -327,21 +335,21 @@ async def run(args) -> str:
     headers = ["operation", "trigram p50", "trigram p95", "ILIKE p50", "ILIKE p95", "speed-up (p50)", "target"]
     hits = sorted(indexed.hits)
     notes = [
-        f"ms per call through the gRPC server, {calls} calls per operation and index state, each with a "
-        f"different term (ListSessions without query: offsets 0, {PAGE}, … {PAGE * (calls - 1)}); page size {PAGE}.",
-        f"Data: {counts['s']:,} sessions, {counts['h'] + counts['a']:,} messages ({counts['a']:,} of them in the "
+        (f"ms per call through the gRPC server, {calls} calls per operation and index state, each with a "
+        f"different term (ListSessions without query: offsets 0, {PAGE}, … {PAGE * (calls - 1)}); page size {PAGE}."),
+        (f"Data: {counts['s']:,} sessions, {counts['h'] + counts['a']:,} messages ({counts['a']:,} of them in the "
         f"archive table, from {min(LONG_SESSIONS, sessions // 100)} sessions past the hot window), "
         f"{counts['bytes'] / 2**20:,.0f} MB of message tables with indexes; COPY {timings['copy']:.0f} s, "
-        f"trigram index build {timings['index']:.0f} s (rebuild after the ILIKE run {timings['reindex']:.0f} s).",
-        f"Terms matched {hits[0]}–{hits[-1]} sessions (median {hits[len(hits) // 2]}); SearchMatches found a median "
-        f"of {sorted(indexed.matches)[len(indexed.matches) // 2]} matching messages in a page.",
-        "Trigram = the store's `*_trgm` GIN indexes (gin_trgm_ops on message content, archive content, chunk "
-        "content and session names); ILIKE = the same queries after dropping them and ANALYZE.",
-        "A call = the servicer's two queries for ListSessions (the page and count(*)) or the one aggregate "
-        "query for SearchMatches, plus protobuf and gRPC on loopback.",
-        "SearchMatches reads the display rows of the ≤ 50 sessions it is given, so its cost follows the page, not "
+        f"trigram index build {timings['index']:.0f} s (rebuild after the ILIKE run {timings['reindex']:.0f} s)."),
+        (f"Terms matched {hits[0]}–{hits[-1]} sessions (median {hits[len(hits) // 2]}); SearchMatches found a median "
+        f"of {sorted(indexed.matches)[len(indexed.matches) // 2]} matching messages in a page."),
+        ("Trigram = the store's `*_trgm` GIN indexes (gin_trgm_ops on message content, archive content, chunk "
+        "content and session names); ILIKE = the same queries after dropping them and ANALYZE."),
+        ("A call = the servicer's two queries for ListSessions (the page and count(*)) or the one aggregate "
+        "query for SearchMatches, plus protobuf and gRPC on loopback."),
+        ("SearchMatches reads the display rows of the ≤ 50 sessions it is given, so its cost follows the page, not "
         "the table; the store's query numbers every display row of those sessions and applies ILIKE after the "
-        "window function, so no trigram index can serve it (hence ≈1× with and without).",
+        "window function, so no trigram index can serve it (hence ≈1× with and without)."),
     ]
     missed = [r[0] for r in rows if "MISSED" in r[-1].split(";")[0]]
     if missed:

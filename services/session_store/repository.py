@@ -172,28 +172,34 @@ class SessionRepository:
         if profile_id:
             params.append(profile_id)
             where.append(f"s.profile_id = ${len(params)}")
+        source = "sessions s"
         if query:
             params.append(like_pattern(query))
             p = f"${len(params)}"
-            # Each branch can use its own trigram index; the semi-joins never load history.
-            where.append(
-                f"(s.name ILIKE {p}"
-                f" OR s.id IN (SELECT m.session_id FROM session_messages m WHERE m.is_display AND m.content ILIKE {p})"
-                f" OR s.id IN (SELECT a.session_id FROM session_messages_archive a"
-                f" WHERE a.is_display AND a.content ILIKE {p}))"
+            # The matching ids are collected once, each branch on its own trigram index, and the
+            # page and its total come from one pass (no second search for count(*)).
+            source = (
+                f"(SELECT id FROM sessions WHERE name ILIKE {p}"
+                f" UNION SELECT session_id FROM session_messages WHERE is_display AND content ILIKE {p}"
+                f" UNION SELECT session_id FROM session_messages_archive WHERE is_display AND content ILIKE {p})"
+                " matched JOIN sessions s ON s.id = matched.id"
             )
         where_sql = " AND ".join(where)
         direction = "DESC" if descending else "ASC"
         order = f"s.pinned DESC, {_SORT_COLUMNS[sort_by]} {direction}, s.id"
         count_params = list(params)
         params.extend([limit, offset])
+        total_column = ", count(*) OVER () AS total" if query else ""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
-                f"SELECT s.* FROM sessions s WHERE {where_sql} ORDER BY {order}"
+                f"SELECT s.*{total_column} FROM {source} WHERE {where_sql} ORDER BY {order}"
                 f" LIMIT ${len(params) - 1} OFFSET ${len(params)}",
                 *params,
             )
-            total = await conn.fetchval(f"SELECT count(*) FROM sessions s WHERE {where_sql}", *count_params)
+            if rows and query:
+                total = rows[0]["total"]
+            else:  # no query (an index-ordered page), or a page past the end
+                total = await conn.fetchval(f"SELECT count(*) FROM {source} WHERE {where_sql}", *count_params)
         return rows, total
 
     async def search_matches(
@@ -206,22 +212,30 @@ class SessionRepository:
         rows = await self.pool.fetch(
             f"""
             WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {visible}),
-            display AS (
+            hits AS (
+                -- the matching rows first, where the trigram index applies
                 SELECT session_id, seq, content FROM session_messages
-                 WHERE session_id IN (SELECT id FROM allowed) AND is_display
+                 WHERE session_id = ANY($1) AND is_display AND content ILIKE ${len(params)}
                 UNION ALL
                 SELECT session_id, seq, content FROM session_messages_archive
-                 WHERE session_id IN (SELECT id FROM allowed) AND is_display
+                 WHERE session_id = ANY($1) AND is_display AND content ILIKE ${len(params)}
+            ),
+            hit_sessions AS (
+                SELECT DISTINCT session_id FROM hits WHERE session_id IN (SELECT id FROM allowed)
             ),
             numbered AS (
-                SELECT session_id, content,
-                       row_number() OVER (PARTITION BY session_id ORDER BY seq) - 1 AS idx
-                  FROM display
+                -- display positions, only for the sessions that have a hit
+                SELECT session_id, seq, row_number() OVER (PARTITION BY session_id ORDER BY seq) - 1 AS idx
+                  FROM (SELECT session_id, seq FROM session_messages
+                         WHERE session_id = ANY(ARRAY(SELECT session_id FROM hit_sessions)) AND is_display
+                        UNION ALL
+                        SELECT session_id, seq FROM session_messages_archive
+                         WHERE session_id = ANY(ARRAY(SELECT session_id FROM hit_sessions)) AND is_display) d
             )
-            SELECT session_id, array_agg(idx ORDER BY idx) AS indices,
-                   (array_agg(content ORDER BY idx))[1] AS first_content
-              FROM numbered WHERE content ILIKE ${len(params)}
-             GROUP BY session_id
+            SELECT h.session_id, array_agg(n.idx ORDER BY n.idx) AS indices,
+                   (array_agg(h.content ORDER BY n.idx))[1] AS first_content
+              FROM hits h JOIN numbered n USING (session_id, seq)
+             GROUP BY h.session_id
             """,
             *params,
         )
