@@ -116,6 +116,10 @@ async def compressor(compressor_server):
         yield compressor_pb2_grpc.CompressorStub(channel)
 
 
+# A model name of this run only: calibration observations live in the (persistent) store.
+# (Through the environment: this module is imported both as `conftest` and as `tests.conftest`.)
+LIAR_MODEL = os.environ.setdefault("PALIMPSEST_TEST_LIAR_MODEL", f"liar-{uuid.uuid4().hex[:8]}")
+
 TEST_PROFILES = {
     "default": "small",
     "profiles": [
@@ -123,6 +127,8 @@ TEST_PROFILES = {
         {"id": "tiny", "name": "No thinking", "model": "tiny", "context_window": 8192, "max_iterations": 4,
          "think_enabled": False},
         {"id": "missing", "name": "Unpulled model", "model": "no-such-model", "context_window": 8192},
+        {"id": "liar", "name": "Miscalibrated", "model": LIAR_MODEL, "context_window": 32768, "think_enabled": False,
+         "memory_recall_enabled": False},
     ],
 }
 

@@ -257,7 +257,7 @@ async def _collect(call):
 async def test_list_profiles(agent):
     reply = await agent.ListProfiles(pb.ListProfilesRequest())
     assert reply.default_profile_id == "small"
-    assert {p.id for p in reply.profiles} == {"small", "tiny", "missing"}
+    assert {p.id for p in reply.profiles} == {"small", "tiny", "missing", "liar"}
     small = next(p for p in reply.profiles if p.id == "small")
     assert small.context_window == 8192 and "plan" in small.agent_tools
 
@@ -314,3 +314,71 @@ async def test_an_edited_profiles_file_applies_from_the_next_turn(agent, agent_s
     finally:
         path.write_text(original)
         os.utime(path, (2, 2))
+
+
+async def test_a_truncated_prompt_makes_the_post_turn_pass_compress(agent, agent_server, compressor, store,
+                                                                  ollama_sim, profile):
+    """Ollama cuts a prompt our estimate said would fit: the count it reports is not taken as the
+    baseline, the meter keeps the honest estimate, and the post-turn pass compresses anyway."""
+    from palimpsest.v1 import compressor_pb2 as cpb, common_pb2
+    from services.ollama_sim import ModelSpec, count_text_tokens
+
+    from tests.conftest import LIAR_MODEL
+
+    ollama_sim.models[LIAR_MODEL] = ModelSpec(context_length=65536, capabilities=("completion", "tools"))
+    # A calibration line of one token per four chars, while this text really costs far more.
+    for chars, tokens in ((4000, 1000), (8000, 2000)):
+        await compressor.RecordBaseline(cpb.RecordBaselineRequest(model=LIAR_MODEL, prompt_eval_count=tokens,
+                                                                  sent_tokens=tokens, sent_chars=chars))
+    dense = " ".join(f"{i:x}{i * 7919 % 65521:x}" for i in range(2400))[:20_000]  # hex: dense in tokens
+    assert count_text_tokens(dense) > len(dense) * 0.4
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="liar", model=LIAR_MODEL))).session
+    history = []
+    for i in range(5):  # ~100k chars: about 25k tokens by that line (it fits 32k), far more for real
+        history += [common_pb2.Message(role="user", content=f"part {i}: {dense}"),
+                    common_pb2.Message(role="assistant", content=f"noted {i}")]
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
+    ollama_sim.script(Reply(text="fine"))
+    events = await run(agent, "and one more", session_id=session.id)
+    assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED
+    assert ollama_sim.chats[-1].truncated  # the simulator cut it, as Ollama would
+    usage = [e.usage for e in events if e.HasField("usage")][0]
+    assert usage.prompt_tokens == 32768 // 2 + 2 and usage.context_tokens > usage.prompt_tokens
+    for _ in range(100):  # post-turn work runs after stream_end
+        if not agent_server.servicer.deps.post_turn_tasks:
+            break
+        await asyncio.sleep(0.05)
+    after = await full(store, session.id)
+    assert any(m.is_compression for m in after.messages), "the post-turn pass must have compressed"
+    baseline = (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session.id)))
+    assert not baseline.HasField("baseline")  # consumed by the compression
+
+
+async def test_sub_agent_events_are_forwarded_and_its_state_never_leaks(agent, agent_server, ollama_sim):
+    from services.agent.events import EventSink
+    from services.agent.subagent import run_subagent
+    from services.agent.tools.base import SpawnRequest
+    from services.agent.turn import current_session
+
+    ollama_sim.script(
+        Reply(tool_calls=[("spawn_agent", {"task": "count the files", "profile_id": "tiny"})]),
+        Reply(text="sub answer: 3 files"),
+        Reply(text="parent done"),
+    )
+    events = await run(agent, "delegate this")
+    sub = [e for e in events if e.is_subagent]
+    assert sub and "sub answer: 3 files" in "".join(e.text_delta.text for e in sub if e.HasField("text_delta"))
+    assert not any(e.HasField("stream_end") for e in sub)  # only the parent's turn ends the stream
+    assert end_of(events).text == "parent done"
+    tool = [e.tool_finished for e in events if e.HasField("tool_finished") and not e.is_subagent][0]
+    assert tool.name == "spawn_agent" and "3 files" in tool.preview
+
+    # The seed's ContextVar rule: after a sub-agent, the parent's session is the current one again.
+    token = current_session.set("parent-session")
+    try:
+        ollama_sim.script(Reply(text="done"))
+        result = await run_subagent(agent_server.servicer.deps, SpawnRequest(text="tiny job", profile_id="tiny"),
+                                    sink=EventSink(is_subagent=True), metadata=())
+        assert result.completed_normally and current_session.get() == "parent-session"
+    finally:
+        current_session.reset(token)

@@ -183,3 +183,14 @@ def test_a_report_far_below_half_the_window_is_never_a_cut_prompt() -> None:
 def test_a_report_of_half_the_window_under_a_larger_estimate_is_a_cut_prompt() -> None:
     assert is_truncated_report(4_098, 7_900, window=8_192)
     assert not is_truncated_report(3_276, 7_900, window=8_192)  # 39.99%: below the floor
+
+
+def test_a_small_windows_target_keeps_the_hysteresis_gap() -> None:
+    from services.compressor.pipeline import effective_target
+    from services.compressor.pricing import Knobs
+    from services.shared.settings import Settings
+
+    knobs = Knobs.resolve(Settings(), None)
+    assert effective_target(knobs, 100_000) == 0.65  # the reserve is 2% there: nothing moves
+    # 8,192: the reserve (2,048) puts the trigger at 75%, so the target drops to 50%.
+    assert abs(effective_target(knobs, 8192) - 0.50) < 1e-9

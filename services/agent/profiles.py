@@ -20,7 +20,6 @@ DEFAULT_PERSONA = (
 )
 
 DEFAULT_TOOLS = ("plan", "todo", "spawn_agent", "memory_search", "session_search", "image_view", "switch_profile")
-DEFAULT_SUBAGENT_TOOLS = ("todo", "memory_search", "session_search", "image_view")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from services.compressor.breadcrumbs import chunk_messages, extract_entities, me
 from services.compressor.hard_truncate import hard_truncate
 from services.compressor.planner import Plan, apply_plan, plan_compression
 from services.compressor.pricing import Knobs, Pricing
+from services.compressor.token_estimate import trigger_tokens
 from services.compressor.summary_format import (
     META_SUMMARY_PROMPT,
     SUMMARY_PROMPT,
@@ -44,6 +45,14 @@ def reason_name(reason: int) -> str:
     return _REASON_NAMES.get(reason, "unspecified")
 
 
+def effective_target(knobs: Knobs, window: int) -> float:
+    """The target, lowered as far as the trigger was: when a small window's output reserve pulls the
+    trigger below the threshold, the gap between trigger and target (the hysteresis that stops
+    compression re-firing a few messages later) stays what the settings meant it to be."""
+    trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve) / window
+    return max(0.05, min(knobs.target, trigger - (knobs.threshold - knobs.target)))
+
+
 def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
               keep_recent_messages: int) -> Plan:
     """The one plan WouldCompress and Compress share."""
@@ -51,7 +60,7 @@ def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: in
         context,
         keep_recent=knobs.keep_recent,
         window=window,
-        target=knobs.target,
+        target=effective_target(knobs, window),
         estimate=pricing.estimate,
         keep_recent_messages=keep_recent_messages or None,
         critical_tools=knobs.critical_tools,
