@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import re
+import uuid
 from dataclasses import replace
 
 import grpc
@@ -17,6 +18,8 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as 
 from services.agent.tools.base import ToolContext, ToolResult
 from services.ollama_sim import Reply
 
+# A model of this run alone: calibration is per model and shared by every session (and test).
+MODEL = f"long-{uuid.uuid4().hex[:8]}"
 TURNS = int(__import__("os").environ.get("LONG_TURNS", "300"))
 WINDOW = 8192
 
@@ -72,7 +75,7 @@ def png(side: int) -> bytes:
 def long_profiles(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("long") / "profiles.json"
     path.write_text(json.dumps({"profiles": [{
-        "id": "long", "model": "qwen3.6", "context_window": WINDOW, "max_iterations": 6,
+        "id": "long", "model": MODEL, "context_window": WINDOW, "max_iterations": 6,
         "custom_tools": ["tests.test_agent_long:BigOutputTool"],
         "agent_tools": ["todo", "memory_search", "fetch_report"],
     }]}))
@@ -85,6 +88,7 @@ async def test_three_hundred_turns_stay_inside_the_window(base_settings, store_s
 
     ollama_sim.clear()
     ollama_sim.set_responder(responder)
+    ollama_sim.models[MODEL] = ollama_sim.models["qwen3.6"]
     settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
                        compressor_addr=compressor_server.address, profiles_path=long_profiles)
     running = await start_agent(settings, port=0)

@@ -289,3 +289,17 @@ async def test_an_observation_through_one_replica_prices_the_next_estimate_on_an
     finally:
         for r in replicas:
             await r.stop(0)
+
+
+async def test_a_report_of_half_the_window_is_never_learned(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(1))
+    model = f"half-{uuid.uuid4().hex[:6]}"
+    await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=model, prompt_eval_count=900, sent_tokens=900, through_seq=2, window=8192))
+    # 4,098 of an 8,192 window, though our estimate (4,000) was too low to prove a cut.
+    reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=model, prompt_eval_count=4098, sent_tokens=4000, sent_chars=16000,
+        through_seq=2, window=8192))
+    assert not reply.recorded
+    assert (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline.tokens == 900
+    assert not (await store.ListObservations(store_pb.ListObservationsRequest(model=model))).observations

@@ -14,7 +14,13 @@ from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
 from services.compressor.planner import would_compress
 from services.compressor.pricing import Knobs, Pricing, SessionState
-from services.compressor.token_estimate import fits, is_truncated_report, output_reserve, trigger_tokens
+from services.compressor.token_estimate import (
+    fits,
+    is_truncated_report,
+    near_cut_size,
+    output_reserve,
+    trigger_tokens,
+)
 from services.shared.auth import forwarded_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, from_rpc_error
 from services.shared.image_tokens import image_size, image_tokens
@@ -131,6 +137,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             log.warning("truncated prompt: Ollama reported %d tokens of ~%d sent (session %s)",
                         request.prompt_eval_count, request.sent_tokens, request.session_id or "-")
             return pb.RecordBaselineResponse(recorded=False, truncated=True)
+        if near_cut_size(request.prompt_eval_count, request.window):
+            log.info("report of %d tokens is about half of num_ctx %d: not learned from", request.prompt_eval_count,
+                     request.window)
+            return pb.RecordBaselineResponse(recorded=False, truncated=False)
         if request.session_id:
             await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
                 session_id=request.session_id,
