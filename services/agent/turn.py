@@ -123,6 +123,7 @@ class Turn:
         self.result = TurnResult()
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
         self.switch_to = ""  # a profile the request asked for, recorded under the session lock
+        self._pending: list[Message] = []  # this turn's user message, stored with the first size check
         self._load_tools()
 
     # -- small helpers -------------------------------------------------------------------------
@@ -192,10 +193,11 @@ class Turn:
         messages = await attach_images(self, turn_input)
         if self._compression_on():
             await self._compress_preturn(messages[-1])
-        await self.conv.append(messages)
         if self.stored and not turn_input.hidden:
             await self._name_session(turn_input.text)
         memory = await self._recall(turn_input.text)
+        # Stored while the first size check runs: one round trip less before the first token.
+        self._pending = messages
         return await self._loop(memory)
 
     async def _loop(self, memory: str) -> TurnResult:
@@ -203,11 +205,23 @@ class Turn:
         progress_seen = self.state.todo_progress
         for iteration in range(self.max_iterations):
             if self.stop.is_set():
+                if self._pending:  # stopped before the first call: the user's message is still kept
+                    await self.conv.append(self._pending)
+                    self._pending = []
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
             if iteration > 0 and self._compression_on():
                 await self._compress_midturn()
-            built = self._build(memory, iteration, stalled)
-            check = await self._check_size(built)
+            built = self._build(memory, iteration, stalled, self._pending)
+            if self._pending:
+                check, appended = await asyncio.gather(self._check_size(built), self.conv.append(self._pending),
+                                                       return_exceptions=True)
+                self._pending = []
+                for outcome in (appended, check):  # both finished; the store's failure speaks first
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+            else:
+                check = await self._check_size(built)
+            through_seq = self.conv.through_seq  # the stored rows this prompt carries
             if not check.fits and self._compression_on() and await self._compress(
                     cpb.COMPRESSION_REASON_MIDTURN, check.tokens, self._midturn_keep()):
                 # Over the limit: one compression before giving up on this context.
@@ -231,10 +245,10 @@ class Turn:
             self._partial = None  # from here on the reply is saved, never as a partial
             if not reply.tool_calls:
                 await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)])
-                await self._record_usage(reply, check, built)
+                await self._record_usage(reply, check, built, through_seq)
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
             calls = await self._save_tool_calls(reply)
-            await self._record_usage(reply, check, built)
+            await self._record_usage(reply, check, built, through_seq)
             await self._run_tools(calls)
             if self.stop.is_set():
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
@@ -246,10 +260,10 @@ class Turn:
                 self._switch_profile(self.state.switched_profile)
         return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
 
-    def _build(self, memory: str, iteration: int, stalled: int) -> list[Message]:
+    def _build(self, memory: str, iteration: int, stalled: int, pending: Sequence[Message] = ()) -> list[Message]:
         return cb.ContextBuilder.build(
             self._system_prompt(),
-            self.conv.context,
+            [*self.conv.context, *(m for m in pending if not m.explicit_flags or m.is_context)],
             budget_tokens=message_budget(self.window, self.settings.message_token_budget),
             tokens_per_char=self.deps.view_rates.get(self.profile.model, MAX_TOKENS_PER_CHAR),
             memory=memory,
@@ -336,9 +350,7 @@ class Turn:
         self._partial = None
 
     async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse,
-                            built: list[Message]) -> None:
-        # The prompt covered the stored rows the built context carried (not the reply just saved).
-        through_seq = max((m.seq for m in built), default=0)
+                            built: list[Message], through_seq: int) -> None:
         tokens = check.tokens
         if reply.prompt_eval_count:
             try:
