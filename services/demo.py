@@ -24,8 +24,8 @@ console = Console()
 def scripted_model(body) -> Reply:
     if not body.get("stream", True):
         return Reply(text="- The user walked through a series of log reviews.\nKEYS: logs, reviews, demo")
-    last = (body.get("messages") or [{}])[-1]
-    if last.get("role") == "user":
+    spoken = [m for m in body.get("messages") or [] if m.get("role") != "system"]
+    if spoken and spoken[-1].get("role") == "user":
         return Reply(text="Here is a long, careful answer. " + "The log shows steady progress. " * 25)
     return Reply(text="Done.")
 

@@ -54,18 +54,23 @@ def test_spread_counts_between_any_two_observations_not_neighbours() -> None:
     assert line is not None
 
 
-def test_slope_of_exactly_one_token_per_four_chars_is_accepted() -> None:
-    line = fit_line([obs(4_000, 1_000), obs(8_000, 2_000)])
-    assert line is not None and line.tokens_per_char == pytest.approx(0.25)
+def test_slope_of_exactly_one_token_per_six_chars_is_accepted() -> None:
+    line = fit_line([obs(6_000, 1_000), obs(12_000, 2_000)])
+    assert line is not None and line.tokens_per_char == pytest.approx(1 / 6)
 
 
-def test_slope_just_below_one_token_per_four_chars_is_rejected() -> None:
-    # slope 0.249
-    assert fit_line([obs(10_000, 2_490), obs(20_000, 4_980)]) is None
+def test_slope_just_below_one_token_per_six_chars_is_rejected() -> None:
+    # slope 0.166
+    assert fit_line([obs(10_000, 1_660), obs(20_000, 3_320)]) is None
 
 
-def test_slope_just_above_one_token_per_four_chars_is_accepted() -> None:
-    assert fit_line([obs(10_000, 2_510), obs(20_000, 5_020)]) is not None
+def test_slope_just_above_one_token_per_six_chars_is_accepted() -> None:
+    assert fit_line([obs(10_000, 1_670), obs(20_000, 3_340)]) is not None
+
+
+def test_english_prose_under_the_qwen_vocabulary_gives_a_usable_line() -> None:
+    # Measured with the simulator: a growing English chat, tool schemas in the fixed overhead.
+    assert fit_line([obs(3_788, 2_114), obs(6_347, 2_648)]) is not None
 
 
 def test_slope_of_exactly_one_token_per_char_is_accepted() -> None:

@@ -182,7 +182,13 @@ def test_a_report_far_below_half_the_window_is_never_a_cut_prompt() -> None:
 
 def test_a_report_of_half_the_window_under_a_larger_estimate_is_a_cut_prompt() -> None:
     assert is_truncated_report(4_098, 7_900, window=8_192)
-    assert not is_truncated_report(3_276, 7_900, window=8_192)  # 39.99%: below the floor
+    assert not is_truncated_report(3_600, 7_900, window=8_192)  # 43.9%: not what a cut reports
+    assert not is_truncated_report(4_600, 7_900, window=8_192)  # 56.2%: nor this
+
+
+def test_an_overestimated_honest_prompt_is_not_a_cut() -> None:
+    # chars/1.8 on English prose is about 3× the real count: 1,724 real against ~5,100 estimated.
+    assert not is_truncated_report(1_724, 5_100, window=4_096)
 
 
 def test_a_small_windows_target_keeps_the_hysteresis_gap() -> None:

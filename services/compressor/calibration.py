@@ -21,9 +21,13 @@ OBSERVATION_WINDOW = 8
 # slope by the whole measurement error), so no line is fitted from them.
 MIN_SIZE_SPREAD = Fraction(125, 100)
 
-# One token per four chars (plain English) … one token per char (CJK, base64, dense JSON).
-# A slope outside that range only comes from a prompt Ollama truncated server-side.
-MIN_TOKENS_PER_CHAR = 0.25
+# One token per six chars … one token per char (CJK, base64, dense JSON). A slope outside that range
+# only comes from a prompt Ollama truncated server-side. Departure from the source's one token per
+# four chars: with the Qwen3.6 vocabulary, English prose costs 0.18–0.21 tokens per char (measured
+# with the simulator's tokenizer), so that bound rejected every honest line of an English
+# conversation and left the estimate at chars / 1.8, about 3× too high — compression then fired at
+# a third of the real window, forever.
+MIN_TOKENS_PER_CHAR = 1 / 6
 MAX_TOKENS_PER_CHAR = 1.0
 # Least squares over integers can land a hair off an exact bound; that is not implausibility.
 _SLOPE_TOLERANCE = 1e-9

@@ -27,9 +27,10 @@ OUTPUT_RESERVE_WINDOW_DIVISOR = 4
 # 70%: a real count below this share of what we sent means Ollama cut the prompt (it evaluates
 # about half the window of an oversized prompt and reports only that), so it is no baseline.
 TRUNCATION_RATIO_PERCENT = 70
-# A cut prompt reports about half the window (num_ctx/2 + 2 in recent Ollama); 40% leaves room for
-# versions that keep a little less.
-TRUNCATION_FLOOR_PERCENT = 40
+# A cut prompt reports about half the window (num_ctx/2 + 2 in recent Ollama); the band leaves room
+# for versions that keep a little more or less.
+CUT_LOW_PERCENT = 45
+CUT_HIGH_PERCENT = 55
 
 
 @dataclass(frozen=True)
@@ -156,12 +157,12 @@ def fits(tokens: int, window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> boo
 def is_truncated_report(reported: int, sent_estimate: int, window: int = 0) -> bool:
     """True when Ollama's count is below 70% of the prompt we sent: it cut the prompt.
 
-    With the window known, a report far below half of it is never a cut: Ollama keeps about half
-    the window when it cuts, so such a report is an honest small prompt that an uncalibrated
-    estimate (chars / 1.8) over-counted. Without this, the first calls of a new model could never
-    calibrate: every honest report would look truncated and be thrown away.
+    With the window known, only a report of about half of it can be a cut (Ollama keeps about
+    num_ctx/2 + 2 tokens of a prompt it cuts). Any other low report is an honest prompt that an
+    uncalibrated estimate (chars / 1.8, often 2–3× too high) over-counted; taking it for a cut would
+    throw away exactly the observations the calibration needs, so a new model would never calibrate.
     """
-    if window > 0 and reported * 100 < window * TRUNCATION_FLOOR_PERCENT:
+    if window > 0 and not CUT_LOW_PERCENT * window <= reported * 100 <= CUT_HIGH_PERCENT * window + 200:
         return False
     # Integers only, so exactly 70% is on the honest side.
     return reported * 100 < sent_estimate * TRUNCATION_RATIO_PERCENT
