@@ -48,7 +48,17 @@ async def main() -> None:
             json.dump({"profiles": [{"id": "demo", "model": "qwen3.6", "context_window": WINDOW}]}, f)
         settings = replace(Settings.from_env(), ollama_host=sim.url, profiles_path=profiles)
         console.print(f"[bold]Palimpsest demo[/]: {TURNS} turns in a {WINDOW}-token window, Ollama simulated at {sim.url}")
-        store = await start_store(settings, port=0)
+        embedded = None
+        dsn = settings.database_url
+        if not dsn:  # a database of our own that we also stop: the demo leaves nothing running
+            from services.shared.embedded_pg import EmbeddedPostgres
+
+            embedded = EmbeddedPostgres(settings.data_dir)
+            was_running = embedded.running_port() is not None
+            dsn = await asyncio.to_thread(embedded.start)
+            if was_running:
+                embedded = None  # `make run` owns it
+        store = await start_store(settings, port=0, dsn=dsn)
         settings = replace(settings, store_addr=store.address)
         compressor = await start_compressor(settings, port=0)
         settings = replace(settings, compressor_addr=compressor.address)
@@ -77,6 +87,8 @@ async def main() -> None:
             await agent.stop(1)
             await compressor.stop(1)
             await store.stop(1)
+            if embedded is not None:
+                await asyncio.to_thread(embedded.stop)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,8 @@ TEST_PROFILES = {
         {"id": "small", "name": "Small window", "model": "qwen3.6", "context_window": 8192, "max_iterations": 8},
         {"id": "tiny", "name": "No thinking", "model": "tiny", "context_window": 8192, "max_iterations": 4,
          "think_enabled": False},
+        {"id": "looper", "name": "Short leash", "model": "qwen3.6", "context_window": 8192, "max_iterations": 6,
+         "goal_anchoring_interval": 2, "anti_stall_threshold": 3, "think_enabled": False},
         {"id": "missing", "name": "Unpulled model", "model": "no-such-model", "context_window": 8192},
         {"id": "liar", "name": "Miscalibrated", "model": LIAR_MODEL, "context_window": 32768, "think_enabled": False,
          "memory_recall_enabled": False},

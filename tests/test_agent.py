@@ -257,7 +257,7 @@ async def _collect(call):
 async def test_list_profiles(agent):
     reply = await agent.ListProfiles(pb.ListProfilesRequest())
     assert reply.default_profile_id == "small"
-    assert {p.id for p in reply.profiles} == {"small", "tiny", "missing", "liar"}
+    assert {p.id for p in reply.profiles} == {"small", "tiny", "missing", "liar", "looper"}
     small = next(p for p in reply.profiles if p.id == "small")
     assert small.context_window == 8192 and "plan" in small.agent_tools
 
@@ -382,3 +382,33 @@ async def test_sub_agent_events_are_forwarded_and_its_state_never_leaks(agent, a
         assert result.completed_normally and current_session.get() == "parent-session"
     finally:
         current_session.reset(token)
+
+
+async def test_budget_goal_and_anti_stall_notes_reach_the_model(agent, ollama_sim):
+    ollama_sim.script(*[Reply(tool_calls=[("todo", {"action": "list"})]) for _ in range(5)], Reply(text="gave up"))
+    events = await run(agent, "find the needle", profile_id="looper")
+    assert end_of(events).text == "gave up"
+    notes = [[m["content"] for m in body["messages"] if m["role"] == "system"][1:]
+             for body in ollama_sim.bodies()[-6:]]
+    assert all(any("Iteration" in n for n in call) for call in notes)  # the budget, every call
+    assert [any("Goal reminder" in n and "find the needle" in n for n in call) for call in notes] == \
+        [False, False, True, False, True, False]  # every 2nd iteration after the first
+    stalled = [any("without progress" in n for n in call) for call in notes]
+    assert stalled == [False, False, False, True, True, True]  # after 3 iterations with no todo progress
+
+
+async def test_compressed_history_is_recalled_once_when_it_matches(agent, store, ollama_sim):
+    from palimpsest.v1 import common_pb2
+
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
+        common_pb2.Message(role="user", content="[Summary] We set up the vault.", is_summary=True,
+                           explicit_flags=True, is_context=True, is_display=False)]))
+    await store.IndexChunks(store_pb.IndexChunksRequest(session_id=session.id, chunks=[
+        common_pb2.RawChunk(content="user: the vault code is 7741-alpha, keep it safe")]))
+    await run(agent, "what was the vault code?", session_id=session.id)
+    first = " ".join(m["content"] for m in ollama_sim.bodies()[-1]["messages"])
+    assert "Recalled from earlier" in first and "7741-alpha" in first
+    await run(agent, "what was the vault code again?", session_id=session.id)
+    second = " ".join(m["content"] for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "system")
+    assert "7741-alpha" not in second  # remembered as injected: not recalled twice

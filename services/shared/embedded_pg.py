@@ -74,7 +74,7 @@ class EmbeddedPostgres:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> str:
         """Init if needed, start if not running, create the database; returns its URL."""
-        running = self._running_port()
+        running = self.running_port()
         if running:  # never touch the binaries under a live server: it loads extensions lazily
             self.port = running
             self._ensure_database()
@@ -151,7 +151,7 @@ class EmbeddedPostgres:
             raise RuntimeError(f"{tool} failed ({result.returncode}): {result.stderr.strip()}\n{tail}")
         return result
 
-    def _running_port(self) -> int | None:
+    def running_port(self) -> int | None:
         pidfile = self.pgdata / "postmaster.pid"
         if not pidfile.exists():
             return None
