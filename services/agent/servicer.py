@@ -48,6 +48,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
         return forwarded_metadata(context)
 
+    def _forget_idle_lock(self, session_id: str, lock: asyncio.Lock) -> None:
+        """One lock per session would pile up forever; an idle one nobody waits for can go."""
+        if not lock.locked() and not getattr(lock, "_waiters", None) and self._locks.get(session_id) is lock:
+            del self._locks[session_id]  # (its generation stays: a turn opened meanwhile must reload)
+
     def _reload_profiles(self) -> None:
         """An edited profiles file applies from the next turn; cached system prompts go with it."""
         fresh = self.deps.profiles.reloaded()
@@ -107,6 +112,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             finally:
                 self._generation[turn.session_id] = self._generation.get(turn.session_id, 0) + 1
                 lock.release()
+                self._forget_idle_lock(turn.session_id, lock)
 
         task = asyncio.create_task(work())
         self.deps.post_turn_tasks.add(task)
