@@ -356,6 +356,17 @@ async def open_terminal(*args: str, env: dict[str, str]) -> Terminal:
 
 
 async def test_chat_in_a_terminal_streams_live_and_obeys_ctrl_c(env, ollama_sim):
+    # A real pseudo-terminal on a loaded 2-core machine: one retry for timing, never for behaviour
+    # (a wrong screen fails both attempts).
+    try:
+        await _chat_in_a_terminal(env, ollama_sim)
+    except (TimeoutError, AssertionError) as first:
+        print(f"first terminal attempt failed, retrying once: {first}")
+        ollama_sim.set_responder(None)
+        await _chat_in_a_terminal(env, ollama_sim)
+
+
+async def _chat_in_a_terminal(env, ollama_sim):
     term = await open_terminal("chat", env=env)
     try:
         await term.expect("you›")
