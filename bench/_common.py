@@ -55,7 +55,7 @@ def start_server(database_url: str | None, data_dir: Path | None, keep: bool) ->
     from services.shared.embedded_pg import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(Path(data_dir or default_data_dir()))
-    already_running = embedded.pgdata.exists() and embedded._running_port() is not None
+    already_running = embedded.pgdata.exists() and embedded.running_port() is not None
     url = embedded.start()
     started_here = not already_running and not keep
     return Server(
