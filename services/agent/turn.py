@@ -28,7 +28,6 @@ from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, Tur
 from services.agent.tools.registry import execute, tools_for
 from services.compressor.calibration import MAX_TOKENS_PER_CHAR
 from services.compressor.token_estimate import trigger_tokens
-from services.shared.image_tokens import image_tokens
 from services.shared.context_view import message_budget, to_ollama_messages, view_chars
 from services.shared.errors import Aborted, PalimpsestError, from_rpc_error
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
@@ -191,12 +190,11 @@ class Turn:
             await self.conv.update(profile_id=self.switch_to)
         self.state.goal = turn_input.text
         messages = await attach_images(self, turn_input)
-        if self._compression_on():
-            await self._compress_preturn(messages[-1])
         if self.stored and not turn_input.hidden:
             await self._name_session(turn_input.text)
         memory = await self._recall(turn_input.text)
-        # Stored while the first size check runs: one round trip less before the first token.
+        # Stored while the first size check runs, and that check is also the pre-turn estimate:
+        # the fewest round trips before the first token.
         self._pending = messages
         return await self._loop(memory)
 
@@ -209,8 +207,6 @@ class Turn:
                     await self.conv.append(self._pending)
                     self._pending = []
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
-            if iteration > 0 and self._compression_on():
-                await self._compress_midturn()
             built = self._build(memory, iteration, stalled, self._pending)
             if self._pending:
                 check, appended = await asyncio.gather(self._check_size(built), self.conv.append(self._pending),
@@ -222,6 +218,10 @@ class Turn:
             else:
                 check = await self._check_size(built)
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
+            if await self._compress_if_over(check, iteration):
+                built = self._build(memory, iteration, stalled)
+                check = await self._check_size(built)
+                through_seq = self.conv.through_seq
             if not check.fits and self._compression_on() and await self._compress(
                     cpb.COMPRESSION_REASON_MIDTURN, check.tokens, self._midturn_keep()):
                 # Over the limit: one compression before giving up on this context.
@@ -483,38 +483,25 @@ class Turn:
             metadata=self.metadata)
         return dry.would_compress
 
-    def _surely_under_trigger(self, messages: Sequence[Message]) -> bool:
-        """A bound no calibration can beat: at most one token per character (the steepest line the
-        calibration accepts) plus each image's own price. Under the trigger by that bound, the
-        Compressor need not be asked — the common case, kept off the path to the first token."""
-        built = self._build("", 0, 0) + list(messages)
-        bound = view_chars(built) * MAX_TOKENS_PER_CHAR + sum(
-            image_tokens(i, self.settings.image_tokens_fallback) for m in built for i in m.images)
-        bound += sum(len(json.dumps(schema(t))) for t in self.tools.values())
-        return bound < trigger_tokens(self._threshold(), self.window, self.settings.output_reserve_tokens)
-
-    async def _compress_preturn(self, incoming: Message) -> None:
-        await self._compress_if_needed(cpb.COMPRESSION_REASON_PRETURN, [incoming], 0)
-
     def _midturn_keep(self) -> int:
         return max(12, 2 * self._keep_recent())
 
-    async def _compress_midturn(self) -> None:
-        await self._compress_if_needed(cpb.COMPRESSION_REASON_MIDTURN, [], self._midturn_keep())
-
-    async def _compress_if_needed(self, reason: int, incoming: list[Message], keep_recent_messages: int) -> None:
-        """Estimate (baseline + delta + what is not stored yet); over the trigger and only when the
-        dry run says the context would shrink, compress — so compression_started never lies."""
-        if self._surely_under_trigger(incoming):
-            return
+    async def _compress_if_over(self, check: cpb.CheckContextSizeResponse, iteration: int) -> bool:
+        """Pre-turn (first call) or mid-turn (later calls) compression, decided on the size check's
+        own count — the real baseline plus the calibrated delta of everything since, the incoming
+        message and its images included — and only when the dry run says the context would shrink,
+        so compression_started never lies."""
+        if not self._compression_on():
+            return False
+        reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
+        keep = 0 if iteration == 0 else self._midturn_keep()
         try:
-            estimate = await self.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
-                session_id=self.session_id, model=self.profile.model, window=self.window, incoming=incoming,
-                settings=self.profile.compression_settings()), metadata=self.metadata)
-            if await self._should_compress(estimate.tokens, keep_recent_messages):
-                await self._compress(reason, estimate.tokens, keep_recent_messages)
+            if not await self._should_compress(check.tokens, keep):
+                return False
         except grpc.aio.AioRpcError as exc:
             log.warning("compression check (%s) failed for %s: %s", reason, self.session_id, exc.details())
+            return False
+        return await self._compress(reason, check.tokens, keep)
 
     async def post_turn(self) -> None:
         """After stream_end, off the client's path: compress on the real count, or because the last
