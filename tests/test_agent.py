@@ -412,3 +412,24 @@ async def test_compressed_history_is_recalled_once_when_it_matches(agent, store,
     await run(agent, "what was the vault code again?", session_id=session.id)
     second = " ".join(m["content"] for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "system")
     assert "7741-alpha" not in second  # remembered as injected: not recalled twice
+
+
+async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_next_turn(agent, store, ollama_sim):
+    """The Agent keeps a session's state for its next turn; a write from elsewhere in between makes the
+    store refuse the stale revision, and the turn reloads instead of failing."""
+    events = await run(agent, "first")
+    session_id = events[0].session_id
+    await asyncio.sleep(0.2)  # the post-turn pass and the kept state
+    await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session_id, name="renamed elsewhere"))
+    from palimpsest.v1 import common_pb2
+
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=[
+        common_pb2.Message(role="user", content="written by another replica")]))
+    ollama_sim.script(Reply(text="second answer"))
+    second = await run(agent, "second", session_id=session_id)
+    assert end_of(second).reason == END.STREAM_END_REASON_COMPLETED
+    sent = [m["content"] for m in ollama_sim.bodies()[-1]["messages"]]
+    assert "written by another replica" in sent  # the reload saw the other writer's message
+    session = await full(store, session_id)
+    assert session.name == "renamed elsewhere"
+    assert [m.content for m in session.messages][-2:] == ["second", "second answer"]

@@ -35,6 +35,10 @@ class StoredConversation:
         self.revision: int | None = None
         self.session: common_pb2.Session | None = None
         self.context: list[Message] = []
+        # Started from the copy the Agent kept after the last turn: a write refused as stale reloads
+        # from the store and tries once more (someone else wrote in between).
+        self.from_cache = False
+        self.reloads = 0  # how often a stale start was reloaded: a prompt built before is stale too
 
     async def _call(self, method, request):
         try:
@@ -54,8 +58,21 @@ class StoredConversation:
         self.context = list(session.context)
         return self.context
 
+    async def _write(self, method, make_request):
+        try:
+            reply = await self._call(method, make_request())
+        except Aborted:
+            if not self.from_cache:
+                raise
+            self.from_cache = False
+            await self.load()
+            self.reloads += 1
+            reply = await self._call(method, make_request())
+        self.from_cache = False
+        return reply
+
     async def append(self, messages: Sequence[Message]) -> list[int]:
-        reply = await self._call(self.store.AppendMessages, store_pb.AppendMessagesRequest(
+        reply = await self._write(self.store.AppendMessages, lambda: store_pb.AppendMessagesRequest(
             session_id=self.session_id, messages=messages, expected_revision=self.revision))
         self.revision = reply.revision
         stored = []
@@ -70,10 +87,15 @@ class StoredConversation:
     async def update(self, **fields) -> common_pb2.Session:
         """UpdateSession fields (dicts for `metadata` and `planning_log`), guarded by our revision."""
         structs = {name: fields.pop(name) for name in ("metadata", "planning_log") if name in fields}
-        request = store_pb.UpdateSessionRequest(session_id=self.session_id, expected_revision=self.revision, **fields)
-        for name, data in structs.items():
-            getattr(request, name).CopyFrom(to_struct(data))
-        reply = await self._call(self.store.UpdateSession, request)
+
+        def request() -> store_pb.UpdateSessionRequest:
+            built = store_pb.UpdateSessionRequest(session_id=self.session_id, expected_revision=self.revision,
+                                                  **fields)
+            for name, data in structs.items():
+                getattr(built, name).CopyFrom(to_struct(data))
+            return built
+
+        reply = await self._write(self.store.UpdateSession, request)
         self.revision = reply.session.revision
         self.session = reply.session
         return reply.session
@@ -104,6 +126,7 @@ class EphemeralConversation:
     ephemeral = True
     session_id = ""
     session = None
+    reloads = 0
 
     def __init__(self, messages: Sequence[Message] = (), untrusted: bool = False):
         self.context: list[Message] = list(messages)

@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from contextlib import suppress
 
 import grpc
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from services.agent.conversation import StoredConversation, store_error
 from services.agent.events import EventSink
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
 from services.shared.auth import forwarded_metadata, identity_from_context
-from services.shared.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 
 log = logging.getLogger("palimpsest.agent")
 
 MAX_TEXT_CHARS = 1_000_000
+WARM_SESSIONS = 1000  # sessions whose last state is kept for their next turn
 
 
 def _validate_turn(request) -> None:
@@ -43,10 +45,25 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._running: dict[str, Turn] = {}
         # Bumped whenever a session changes under its lock: a turn opened before it reloads.
         self._generation: dict[str, int] = {}
+        # Per session, the caller's credentials and the CONTEXT view as its last turn left it: the
+        # next turn starts from it (one round trip less before the first token). A stale copy costs a
+        # reload at the first write, which the store refuses on the revision.
+        self._warm: OrderedDict[str, tuple[tuple, common_pb2.Session]] = OrderedDict()
 
     def _metadata(self, context) -> tuple[tuple[str, str], ...]:
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
         return forwarded_metadata(context)
+
+    async def _keep_warm(self, turn: Turn) -> None:
+        """After the turn and its post-turn pass, off the client's path: the session as it is now."""
+        try:
+            session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
+                session_id=turn.session_id, view=store_pb.SESSION_VIEW_CONTEXT), turn.metadata)).session
+        except PalimpsestError:
+            return
+        self._warm[turn.session_id] = (turn.metadata, session)
+        while len(self._warm) > WARM_SESSIONS:
+            self._warm.popitem(last=False)
 
     def _forget_idle_lock(self, session_id: str, lock: asyncio.Lock) -> None:
         """One lock per session would pile up forever; an idle one nobody waits for can go."""
@@ -72,10 +89,16 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         _validate_turn(request)
         metadata = self._metadata(context)
         self._reload_profiles()
+        warm = None
         if request.session_id:
-            # The CONTEXT view: the turn starts from it without loading the session again.
-            session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-                session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), metadata)).session
+            warm = self._warm.pop(request.session_id, None)
+            if warm is not None and warm[0] == metadata:  # the same caller: the same access
+                session = warm[1]
+            else:
+                warm = None
+                # The CONTEXT view: the turn starts from it without loading the session again.
+                session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
+                    session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), metadata)).session
             profile = self.deps.profiles.get(request.profile_id or session.profile_id)
         else:
             profile = self.deps.profiles.get(request.profile_id)
@@ -88,6 +111,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 profile_id=profile.id, provider="ollama", model=profile.model), metadata)).session
         conversation = StoredConversation(self.deps.store, session.id, metadata, self.store_addr)
         conversation.adopt(session)
+        conversation.from_cache = warm is not None
         turn = Turn(self.deps, conversation, profile, EventSink(session.id), metadata, facts=facts)
         turn.opened_generation = self._generation.get(session.id, 0)
         if request.session_id and profile.id != session.profile_id:
@@ -109,6 +133,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 finally:
                     self._running.pop(turn.session_id, None)
                 await turn.post_turn()
+                await self._keep_warm(turn)
             finally:
                 self._generation[turn.session_id] = self._generation.get(turn.session_id, 0) + 1
                 lock.release()
@@ -178,6 +203,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         window = profile.window(self.deps.settings.ollama_num_ctx)
         sink = EventSink(session.id)
         lock = self._locks.setdefault(session.id, asyncio.Lock())
+        self._warm.pop(session.id, None)
         async with lock:
             try:
                 async for event in self.deps.compressor.Compress(cpb.CompressRequest(

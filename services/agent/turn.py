@@ -209,12 +209,16 @@ class Turn:
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
             built = self._build(memory, iteration, stalled, self._pending)
             if self._pending:
+                reloads = self.conv.reloads
                 check, appended = await asyncio.gather(self._check_size(built), self.conv.append(self._pending),
                                                        return_exceptions=True)
                 self._pending = []
                 for outcome in (appended, check):  # both finished; the store's failure speaks first
                     if isinstance(outcome, BaseException):
                         raise outcome
+                if self.conv.reloads != reloads:  # someone else wrote in between: build from what is stored
+                    built = self._build(memory, iteration, stalled)
+                    check = await self._check_size(built)
             else:
                 check = await self._check_size(built)
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
