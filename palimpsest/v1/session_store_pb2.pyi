@@ -524,13 +524,17 @@ class SetBaselineResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetBaselineRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetBaselineResponse(_message.Message):
-    __slots__ = ("baseline",)
+    __slots__ = ("baseline", "observations")
     BASELINE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     baseline: Baseline
-    def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ...) -> None: ...
+    observations: _containers.RepeatedCompositeFieldContainer[Observation]
+    def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ..., observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ...) -> None: ...

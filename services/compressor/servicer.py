@@ -58,20 +58,17 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                        context)
         return list(reply.observations)
 
-    async def _baseline(self, session_id: str, context) -> store_pb.Baseline | None:
-        reply = await self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(session_id=session_id),
-                                       context)
-        return reply.baseline if reply.HasField("baseline") else None
-
     async def _load(self, session_id: str, model: str, context, *, with_context: bool = True) -> SessionState:
-        """Baseline and calibration always; the stored context only when the caller did not send one."""
-        loads = [self._baseline(session_id, context), self._observations(model, context)]
+        """Baseline and calibration in one read; the stored context only when the caller sent none."""
+        loads = [self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(
+            session_id=session_id, model=model), context)]
         if with_context:
             loads.append(self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
                 session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT), context))
-        baseline, observations, *rest = await asyncio.gather(*loads)
+        pricing, *rest = await asyncio.gather(*loads)
         session = rest[0].session if rest else common_pb2.Session(id=session_id)
-        return SessionState(session, baseline, observations)
+        baseline = pricing.baseline if pricing.HasField("baseline") else None
+        return SessionState(session, baseline, list(pricing.observations))
 
     @staticmethod
     def _usable_baseline(state: SessionState, model: str) -> store_pb.Baseline | None:

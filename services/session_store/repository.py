@@ -278,20 +278,21 @@ class SessionRepository:
             await conn.executemany(_INSERT_SQL, rows)
             displayed = sum(1 for r in rows if r[12])
             preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
-            added_bytes = await self._bytes_from(conn, session_id, first)
-            revision = await conn.fetchval(
-                """
+            updated = await conn.fetchrow(
+                f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
-                       display_count = display_count + $4, hot_count = hot_count + $5, hot_bytes = hot_bytes + $6,
+                       display_count = display_count + $4, hot_count = hot_count + $5,
+                       hot_bytes = hot_bytes + (SELECT coalesce(sum({ROW_BYTES}), 0) FROM session_messages
+                                                 WHERE session_id = $1 AND seq >= $6),
                        preview = CASE WHEN preview = '' THEN $7 ELSE preview END
-                 WHERE id = $1 RETURNING revision
+                 WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
-                session_id, first + len(messages), now, displayed, len(messages), added_bytes, preview,
+                session_id, first + len(messages), now, displayed, len(messages), first, preview,
             )
             archived = 0
-            if self._over_hot_window(locked["hot_count"] + len(messages), locked["hot_bytes"] + added_bytes):
+            if self._over_hot_window(updated["hot_count"], updated["hot_bytes"]):
                 archived = await self._archive_overflow(conn, session_id)
-        return AppendResult(seqs=seqs, revision=revision, archived=archived)
+        return AppendResult(seqs=seqs, revision=updated["revision"], archived=archived)
 
     async def update_session(self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any],
                              expected_revision: int | None) -> asyncpg.Record:
@@ -680,10 +681,16 @@ class SessionRepository:
                     baseline["context_truncated"],
                 )
 
-    async def get_baseline(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record | None:
+    async def get_baseline(self, identity: Identity, session_id: uuid.UUID,
+                           model: str = "") -> tuple[asyncpg.Record | None, list[asyncpg.Record]]:
+        """The session's baseline and, when `model` is given, its newest observations: one read."""
         async with self.pool.acquire() as conn:
             await self._readable(conn, session_id, identity)
-            return await conn.fetchrow("SELECT * FROM session_baselines WHERE session_id = $1", session_id)
+            baseline = await conn.fetchrow("SELECT * FROM session_baselines WHERE session_id = $1", session_id)
+            observations = await conn.fetch(
+                "SELECT model, chars, tokens, observed_at FROM calibration_observations WHERE model = $1"
+                " ORDER BY id DESC LIMIT 8", model) if model else []
+        return baseline, observations
 
 
 def whole_token_pattern(query: str) -> str:

@@ -358,12 +358,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("model", "required")
         limit = page_size(request.limit, "limit", default=8, maximum=100)
         rows = await self.repo.list_observations(request.model, limit)
-        observations = []
-        for r in rows:
-            obs = pb.Observation(model=r["model"], chars=r["chars"], tokens=r["tokens"])
-            obs.observed_at.CopyFrom(convert.timestamp(r["observed_at"]))
-            observations.append(obs)
-        return pb.ListObservationsResponse(observations=observations)
+        return pb.ListObservationsResponse(observations=[_observation(r) for r in rows])
 
     async def SetBaseline(self, request, context):
         identity = self._identity(context)
@@ -383,13 +378,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def GetBaseline(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        row = await self.repo.get_baseline(identity, session_id)
-        if row is None:
-            return pb.GetBaselineResponse()
-        baseline = pb.Baseline(tokens=row["tokens"], through_seq=row["through_seq"], model=row["model"],
-                               context_truncated=row["context_truncated"])
-        baseline.recorded_at.CopyFrom(convert.timestamp(row["recorded_at"]))
-        return pb.GetBaselineResponse(baseline=baseline)
+        row, observations = await self.repo.get_baseline(identity, session_id, request.model)
+        response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
+        if row is not None:
+            response.baseline.CopyFrom(pb.Baseline(tokens=row["tokens"], through_seq=row["through_seq"],
+                                                   model=row["model"], context_truncated=row["context_truncated"]))
+            response.baseline.recorded_at.CopyFrom(convert.timestamp(row["recorded_at"]))
+        return response
 
     # -- files -----------------------------------------------------------------------------
     async def PutFile(self, request_iterator: AsyncIterator[pb.PutFileRequest], context):
@@ -444,6 +439,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await self.repo.get_session(identity, session_id)
         files = await asyncio.to_thread(self.files.list_files, str(session_id))
         return pb.ListFilesResponse(files=[_file_info(f) for f in files])
+
+
+def _observation(row) -> pb.Observation:
+    observation = pb.Observation(model=row["model"], chars=row["chars"], tokens=row["tokens"])
+    observation.observed_at.CopyFrom(convert.timestamp(row["observed_at"]))
+    return observation
 
 
 def _file_info(info) -> common_pb2.FileInfo:
