@@ -433,3 +433,15 @@ async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_n
     session = await full(store, session_id)
     assert session.name == "renamed elsewhere"
     assert [m.content for m in session.messages][-2:] == ["second", "second answer"]
+
+
+async def test_switch_profile_takes_effect_at_the_next_call(agent, store, ollama_sim):
+    ollama_sim.script(Reply(tool_calls=[("switch_profile", {"profile_id": "tiny"})]), Reply(text="now tiny"))
+    events = await run(agent, "switch to the small model please")
+    assert end_of(events).text == "now tiny"
+    first, second = ollama_sim.bodies()[-2:]
+    assert first["model"] == "qwen3.6" and second["model"] == "tiny"
+    assert "think" not in second  # tiny cannot think: the reloaded profile's facts apply
+    infos = [e.model_info.model for e in events if e.HasField("model_info")]
+    assert infos[-1] == "tiny"
+    assert (await full(store, events[0].session_id)).profile_id == "tiny"

@@ -261,7 +261,7 @@ class Turn:
             else:
                 stalled += 1
             if self.state.switched_profile:
-                self._switch_profile(self.state.switched_profile)
+                await self._switch_profile(self.state.switched_profile)
         return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
 
     def _build(self, memory: str, iteration: int, stalled: int, pending: Sequence[Message] = ()) -> list[Message]:
@@ -285,9 +285,10 @@ class Turn:
             notes.append(cb.anti_stall_note(stalled))
         return notes
 
-    def _switch_profile(self, profile_id: str) -> None:
+    async def _switch_profile(self, profile_id: str) -> None:
         self.state.switched_profile = ""
         self.profile = self.deps.profiles.get(profile_id)
+        self.facts = await self.deps.ollama.model_facts(self.profile.model)  # its capabilities, not the last's
         self.deps.builder.invalidate(profile_id)
         self.window = self.profile.window(self.settings.ollama_num_ctx)
         self._load_tools()
