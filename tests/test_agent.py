@@ -445,3 +445,42 @@ async def test_switch_profile_takes_effect_at_the_next_call(agent, store, ollama
     infos = [e.model_info.model for e in events if e.HasField("model_info")]
     assert infos[-1] == "tiny"
     assert (await full(store, events[0].session_id)).profile_id == "tiny"
+
+
+async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server, store, ollama_sim):
+    """A summary can take the model a while; the user's next message does not wait for it. The pass is
+    dropped whole (its commit is one transaction): no marker, no demotion, the session consistent."""
+    from palimpsest.v1 import common_pb2
+
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    history = []
+    for i in range(6):
+        history += [common_pb2.Message(role="user", content=f"question {i} " + "words " * 60),
+                    common_pb2.Message(role="assistant", content=f"answer {i} " + "words " * 60)]
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
+    # The last prompt came back cut: the post-turn pass compresses whatever the threshold says.
+    await store.SetBaseline(store_pb.SetBaselineRequest(session_id=session.id, only_truncated_flag=True,
+                                                        baseline=store_pb.Baseline(context_truncated=True)))
+    slow_summary = Reply(text="- summary\nKEYS: a", first_chunk_delay=30)
+    ollama_sim.set_responder(lambda body: slow_summary if body.get("stream") is False else Reply(text="ok"))
+    await run(agent, "first", session_id=session.id)
+    for _ in range(200):  # the post-turn pass is now waiting on the summarizer
+        if any(b.get("stream") is False for b in ollama_sim.bodies()):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the post-turn pass never asked for a summary")
+    ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
+                             else Reply(text="ok"))
+    second = await run(agent, "second", session_id=session.id)
+    assert end_of(second).reason == END.STREAM_END_REASON_COMPLETED
+    for _ in range(200):  # the summary call was closed (the simulator notices the hang-up)
+        if ollama_sim.disconnects >= 1:
+            break
+        await asyncio.sleep(0.05)
+    assert ollama_sim.disconnects >= 1
+    after = await full(store, session.id)
+    shown = [m.content for m in after.messages if not m.is_compression]
+    assert shown[-4:] == ["first", "ok", "second", "ok"]
+    before_second = after.messages[:[m.content for m in after.messages].index("second")]
+    assert not any(m.is_compression for m in before_second)  # the dropped pass left nothing behind

@@ -43,6 +43,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # check refuses the second writer.
         self._locks: dict[str, asyncio.Lock] = {}
         self._running: dict[str, Turn] = {}
+        # The post-turn pass per session, so a new turn can drop it instead of waiting for it.
+        self._post_turn: dict[str, asyncio.Future] = {}
         # Bumped whenever a session changes under its lock: a turn opened before it reloads.
         self._generation: dict[str, int] = {}
         # Per session, the caller's credentials and the CONTEXT view as its last turn left it: the
@@ -121,6 +123,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def _drive(self, turn: Turn, turn_input: TurnInput):
         """Run the turn under the session lock; yields its events until stream_end."""
         lock = self._locks.setdefault(turn.session_id, asyncio.Lock())
+        post_turn = self._post_turn.get(turn.session_id)
+        if post_turn is not None and not post_turn.done():
+            # The user is back before the post-turn pass finished (a summary can take the model
+            # seconds): drop it. Its commit is one transaction, so nothing half-done stays, and this
+            # turn's own first check compresses if the context still needs it.
+            post_turn.cancel()
         await lock.acquire()
         self._running[turn.session_id] = turn
 
@@ -132,7 +140,17 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                     await turn.run(turn_input)
                 finally:
                     self._running.pop(turn.session_id, None)
-                await turn.post_turn()
+                post_turn = asyncio.ensure_future(turn.post_turn())
+                self._post_turn[turn.session_id] = post_turn
+                try:
+                    await post_turn
+                except asyncio.CancelledError:
+                    if not post_turn.cancelled():
+                        raise  # this task itself is being cancelled, not just the post-turn pass
+                    log.info("post-turn pass of %s dropped: the next turn arrived", turn.session_id)
+                finally:
+                    if self._post_turn.get(turn.session_id) is post_turn:
+                        del self._post_turn[turn.session_id]
                 await self._keep_warm(turn)
             finally:
                 self._generation[turn.session_id] = self._generation.get(turn.session_id, 0) + 1
