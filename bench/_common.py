@@ -12,7 +12,6 @@ import re
 import secrets
 import statistics
 import tempfile
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -166,15 +165,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         lines.append("| " + " | ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w) for c, w in zip(row, widths))
                      + " |")
     return "\n".join(lines)
-
-
-class Timer:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
 
 
 def load_average() -> str:

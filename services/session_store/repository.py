@@ -41,6 +41,15 @@ _SORT_COLUMNS = {
 ROW_BYTES = ("(octet_length(content) + octet_length(thinking) + octet_length(tool_calls::text)"
              " + coalesce((SELECT sum(octet_length(i)) FROM unnest(images) i), 0))")
 
+
+
+def new_rows_bytes(first_seq_param: str) -> str:
+    """SQL for the bytes of a session's rows from seq `first_seq_param` on: O(new rows), inside the
+    statement that updates the counters (no round trip of its own)."""
+    return (f"(SELECT coalesce(sum({ROW_BYTES}), 0) FROM session_messages"
+            f" WHERE session_id = $1 AND seq >= {first_seq_param})")
+
+
 _INSERT_SQL = (
     f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES "
     f"({', '.join(f'${i}' for i in range(1, 26))})"
@@ -282,8 +291,7 @@ class SessionRepository:
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        display_count = display_count + $4, hot_count = hot_count + $5,
-                       hot_bytes = hot_bytes + (SELECT coalesce(sum({ROW_BYTES}), 0) FROM session_messages
-                                                 WHERE session_id = $1 AND seq >= $6),
+                       hot_bytes = hot_bytes + {new_rows_bytes("$6")},
                        preview = CASE WHEN preview = '' THEN $7 ELSE preview END
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
@@ -388,31 +396,23 @@ class SessionRepository:
                 next_seq += 1
             await conn.executemany(_INSERT_SQL, [convert.message_row(session_id, s, m, now) for s, m in added])
             result["chunks_indexed"] = await self._insert_chunks(conn, session_id, chunks)
-            added_bytes = await self._bytes_from(conn, session_id, locked["next_seq"])
-            result["revision"] = await conn.fetchval(
-                """
+            updated = await conn.fetchrow(
+                f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        context_token_count = $4, display_count = display_count + $5,
-                       hot_count = hot_count + $6, hot_bytes = hot_bytes + $7
-                 WHERE id = $1 RETURNING revision
+                       hot_count = hot_count + $6, hot_bytes = hot_bytes + {new_rows_bytes("$7")}
+                 WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
                 session_id, next_seq, now, context_token_count, 1 if marker is not None else 0,
-                len(added), added_bytes,
+                len(added), locked["next_seq"],
             )
+            result["revision"] = updated["revision"]
             # The context just shrank: the last real prompt size no longer describes it.
             await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
             result["archived"] = 0
-            if archive and self._over_hot_window(locked["hot_count"] + len(added), locked["hot_bytes"] + added_bytes):
+            if archive and self._over_hot_window(updated["hot_count"], updated["hot_bytes"]):
                 result["archived"] = await self._archive_overflow(conn, session_id)
         return result
-
-    @staticmethod
-    async def _bytes_from(conn: asyncpg.Connection, session_id: uuid.UUID, first_seq: int) -> int:
-        """Bytes of the rows just written (seq ≥ first_seq): O(new rows)."""
-        return await conn.fetchval(
-            f"SELECT coalesce(sum({ROW_BYTES}), 0) FROM session_messages WHERE session_id = $1 AND seq >= $2",
-            session_id, first_seq,
-        )
 
     def _over_hot_window(self, count: int, size: int) -> bool:
         return count > self.hot_window.max_messages or size > self.hot_window.max_bytes
