@@ -1,0 +1,190 @@
+"""A model's own tokenizer, built from the GGUF vocabulary Ollama returns on ``/api/show`` (verbose).
+
+An estimate from characters cannot be safe for every kind of text: one token costs 1.85 chars in
+a dense log and ~4 in English prose. The model's vocabulary can count exactly, so this module
+turns GGUF tokenizer metadata into a Hugging Face ``tokenizers.Tokenizer``. Nothing here encodes
+by hand; it only maps GGUF's fields onto the library's models, the way the GGUF converters in
+``transformers`` and llama.cpp's vocabulary loader read them:
+
+- ``tokenizer.ggml.model == "gpt2"``: byte-level BPE. Tokens are already written in GPT-2's
+  bytes-to-unicode alphabet (what ``ByteLevel`` produces), merges are given in priority order,
+  and ``tokenizer.ggml.pre`` names the split pattern applied before BPE.
+- ``tokenizer.ggml.model == "llama"``: SentencePiece BPE. Spaces become ``▁``, merges follow the
+  pieces' scores (a higher score merges first), and characters outside the vocabulary fall back
+  to ``<0xNN>`` byte tokens.
+
+Anything else raises ``UnsupportedVocabulary``: the caller falls back to the calibrated estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+PREFIX = "tokenizer.ggml."
+
+# GGUF token types (llama.cpp's llama_token_type).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Split patterns per ``tokenizer.ggml.pre``, as llama.cpp defines them. Only patterns whose counts
+# are tested against a reference tokenizer are listed; an unknown name is a fallback, not a guess.
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Qwen 3.5/3.6 keep combining marks (\p{M}) with the letters they modify.
+_QWEN35 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Llama 3.x: digits in groups of up to three.
+_LLAMA3 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+SPLIT_PATTERNS: dict[str, str] = {
+    "qwen35": _QWEN35,
+    "qwen2": _QWEN2,
+    "deepseek-r1-qwen": _QWEN2,
+    "llama-bpe": _LLAMA3,
+    "llama3": _LLAMA3,
+    "smaug-bpe": _LLAMA3,
+    "default": _GPT2,
+    "gpt-2": _GPT2,
+}
+
+SPM_SPACE = "▁"
+
+
+class UnsupportedVocabulary(ValueError):
+    """The metadata names a vocabulary kind or pre-tokenizer this module cannot build exactly."""
+
+
+@dataclass(frozen=True)
+class GgufVocabulary:
+    """The tokenizer fields of a GGUF file, as Ollama's ``model_info`` carries them."""
+
+    kind: str  # tokenizer.ggml.model
+    pre: str  # tokenizer.ggml.pre ("" when absent)
+    tokens: Sequence[str]
+    token_types: Sequence[int]
+    merges: Sequence[str]
+    scores: Sequence[float]
+    add_space_prefix: bool
+
+    @classmethod
+    def from_model_info(cls, info: Mapping[str, Any]) -> "GgufVocabulary":
+        kind = info.get(PREFIX + "model")
+        tokens = info.get(PREFIX + "tokens")
+        if not kind or not tokens:
+            raise UnsupportedVocabulary("the model carries no tokenizer vocabulary (was /api/show verbose?)")
+        types = info.get(PREFIX + "token_type") or [NORMAL] * len(tokens)
+        if len(types) != len(tokens):
+            raise UnsupportedVocabulary(f"{len(types)} token types for {len(tokens)} tokens")
+        return cls(
+            kind=str(kind),
+            pre=str(info.get(PREFIX + "pre") or ""),
+            tokens=tokens,
+            token_types=types,
+            merges=info.get(PREFIX + "merges") or [],
+            scores=info.get(PREFIX + "scores") or [],
+            # llama.cpp's default: SentencePiece vocabularies prefix a space unless told not to.
+            add_space_prefix=bool(info.get(PREFIX + "add_space_prefix", kind == "llama")),
+        )
+
+
+def build_tokenizer(info: Mapping[str, Any]) -> Tokenizer:
+    """The model's tokenizer from its ``model_info``; raises ``UnsupportedVocabulary``.
+
+    CPU-heavy for large vocabularies (about a second for 250k tokens): call it off the event loop.
+    """
+    vocab = GgufVocabulary.from_model_info(info)
+    if vocab.kind == "gpt2":
+        tokenizer = _byte_level_bpe(vocab)
+    elif vocab.kind == "llama":
+        tokenizer = _sentencepiece_bpe(vocab)
+    else:
+        raise UnsupportedVocabulary(f"tokenizer.ggml.model {vocab.kind!r} is not supported")
+    _add_special_tokens(tokenizer, vocab)
+    return tokenizer
+
+
+def _ids(vocab: GgufVocabulary) -> dict[str, int]:
+    ids: dict[str, int] = {}
+    for index, token in enumerate(vocab.tokens):
+        ids.setdefault(token, index)  # a duplicate string keeps its first id, as llama.cpp does
+    return ids
+
+
+def _pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for merge in merges:
+        left, sep, right = merge.partition(" ")
+        if not sep:
+            raise UnsupportedVocabulary(f"malformed merge {merge!r}")
+        pairs.append((left, right))
+    return pairs
+
+
+def _byte_level_bpe(vocab: GgufVocabulary) -> Tokenizer:
+    pattern = SPLIT_PATTERNS.get(vocab.pre or "default")
+    if pattern is None:
+        raise UnsupportedVocabulary(f"pre-tokenizer {vocab.pre!r} is not supported")
+    if not vocab.merges:
+        raise UnsupportedVocabulary("a byte-level BPE vocabulary without merges")
+    # ignore_merges: a pre-token that is itself in the vocabulary is one token, as in tiktoken and
+    # llama.cpp; without it a rare merge order splits such a word in two.
+    tokenizer = Tokenizer(models.BPE(_ids(vocab), _pairs(vocab.merges), ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def spm_merges(vocab: GgufVocabulary) -> list[tuple[str, str]]:
+    """Merges implied by SentencePiece scores: every split of a piece into two pieces, the merged
+    piece's score deciding the order (higher first), ties by the parts' own scores."""
+    if len(vocab.scores) != len(vocab.tokens):
+        raise UnsupportedVocabulary("a SentencePiece vocabulary needs one score per token")
+    ids = _ids(vocab)
+    mergeable = {t: i for t, i in ids.items() if vocab.token_types[i] in (NORMAL, USER_DEFINED)}
+    ranked: list[tuple[float, float, float, str, str]] = []
+    for piece, index in mergeable.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in mergeable and right in mergeable:
+                ranked.append((-vocab.scores[index], -vocab.scores[ids[left]], -vocab.scores[ids[right]],
+                               left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+def _sentencepiece_bpe(vocab: GgufVocabulary) -> Tokenizer:
+    ids = _ids(vocab)
+    unknown = next((t for t, i in ids.items() if vocab.token_types[i] == UNKNOWN), None)
+    merges = _pairs(vocab.merges) if vocab.merges else spm_merges(vocab)
+    tokenizer = Tokenizer(models.BPE(ids, merges, unk_token=unknown, fuse_unk=True, byte_fallback=True))
+    steps = [normalizers.Prepend(SPM_SPACE)] if vocab.add_space_prefix else []
+    tokenizer.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPM_SPACE)])
+    tokenizer.decoder = decoders.Sequence([
+        decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+    ])
+    return tokenizer
+
+
+def _add_special_tokens(tokenizer: Tokenizer, vocab: GgufVocabulary) -> None:
+    """Control tokens are matched in text as one token each (the chat template's markers, and a
+    user who pastes one); user-defined tokens too, but as ordinary text."""
+    control = [t for t, kind in zip(vocab.tokens, vocab.token_types) if kind == CONTROL and t]
+    user = [t for t, kind in zip(vocab.tokens, vocab.token_types) if kind == USER_DEFINED and t]
+    if control:
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    if user:
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
