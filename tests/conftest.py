@@ -36,10 +36,19 @@ def database_url() -> str:
     return os.environ.get("TEST_DATABASE_URL") or _embedded_url()
 
 
+def _test_data_dir() -> Path:
+    """Shared by the test runs of this machine, like the embedded database: tokenizers built from
+    the simulator's vocabulary are cached there once (by digest), not rebuilt by every module."""
+    from services.shared.settings import default_data_dir
+
+    return Path(os.environ.get("PALIMPSEST_TEST_CACHE_DIR", str(default_data_dir().with_name("palimpsest-test-cache"))))
+
+
 @pytest.fixture(scope="session")
 def base_settings(tmp_path_factory) -> Settings:
     root = tmp_path_factory.mktemp("files")
-    return replace(Settings(), files_root=root, jwt_secret=JWT_SECRET, file_sweep_interval_s=3600)
+    return replace(Settings(), files_root=root, data_dir=_test_data_dir(), jwt_secret=JWT_SECRET,
+                   file_sweep_interval_s=3600)
 
 
 async def _start_store(settings: Settings, dsn: str):

@@ -197,16 +197,18 @@ class ModelInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., context_window: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("context_tokens", "max_context_tokens", "prompt_tokens", "completion_tokens")
+    __slots__ = ("context_tokens", "max_context_tokens", "prompt_tokens", "completion_tokens", "count_method")
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_METHOD_FIELD_NUMBER: _ClassVar[int]
     context_tokens: int
     max_context_tokens: int
     prompt_tokens: int
     completion_tokens: int
-    def __init__(self, context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+    count_method: str
+    def __init__(self, context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., count_method: _Optional[str] = ...) -> None: ...
 
 class PlanningStatus(_message.Message):
     __slots__ = ("status",)

@@ -14,6 +14,14 @@ class EstimateMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ESTIMATE_METHOD_FALLBACK: _ClassVar[EstimateMethod]
     ESTIMATE_METHOD_CALIBRATED: _ClassVar[EstimateMethod]
     ESTIMATE_METHOD_BASELINE_DELTA: _ClassVar[EstimateMethod]
+    ESTIMATE_METHOD_EXACT: _ClassVar[EstimateMethod]
+
+class SizeDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SIZE_DECISION_UNSPECIFIED: _ClassVar[SizeDecision]
+    SIZE_DECISION_FITS: _ClassVar[SizeDecision]
+    SIZE_DECISION_COMPRESS_FIRST: _ClassVar[SizeDecision]
+    SIZE_DECISION_TOO_LARGE: _ClassVar[SizeDecision]
 
 class CompressionReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -32,6 +40,11 @@ ESTIMATE_METHOD_UNSPECIFIED: EstimateMethod
 ESTIMATE_METHOD_FALLBACK: EstimateMethod
 ESTIMATE_METHOD_CALIBRATED: EstimateMethod
 ESTIMATE_METHOD_BASELINE_DELTA: EstimateMethod
+ESTIMATE_METHOD_EXACT: EstimateMethod
+SIZE_DECISION_UNSPECIFIED: SizeDecision
+SIZE_DECISION_FITS: SizeDecision
+SIZE_DECISION_COMPRESS_FIRST: SizeDecision
+SIZE_DECISION_TOO_LARGE: SizeDecision
 COMPRESSION_REASON_UNSPECIFIED: CompressionReason
 COMPRESSION_REASON_PRETURN: CompressionReason
 COMPRESSION_REASON_MIDTURN: CompressionReason
@@ -63,24 +76,52 @@ class CompressionSettings(_message.Message):
     message_token_budget: int
     def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ...) -> None: ...
 
+class PromptShape(_message.Message):
+    __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
+    CONTENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PRIOR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    content_tokens: int
+    messages: int
+    tool_results: int
+    tool_calls: int
+    tools: int
+    image_prior_tokens: int
+    images: int
+    def __init__(self, content_tokens: _Optional[int] = ..., messages: _Optional[int] = ..., tool_results: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tools: _Optional[int] = ..., image_prior_tokens: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
+
+class ViewCut(_message.Message):
+    __slots__ = ("index", "content")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    content: str
+    def __init__(self, index: _Optional[int] = ..., content: _Optional[str] = ...) -> None: ...
+
 class EstimateTokensRequest(_message.Message):
-    __slots__ = ("model", "messages", "session_id", "incoming", "window", "settings")
+    __slots__ = ("model", "messages", "session_id", "incoming", "window", "settings", "tool_schemas")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INCOMING_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     session_id: str
     incoming: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     window: int
     settings: CompressionSettings
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., session_id: _Optional[str] = ..., incoming: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ...) -> None: ...
+    tool_schemas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., session_id: _Optional[str] = ..., incoming: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., tool_schemas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EstimateTokensResponse(_message.Message):
-    __slots__ = ("tokens", "text_tokens", "image_tokens", "chars", "method", "baseline_tokens", "delta_tokens")
+    __slots__ = ("tokens", "text_tokens", "image_tokens", "chars", "method", "baseline_tokens", "delta_tokens", "shape")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +129,7 @@ class EstimateTokensResponse(_message.Message):
     METHOD_FIELD_NUMBER: _ClassVar[int]
     BASELINE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
     tokens: int
     text_tokens: int
     image_tokens: int
@@ -95,10 +137,11 @@ class EstimateTokensResponse(_message.Message):
     method: EstimateMethod
     baseline_tokens: int
     delta_tokens: int
-    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ...) -> None: ...
+    shape: PromptShape
+    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ..., shape: _Optional[_Union[PromptShape, _Mapping]] = ...) -> None: ...
 
 class RecordBaselineRequest(_message.Message):
-    __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq", "window")
+    __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq", "window", "shape", "method")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_EVAL_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +150,8 @@ class RecordBaselineRequest(_message.Message):
     HAD_IMAGES_FIELD_NUMBER: _ClassVar[int]
     THROUGH_SEQ_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model: str
     prompt_eval_count: int
@@ -115,7 +160,9 @@ class RecordBaselineRequest(_message.Message):
     had_images: bool
     through_seq: int
     window: int
-    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_eval_count: _Optional[int] = ..., sent_tokens: _Optional[int] = ..., sent_chars: _Optional[int] = ..., had_images: _Optional[bool] = ..., through_seq: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
+    shape: PromptShape
+    method: EstimateMethod
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_eval_count: _Optional[int] = ..., sent_tokens: _Optional[int] = ..., sent_chars: _Optional[int] = ..., had_images: _Optional[bool] = ..., through_seq: _Optional[int] = ..., window: _Optional[int] = ..., shape: _Optional[_Union[PromptShape, _Mapping]] = ..., method: _Optional[_Union[EstimateMethod, str]] = ...) -> None: ...
 
 class RecordBaselineResponse(_message.Message):
     __slots__ = ("recorded", "truncated")
@@ -126,32 +173,48 @@ class RecordBaselineResponse(_message.Message):
     def __init__(self, recorded: _Optional[bool] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class CheckContextSizeRequest(_message.Message):
-    __slots__ = ("model", "messages", "window", "session_id", "settings")
+    __slots__ = ("model", "messages", "window", "session_id", "settings", "tool_schemas", "keep_recent_messages", "decide_compression")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_RECENT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     window: int
     session_id: str
     settings: CompressionSettings
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., session_id: _Optional[str] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ...) -> None: ...
+    tool_schemas: _containers.RepeatedScalarFieldContainer[str]
+    keep_recent_messages: int
+    decide_compression: bool
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., session_id: _Optional[str] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., tool_schemas: _Optional[_Iterable[str]] = ..., keep_recent_messages: _Optional[int] = ..., decide_compression: _Optional[bool] = ...) -> None: ...
 
 class CheckContextSizeResponse(_message.Message):
-    __slots__ = ("fits", "tokens", "limit", "method", "tokens_per_char")
+    __slots__ = ("fits", "tokens", "limit", "method", "tokens_per_char", "decision", "cuts", "shape", "trigger", "compress_keep_recent_messages")
     FITS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_CHAR_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    CUTS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    COMPRESS_KEEP_RECENT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     fits: bool
     tokens: int
     limit: int
     method: EstimateMethod
     tokens_per_char: float
-    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., tokens_per_char: _Optional[float] = ...) -> None: ...
+    decision: SizeDecision
+    cuts: _containers.RepeatedCompositeFieldContainer[ViewCut]
+    shape: PromptShape
+    trigger: int
+    compress_keep_recent_messages: int
+    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., tokens_per_char: _Optional[float] = ..., decision: _Optional[_Union[SizeDecision, str]] = ..., cuts: _Optional[_Iterable[_Union[ViewCut, _Mapping]]] = ..., shape: _Optional[_Union[PromptShape, _Mapping]] = ..., trigger: _Optional[int] = ..., compress_keep_recent_messages: _Optional[int] = ...) -> None: ...
 
 class WouldCompressRequest(_message.Message):
     __slots__ = ("session_id", "model", "window", "current_tokens", "keep_recent_messages", "settings")

@@ -1,16 +1,14 @@
 """What the model sees on each call: the system prompt rebuilt from the current profile, an
 optional memory message, the stored context (service records only from the allowlist), and the
-turn's notes; then the same per-message view truncation the Compressor counts with."""
+turn's notes. Which oversized messages are cut, and how, is the Compressor's answer to the size
+check (one owner of the view): ``apply_cuts`` puts it in place."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-from palimpsest.v1 import common_pb2
+from palimpsest.v1 import common_pb2, compressor_pb2
 from services.agent.profiles import Profile
-from services.compressor.calibration import MAX_TOKENS_PER_CHAR
-from services.shared.context_view import truncate_oversized
 
 Message = common_pb2.Message
 
@@ -25,9 +23,17 @@ def reaches_model(message: Message) -> bool:
     return source in LLM_SYSTEM_SOURCES
 
 
-def pricing_at(tokens_per_char: float):
-    """The per-message pricer for the view truncation, at the rate the Compressor last counted with."""
-    return lambda chars: math.ceil(chars * tokens_per_char) if chars > 0 else 0
+def apply_cuts(messages: Sequence[Message], cuts: Sequence[compressor_pb2.ViewCut]) -> list[Message]:
+    """The view the model is sent: the size check's cut contents in place (copies; stored rows are
+    never changed)."""
+    view = list(messages)
+    for cut in cuts:
+        if 0 <= cut.index < len(view):
+            copy = Message()
+            copy.CopyFrom(view[cut.index])
+            copy.content = cut.content
+            view[cut.index] = copy
+    return view
 
 
 class ContextBuilder:
@@ -55,19 +61,16 @@ class ContextBuilder:
         system_prompt: str,
         context: Sequence[Message],
         *,
-        budget_tokens: int,
-        tokens_per_char: float = MAX_TOKENS_PER_CHAR,
         memory: str = "",
         notes: Sequence[str] = (),
     ) -> list[Message]:
-        """The messages of one call. Oversized messages are cut at `tokens_per_char` — the rate the
-        Compressor counts with (until it is known, the steepest rate, so nothing is undercounted)."""
+        """The messages of one call, uncut (the size check says what to cut)."""
         messages = [Message(role="system", content=system_prompt)]
         if memory:
             messages.append(Message(role="system", content=memory))
         messages.extend(m for m in context if reaches_model(m))
         messages.extend(Message(role="system", content=note) for note in notes if note)
-        return truncate_oversized(messages, budget_tokens, pricing_at(tokens_per_char))
+        return messages
 
 
 def iteration_budget_note(iteration: int, max_iterations: int) -> str:

@@ -47,9 +47,11 @@ class EventSink:
     def model_info(self, model: str, window: int) -> None:
         self.emit(model_info=pb.ModelInfo(model=model, context_window=window))
 
-    def usage(self, context_tokens: int, window: int, prompt_tokens: int, completion_tokens: int) -> None:
+    def usage(self, context_tokens: int, window: int, prompt_tokens: int, completion_tokens: int,
+              count_method: str = "") -> None:
         self.emit(usage=pb.Usage(context_tokens=context_tokens, max_context_tokens=window,
-                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                 count_method=count_method))
 
     def compression(self, event: compressor_pb2.CompressionEvent) -> None:
         if event.HasField("started"):

@@ -26,9 +26,7 @@ from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
 from services.agent.tools.registry import execute, tools_for
-from services.compressor.calibration import MAX_TOKENS_PER_CHAR
-from services.compressor.token_estimate import trigger_tokens
-from services.shared.context_view import message_budget, to_ollama_messages, view_chars
+from services.shared.context_view import to_ollama_messages, view_chars
 from services.shared.errors import Aborted, PalimpsestError, from_rpc_error
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared.settings import Settings
@@ -45,6 +43,13 @@ current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_s
 
 MAX_SPAWN_DEPTH = 2
 PREVIEW_CHARS = 400
+# How a count was made, as usage events name it.
+COUNT_METHODS = {
+    cpb.ESTIMATE_METHOD_EXACT: "exact",
+    cpb.ESTIMATE_METHOD_CALIBRATED: "calibrated",
+    cpb.ESTIMATE_METHOD_BASELINE_DELTA: "calibrated",
+    cpb.ESTIMATE_METHOD_FALLBACK: "heuristic",
+}
 TOO_LARGE_ANSWER = (
     "This conversation no longer fits the model's context window (about {tokens} tokens of a "
     "{limit}-token budget), even after compression. Start a new session, or run /compact and try again."
@@ -62,8 +67,6 @@ class AgentDeps:
     profiles: ProfileRegistry
     builder: ContextBuilder
     post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
-    # Per model, the rate the Compressor last priced text at: the view is cut at the same rate.
-    view_rates: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,9 +156,6 @@ class Turn:
     def _keep_recent(self) -> int:
         return self.profile.compression_keep_recent or self.settings.keep_recent
 
-    def _threshold(self) -> float:
-        return self.profile.compression_threshold or self.settings.compression_threshold
-
     def _compression_on(self) -> bool:
         return self.stored and self.settings.compression_enabled and self.profile.compression_enabled
 
@@ -210,32 +210,34 @@ class Turn:
             built = self._build(memory, iteration, stalled, self._pending)
             if self._pending:
                 reloads = self.conv.reloads
-                check, appended = await asyncio.gather(self._check_size(built), self.conv.append(self._pending),
-                                                       return_exceptions=True)
+                check, appended = await asyncio.gather(self._check_size(built, iteration),
+                                                       self.conv.append(self._pending), return_exceptions=True)
                 self._pending = []
                 for outcome in (appended, check):  # both finished; the store's failure speaks first
                     if isinstance(outcome, BaseException):
                         raise outcome
                 if self.conv.reloads != reloads:  # someone else wrote in between: build from what is stored
                     built = self._build(memory, iteration, stalled)
-                    check = await self._check_size(built)
+                    check = await self._check_size(built, iteration)
             else:
-                check = await self._check_size(built)
+                check = await self._check_size(built, iteration)
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
-            if await self._compress_if_over(check, iteration):
-                built = self._build(memory, iteration, stalled)
-                check = await self._check_size(built)
-                through_seq = self.conv.through_seq
-            if not check.fits and self._compression_on() and await self._compress(
-                    cpb.COMPRESSION_REASON_MIDTURN, check.tokens, self._midturn_keep()):
-                # Over the limit: one compression before giving up on this context.
-                built = self._build(memory, iteration, stalled)
-                check = await self._check_size(built)
-            if not check.fits:
+            if check.decision == cpb.SIZE_DECISION_COMPRESS_FIRST:
+                # Pre-turn (first call) or mid-turn (later calls): the Compressor decided on its own
+                # count and its dry run, so compression_started never lies. Then one more check,
+                # which no longer offers compression: fits, cut further, or too large.
+                reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
+                if await self._compress(reason, check.tokens, check.compress_keep_recent_messages):
+                    built = self._build(memory, iteration, stalled)
+                    through_seq = self.conv.through_seq
+                check = await self._check_size(built, iteration, decide=False)
+            if __import__("os").environ.get("LONG_DEBUG"): print("CHECK", iteration, check.tokens, check.method, check.decision, check.compress_keep_recent_messages, len(built), [(m.role, len(m.content)) for m in built][-4:])
+            if check.decision != cpb.SIZE_DECISION_FITS:
                 answer = TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit)
                 await self.conv.append([Message(role="assistant", content=answer)])
                 self.sink.text(answer)
                 return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
+            built = cb.apply_cuts(built, check.cuts)
             try:
                 reply = await self._call_model(built)
             except StreamStopped:
@@ -268,8 +270,6 @@ class Turn:
         return cb.ContextBuilder.build(
             self._system_prompt(),
             [*self.conv.context, *(m for m in pending if not m.explicit_flags or m.is_context)],
-            budget_tokens=message_budget(self.window, self.settings.message_token_budget),
-            tokens_per_char=self.deps.view_rates.get(self.profile.model, MAX_TOKENS_PER_CHAR),
             memory=memory,
             notes=self._notes(iteration, stalled),
         )
@@ -301,13 +301,20 @@ class Turn:
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "Compressor", self.settings.compressor_addr) from None
 
-    async def _check_size(self, built: list[Message]) -> cpb.CheckContextSizeResponse:
-        check = await self._compressor(self.deps.compressor.CheckContextSize, cpb.CheckContextSizeRequest(
+    async def _check_size(self, built: list[Message], iteration: int, *,
+                          decide: bool = True) -> cpb.CheckContextSizeResponse:
+        """The one question before a model call, answered by the Compressor: the view to send, its
+        count, and fits / compress first / too large."""
+        return await self._compressor(self.deps.compressor.CheckContextSize, cpb.CheckContextSizeRequest(
             model=self.profile.model, messages=built, window=self.window, session_id=self.session_id,
-            settings=self.profile.compression_settings()))
-        if check.tokens_per_char > 0:
-            self.deps.view_rates[self.profile.model] = check.tokens_per_char
-        return check
+            settings=self.profile.compression_settings(), tool_schemas=self._tool_schemas_json(),
+            keep_recent_messages=self._keep_for(iteration), decide_compression=decide and self._compression_on()))
+
+    def _tool_schemas(self) -> list[dict] | None:
+        return [schema(t) for t in self.tools.values()] if self.facts.tools and self.tools else None
+
+    def _tool_schemas_json(self) -> list[str]:
+        return [json.dumps(s, ensure_ascii=False) for s in self._tool_schemas() or ()]
 
     def _request_body(self, built: list[Message]) -> dict:
         messages = to_ollama_messages(built)
@@ -317,8 +324,8 @@ class Turn:
         think = None
         if self.facts.thinking:
             think = self.profile.think_enabled
-        tools = [schema(t) for t in self.tools.values()] if self.facts.tools and self.tools else None
-        return OllamaClient.chat_body(self.profile.model, messages, num_ctx=self.window, tools=tools, think=think)
+        return OllamaClient.chat_body(self.profile.model, messages, num_ctx=self.window, tools=self._tool_schemas(),
+                                      think=think)
 
     async def _call_model(self, built: list[Message]) -> ChatResult:
         reply = ChatResult()
@@ -356,19 +363,20 @@ class Turn:
 
     async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse,
                             built: list[Message], through_seq: int) -> None:
-        tokens = check.tokens
+        tokens, method = check.tokens, COUNT_METHODS.get(check.method, "heuristic")
         if reply.prompt_eval_count:
             try:
                 recorded = await self._compressor(self.deps.compressor.RecordBaseline, cpb.RecordBaselineRequest(
                     session_id=self.session_id, model=self.profile.model, prompt_eval_count=reply.prompt_eval_count,
                     sent_tokens=check.tokens, sent_chars=view_chars(built), had_images=any(m.images for m in built),
-                    through_seq=through_seq, window=self.window))
-                # A truncated report describes half a window, not our context: keep the honest estimate.
-                tokens = check.tokens if recorded.truncated else reply.prompt_eval_count
+                    through_seq=through_seq, window=self.window, shape=check.shape, method=check.method))
+                # A cut report describes half a window, not our context: keep our own count.
+                if not recorded.truncated:
+                    tokens, method = reply.prompt_eval_count, "reported"
             except PalimpsestError as exc:  # the answer is saved; a lost baseline only costs precision
                 log.warning("could not record the baseline of %s: %s", self.session_id, exc)
         self.last_prompt_tokens = tokens
-        self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0)
+        self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0, method)
         await self.conv.set_token_count(tokens)
 
     # -- tools -----------------------------------------------------------------------------------
@@ -479,34 +487,13 @@ class Turn:
             raise Aborted(f"another writer changed session {self.session_id} right after its compression")
         return True
 
-    async def _should_compress(self, tokens: int, keep_recent_messages: int = 0) -> bool:
-        if tokens < trigger_tokens(self._threshold(), self.window, self.settings.output_reserve_tokens):
-            return False
-        dry = await self.deps.compressor.WouldCompress(cpb.WouldCompressRequest(
-            session_id=self.session_id, model=self.profile.model, window=self.window, current_tokens=tokens,
-            keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings()),
-            metadata=self.metadata)
-        return dry.would_compress
-
     def _midturn_keep(self) -> int:
         return max(12, 2 * self._keep_recent())
 
-    async def _compress_if_over(self, check: cpb.CheckContextSizeResponse, iteration: int) -> bool:
-        """Pre-turn (first call) or mid-turn (later calls) compression, decided on the size check's
-        own count — the real baseline plus the calibrated delta of everything since, the incoming
-        message and its images included — and only when the dry run says the context would shrink,
-        so compression_started never lies."""
-        if not self._compression_on():
-            return False
-        reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
-        keep = 0 if iteration == 0 else self._midturn_keep()
-        try:
-            if not await self._should_compress(check.tokens, keep):
-                return False
-        except grpc.aio.AioRpcError as exc:
-            log.warning("compression check (%s) failed for %s: %s", reason, self.session_id, exc.details())
-            return False
-        return await self._compress(reason, check.tokens, keep)
+    def _keep_for(self, iteration: int) -> int:
+        """Messages a compression keeps verbatim: the pre-turn plan keeps whole turns (0 here), a
+        mid-turn one the newest messages of the long turn under way."""
+        return 0 if iteration == 0 else self._midturn_keep()
 
     async def post_turn(self) -> None:
         """After stream_end, off the client's path: compress on the real count, or because the last

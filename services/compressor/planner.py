@@ -26,6 +26,13 @@ Estimator = Callable[[list[Message]], int]
 # Keeping only the newest request and its last call + result is the least that lets the model
 # continue a tool loop; below that there is nothing left to continue from.
 MIN_RECENT_MESSAGES = 2
+# Mid-turn, a long tool loop keeps at least this many of its newest messages verbatim.
+INTRA_TURN_MIN_KEEP = 12
+
+
+def intra_turn_keep(keep_recent_turns: int) -> int:
+    """Messages an intra-turn compression keeps: twice the turns kept, at least a dozen."""
+    return max(INTRA_TURN_MIN_KEEP, 2 * keep_recent_turns)
 
 # Importance scores (a plain turn scores BASE_IMPORTANCE). An old turn at least IMPORTANT_AT_LEAST
 # may displace a kept turn at most FILLER_AT_MOST: a plain turn never displaces another.

@@ -8,8 +8,12 @@ from dataclasses import dataclass, field
 
 from palimpsest.v1 import common_pb2, compressor_pb2, session_store_pb2 as store_pb
 from services.compressor.calibration import Line, Observation, fit_line
-from services.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens
-from services.shared.context_view import message_budget
+from services.compressor.calibration import fallback_tokens
+from services.compressor.exact_count import (
+    Counter, ExactObservation, Shape, Template, exact_view, fit_template, message_tokens, shape_of,
+)
+from services.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens, priced_view
+from services.shared.context_view import message_budget, message_chars
 from services.shared.settings import Settings
 
 Message = common_pb2.Message
@@ -53,37 +57,104 @@ class Knobs:
         )
 
 
+def shape_from_proto(shape: compressor_pb2.PromptShape | store_pb.ExactShape) -> Shape:
+    return Shape(content_tokens=shape.content_tokens, messages=shape.messages, tool_results=shape.tool_results,
+                 tool_calls=shape.tool_calls, tools=shape.tools, image_prior_tokens=shape.image_prior_tokens,
+                 images=shape.images)
+
+
+def shape_to_proto(shape: Shape) -> compressor_pb2.PromptShape:
+    return compressor_pb2.PromptShape(**shape.__dict__)
+
+
 @dataclass
 class Pricing:
-    """Prices message lists for one model and window: calibrated line, view budget, baseline."""
+    """Prices message lists for one model and window: exactly with the model's own tokenizer when
+    it has one (``counter``), else by the calibrated line over a real baseline."""
 
     line: Line | None
     budget: int
     image_fallback: int
     baseline: store_pb.Baseline | None = None
+    counter: Counter | None = None
+    template: Template = field(default_factory=Template)
 
     @classmethod
     def build(cls, observations: Sequence[store_pb.Observation], window: int, knobs: Knobs,
-              baseline: store_pb.Baseline | None = None) -> "Pricing":
+              baseline: store_pb.Baseline | None = None, counter: Counter | None = None) -> "Pricing":
         # The store lists newest first; the fit wants them in the order they happened.
-        line = fit_line([Observation(o.chars, o.tokens) for o in reversed(observations)])
-        return cls(line, message_budget(window, knobs.message_budget), knobs.image_fallback, baseline)
+        ordered = list(reversed(observations))
+        line = fit_line([Observation(o.chars, o.tokens) for o in ordered if o.chars > 0])
+        template = fit_template([ExactObservation(shape_from_proto(o.exact), o.tokens)
+                                 for o in ordered if o.exact.content_tokens > 0])
+        return cls(line, message_budget(window, knobs.message_budget), knobs.image_fallback, baseline, counter,
+                   template)
+
+    @property
+    def exact(self) -> bool:
+        return self.counter is not None
+
+    @property
+    def method(self) -> int:
+        if self.exact:
+            return compressor_pb2.ESTIMATE_METHOD_EXACT
+        if self.has_baseline:
+            return compressor_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+        return compressor_pb2.ESTIMATE_METHOD_CALIBRATED if self.line else compressor_pb2.ESTIMATE_METHOD_FALLBACK
+
+    def view(self, messages: Sequence[Message], budgets: dict[int, int] | None = None) -> tuple[list[Message],
+                                                                                              dict[int, str]]:
+        """The view the model is sent and the cut contents by index. The same message always gets
+        the same cut: exact token boundaries, or (without a tokenizer) the fixed chars / 1.8 rate."""
+        if self.counter is not None:
+            return exact_view(messages, self.budget, self.counter, budgets)
+        view = priced_view(messages, self.budget, budgets)
+        return view, {i: v.content for i, (m, v) in enumerate(zip(messages, view)) if v is not m}
+
+    def message_costs(self, view: Sequence[Message]) -> list[int]:
+        """What each message of a view costs on its own: exact content tokens, or the fixed-rate
+        price the fallback view is cut at."""
+        if self.counter is not None:
+            return message_tokens(view, self.counter)
+        return [fallback_tokens(message_chars(m)) for m in view]
+
+    def count_view(self, view: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
+        """The count of a view that is already cut (cutting it again changes nothing)."""
+        if self.counter is not None:
+            return self.priced_view(view, tool_schemas)
+        return self.with_baseline(view)[0]
 
     def estimate(self, messages: Sequence[Message]) -> int:
         return self.full(messages).tokens
 
-    def full(self, messages: Sequence[Message]) -> Estimate:
-        return estimate_tokens(messages, self.line, self.image_fallback, self.budget)
+    def full(self, messages: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
+        if self.counter is None:
+            return estimate_tokens(messages, self.line, self.image_fallback, self.budget)
+        return self.priced_view(self.view(messages)[0], tool_schemas)
+
+    def priced_view(self, view: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
+        """An exact count of a view that is already cut."""
+        assert self.counter is not None
+        if not view and not tool_schemas:
+            return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
+        shape = shape_of(view, tool_schemas, self.counter, self.image_fallback)
+        images = self.template.image_tokens(shape)
+        tokens = self.template.tokens(shape)
+        return Estimate(tokens=tokens, text_tokens=tokens - images, image_tokens=images,
+                        chars=sum(len(m.content) for m in view), shape=shape)
 
     @property
     def has_baseline(self) -> bool:
         return self.baseline is not None and self.baseline.tokens > 0
 
-    def with_baseline(self, messages: Sequence[Message], incoming: Sequence[Message] = ()) -> tuple[Estimate, int]:
-        """(estimate, method): the real baseline plus the calibrated delta when there is one."""
+    def with_baseline(self, messages: Sequence[Message], incoming: Sequence[Message] = (),
+                      tool_schemas: Sequence[str] = ()) -> tuple[Estimate, int]:
+        """(estimate, method): exact when the model's tokenizer is known; else the real baseline plus
+        the calibrated delta when there is one; else the calibrated line over everything."""
+        if self.exact:
+            return self.full([*messages, *incoming], tool_schemas), compressor_pb2.ESTIMATE_METHOD_EXACT
         if not self.has_baseline:
-            method = compressor_pb2.ESTIMATE_METHOD_CALIBRATED if self.line else compressor_pb2.ESTIMATE_METHOD_FALLBACK
-            return self.full([*messages, *incoming]), method
+            return self.full([*messages, *incoming]), self.method
         # The prompt the baseline measured began with the system prompt (no seq), so it is paid
         # for; stored rows after the baseline and anything else not stored yet are the delta.
         body = list(messages)

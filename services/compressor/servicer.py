@@ -12,11 +12,12 @@ from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc,
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
-from services.compressor.planner import would_compress
-from services.compressor.pricing import Knobs, Pricing, SessionState
+from services.compressor.planner import intra_turn_keep, would_compress
+from services.compressor.model_tokenizers import ModelTokenizers
+from services.compressor.pricing import Knobs, Pricing, SessionState, shape_from_proto, shape_to_proto
+from services.compressor.size_check import deepen_cuts, proves_cut
 from services.compressor.token_estimate import (
     fits,
-    is_truncated_report,
     near_cut_size,
     output_reserve,
     trigger_tokens,
@@ -38,6 +39,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self.ollama = ollama
         self.settings = settings
         self.store_addr = store_addr
+        self.tokenizers = ModelTokenizers(ollama, settings.data_dir / "tokenizers")
 
     # -- loading -----------------------------------------------------------------------------
     def _window(self, window: int) -> int:
@@ -70,6 +72,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         baseline = pricing.baseline if pricing.HasField("baseline") else None
         return SessionState(session, baseline, list(pricing.observations))
 
+    async def _pricing(self, model: str, window: int, knobs: Knobs, observations,
+                       baseline: store_pb.Baseline | None = None) -> Pricing:
+        counter = await self.tokenizers.counter(model)
+        return Pricing.build(observations, window, knobs, baseline, counter)
+
     @staticmethod
     def _usable_baseline(state: SessionState, model: str) -> store_pb.Baseline | None:
         b = state.baseline
@@ -84,36 +91,92 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if request.session_id:
             state = await self._load(request.session_id, request.model, context,
                                      with_context=not request.messages)
-            pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, request.model))
+            pricing = await self._pricing(request.model, window, knobs, state.observations,
+                                          self._usable_baseline(state, request.model))
             messages = list(request.messages) or state.context
         else:
-            pricing = Pricing.build(await self._observations(request.model, context), window, knobs)
+            pricing = await self._pricing(request.model, window, knobs,
+                                          await self._observations(request.model, context))
             messages = list(request.messages)
-        estimate, method = pricing.with_baseline(messages, list(request.incoming))
+        estimate, method = await asyncio.to_thread(pricing.with_baseline, messages, list(request.incoming),
+                                                   list(request.tool_schemas))
         return pb.EstimateTokensResponse(
             tokens=estimate.tokens, text_tokens=estimate.text_tokens, image_tokens=estimate.image_tokens,
             chars=estimate.chars, method=method, baseline_tokens=estimate.baseline_tokens,
             delta_tokens=estimate.tokens - estimate.baseline_tokens,
+            shape=shape_to_proto(estimate.shape) if estimate.shape else None,
         )
 
     async def CheckContextSize(self, request, context):
+        """The one question before every model call: the view to send, its size, and whether it
+        fits, must be compressed first, or cannot be sent at all."""
         window = self._window(request.window)
         if not request.messages:
             raise InvalidArgument("messages", "the built context to check is required")
+        if request.keep_recent_messages < 0:
+            raise InvalidArgument("keep_recent_messages", "must not be negative")
+        if request.decide_compression and not request.session_id:
+            raise InvalidArgument("session_id", "required to decide on compression")
         knobs = Knobs.resolve(self.settings, request.settings)
         if request.session_id:
             state = await self._load(request.session_id, request.model, context, with_context=False)
-            pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, request.model))
+            pricing = await self._pricing(request.model, window, knobs, state.observations,
+                                          self._usable_baseline(state, request.model))
         else:
-            pricing = Pricing.build(await self._observations(request.model, context), window, knobs)
-        estimate, method = pricing.with_baseline(list(request.messages))
+            pricing = await self._pricing(request.model, window, knobs,
+                                          await self._observations(request.model, context))
+        messages, schemas = list(request.messages), list(request.tool_schemas)
+        view, cuts, estimate, method = await asyncio.to_thread(self._price_view, pricing, messages, schemas)
+        limit = window - output_reserve(window, knobs.output_reserve)
+        trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
+        decision = pb.SIZE_DECISION_FITS if estimate.tokens <= limit else pb.SIZE_DECISION_TOO_LARGE
+        keep = await self._shrinking_keep(request, estimate.tokens, trigger, limit, window, knobs, pricing, context)
+        if keep is not None:
+            decision = pb.SIZE_DECISION_COMPRESS_FIRST
+        elif decision == pb.SIZE_DECISION_TOO_LARGE:
+            # Nothing left to compress: cut the largest tool results further rather than lose the
+            # turn (the full text stays in the display history).
+            deeper = await asyncio.to_thread(deepen_cuts, pricing, messages, schemas, limit)
+            if deeper is not None:
+                view, cuts, estimate = deeper
+                decision = pb.SIZE_DECISION_FITS
         return pb.CheckContextSizeResponse(
-            fits=fits(estimate.tokens, window, knobs.output_reserve),
+            fits=decision == pb.SIZE_DECISION_FITS,
             tokens=estimate.tokens,
-            limit=window - output_reserve(window, knobs.output_reserve),
+            limit=limit,
             method=method,
             tokens_per_char=tokens_per_char(pricing.line),
+            decision=decision,
+            cuts=[pb.ViewCut(index=i, content=c) for i, c in sorted(cuts.items())],
+            shape=shape_to_proto(estimate.shape) if estimate.shape else None,
+            trigger=trigger,
+            compress_keep_recent_messages=keep or 0,
         )
+
+    @staticmethod
+    def _price_view(pricing: Pricing, messages, schemas):
+        view, cuts = pricing.view(messages)
+        return view, cuts, pricing.count_view(view, schemas), pricing.method
+
+    async def _shrinking_keep(self, request, tokens: int, trigger: int, limit: int, window: int, knobs: Knobs,
+                              pricing: Pricing, context) -> int | None:
+        """The keep_recent_messages of a compression that would shrink the stored context, when one
+        is due: over the trigger, the request's own plan (whole turns before the first call, the
+        long turn's newest messages later); over the limit, also the intra-turn plan, which can
+        shed the older part of one long turn."""
+        if not request.decide_compression or tokens < trigger:
+            return None
+        reply = await self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
+            session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), context)
+        stored = list(reply.session.context)
+        candidates = [request.keep_recent_messages]
+        if tokens > limit:
+            candidates.append(intra_turn_keep(knobs.keep_recent))
+        for keep in dict.fromkeys(candidates):
+            plan = await self._plan(stored, pricing, knobs, window, keep)
+            if would_compress(plan, pricing.estimate):
+                return keep
+        return None
 
     async def RecordBaseline(self, request, context):
         if not request.model:
@@ -122,19 +185,19 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("prompt_eval_count", "must be positive")
         if request.sent_tokens < 0 or request.sent_chars < 0 or request.through_seq < 0:
             raise InvalidArgument("sent_tokens", "sizes must not be negative")
-        truncated = request.sent_tokens > 0 and is_truncated_report(
-            request.prompt_eval_count, request.sent_tokens, request.window)
-        if truncated:
-            # Ollama cut the prompt: its count describes half a window, not our context. Keep the
-            # previous honest baseline and flag the session for the post-turn pass.
+        exact = request.method == pb.ESTIMATE_METHOD_EXACT and request.shape.content_tokens > 0
+        if exact and proves_cut(request.prompt_eval_count, request.shape.content_tokens):
+            # Ollama evaluated fewer tokens than the content alone has, by the model's own count:
+            # it cut the prompt. Keep the previous honest baseline and flag the session for the
+            # post-turn pass. An estimate never raises this alarm (it cannot prove anything).
             if request.session_id:
                 await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
                     session_id=request.session_id, only_truncated_flag=True,
                     baseline=store_pb.Baseline(context_truncated=True)), context)
-            log.warning("truncated prompt: Ollama reported %d tokens of ~%d sent (session %s)",
-                        request.prompt_eval_count, request.sent_tokens, request.session_id or "-")
+            log.warning("cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
+                        request.prompt_eval_count, request.shape.content_tokens, request.session_id or "-")
             return pb.RecordBaselineResponse(recorded=False, truncated=True)
-        if near_cut_size(request.prompt_eval_count, request.window):
+        if not exact and near_cut_size(request.prompt_eval_count, request.window):
             log.info("report of %d tokens is about half of num_ctx %d: not learned from", request.prompt_eval_count,
                      request.window)
             return pb.RecordBaselineResponse(recorded=False, truncated=False)
@@ -143,7 +206,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 session_id=request.session_id,
                 baseline=store_pb.Baseline(tokens=request.prompt_eval_count, through_seq=request.through_seq,
                                            model=request.model)), context)
-        if request.sent_chars > 0 and not request.had_images:
+        if exact:
+            await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
+                observation=store_pb.Observation(model=request.model, tokens=request.prompt_eval_count,
+                                                 exact=store_pb.ExactShape(**shape_from_proto(request.shape).__dict__))),
+                context)
+        elif request.sent_chars > 0 and not request.had_images:
             # Image tokens are not chars: a prompt with images would bend the line for text.
             await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
                 observation=store_pb.Observation(model=request.model, chars=request.sent_chars,
@@ -170,9 +238,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         knobs = Knobs.resolve(self.settings, request.settings)
         state = await self._load(request.session_id, request.model, context)
         model = request.model or state.session.model
-        pricing = Pricing.build(state.observations, window, knobs, self._usable_baseline(state, model))
+        pricing = await self._pricing(model, window, knobs, state.observations, self._usable_baseline(state, model))
         context_messages = state.context
-        current = request.current_tokens or pricing.with_baseline(context_messages)[0].tokens
+        current = request.current_tokens or (await asyncio.to_thread(pricing.with_baseline, context_messages))[0].tokens
         return window, knobs, state, model, pricing, context_messages, current
 
     @staticmethod

@@ -16,6 +16,7 @@ from services.compressor.calibration import (
     estimate_text_tokens,
     marginal_text_tokens,
 )
+from services.compressor.exact_count import Shape
 from services.shared.context_view import truncate_oversized, view_chars
 from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
 
@@ -42,6 +43,7 @@ class Estimate:
     image_tokens: int
     chars: int
     baseline_tokens: int = 0
+    shape: Shape | None = None  # set by an exact count
 
 
 def chars_to_tokens(line: Line | None) -> Callable[[int], int]:
@@ -49,13 +51,15 @@ def chars_to_tokens(line: Line | None) -> Callable[[int], int]:
     return lambda chars: marginal_text_tokens(chars, line)
 
 
-def priced_view(
-    messages: Sequence[Message], line: Line | None, budget_tokens: int | None
-) -> list[Message]:
-    """The view the model is sent; ``budget_tokens=None`` prices the rows uncut."""
+def priced_view(messages: Sequence[Message], budget_tokens: int | None,
+                budgets: dict[int, int] | None = None) -> list[Message]:
+    """The view the model is sent when its tokenizer is unknown; ``budget_tokens=None`` prices the
+    rows uncut. Cut at the fixed chars / 1.8 rate, never the calibrated line's: the line moves with
+    every report, and a cut that moves changes old messages between two calls (measured: 7.8k more
+    characters of old messages for 1.2k new ones), so the count of one call says nothing of the next."""
     if budget_tokens is None:
         return list(messages)
-    return truncate_oversized(messages, budget_tokens, chars_to_tokens(line))
+    return truncate_oversized(messages, budget_tokens, chars_to_tokens(None), budgets)
 
 
 def _image_tokens(messages: Sequence[Message], image_fallback: int) -> int:
@@ -69,7 +73,7 @@ def _priced(
     budget_tokens: int | None,
     text_price: Callable[[int, Line | None], int],
 ) -> Estimate:
-    view = priced_view(messages, line, budget_tokens)
+    view = priced_view(messages, budget_tokens)
     chars = view_chars(view)
     text = text_price(chars, line)
     images = _image_tokens(view, image_fallback)
@@ -179,7 +183,7 @@ def calibration_observation(
     A prompt with images is not an observation: image tokens are not chars and would bend the
     line for every later text estimate. A truncated report is not one either.
     """
-    view = priced_view(messages, line, budget_tokens)
+    view = priced_view(messages, budget_tokens)
     if any(m.images for m in view) or reported_tokens <= 0:
         return None
     sent = estimate_text_tokens(view_chars(view), line)

@@ -31,7 +31,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # Split patterns per ``tokenizer.ggml.pre``, as llama.cpp defines them. Only patterns whose counts
 # are tested against a reference tokenizer are listed; an unknown name is a fallback, not a guess.
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"  # as Qwen and Llama 3 write it (case-insensitive)
 _QWEN2 = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )

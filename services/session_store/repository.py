@@ -77,6 +77,20 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
     return ("…" if start else "") + content[start:end] + ("…" if end < len(content) else "")
 
 
+EXACT_FIELDS = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
+CHAR_OBSERVATIONS = 8  # the calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW)
+EXACT_OBSERVATIONS = 64  # the template fit: per model, so every session of it contributes
+_OBSERVATION_COLUMNS = f"id, model, chars, tokens, observed_at, {', '.join(EXACT_FIELDS)}"
+_OBSERVATIONS_SQL = f"""
+    (SELECT {_OBSERVATION_COLUMNS} FROM calibration_observations WHERE model = $1 AND content_tokens = 0
+     ORDER BY id DESC LIMIT $2)
+    UNION ALL
+    (SELECT {_OBSERVATION_COLUMNS} FROM calibration_observations WHERE model = $1 AND content_tokens > 0
+     ORDER BY id DESC LIMIT $3)
+    ORDER BY id DESC
+"""
+
+
 @dataclass
 class AppendResult:
     seqs: list[int]
@@ -639,17 +653,19 @@ class SessionRepository:
         return [dict(row) | {"score": score} for score, row in scored[:limit]]
 
     # -- calibration and baselines -----------------------------------------------------------
-    async def record_observation(self, model: str, chars: int, tokens: int) -> None:
+    async def record_observation(self, model: str, chars: int, tokens: int, exact: dict[str, int] | None = None) -> None:
+        exact = exact or {}
         await self.pool.execute(
-            "INSERT INTO calibration_observations (model, chars, tokens) VALUES ($1, $2, $3)", model, chars, tokens
+            f"INSERT INTO calibration_observations (model, chars, tokens, {', '.join(EXACT_FIELDS)})"
+            f" VALUES ($1, $2, $3, {', '.join(f'${i}' for i in range(4, 4 + len(EXACT_FIELDS)))})",
+            model, chars, tokens, *(exact.get(name, 0) for name in EXACT_FIELDS),
         )
 
-    async def list_observations(self, model: str, limit: int) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
-            "SELECT model, chars, tokens, observed_at FROM calibration_observations WHERE model = $1"
-            " ORDER BY id DESC LIMIT $2",
-            model, limit,
-        )
+    async def list_observations(self, model: str, limit: int = CHAR_OBSERVATIONS,
+                                exact_limit: int = EXACT_OBSERVATIONS, conn=None) -> list[asyncpg.Record]:
+        """The newest observations of both kinds (chars for the calibrated line, exact shapes for
+        the template fit), newest first."""
+        return await (conn or self.pool).fetch(_OBSERVATIONS_SQL, model, limit, exact_limit)
 
     async def set_baseline(self, identity: Identity, session_id: uuid.UUID, baseline: dict[str, Any] | None,
                            only_truncated_flag: bool) -> None:
@@ -687,9 +703,7 @@ class SessionRepository:
         async with self.pool.acquire() as conn:
             await self._readable(conn, session_id, identity)
             baseline = await conn.fetchrow("SELECT * FROM session_baselines WHERE session_id = $1", session_id)
-            observations = await conn.fetch(
-                "SELECT model, chars, tokens, observed_at FROM calibration_observations WHERE model = $1"
-                " ORDER BY id DESC LIMIT 8", model) if model else []
+            observations = await self.list_observations(model, conn=conn) if model else []
         return baseline, observations
 
 

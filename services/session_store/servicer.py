@@ -17,7 +17,7 @@ from services.session_store import convert
 from services.shared.structs import from_struct
 from services.session_store.external_refs import ExternalRef, merge_refs, validate_ref
 from services.session_store.files import FileStore
-from services.session_store.repository import SessionRepository, parse_session_id
+from services.session_store.repository import EXACT_FIELDS, EXACT_OBSERVATIONS, SessionRepository, parse_session_id
 
 log = logging.getLogger("palimpsest.store")
 
@@ -347,9 +347,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         obs = request.observation
         if not obs.model:
             raise InvalidArgument("observation.model", "required")
-        if obs.chars <= 0 or obs.tokens <= 0:
-            raise InvalidArgument("observation", "chars and tokens must be positive")
-        await self.repo.record_observation(obs.model, obs.chars, obs.tokens)
+        exact = {name: getattr(obs.exact, name) for name in EXACT_FIELDS}
+        if obs.tokens <= 0 or (obs.chars <= 0 and obs.exact.content_tokens <= 0):
+            raise InvalidArgument("observation", "tokens and either chars or exact.content_tokens must be positive")
+        if any(value < 0 for value in exact.values()):
+            raise InvalidArgument("observation.exact", "counts must not be negative")
+        await self.repo.record_observation(obs.model, 0 if obs.exact.content_tokens else obs.chars, obs.tokens,
+                                           exact if obs.exact.content_tokens else None)
         return pb.RecordObservationResponse()
 
     async def ListObservations(self, request, context):
@@ -357,7 +361,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if not request.model:
             raise InvalidArgument("model", "required")
         limit = page_size(request.limit, "limit", default=8, maximum=100)
-        rows = await self.repo.list_observations(request.model, limit)
+        rows = await self.repo.list_observations(request.model, limit, max(limit, EXACT_OBSERVATIONS))
         return pb.ListObservationsResponse(observations=[_observation(r) for r in rows])
 
     async def SetBaseline(self, request, context):
@@ -443,6 +447,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
 def _observation(row) -> pb.Observation:
     observation = pb.Observation(model=row["model"], chars=row["chars"], tokens=row["tokens"])
+    if row["content_tokens"]:
+        observation.exact.CopyFrom(pb.ExactShape(**{name: row[name] for name in EXACT_FIELDS}))
     observation.observed_at.CopyFrom(convert.timestamp(row["observed_at"]))
     return observation
 

@@ -106,23 +106,27 @@ def truncate_oversized(
     messages: Sequence[Message],
     budget_tokens: int,
     estimate_chars_to_tokens: Callable[[int], int],
+    budgets: dict[int, int] | None = None,
 ) -> list[Message]:
     """The view with every oversized assistant/tool message cut to head + marker + tail.
 
     A message is oversized when ``estimate_chars_to_tokens(message_chars(m))`` exceeds
     ``budget_tokens``; it is replaced by a copy (stored messages are never mutated), others are
     returned as they are. ``estimate_chars_to_tokens`` prices a piece of text, without the
-    prompt's fixed overhead. A budget of 0 or less disables truncation.
+    prompt's fixed overhead. A budget of 0 or less disables truncation; ``budgets`` overrides the
+    budget per index (a message cut further so the prompt fits).
     """
-    if budget_tokens <= 0:
+    if budget_tokens <= 0 and not budgets:
         return list(messages)
     view: list[Message] = []
-    for message in messages:
+    for index, message in enumerate(messages):
+        budget = (budgets or {}).get(index, budget_tokens)
         if (
-            message.role in TRUNCATABLE_ROLES
-            and estimate_chars_to_tokens(message_chars(message)) > budget_tokens
+            budget > 0
+            and message.role in TRUNCATABLE_ROLES
+            and estimate_chars_to_tokens(message_chars(message)) > budget
         ):
-            view.append(_truncated_copy(message, budget_tokens, estimate_chars_to_tokens) or message)
+            view.append(_truncated_copy(message, budget, estimate_chars_to_tokens) or message)
         else:
             view.append(message)
     return view

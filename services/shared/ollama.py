@@ -128,6 +128,28 @@ class OllamaClient:
                 self._facts[model] = ModelFacts(model, int(length or 0), frozenset(data.get("capabilities") or ()))
         return self._facts[model]
 
+    async def show(self, model: str, *, verbose: bool = False) -> dict[str, Any]:
+        """/api/show; ``verbose`` fills the GGUF tokenizer arrays (about 13 MB for a 248k vocabulary)."""
+        body: dict[str, Any] = {"model": model}
+        if verbose:
+            body["verbose"] = True
+        return await self._post("/api/show", body, model)
+
+    async def digest(self, model: str) -> str:
+        """The model's digest from /api/tags ("" when Ollama does not list it): what names one exact
+        set of weights and vocabulary, so a re-pulled model is never counted with its old tokenizer."""
+        try:
+            response = await self._http.get("/api/tags", timeout=10.0)
+        except httpx.TransportError as exc:
+            raise _not_running(self.host) from exc
+        if response.status_code != 200:
+            raise _error_for(response.status_code, response.text, model, self.host)
+        wanted = {model, model if ":" in model else f"{model}:latest"}
+        for entry in response.json().get("models") or []:
+            if entry.get("name") in wanted or entry.get("model") in wanted:
+                return str(entry.get("digest") or "")
+        return ""
+
     @staticmethod
     def chat_body(
         model: str,

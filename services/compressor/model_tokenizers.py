@@ -1,0 +1,169 @@
+"""Exact token counters per model, built once per model digest and kept in memory and on disk.
+
+The vocabulary comes from Ollama (``/api/show`` verbose, ~13 MB for 248k tokens) and takes about
+two seconds to turn into a tokenizer, so each digest is fetched and built once per process, the
+result saved as ``<cache_dir>/<digest>.json`` for the next start, and every build runs in a
+thread. A model whose vocabulary cannot be built is counted by the calibrated line: one warning,
+never a failed request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer
+from services.shared.errors import PalimpsestError
+from services.shared.ollama import OllamaClient
+
+log = logging.getLogger("palimpsest.compressor")
+
+# A re-pulled model gets a new digest; it is noticed within this many seconds.
+DIGEST_TTL_S = 30.0
+# Ollama down or the model missing: no count is exact meanwhile; ask again after this.
+RETRY_AFTER_S = 60.0
+# Counts of texts seen before (a long session resends the same messages on every call).
+COUNT_CACHE_ENTRIES = 200_000
+
+
+class TokenCounter:
+    """Counts text with one model's own tokenizer. Thread-safe; repeated texts are counted once."""
+
+    def __init__(self, tokenizer: Tokenizer, digest: str):
+        self.tokenizer = tokenizer
+        self.digest = digest
+        self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def count(self, text: str) -> int:
+        return self.counts([text])[0]
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text alone (no BOS/EOS); the uncached ones in one parallel batch."""
+        # (hash, length) identifies a text: a collision needs equal lengths and a 64-bit hash clash.
+        keys = [(hash(t), len(t)) for t in texts]
+        found: dict[int, int] = {}
+        with self._lock:
+            for i, key in enumerate(keys):
+                if not texts[i]:
+                    found[i] = 0
+                elif key in self._cache:
+                    self._cache.move_to_end(key)
+                    found[i] = self._cache[key]
+        missing = [i for i in range(len(texts)) if i not in found]
+        if missing:
+            encodings = self.tokenizer.encode_batch([texts[i] for i in missing], add_special_tokens=False)
+            with self._lock:
+                for i, encoding in zip(missing, encodings):
+                    found[i] = len(encoding.ids)
+                    self._cache[keys[i]] = found[i]
+                while len(self._cache) > COUNT_CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+        return [found[i] for i in range(len(texts))]
+
+    def head_and_tail(self, text: str, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
+        """The text of the first ``head_tokens`` and the last ``tail_tokens`` tokens, cut at token
+        boundaries (so the pieces cost what they are said to, give or take a merge at the seam)."""
+        offsets = self.tokenizer.encode(text, add_special_tokens=False).offsets
+        if head_tokens + tail_tokens >= len(offsets):
+            return text, ""
+        head = text[: offsets[head_tokens - 1][1]] if head_tokens > 0 else ""
+        tail = text[offsets[len(offsets) - tail_tokens][0]:] if tail_tokens > 0 else ""
+        return head, tail
+
+
+def _file_name(digest: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", digest) + ".json"
+
+
+class ModelTokenizers:
+    """``await counter(model)``: the model's exact counter, or None (the calibrated line counts)."""
+
+    def __init__(self, ollama: OllamaClient, cache_dir: Path | None):
+        self.ollama = ollama
+        self.cache_dir = cache_dir
+        self._by_digest: dict[str, TokenCounter] = {}
+        self._unsupported: set[str] = set()  # digests whose vocabulary cannot be built: never retried
+        self._digests: dict[str, tuple[str, float]] = {}  # model -> (digest, when looked up)
+        self._retry_at: dict[str, float] = {}  # model -> monotonic time of the next attempt
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def cached(self, model: str) -> TokenCounter | None:
+        """The counter when it is already built (no I/O)."""
+        digest, _ = self._digests.get(model, ("", 0.0))
+        return self._by_digest.get(digest) if digest else None
+
+    async def counter(self, model: str) -> TokenCounter | None:
+        if not model or time.monotonic() < self._retry_at.get(model, 0.0):
+            return None
+        try:
+            digest = await self._digest(model)
+            if digest in self._unsupported:
+                return None
+            if digest in self._by_digest:
+                return self._by_digest[digest]
+            async with self._locks.setdefault(digest, asyncio.Lock()):
+                if digest not in self._by_digest and digest not in self._unsupported:
+                    await self._load(model, digest)
+            return self._by_digest.get(digest)
+        except PalimpsestError as exc:
+            self._retry_at[model] = time.monotonic() + RETRY_AFTER_S
+            log.warning("no exact token count for %s for now (%s): using the calibrated estimate", model, exc)
+            return None
+
+    async def _digest(self, model: str) -> str:
+        digest, seen = self._digests.get(model, ("", 0.0))
+        if not digest or time.monotonic() - seen > DIGEST_TTL_S:
+            # A model Ollama does not list has no digest: its name stands in (never cached on disk).
+            digest = await self.ollama.digest(model) or f"name:{model}"
+            self._digests[model] = (digest, time.monotonic())
+        return digest
+
+    async def _load(self, model: str, digest: str) -> None:
+        path = self.cache_dir / _file_name(digest) if self.cache_dir and not digest.startswith("name:") else None
+        tokenizer = await asyncio.to_thread(_read_cached, path) if path else None
+        if tokenizer is None:
+            info = (await self.ollama.show(model, verbose=True)).get("model_info") or {}
+            try:
+                tokenizer = await asyncio.to_thread(build_tokenizer, info)
+            except UnsupportedVocabulary as exc:
+                self._unsupported.add(digest)
+                log.warning("model %s: %s; its prompts are counted by the calibrated estimate", model, exc)
+                return
+            if path:
+                await asyncio.to_thread(_write_cached, path, tokenizer)
+        self._by_digest[digest] = TokenCounter(tokenizer, digest)
+        log.info("model %s: exact token counts from its own vocabulary (%d tokens)", model,
+                 tokenizer.get_vocab_size())
+
+
+def _read_cached(path: Path) -> Tokenizer | None:
+    if not path.is_file():
+        return None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 — a damaged cache file is rebuilt, never fatal
+        log.warning("ignoring the damaged tokenizer cache %s: %s", path, exc)
+        return None
+
+
+def _write_cached(path: Path, tokenizer: Tokenizer) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written aside and renamed: another replica starting at the same time never reads half a file.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(tokenizer.to_str())
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not cache the tokenizer at %s: %s", path, exc)
