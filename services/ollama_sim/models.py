@@ -1,10 +1,12 @@
-"""The simulator's vocabulary: which models it serves and what a scripted answer looks like."""
+"""Which models the simulator serves and what a scripted answer looks like."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .vocabulary import QWEN3_6, VOCABULARIES
 
 COMPLETION = "completion"
 TOOLS = "tools"
@@ -24,6 +26,13 @@ class ModelSpec:
     parameter_size: str = "8B"
     quantization_level: str = "Q4_K_M"
     size: int = 5_000_000_000
+    # A name in vocabulary.VOCABULARIES; None leaves the tokenizer out of model_info, which is
+    # what a client's fallback for unknown vocabularies is tested against.
+    vocabulary: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.vocabulary is not None and self.vocabulary not in VOCABULARIES:
+            raise ValueError(f"vocabulary {self.vocabulary!r} is not one of {sorted(VOCABULARIES)}")
 
     def supports(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -37,8 +46,9 @@ def default_models() -> dict[str, ModelSpec]:
             architecture="qwen35moe",
             parameter_size="35B",
             size=23_000_000_000,
+            vocabulary=QWEN3_6,
         ),
-        "summarizer": ModelSpec(context_length=32_768, capabilities=(COMPLETION,)),
+        "summarizer": ModelSpec(context_length=32_768, capabilities=(COMPLETION,), vocabulary=QWEN3_6),
         "tiny": ModelSpec(
             context_length=8_192,
             capabilities=(COMPLETION, TOOLS),

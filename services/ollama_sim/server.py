@@ -7,6 +7,7 @@ assert on (requests, prompt truncation, early client disconnects) is recorded th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from . import chat
 from .embed import embed_text
 from .models import COMPLETION, THINKING, TOOLS, ModelSpec, Reply, default_models
 from .prompt import count_prompt_tokens, count_text_tokens
+from .vocabulary import tokenizer_metadata
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ DEFAULT_NUM_CTX = 4096
 _POLL_SECONDS = 0.05
 
 JsonObject = dict[str, Any]
+_JSON = "application/json; charset=utf-8"
 Responder = Callable[[Mapping[str, Any]], Reply]
 
 
@@ -300,6 +303,33 @@ def _listed_name(name: str) -> str:
     return name if ":" in name else f"{name}:latest"
 
 
+def model_digest(name: str, spec: ModelSpec) -> str:
+    """What /api/tags reports: a model under the same name with another vocabulary is another model,
+    so clients that cache a vocabulary per digest never mix the two."""
+    return hashlib.sha256(f"{name}\0{spec.vocabulary or ''}".encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _show_payload(spec: ModelSpec, verbose: bool) -> bytes:
+    """The /api/show body, serialized once per model: verbose, it is about 12 MB of JSON."""
+    arch = spec.architecture
+    model_info: JsonObject = {
+        "general.architecture": arch,
+        "general.parameter_count": 0,
+        f"{arch}.context_length": spec.context_length,
+    }
+    if spec.vocabulary is not None:
+        model_info.update(tokenizer_metadata(spec.vocabulary, arrays=verbose))
+    body = {
+        "modified_at": "2025-01-01T00:00:00Z",
+        "details": _model_details(spec),
+        "model_info": model_info,
+        "capabilities": list(spec.capabilities),
+    }
+    # Raw UTF-8 like Go's encoder: escaping the tokens' non-ASCII characters would double the size.
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 class _Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 so clients keep connections alive; streams use chunked transfer encoding.
     protocol_version = "HTTP/1.1"
@@ -346,7 +376,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.sim._record_request(self.path, body)
         routes: dict[str, Callable[[JsonObject], None]] = {
             "/api/chat": self._chat,
-            "/api/show": self._respond_with(self._show),
+            "/api/show": self._show,
             "/api/embed": self._respond_with(self._embed),
         }
         route = routes.get(self.path)
@@ -373,28 +403,19 @@ class _Handler(BaseHTTPRequestHandler):
                     "model": _listed_name(name),
                     "modified_at": "2025-01-01T00:00:00Z",
                     "size": spec.size,
-                    "digest": hashlib.sha256(name.encode()).hexdigest(),
+                    "digest": model_digest(name, spec),
                     "details": _model_details(spec),
                 }
             )
         return {"models": models}
 
-    def _show(self, body: JsonObject) -> tuple[int, JsonObject]:
+    def _show(self, body: JsonObject) -> None:
         name = str(body.get("model") or body.get("name") or "")
         spec = self.sim.resolve(name)
         if spec is None:
-            return _error(HTTPStatus.NOT_FOUND, f"model '{name}' not found")
-        arch = spec.architecture
-        return HTTPStatus.OK, {
-            "modified_at": "2025-01-01T00:00:00Z",
-            "details": _model_details(spec),
-            "model_info": {
-                "general.architecture": arch,
-                "general.parameter_count": 0,
-                f"{arch}.context_length": spec.context_length,
-            },
-            "capabilities": list(spec.capabilities),
-        }
+            self._send_json(*_error(HTTPStatus.NOT_FOUND, f"model '{name}' not found"))
+            return
+        self._send_bytes(HTTPStatus.OK, _JSON, _show_payload(spec, bool(body.get("verbose"))))
 
     def _embed(self, body: JsonObject) -> tuple[int, JsonObject]:
         name = str(body.get("model") or "")
@@ -546,7 +567,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def _send_json(self, status: int, obj: JsonObject) -> None:
-        self._send_bytes(status, "application/json; charset=utf-8", _dumps(obj))
+        self._send_bytes(status, _JSON, _dumps(obj))
 
     def _send_text(self, status: int, text: str) -> None:
         self._send_bytes(status, "text/plain; charset=utf-8", text.encode())
