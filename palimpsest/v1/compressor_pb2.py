@@ -25,51 +25,51 @@ _sym_db = _symbol_database.Default()
 from palimpsest.v1 import common_pb2 as palimpsest_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epalimpsest/v1/compressor.proto\x12\rpalimpsest.v1\x1a\x1apalimpsest/v1/common.proto\"\xfd\x02\n\x13\x43ompressionSettings\x12\x16\n\tthreshold\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06target\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0bkeep_recent\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12summary_max_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12 \n\x13summary_temperature\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x18\n\x10summarizer_model\x18\x06 \x01(\t\x12\x16\n\x0esummary_prompt\x18\x07 \x01(\t\x12\x16\n\x0e\x63ritical_tools\x18\x08 \x03(\t\x12!\n\x14message_token_budget\x18\t \x01(\x05H\x05\x88\x01\x01\x42\x0c\n\n_thresholdB\t\n\x07_targetB\x0e\n\x0c_keep_recentB\x15\n\x13_summary_max_tokensB\x16\n\x14_summary_temperatureB\x17\n\x15_message_token_budget\"\xd4\x01\n\x15\x45stimateTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.palimpsest.v1.Message\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12(\n\x08incoming\x18\x04 \x03(\x0b\x32\x16.palimpsest.v1.Message\x12\x0e\n\x06window\x18\x05 \x01(\x05\x12\x34\n\x08settings\x18\x06 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\"\xc0\x01\n\x16\x45stimateTokensResponse\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\x12\x13\n\x0btext_tokens\x18\x02 \x01(\x03\x12\x14\n\x0cimage_tokens\x18\x03 \x01(\x03\x12\r\n\x05\x63hars\x18\x04 \x01(\x03\x12-\n\x06method\x18\x05 \x01(\x0e\x32\x1d.palimpsest.v1.EstimateMethod\x12\x17\n\x0f\x62\x61seline_tokens\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x65lta_tokens\x18\x07 \x01(\x03\"\xb7\x01\n\x15RecordBaselineRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11prompt_eval_count\x18\x03 \x01(\x03\x12\x13\n\x0bsent_tokens\x18\x04 \x01(\x03\x12\x12\n\nsent_chars\x18\x05 \x01(\x03\x12\x12\n\nhad_images\x18\x06 \x01(\x08\x12\x13\n\x0bthrough_seq\x18\x07 \x01(\x03\x12\x0e\n\x06window\x18\x08 \x01(\x05\"=\n\x16RecordBaselineResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x08\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\xac\x01\n\x17\x43heckContextSizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.palimpsest.v1.Message\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x34\n\x08settings\x18\x05 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\"\x8f\x01\n\x18\x43heckContextSizeResponse\x12\x0c\n\x04\x66its\x18\x01 \x01(\x08\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x03\x12-\n\x06method\x18\x04 \x01(\x0e\x32\x1d.palimpsest.v1.EstimateMethod\x12\x17\n\x0ftokens_per_char\x18\x05 \x01(\x01\"\xb5\x01\n\x14WouldCompressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x16\n\x0e\x63urrent_tokens\x18\x04 \x01(\x03\x12\x1c\n\x14keep_recent_messages\x18\x05 \x01(\x05\x12\x34\n\x08settings\x18\x06 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\"\x8c\x01\n\x15WouldCompressResponse\x12\x16\n\x0ewould_compress\x18\x01 \x01(\x08\x12\x17\n\x0fmessages_before\x18\x02 \x01(\x03\x12\x16\n\x0emessages_after\x18\x03 \x01(\x03\x12\x15\n\rtokens_before\x18\x04 \x01(\x03\x12\x13\n\x0bkept_tokens\x18\x05 \x01(\x03\"\xb8\x02\n\x0f\x43ompressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x06reason\x18\x02 \x01(\x0e\x32 .palimpsest.v1.CompressionReason\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06window\x18\x04 \x01(\x05\x12\x1c\n\x14keep_recent_messages\x18\x05 \x01(\x05\x12\x34\n\x08settings\x18\x06 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\x12\x1e\n\x16only_if_over_threshold\x18\x07 \x01(\x08\x12\x16\n\x0e\x63urrent_tokens\x18\x08 \x01(\x03\x12\x1e\n\x11\x65xpected_revision\x18\t \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"H\n\x12\x43ompressionStarted\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\x03\"\xa5\x02\n\x11\x43ontextCompressed\x12\x0f\n\x07summary\x18\x01 \x01(\t\x12\x17\n\x0fmessages_before\x18\x02 \x01(\x03\x12\x16\n\x0emessages_after\x18\x03 \x01(\x03\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x05 \x01(\x03\x12\x30\n\x06method\x18\x06 \x01(\x0e\x32 .palimpsest.v1.CompressionMethod\x12\x13\n\x0b\x62readcrumbs\x18\x07 \x03(\t\x12)\n\x08replaced\x18\x08 \x01(\x0b\x32\x17.palimpsest.v1.SeqRange\x12\x16\n\x0e\x63hunks_indexed\x18\t \x01(\x03\x12\x10\n\x08revision\x18\n \x01(\x03\"\x89\x01\n\x10\x43ompressionEvent\x12\x34\n\x07started\x18\x01 \x01(\x0b\x32!.palimpsest.v1.CompressionStartedH\x00\x12\x36\n\ncompressed\x18\x02 \x01(\x0b\x32 .palimpsest.v1.ContextCompressedH\x00\x42\x07\n\x05\x65vent\"$\n\x12PriceImagesRequest\x12\x0e\n\x06images\x18\x01 \x03(\x0c\";\n\nImagePrice\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\x12\r\n\x05width\x18\x02 \x01(\x05\x12\x0e\n\x06height\x18\x03 \x01(\x05\"V\n\x13PriceImagesResponse\x12)\n\x06prices\x18\x01 \x03(\x0b\x32\x19.palimpsest.v1.ImagePrice\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\x03*\x93\x01\n\x0e\x45stimateMethod\x12\x1f\n\x1b\x45STIMATE_METHOD_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45STIMATE_METHOD_FALLBACK\x10\x01\x12\x1e\n\x1a\x45STIMATE_METHOD_CALIBRATED\x10\x02\x12\"\n\x1e\x45STIMATE_METHOD_BASELINE_DELTA\x10\x03*\xb7\x01\n\x11\x43ompressionReason\x12\"\n\x1e\x43OMPRESSION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_REASON_PRETURN\x10\x01\x12\x1e\n\x1a\x43OMPRESSION_REASON_MIDTURN\x10\x02\x12\x1f\n\x1b\x43OMPRESSION_REASON_POSTTURN\x10\x03\x12\x1d\n\x19\x43OMPRESSION_REASON_FORCED\x10\x04*}\n\x11\x43ompressionMethod\x12\"\n\x1e\x43OMPRESSION_METHOD_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_METHOD_SUMMARY\x10\x01\x12$\n COMPRESSION_METHOD_HARD_TRUNCATE\x10\x02\x32\xb0\x04\n\nCompressor\x12]\n\x0e\x45stimateTokens\x12$.palimpsest.v1.EstimateTokensRequest\x1a%.palimpsest.v1.EstimateTokensResponse\x12]\n\x0eRecordBaseline\x12$.palimpsest.v1.RecordBaselineRequest\x1a%.palimpsest.v1.RecordBaselineResponse\x12\x63\n\x10\x43heckContextSize\x12&.palimpsest.v1.CheckContextSizeRequest\x1a\'.palimpsest.v1.CheckContextSizeResponse\x12Z\n\rWouldCompress\x12#.palimpsest.v1.WouldCompressRequest\x1a$.palimpsest.v1.WouldCompressResponse\x12M\n\x08\x43ompress\x12\x1e.palimpsest.v1.CompressRequest\x1a\x1f.palimpsest.v1.CompressionEvent0\x01\x12T\n\x0bPriceImages\x12!.palimpsest.v1.PriceImagesRequest\x1a\".palimpsest.v1.PriceImagesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epalimpsest/v1/compressor.proto\x12\rpalimpsest.v1\x1a\x1apalimpsest/v1/common.proto\"\xb3\x03\n\x13\x43ompressionSettings\x12\x16\n\tthreshold\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06target\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0bkeep_recent\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12summary_max_tokens\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12 \n\x13summary_temperature\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x18\n\x10summarizer_model\x18\x06 \x01(\t\x12\x16\n\x0esummary_prompt\x18\x07 \x01(\t\x12\x16\n\x0e\x63ritical_tools\x18\x08 \x03(\t\x12!\n\x14message_token_budget\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x1e\n\x11summarizer_window\x18\n \x01(\x05H\x06\x88\x01\x01\x42\x0c\n\n_thresholdB\t\n\x07_targetB\x0e\n\x0c_keep_recentB\x15\n\x13_summary_max_tokensB\x16\n\x14_summary_temperatureB\x17\n\x15_message_token_budgetB\x14\n\x12_summarizer_window\"\xd4\x01\n\x15\x45stimateTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.palimpsest.v1.Message\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12(\n\x08incoming\x18\x04 \x03(\x0b\x32\x16.palimpsest.v1.Message\x12\x0e\n\x06window\x18\x05 \x01(\x05\x12\x34\n\x08settings\x18\x06 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\"\xc0\x01\n\x16\x45stimateTokensResponse\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\x12\x13\n\x0btext_tokens\x18\x02 \x01(\x03\x12\x14\n\x0cimage_tokens\x18\x03 \x01(\x03\x12\r\n\x05\x63hars\x18\x04 \x01(\x03\x12-\n\x06method\x18\x05 \x01(\x0e\x32\x1d.palimpsest.v1.EstimateMethod\x12\x17\n\x0f\x62\x61seline_tokens\x18\x06 \x01(\x03\x12\x14\n\x0c\x64\x65lta_tokens\x18\x07 \x01(\x03\"\xb7\x01\n\x15RecordBaselineRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x11prompt_eval_count\x18\x03 \x01(\x03\x12\x13\n\x0bsent_tokens\x18\x04 \x01(\x03\x12\x12\n\nsent_chars\x18\x05 \x01(\x03\x12\x12\n\nhad_images\x18\x06 \x01(\x08\x12\x13\n\x0bthrough_seq\x18\x07 \x01(\x03\x12\x0e\n\x06window\x18\x08 \x01(\x05\"=\n\x16RecordBaselineResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x08\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"\xac\x01\n\x17\x43heckContextSizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.palimpsest.v1.Message\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x34\n\x08settings\x18\x05 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\"\x8f\x01\n\x18\x43heckContextSizeResponse\x12\x0c\n\x04\x66its\x18\x01 \x01(\x08\x12\x0e\n\x06tokens\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x03\x12-\n\x06method\x18\x04 \x01(\x0e\x32\x1d.palimpsest.v1.EstimateMethod\x12\x17\n\x0ftokens_per_char\x18\x05 \x01(\x01\"\xb5\x01\n\x14WouldCompressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06window\x18\x03 \x01(\x05\x12\x16\n\x0e\x63urrent_tokens\x18\x04 \x01(\x03\x12\x1c\n\x14keep_recent_messages\x18\x05 \x01(\x05\x12\x34\n\x08settings\x18\x06 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\"\x8c\x01\n\x15WouldCompressResponse\x12\x16\n\x0ewould_compress\x18\x01 \x01(\x08\x12\x17\n\x0fmessages_before\x18\x02 \x01(\x03\x12\x16\n\x0emessages_after\x18\x03 \x01(\x03\x12\x15\n\rtokens_before\x18\x04 \x01(\x03\x12\x13\n\x0bkept_tokens\x18\x05 \x01(\x03\"\xb8\x02\n\x0f\x43ompressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x06reason\x18\x02 \x01(\x0e\x32 .palimpsest.v1.CompressionReason\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06window\x18\x04 \x01(\x05\x12\x1c\n\x14keep_recent_messages\x18\x05 \x01(\x05\x12\x34\n\x08settings\x18\x06 \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\x12\x1e\n\x16only_if_over_threshold\x18\x07 \x01(\x08\x12\x16\n\x0e\x63urrent_tokens\x18\x08 \x01(\x03\x12\x1e\n\x11\x65xpected_revision\x18\t \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"H\n\x12\x43ompressionStarted\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\x03\"\xa5\x02\n\x11\x43ontextCompressed\x12\x0f\n\x07summary\x18\x01 \x01(\t\x12\x17\n\x0fmessages_before\x18\x02 \x01(\x03\x12\x16\n\x0emessages_after\x18\x03 \x01(\x03\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x05 \x01(\x03\x12\x30\n\x06method\x18\x06 \x01(\x0e\x32 .palimpsest.v1.CompressionMethod\x12\x13\n\x0b\x62readcrumbs\x18\x07 \x03(\t\x12)\n\x08replaced\x18\x08 \x01(\x0b\x32\x17.palimpsest.v1.SeqRange\x12\x16\n\x0e\x63hunks_indexed\x18\t \x01(\x03\x12\x10\n\x08revision\x18\n \x01(\x03\"\x89\x01\n\x10\x43ompressionEvent\x12\x34\n\x07started\x18\x01 \x01(\x0b\x32!.palimpsest.v1.CompressionStartedH\x00\x12\x36\n\ncompressed\x18\x02 \x01(\x0b\x32 .palimpsest.v1.ContextCompressedH\x00\x42\x07\n\x05\x65vent\"$\n\x12PriceImagesRequest\x12\x0e\n\x06images\x18\x01 \x03(\x0c\";\n\nImagePrice\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\x12\r\n\x05width\x18\x02 \x01(\x05\x12\x0e\n\x06height\x18\x03 \x01(\x05\"V\n\x13PriceImagesResponse\x12)\n\x06prices\x18\x01 \x03(\x0b\x32\x19.palimpsest.v1.ImagePrice\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\x03*\x93\x01\n\x0e\x45stimateMethod\x12\x1f\n\x1b\x45STIMATE_METHOD_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45STIMATE_METHOD_FALLBACK\x10\x01\x12\x1e\n\x1a\x45STIMATE_METHOD_CALIBRATED\x10\x02\x12\"\n\x1e\x45STIMATE_METHOD_BASELINE_DELTA\x10\x03*\xb7\x01\n\x11\x43ompressionReason\x12\"\n\x1e\x43OMPRESSION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_REASON_PRETURN\x10\x01\x12\x1e\n\x1a\x43OMPRESSION_REASON_MIDTURN\x10\x02\x12\x1f\n\x1b\x43OMPRESSION_REASON_POSTTURN\x10\x03\x12\x1d\n\x19\x43OMPRESSION_REASON_FORCED\x10\x04*}\n\x11\x43ompressionMethod\x12\"\n\x1e\x43OMPRESSION_METHOD_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OMPRESSION_METHOD_SUMMARY\x10\x01\x12$\n COMPRESSION_METHOD_HARD_TRUNCATE\x10\x02\x32\xb0\x04\n\nCompressor\x12]\n\x0e\x45stimateTokens\x12$.palimpsest.v1.EstimateTokensRequest\x1a%.palimpsest.v1.EstimateTokensResponse\x12]\n\x0eRecordBaseline\x12$.palimpsest.v1.RecordBaselineRequest\x1a%.palimpsest.v1.RecordBaselineResponse\x12\x63\n\x10\x43heckContextSize\x12&.palimpsest.v1.CheckContextSizeRequest\x1a\'.palimpsest.v1.CheckContextSizeResponse\x12Z\n\rWouldCompress\x12#.palimpsest.v1.WouldCompressRequest\x1a$.palimpsest.v1.WouldCompressResponse\x12M\n\x08\x43ompress\x12\x1e.palimpsest.v1.CompressRequest\x1a\x1f.palimpsest.v1.CompressionEvent0\x01\x12T\n\x0bPriceImages\x12!.palimpsest.v1.PriceImagesRequest\x1a\".palimpsest.v1.PriceImagesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'palimpsest.v1.compressor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ESTIMATEMETHOD']._serialized_start=2781
-  _globals['_ESTIMATEMETHOD']._serialized_end=2928
-  _globals['_COMPRESSIONREASON']._serialized_start=2931
-  _globals['_COMPRESSIONREASON']._serialized_end=3114
-  _globals['_COMPRESSIONMETHOD']._serialized_start=3116
-  _globals['_COMPRESSIONMETHOD']._serialized_end=3241
+  _globals['_ESTIMATEMETHOD']._serialized_start=2835
+  _globals['_ESTIMATEMETHOD']._serialized_end=2982
+  _globals['_COMPRESSIONREASON']._serialized_start=2985
+  _globals['_COMPRESSIONREASON']._serialized_end=3168
+  _globals['_COMPRESSIONMETHOD']._serialized_start=3170
+  _globals['_COMPRESSIONMETHOD']._serialized_end=3295
   _globals['_COMPRESSIONSETTINGS']._serialized_start=78
-  _globals['_COMPRESSIONSETTINGS']._serialized_end=459
-  _globals['_ESTIMATETOKENSREQUEST']._serialized_start=462
-  _globals['_ESTIMATETOKENSREQUEST']._serialized_end=674
-  _globals['_ESTIMATETOKENSRESPONSE']._serialized_start=677
-  _globals['_ESTIMATETOKENSRESPONSE']._serialized_end=869
-  _globals['_RECORDBASELINEREQUEST']._serialized_start=872
-  _globals['_RECORDBASELINEREQUEST']._serialized_end=1055
-  _globals['_RECORDBASELINERESPONSE']._serialized_start=1057
-  _globals['_RECORDBASELINERESPONSE']._serialized_end=1118
-  _globals['_CHECKCONTEXTSIZEREQUEST']._serialized_start=1121
-  _globals['_CHECKCONTEXTSIZEREQUEST']._serialized_end=1293
-  _globals['_CHECKCONTEXTSIZERESPONSE']._serialized_start=1296
-  _globals['_CHECKCONTEXTSIZERESPONSE']._serialized_end=1439
-  _globals['_WOULDCOMPRESSREQUEST']._serialized_start=1442
-  _globals['_WOULDCOMPRESSREQUEST']._serialized_end=1623
-  _globals['_WOULDCOMPRESSRESPONSE']._serialized_start=1626
-  _globals['_WOULDCOMPRESSRESPONSE']._serialized_end=1766
-  _globals['_COMPRESSREQUEST']._serialized_start=1769
-  _globals['_COMPRESSREQUEST']._serialized_end=2081
-  _globals['_COMPRESSIONSTARTED']._serialized_start=2083
-  _globals['_COMPRESSIONSTARTED']._serialized_end=2155
-  _globals['_CONTEXTCOMPRESSED']._serialized_start=2158
-  _globals['_CONTEXTCOMPRESSED']._serialized_end=2451
-  _globals['_COMPRESSIONEVENT']._serialized_start=2454
-  _globals['_COMPRESSIONEVENT']._serialized_end=2591
-  _globals['_PRICEIMAGESREQUEST']._serialized_start=2593
-  _globals['_PRICEIMAGESREQUEST']._serialized_end=2629
-  _globals['_IMAGEPRICE']._serialized_start=2631
-  _globals['_IMAGEPRICE']._serialized_end=2690
-  _globals['_PRICEIMAGESRESPONSE']._serialized_start=2692
-  _globals['_PRICEIMAGESRESPONSE']._serialized_end=2778
-  _globals['_COMPRESSOR']._serialized_start=3244
-  _globals['_COMPRESSOR']._serialized_end=3804
+  _globals['_COMPRESSIONSETTINGS']._serialized_end=513
+  _globals['_ESTIMATETOKENSREQUEST']._serialized_start=516
+  _globals['_ESTIMATETOKENSREQUEST']._serialized_end=728
+  _globals['_ESTIMATETOKENSRESPONSE']._serialized_start=731
+  _globals['_ESTIMATETOKENSRESPONSE']._serialized_end=923
+  _globals['_RECORDBASELINEREQUEST']._serialized_start=926
+  _globals['_RECORDBASELINEREQUEST']._serialized_end=1109
+  _globals['_RECORDBASELINERESPONSE']._serialized_start=1111
+  _globals['_RECORDBASELINERESPONSE']._serialized_end=1172
+  _globals['_CHECKCONTEXTSIZEREQUEST']._serialized_start=1175
+  _globals['_CHECKCONTEXTSIZEREQUEST']._serialized_end=1347
+  _globals['_CHECKCONTEXTSIZERESPONSE']._serialized_start=1350
+  _globals['_CHECKCONTEXTSIZERESPONSE']._serialized_end=1493
+  _globals['_WOULDCOMPRESSREQUEST']._serialized_start=1496
+  _globals['_WOULDCOMPRESSREQUEST']._serialized_end=1677
+  _globals['_WOULDCOMPRESSRESPONSE']._serialized_start=1680
+  _globals['_WOULDCOMPRESSRESPONSE']._serialized_end=1820
+  _globals['_COMPRESSREQUEST']._serialized_start=1823
+  _globals['_COMPRESSREQUEST']._serialized_end=2135
+  _globals['_COMPRESSIONSTARTED']._serialized_start=2137
+  _globals['_COMPRESSIONSTARTED']._serialized_end=2209
+  _globals['_CONTEXTCOMPRESSED']._serialized_start=2212
+  _globals['_CONTEXTCOMPRESSED']._serialized_end=2505
+  _globals['_COMPRESSIONEVENT']._serialized_start=2508
+  _globals['_COMPRESSIONEVENT']._serialized_end=2645
+  _globals['_PRICEIMAGESREQUEST']._serialized_start=2647
+  _globals['_PRICEIMAGESREQUEST']._serialized_end=2683
+  _globals['_IMAGEPRICE']._serialized_start=2685
+  _globals['_IMAGEPRICE']._serialized_end=2744
+  _globals['_PRICEIMAGESRESPONSE']._serialized_start=2746
+  _globals['_PRICEIMAGESRESPONSE']._serialized_end=2832
+  _globals['_COMPRESSOR']._serialized_start=3298
+  _globals['_COMPRESSOR']._serialized_end=3858
 # @@protoc_insertion_point(module_scope)
