@@ -116,6 +116,12 @@ async def test_three_hundred_turns_stay_inside_the_window(base_settings, store_s
                 assert sum(1 for m in context if m.is_summary) <= 1, turn
         assert ollama_sim.truncations == 0
         assert compressed_events > 0
+        # One num_ctx for the model, chat and summary calls alike: another one reloads it on Ollama.
+        bodies = [b for b in ollama_sim.bodies() if b["model"] == MODEL]
+        chats = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is not False}
+        summaries = [b["options"]["num_ctx"] for b in bodies if b.get("stream") is False]
+        assert chats == {WINDOW} and summaries
+        assert set(summaries) == {WINDOW}, f"{len(set(summaries))} num_ctx values in {len(summaries)} summaries"
         session = (await store.GetSession(store_pb.GetSessionRequest(
             session_id=session_id, view=store_pb.SESSION_VIEW_FULL))).session
         users = [m.content for m in session.messages if m.role == "user"]

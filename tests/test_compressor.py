@@ -53,8 +53,14 @@ async def session_with(store, profile, messages) -> str:
 
 
 async def compress(compressor, session_id, reason=pb.COMPRESSION_REASON_FORCED, **kw) -> list[pb.CompressionEvent]:
-    return [e async for e in compressor.Compress(pb.CompressRequest(
-        session_id=session_id, reason=reason, model=MODEL, window=WINDOW, **kw))]
+    kw.setdefault("window", WINDOW)
+    kw.setdefault("model", MODEL)
+    return [e async for e in compressor.Compress(pb.CompressRequest(session_id=session_id, reason=reason, **kw))]
+
+
+def summary_bodies(ollama_sim, since: int = 0) -> list[dict]:
+    """The summarizer's chat requests (the only non-streamed ones) from request ``since`` on."""
+    return [b for b in ollama_sim.bodies()[since:] if b.get("stream") is False]
 
 
 def png(w: int, h: int) -> bytes:
@@ -184,7 +190,9 @@ async def test_compress_summarizes_old_turns_and_leaves_the_display_alone(compre
     # The summary call asked for no thinking and carried the configured temperature and cap.
     body = [b for b in ollama_sim.bodies() if b.get("stream") is False][-1]
     assert body["think"] is False and body["options"]["temperature"] == 0.3
-    assert body["options"]["num_predict"] == 6000 and body["options"]["num_ctx"] >= WINDOW
+    # In the conversation's window, with the summary's cap lowered to what is left of it.
+    assert body["options"]["num_ctx"] == WINDOW and 0 < body["options"]["num_predict"] <= 6000
+    assert ollama_sim.chats[-1].prompt_tokens + body["options"]["num_predict"] <= WINDOW
     # Every dropped message can be found again in the raw-history index.
     found = await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query="service-0 question 0"))
     assert any("question 0" in c.content for c in found.chunks)
@@ -303,3 +311,117 @@ async def test_a_report_of_half_the_window_is_never_learned(compressor, store, p
     assert not reply.recorded
     assert (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline.tokens == 900
     assert not (await store.ListObservations(store_pb.ListObservationsRequest(model=model))).observations
+
+
+# -- the summary's num_ctx ----------------------------------------------------------------------
+SMALL_WINDOW = 8192
+
+
+async def test_every_summary_of_a_session_goes_out_with_the_conversations_num_ctx(
+        compressor, store, profile, ollama_sim):
+    """Another num_ctx than the chat calls' makes Ollama reload the model before every summary."""
+    session_id = await session_with(store, profile, turns(6))
+    since = len(ollama_sim.bodies())
+    # Sizes vary from round to round, so the summary inputs do too (the old code sized num_ctx
+    # to each input and sent a different value almost every time).
+    for size in (300, 2400, 900, 4000, 1500, 3200, 600, 5000, 1200, 2800, 4500, 2000):
+        await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(4, size)))
+        events = await compress(compressor, session_id, window=SMALL_WINDOW)
+        assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
+    sent = [b["options"]["num_ctx"] for b in summary_bodies(ollama_sim, since)]
+    assert len(sent) >= 12
+    assert set(sent) == {SMALL_WINDOW}, f"{len(set(sent))} distinct num_ctx values: {sorted(set(sent))}"
+    sent_fits = [(c.prompt_tokens, b["options"]["num_predict"]) for c, b in zip(
+        ollama_sim.chats[-len(sent):], summary_bodies(ollama_sim, since))]
+    assert all(prompt + predict <= SMALL_WINDOW for prompt, predict in sent_fits), sent_fits
+
+
+@pytest.mark.parametrize("configured, sent", [(16_384, 16_384), (65_536, 32_768)])
+async def test_a_summarizer_model_uses_its_own_window_capped_at_its_context_length(
+        compressor, store, profile, ollama_sim, configured, sent):
+    # The simulator's "summarizer" model is trained on 32,768 tokens.
+    session_id = await session_with(store, profile, turns(12, 1500))
+    since = len(ollama_sim.bodies())
+    settings = pb.CompressionSettings(summarizer_model="summarizer", summarizer_window=configured)
+    events = await compress(compressor, session_id, window=SMALL_WINDOW, settings=settings)
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
+    [body] = summary_bodies(ollama_sim, since)
+    assert body["model"] == "summarizer" and body["options"]["num_ctx"] == sent
+    assert ollama_sim.chats[-1].prompt_tokens + body["options"]["num_predict"] <= sent
+
+
+async def test_a_summarizer_model_without_a_window_of_its_own_uses_the_service_setting(
+        base_settings, store_server, ollama_sim, store, profile):
+    from services.compressor.app import start_compressor
+
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
+                       summarizer_num_ctx=12_288)
+    running = await start_compressor(settings, port=0)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            stub = compressor_pb2_grpc.CompressorStub(channel)
+            session_id = await session_with(store, profile, turns(12, 1500))
+            since = len(ollama_sim.bodies())
+            await compress(stub, session_id, window=SMALL_WINDOW,
+                           settings=pb.CompressionSettings(summarizer_model="summarizer"))
+            # The session's own model is unaffected: its summaries keep the conversation's window.
+            await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(8, 1500)))
+            await compress(stub, session_id, window=SMALL_WINDOW)
+    finally:
+        await running.stop(0)
+    assert [(b["model"], b["options"]["num_ctx"]) for b in summary_bodies(ollama_sim, since)] == [
+        ("summarizer", 12_288), (MODEL, SMALL_WINDOW)]
+
+
+async def test_a_negative_summarizer_window_is_invalid(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(12))
+    await expect_status(compress(compressor, session_id, settings=pb.CompressionSettings(summarizer_window=-1)),
+                        grpc.StatusCode.INVALID_ARGUMENT, "summarizer_window")
+
+
+async def calibrate_on_real_counts(compressor, model: str) -> None:
+    """Eight observations of the simulator's real counts, so the model's line prices this text closely
+    (the newest eight make the whole line: earlier runs' observations no longer count)."""
+    from services.ollama_sim.prompt import count_prompt_tokens
+    from services.shared.context_view import to_ollama_messages, view_chars
+
+    for n in range(1, 9):
+        sent = turns(n, 1500)
+        await compressor.RecordBaseline(pb.RecordBaselineRequest(
+            model=model, prompt_eval_count=count_prompt_tokens(to_ollama_messages(sent)),
+            sent_tokens=0, sent_chars=view_chars(sent)))
+
+
+# "qwen3.6:latest" is the simulator's qwen3.6 under a name of its own: its calibration is this test's.
+@pytest.mark.parametrize("model, calibrated", [(MODEL, False), ("qwen3.6:latest", True)])
+async def test_an_input_far_larger_than_the_window_is_cut_to_fit_it_with_the_prompt_whole(
+        compressor, store, profile, ollama_sim, model, calibrated):
+    """Past num_ctx Ollama drops the head of the prompt, the summary instructions first, and says nothing.
+    Calibrated, the estimate is close to the real count and the fit is tight; else it is chars / 1.8."""
+    if calibrated:
+        await calibrate_on_real_counts(compressor, model)
+    messages = []
+    for i in range(30):
+        messages += [Message(role="user", content=f"question {i}: " + filler(i, 3000)),
+                     Message(role="assistant", content=filler(i, 6000)),
+                     Message(role="tool", name="read_config", content=filler(i, 5000))]
+    session_id = await session_with(store, profile, messages)
+    since, chats = len(ollama_sim.bodies()), len(ollama_sim.chats)
+    settings = pb.CompressionSettings(critical_tools=["read_config"])
+    events = await compress(compressor, session_id, window=SMALL_WINDOW, settings=settings, model=model)
+    done = events[-1].compressed
+    assert done.method == pb.COMPRESSION_METHOD_SUMMARY
+    [body] = summary_bodies(ollama_sim, since)
+    [record] = ollama_sim.chats[chats:]
+    options = body["options"]
+    assert options["num_ctx"] == record.num_ctx == SMALL_WINDOW and not record.truncated
+    assert record.prompt_tokens + options["num_predict"] <= SMALL_WINDOW
+    assert options["num_predict"] >= SMALL_WINDOW // 4  # a quarter of the window stays the summary's
+    if calibrated:  # tight, not wasteful: the input takes most of what the summary leaves
+        assert record.prompt_tokens + options["num_predict"] >= 0.85 * SMALL_WINDOW
+    system, user = body["messages"]
+    assert system["content"].startswith("You condense an earlier part of a conversation")
+    # The cut is said where it was made; the oldest and the newest summarized work both survive.
+    assert "chars omitted" in user["content"]
+    [newest] = [m for m in (await full(store, session_id)).messages if m.seq == done.replaced.last]
+    assert "question 0:" in user["content"] and newest.content[-200:] in user["content"]

@@ -55,7 +55,7 @@ COMPRESSION_METHOD_SUMMARY: CompressionMethod
 COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod
 
 class CompressionSettings(_message.Message):
-    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget")
+    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_RECENT_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class CompressionSettings(_message.Message):
     SUMMARY_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CRITICAL_TOOLS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZER_WINDOW_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     target: float
     keep_recent: int
@@ -74,7 +75,8 @@ class CompressionSettings(_message.Message):
     summary_prompt: str
     critical_tools: _containers.RepeatedScalarFieldContainer[str]
     message_token_budget: int
-    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ...) -> None: ...
+    summarizer_window: int
+    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ...) -> None: ...
 
 class PromptShape(_message.Message):
     __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")

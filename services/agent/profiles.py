@@ -58,6 +58,8 @@ class Profile:
     compression_temperature: float | None = None
     compression_prompt_file: str = ""
     summarizer_model: str = ""
+    # num_ctx of summaries written by summarizer_model; 0 means the CONTEXT_SUMMARIZER_NUM_CTX setting.
+    summarizer_context_window: int = 0
     critical_tools: tuple[str, ...] = ()
     # Extra tools: "module:attribute" paths to Tool classes or instances users provide.
     custom_tools: tuple[str, ...] = ()
@@ -81,6 +83,8 @@ class Profile:
             value = getattr(self, attr)
             if value is not None:
                 setattr(settings, target, value)
+        if self.summarizer_context_window:
+            settings.summarizer_window = self.summarizer_context_window
         if self.compression_prompt_file:
             settings.summary_prompt = Path(self.compression_prompt_file).expanduser().read_text()
         return settings

@@ -14,6 +14,7 @@ from services.compressor.exact_count import (
 )
 from services.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens, priced_view
 from services.shared.context_view import message_budget, message_chars
+from services.shared.errors import InvalidArgument
 from services.shared.settings import Settings
 
 Message = common_pb2.Message
@@ -29,6 +30,7 @@ class Knobs:
     summary_max_tokens: int
     summary_temperature: float
     summarizer_model: str
+    summarizer_window: int  # num_ctx of summaries written by summarizer_model
     summary_prompt: str
     critical_tools: tuple[str, ...]
     message_budget: int
@@ -42,6 +44,9 @@ class Knobs:
         def pick(name: str, default):
             return getattr(o, name) if o.HasField(name) else default
 
+        if o.summarizer_window < 0:
+            raise InvalidArgument("settings.summarizer_window", f"must not be negative, got {o.summarizer_window}")
+
         return cls(
             threshold=pick("threshold", settings.compression_threshold),
             target=pick("target", settings.compression_target),
@@ -49,6 +54,7 @@ class Knobs:
             summary_max_tokens=pick("summary_max_tokens", settings.summary_max_tokens),
             summary_temperature=pick("summary_temperature", settings.summary_temperature),
             summarizer_model=o.summarizer_model,
+            summarizer_window=o.summarizer_window or max(0, settings.summarizer_num_ctx) or settings.ollama_num_ctx,
             summary_prompt=o.summary_prompt,
             critical_tools=tuple(o.critical_tools),
             message_budget=pick("message_token_budget", settings.message_token_budget),

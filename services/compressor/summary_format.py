@@ -2,17 +2,22 @@
 
 Every cap here exists because an unbounded input to the summarizer overflows its own window,
 gets silently truncated by Ollama, and comes back as a summary written as if the history had
-been read.
+been read. The last cap is the summary's own window: the request (prompt + input) is priced and
+cut until it leaves room for the summary (see ``summary_window``).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from palimpsest.v1.common_pb2 import Message
+from services.compressor.summary_window import input_limit
+from services.shared.context_view import largest_fitting
 from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
+
+Estimator = Callable[[Sequence[Message]], int]
 
 # Several old summaries past this many chars crowd the summarizer input: consolidate them first.
 META_SUMMARY_THRESHOLD = 10_600
@@ -65,6 +70,7 @@ class SummaryInput:
     text: str
     images: list[bytes] = field(default_factory=list)
     omitted_images: int = 0
+    omitted_chars: int = 0  # rendered history cut out (the text says so where it was cut)
 
 
 def split_summaries(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
@@ -132,14 +138,20 @@ def render_message(message: Message, critical_tools: frozenset[str] = frozenset(
     return "\n".join(lines)
 
 
-def cap_text(text: str, limit: int = MAX_SUMMARY_INPUT_CHARS) -> str:
-    """``text`` within ``limit`` chars (marker included): 75% head, 25% tail."""
+def cut_text(text: str, limit: int = MAX_SUMMARY_INPUT_CHARS) -> tuple[str, int]:
+    """(``text`` within ``limit`` chars, marker included: 75% head, 25% tail; chars cut out)."""
     if len(text) <= limit:
-        return text
-    room = limit - len(omission_marker(len(text)))  # the real count has no more digits
+        return text, 0
+    room = max(0, limit - len(omission_marker(len(text))))  # the real count has no more digits
     head = room * HEAD_SHARE_PERCENT // 100
     tail = room - head
-    return text[:head] + omission_marker(len(text) - head - tail) + text[len(text) - tail :]
+    omitted = len(text) - head - tail
+    return text[:head] + omission_marker(omitted) + text[len(text) - tail :], omitted
+
+
+def cap_text(text: str, limit: int = MAX_SUMMARY_INPUT_CHARS) -> str:
+    """``text`` within ``limit`` chars (marker included): 75% head, 25% tail."""
+    return cut_text(text, limit)[0]
 
 
 def collect_images(
@@ -163,6 +175,24 @@ def collect_images(
     return kept, len(all_images) - len(kept)
 
 
+def summary_messages(prompt: str, text: str, images: Sequence[bytes] = ()) -> list[Message]:
+    """The summary request: what is priced is exactly what is sent."""
+    return [Message(role="system", content=prompt), Message(role="user", content=text, images=list(images))]
+
+
+def fit_text(text: str, fits: Callable[[str], bool]) -> tuple[str, int]:
+    """(``text`` cut as ``cut_text`` does, at MAX_SUMMARY_INPUT_CHARS and further until it ``fits``;
+    chars cut out). ValueError when not even the omission marker alone fits."""
+    capped = cut_text(text)
+    if fits(capped[0]):
+        return capped
+    shortest = len(omission_marker(len(text)))  # head and tail empty: only the marker is left
+    extra = largest_fitting(len(capped[0]) - shortest, lambda n: fits(cap_text(text, shortest + n)))
+    if extra < 0:
+        raise ValueError("the summary prompt alone fills the summary's window")
+    return cut_text(text, shortest + extra)
+
+
 def format_for_summary(
     messages: Sequence[Message],
     *,
@@ -170,15 +200,36 @@ def format_for_summary(
     vision: bool,
     window: int,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    prompt: str = "",
+    summary_max_tokens: int = 0,
+    estimate: Estimator | None = None,
 ) -> SummaryInput:
-    """The summarizer's input for ``messages`` (call ``needs_meta_summary`` first)."""
+    """The summarizer's input for ``messages`` (call ``needs_meta_summary`` first).
+
+    ``window`` is the summary call's num_ctx. With ``estimate`` (the pricing of the summarizer's
+    model), the text is also cut until ``summary_messages(prompt, text, images)`` leaves room for
+    ``summary_max_tokens`` of summary in that window (``summary_window.input_limit``); without it
+    only the MAX_SUMMARY_INPUT_CHARS cap applies.
+    """
     critical = frozenset(critical_tools)
-    text = cap_text("\n\n".join(render_message(m, critical) for m in messages))
+    rendered = "\n\n".join(render_message(m, critical) for m in messages)
     if vision:
         images, omitted = collect_images(messages, window=window, image_fallback=image_fallback)
     else:
         images, omitted = [], sum(len(m.images) for m in messages)
-    return SummaryInput(text=text, images=images, omitted_images=omitted)
+    if estimate is None:
+        text, cut = cut_text(rendered)
+    else:
+        limit = input_limit(window, summary_max_tokens)
+        try:
+            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t, images)) <= limit)
+        except ValueError:
+            if not images:
+                raise
+            # Prompt and images alone leave no room for the history: the words matter more.
+            images, omitted = [], omitted + len(images)
+            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t)) <= limit)
+    return SummaryInput(text=text, images=images, omitted_images=omitted, omitted_chars=cut)
 
 
 def split_keys_line(text: str) -> tuple[str, list[str]]:

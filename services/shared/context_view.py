@@ -64,7 +64,7 @@ def truncation_marker(tokens: int) -> str:
     return f"\n[…truncated ~{tokens} tokens…]\n"
 
 
-def _largest_fitting(limit: int, fits: Callable[[int], bool]) -> int:
+def largest_fitting(limit: int, fits: Callable[[int], bool]) -> int:
     """Largest n in [0, limit] with fits(n), for a monotone ``fits``; -1 when even 0 fails."""
     if not fits(0):
         return -1
@@ -86,7 +86,7 @@ def _truncated_copy(
     fixed = message_chars(message) - len(content)  # tool calls stay whole: their JSON must parse
     # The marker's number only shrinks as more content is kept, so this bounds its length.
     marker_room = len(truncation_marker(estimate_chars_to_tokens(len(content))))
-    kept = _largest_fitting(
+    kept = largest_fitting(
         len(content) - 1,
         lambda n: estimate_chars_to_tokens(fixed + marker_room + n) <= budget_tokens,
     )

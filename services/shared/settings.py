@@ -86,6 +86,8 @@ class Settings:
     message_token_budget: int = 0
     image_tokens_fallback: int = 1024
     ollama_num_ctx: int = 8192
+    # num_ctx of a separate summarizer model; 0: ollama_num_ctx
+    summarizer_num_ctx: int = 0
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -121,6 +123,7 @@ class Settings:
             message_token_budget=_env_int("CONTEXT_MESSAGE_TOKEN_BUDGET", 0),
             image_tokens_fallback=_env_int("CONTEXT_IMAGE_TOKENS", 1024),
             ollama_num_ctx=_env_int("OLLAMA_NUM_CTX", 8192),
+            summarizer_num_ctx=_env_int("CONTEXT_SUMMARIZER_NUM_CTX", 0),
         )
 
     def port_of(self, addr: str) -> int:
