@@ -100,17 +100,36 @@ async def test_prompts_with_images_do_not_calibrate(compressor):
     assert reply.method == pb.ESTIMATE_METHOD_FALLBACK
 
 
-@pytest.mark.parametrize("reported, truncated", [(69, True), (70, False), (71, False)])
-async def test_a_report_below_70_percent_is_a_truncated_prompt(compressor, store, profile, reported, truncated):
+def exact_shape(content_tokens: int, messages: int = 3) -> pb.PromptShape:
+    return pb.PromptShape(content_tokens=content_tokens, messages=messages)
+
+
+@pytest.mark.parametrize("reported, truncated", [(979, True), (980, False), (1100, False)])
+async def test_a_report_below_the_exact_content_count_is_a_cut_prompt(compressor, store, profile, reported,
+                                                                        truncated):
     session_id = await session_with(store, profile, turns(1))
     await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900, through_seq=2))
+        session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900, through_seq=2,
+        method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(850)))
     reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=reported * 10, sent_tokens=1000, through_seq=2))
+        session_id=session_id, model=MODEL, prompt_eval_count=reported, sent_tokens=1040, through_seq=2,
+        method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(1000)))
     assert reply.truncated is truncated and reply.recorded is not truncated
     baseline = (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline
-    assert baseline.tokens == (900 if truncated else reported * 10)  # the honest baseline survives
+    assert baseline.tokens == (900 if truncated else reported)  # the honest baseline survives
     assert baseline.context_truncated is truncated
+
+
+async def test_an_estimate_never_raises_the_cut_alarm(compressor, store, profile):
+    """Only an exact count proves a cut: a calibrated estimate 60% too high once flagged an honest
+    3,770-token prompt as cut and forced a needless compression."""
+    session_id = await session_with(store, profile, turns(1))
+    reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=MODEL, prompt_eval_count=3770, sent_tokens=6134, through_seq=2, window=8192,
+        method=pb.ESTIMATE_METHOD_CALIBRATED))
+    assert reply.truncated is False and reply.recorded is True
+    baseline = (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline
+    assert baseline.context_truncated is False
 
 
 async def test_session_estimates_use_the_baseline_plus_the_delta(compressor, store, profile):
@@ -229,7 +248,8 @@ async def test_post_turn_under_threshold_does_nothing_unless_the_prompt_was_trun
                            only_if_over_threshold=True, current_tokens=100)
     assert quiet == []
     await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=2050, sent_tokens=6000, through_seq=12))
+        session_id=session_id, model=MODEL, prompt_eval_count=2050, sent_tokens=6000, through_seq=12,
+        method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(5800, 13)))
     forced = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN,
                             only_if_over_threshold=True, current_tokens=2050)
     assert forced and forced[-1].compressed.messages_after < 12

@@ -231,7 +231,6 @@ class Turn:
                     built = self._build(memory, iteration, stalled)
                     through_seq = self.conv.through_seq
                 check = await self._check_size(built, iteration, decide=False)
-            if __import__("os").environ.get("LONG_DEBUG"): print("CHECK", iteration, check.tokens, check.method, check.decision, check.compress_keep_recent_messages, len(built), [(m.role, len(m.content)) for m in built][-4:])
             if check.decision != cpb.SIZE_DECISION_FITS:
                 answer = TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit)
                 await self.conv.append([Message(role="assistant", content=answer)])
@@ -370,8 +369,9 @@ class Turn:
                     session_id=self.session_id, model=self.profile.model, prompt_eval_count=reply.prompt_eval_count,
                     sent_tokens=check.tokens, sent_chars=view_chars(built), had_images=any(m.images for m in built),
                     through_seq=through_seq, window=self.window, shape=check.shape, method=check.method))
-                # A cut report describes half a window, not our context: keep our own count.
-                if not recorded.truncated:
+                # A cut report (or one that looks like a cut) describes half a window, not our
+                # context: the meter keeps our own count.
+                if recorded.recorded:
                     tokens, method = reply.prompt_eval_count, "reported"
             except PalimpsestError as exc:  # the answer is saved; a lost baseline only costs precision
                 log.warning("could not record the baseline of %s: %s", self.session_id, exc)
