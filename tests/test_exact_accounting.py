@@ -1,0 +1,112 @@
+"""The Compressor counts with the model's own vocabulary end to end: the simulator serves it on
+/api/show, the size check answers exact, never loses a turn to a tool result that does not fit,
+and a model without a vocabulary falls back to the calibrated estimate."""
+
+from __future__ import annotations
+
+import json
+
+from palimpsest.v1 import agent_pb2, compressor_pb2 as pb
+from palimpsest.v1.common_pb2 import Message, ToolCall
+from services.agent.context_builder import apply_cuts
+from services.compressor.model_tokenizers import ModelTokenizers
+from services.ollama_sim import Reply
+from services.ollama_sim.prompt import count_prompt_tokens
+from services.shared.context_view import to_ollama_messages
+from services.shared.ollama import OllamaClient
+
+LOGS = "\n".join(f"2026-11-30T10:{i % 60:02d}:17Z ERROR [worker-{i % 7}] 10.0.{i % 255}.7 reset id=0x{i * 7919:08x}"
+                 for i in range(2000))
+
+
+def turn_with_result(result: str, user: str = "read the log") -> list[Message]:
+    return [
+        Message(role="system", content="You are a careful assistant."),
+        Message(role="user", content=user),
+        Message(role="assistant", tool_calls=[ToolCall(id="c1", name="read", arguments_json='{"path": "/var/log/app"}')]),
+        Message(role="tool", name="read", tool_call_id="c1", content=result),
+    ]
+
+
+async def test_the_size_check_counts_exactly_with_the_models_vocabulary(compressor):
+    messages = turn_with_result(LOGS[:3000])
+    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(model="qwen3.6", messages=messages,
+                                                                         window=8192))
+    real = count_prompt_tokens(to_ollama_messages(apply_cuts(messages, reply.cuts)))
+    assert [c.index for c in reply.cuts] == [3]  # dense logs: over a sixth of the window, so cut
+    assert reply.method == pb.ESTIMATE_METHOD_EXACT and reply.decision == pb.SIZE_DECISION_FITS
+    assert reply.shape.messages == 4 and reply.shape.tool_calls == 1 and reply.shape.tool_results == 1
+    assert real <= reply.tokens <= real * 1.1 + 80  # never low; before any report, within the prior's margin
+
+
+async def test_a_tool_result_that_does_not_fit_is_cut_further_instead_of_losing_the_turn(compressor):
+    settings = pb.CompressionSettings(message_token_budget=20_000)  # the view alone would not cut it
+    messages = turn_with_result(LOGS)
+    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model="qwen3.6", messages=messages, window=8192, settings=settings))
+    assert reply.decision == pb.SIZE_DECISION_FITS and reply.tokens <= reply.limit
+    [cut] = reply.cuts
+    assert cut.index == 3 and "truncated" in cut.content
+    assert cut.content.startswith(LOGS[:200]) and cut.content.endswith(LOGS[-200:])
+    view = list(messages)
+    view[3] = Message(role="tool", name="read", tool_call_id="c1", content=cut.content)
+    assert count_prompt_tokens(to_ollama_messages(view)) <= reply.limit
+
+
+async def test_too_large_only_when_the_users_own_words_cannot_fit(compressor):
+    messages = turn_with_result("ok", user="please read: " + LOGS)
+    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(model="qwen3.6", messages=messages,
+                                                                         window=8192))
+    assert reply.decision == pb.SIZE_DECISION_TOO_LARGE and not reply.fits and reply.tokens > reply.limit
+
+
+async def test_a_model_without_a_vocabulary_is_counted_by_the_calibrated_estimate(compressor):
+    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model="tiny", messages=turn_with_result(LOGS[:3000]), window=8192))
+    assert reply.method in (pb.ESTIMATE_METHOD_FALLBACK, pb.ESTIMATE_METHOD_CALIBRATED)
+    assert reply.decision == pb.SIZE_DECISION_FITS and not reply.HasField("shape")
+
+
+async def test_tool_schemas_are_counted(compressor):
+    schema = json.dumps({"type": "function", "function": {"name": "read", "description": "Read a file " * 30,
+                                                          "parameters": {"type": "object"}}})
+    messages = turn_with_result("short")
+    bare = await compressor.CheckContextSize(pb.CheckContextSizeRequest(model="qwen3.6", messages=messages, window=8192))
+    with_tools = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model="qwen3.6", messages=messages, window=8192, tool_schemas=[schema]))
+    assert with_tools.shape.tools == 1 and with_tools.tokens - bare.tokens > 90
+
+
+async def test_the_tokenizer_is_built_once_per_digest_and_then_read_from_disk(ollama_sim, tmp_path):
+    first = OllamaClient(ollama_sim.url)
+    try:
+        counter = await ModelTokenizers(first, tmp_path).counter("qwen3.6")
+        assert counter is not None and counter.count("hello world") == 2
+    finally:
+        await first.aclose()
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    before = sum(1 for r in ollama_sim.requests if r.path == "/api/show")
+    second = OllamaClient(ollama_sim.url)
+    try:
+        again = await ModelTokenizers(second, tmp_path).counter("qwen3.6")
+        assert again is not None and again.count("hello world") == 2
+    finally:
+        await second.aclose()
+    assert sum(1 for r in ollama_sim.requests if r.path == "/api/show") == before  # no second 13 MB fetch
+
+
+async def test_an_unknown_model_gets_no_counter_and_no_failed_request(ollama_sim, tmp_path):
+    client = OllamaClient(ollama_sim.url)
+    try:
+        tokenizers = ModelTokenizers(client, tmp_path)
+        assert await tokenizers.counter("no-such-model") is None
+        assert await tokenizers.counter("tiny") is None  # no vocabulary: the fallback, once
+    finally:
+        await client.aclose()
+
+
+async def test_usage_events_say_how_the_count_was_made(agent, ollama_sim):
+    ollama_sim.script(Reply(text="hello"))
+    events = [e async for e in agent.RunStream(agent_pb2.RunStreamRequest(text="hi there"))]
+    [usage] = [e.usage for e in events if e.HasField("usage")]
+    assert usage.count_method == "reported" and usage.context_tokens == usage.prompt_tokens

@@ -1,0 +1,132 @@
+"""Exact counts: the Compressor's tokenizer from the simulator's GGUF vocabulary equals the
+reference, the template cost fitted from reports makes prompt counts exact, and cuts are stable."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from palimpsest.v1.common_pb2 import Message, ToolCall
+from services.compressor.exact_count import (
+    ExactObservation,
+    Template,
+    exact_view,
+    fit_template,
+    shape_of,
+)
+from services.compressor.model_tokenizers import TokenCounter
+from services.compressor.vocabulary import build_tokenizer
+from services.ollama_sim.prompt import count_prompt_tokens, encoding
+from services.ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
+from services.shared.context_view import to_ollama_messages
+
+# The kinds of text whose chars-per-token differ most (1.85 for logs, ~4 for prose, ~1 for CJK).
+CORPUS = {
+    "prose": "The compressor keeps the model's context inside its window; nothing the user said is lost. " * 8,
+    "code": "def handler(event, context):\n    for i in range(10):\n        yield {'id': i, 'ok': i % 3 == 0}\n" * 6,
+    "json": json.dumps({"rows": [{"id": i, "value": f"v-{i}", "ok": i % 2 == 0} for i in range(40)]}),
+    "logs": "\n".join(f"2026-11-30T10:{i % 60:02d}:17.{i:03d}Z ERROR [worker-{i % 7}] 10.0.{i % 255}.7:5432 "
+                      f"conn reset id=0x{i * 7919:08x}" for i in range(40)),
+    "cjk": "上下文窗口必须始终容纳完整的提示。日本語のテキストも数えます。한국어 텍스트도 셉니다。" * 6,
+    "emoji": "Deploy done 🎉🚀 team 👨‍👩‍👧‍👦 flags 🇫🇷🇯🇵 ok ✅ " * 10,
+    "combining": "cafe\u0301 nai\u0308ve e\u0301te\u0301 " * 20,
+    "base64": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==" * 4,
+    "whitespace": "a  \n\n\n\t\t  b" + " " * 40 + "\n" * 9 + "c",
+}
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter(build_tokenizer(tokenizer_metadata(QWEN3_6)), "sim-qwen3.6")
+
+
+def reference(text: str) -> list[int]:
+    return encoding().encode(text, allowed_special="all")
+
+
+@pytest.mark.parametrize("kind", sorted(CORPUS))
+def test_the_exact_count_equals_the_reference_tokenizer(counter, kind):
+    text = CORPUS[kind]
+    assert counter.tokenizer.encode(text, add_special_tokens=False).ids == reference(text)
+    assert counter.count(text) == len(reference(text))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_the_exact_count_equals_the_reference_on_any_text(counter, text):
+    assert counter.count(text) == len(reference(text))
+
+
+def test_repeated_texts_are_counted_from_the_cache(counter):
+    texts = [CORPUS["prose"], CORPUS["logs"], CORPUS["prose"]]
+    assert counter.counts(texts) == [len(reference(t)) for t in texts]
+
+
+def _conversation(rnd: random.Random, turns: int) -> list[Message]:
+    messages = [Message(role="system", content="You are a careful assistant. " * rnd.randint(1, 20))]
+    for turn in range(turns):
+        messages.append(Message(role="user", content=f"turn {turn}: " + CORPUS[rnd.choice(sorted(CORPUS))][:300]))
+        if rnd.random() < 0.4:
+            args = json.dumps({"path": f"/srv/{turn}.log", "lines": rnd.randint(1, 500)})
+            messages.append(Message(role="assistant", tool_calls=[ToolCall(id=f"c{turn}", name="read", arguments_json=args)]))
+            body = CORPUS[rnd.choice(sorted(CORPUS))]
+            messages.append(Message(role="tool", name="read", tool_call_id=f"c{turn}", content=body[: rnd.randint(50, len(body))]))
+        messages.append(Message(role="assistant", content=CORPUS[rnd.choice(sorted(CORPUS))][: rnd.randint(10, 400)]))
+    return messages
+
+
+TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read a file.",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+def _real(messages: list[Message], tools) -> int:
+    return count_prompt_tokens(to_ollama_messages(messages), tools)
+
+
+def test_the_fitted_template_makes_prompt_counts_exact_and_never_low(counter):
+    rnd = random.Random(7)
+    schemas = [json.dumps(t, ensure_ascii=False) for t in TOOLS]
+    reports = []
+    for _ in range(40):
+        messages = _conversation(rnd, rnd.randint(1, 12))
+        tools = TOOLS if rnd.random() < 0.7 else None
+        shape = shape_of(messages, schemas if tools else [], counter, 1024)
+        reports.append((messages, tools, shape, _real(messages, tools)))
+    template = fit_template([ExactObservation(shape, real) for _, _, shape, real in reports[:24]])
+    errors = []
+    for messages, tools, shape, real in reports[24:]:  # prompts the fit never saw
+        counted = template.tokens(shape)
+        assert counted >= real, (counted, real)
+        errors.append((counted - real) / real)
+    errors.sort()
+    assert errors[len(errors) // 2] <= 0.005 and errors[-1] <= 0.02, errors
+
+
+def test_before_any_report_the_chatml_prior_errs_on_the_safe_side(counter):
+    rnd = random.Random(3)
+    for _ in range(20):
+        messages = _conversation(rnd, rnd.randint(1, 8))
+        shape = shape_of(messages, [], counter, 1024)
+        assert Template().tokens(shape) >= _real(messages, None)
+
+
+def test_image_cost_is_learned_from_reports_and_starts_at_the_area_prior():
+    from services.compressor.exact_count import Shape
+
+    text_only = [ExactObservation(Shape(content_tokens=1000 + 10 * i, messages=4 + i), 1023 + 15 * i) for i in range(6)]
+    with_image = ExactObservation(Shape(content_tokens=1000, messages=4, image_prior_tokens=400, images=1), 1023 + 800)
+    assert fit_template(text_only).image_scale == 1.0
+    assert fit_template([*text_only, with_image]).image_scale == pytest.approx(2.0, rel=0.05)
+
+
+def test_a_cut_view_is_the_same_on_every_call_and_within_its_budget(counter):
+    big = Message(role="tool", content=CORPUS["logs"] * 20)
+    first, cuts = exact_view([Message(role="user", content="go"), big], 500, counter)
+    second, _ = exact_view([Message(role="user", content="go"), big], 500, counter)
+    assert list(cuts) == [1] and first[1].content == second[1].content
+    assert counter.count(first[1].content) <= 500 + 4  # a merge or two at the seams
+    assert first[1].content.startswith(big.content[:100]) and first[1].content.endswith(big.content[-100:])
+    assert "truncated" in first[1].content and big.content == CORPUS["logs"] * 20  # the stored row is untouched
