@@ -100,8 +100,8 @@ async def test_prompts_with_images_do_not_calibrate(compressor):
     assert reply.method == pb.ESTIMATE_METHOD_FALLBACK
 
 
-def exact_shape(content_tokens: int, messages: int = 3) -> pb.PromptShape:
-    return pb.PromptShape(content_tokens=content_tokens, messages=messages)
+def exact_shape(content_tokens: int, messages: int = 3) -> common_pb2.PromptShape:
+    return common_pb2.PromptShape(content_tokens=content_tokens, messages=messages)
 
 
 @pytest.mark.parametrize("reported, truncated", [(979, True), (980, False), (1100, False)])

@@ -203,3 +203,21 @@ class FileInfo(_message.Message):
     sha256: str
     content_type: str
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ...) -> None: ...
+
+class PromptShape(_message.Message):
+    __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
+    CONTENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PRIOR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    content_tokens: int
+    messages: int
+    tool_results: int
+    tool_calls: int
+    tools: int
+    image_prior_tokens: int
+    images: int
+    def __init__(self, content_tokens: _Optional[int] = ..., messages: _Optional[int] = ..., tool_results: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tools: _Optional[int] = ..., image_prior_tokens: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...

@@ -78,24 +78,6 @@ class CompressionSettings(_message.Message):
     summarizer_window: int
     def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ...) -> None: ...
 
-class PromptShape(_message.Message):
-    __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
-    CONTENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
-    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
-    TOOLS_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_PRIOR_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    IMAGES_FIELD_NUMBER: _ClassVar[int]
-    content_tokens: int
-    messages: int
-    tool_results: int
-    tool_calls: int
-    tools: int
-    image_prior_tokens: int
-    images: int
-    def __init__(self, content_tokens: _Optional[int] = ..., messages: _Optional[int] = ..., tool_results: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tools: _Optional[int] = ..., image_prior_tokens: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
-
 class ViewCut(_message.Message):
     __slots__ = ("index", "content")
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -139,8 +121,8 @@ class EstimateTokensResponse(_message.Message):
     method: EstimateMethod
     baseline_tokens: int
     delta_tokens: int
-    shape: PromptShape
-    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ..., shape: _Optional[_Union[PromptShape, _Mapping]] = ...) -> None: ...
+    shape: _common_pb2.PromptShape
+    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ...) -> None: ...
 
 class RecordBaselineRequest(_message.Message):
     __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq", "window", "shape", "method")
@@ -162,9 +144,9 @@ class RecordBaselineRequest(_message.Message):
     had_images: bool
     through_seq: int
     window: int
-    shape: PromptShape
+    shape: _common_pb2.PromptShape
     method: EstimateMethod
-    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_eval_count: _Optional[int] = ..., sent_tokens: _Optional[int] = ..., sent_chars: _Optional[int] = ..., had_images: _Optional[bool] = ..., through_seq: _Optional[int] = ..., window: _Optional[int] = ..., shape: _Optional[_Union[PromptShape, _Mapping]] = ..., method: _Optional[_Union[EstimateMethod, str]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_eval_count: _Optional[int] = ..., sent_tokens: _Optional[int] = ..., sent_chars: _Optional[int] = ..., had_images: _Optional[bool] = ..., through_seq: _Optional[int] = ..., window: _Optional[int] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ..., method: _Optional[_Union[EstimateMethod, str]] = ...) -> None: ...
 
 class RecordBaselineResponse(_message.Message):
     __slots__ = ("recorded", "truncated")
@@ -213,10 +195,10 @@ class CheckContextSizeResponse(_message.Message):
     tokens_per_char: float
     decision: SizeDecision
     cuts: _containers.RepeatedCompositeFieldContainer[ViewCut]
-    shape: PromptShape
+    shape: _common_pb2.PromptShape
     trigger: int
     compress_keep_recent_messages: int
-    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., tokens_per_char: _Optional[float] = ..., decision: _Optional[_Union[SizeDecision, str]] = ..., cuts: _Optional[_Iterable[_Union[ViewCut, _Mapping]]] = ..., shape: _Optional[_Union[PromptShape, _Mapping]] = ..., trigger: _Optional[int] = ..., compress_keep_recent_messages: _Optional[int] = ...) -> None: ...
+    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., tokens_per_char: _Optional[float] = ..., decision: _Optional[_Union[SizeDecision, str]] = ..., cuts: _Optional[_Iterable[_Union[ViewCut, _Mapping]]] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ..., trigger: _Optional[int] = ..., compress_keep_recent_messages: _Optional[int] = ...) -> None: ...
 
 class WouldCompressRequest(_message.Message):
     __slots__ = ("session_id", "model", "window", "current_tokens", "keep_recent_messages", "settings")

@@ -470,26 +470,8 @@ class Observation(_message.Message):
     chars: int
     tokens: int
     observed_at: _timestamp_pb2.Timestamp
-    exact: ExactShape
-    def __init__(self, model: _Optional[str] = ..., chars: _Optional[int] = ..., tokens: _Optional[int] = ..., observed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., exact: _Optional[_Union[ExactShape, _Mapping]] = ...) -> None: ...
-
-class ExactShape(_message.Message):
-    __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
-    CONTENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
-    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
-    TOOLS_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_PRIOR_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    IMAGES_FIELD_NUMBER: _ClassVar[int]
-    content_tokens: int
-    messages: int
-    tool_results: int
-    tool_calls: int
-    tools: int
-    image_prior_tokens: int
-    images: int
-    def __init__(self, content_tokens: _Optional[int] = ..., messages: _Optional[int] = ..., tool_results: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tools: _Optional[int] = ..., image_prior_tokens: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
+    exact: _common_pb2.PromptShape
+    def __init__(self, model: _Optional[str] = ..., chars: _Optional[int] = ..., tokens: _Optional[int] = ..., observed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., exact: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ...) -> None: ...
 
 class RecordObservationRequest(_message.Message):
     __slots__ = ("observation",)

@@ -63,14 +63,14 @@ class Knobs:
         )
 
 
-def shape_from_proto(shape: compressor_pb2.PromptShape | store_pb.ExactShape) -> Shape:
+def shape_from_proto(shape: common_pb2.PromptShape) -> Shape:
     return Shape(content_tokens=shape.content_tokens, messages=shape.messages, tool_results=shape.tool_results,
                  tool_calls=shape.tool_calls, tools=shape.tools, image_prior_tokens=shape.image_prior_tokens,
                  images=shape.images)
 
 
-def shape_to_proto(shape: Shape) -> compressor_pb2.PromptShape:
-    return compressor_pb2.PromptShape(**shape.__dict__)
+def shape_to_proto(shape: Shape) -> common_pb2.PromptShape:
+    return common_pb2.PromptShape(**shape.__dict__)
 
 
 @dataclass

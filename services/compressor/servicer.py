@@ -14,7 +14,7 @@ from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
 from services.compressor.planner import intra_turn_keep, would_compress
 from services.compressor.model_tokenizers import ModelTokenizers
-from services.compressor.pricing import Knobs, Pricing, SessionState, shape_from_proto, shape_to_proto
+from services.compressor.pricing import Knobs, Pricing, SessionState, shape_to_proto
 from services.compressor.size_check import deepen_cuts, proves_cut
 from services.compressor.token_estimate import (
     fits,
@@ -209,7 +209,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if exact:
             await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
                 observation=store_pb.Observation(model=request.model, tokens=request.prompt_eval_count,
-                                                 exact=store_pb.ExactShape(**shape_from_proto(request.shape).__dict__))),
+                                                 exact=request.shape)),
                 context)
         elif request.sent_chars > 0 and not request.had_images:
             # Image tokens are not chars: a prompt with images would bend the line for text.

@@ -448,7 +448,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 def _observation(row) -> pb.Observation:
     observation = pb.Observation(model=row["model"], chars=row["chars"], tokens=row["tokens"])
     if row["content_tokens"]:
-        observation.exact.CopyFrom(pb.ExactShape(**{name: row[name] for name in EXACT_FIELDS}))
+        observation.exact.CopyFrom(common_pb2.PromptShape(**{name: row[name] for name in EXACT_FIELDS}))
     observation.observed_at.CopyFrom(convert.timestamp(row["observed_at"]))
     return observation
 
