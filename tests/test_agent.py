@@ -95,10 +95,13 @@ async def test_a_second_turn_continues_the_session(agent, store, ollama_sim):
 
 async def test_stop_during_a_silent_prefill(agent, agent_server, store, ollama_sim):
     ollama_sim.script(Reply(text="too late", first_chunk_delay=30))
+    before = len(ollama_sim.chats)
     stream = agent.RunStream(pb.RunStreamRequest(text="slow one"))
     first = await stream.read()
     session_id = first.session_id
-    await asyncio.sleep(0.3)
+    # The model is in its silent prefill once the simulator holds the request (the wait runs in a
+    # thread: the Agent under test shares this event loop).
+    assert await asyncio.to_thread(ollama_sim.wait_until, lambda: len(ollama_sim.chats) > before, 10)
     assert (await agent.Stop(pb.StopRequest(session_id=session_id))).stopped
     rest = []
     while (event := await stream.read()) is not grpc.aio.EOF:

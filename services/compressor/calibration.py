@@ -52,6 +52,12 @@ class Line:
 
     overhead: float
     tokens_per_char: float
+    # The worst relative under-count of the reports the line was fitted to: every estimate is raised
+    # by it, so a line right on average is not low for the prompts it was learned from.
+    margin: float = 0.0
+
+    def predict(self, chars: int) -> float:
+        return self.overhead + chars * self.tokens_per_char
 
     @property
     def is_plausible(self) -> bool:
@@ -88,7 +94,14 @@ def fit_line(observations: Sequence[Observation]) -> Line | None:
     var_x = sum((o.chars - mean_x) ** 2 for o in recent)
     cov_xy = sum((o.chars - mean_x) * (o.tokens - mean_y) for o in recent)
     slope = cov_xy / var_x  # var_x > 0: the spread check guarantees two distinct sizes
-    return _usable(Line(overhead=mean_y - slope * mean_x, tokens_per_char=slope))
+    line = Line(overhead=mean_y - slope * mean_x, tokens_per_char=slope)
+    under = [(o.tokens - line.predict(o.chars)) / max(1.0, line.predict(o.chars)) for o in recent]
+    return _usable(Line(line.overhead, line.tokens_per_char, margin=min(MAX_MARGIN, max(0.0, *under))))
+
+
+# A margin past this means the reports disagree with any line (a mix of prose and dense logs):
+# capped, so one odd report does not make every estimate useless.
+MAX_MARGIN = 0.5
 
 
 def fallback_tokens(chars: int) -> int:
@@ -103,7 +116,7 @@ def estimate_text_tokens(chars: int, line: Line | None) -> int:
     usable = _usable(line)
     if usable is None:
         return fallback_tokens(chars)
-    return max(0, math.ceil(usable.overhead + chars * usable.tokens_per_char))
+    return max(0, math.ceil(usable.predict(chars) * (1 + usable.margin)))
 
 
 def tokens_per_char(line: Line | None) -> float:
@@ -123,4 +136,4 @@ def marginal_text_tokens(chars: int, line: Line | None) -> int:
     usable = _usable(line)
     if usable is None:
         return fallback_tokens(chars)
-    return math.ceil(chars * usable.tokens_per_char)
+    return math.ceil(chars * usable.tokens_per_char * (1 + usable.margin))
