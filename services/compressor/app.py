@@ -22,7 +22,7 @@ async def start_compressor(settings: Settings, *, port: int, host: str = "127.0.
         await ollama.aclose()
         await channel.close()
 
-    return await start_server(
+    running = await start_server(
         lambda server: compressor_pb2_grpc.add_CompressorServicer_to_server(servicer, server),
         [SERVICE_NAME],
         settings=settings,
@@ -30,3 +30,5 @@ async def start_compressor(settings: Settings, *, port: int, host: str = "127.0.
         host=host,
         on_stop=on_stop,
     )
+    running.servicer = servicer  # tests reach its tokenizers through it
+    return running

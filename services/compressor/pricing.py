@@ -149,6 +149,29 @@ class Pricing:
         return Estimate(tokens=tokens, text_tokens=tokens - images, image_tokens=images,
                         chars=sum(len(m.content) for m in view), shape=shape)
 
+    def stored_estimate(self, stored: store_pb.ContextTokens, incoming: Sequence[Message] = (),
+                        tool_schemas: Sequence[str] = ()) -> tuple[Estimate, list[tuple[int, int]]]:
+        """An exact count of a stored context from the store's sum of per-message counts, plus the
+        rows it had no count for and ``incoming``; returns the estimate and the fresh (seq, tokens)
+        counts to store (rows with images are counted each time: their images are priced apart)."""
+        assert self.counter is not None
+        uncounted = list(stored.uncounted)
+        fresh = [(m.seq, tokens) for m, tokens in zip(uncounted, message_tokens(uncounted, self.counter))
+                 if not m.images]
+        view, _ = self.view([*uncounted, *incoming])
+        shape = shape_of(view, tool_schemas, self.counter, self.image_fallback)
+        shape = Shape(
+            content_tokens=shape.content_tokens + stored.counted_tokens,
+            messages=shape.messages + stored.counted_messages,
+            tool_results=shape.tool_results + stored.counted_tool_results,
+            tool_calls=shape.tool_calls + stored.counted_tool_calls,
+            tools=shape.tools, image_prior_tokens=shape.image_prior_tokens, images=shape.images,
+        )
+        images = self.template.image_tokens(shape)
+        tokens = self.template.tokens(shape)
+        return Estimate(tokens=tokens, text_tokens=tokens - images, image_tokens=images,
+                        chars=sum(len(m.content) for m in view), shape=shape), fresh
+
     @property
     def has_baseline(self) -> bool:
         return self.baseline is not None and self.baseline.tokens > 0
@@ -180,6 +203,7 @@ class SessionState:
     session: common_pb2.Session
     baseline: store_pb.Baseline | None
     observations: list[store_pb.Observation] = field(default_factory=list)
+    context_tokens: store_pb.ContextTokens | None = None
 
     @property
     def context(self) -> list[Message]:

@@ -24,6 +24,7 @@ from services.compressor.token_estimate import (
 )
 from services.shared.auth import forwarded_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, from_rpc_error
+from services.shared.context_view import message_budget
 from services.shared.image_tokens import image_size, image_tokens
 from services.shared.ollama import OllamaClient
 from services.shared.settings import Settings
@@ -40,6 +41,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self.settings = settings
         self.store_addr = store_addr
         self.tokenizers = ModelTokenizers(ollama, settings.data_dir / "tokenizers")
+        self._writes: set[asyncio.Task] = set()  # token counts on their way to the store
 
     # -- loading -----------------------------------------------------------------------------
     def _window(self, window: int) -> int:
@@ -60,17 +62,20 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                        context)
         return list(reply.observations)
 
-    async def _load(self, session_id: str, model: str, context, *, with_context: bool = True) -> SessionState:
-        """Baseline and calibration in one read; the stored context only when the caller sent none."""
+    async def _load(self, session_id: str, model: str, context, *, with_context: bool = True,
+                    token_digest: str = "", view_budget: int = 0) -> SessionState:
+        """Baseline and calibration in one read (with a digest, also the context's stored counts);
+        the stored context itself only when the caller sent none and it cannot be summed."""
         loads = [self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(
-            session_id=session_id, model=model), context)]
+            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget), context)]
         if with_context:
             loads.append(self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
                 session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT), context))
         pricing, *rest = await asyncio.gather(*loads)
         session = rest[0].session if rest else common_pb2.Session(id=session_id)
         baseline = pricing.baseline if pricing.HasField("baseline") else None
-        return SessionState(session, baseline, list(pricing.observations))
+        counted = pricing.context_tokens if pricing.HasField("context_tokens") else None
+        return SessionState(session, baseline, list(pricing.observations), counted)
 
     async def _pricing(self, model: str, window: int, knobs: Knobs, observations,
                        baseline: store_pb.Baseline | None = None) -> Pricing:
@@ -88,24 +93,54 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def EstimateTokens(self, request, context):
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
-        if request.session_id:
+        incoming, schemas = list(request.incoming), list(request.tool_schemas)
+        counter = await self.tokenizers.counter(request.model)
+        if request.session_id and not request.messages and counter is not None:
+            # The stored context as a sum of per-message counts: only rows never counted are read
+            # and counted (then written back), so the cost follows new messages, not the history.
+            state = await self._load(request.session_id, request.model, context, with_context=False,
+                                     token_digest=counter.digest, view_budget=message_budget(window, knobs.message_budget))
+            pricing = Pricing.build(state.observations, window, knobs, None, counter)
+            estimate, fresh = await asyncio.to_thread(pricing.stored_estimate, state.context_tokens, incoming, schemas)
+            self._remember_counts(request.session_id, counter.digest, fresh, context)
+            method = pb.ESTIMATE_METHOD_EXACT
+        elif request.session_id:
             state = await self._load(request.session_id, request.model, context,
                                      with_context=not request.messages)
             pricing = await self._pricing(request.model, window, knobs, state.observations,
                                           self._usable_baseline(state, request.model))
             messages = list(request.messages) or state.context
+            estimate, method = await asyncio.to_thread(pricing.with_baseline, messages, incoming, schemas)
         else:
             pricing = await self._pricing(request.model, window, knobs,
                                           await self._observations(request.model, context))
-            messages = list(request.messages)
-        estimate, method = await asyncio.to_thread(pricing.with_baseline, messages, list(request.incoming),
-                                                   list(request.tool_schemas))
+            estimate, method = await asyncio.to_thread(pricing.with_baseline, list(request.messages), incoming,
+                                                       schemas)
         return pb.EstimateTokensResponse(
             tokens=estimate.tokens, text_tokens=estimate.text_tokens, image_tokens=estimate.image_tokens,
             chars=estimate.chars, method=method, baseline_tokens=estimate.baseline_tokens,
             delta_tokens=estimate.tokens - estimate.baseline_tokens,
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
         )
+
+    def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int]], context) -> None:
+        """Write fresh per-message counts back, off the request's path; a lost write only means the
+        rows are counted again next time."""
+        if not counts:
+            return
+        request = store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=digest, counts=[
+            store_pb.TokenCount(seq=seq, tokens=tokens) for seq, tokens in counts])
+        metadata = forwarded_metadata(context)
+
+        async def write() -> None:
+            try:
+                await self.store.SetTokenCounts(request, metadata=metadata)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("could not store token counts of %s: %s", session_id, exc.details())
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     async def CheckContextSize(self, request, context):
         """The one question before every model call: the view to send, its size, and whether it

@@ -80,6 +80,28 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
 EXACT_FIELDS = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
 CHAR_OBSERVATIONS = 8  # the calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW)
 EXACT_OBSERVATIONS = 64  # the template fit: per model, so every session of it contributes
+# A cut view can come out a few tokens over its budget where a merge crosses the cut.
+CUT_SEAM_TOKENS = 4
+_CONTEXT_ROWS = """
+    SELECT {columns} FROM session_messages WHERE session_id = $1 AND is_context AND {where}
+    UNION ALL
+    SELECT {columns} FROM session_messages_archive WHERE session_id = $1 AND is_context AND {where}
+"""
+_COUNTED = "token_digest = $2 AND cardinality(images) = 0"
+_COUNTED_CONTEXT_SQL = f"""
+    SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') THEN least(token_count, $3) ELSE token_count END), 0)
+               AS counted_tokens,
+           count(*) AS counted_messages,
+           count(*) FILTER (WHERE role = 'tool') AS counted_tool_results,
+           coalesce(sum(jsonb_array_length(tool_calls)), 0) AS counted_tool_calls
+      FROM ({_CONTEXT_ROWS.format(columns="role, token_count, tool_calls", where=_COUNTED)}) ctx
+"""
+_UNCOUNTED_CONTEXT_SQL = (
+    "SELECT * FROM (" + _CONTEXT_ROWS.replace("{columns} FROM session_messages_archive",
+                                                "{columns}, true AS archived FROM session_messages_archive")
+    .replace("{columns} FROM session_messages WHERE", "{columns}, false AS archived FROM session_messages WHERE")
+    .format(columns=MESSAGE_COLUMNS, where=f"NOT ({_COUNTED})") + ") rows ORDER BY seq"
+)
 _OBSERVATION_COLUMNS = f"id, model, chars, tokens, observed_at, {', '.join(EXACT_FIELDS)}"
 _OBSERVATIONS_SQL = f"""
     (SELECT {_OBSERVATION_COLUMNS} FROM calibration_observations WHERE model = $1 AND content_tokens = 0
@@ -466,9 +488,10 @@ class SessionRepository:
             WITH moved AS (
                 DELETE FROM session_messages
                  WHERE session_id = $1 AND seq < $2 AND NOT (seq = ANY($3::bigint[]))
-                RETURNING {INSERT_COLUMNS}
+                RETURNING {INSERT_COLUMNS}, token_digest
             )
-            INSERT INTO session_messages_archive ({INSERT_COLUMNS}) SELECT {INSERT_COLUMNS} FROM moved
+            INSERT INTO session_messages_archive ({INSERT_COLUMNS}, token_digest)
+            SELECT {INSERT_COLUMNS}, token_digest FROM moved
             """,
             session_id, below_seq, protected,
         )
@@ -697,14 +720,42 @@ class SessionRepository:
                     baseline["context_truncated"],
                 )
 
-    async def get_baseline(self, identity: Identity, session_id: uuid.UUID,
-                           model: str = "") -> tuple[asyncpg.Record | None, list[asyncpg.Record]]:
-        """The session's baseline and, when `model` is given, its newest observations: one read."""
+    async def get_baseline(self, identity: Identity, session_id: uuid.UUID, model: str = "", token_digest: str = "",
+                           view_budget: int = 0) -> tuple[asyncpg.Record | None, list[asyncpg.Record], dict | None]:
+        """The session's baseline and, when `model` is given, its newest observations; with a
+        `token_digest`, the context's size from stored counts and the rows not counted yet: one read."""
         async with self.pool.acquire() as conn:
-            await self._readable(conn, session_id, identity)
+            session = await self._readable(conn, session_id, identity)
             baseline = await conn.fetchrow("SELECT * FROM session_baselines WHERE session_id = $1", session_id)
             observations = await self.list_observations(model, conn=conn) if model else []
-        return baseline, observations
+            tokens = None
+            if token_digest:
+                cap = view_budget + CUT_SEAM_TOKENS if view_budget > 0 else 2**31 - 1
+                summed = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
+                uncounted = await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
+                tokens = {**dict(summed), "uncounted": [convert.message_from_row(r, archived=r["archived"])
+                                                         for r in uncounted],
+                          "revision": session["revision"]}
+        return baseline, observations, tokens
+
+    async def set_token_counts(self, identity: Identity, session_id: uuid.UUID, token_digest: str,
+                               seqs: Sequence[int], tokens: Sequence[int]) -> int:
+        """Store counts made by one tokenizer. Counts are derived data, not content: the revision
+        stays, so a count written beside a turn never makes that turn's next write ABORTED."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._readable(conn, session_id, identity)
+            updated = 0
+            for table in ("session_messages", "session_messages_archive"):
+                status = await conn.execute(
+                    f"""
+                    UPDATE {table} m SET token_count = c.tokens, token_digest = $2
+                      FROM unnest($3::bigint[], $4::int[]) AS c(seq, tokens)
+                     WHERE m.session_id = $1 AND m.seq = c.seq
+                    """,
+                    session_id, token_digest, list(seqs), list(tokens),
+                )
+                updated += int(status.split()[-1])
+        return updated
 
 
 def whole_token_pattern(query: str) -> str:

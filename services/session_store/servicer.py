@@ -382,13 +382,29 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def GetBaseline(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        row, observations = await self.repo.get_baseline(identity, session_id, request.model)
+        if request.view_budget < 0:
+            raise InvalidArgument("view_budget", "must not be negative")
+        row, observations, tokens = await self.repo.get_baseline(identity, session_id, request.model,
+                                                                 request.token_digest, request.view_budget)
         response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
+        if tokens is not None:
+            response.context_tokens.CopyFrom(pb.ContextTokens(**tokens))
         if row is not None:
             response.baseline.CopyFrom(pb.Baseline(tokens=row["tokens"], through_seq=row["through_seq"],
                                                    model=row["model"], context_truncated=row["context_truncated"]))
             response.baseline.recorded_at.CopyFrom(convert.timestamp(row["recorded_at"]))
         return response
+
+    async def SetTokenCounts(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if not request.token_digest:
+            raise InvalidArgument("token_digest", "required: a count means nothing without its tokenizer")
+        if any(c.seq <= 0 or c.tokens < 0 for c in request.counts):
+            raise InvalidArgument("counts", "seq must be positive and tokens not negative")
+        updated = await self.repo.set_token_counts(identity, session_id, request.token_digest,
+                                                   [c.seq for c in request.counts], [c.tokens for c in request.counts])
+        return pb.SetTokenCountsResponse(updated=updated)
 
     # -- files -----------------------------------------------------------------------------
     async def PutFile(self, request_iterator: AsyncIterator[pb.PutFileRequest], context):
