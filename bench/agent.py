@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import tempfile
 import time
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -123,41 +125,149 @@ async def _settle(running) -> float:
     return time.perf_counter() - started
 
 
-async def long_run(server, quick: bool) -> str:
-    from tests.test_agent_long import responder, png  # the same scripted model as the 300-turn test
+def _dense_log_tokens(turn: int) -> int:
+    """Sizes of the dense log outputs: spread over about 300–3,000 tokens."""
+    return 300 + (turn * 7919) % 2701
+
+
+class DenseOutputTool:
+    """The long test's report tool, plus dense server logs (timestamps, IPs, hex ids) of varying size."""
+
+    name = "fetch_report"
+    description = "Fetch a report of the given kind (json, log, code or dense) for a topic."
+    parameters = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}, "topic": {"type": "string"}},
+        "required": ["kind", "topic"],
+    }
+
+    async def run(self, args: dict, ctx):
+        from services.agent.tools.base import ToolResult
+        from tests.test_agent_long import BigOutputTool
+
+        if args.get("kind") != "dense":
+            return await BigOutputTool().run(args, ctx)
+        turn = int(args["topic"].rsplit("-", 1)[-1])
+        return ToolResult(content=_dense_log(turn, _dense_log_tokens(turn)))
+
+
+def _dense_log(turn: int, tokens: int) -> str:
+    import random
+
+    from bench.compressor import _dense_log as lines
+    from services.ollama_sim.prompt import count_text_tokens
+
+    rng = random.Random(turn)
+    text = lines(rng, max(1, tokens // 60))
+    while count_text_tokens(text) < tokens:
+        text += "\n" + lines(rng, 1)
+    return text
+
+
+def _responder(body) -> Reply:
+    """The long test's scripted model; every fourth tool turn asks for a dense log instead."""
+    from tests.test_agent_long import responder
+
+    reply = responder(body)
+    if reply.tool_calls:
+        name, args = reply.tool_calls[0]
+        turn = int(args["topic"].rsplit("-", 1)[-1])
+        if turn % 12 >= 9:
+            return replace(reply, tool_calls=[(name, {**args, "kind": "dense"})])
+    return reply
+
+
+class _CutAlarms(logging.Handler):
+    """The Compressor's "cut prompt:" warnings (RecordBaseline answering truncated=True), by the
+    prompt_eval_count each one was raised on."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.reports: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("cut prompt:"):
+            self.reports.append(int(record.args[0]))
+
+
+async def _long_path(server, quick: bool, path: str) -> list:
+    from services.compressor.token_estimate import output_reserve
+    from services.ollama_sim.models import default_models
+    from services.shared.settings import Settings
+    from tests.test_agent_long import png
 
     turns = 60 if quick else 300
-    profile = {"id": "long", "model": "qwen3.6", "context_window": WINDOW, "max_iterations": 6,
-               "custom_tools": ["tests.test_agent_long:BigOutputTool"],
+    model = f"bench-{path}-{uuid.uuid4().hex[:6]}"
+    spec = default_models()["qwen3.6"]
+    spec = spec if path == "exact" else replace(spec, vocabulary=None)
+    profile = {"id": "long", "model": model, "context_window": WINDOW, "max_iterations": 6,
+               "custom_tools": ["bench.agent:DenseOutputTool"],
                "agent_tools": ["todo", "memory_search", "fetch_report"]}
     compress_turns: list[int] = []
     before_first_token = after_end = 0.0
-    async with system(server, "agent_long", [profile]) as (sim, store, agent, running):
-        sim.set_responder(responder)
-        session_id = ""
-        for turn in range(turns):
-            images = [png(512 if turn % 20 == 0 else 64)] if turn % 10 == 5 else []
-            started_at = None
-            async for event in agent.RunStream(pb.RunStreamRequest(
-                    session_id=session_id, text=f"turn {turn}: please handle marker-{turn}", images=images)):
-                session_id = event.session_id
-                if event.HasField("compression_started"):
-                    started_at = time.perf_counter()
-                elif event.HasField("context_compressed") and started_at is not None:
-                    before_first_token += time.perf_counter() - started_at
+    too_large = 0
+    alarms = _CutAlarms()
+    logger = logging.getLogger("palimpsest.compressor")
+    logger.addHandler(alarms)
+    try:
+        async with system(server, f"agent_long_{path}", [profile]) as (sim, store, agent, running):
+            sim.models[model] = spec
+            sim.set_responder(_responder)
+            session_id = ""
+            for turn in range(turns):
+                images = [png(512 if turn % 20 == 0 else 64)] if turn % 10 == 5 else []
+                started_at = None
+                async for event in agent.RunStream(pb.RunStreamRequest(
+                        session_id=session_id, text=f"turn {turn}: please handle marker-{turn}", images=images)):
+                    session_id = event.session_id
+                    if event.HasField("compression_started"):
+                        started_at = time.perf_counter()
+                    elif event.HasField("context_compressed") and started_at is not None:
+                        before_first_token += time.perf_counter() - started_at
+                        compress_turns.append(turn)
+                    elif event.HasField("stream_end") and \
+                            event.stream_end.reason == pb.STREAM_END_REASON_CONTEXT_TOO_LARGE:
+                        too_large += 1
+                markers_before = await _markers(store, session_id)
+                after_end += await _settle(running)
+                if await _markers(store, session_id) > markers_before:
                     compress_turns.append(turn)
-            markers_before = await _markers(store, session_id)
-            after_end += await _settle(running)
-            if await _markers(store, session_id) > markers_before:
-                compress_turns.append(turn)
-        highest = max(c.prompt_eval_count or 0 for c in sim.chats if c.stream) / WINDOW
-        refires = sum(1 for a, b in zip(compress_turns, compress_turns[1:]) if b - a <= 3)
-        rows = [[turns, len(compress_turns), f"{highest:.2f}", sim.truncations, refires,
-                 f"{before_first_token:.2f} s", f"{after_end:.2f} s"]]
-    return (f"A {turns}-turn conversation in an {WINDOW}-token window (tool calls with large JSON, log and code "
-            "outputs every third turn, an image every tenth), through the real services and the simulator.\n\n"
-            + _common.table(["turns", "compressions", "highest real prompt ÷ window", "prompts cut by Ollama",
-                             "re-fires within 3 turns", "compressing before the first token",
+            chats = [c for c in sim.chats if c.model == model]
+            bodies = [b for b in sim.bodies() if b.get("model") == model]
+    finally:
+        logger.removeHandler(alarms)
+    # A genuine alarm was raised on a report the simulator gave for a prompt it really cut.
+    cut_reports = {c.prompt_eval_count for c in chats if c.truncated}
+    false_alarms = sum(1 for r in alarms.reports if r not in cut_reports)
+    limit = WINDOW - output_reserve(WINDOW, Settings().output_reserve_tokens)
+    highest = max(c.prompt_tokens for c in chats if c.stream) / limit
+    summary_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is False}
+    chat_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is not False}
+    refires = sum(1 for a, b in zip(compress_turns, compress_turns[1:]) if b - a <= 3)
+    return [path if path == "exact" else "calibrated (no vocabulary)", turns, len(compress_turns),
+            sum(1 for c in chats if c.truncated), too_large, f"{false_alarms} of {len(alarms.reports)}",
+            f"{highest:.2f}", f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
+            f"{len(chat_ctx)} ({', '.join(map(str, sorted(chat_ctx)))})", refires,
+            f"{before_first_token:.2f} s", f"{after_end:.2f} s"]
+
+
+async def long_run(server, quick: bool) -> str:
+    rows = [await _long_path(server, quick, "exact"), await _long_path(server, quick, "calibrated")]
+    turns = rows[0][1]
+    return (f"A {turns}-turn conversation in an {WINDOW}-token window through the real services and the "
+            "simulator (tool calls every third turn: large JSON, log and code outputs, and every fourth of them "
+            "a dense server log of 300–3,000 tokens; an image every tenth turn), run on a copy of `qwen3.6` "
+            "whose vocabulary the simulator serves (exact counts) and on a copy without it (calibrated line). "
+            "*Compressions*: turns with a compression before the call or after the stream. *False cut alarms*: "
+            "the Compressor's \"cut prompt:\" warnings (RecordBaseline answering truncated) raised on a report "
+            "the simulator did not give for a prompt it cut, of all such warnings. *Highest real prompt ÷ "
+            f"limit*: the simulator's full count of the largest chat prompt over the size check's limit "
+            f"(window − output reserve = {WINDOW - 2048}). *num_ctx values*: distinct `options.num_ctx` among "
+            "the summary requests (non-streamed) and the chat requests. *Re-fires*: compressions within 3 turns "
+            "of the previous one.\n\n"
+            + _common.table(["path", "turns", "compressions", "prompts cut by Ollama", "ended CONTEXT_TOO_LARGE",
+                             "false cut alarms", "highest real prompt ÷ limit", "num_ctx: summaries",
+                             "num_ctx: chats", "re-fires within 3 turns", "compressing before the first token",
                              "compressing after stream_end"], rows))
 
 
