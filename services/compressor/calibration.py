@@ -8,6 +8,7 @@ decision be made in real tokens instead of a character rule of thumb. Observatio
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -52,10 +53,6 @@ class Line:
 
     overhead: float
     tokens_per_char: float
-    # The worst relative under-count of the reports the line was fitted to: every estimate is raised
-    # by it, so a line right on average is not low for the prompts it was learned from.
-    margin: float = 0.0
-
     def predict(self, chars: int) -> float:
         return self.overhead + chars * self.tokens_per_char
 
@@ -80,6 +77,11 @@ def _has_spread(chars: Sequence[int]) -> bool:
 
 
 def fit_line(observations: Sequence[Observation]) -> Line | None:
+    return _fit_line(tuple(observations))
+
+
+@functools.lru_cache(maxsize=256)  # the same newest reports are fitted on every size check
+def _fit_line(observations: tuple[Observation, ...]) -> Line | None:
     """Least-squares line over the newest ``OBSERVATION_WINDOW`` observations (newest last).
 
     None when fewer than two of them differ in size by at least 1.25x, or when the fitted slope
@@ -94,14 +96,7 @@ def fit_line(observations: Sequence[Observation]) -> Line | None:
     var_x = sum((o.chars - mean_x) ** 2 for o in recent)
     cov_xy = sum((o.chars - mean_x) * (o.tokens - mean_y) for o in recent)
     slope = cov_xy / var_x  # var_x > 0: the spread check guarantees two distinct sizes
-    line = Line(overhead=mean_y - slope * mean_x, tokens_per_char=slope)
-    under = [(o.tokens - line.predict(o.chars)) / max(1.0, line.predict(o.chars)) for o in recent]
-    return _usable(Line(line.overhead, line.tokens_per_char, margin=min(MAX_MARGIN, max(0.0, *under))))
-
-
-# A margin past this means the reports disagree with any line (a mix of prose and dense logs):
-# capped, so one odd report does not make every estimate useless.
-MAX_MARGIN = 0.5
+    return _usable(Line(overhead=mean_y - slope * mean_x, tokens_per_char=slope))
 
 
 def fallback_tokens(chars: int) -> int:
@@ -116,7 +111,7 @@ def estimate_text_tokens(chars: int, line: Line | None) -> int:
     usable = _usable(line)
     if usable is None:
         return fallback_tokens(chars)
-    return max(0, math.ceil(usable.predict(chars) * (1 + usable.margin)))
+    return max(0, math.ceil(usable.predict(chars)))
 
 
 def tokens_per_char(line: Line | None) -> float:
@@ -136,4 +131,4 @@ def marginal_text_tokens(chars: int, line: Line | None) -> int:
     usable = _usable(line)
     if usable is None:
         return fallback_tokens(chars)
-    return math.ceil(chars * usable.tokens_per_char * (1 + usable.margin))
+    return math.ceil(chars * usable.tokens_per_char)

@@ -12,6 +12,7 @@ Everything here is pure: the counter is any object with ``counts(texts)`` and ``
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,6 +115,12 @@ def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
 def fit_template(observations: Sequence[ExactObservation], prior: tuple[float, ...] = CHATML_PRIOR) -> Template:
     """The template's cost from reports (any order). Text-only reports fit the constants; reports
     with images then fit how many real tokens an area-priced image token is."""
+    return _fit_template(tuple(observations), prior)
+
+
+# Every size check fits the same newest reports again until a new one arrives: fitted once.
+@functools.lru_cache(maxsize=256)
+def _fit_template(observations: tuple[ExactObservation, ...], prior: tuple[float, ...]) -> Template:
     text = [o for o in observations if o.shape.images == 0 and o.tokens > 0 and o.shape.content_tokens > 0]
     coefficients = prior
     if text:

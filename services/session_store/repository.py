@@ -79,7 +79,7 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
 
 EXACT_FIELDS = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
 CHAR_OBSERVATIONS = 8  # the calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW)
-EXACT_OBSERVATIONS = 64  # the template fit: per model, so every session of it contributes
+EXACT_OBSERVATIONS = 32  # the template fit: per model, so every session of it contributes
 # A cut view can come out a few tokens over its budget where a merge crosses the cut.
 CUT_SEAM_TOKENS = 4
 _CONTEXT_ROWS = """
