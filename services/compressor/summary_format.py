@@ -86,6 +86,11 @@ def needs_meta_summary(messages: Sequence[Message]) -> bool:
     return len(summaries) >= 2 and sum(len(m.content) for m in summaries) > META_SUMMARY_THRESHOLD
 
 
+# The proportional search for a cut that fits: at most this many steps, done within 0.25% of the limit.
+PROPORTIONAL_STEPS = 4
+CLOSE_ENOUGH_DIVISOR = 400
+
+
 def omission_marker(chars: int) -> str:
     """Stands in for text cut out of the summarizer input."""
     return f"\n[… {chars} chars omitted …]\n"
@@ -180,14 +185,31 @@ def summary_messages(prompt: str, text: str, images: Sequence[bytes] = ()) -> li
     return [Message(role="system", content=prompt), Message(role="user", content=text, images=list(images))]
 
 
-def fit_text(text: str, fits: Callable[[str], bool]) -> tuple[str, int]:
+def fit_text(text: str, fits: Callable[[str], bool], price: Callable[[str], int] | None = None,
+             limit: int = 0) -> tuple[str, int]:
     """(``text`` cut as ``cut_text`` does, at MAX_SUMMARY_INPUT_CHARS and further until it ``fits``;
-    chars cut out). ValueError when not even the omission marker alone fits."""
+    chars cut out). ValueError when not even the omission marker alone fits.
+
+    With ``price`` (what ``fits`` compares with ``limit``), the cut is found by proportional steps
+    (a text's tokens grow about linearly with its chars): two or three counts of a long input
+    instead of a bisection's ~17, which made an exact-counted compression cost 300 ms."""
     capped = cut_text(text)
     if fits(capped[0]):
         return capped
     shortest = len(omission_marker(len(text)))  # head and tail empty: only the marker is left
-    extra = largest_fitting(len(capped[0]) - shortest, lambda n: fits(cap_text(text, shortest + n)))
+    room = len(capped[0]) - shortest
+    if price is not None and limit > 0:
+        best, n, tokens = -1, room, price(capped[0])
+        for _ in range(PROPORTIONAL_STEPS):
+            n = min(room, n * limit // max(1, tokens))
+            tokens = price(cap_text(text, shortest + n))
+            if tokens <= limit and fits(cap_text(text, shortest + n)):
+                best = max(best, n)
+                if limit - tokens <= limit // CLOSE_ENOUGH_DIVISOR:
+                    break
+        if best >= 0:
+            return cut_text(text, shortest + best)
+    extra = largest_fitting(room, lambda k: fits(cap_text(text, shortest + k)))
     if extra < 0:
         raise ValueError("the summary prompt alone fills the summary's window")
     return cut_text(text, shortest + extra)
@@ -222,13 +244,15 @@ def format_for_summary(
     else:
         limit = input_limit(window, summary_max_tokens)
         try:
-            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t, images)) <= limit)
+            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t, images)) <= limit,
+                                 lambda t: estimate(summary_messages(prompt, t, images)), limit)
         except ValueError:
             if not images:
                 raise
             # Prompt and images alone leave no room for the history: the words matter more.
             images, omitted = [], omitted + len(images)
-            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t)) <= limit)
+            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t)) <= limit,
+                                 lambda t: estimate(summary_messages(prompt, t)), limit)
     return SummaryInput(text=text, images=images, omitted_images=omitted, omitted_chars=cut)
 
 
