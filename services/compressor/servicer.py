@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 
@@ -32,6 +33,21 @@ from services.shared.settings import Settings
 log = logging.getLogger("palimpsest.compressor")
 
 MAX_WINDOW = 10_000_000
+OBSERVATIONS_TTL_S = 5.0
+# Pricing this much text or less runs on the event loop: a thread hop costs ~1 ms on a busy
+# 2-core machine (measured on the first token's path), more than counting cached messages does.
+INLINE_PRICING_CHARS = 200_000
+
+
+def _chars(messages) -> int:
+    return sum(len(m.content) for m in messages)
+
+
+async def _priced(fn, *args, chars: int):
+    """``fn(*args)``, in a thread only when the text is big enough to block other sessions."""
+    if chars <= INLINE_PRICING_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
@@ -42,6 +58,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self.store_addr = store_addr
         self.tokenizers = ModelTokenizers(ollama, settings.data_dir / "tokenizers")
         self._writes: set[asyncio.Task] = set()  # token counts on their way to the store
+        self._observation_cache: dict[str, tuple[float, list[store_pb.Observation]]] = {}
 
     # -- loading -----------------------------------------------------------------------------
     def _window(self, window: int) -> int:
@@ -54,6 +71,17 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             return await method(request, metadata=forwarded_metadata(context))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "SessionStore", self.store_addr) from None
+
+    async def _recent_observations(self, model: str, context) -> list[store_pb.Observation]:
+        """The model's observations, read at most every OBSERVATIONS_TTL_S by this replica: a
+        template fitted on reports a few seconds old differs by a token or two, which its margin
+        already covers, and a model's every call adds one."""
+        cached = self._observation_cache.get(model)
+        if cached is not None and time.monotonic() - cached[0] < OBSERVATIONS_TTL_S:
+            return cached[1]
+        observations = await self._observations(model, context)
+        self._observation_cache[model] = (time.monotonic(), observations)
+        return observations
 
     async def _observations(self, model: str, context) -> list[store_pb.Observation]:
         if not model:
@@ -98,10 +126,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if request.session_id and not request.messages and counter is not None:
             # The stored context as a sum of per-message counts: only rows never counted are read
             # and counted (then written back), so the cost follows new messages, not the history.
-            state = await self._load(request.session_id, request.model, context, with_context=False,
-                                     token_digest=counter.digest, view_budget=message_budget(window, knobs.message_budget))
-            pricing = Pricing.build(state.observations, window, knobs, None, counter)
-            estimate, fresh = await asyncio.to_thread(pricing.stored_estimate, state.context_tokens, incoming, schemas)
+            state, observations = await asyncio.gather(
+                self._load(request.session_id, "", context, with_context=False, token_digest=counter.digest,
+                           view_budget=message_budget(window, knobs.message_budget)),
+                self._recent_observations(request.model, context))
+            pricing = Pricing.build(observations, window, knobs, None, counter)
+            estimate, fresh = await _priced(pricing.stored_estimate, state.context_tokens, incoming, schemas,
+                                            chars=_chars(state.context_tokens.uncounted) + _chars(incoming))
             self._remember_counts(request.session_id, counter.digest, fresh, context)
             method = pb.ESTIMATE_METHOD_EXACT
         elif request.session_id:
@@ -110,12 +141,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             pricing = await self._pricing(request.model, window, knobs, state.observations,
                                           self._usable_baseline(state, request.model))
             messages = list(request.messages) or state.context
-            estimate, method = await asyncio.to_thread(pricing.with_baseline, messages, incoming, schemas)
+            estimate, method = await _priced(pricing.with_baseline, messages, incoming, schemas,
+                                             chars=_chars(messages) + _chars(incoming))
         else:
             pricing = await self._pricing(request.model, window, knobs,
                                           await self._observations(request.model, context))
-            estimate, method = await asyncio.to_thread(pricing.with_baseline, list(request.messages), incoming,
-                                                       schemas)
+            estimate, method = await _priced(pricing.with_baseline, list(request.messages), incoming, schemas,
+                                             chars=_chars(request.messages) + _chars(incoming))
         return pb.EstimateTokensResponse(
             tokens=estimate.tokens, text_tokens=estimate.text_tokens, image_tokens=estimate.image_tokens,
             chars=estimate.chars, method=method, baseline_tokens=estimate.baseline_tokens,
@@ -153,7 +185,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if request.decide_compression and not request.session_id:
             raise InvalidArgument("session_id", "required to decide on compression")
         knobs = Knobs.resolve(self.settings, request.settings)
-        if request.session_id:
+        counter = await self.tokenizers.counter(request.model)
+        if counter is not None:
+            # Exact: nothing of the session is needed, only the model's template reports (no store
+            # round trip on the way to the first token while they are fresh).
+            pricing = Pricing.build(await self._recent_observations(request.model, context), window, knobs,
+                                    None, counter)
+        elif request.session_id:
             state = await self._load(request.session_id, request.model, context, with_context=False)
             pricing = await self._pricing(request.model, window, knobs, state.observations,
                                           self._usable_baseline(state, request.model))
@@ -161,7 +199,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             pricing = await self._pricing(request.model, window, knobs,
                                           await self._observations(request.model, context))
         messages, schemas = list(request.messages), list(request.tool_schemas)
-        view, cuts, estimate, method = await asyncio.to_thread(self._price_view, pricing, messages, schemas)
+        view, cuts, estimate, method = await _priced(self._price_view, pricing, messages, schemas,
+                                                     chars=_chars(messages))
         limit = window - output_reserve(window, knobs.output_reserve)
         trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
         decision = pb.SIZE_DECISION_FITS if estimate.tokens <= limit else pb.SIZE_DECISION_TOO_LARGE
