@@ -109,7 +109,8 @@ async def added_latency(server, quick: bool) -> str:
             rows.append([f"{stored:,}", _common.ms(direct_p50), _common.ms(agent_p50),
                          _common.ms(_common.percentile(agent_times, 95)), _common.ms(agent_p50 - direct_p50)])
     ratio = overhead_at[10_000] / overhead_at[10] if overhead_at[10] > 0 else float("inf")
-    return ("Time to the first text delta: RunStream through the Agent (which loads the session, estimates, "
+    return ("Time to the first text delta: RunStream through the Agent (which stores the message while the "
+            "Compressor sizes the prompt, then streams) "
             "stores the message, checks the size, then streams) against the same request body sent straight "
             "to the simulator. Long sessions are seeded as compression leaves them (a summary and a recent "
             "tail in the context, the rest in the display history only). Target: ≤ 5 ms added at 10,000, "

@@ -109,15 +109,36 @@ async def test_a_report_below_the_exact_content_count_is_a_cut_prompt(compressor
                                                                         truncated):
     session_id = await session_with(store, profile, turns(1))
     await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900, through_seq=2,
+        session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900, through_seq=2, window=WINDOW,
         method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(850)))
     reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
         session_id=session_id, model=MODEL, prompt_eval_count=reported, sent_tokens=1040, through_seq=2,
-        method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(1000)))
+        window=WINDOW, method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(1000)))
     assert reply.truncated is truncated and reply.recorded is not truncated
     baseline = (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline
     assert baseline.tokens == (900 if truncated else reported)  # the honest baseline survives
     assert baseline.context_truncated is truncated
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"window": 0}, "window"),
+    ({"prompt_eval_count": 9000}, "prompt_eval_count"),
+    ({"shape": common_pb2.PromptShape(content_tokens=800, messages=-1)}, "shape"),
+])
+async def test_a_bad_exact_report_is_refused_and_changes_nothing(compressor, store, profile, change, field):
+    session_id = await session_with(store, profile, turns(1))
+    request = pb.RecordBaselineRequest(session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900,
+                                       through_seq=2, window=8192, method=pb.ESTIMATE_METHOD_EXACT,
+                                       shape=exact_shape(850))
+    for name, value in change.items():
+        if name == "shape":
+            request.shape.CopyFrom(value)
+        else:
+            setattr(request, name, value)
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await compressor.RecordBaseline(request)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.value.details()
+    assert not (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).HasField("baseline")
 
 
 async def test_an_estimate_never_raises_the_cut_alarm(compressor, store, profile):
@@ -249,7 +270,7 @@ async def test_post_turn_under_threshold_does_nothing_unless_the_prompt_was_trun
     assert quiet == []
     await compressor.RecordBaseline(pb.RecordBaselineRequest(
         session_id=session_id, model=MODEL, prompt_eval_count=2050, sent_tokens=6000, through_seq=12,
-        method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(5800, 13)))
+        window=8192, method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(5800, 13)))
     forced = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN,
                             only_if_over_threshold=True, current_tokens=2050)
     assert forced and forced[-1].compressed.messages_after < 12

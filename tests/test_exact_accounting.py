@@ -137,7 +137,7 @@ async def test_a_stored_context_is_counted_once_then_summed_by_the_store(compres
     first = await compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6",
                                                                      window=8192))
     assert first.method == pb.ESTIMATE_METHOD_EXACT
-    digest = compressor_server.servicer.tokenizers.cached("qwen3.6").digest
+    digest = (await compressor_server.servicer.tokenizers.counter("qwen3.6")).digest
     for _ in range(200):  # the counts are written back off the request's path
         if await _uncounted(store, session_id, digest) == 0:
             break
@@ -177,3 +177,33 @@ async def test_token_counts_need_their_tokenizer_and_sane_values(store):
     assert summed.context_tokens.counted_tokens == 3 and not summed.context_tokens.uncounted
     other = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest="other"))
     assert other.context_tokens.counted_messages == 0 and len(other.context_tokens.uncounted) == 1
+
+
+async def test_without_a_vocabulary_a_result_is_still_cut_further_rather_than_the_turn_lost(compressor):
+    settings = pb.CompressionSettings(message_token_budget=20_000)  # the view alone would not cut it
+    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model="tiny", messages=turn_with_result(LOGS), window=8192, settings=settings))
+    assert reply.method != pb.ESTIMATE_METHOD_EXACT
+    assert reply.decision == pb.SIZE_DECISION_FITS and reply.tokens <= reply.limit
+    assert [c.index for c in reply.cuts] == [3]
+
+
+class BrokenVocabularyOllama(OllamaClient):
+    """An Ollama whose model carries a vocabulary that cannot load (a merge of unknown tokens): a
+    fault the simulator cannot be made to serve, so only /api/show is replaced."""
+
+    async def show(self, model: str, *, verbose: bool = False) -> dict:
+        return {"model_info": {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+                               "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": ["c d"]}}
+
+
+async def test_a_vocabulary_that_does_not_load_falls_back_once(ollama_sim, tmp_path, caplog):
+    client = BrokenVocabularyOllama(ollama_sim.url)
+    try:
+        tokenizers = ModelTokenizers(client, tmp_path)
+        assert await tokenizers.counter("qwen3.6") is None
+        assert await tokenizers.counter("qwen3.6") is None
+    finally:
+        await client.aclose()
+    warnings = [r for r in caplog.records if "counted by the calibrated estimate" in r.getMessage()]
+    assert len(warnings) == 1 and "does not load" in warnings[0].getMessage()

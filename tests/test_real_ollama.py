@@ -47,3 +47,26 @@ async def test_one_turn_against_a_real_ollama(base_settings, store_server, compr
         assert any(e.HasField("usage") and e.usage.prompt_tokens > 0 for e in events)
     finally:
         await running.stop(0)
+
+
+async def test_the_models_own_vocabulary_counts_like_ollama(tmp_path):
+    """The exact path against the real thing: the tokenizer built from the model's GGUF vocabulary
+    counts the content, and Ollama's report adds only what the chat template wraps around it."""
+    from services.compressor.model_tokenizers import ModelTokenizers
+    from services.shared.ollama import OllamaClient
+
+    client = OllamaClient(HOST)
+    try:
+        counter = await ModelTokenizers(client, tmp_path).counter(MODEL)
+        if counter is None:
+            pytest.skip(f"{MODEL}'s vocabulary is not one the Compressor builds exactly (it uses the calibrated line)")
+        text = ("Deploy 2026-11-30T10:14:37Z ERROR [worker-3] 10.0.0.17:5432 reset id=0xdeadbeef\n"
+                'def f(x):\n    return {"ok": x % 3 == 0}\n上下文窗口必须始终容纳完整的提示。 🎉')
+        reply = await client.chat(OllamaClient.chat_body(MODEL, [{"role": "user", "content": text}], num_ctx=4096,
+                                                         stream=False, options={"num_predict": 1}))
+    finally:
+        await client.aclose()
+    content = counter.count(text)
+    assert reply.prompt_eval_count is not None
+    # The template (and a Modelfile SYSTEM prompt, if the model has one) only ever adds tokens.
+    assert content <= reply.prompt_eval_count <= content + 256, (content, reply.prompt_eval_count)

@@ -8,17 +8,15 @@ import pytest
 from PIL import Image
 
 from palimpsest.v1.common_pb2 import Message
-from services.compressor.calibration import Line, estimate_text_tokens
+from services.compressor.calibration import Line
 from services.compressor.token_estimate import (
     Estimate,
     baseline_delta_estimate,
-    calibration_observation,
     estimate_tokens,
     fits,
-    is_truncated_report,
     output_reserve,
 )
-from services.shared.context_view import MESSAGE_OVERHEAD_CHARS, view_chars
+from services.shared.context_view import MESSAGE_OVERHEAD_CHARS
 
 
 def msg(role: str, content: str = "", seq: int = 0, **kw: object) -> Message:
@@ -129,66 +127,9 @@ def test_a_small_window_keeps_three_quarters_for_the_prompt() -> None:
     assert not fits(3_001, 4_000)
 
 
-# -- truncated reports --------------------------------------------------------------------
-
-
-def test_a_report_at_69_percent_of_what_was_sent_is_truncated() -> None:
-    assert is_truncated_report(6_900, 10_000)
-
-
-def test_a_report_at_exactly_70_percent_is_not_truncated() -> None:
-    assert not is_truncated_report(7_000, 10_000)
-
-
-def test_a_report_at_71_percent_is_not_truncated() -> None:
-    assert not is_truncated_report(7_100, 10_000)
-
-
-def test_a_report_one_token_under_70_percent_is_truncated() -> None:
-    assert is_truncated_report(6_999, 10_000)
-
-
-# -- calibration observations -------------------------------------------------------------
-
-
-def test_a_text_prompt_becomes_an_observation_of_its_view_chars() -> None:
-    messages = [msg("user", "a" * 5_000)]
-    observation = calibration_observation(messages, 2_900, line=None)
-    assert observation is not None
-    assert observation.chars == view_chars(messages) and observation.tokens == 2_900
-
-
-def test_a_prompt_with_images_is_not_an_observation() -> None:
-    assert calibration_observation([msg("user", "a" * 5_000, images=[png(64, 64)])], 3_000, line=None) is None
-
-
-def test_a_truncated_report_is_not_an_observation() -> None:
-    messages = [msg("user", "a" * 18_000)]
-    sent = estimate_text_tokens(view_chars(messages), None)
-    assert calibration_observation(messages, int(sent * 0.69), line=None) is None
-    assert calibration_observation(messages, int(sent * 0.71), line=None) is not None
-
-
 @pytest.mark.parametrize("window", [2_048, 8_192, 131_072])
 def test_reserve_never_exceeds_a_quarter(window: int) -> None:
     assert output_reserve(window, reserve=10**9) == window // 4
-
-
-def test_a_report_far_below_half_the_window_is_never_a_cut_prompt() -> None:
-    # An uncalibrated chars/1.8 estimate of 1,445 against a real 589 in an 8,192 window: honest.
-    assert not is_truncated_report(589, 1_445, window=8_192)
-    assert is_truncated_report(589, 1_445)  # without the window, only the ratio speaks
-
-
-def test_a_report_of_half_the_window_under_a_larger_estimate_is_a_cut_prompt() -> None:
-    assert is_truncated_report(4_098, 7_900, window=8_192)
-    assert not is_truncated_report(3_600, 7_900, window=8_192)  # 43.9%: not what a cut reports
-    assert not is_truncated_report(4_600, 7_900, window=8_192)  # 56.2%: nor this
-
-
-def test_an_overestimated_honest_prompt_is_not_a_cut() -> None:
-    # chars/1.8 on English prose is about 3× the real count: 1,724 real against ~5,100 estimated.
-    assert not is_truncated_report(1_724, 5_100, window=4_096)
 
 
 def test_a_small_windows_target_keeps_the_hysteresis_gap() -> None:
@@ -200,3 +141,14 @@ def test_a_small_windows_target_keeps_the_hysteresis_gap() -> None:
     assert effective_target(knobs, 100_000) == 0.65  # the reserve is 2% there: nothing moves
     # 8,192: the reserve (2,048) puts the trigger at 75%, so the target drops to 50%.
     assert abs(effective_target(knobs, 8192) - 0.50) < 1e-9
+
+
+# -- proven cuts ----------------------------------------------------------------------------
+
+
+def test_a_report_below_the_contents_own_count_proves_a_cut() -> None:
+    from services.compressor.size_check import proves_cut
+
+    assert proves_cut(4_098, 7_900)  # half a window, far under the content alone
+    assert not proves_cut(7_900, 7_900) and not proves_cut(7_750, 7_900)  # a merge or two at the seams
+    assert not proves_cut(3_770, 0)  # no exact count: nothing is proven

@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class CompressorStub:
-    """Keeps a session's LLM context inside its token window. Stateless: calibration and baselines
-    live in the SessionStore, so any replica answers the same.
+    """Keeps a session's LLM context inside its token window. No session state: calibration, baselines
+    and per-message counts live in the SessionStore, so replicas answer alike.
     """
 
     def __init__(self, channel):
@@ -69,8 +69,8 @@ class CompressorStub:
 
 
 class CompressorServicer:
-    """Keeps a session's LLM context inside its token window. Stateless: calibration and baselines
-    live in the SessionStore, so any replica answers the same.
+    """Keeps a session's LLM context inside its token window. No session state: calibration, baselines
+    and per-message counts live in the SessionStore, so replicas answer alike.
     """
 
     def EstimateTokens(self, request, context):
@@ -151,8 +151,8 @@ def add_CompressorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Compressor:
-    """Keeps a session's LLM context inside its token window. Stateless: calibration and baselines
-    live in the SessionStore, so any replica answers the same.
+    """Keeps a session's LLM context inside its token window. No session state: calibration, baselines
+    and per-message counts live in the SessionStore, so replicas answer alike.
     """
 
     @staticmethod

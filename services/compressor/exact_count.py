@@ -57,6 +57,9 @@ RIDGE = 1.0
 UNOBSERVED_MARGIN_PER_MESSAGE = 4
 UNOBSERVED_MARGIN = 64
 IMAGE_SCALE_BOUNDS = (0.05, 20.0)
+# A template that misses a report by more than this is not a template: such a report (a prompt
+# with a Modelfile system prompt the fit has not absorbed yet, or a lie) must not swell every count.
+MAX_MARGIN = 512
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ def _fit_template(observations: tuple[ExactObservation, ...], prior: tuple[float
         coefficients = tuple(_solve(gram, rhs))
     fitted = Template(coefficients=coefficients)
     margin = max((o.tokens - fitted.text_tokens(o.shape) for o in text), default=None)
+    if margin is not None:
+        margin = min(margin, MAX_MARGIN)
     scales = [
         (o.tokens - fitted.text_tokens(o.shape)) / o.shape.image_prior_tokens
         for o in observations

@@ -34,6 +34,8 @@ DIGEST_TTL_S = 30.0
 RETRY_AFTER_S = 60.0
 # Counts of texts seen before (a long session resends the same messages on every call).
 COUNT_CACHE_ENTRIES = 200_000
+# Cut views of oversized messages (each about a message budget of text).
+CUT_CACHE_ENTRIES = 2_000
 
 
 class TokenCounter:
@@ -43,6 +45,7 @@ class TokenCounter:
         self.tokenizer = tokenizer
         self.digest = digest
         self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._cuts: OrderedDict[tuple[int, int, int, int], tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def count(self, text: str) -> int:
@@ -73,17 +76,33 @@ class TokenCounter:
 
     def head_and_tail(self, text: str, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
         """The text of the first ``head_tokens`` and the last ``tail_tokens`` tokens, cut at token
-        boundaries (so the pieces cost what they are said to, give or take a merge at the seam)."""
+        boundaries (so the pieces cost what they are said to, give or take a merge at the seam).
+        Remembered: an oversized tool result is cut the same way on every later size check, and
+        encoding it again would cost ~1 ms per 1,000 tokens each time."""
+        key = (hash(text), len(text), head_tokens, tail_tokens)
+        with self._lock:
+            if key in self._cuts:
+                self._cuts.move_to_end(key)
+                return self._cuts[key]
         offsets = self.tokenizer.encode(text, add_special_tokens=False).offsets
         if head_tokens + tail_tokens >= len(offsets):
-            return text, ""
-        head = text[: offsets[head_tokens - 1][1]] if head_tokens > 0 else ""
-        tail = text[offsets[len(offsets) - tail_tokens][0]:] if tail_tokens > 0 else ""
-        return head, tail
+            cut = (text, "")
+        else:
+            cut = (text[: offsets[head_tokens - 1][1]] if head_tokens > 0 else "",
+                   text[offsets[len(offsets) - tail_tokens][0]:] if tail_tokens > 0 else "")
+        with self._lock:
+            self._cuts[key] = cut
+            while len(self._cuts) > CUT_CACHE_ENTRIES:
+                self._cuts.popitem(last=False)
+        return cut
+
+
+# Bump when build_tokenizer changes what it builds: tokenizers cached by an older build are ignored.
+BUILD_VERSION = 1
 
 
 def _file_name(digest: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", digest) + ".json"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", digest) + f".v{BUILD_VERSION}.json"
 
 
 class ModelTokenizers:
@@ -97,11 +116,6 @@ class ModelTokenizers:
         self._digests: dict[str, tuple[str, float]] = {}  # model -> (digest, when looked up)
         self._retry_at: dict[str, float] = {}  # model -> monotonic time of the next attempt
         self._locks: dict[str, asyncio.Lock] = {}
-
-    def cached(self, model: str) -> TokenCounter | None:
-        """The counter when it is already built (no I/O)."""
-        digest, _ = self._digests.get(model, ("", 0.0))
-        return self._by_digest.get(digest) if digest else None
 
     async def counter(self, model: str) -> TokenCounter | None:
         if not model or time.monotonic() < self._retry_at.get(model, 0.0):
@@ -136,9 +150,12 @@ class ModelTokenizers:
             info = (await self.ollama.show(model, verbose=True)).get("model_info") or {}
             try:
                 tokenizer = await asyncio.to_thread(build_tokenizer, info)
-            except UnsupportedVocabulary as exc:
+            except BaseException as exc:  # noqa: BLE001 — the library panics (a BaseException) on bad data
+                if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
+                    raise
                 self._unsupported.add(digest)
-                log.warning("model %s: %s; its prompts are counted by the calibrated estimate", model, exc)
+                why = exc if isinstance(exc, UnsupportedVocabulary) else f"its vocabulary does not load ({exc!r:.200})"
+                log.warning("model %s: %s; its prompts are counted by the calibrated estimate", model, why)
                 return
             if path:
                 await asyncio.to_thread(_write_cached, path, tokenizer)

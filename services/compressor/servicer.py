@@ -1,5 +1,6 @@
-"""The Compressor gRPC servicer. Stateless: every fact it decides on is loaded from the store
-per request, so any replica answers the same and a replica can die mid-request losing nothing."""
+"""The Compressor gRPC servicer. It keeps no session state: what it decides on is loaded from the
+store per request (a model's template reports may be up to 5 s old; tokenizers are cached per model
+digest), so replicas answer alike and a replica can die mid-request losing nothing."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from services.compressor.token_estimate import (
     trigger_tokens,
 )
 from services.shared.auth import forwarded_metadata
-from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, from_rpc_error
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable, from_rpc_error
 from services.shared.context_view import message_budget
 from services.shared.image_tokens import image_size, image_tokens
 from services.shared.ollama import OllamaClient
@@ -36,7 +37,7 @@ MAX_WINDOW = 10_000_000
 OBSERVATIONS_TTL_S = 5.0
 # Pricing this much text or less runs on the event loop: a thread hop costs ~1 ms on a busy
 # 2-core machine (measured on the first token's path), more than counting cached messages does.
-INLINE_PRICING_CHARS = 200_000
+INLINE_PRICING_CHARS = 20_000
 
 
 def _chars(messages) -> int:
@@ -203,7 +204,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                                      chars=_chars(messages))
         limit = window - output_reserve(window, knobs.output_reserve)
         trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
-        decision = pb.SIZE_DECISION_FITS if estimate.tokens <= limit else pb.SIZE_DECISION_TOO_LARGE
+        decision = pb.SIZE_DECISION_FITS if fits(estimate.tokens, window, knobs.output_reserve) \
+            else pb.SIZE_DECISION_TOO_LARGE
         keep = await self._shrinking_keep(request, estimate.tokens, trigger, limit, window, knobs, pricing, context)
         if keep is not None:
             decision = pb.SIZE_DECISION_COMPRESS_FIRST
@@ -240,8 +242,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         shed the older part of one long turn."""
         if not request.decide_compression or tokens < trigger:
             return None
-        reply = await self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
-            session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), context)
+        try:
+            reply = await self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
+                session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), context)
+        except Unavailable as exc:  # the dry run is advice: without it the prompt is still sized
+            log.warning("compression dry run for %s failed: %s", request.session_id, exc)
+            return None
         stored = list(reply.session.context)
         candidates = [request.keep_recent_messages]
         if tokens > limit:
@@ -259,8 +265,16 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("prompt_eval_count", "must be positive")
         if request.sent_tokens < 0 or request.sent_chars < 0 or request.through_seq < 0:
             raise InvalidArgument("sent_tokens", "sizes must not be negative")
-        exact = request.method == pb.ESTIMATE_METHOD_EXACT and request.shape.content_tokens > 0
-        if exact and proves_cut(request.prompt_eval_count, request.shape.content_tokens):
+        shape = request.shape
+        if any(getattr(shape, f.name) < 0 for f in shape.DESCRIPTOR.fields):
+            raise InvalidArgument("shape", "counts must not be negative")
+        exact = request.method == pb.ESTIMATE_METHOD_EXACT and shape.content_tokens > 0
+        if exact and not 0 < request.window <= MAX_WINDOW:
+            raise InvalidArgument("window", "the num_ctx the prompt was sent with is required with an exact shape")
+        if request.window > 0 and request.prompt_eval_count > request.window:
+            # Ollama never evaluates more than num_ctx: such a report is not one.
+            raise InvalidArgument("prompt_eval_count", f"more than the window of {request.window} tokens")
+        if exact and proves_cut(request.prompt_eval_count, shape.content_tokens):
             # Ollama evaluated fewer tokens than the content alone has, by the model's own count:
             # it cut the prompt. Keep the previous honest baseline and flag the session for the
             # post-turn pass. An estimate never raises this alarm (it cannot prove anything).
@@ -271,7 +285,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             log.warning("cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
                         request.prompt_eval_count, request.shape.content_tokens, request.session_id or "-")
             return pb.RecordBaselineResponse(recorded=False, truncated=True)
-        if not exact and near_cut_size(request.prompt_eval_count, request.window):
+        # Images are priced apart from the content, so a cut of an image-heavy prompt cannot be proven
+        # against the content: a report of about half the window is then not learned from either.
+        if (not exact or shape.images) and near_cut_size(request.prompt_eval_count, request.window):
             log.info("report of %d tokens is about half of num_ctx %d: not learned from", request.prompt_eval_count,
                      request.window)
             return pb.RecordBaselineResponse(recorded=False, truncated=False)

@@ -12,7 +12,6 @@ from typing import Callable, Sequence
 from palimpsest.v1.common_pb2 import Message
 from services.compressor.calibration import (
     Line,
-    Observation,
     estimate_text_tokens,
     marginal_text_tokens,
 )
@@ -25,13 +24,6 @@ from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
 DEFAULT_OUTPUT_RESERVE = 2048
 OUTPUT_RESERVE_WINDOW_DIVISOR = 4
 
-# 70%: a real count below this share of what we sent means Ollama cut the prompt (it evaluates
-# about half the window of an oversized prompt and reports only that), so it is no baseline.
-TRUNCATION_RATIO_PERCENT = 70
-# A cut prompt reports about half the window (num_ctx/2 + 2 in recent Ollama); the band leaves room
-# for versions that keep a little more or less.
-CUT_LOW_PERCENT = 45
-CUT_HIGH_PERCENT = 55
 
 
 @dataclass(frozen=True)
@@ -156,37 +148,3 @@ def trigger_tokens(threshold: float, window: int, reserve: int = DEFAULT_OUTPUT_
 def fits(tokens: int, window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> bool:
     """True when a prompt of ``tokens`` leaves the output reserve free in ``window``."""
     return tokens <= window - output_reserve(window, reserve)
-
-
-def is_truncated_report(reported: int, sent_estimate: int, window: int = 0) -> bool:
-    """True when Ollama's count is below 70% of the prompt we sent: it cut the prompt.
-
-    With the window known, only a report of about half of it can be a cut (Ollama keeps about
-    num_ctx/2 + 2 tokens of a prompt it cuts). Any other low report is an honest prompt that an
-    uncalibrated estimate (chars / 1.8, often 2–3× too high) over-counted; taking it for a cut would
-    throw away exactly the observations the calibration needs, so a new model would never calibrate.
-    """
-    if window > 0 and not CUT_LOW_PERCENT * window <= reported * 100 <= CUT_HIGH_PERCENT * window + 200:
-        return False
-    # Integers only, so exactly 70% is on the honest side.
-    return reported * 100 < sent_estimate * TRUNCATION_RATIO_PERCENT
-
-
-def calibration_observation(
-    messages: Sequence[Message],
-    reported_tokens: int,
-    line: Line | None,
-    budget_tokens: int | None = None,
-) -> Observation | None:
-    """The observation a real count gives for the view sent, or None when it must not be fitted.
-
-    A prompt with images is not an observation: image tokens are not chars and would bend the
-    line for every later text estimate. A truncated report is not one either.
-    """
-    view = priced_view(messages, budget_tokens)
-    if any(m.images for m in view) or reported_tokens <= 0:
-        return None
-    sent = estimate_text_tokens(view_chars(view), line)
-    if is_truncated_report(reported_tokens, sent):
-        return None
-    return Observation(chars=view_chars(view), tokens=reported_tokens)

@@ -80,7 +80,8 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
 EXACT_FIELDS = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
 CHAR_OBSERVATIONS = 8  # the calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW)
 EXACT_OBSERVATIONS = 32  # the template fit: per model, so every session of it contributes
-# A cut view can come out a few tokens over its budget where a merge crosses the cut.
+# A cut view can come out a few tokens over its budget where a merge crosses the cut. Only rows
+# without tool calls are capped: calls are never cut, so such a row may cost more than the budget.
 CUT_SEAM_TOKENS = 4
 _CONTEXT_ROWS = """
     SELECT {columns} FROM session_messages WHERE session_id = $1 AND is_context AND {where}
@@ -89,7 +90,8 @@ _CONTEXT_ROWS = """
 """
 _COUNTED = "token_digest = $2 AND cardinality(images) = 0"
 _COUNTED_CONTEXT_SQL = f"""
-    SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') THEN least(token_count, $3) ELSE token_count END), 0)
+    SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') AND jsonb_array_length(tool_calls) = 0
+                             THEN least(token_count, $3) ELSE token_count END), 0)
                AS counted_tokens,
            count(*) AS counted_messages,
            count(*) FILTER (WHERE role = 'tool') AS counted_tool_results,
@@ -730,7 +732,7 @@ class SessionRepository:
             observations = await self.list_observations(model, conn=conn) if model else []
             tokens = None
             if token_digest:
-                cap = view_budget + CUT_SEAM_TOKENS if view_budget > 0 else 2**31 - 1
+                cap = min(view_budget + CUT_SEAM_TOKENS, 2**31 - 1) if view_budget > 0 else 2**31 - 1
                 summed = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
                 uncounted = await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
                 tokens = {**dict(summed), "uncounted": [convert.message_from_row(r, archived=r["archived"])

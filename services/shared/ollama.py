@@ -145,8 +145,12 @@ class OllamaClient:
         if response.status_code != 200:
             raise _error_for(response.status_code, response.text, model, self.host)
         wanted = {model, model if ":" in model else f"{model}:latest"}
-        for entry in response.json().get("models") or []:
-            if entry.get("name") in wanted or entry.get("model") in wanted:
+        try:
+            listed = response.json().get("models") or []
+        except (ValueError, AttributeError):
+            raise Unavailable(f"Ollama at {self.host} answered /api/tags with something that is not its JSON") from None
+        for entry in listed:
+            if isinstance(entry, dict) and (entry.get("name") in wanted or entry.get("model") in wanted):
                 return str(entry.get("digest") or "")
         return ""
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,33 @@ def _chunks(header: pb.PutFileHeader, data: bytes) -> Iterator[pb.PutFileRequest
         yield pb.PutFileRequest(chunk=data[start:start + UPLOAD_CHUNK])
 
 
+class PipedLines:
+    """Lines of a piped stdin, read by one thread of their own. A SIGINT the kernel hands to one of
+    grpc's threads does not interrupt a blocking read in the main thread, so Ctrl-C would wait for
+    the next line; waiting on a queue in short slices lets Python run the handler at once."""
+
+    POLL_SECONDS = 0.2
+
+    def __init__(self) -> None:
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, name="pal-stdin", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            line = sys.stdin.readline()
+            self._lines.put(line)
+            if not line:
+                return
+
+    def next(self) -> str:
+        """The next line with its newline; "" at the end of input."""
+        while True:
+            try:
+                return self._lines.get(timeout=self.POLL_SECONDS)
+            except queue.Empty:
+                continue
+
+
 @dataclass
 class Chat:
     app: App
@@ -58,6 +87,7 @@ class Chat:
     # Told to the model at the start of the next message (where attached files now live).
     notes: list[str] = field(default_factory=list)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty())
+    _piped: PipedLines | None = None
 
     # -- input -----------------------------------------------------------------------------------
     def read_line(self, prompt: str) -> str:
@@ -69,7 +99,9 @@ class Chat:
         if self.interactive:
             return input(prompt)
         # Piped input: no prompts, so the transcript stays what the model said.
-        line = sys.stdin.readline()
+        if self._piped is None:
+            self._piped = PipedLines()
+        line = self._piped.next()
         if not line:
             raise EOFError
         return line.rstrip("\n")
