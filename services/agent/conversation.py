@@ -13,12 +13,28 @@ from services.shared.errors import Aborted, PalimpsestError, from_rpc_error
 from services.shared.structs import to_struct
 
 Message = common_pb2.Message
+NUL, REPLACEMENT = "\x00", "\ufffd"
 
 def store_error(exc: grpc.aio.AioRpcError, addr: str) -> PalimpsestError:
     """The store's status in our caller's terms; a revision conflict says what it means here."""
     if exc.code() == grpc.StatusCode.ABORTED:
         return Aborted(f"another turn changed this session at the same time: {exc.details()}")
     return from_rpc_error(exc, "SessionStore", addr)
+
+
+def storable(message: Message) -> Message:
+    """The message with NUL characters (a tool that read a binary file, a model that emitted one)
+    replaced by U+FFFD: the store refuses them, and a turn must not fail over its own output."""
+    texts = (message.content, message.thinking, *(c.arguments_json for c in message.tool_calls))
+    if not any(NUL in t for t in texts):
+        return message
+    copy = Message()
+    copy.CopyFrom(message)
+    copy.content = copy.content.replace(NUL, REPLACEMENT)
+    copy.thinking = copy.thinking.replace(NUL, REPLACEMENT)
+    for call in copy.tool_calls:
+        call.arguments_json = call.arguments_json.replace(NUL, REPLACEMENT)
+    return copy
 
 
 class StoredConversation:
@@ -72,6 +88,7 @@ class StoredConversation:
         return reply
 
     async def append(self, messages: Sequence[Message]) -> list[int]:
+        messages = [storable(m) for m in messages]
         reply = await self._write(self.store.AppendMessages, lambda: store_pb.AppendMessagesRequest(
             session_id=self.session_id, messages=messages, expected_revision=self.revision))
         self.revision = reply.revision

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict
 from contextlib import suppress
 
@@ -190,8 +191,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def RunEphemeral(self, request, context):
         if not request.text.strip():
             raise InvalidArgument("text", "required")
-        if request.max_iterations < 0 or request.timeout_seconds < 0:
-            raise InvalidArgument("max_iterations", "limits must not be negative")
+        if request.max_iterations < 0:
+            raise InvalidArgument("max_iterations", "must not be negative")
+        if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
+            raise InvalidArgument("timeout_seconds", "must be a finite number of seconds, not negative")
         metadata = self._metadata(context)
         parent_profile = None
         untrusted = False

@@ -263,8 +263,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("model", "required")
         if request.prompt_eval_count <= 0:
             raise InvalidArgument("prompt_eval_count", "must be positive")
-        if request.sent_tokens < 0 or request.sent_chars < 0 or request.through_seq < 0:
-            raise InvalidArgument("sent_tokens", "sizes must not be negative")
+        for name in ("sent_tokens", "sent_chars", "through_seq", "window"):
+            if getattr(request, name) < 0:
+                raise InvalidArgument(name, "must not be negative")
         shape = request.shape
         if any(getattr(shape, f.name) < 0 for f in shape.DESCRIPTOR.fields):
             raise InvalidArgument("shape", "counts must not be negative")

@@ -64,4 +64,5 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
         port=port,
         host=host,
         on_stop=on_stop,
+        deep_nul_check=True,  # every string of a request may end up in PostgreSQL
     )

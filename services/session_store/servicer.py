@@ -17,6 +17,7 @@ from services.session_store import convert
 from services.shared.structs import from_struct
 from services.session_store.external_refs import ExternalRef, merge_refs, validate_ref
 from services.session_store.files import FileStore
+from services.shared.validation import first_nul
 from services.session_store.repository import EXACT_FIELDS, EXACT_OBSERVATIONS, SessionRepository, parse_session_id
 
 log = logging.getLogger("palimpsest.store")
@@ -281,8 +282,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         identity = self._identity(context)
         if not request.HasField("older_than_days"):
             raise InvalidArgument("older_than_days", "required (0 deletes every session you can see)")
-        if request.older_than_days < 0:
-            raise InvalidArgument("older_than_days", "must not be negative (0 deletes every session)")
+        if not 0 <= request.older_than_days <= MAX_CLEANUP_DAYS:
+            raise InvalidArgument("older_than_days",
+                                  f"must be between 0 (deletes every session) and {MAX_CLEANUP_DAYS}")
         ids = await self.repo.cleanup_sessions(identity, request.older_than_days)
         for session_id in ids:
             await asyncio.to_thread(self.files.delete_session, session_id)
@@ -413,6 +415,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if first is None or not first.HasField("header"):
             raise InvalidArgument("header", "the first message of a PutFile stream must carry the header")
         header = first.header
+        field = first_nul(header, deep=True, prefix="header.")
+        if field:
+            raise InvalidArgument(field, "must not contain NUL characters")
         session_id = parse_session_id(header.session_id, "header.session_id")
         await self.repo.get_session(identity, session_id)
         if header.kind == pb.FILE_KIND_IMAGE:
@@ -459,6 +464,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await self.repo.get_session(identity, session_id)
         files = await asyncio.to_thread(self.files.list_files, str(session_id))
         return pb.ListFilesResponse(files=[_file_info(f) for f in files])
+
+
+# A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
+MAX_CLEANUP_DAYS = 36_500
 
 
 def _observation(row) -> pb.Observation:

@@ -14,14 +14,22 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.shared.errors import PalimpsestError
+from google.protobuf.message import Message as ProtoMessage
+
+from services.shared.errors import InvalidArgument, PalimpsestError
+from services.shared.validation import capped, first_nul
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.server")
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Known errors become their status; anything else is logged once and answered as INTERNAL."""
+    """Known errors become their status; anything else is logged once and answered as INTERNAL.
+    A request with a NUL character in a string is refused first, naming the field (``deep``: in
+    nested messages too)."""
+
+    def __init__(self, *, deep_nul_check: bool = False):
+        self.deep = deep_nul_check
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -30,25 +38,25 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _guard_unary(handler.unary_unary, method),
+                _guard_unary(handler.unary_unary, method, self.deep),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                _guard_stream(handler.unary_stream, method),
+                _guard_stream(handler.unary_stream, method, self.deep),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                _guard_unary(handler.stream_unary, method),
+                _guard_unary(handler.stream_unary, method, None),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                _guard_stream(handler.stream_stream, method),
+                _guard_stream(handler.stream_stream, method, None),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -57,14 +65,23 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str) -> None:
     if isinstance(exc, PalimpsestError):
-        await context.abort(exc.code, str(exc))
+        await context.abort(exc.code, capped(str(exc)))
     log.exception("unexpected error in %s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
 
 
-def _guard_unary(fn, method: str):
+def _refuse_nul(request, deep: bool | None) -> None:
+    """``deep`` None: a streamed request (checked by its servicer, if at all)."""
+    if deep is not None and isinstance(request, ProtoMessage):
+        field = first_nul(request, deep=deep)
+        if field:
+            raise InvalidArgument(field, "must not contain NUL characters")
+
+
+def _guard_unary(fn, method: str, deep: bool | None):
     async def guarded(request, context):
         try:
+            _refuse_nul(request, deep)
             return await fn(request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
@@ -74,9 +91,10 @@ def _guard_unary(fn, method: str):
     return guarded
 
 
-def _guard_stream(fn, method: str):
+def _guard_stream(fn, method: str, deep: bool | None):
     async def guarded(request, context):
         try:
+            _refuse_nul(request, deep)
             result = fn(request, context)
             if inspect.isasyncgen(result):
                 async for item in result:
@@ -145,9 +163,12 @@ async def start_server(
     port: int,
     host: str = "127.0.0.1",
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    deep_nul_check: bool = False,
 ) -> RunningServer:
-    """Start a server with the given servicers on host:port (0 picks a free port)."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=server_options(settings))
+    """Start a server with the given servicers on host:port (0 picks a free port). ``deep_nul_check``:
+    refuse NUL characters in nested messages too (the store, which keeps every string)."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(deep_nul_check=deep_nul_check)],
+                             options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
