@@ -143,7 +143,9 @@ class Pricing:
         assert self.counter is not None
         if not view and not tool_schemas:
             return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
-        shape = shape_of(view, tool_schemas, self.counter, self.image_fallback)
+        return self._exact(shape_of(view, tool_schemas, self.counter, self.image_fallback), view)
+
+    def _exact(self, shape: Shape, view: Sequence[Message]) -> Estimate:
         images = self.template.image_tokens(shape)
         tokens = self.template.tokens(shape)
         return Estimate(tokens=tokens, text_tokens=tokens - images, image_tokens=images,
@@ -167,10 +169,7 @@ class Pricing:
             tool_calls=shape.tool_calls + stored.counted_tool_calls,
             tools=shape.tools, image_prior_tokens=shape.image_prior_tokens, images=shape.images,
         )
-        images = self.template.image_tokens(shape)
-        tokens = self.template.tokens(shape)
-        return Estimate(tokens=tokens, text_tokens=tokens - images, image_tokens=images,
-                        chars=sum(len(m.content) for m in view), shape=shape), fresh
+        return self._exact(shape, view), fresh
 
     @property
     def has_baseline(self) -> bool:
