@@ -44,20 +44,23 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
 
 async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None) -> RunningServer:
     url = dsn or await asyncio.to_thread(database_url, settings)
-    pool = await db.create_pool(url)
+    pool = await db.create_pool(url, command_timeout=settings.db_command_timeout_s)
     await db.migrate(pool)
     repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes))
     files = FileStore(settings.files_root, max_bytes=settings.files_max_bytes)
     servicer = SessionStoreServicer(repo, files, settings)
     sweeper = asyncio.create_task(sweep_files_forever(files, repo, settings.file_sweep_interval_s))
 
+    background = [sweeper]
+
     async def on_stop() -> None:
-        sweeper.cancel()
-        with suppress(asyncio.CancelledError):
-            await sweeper
+        for task in background:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
         await pool.close()
 
-    return await start_server(
+    running = await start_server(
         lambda server: session_store_pb2_grpc.add_SessionStoreServicer_to_server(servicer, server),
         [SERVICE_NAME],
         settings=settings,
@@ -65,4 +68,27 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
         host=host,
         on_stop=on_stop,
         deep_nul_check=True,  # every string of a request may end up in PostgreSQL
+        translate=db.database_down(url),
     )
+    background.append(asyncio.create_task(watch_database(pool, running, db.where(url))))
+    return running
+
+
+# How often health asks PostgreSQL whether it is there, and how long it waits for the answer.
+DATABASE_CHECK_INTERVAL_S = 2.0
+
+
+async def watch_database(pool, running: RunningServer, address: str) -> None:
+    """Health follows the database: NOT_SERVING while PostgreSQL does not answer (balancers and
+    `pal health` then see why every call fails), SERVING again when it does."""
+    serving = True
+    while True:
+        await asyncio.sleep(DATABASE_CHECK_INTERVAL_S)
+        up = await db.reachable(pool, timeout=DATABASE_CHECK_INTERVAL_S)
+        if up != serving:
+            serving = up
+            await running.set_serving(up)
+            if up:
+                log.info("PostgreSQL at %s answers again: SERVING", address)
+            else:
+                log.warning("PostgreSQL at %s is not answering: NOT_SERVING", address)

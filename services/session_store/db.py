@@ -6,7 +6,11 @@ import json
 import logging
 from importlib import resources
 
+from urllib.parse import urlsplit
+
 import asyncpg
+
+from services.shared.errors import Unavailable
 
 log = logging.getLogger("palimpsest.store.db")
 
@@ -24,8 +28,48 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection)
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
+                      command_timeout: float | None = None) -> asyncpg.Pool:
+    """``command_timeout``: no statement may hold a request (and its pooled connection) longer."""
+    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+                                     command_timeout=command_timeout)
+
+
+# What a database that is down or unreachable raises, as opposed to a query that is wrong.
+_DATABASE_DOWN = (
+    OSError,  # refused, reset, unreachable
+    TimeoutError,  # no answer within the command timeout
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.TooManyConnectionsError,
+)
+
+
+def where(dsn: str) -> str:
+    """host:port of a DSN, for messages (never its password)."""
+    parsed = urlsplit(dsn)
+    return f"{parsed.hostname or 'localhost'}:{parsed.port or 5432}"
+
+
+def database_down(dsn: str):
+    """The store's error translation: a dead database is UNAVAILABLE naming it, not INTERNAL."""
+    address = where(dsn)
+
+    def translate(exc: BaseException) -> Unavailable | None:
+        if isinstance(exc, _DATABASE_DOWN):
+            return Unavailable(f"PostgreSQL at {address} is not answering ({type(exc).__name__}): try again shortly")
+        return None
+
+    return translate
+
+
+async def reachable(pool: asyncpg.Pool, timeout: float) -> bool:
+    try:
+        await pool.fetchval("SELECT 1", timeout=timeout)
+        return True
+    except (*_DATABASE_DOWN, asyncpg.InterfaceError):
+        return False
 
 
 def _migrations() -> list[tuple[int, str, str]]:

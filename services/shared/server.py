@@ -22,14 +22,18 @@ from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.server")
 
+# A service's own failures that mean "a dependency is down" rather than a bug (a dead database).
+Translate = Callable[[BaseException], "PalimpsestError | None"]
+
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Known errors become their status; anything else is logged once and answered as INTERNAL.
     A request with a NUL character in a string is refused first, naming the field (``deep``: in
     nested messages too)."""
 
-    def __init__(self, *, deep_nul_check: bool = False):
+    def __init__(self, *, deep_nul_check: bool = False, translate: Translate | None = None):
         self.deep = deep_nul_check
+        self.translate = translate
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -38,32 +42,35 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _guard_unary(handler.unary_unary, method, self.deep),
+                _guard_unary(handler.unary_unary, method, self.deep, self.translate),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                _guard_stream(handler.unary_stream, method, self.deep),
+                _guard_stream(handler.unary_stream, method, self.deep, self.translate),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                _guard_unary(handler.stream_unary, method, None),
+                _guard_unary(handler.stream_unary, method, None, self.translate),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                _guard_stream(handler.stream_stream, method, None),
+                _guard_stream(handler.stream_stream, method, None, self.translate),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
 
-async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str) -> None:
+async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str,
+                     translate: Translate | None = None) -> None:
+    if translate is not None and not isinstance(exc, PalimpsestError):
+        exc = translate(exc) or exc
     if isinstance(exc, PalimpsestError):
         await context.abort(exc.code, capped(str(exc)))
     log.exception("unexpected error in %s", method, exc_info=exc)
@@ -78,7 +85,7 @@ def _refuse_nul(request, deep: bool | None) -> None:
             raise InvalidArgument(field, "must not contain NUL characters")
 
 
-def _guard_unary(fn, method: str, deep: bool | None):
+def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None):
     async def guarded(request, context):
         try:
             _refuse_nul(request, deep)
@@ -86,12 +93,12 @@ def _guard_unary(fn, method: str, deep: bool | None):
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 — this is the one place that maps them all
-            await _abort_for(exc, context, method)
+            await _abort_for(exc, context, method, translate)
 
     return guarded
 
 
-def _guard_stream(fn, method: str, deep: bool | None):
+def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | None):
     async def guarded(request, context):
         try:
             _refuse_nul(request, deep)
@@ -104,7 +111,7 @@ def _guard_stream(fn, method: str, deep: bool | None):
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001
-            await _abort_for(exc, context, method)
+            await _abort_for(exc, context, method, translate)
 
     return guarded
 
@@ -164,10 +171,11 @@ async def start_server(
     host: str = "127.0.0.1",
     on_stop: Callable[[], Awaitable[None]] | None = None,
     deep_nul_check: bool = False,
+    translate: Translate | None = None,
 ) -> RunningServer:
     """Start a server with the given servicers on host:port (0 picks a free port). ``deep_nul_check``:
     refuse NUL characters in nested messages too (the store, which keeps every string)."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(deep_nul_check=deep_nul_check)],
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(deep_nul_check=deep_nul_check, translate=translate)],
                              options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()

@@ -70,6 +70,10 @@ class Settings:
     keepalive_time_ms: int = 30_000
     keepalive_timeout_ms: int = 10_000
     grace_seconds: float = 5.0
+    # Deadlines of calls between the services (when the caller sets none) and of one SQL statement.
+    rpc_timeout_s: float = 30.0
+    compress_timeout_s: float = 600.0
+    db_command_timeout_s: float = 30.0
     # SessionStore
     files_max_bytes: int = 200 * 1024 * 1024
     hot_window_messages: int = 2000
@@ -109,6 +113,9 @@ class Settings:
             keepalive_time_ms=_env_int("PALIMPSEST_KEEPALIVE_TIME_MS", 30_000),
             keepalive_timeout_ms=_env_int("PALIMPSEST_KEEPALIVE_TIMEOUT_MS", 10_000),
             grace_seconds=_env_float("PALIMPSEST_GRACE_SECONDS", 5.0),
+            rpc_timeout_s=_env_float("PALIMPSEST_RPC_TIMEOUT_S", 30.0),
+            compress_timeout_s=_env_float("PALIMPSEST_COMPRESS_TIMEOUT_S", 600.0),
+            db_command_timeout_s=_env_float("PALIMPSEST_DB_COMMAND_TIMEOUT_S", 30.0),
             files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
             hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),
             hot_window_bytes=_env_int("PALIMPSEST_HOT_WINDOW_MB", 32) * 1024 * 1024,

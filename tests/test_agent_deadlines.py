@@ -1,0 +1,96 @@
+"""Every call between the services has a deadline: a SessionStore that stops answering (its
+connections open, nothing coming back) fails a call after PALIMPSEST_RPC_TIMEOUT_S instead of
+holding it, and the same channel works again once the store answers."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import grpc
+
+from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
+from services.shared.channels import DefaultDeadline, open_channel
+from tests.relay import Relay
+
+
+async def test_a_long_call_gets_the_long_deadline(base_settings):
+    seen = []
+
+    async def continuation(details, request):
+        seen.append((details.method, details.timeout))
+
+    deadline = DefaultDeadline(7, 900)
+    for method, timeout in (("/palimpsest.v1.SessionStore/GetSession", None),
+                            ("/palimpsest.v1.Compressor/Compress", None),
+                            ("/palimpsest.v1.SessionStore/GetSession", 3.0)):
+        await deadline.intercept_unary_unary(continuation, grpc.aio.ClientCallDetails(method, timeout, None, None, None),
+                                             None)
+    assert [t for _, t in seen] == [7, 900, 3.0]  # a caller's own deadline wins
+
+
+async def test_a_hung_store_fails_the_call_at_its_deadline_and_recovers(base_settings, store_server, profile):
+    host, port = store_server.address.rsplit(":", 1)
+    relay = Relay((host, int(port)))
+    await relay.start()
+    channel = open_channel(f"127.0.0.1:{relay.port}", replace(base_settings, rpc_timeout_s=2.0))
+    try:
+        store = session_store_pb2_grpc.SessionStoreStub(channel)
+        await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))
+        relay.freeze()
+        started = asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(store.ListSessions(pb.ListSessionsRequest(profile_id=profile)), timeout=20)
+            raise AssertionError("a call through a frozen connection answered")
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        elapsed = asyncio.get_running_loop().time() - started
+        assert 1.5 < elapsed < 10  # the deadline, not the test's own timeout
+        relay.thaw()
+        listed = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile))
+        assert listed.total == 1
+    finally:
+        relay.thaw()
+        await channel.close()
+
+
+async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from services.agent.app import start_agent
+    from services.ollama_sim import Reply
+    from tests.conftest import agent_settings
+
+    async def turn(agent, session_id: str, text: str) -> list:
+        return [e async for e in agent.RunStream(apb.RunStreamRequest(session_id=session_id, text=text))]
+
+    host, port = store_server.address.rsplit(":", 1)
+    relay = Relay((host, int(port)))
+    await relay.start()
+    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
+                       store_addr=f"127.0.0.1:{relay.port}", rpc_timeout_s=2.0)
+    running = await start_agent(settings, port=0)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            agent = agent_pb2_grpc.AgentStub(channel)
+            ollama_sim.script(Reply(text="first answer"))
+            first = await turn(agent, "", "hello")
+            assert first[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED
+            relay.freeze()
+            # The turn ends at the deadline: a stream_end ERROR once it runs, or, while the Agent is
+            # still loading the session, the call's own UNAVAILABLE naming the store.
+            try:
+                hung = await asyncio.wait_for(turn(agent, first[0].session_id, "are you there?"), timeout=60)
+                ends = [e.stream_end for e in hung if e.HasField("stream_end")]
+                assert ends and ends[0].reason == apb.STREAM_END_REASON_ERROR
+                assert any("SessionStore" in e.error.message for e in hung if e.HasField("error"))
+            except grpc.aio.AioRpcError as error:
+                assert error.code() == grpc.StatusCode.UNAVAILABLE and "SessionStore" in error.details()
+            relay.thaw()
+            ollama_sim.script(Reply(text="back again"))
+            again = await asyncio.wait_for(turn(agent, first[0].session_id, "and now?"), timeout=60)
+            assert again[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED, \
+                [e.error for e in again if e.HasField("error")]
+    finally:
+        relay.thaw()
+        await running.stop(0)
