@@ -94,3 +94,33 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
     finally:
         relay.thaw()
         await running.stop(0)
+
+
+async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    import socket
+
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from services.agent.app import start_agent
+    from services.ollama_sim import Reply
+    from tests.conftest import agent_settings
+
+    with socket.socket() as probe:  # a port nothing listens on: the Compressor is away
+        probe.bind(("127.0.0.1", 0))
+        away = f"127.0.0.1:{probe.getsockname()[1]}"
+    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
+                       compressor_addr=away)
+    running = await start_agent(settings, port=0)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            agent = agent_pb2_grpc.AgentStub(channel)
+            ollama_sim.script(Reply(tool_calls=[("todo", {"action": "add", "item": "check the logs"})]),
+                              Reply(text="done without compression"))
+            events = [e async for e in agent.RunStream(apb.RunStreamRequest(text="plan something"))]
+    finally:
+        await running.stop(0)
+    assert events[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED
+    assert events[-1].stream_end.text == "done without compression"
+    errors = [e.error for e in events if e.HasField("error")]
+    assert len(errors) == 1 and errors[0].code == "UNAVAILABLE" and "Compressor" in errors[0].message
+    assert all(e.usage.count_method in ("heuristic", "reported") for e in events if e.HasField("usage"))

@@ -26,8 +26,14 @@ from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
 from services.agent.tools.registry import execute, tools_for
-from services.shared.context_view import to_ollama_messages, view_chars
-from services.shared.errors import Aborted, PalimpsestError, from_rpc_error
+from services.shared.context_view import (
+    heuristic_tokens,
+    message_budget,
+    to_ollama_messages,
+    truncate_oversized,
+    view_chars,
+)
+from services.shared.errors import Aborted, PalimpsestError, Unavailable, from_rpc_error
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared.settings import Settings
 
@@ -126,6 +132,7 @@ class Turn:
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
         self.switch_to = ""  # a profile the request asked for, recorded under the session lock
         self._pending: list[Message] = []  # this turn's user message, stored with the first size check
+        self._compressor_away = False  # said once per turn
         self._load_tools()
 
     # -- small helpers -------------------------------------------------------------------------
@@ -303,11 +310,29 @@ class Turn:
     async def _check_size(self, built: list[Message], iteration: int, *,
                           decide: bool = True) -> cpb.CheckContextSizeResponse:
         """The one question before a model call, answered by the Compressor: the view to send, its
-        count, and fits / compress first / too large."""
-        return await self._compressor(self.deps.compressor.CheckContextSize, cpb.CheckContextSizeRequest(
-            model=self.profile.model, messages=built, window=self.window, session_id=self.session_id,
-            settings=self.profile.compression_settings(), tool_schemas=self._tool_schemas_json(),
-            keep_recent_messages=self._keep_for(iteration), decide_compression=decide and self._compression_on()))
+        count, and fits / compress first / too large. While the Compressor is away the turn goes on
+        uncompressed, its view cut at the fixed heuristic rate, and the client is told once."""
+        try:
+            return await self._compressor(self.deps.compressor.CheckContextSize, cpb.CheckContextSizeRequest(
+                model=self.profile.model, messages=built, window=self.window, session_id=self.session_id,
+                settings=self.profile.compression_settings(), tool_schemas=self._tool_schemas_json(),
+                keep_recent_messages=self._keep_for(iteration),
+                decide_compression=decide and self._compression_on()))
+        except Unavailable as exc:
+            if not self._compressor_away:
+                self._compressor_away = True
+                log.warning("turn in %s goes on without the Compressor: %s", self.session_id or "-", exc)
+                self.sink.error("UNAVAILABLE", f"{exc}; this turn goes on without compression or exact counts")
+            return self._unchecked(built)
+
+    def _unchecked(self, built: list[Message]) -> cpb.CheckContextSizeResponse:
+        """A size check without the Compressor: oversized messages cut at the heuristic rate, sent."""
+        view = truncate_oversized(built, message_budget(self.window, self.settings.message_token_budget),
+                                  heuristic_tokens)
+        return cpb.CheckContextSizeResponse(
+            fits=True, decision=cpb.SIZE_DECISION_FITS, method=cpb.ESTIMATE_METHOD_FALLBACK,
+            tokens=heuristic_tokens(view_chars(view)), limit=self.window,
+            cuts=[cpb.ViewCut(index=i, content=v.content) for i, (m, v) in enumerate(zip(built, view)) if v is not m])
 
     def _tool_schemas(self) -> list[dict] | None:
         return [schema(t) for t in self.tools.values()] if self.facts.tools and self.tools else None

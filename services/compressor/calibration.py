@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence
 
+from services.shared.context_view import HEURISTIC_CHARS_PER_TOKEN, heuristic_tokens
+
 # Only the newest reports count: the chat template, system prompt and tool schemas drift with
 # profile edits, and an old report describes a prompt that no longer exists.
 OBSERVATION_WINDOW = 8
@@ -33,10 +35,7 @@ MAX_TOKENS_PER_CHAR = 1.0
 # Least squares over integers can land a hair off an exact bound; that is not implausibility.
 _SLOPE_TOLERANCE = 1e-9
 
-# Measured on production prompts: chars / 3 undercounted by ~1.8x, so compression kept
-# re-firing; 1.8 chars per token is the measured average for a chat prompt without a line.
-FALLBACK_CHARS_PER_TOKEN = 1.8
-_FALLBACK_RATIO = Fraction(str(FALLBACK_CHARS_PER_TOKEN))  # exact, so 18 chars is 10 tokens, not 11
+FALLBACK_CHARS_PER_TOKEN = float(HEURISTIC_CHARS_PER_TOKEN)
 
 
 @dataclass(frozen=True)
@@ -99,11 +98,9 @@ def _fit_line(observations: tuple[Observation, ...]) -> Line | None:
     return _usable(Line(overhead=mean_y - slope * mean_x, tokens_per_char=slope))
 
 
-def fallback_tokens(chars: int) -> int:
-    """chars / 1.8, rounded up: the estimate when no line is usable."""
-    if chars <= 0:
-        return 0
-    return math.ceil(Fraction(chars) / _FALLBACK_RATIO)
+# The estimate when no line is usable: chars / 1.8, rounded up (one definition, shared with the
+# Agent, which cuts its view at this rate while the Compressor is away).
+fallback_tokens = heuristic_tokens
 
 
 def estimate_text_tokens(chars: int, line: Line | None) -> int:
