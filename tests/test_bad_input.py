@@ -89,3 +89,11 @@ def test_the_agent_stores_its_own_nul_output_as_a_replacement_character():
     assert message.content == "bin\x00ary"  # the caller's message is not changed
     clean = Message(role="tool", content="plain")
     assert storable(clean) is clean
+
+
+async def test_a_second_server_on_a_taken_port_is_a_one_line_error(base_settings, store_server):
+    from services.shared.server import start_server
+
+    with pytest.raises(SystemExit) as stopped:
+        await start_server(lambda server: None, [], settings=base_settings, port=store_server.port)
+    assert f"127.0.0.1:{store_server.port}" in str(stopped.value) and "taken" in str(stopped.value)

@@ -118,6 +118,9 @@ def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | Non
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
     return [
+        # gRPC shares a port by default (SO_REUSEPORT): a second server on a taken port would start
+        # silently and split the traffic. A taken port must be an error.
+        ("grpc.so_reuseport", 0),
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
@@ -182,7 +185,10 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc's own words for it: "Failed to bind to address"
+        bound = 0
     if bound == 0:
         raise SystemExit(f"cannot listen on {host}:{port}: the port is taken or not allowed")
     await server.start()
