@@ -1,6 +1,6 @@
-"""Every unary RPC of the SessionStore and the Compressor, fed requests generated from their proto
-descriptors (so a new field or RPC is covered without new code): whatever the input, the answer is a
-status a caller can act on — never INTERNAL or UNKNOWN."""
+"""Every RPC of the three services (client-streamed uploads aside), fed requests generated from their
+proto descriptors (so a new field or RPC is covered without new code): whatever the input, the answer
+is a status a caller can act on — never INTERNAL or UNKNOWN."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from palimpsest.v1 import compressor_pb2, session_store_pb2
+from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2
 from palimpsest.v1.common_pb2 import Message
 
 UNACCEPTABLE = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-# Streaming RPCs and ones whose valid input deletes data belonging to other tests are left out.
-SKIP = {"PutFile", "GetFile", "Compress", "CleanupSessions"}
+# Uploads (client-streamed) and the one RPC whose valid input deletes other tests' data are left out.
+SKIP = {"PutFile", "CleanupSessions"}
 
 _INT_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63), 10**12]
 _TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["", "\x00", "a\x00b", "x" * 5000, str(uuid.uuid4()),
@@ -82,18 +82,23 @@ def build(cls, values: dict):
     return message
 
 
-def unary_methods(service_descriptor):
-    return [m for m in service_descriptor.methods
-            if not m.client_streaming and not m.server_streaming and m.name not in SKIP]
+def callable_methods(service_descriptor):
+    return [m for m in service_descriptor.methods if not m.client_streaming and m.name not in SKIP]
 
 
-STORE_METHODS = unary_methods(session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"])
-COMPRESSOR_METHODS = unary_methods(compressor_pb2.DESCRIPTOR.services_by_name["Compressor"])
+STORE_METHODS = callable_methods(session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"])
+COMPRESSOR_METHODS = callable_methods(compressor_pb2.DESCRIPTOR.services_by_name["Compressor"])
+AGENT_METHODS = callable_methods(agent_pb2.DESCRIPTOR.services_by_name["Agent"])
 
 
 async def _call(stub, method, request) -> None:
     try:
-        await getattr(stub, method.name)(request, timeout=20)
+        call = getattr(stub, method.name)(request, timeout=20)
+        if method.server_streaming:
+            async for _ in call:
+                pass
+        else:
+            await call
     except grpc.aio.AioRpcError as error:
         assert error.code() not in UNACCEPTABLE, f"{method.name}({request!r:.300}) → {error.code()}: {error.details()}"
 
@@ -131,3 +136,9 @@ async def test_store_rpcs_never_answer_internal(store, profile, method):
 async def test_compressor_rpcs_never_answer_internal(store, compressor, profile, method):
     ids = await _sessions(store, profile)
     await asyncio.to_thread(_fuzz(method, ids), loop=asyncio.get_running_loop(), stub=compressor)
+
+
+@pytest.mark.parametrize("method", AGENT_METHODS, ids=lambda m: m.name)
+async def test_agent_rpcs_never_answer_internal(store, agent, profile, method):
+    ids = await _sessions(store, profile)
+    await asyncio.to_thread(_fuzz(method, ids), loop=asyncio.get_running_loop(), stub=agent)

@@ -3,6 +3,7 @@ its context, its real-token baseline and its model's calibration line."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ class Knobs:
 
         if o.summarizer_window < 0:
             raise InvalidArgument("settings.summarizer_window", f"must not be negative, got {o.summarizer_window}")
+        _check_overrides(o)
 
         return cls(
             threshold=pick("threshold", settings.compression_threshold),
@@ -61,6 +63,24 @@ class Knobs:
             image_fallback=settings.image_tokens_fallback,
             output_reserve=settings.output_reserve_tokens,
         )
+
+
+# What a profile may set, and why: shares of the window, counts that fit the arithmetic they feed.
+_SHARES = ("threshold", "target")
+_COUNTS = {"keep_recent": 10_000, "summary_max_tokens": 10_000_000, "message_token_budget": 10_000_000}
+
+
+def _check_overrides(o: compressor_pb2.CompressionSettings) -> None:
+    """Refuse profile overrides no arithmetic can use (a threshold of -1e15 overflowed the trigger)."""
+    for name in _SHARES:
+        if o.HasField(name) and not (math.isfinite(getattr(o, name)) and 0 < getattr(o, name) <= 1):
+            raise InvalidArgument(f"settings.{name}", f"must be a share of the window in (0, 1], got {getattr(o, name)}")
+    for name, most in _COUNTS.items():
+        if o.HasField(name) and not 0 <= getattr(o, name) <= most:
+            raise InvalidArgument(f"settings.{name}", f"must be between 0 and {most}, got {getattr(o, name)}")
+    if o.HasField("summary_temperature") and not (math.isfinite(o.summary_temperature)
+                                                   and 0 <= o.summary_temperature <= 2):
+        raise InvalidArgument("settings.summary_temperature", f"must be between 0 and 2, got {o.summary_temperature}")
 
 
 def shape_from_proto(shape: common_pb2.PromptShape) -> Shape:
