@@ -43,9 +43,16 @@ async def test_starting_as_root_changes_no_existing_folder(tmp_path):
         # Our own folder is the one opened for the server's user; its data stays private.
         assert stat.S_IMODE(base.stat().st_mode) == 0o755
         assert stat.S_IMODE((base / "pgdata").stat().st_mode) == 0o700
+        # A second user of the same folder (another `make run`) reuses the server and, stopping,
+        # leaves it to the one that started it.
+        other = EmbeddedPostgres(base)
+        assert other.start() == url
+        other.stop()
+        assert pg.running_port() == other.port
     finally:
         pg.stop()
         shutil.rmtree(base, ignore_errors=True)
+    assert pg.running_port() is None
 
 
 @root_only
@@ -65,3 +72,20 @@ def test_a_running_server_is_reused(database_url):
     from tests.conftest import _embedded_url
 
     assert _embedded_url() == _embedded_url()
+
+
+@root_only
+async def test_a_store_run_alone_stops_the_database_it_started(base_settings):
+    from dataclasses import replace
+
+    from services.session_store.app import start_store
+
+    base = Path("/var/lib") / f"palimpsest-standalone-{uuid.uuid4().hex[:8]}"
+    try:
+        running = await start_store(replace(base_settings, database_url="", data_dir=base), port=0)
+        assert EmbeddedPostgres(base).running_port()
+        await running.stop(0)
+        assert EmbeddedPostgres(base).running_port() is None
+    finally:
+        EmbeddedPostgres(base, started_here=True).stop()
+        shutil.rmtree(base, ignore_errors=True)

@@ -19,13 +19,15 @@ log = logging.getLogger("palimpsest.store")
 SERVICE_NAME = session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"].full_name
 
 
-def database_url(settings: Settings) -> str:
-    """DATABASE_URL when given, else the embedded PostgreSQL (started on first use)."""
+def database(settings: Settings):
+    """(url, the embedded server or None): DATABASE_URL when given, else the embedded PostgreSQL
+    (started on first use; the store stops it on exit only if it started it)."""
     if settings.database_url:
-        return settings.database_url
+        return settings.database_url, None
     from services.shared.embedded_pg import EmbeddedPostgres
 
-    return EmbeddedPostgres(settings.data_dir).start()
+    embedded = EmbeddedPostgres(settings.data_dir)
+    return embedded.start(), embedded
 
 
 async def sweep_files_forever(files: FileStore, repo: SessionRepository, interval: float) -> None:
@@ -43,7 +45,7 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
 
 
 async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None) -> RunningServer:
-    url = dsn or await asyncio.to_thread(database_url, settings)
+    url, embedded = (dsn, None) if dsn else await asyncio.to_thread(database, settings)
     pool = await db.create_pool(url, command_timeout=settings.db_command_timeout_s)
     await db.migrate(pool)
     repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes))
@@ -59,6 +61,8 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
             with suppress(asyncio.CancelledError):
                 await task
         await pool.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
 
     running = await start_server(
         lambda server: session_store_pb2_grpc.add_SessionStoreServicer_to_server(servicer, server),

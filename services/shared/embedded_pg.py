@@ -49,6 +49,7 @@ class EmbeddedPostgres:
 
     data_dir: Path
     port: int = 0
+    started_here: bool = False  # this object ran `pg_ctl start`: it is the one to stop the server
 
     @property
     def as_root(self) -> bool:
@@ -79,6 +80,7 @@ class EmbeddedPostgres:
             self.port = running
             self._ensure_database()
             return self.url()
+        self.started_here = True
         self._make_dirs()
         if not (self.pgdata / "PG_VERSION").exists():
             self._run("initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=UTF8", "-U", "postgres")
@@ -92,7 +94,9 @@ class EmbeddedPostgres:
         return self.url()
 
     def stop(self) -> None:
-        if (self.pgdata / "postmaster.pid").exists():
+        """Stop the server if this object started it: one that was already running belongs to
+        someone else (another `make run`, the test suite), who stops it."""
+        if self.started_here and (self.pgdata / "postmaster.pid").exists():
             self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-m", "fast", "stop", check=False)
 
     # -- helpers ---------------------------------------------------------------------------
