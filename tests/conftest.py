@@ -18,11 +18,33 @@ from services.shared.settings import Settings
 JWT_SECRET = "test-secret-for-palimpsest-tests-only"
 
 
-def _embedded_url() -> str:
-    from services.shared.embedded_pg import EmbeddedPostgres
+def _test_pg_dir() -> Path:
     from services.shared.settings import default_data_dir
 
-    data_dir = Path(os.environ.get("PALIMPSEST_TEST_DATA_DIR", str(default_data_dir().with_name("palimpsest-test"))))
+    return Path(os.environ.get("PALIMPSEST_TEST_DATA_DIR", str(default_data_dir().with_name("palimpsest-test"))))
+
+
+def pytest_configure(config) -> None:
+    """The run's controller (not an xdist worker) notes whether the test database was already up."""
+    if not hasattr(config, "workerinput") and not os.environ.get("TEST_DATABASE_URL"):
+        from services.shared.embedded_pg import EmbeddedPostgres
+
+        config.test_pg_was_running = bool(EmbeddedPostgres(_test_pg_dir()).running_port())
+
+
+def pytest_unconfigure(config) -> None:
+    """A run leaves no database behind that it started (workers share one; the controller stops it)."""
+    if getattr(config, "test_pg_was_running", True):
+        return
+    from services.shared.embedded_pg import EmbeddedPostgres
+
+    EmbeddedPostgres(_test_pg_dir(), started_here=True).stop()
+
+
+def _embedded_url() -> str:
+    from services.shared.embedded_pg import EmbeddedPostgres
+
+    data_dir = _test_pg_dir()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     # xdist workers share one server: the first initializes it, the others wait on the lock.
     with open(data_dir.parent / ".palimpsest-test.lock", "w") as lock:
