@@ -473,3 +473,18 @@ async def test_non_json_numbers_and_impossible_dates_are_invalid(store, profile)
 async def test_cleanup_without_a_day_count_is_refused(store):
     await expect_status(store.CleanupSessions(pb.CleanupSessionsRequest()), grpc.StatusCode.INVALID_ARGUMENT,
                         "older_than_days")
+
+
+async def test_a_shared_message_never_leads_back_to_its_session(store, profile):
+    s = await new_session(store, profile, name="with files")
+    leaky = common_pb2.Message(
+        role="assistant", content=f"Your session is {s.id}.", files=[f"/srv/files/{s.id}/image_1.png"],
+        tool_calls=[common_pb2.ToolCall(name="session_search", arguments_json=f'{{"session_id": "{s.id}"}}')])
+    await append(store, s.id, common_pb2.Message(role="user", content="where am I?"), leaky)
+    token = (await store.CreateShare(pb.CreateShareRequest(session_id=s.id))).token
+    shared = await store.GetShared(pb.GetSharedRequest(token=token))
+    assert s.id not in str(shared)
+    answer = shared.messages[-1]
+    assert list(answer.files) == ["image_1.png"] and "[this session]" in answer.content
+    stored = (await store.GetSession(pb.GetSessionRequest(session_id=s.id, view=pb.SESSION_VIEW_FULL))).session
+    assert s.id in stored.messages[-1].content  # the owner's own history is untouched

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
+from pathlib import PurePath
 
 import grpc
 
@@ -317,7 +318,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             None, shared["id"], request.before_seq, limit, archive_only=False
         )
         response = pb.GetSharedResponse(
-            name=shared["name"], profile_id=shared["profile_id"], messages=messages, has_more=has_more
+            name=shared["name"], profile_id=shared["profile_id"],
+            messages=[without_session_id(m, str(shared["id"])) for m in messages], has_more=has_more,
         )
         response.created_at.CopyFrom(convert.timestamp(shared["created_at"]))
         response.last_active.CopyFrom(convert.timestamp(shared["last_active"]))
@@ -466,6 +468,22 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.ListFilesResponse(files=[_file_info(f) for f in files])
 
 
+def without_session_id(message: common_pb2.Message, session_id: str) -> common_pb2.Message:
+    """A shared message that cannot lead back to its session: file paths (`<root>/<session>/<name>`)
+    become their names, and the session id is masked wherever the conversation quoted it. A share
+    is a read-only capability; the id would open the whole session where auth is off."""
+    copy = common_pb2.Message()
+    copy.CopyFrom(message)
+    del copy.files[:]
+    copy.files.extend(PurePath(path).name for path in message.files)
+    copy.content = copy.content.replace(session_id, SHARED_ID_MASK)
+    copy.thinking = copy.thinking.replace(session_id, SHARED_ID_MASK)
+    for call in copy.tool_calls:
+        call.arguments_json = call.arguments_json.replace(session_id, SHARED_ID_MASK)
+    return copy
+
+
+SHARED_ID_MASK = "[this session]"
 # A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
 MAX_CLEANUP_DAYS = 36_500
 
