@@ -33,6 +33,7 @@ from services.shared.context_view import (
     truncate_oversized,
     view_chars,
 )
+from services.shared.auth import service_metadata
 from services.shared.errors import Aborted, PalimpsestError, Unavailable, from_rpc_error
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared.settings import Settings
@@ -301,9 +302,11 @@ class Turn:
         self.sink.model_info(self.profile.model, self.window)
 
     # -- the model call --------------------------------------------------------------------------
-    async def _compressor(self, method, request):
+    async def _compressor(self, method, request, *, as_service: bool = False):
+        metadata = (service_metadata(self.settings.auth_enabled, self.settings.jwt_secret) if as_service
+                    else self.metadata)
         try:
-            return await method(request, metadata=self.metadata)
+            return await method(request, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "Compressor", self.settings.compressor_addr) from None
 
@@ -393,7 +396,8 @@ class Turn:
                 recorded = await self._compressor(self.deps.compressor.RecordBaseline, cpb.RecordBaselineRequest(
                     session_id=self.session_id, model=self.profile.model, prompt_eval_count=reply.prompt_eval_count,
                     sent_tokens=check.tokens, sent_chars=view_chars(built), had_images=any(m.images for m in built),
-                    through_seq=through_seq, window=self.window, shape=check.shape, method=check.method))
+                    through_seq=through_seq, window=self.window, shape=check.shape, method=check.method),
+                    as_service=True)  # a model report teaches every session of the model: the services' own
                 # A cut report (or one that looks like a cut) describes half a window, not our
                 # context: the meter keeps our own count.
                 if recorded.recorded:

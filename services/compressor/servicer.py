@@ -24,7 +24,7 @@ from services.compressor.token_estimate import (
     output_reserve,
     trigger_tokens,
 )
-from services.shared.auth import forwarded_metadata
+from services.shared.auth import forwarded_metadata, identity_from_context, service_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable, from_rpc_error
 from services.shared.context_view import message_budget
 from services.shared.image_tokens import image_size, image_tokens
@@ -67,9 +67,17 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("window", f"must be between 1 and {MAX_WINDOW}, got {window}")
         return window or self.settings.ollama_num_ctx
 
-    async def _store_call(self, method, request, context):
+    def _caller(self, context):
+        """The caller's identity: with auth on, every RPC needs valid credentials."""
+        return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
+
+    async def _store_call(self, method, request, context, *, as_service: bool = False):
+        """A store call with the caller's credentials, or the services' own (what they learn about
+        models is never written under an end user's name)."""
+        metadata = (service_metadata(self.settings.auth_enabled, self.settings.jwt_secret) if as_service
+                    else forwarded_metadata(context))
         try:
-            return await method(request, metadata=forwarded_metadata(context))
+            return await method(request, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "SessionStore", self.store_addr) from None
 
@@ -120,6 +128,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     # -- estimates ---------------------------------------------------------------------------
     async def EstimateTokens(self, request, context):
+        self._caller(context)
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
         incoming, schemas = list(request.incoming), list(request.tool_schemas)
@@ -163,7 +172,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             return
         request = store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=digest, counts=[
             store_pb.TokenCount(seq=seq, tokens=tokens) for seq, tokens in counts])
-        metadata = forwarded_metadata(context)
+        metadata = service_metadata(self.settings.auth_enabled, self.settings.jwt_secret)
 
         async def write() -> None:
             try:
@@ -178,6 +187,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def CheckContextSize(self, request, context):
         """The one question before every model call: the view to send, its size, and whether it
         fits, must be compressed first, or cannot be sent at all."""
+        self._caller(context)
         window = self._window(request.window)
         if not request.messages:
             raise InvalidArgument("messages", "the built context to check is required")
@@ -259,6 +269,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return None
 
     async def RecordBaseline(self, request, context):
+        # Reports teach every session of the model: only the services may make them.
+        self._caller(context).require_service("a model report")
         if not request.model:
             raise InvalidArgument("model", "required")
         if request.prompt_eval_count <= 0:
@@ -282,7 +294,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if request.session_id:
                 await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
                     session_id=request.session_id, only_truncated_flag=True,
-                    baseline=store_pb.Baseline(context_truncated=True)), context)
+                    baseline=store_pb.Baseline(context_truncated=True)), context, as_service=True)
             log.warning("cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
                         request.prompt_eval_count, request.shape.content_tokens, request.session_id or "-")
             return pb.RecordBaselineResponse(recorded=False, truncated=True)
@@ -296,20 +308,20 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
                 session_id=request.session_id,
                 baseline=store_pb.Baseline(tokens=request.prompt_eval_count, through_seq=request.through_seq,
-                                           model=request.model)), context)
+                                           model=request.model)), context, as_service=True)
         if exact:
             await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
                 observation=store_pb.Observation(model=request.model, tokens=request.prompt_eval_count,
-                                                 exact=request.shape)),
-                context)
+                                                 exact=request.shape)), context, as_service=True)
         elif request.sent_chars > 0 and not request.had_images:
             # Image tokens are not chars: a prompt with images would bend the line for text.
             await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
                 observation=store_pb.Observation(model=request.model, chars=request.sent_chars,
-                                                 tokens=request.prompt_eval_count)), context)
+                                                 tokens=request.prompt_eval_count)), context, as_service=True)
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
 
     async def PriceImages(self, request, context):
+        self._caller(context)
         prices = []
         for data in request.images:
             size = await asyncio.to_thread(image_size, data)
@@ -367,7 +379,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if truncated_flag:  # consumed: there is nothing this session can shed
                 await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
                     session_id=state.session.id, only_truncated_flag=True,
-                    baseline=store_pb.Baseline(context_truncated=False)), context)
+                    baseline=store_pb.Baseline(context_truncated=False)), context, as_service=True)
             raise FailedPrecondition(
                 f"nothing to compress in session {state.session.id}: the context cannot shrink "
                 f"({len(messages)} messages, ~{current} tokens)"

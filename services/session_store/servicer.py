@@ -347,7 +347,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(self, request, context):
-        self._identity(context)
+        self._identity(context).require_service("calibration")
         obs = request.observation
         if not obs.model:
             raise InvalidArgument("observation.model", "required")
@@ -370,6 +370,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     async def SetBaseline(self, request, context):
         identity = self._identity(context)
+        identity.require_service("a baseline")
         session_id = parse_session_id(request.session_id)
         baseline = None
         if request.HasField("baseline"):
@@ -401,6 +402,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     async def SetTokenCounts(self, request, context):
         identity = self._identity(context)
+        identity.require_service("a token count")
         session_id = parse_session_id(request.session_id)
         if not request.token_digest:
             raise InvalidArgument("token_digest", "required: a count means nothing without its tokenizer")

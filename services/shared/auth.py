@@ -11,6 +11,10 @@ from services.shared.errors import PermissionDenied, Unauthenticated
 
 ANONYMOUS = "anonymous"
 ADMIN_ROLE = "admin"
+# The services' own identity: what they learn about models (calibration reports, baselines) is
+# written under it, never under an end user's token, so no user can bend another's counts.
+SERVICE_ROLE = "service"
+SERVICE_SUB = "palimpsest-services"
 
 
 @dataclass(frozen=True)
@@ -24,9 +28,19 @@ class Identity:
     def is_admin(self) -> bool:
         return self.role == ADMIN_ROLE
 
+    @property
+    def is_service(self) -> bool:
+        """Auth off, or a token of the services themselves (or an admin's)."""
+        return not self.enforced or self.role in (SERVICE_ROLE, ADMIN_ROLE)
+
+    def require_service(self, what: str) -> None:
+        if not self.is_service:
+            raise PermissionDenied(f"{what} is written by the Palimpsest services only")
+
     def can_access(self, owner: str | None) -> bool:
-        """Owners see their sessions, admins see all, ownerless (legacy) sessions are admin-only."""
-        if not self.enforced or self.is_admin:
+        """Owners see their sessions, admins and the services see all, ownerless (legacy) sessions are
+        admin-only."""
+        if not self.enforced or self.is_admin or self.role == SERVICE_ROLE:
             return True
         return bool(owner) and owner == self.sub
 
@@ -83,6 +97,13 @@ def forwarded_metadata(context: grpc.aio.ServicerContext | None) -> tuple[tuple[
         if key.lower() == "authorization":
             return (("authorization", value if isinstance(value, str) else value.decode()),)
     return ()
+
+
+def service_metadata(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]:
+    """Credentials for a call the services make on their own behalf (empty with auth off)."""
+    if not enabled:
+        return ()
+    return (("authorization", f"Bearer {make_token(SERVICE_SUB, secret, SERVICE_ROLE)}"),)
 
 
 def make_token(sub: str, secret: str, role: str = "user", ttl_seconds: int | None = None) -> str:

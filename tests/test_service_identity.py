@@ -1,0 +1,105 @@
+"""With auth on, what the services learn about a model (reports, baselines, token counts) is written
+under their own identity only: no signed-in user can bend another user's counts. Every Compressor
+RPC needs credentials."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+import grpc
+import pytest
+
+from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, compressor_pb2_grpc, session_store_pb2 as pb
+from services.shared.auth import service_metadata
+from tests.conftest import JWT_SECRET, bearer
+
+SERVICE = service_metadata(True, JWT_SECRET)
+
+
+@pytest.fixture(scope="module")
+async def compressor_auth(base_settings, store_server_auth, ollama_sim):
+    from services.compressor.app import start_compressor
+
+    settings = replace(base_settings, auth_enabled=True, ollama_host=ollama_sim.url,
+                       store_addr=store_server_auth.address)
+    running = await start_compressor(settings, port=0)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        yield compressor_pb2_grpc.CompressorStub(channel)
+    await running.stop(0)
+
+
+async def denied(call, code=grpc.StatusCode.PERMISSION_DENIED) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await call
+    assert error.value.code() == code, error.value.details()
+
+
+async def alices_session(store_auth, alice) -> str:
+    session = (await store_auth.CreateSession(pb.CreateSessionRequest(profile_id="p"), metadata=alice)).session
+    await store_auth.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
+        common_pb2.Message(role="user", content="hello")]), metadata=alice)
+    return session.id
+
+
+async def test_a_user_cannot_write_calibration_baselines_or_counts(store_auth, user):
+    alice, bob = bearer(user), bearer(f"{user}-bob")
+    model = f"poison-{uuid.uuid4().hex[:6]}"
+    session_id = await alices_session(store_auth, alice)
+    lie = pb.Observation(model=model, chars=1000, tokens=7000)
+    await denied(store_auth.RecordObservation(pb.RecordObservationRequest(observation=lie), metadata=bob))
+    await denied(store_auth.SetBaseline(pb.SetBaselineRequest(
+        session_id=session_id, baseline=pb.Baseline(tokens=9999, through_seq=1)), metadata=alice))
+    await denied(store_auth.SetTokenCounts(pb.SetTokenCountsRequest(
+        session_id=session_id, token_digest="d", counts=[pb.TokenCount(seq=1, tokens=1)]), metadata=alice))
+    listed = await store_auth.ListObservations(pb.ListObservationsRequest(model=model), metadata=alice)
+    assert not listed.observations
+    await store_auth.RecordObservation(pb.RecordObservationRequest(observation=lie), metadata=SERVICE)
+    assert len((await store_auth.ListObservations(pb.ListObservationsRequest(model=model),
+                                                 metadata=alice)).observations) == 1
+
+
+async def test_only_the_services_report_to_the_compressor(compressor_auth, store_auth, user):
+    alice = bearer(user)
+    session_id = await alices_session(store_auth, alice)
+    report = cpb.RecordBaselineRequest(session_id=session_id, model="qwen3.6", prompt_eval_count=900,
+                                       sent_tokens=900, through_seq=1, window=8192)
+    await denied(compressor_auth.RecordBaseline(report, metadata=alice))
+    baseline = await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=session_id), metadata=alice)
+    assert not baseline.HasField("baseline")
+    assert (await compressor_auth.RecordBaseline(report, metadata=SERVICE)).recorded
+    baseline = await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=session_id), metadata=alice)
+    assert baseline.baseline.tokens == 900
+
+
+async def test_every_compressor_rpc_needs_credentials(compressor_auth):
+    message = [common_pb2.Message(role="user", content="hi")]
+    for call in (compressor_auth.EstimateTokens(cpb.EstimateTokensRequest(model="qwen3.6", messages=message)),
+                 compressor_auth.CheckContextSize(cpb.CheckContextSizeRequest(model="qwen3.6", messages=message)),
+                 compressor_auth.PriceImages(cpb.PriceImagesRequest(images=[b"not an image"]))):
+        await denied(call, grpc.StatusCode.UNAUTHENTICATED)
+
+
+async def test_a_turn_with_auth_on_still_teaches_the_model(base_settings, store_server_auth, store_auth, ollama_sim,
+                                                           profiles_file, user, tmp_path):
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from services.agent.app import start_agent
+    from services.compressor.app import start_compressor
+    from services.ollama_sim import Reply
+
+    alice = bearer(user)
+    settings = replace(base_settings, auth_enabled=True, ollama_host=ollama_sim.url,
+                       store_addr=store_server_auth.address, profiles_path=profiles_file)
+    compressor = await start_compressor(settings, port=0)
+    agent = await start_agent(replace(settings, compressor_addr=compressor.address), port=0)
+    try:
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            ollama_sim.script(Reply(text="hello alice"))
+            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
+                apb.RunStreamRequest(text="hi"), metadata=alice)]
+    finally:
+        await agent.stop(0)
+        await compressor.stop(0)
+    assert events[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED
+    baseline = await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=events[0].session_id), metadata=alice)
+    assert baseline.baseline.tokens > 0  # recorded under the services' identity, readable by its owner
