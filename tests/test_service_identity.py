@@ -103,3 +103,22 @@ async def test_a_turn_with_auth_on_still_teaches_the_model(base_settings, store_
     assert events[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED
     baseline = await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=events[0].session_id), metadata=alice)
     assert baseline.baseline.tokens > 0  # recorded under the services' identity, readable by its owner
+
+
+async def test_stop_tells_another_user_nothing(base_settings, store_server_auth, store_auth, ollama_sim,
+                                               profiles_file, user):
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from services.agent.app import start_agent
+
+    alice, bob = bearer(user), bearer(f"{user}-bob")
+    session_id = await alices_session(store_auth, alice)
+    settings = replace(base_settings, auth_enabled=True, ollama_host=ollama_sim.url,
+                       store_addr=store_server_auth.address, profiles_path=profiles_file)
+    agent = await start_agent(settings, port=0)
+    try:
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            await denied(stub.Stop(apb.StopRequest(session_id=session_id), metadata=bob))
+            assert not (await stub.Stop(apb.StopRequest(session_id=session_id), metadata=alice)).stopped
+    finally:
+        await agent.stop(0)

@@ -245,12 +245,14 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._metadata(context)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
+        # Only the session's owner (or an admin) may stop it, or learn whether a turn runs in it:
+        # reading the session checks exactly that, before anything is said.
+        if self.deps.settings.auth_enabled:
+            await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
+                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY), forwarded_metadata(context))
         turn = self._running.get(request.session_id)
         if turn is None:
             return pb.StopResponse(stopped=False)
-        # Only the session's owner (or an admin) may stop it: reading it checks exactly that.
-        await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(session_id=request.session_id),
-                          forwarded_metadata(context))
         turn.stop.set()
         return pb.StopResponse(stopped=True)
 
