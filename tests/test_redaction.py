@@ -370,3 +370,24 @@ def test_adversarial_input_is_fast(text):
     started = time.perf_counter()
     redact_text(text)
     assert time.perf_counter() - started < 2.0
+
+
+def test_a_bare_aws_secret_key_in_prose_is_masked():
+    text = "The secret is wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY for the bucket."
+    assert redact_text(text) == "The secret is [REDACTED] for the bucket."
+    assert redact_text(redact_text(text)) == redact_text(text)
+
+
+@pytest.mark.parametrize("text", [
+    "commit 9fceb02d0ae598e95dc970b74767f19372d61af8 fixed it",  # a git hash
+    "path home/User1/Projects/MyAppFolder/Source22 ok",  # a path of words
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFGHIJ1234",  # no lowercase
+])
+def test_forty_character_things_that_are_not_secrets_stay(text):
+    assert redact_text(text) == text
+
+
+def test_a_session_id_argument_is_a_reference_not_a_cookie():
+    session = "3f2b1c9e-8a7d-4e6f-9b0a-1c2d3e4f5a6b"
+    assert json.loads(redact_arguments(json.dumps({"session_id": session}))) == {"session_id": session}
+    assert json.loads(redact_arguments(json.dumps({"sessionid": "abc123cookievalue"}))) == {"sessionid": MASK}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Any
 
 MASK = "[REDACTED]"
@@ -138,6 +139,18 @@ _DOTTED_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9
 _END_OF_STATEMENT = re.compile(r"[ \t]*(?:[,;}\])]|\r?\n|$)")
 
 
+# An AWS secret access key: 40 base64 characters standing alone. Git hashes (lowercase hex), paths
+# and identifiers share the length but not the look: a secret mixes cases with digits and, being
+# random, uses many different characters (40 draws from 64 give ~30 distinct; a path of words ~23).
+_BARE_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_RANDOM_DISTINCT_CHARS = 26
+
+
+def _random_looking(candidate: str) -> bool:
+    return (any(c.isdigit() for c in candidate) and any(c.isupper() for c in candidate)
+            and any(c.islower() for c in candidate) and len(set(candidate)) >= _RANDOM_DISTINCT_CHARS)
+
+
 def redact_text(text: str) -> str:
     """Return ``text`` with every recognised secret replaced by ``[REDACTED]``."""
     # Order matters: whole-token formats go first so that e.g. "api_key=sk-..."
@@ -147,6 +160,7 @@ def redact_text(text: str) -> str:
     text = _URL_PASSWORD.sub(lambda m: m["prefix"] + MASK, text)
     text = _API_KEYS.sub(MASK, text)
     text = _JWT.sub(MASK, text)
+    text = _BARE_SECRET.sub(lambda m: MASK if _random_looking(m[0]) else m[0], text)
     text = _AUTH_HEADER.sub(_masked_auth_header, text)
     text = _BEARER.sub(_masked_bearer, text)
     text = _ASSIGNMENT.sub(_masked_assignment, text)
@@ -289,8 +303,21 @@ def _redacted_object(obj: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, item in obj.items():
         new_key = _unique_key(redact_text(key), result)
-        result[new_key] = _masked_secret_value(item) if is_secret_key(key) else redact_json(item)
+        secret = is_secret_key(key) and not _is_session_reference(key, item)
+        result[new_key] = _masked_secret_value(item) if secret else redact_json(item)
     return result
+
+
+def _is_session_reference(key: str, value: Any) -> bool:
+    """A `session_id` holding a UUID names a Palimpsest session (a tool's own argument), not a web
+    session cookie: masking it would destroy the reference."""
+    if re.sub(r"[\s_\-.]", "", key).lower() != "sessionid" or not isinstance(value, str):
+        return False
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _masked_secret_value(value: Any) -> Any:
