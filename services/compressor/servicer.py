@@ -331,6 +331,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     # -- compression -------------------------------------------------------------------------
     async def _prepare(self, request, context):
+        self._caller(context)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.keep_recent_messages < 0:
@@ -364,6 +365,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         )
 
     async def Compress(self, request, context):
+        self._caller(context)  # who asks comes before what is asked
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
         window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
