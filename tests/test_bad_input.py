@@ -97,3 +97,12 @@ async def test_a_second_server_on_a_taken_port_is_a_one_line_error(base_settings
     with pytest.raises(SystemExit) as stopped:
         await start_server(lambda server: None, [], settings=base_settings, port=store_server.port)
     assert f"127.0.0.1:{store_server.port}" in str(stopped.value) and "taken" in str(stopped.value)
+
+
+async def test_names_and_ids_have_documented_limits(store, profile):
+    await refused(store.CreateSession, pb.CreateSessionRequest(profile_id="p" * 129), "profile_id")
+    await refused(store.CreateSession, pb.CreateSessionRequest(profile_id=profile, name="n" * 501), "name")
+    await refused(store.ListSessions, pb.ListSessionsRequest(query="q" * 2001), "query")
+    await refused(store.GetSession, pb.GetSessionRequest(session_id="x" * 100_000), "session_id")
+    names = [s.name for s in (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile))).sessions]
+    assert names == []  # nothing was created

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from google.protobuf.message import Message as ProtoMessage
 
 from services.shared.errors import InvalidArgument, PalimpsestError
-from services.shared.validation import capped, first_nul
+from services.shared.validation import capped, first_nul, first_too_long
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.server")
@@ -78,11 +78,15 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
 
 
 def _refuse_nul(request, deep: bool | None) -> None:
-    """``deep`` None: a streamed request (checked by its servicer, if at all)."""
+    """NUL characters and over-long identifying strings; ``deep`` None: a streamed request (checked
+    by its servicer, if at all)."""
     if deep is not None and isinstance(request, ProtoMessage):
         field = first_nul(request, deep=deep)
         if field:
             raise InvalidArgument(field, "must not contain NUL characters")
+        too_long = first_too_long(request)
+        if too_long:
+            raise InvalidArgument(too_long[0], f"must be at most {too_long[1]} characters")
 
 
 def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None):

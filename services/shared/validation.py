@@ -53,6 +53,35 @@ def _first_nul_in_message_field(field, value, name: str) -> str | None:
     return None
 
 
+# Limits on the identifying strings of a request (documented in the README): a name or an id of
+# a megabyte is a mistake or an attack, never a name. Message content has its own size limits.
+MAX_CHARS = {
+    "session_id": 64,
+    "profile_id": 128,
+    "model": 256,
+    "provider": 64,
+    "summarizer_model": 256,
+    "name": 500,
+    "query": 2_000,
+    "token": 256,
+    "token_digest": 256,
+    "filename": 255,
+}
+
+
+def first_too_long(message: Message) -> tuple[str, int] | None:
+    """(field, limit) of the first of the request's own identifying strings over its limit."""
+    for field, value in message.ListFields():
+        limit = MAX_CHARS.get(field.name)
+        if limit is None or field.type != field.TYPE_STRING:
+            continue
+        values = value if field.is_repeated else [value]
+        for index, text in enumerate(values):
+            if len(text) > limit:
+                return (f"{field.name}[{index}]" if field.is_repeated else field.name), limit
+    return None
+
+
 def capped(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """``text`` cut to ``limit`` chars, saying how much was left out."""
     if len(text) <= limit:
