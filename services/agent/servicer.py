@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import OrderedDict
 from contextlib import suppress
 
 import grpc
@@ -18,6 +17,7 @@ from services.agent.events import EventSink
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
+from services.agent.warm_cache import WarmCache
 from services.shared.auth import forwarded_metadata, identity_from_context
 from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 
@@ -51,7 +51,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Per session, the caller's credentials and the CONTEXT view as its last turn left it: the
         # next turn starts from it (one round trip less before the first token). A stale copy costs a
         # reload at the first write, which the store refuses on the revision.
-        self._warm: OrderedDict[str, tuple[tuple, common_pb2.Session]] = OrderedDict()
+        self._warm: WarmCache[tuple[tuple, common_pb2.Session]] = WarmCache(
+            WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024)
 
     def _metadata(self, context) -> tuple[tuple[str, str], ...]:
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
@@ -64,9 +65,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 session_id=turn.session_id, view=store_pb.SESSION_VIEW_CONTEXT), turn.metadata)).session
         except PalimpsestError:
             return
-        self._warm[turn.session_id] = (turn.metadata, session)
-        while len(self._warm) > WARM_SESSIONS:
-            self._warm.popitem(last=False)
+        self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
 
     def _forget_idle_lock(self, session_id: str, lock: asyncio.Lock) -> None:
         """One lock per session would pile up forever; an idle one nobody waits for can go."""
@@ -94,7 +93,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._reload_profiles()
         warm = None
         if request.session_id:
-            warm = self._warm.pop(request.session_id, None)
+            warm = self._warm.pop(request.session_id)
             if warm is not None and warm[0] == metadata:  # the same caller: the same access
                 session = warm[1]
             else:
@@ -224,7 +223,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         window = profile.window(self.deps.settings.ollama_num_ctx)
         sink = EventSink(session.id)
         lock = self._locks.setdefault(session.id, asyncio.Lock())
-        self._warm.pop(session.id, None)
+        self._warm.pop(session.id)
         async with lock:
             try:
                 async for event in self.deps.compressor.Compress(cpb.CompressRequest(
