@@ -19,6 +19,7 @@ import httpx
 from bench import _common
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
 from services.ollama_sim import OllamaSimulator, Reply
+from tests.test_agent_long import BigOutputTool
 
 NEEDS_POSTGRES = True
 Message = common_pb2.Message
@@ -131,23 +132,16 @@ def _dense_log_tokens(turn: int) -> int:
     return 300 + (turn * 7919) % 2701
 
 
-class DenseOutputTool:
+class DenseOutputTool(BigOutputTool):
     """The long test's report tool, plus dense server logs (timestamps, IPs, hex ids) of varying size."""
 
-    name = "fetch_report"
     description = "Fetch a report of the given kind (json, log, code or dense) for a topic."
-    parameters = {
-        "type": "object",
-        "properties": {"kind": {"type": "string"}, "topic": {"type": "string"}},
-        "required": ["kind", "topic"],
-    }
 
     async def run(self, args: dict, ctx):
         from services.agent.tools.base import ToolResult
-        from tests.test_agent_long import BigOutputTool
 
         if args.get("kind") != "dense":
-            return await BigOutputTool().run(args, ctx)
+            return await super().run(args, ctx)
         turn = int(args["topic"].rsplit("-", 1)[-1])
         return ToolResult(content=_dense_log(turn, _dense_log_tokens(turn)))
 
