@@ -81,9 +81,17 @@ def test_baseline_plus_delta_prices_only_rows_after_the_baseline() -> None:
 
 
 def test_the_delta_does_not_pay_the_prompt_overhead_again() -> None:
-    line = Line(overhead=900, tokens_per_char=0.5)
+    line = Line(overhead=900, tokens_per_char=0.6)  # steeper than chars / 1.8: the line's rate prices it
     context = [msg("user", "a" * (200 - MESSAGE_OVERHEAD_CHARS), seq=5)]
-    assert baseline_delta_estimate(context, 3_000, through_seq=4, line=line).tokens == 3_100
+    assert baseline_delta_estimate(context, 3_000, through_seq=4, line=line).tokens == 3_120
+
+
+def test_unmeasured_messages_are_never_priced_below_the_heuristic() -> None:
+    # A prose line (0.2 tokens a char) must not price a new dense log: until a report covers it,
+    # the delta costs at least chars / 1.8.
+    line = Line(overhead=300, tokens_per_char=0.2)
+    context = [msg("tool", "x" * (1800 - MESSAGE_OVERHEAD_CHARS), seq=5)]
+    assert baseline_delta_estimate(context, 3_000, through_seq=4, line=line).tokens == 4_000
 
 
 def test_the_incoming_message_is_added_to_the_delta() -> None:

@@ -16,7 +16,7 @@ from services.compressor.calibration import (
     marginal_text_tokens,
 )
 from services.compressor.exact_count import Shape
-from services.shared.context_view import truncate_oversized, view_chars
+from services.shared.context_view import heuristic_tokens, truncate_oversized, view_chars
 from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
 
 # Headroom for the model's answer; a quarter of the window at most, so a deliberately small
@@ -94,8 +94,17 @@ def delta_estimate(
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     budget_tokens: int | None = None,
 ) -> Estimate:
-    """Tokens that ``messages`` add to a prompt whose fixed overhead is already counted."""
-    return _priced(messages, line, image_fallback, budget_tokens, marginal_text_tokens)
+    """Tokens that ``messages`` add to a prompt whose fixed overhead is already counted.
+
+    No report has measured these messages yet, so they are priced at the line's rate or the
+    heuristic chars / 1.8, whichever is higher: a dense log after a conversation of prose cost 3.6×
+    the line's rate and, priced at it, let a prompt 7% past the size check's limit through. The
+    next report makes them part of the baseline, so the caution lasts one call."""
+    return _priced(messages, line, image_fallback, budget_tokens, cautious_tokens)
+
+
+def cautious_tokens(chars: int, line: Line | None) -> int:
+    return max(marginal_text_tokens(chars, line), heuristic_tokens(chars))
 
 
 def baseline_delta_estimate(
