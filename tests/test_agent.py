@@ -484,3 +484,12 @@ async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server
     assert shown[-4:] == ["first", "ok", "second", "ok"]
     before_second = after.messages[:[m.content for m in after.messages].index("second")]
     assert not any(m.is_compression for m in before_second)  # the dropped pass left nothing behind
+
+
+async def test_a_session_whose_profile_is_gone_runs_on_the_default(agent, store, ollama_sim):
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="removed-long-ago"))).session
+    events = await run(agent, "hello again", session_id=session.id)
+    assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED and end_of(events).text
+    with pytest.raises(grpc.aio.AioRpcError) as error:  # a profile asked for by name must exist
+        await run(agent, "switch", session_id=session.id, profile_id="no-such-profile")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND and "no-such-profile" in error.value.details()

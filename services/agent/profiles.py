@@ -7,12 +7,15 @@ Compressor as CompressionSettings.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from palimpsest.v1 import agent_pb2, compressor_pb2
 from services.shared.errors import InvalidArgument, NotFound
+
+log = logging.getLogger("palimpsest.agent")
 
 DEFAULT_PERSONA = (
     "You are Palimpsest, a careful assistant that works through tools. Be concise. When a task has "
@@ -151,6 +154,16 @@ class ProfileRegistry:
             return self.profiles[profile_id]
         except KeyError:
             raise NotFound(f"profile {profile_id!r} is not configured (known: {', '.join(self.profiles)})") from None
+
+    def for_session(self, profile_id: str) -> Profile:
+        """A session's own profile, or the default when it is no longer configured (removed from the
+        file, or never one of ours): the conversation stays usable; a profile asked for by name is
+        still an error (``get``)."""
+        if profile_id in self.profiles:
+            return self.profiles[profile_id]
+        if profile_id:
+            log.warning("session profile %r is not configured: using the default %r", profile_id, self.default_id)
+        return self.profiles[self.default_id]
 
     def reloaded(self) -> "ProfileRegistry | None":
         """The file's profiles again when it changed since it was read (None: unchanged, or the edit

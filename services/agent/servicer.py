@@ -101,7 +101,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 # The CONTEXT view: the turn starts from it without loading the session again.
                 session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
                     session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), metadata)).session
-            profile = self.deps.profiles.get(request.profile_id or session.profile_id)
+            profile = (self.deps.profiles.get(request.profile_id) if request.profile_id
+                       else self.deps.profiles.for_session(session.profile_id))
         else:
             profile = self.deps.profiles.get(request.profile_id)
         try:
@@ -219,7 +220,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("session_id", "required")
         session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
             session_id=request.session_id), metadata)).session
-        profile = self.deps.profiles.get(session.profile_id)
+        profile = self.deps.profiles.for_session(session.profile_id)
         window = profile.window(self.deps.settings.ollama_num_ctx)
         sink = EventSink(session.id)
         lock = self._locks.setdefault(session.id, asyncio.Lock())
