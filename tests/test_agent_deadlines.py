@@ -124,3 +124,41 @@ async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(
     errors = [e.error for e in events if e.HasField("error")]
     assert len(errors) == 1 and errors[0].code == "UNAVAILABLE" and "Compressor" in errors[0].message
     assert all(e.usage.count_method in ("heuristic", "reported") for e in events if e.HasField("usage"))
+
+
+async def test_the_compressor_coming_back_is_used_again_within_seconds(
+        base_settings, store_server, ollama_sim, profiles_file, tmp_path):
+    import socket
+
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from services.agent.app import start_agent
+    from services.compressor.app import start_compressor
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
+                       compressor_addr=f"127.0.0.1:{port}", profiles_path=profiles_file)
+    agent = await start_agent(settings, port=0)
+    compressor = None
+    try:
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+
+            async def turn_used_the_compressor() -> bool:
+                events = [e async for e in stub.RunStream(apb.RunStreamRequest(text="hello"))]
+                assert events[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED
+                return not any(e.HasField("error") for e in events)
+
+            for _ in range(3):  # away for a while: the channel's backoff grows
+                assert not await turn_used_the_compressor()
+            compressor = await start_compressor(settings, port=port)
+            loop = asyncio.get_running_loop()
+            back, deadline = False, loop.time() + 10
+            while not back and loop.time() < deadline:
+                back = await turn_used_the_compressor()
+            assert back, "turns still ran without the Compressor 10 s after it returned"
+    finally:
+        await agent.stop(0)
+        if compressor is not None:
+            await compressor.stop(0)

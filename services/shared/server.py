@@ -140,6 +140,10 @@ def channel_options(settings: Settings) -> list[tuple[str, object]]:
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        # A restarted service is found again within two seconds: gRPC's own backoff grows to two
+        # minutes, and every turn meanwhile would run without the Compressor.
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
     ]
 
 
