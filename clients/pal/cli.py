@@ -12,6 +12,7 @@ from clients.pal.commands import chat, info, sessions, turns
 from clients.pal.connection import Connection
 from clients.pal.errors import CliError
 from clients.pal.output import Output
+from clients.pal.signals import route_sigint_to_main_thread
 
 DESCRIPTION = """\
 Talk to Palimpsest's services: chat with the Agent, run one-off tasks, and manage sessions.
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    route_sigint_to_main_thread()
     args = build_parser().parse_args(argv)
     out = Output(json=args.json)
     try:
