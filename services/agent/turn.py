@@ -28,9 +28,9 @@ from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, Tur
 from services.agent.tools.registry import execute, tools_for
 from services.shared.context_view import (
     heuristic_tokens,
+    heuristic_view,
     message_budget,
     to_ollama_messages,
-    truncate_oversized,
     view_chars,
 )
 from services.shared.auth import service_metadata
@@ -330,8 +330,7 @@ class Turn:
 
     def _unchecked(self, built: list[Message]) -> cpb.CheckContextSizeResponse:
         """A size check without the Compressor: oversized messages cut at the heuristic rate, sent."""
-        view = truncate_oversized(built, message_budget(self.window, self.settings.message_token_budget),
-                                  heuristic_tokens)
+        view = heuristic_view(built, message_budget(self.window, self.settings.message_token_budget))
         return cpb.CheckContextSizeResponse(
             fits=True, decision=cpb.SIZE_DECISION_FITS, method=cpb.ESTIMATE_METHOD_FALLBACK,
             tokens=heuristic_tokens(view_chars(view)), limit=self.window,

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from palimpsest.v1 import common_pb2, compressor_pb2, session_store_pb2 as store_pb
-from services.compressor.calibration import Line, Observation, fit_line
-from services.compressor.calibration import fallback_tokens
+from services.compressor.calibration import Line, Observation, fallback_tokens, fit_line
 from services.compressor.exact_count import (
     Counter, ExactObservation, Shape, Template, exact_view, fit_template, message_tokens, shape_of,
 )
@@ -84,9 +83,7 @@ def _check_overrides(o: compressor_pb2.CompressionSettings) -> None:
 
 
 def shape_from_proto(shape: common_pb2.PromptShape) -> Shape:
-    return Shape(content_tokens=shape.content_tokens, messages=shape.messages, tool_results=shape.tool_results,
-                 tool_calls=shape.tool_calls, tools=shape.tools, image_prior_tokens=shape.image_prior_tokens,
-                 images=shape.images)
+    return Shape(**{f.name: getattr(shape, f.name) for f in fields(Shape)})
 
 
 def shape_to_proto(shape: Shape) -> common_pb2.PromptShape:

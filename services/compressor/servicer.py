@@ -331,7 +331,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     # -- compression -------------------------------------------------------------------------
     async def _prepare(self, request, context):
-        self._caller(context)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.keep_recent_messages < 0:
@@ -353,6 +352,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return await asyncio.to_thread(pipeline.make_plan, messages, pricing, knobs, window, keep_recent_messages)
 
     async def WouldCompress(self, request, context):
+        self._caller(context)
         window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages)
         kept = pricing.estimate(plan.system + plan.to_keep)

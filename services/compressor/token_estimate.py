@@ -16,7 +16,7 @@ from services.compressor.calibration import (
     marginal_text_tokens,
 )
 from services.compressor.exact_count import Shape
-from services.shared.context_view import heuristic_tokens, truncate_oversized, view_chars
+from services.shared.context_view import heuristic_tokens, heuristic_view, view_chars
 from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
 
 # Headroom for the model's answer; a quarter of the window at most, so a deliberately small
@@ -38,11 +38,6 @@ class Estimate:
     shape: Shape | None = None  # set by an exact count
 
 
-def chars_to_tokens(line: Line | None) -> Callable[[int], int]:
-    """The per-message text pricer handed to the view truncation (no fixed prompt overhead)."""
-    return lambda chars: marginal_text_tokens(chars, line)
-
-
 def priced_view(messages: Sequence[Message], budget_tokens: int | None,
                 budgets: dict[int, int] | None = None) -> list[Message]:
     """The view the model is sent when its tokenizer is unknown; ``budget_tokens=None`` prices the
@@ -51,7 +46,7 @@ def priced_view(messages: Sequence[Message], budget_tokens: int | None,
     characters of old messages for 1.2k new ones), so the count of one call says nothing of the next."""
     if budget_tokens is None:
         return list(messages)
-    return truncate_oversized(messages, budget_tokens, chars_to_tokens(None), budgets)
+    return heuristic_view(messages, budget_tokens, budgets)
 
 
 def _image_tokens(messages: Sequence[Message], image_fallback: int) -> int:

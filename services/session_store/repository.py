@@ -77,17 +77,13 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
     return ("…" if start else "") + content[start:end] + ("…" if end < len(content) else "")
 
 
-EXACT_FIELDS = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
+# The columns of an exact observation are the fields of PromptShape, one owner for both.
+EXACT_FIELDS = tuple(f.name for f in common_pb2.PromptShape.DESCRIPTOR.fields)
 CHAR_OBSERVATIONS = 8  # the calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW)
 EXACT_OBSERVATIONS = 32  # the template fit: per model, so every session of it contributes
 # A cut view can come out a few tokens over its budget where a merge crosses the cut. Only rows
 # without tool calls are capped: calls are never cut, so such a row may cost more than the budget.
 CUT_SEAM_TOKENS = 4
-_CONTEXT_ROWS = """
-    SELECT {columns} FROM session_messages WHERE session_id = $1 AND is_context AND {where}
-    UNION ALL
-    SELECT {columns} FROM session_messages_archive WHERE session_id = $1 AND is_context AND {where}
-"""
 _COUNTED = "token_digest = $2 AND cardinality(images) = 0"
 _COUNTED_CONTEXT_SQL = f"""
     SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') AND jsonb_array_length(tool_calls) = 0
@@ -96,13 +92,14 @@ _COUNTED_CONTEXT_SQL = f"""
            count(*) AS counted_messages,
            count(*) FILTER (WHERE role = 'tool') AS counted_tool_results,
            coalesce(sum(jsonb_array_length(tool_calls)), 0) AS counted_tool_calls
-      FROM ({_CONTEXT_ROWS.format(columns="role, token_count, tool_calls", where=_COUNTED)}) ctx
+      FROM (SELECT role, token_count, tool_calls FROM session_messages
+             WHERE session_id = $1 AND is_context AND {_COUNTED}
+            UNION ALL
+            SELECT role, token_count, tool_calls FROM session_messages_archive
+             WHERE session_id = $1 AND is_context AND {_COUNTED}) ctx
 """
 _UNCOUNTED_CONTEXT_SQL = (
-    "SELECT * FROM (" + _CONTEXT_ROWS.replace("{columns} FROM session_messages_archive",
-                                                "{columns}, true AS archived FROM session_messages_archive")
-    .replace("{columns} FROM session_messages WHERE", "{columns}, false AS archived FROM session_messages WHERE")
-    .format(columns=MESSAGE_COLUMNS, where=f"NOT ({_COUNTED})") + ") rows ORDER BY seq"
+    f"SELECT * FROM ({_BOTH_TABLES.format(where=f'is_context AND NOT ({_COUNTED})')}) rows ORDER BY seq"
 )
 _OBSERVATION_COLUMNS = f"id, model, chars, tokens, observed_at, {', '.join(EXACT_FIELDS)}"
 _OBSERVATIONS_SQL = f"""

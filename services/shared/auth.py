@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import grpc
@@ -99,6 +100,7 @@ def forwarded_metadata(context: grpc.aio.ServicerContext | None) -> tuple[tuple[
     return ()
 
 
+@functools.lru_cache(maxsize=4)  # signed once per process, not on every report
 def service_metadata(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]:
     """Credentials for a call the services make on their own behalf (empty with auth off)."""
     if not enabled:

@@ -146,6 +146,13 @@ def truncate_oversized(
     return view
 
 
+def heuristic_view(messages: Sequence[Message], budget_tokens: int,
+                   budgets: dict[int, int] | None = None) -> list[Message]:
+    """The view without the model's tokenizer: oversized messages cut at the fixed chars / 1.8 rate
+    (the Compressor's fallback, and the Agent's while the Compressor is away)."""
+    return truncate_oversized(messages, budget_tokens, heuristic_tokens, budgets)
+
+
 def tool_arguments(arguments_json: str) -> dict[str, Any]:
     """Arguments as the object Ollama expects; text that is not a JSON object is wrapped, not lost."""
     if not arguments_json.strip():

@@ -77,7 +77,7 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
 
 
-def _refuse_nul(request, deep: bool | None) -> None:
+def _refuse_bad_strings(request, deep: bool | None) -> None:
     """NUL characters and over-long identifying strings; ``deep`` None: a streamed request (checked
     by its servicer, if at all)."""
     if deep is not None and isinstance(request, ProtoMessage):
@@ -92,7 +92,7 @@ def _refuse_nul(request, deep: bool | None) -> None:
 def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None):
     async def guarded(request, context):
         try:
-            _refuse_nul(request, deep)
+            _refuse_bad_strings(request, deep)
             return await fn(request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
@@ -105,7 +105,7 @@ def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None
 def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | None):
     async def guarded(request, context):
         try:
-            _refuse_nul(request, deep)
+            _refuse_bad_strings(request, deep)
             result = fn(request, context)
             if inspect.isasyncgen(result):
                 async for item in result:
