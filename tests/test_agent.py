@@ -425,11 +425,21 @@ async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_n
 
     await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=[
         common_pb2.Message(role="user", content="written by another replica")]))
-    ollama_sim.script(Reply(text="second answer"))
-    second = await run(agent, "second", session_id=session_id)
+    ollama_sim.set_responder(lambda body: Reply(text="second answer"))
+    calls_before = len(ollama_sim.bodies())
+    try:
+        second = await run(agent, "second", session_id=session_id)
+    finally:
+        ollama_sim.set_responder(None)
     assert end_of(second).reason == END.STREAM_END_REASON_COMPLETED
     sent = [m["content"] for m in ollama_sim.bodies()[-1]["messages"]]
     assert "written by another replica" in sent  # the reload saw the other writer's message
+    # The call started while the message was being stored, from the stale copy, was dropped
+    # before anything reached the client, and made again from what is stored.
+    dropped = ollama_sim.bodies()[calls_before:-1]
+    assert len(dropped) == 1
+    assert "written by another replica" not in [m["content"] for m in dropped[0]["messages"]]
+    assert "".join(e.text_delta.text for e in second if e.HasField("text_delta")) == "second answer"
     session = await full(store, session_id)
     assert session.name == "renamed elsewhere"
     assert [m.content for m in session.messages][-2:] == ["second", "second answer"]

@@ -83,6 +83,9 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
                 hung = await asyncio.wait_for(turn(agent, first[0].session_id, "are you there?"), timeout=60)
                 ends = [e.stream_end for e in hung if e.HasField("stream_end")]
                 assert ends and ends[0].reason == apb.STREAM_END_REASON_ERROR
+                # The model may have started on the prompt, but its answer to a message the store
+                # never acknowledged is not shown.
+                assert not any(e.HasField("text_delta") for e in hung)
                 assert any("SessionStore" in e.error.message for e in hung if e.HasField("error"))
             except grpc.aio.AioRpcError as error:
                 assert error.code() == grpc.StatusCode.UNAVAILABLE and "SessionStore" in error.details()
@@ -94,6 +97,69 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
     finally:
         relay.thaw()
         await running.stop(0)
+
+
+async def test_the_model_starts_while_the_message_is_stored_and_shows_nothing_before(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    """The first model call of a turn overlaps the append of the user's message (the fewest waits
+    before the first token), but the client sees no answer before that message is stored."""
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, session_store_pb2_grpc as spb_grpc
+    from services.agent.app import start_agent
+    from services.ollama_sim import Reply
+    from tests.conftest import agent_settings
+
+    host, port = store_server.address.rsplit(":", 1)
+    relay = Relay((host, int(port)))
+    await relay.start()
+    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
+                       store_addr=f"127.0.0.1:{relay.port}")
+    running = await start_agent(settings, port=0)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel, \
+                grpc.aio.insecure_channel(store_server.address) as store_channel:
+            agent = agent_pb2_grpc.AgentStub(channel)
+            store = spb_grpc.SessionStoreStub(store_channel)
+            ollama_sim.script(Reply(text="first answer"))
+            first = [e async for e in agent.RunStream(apb.RunStreamRequest(text="hello"))]
+            session_id = first[0].session_id
+            await asyncio.gather(*running.servicer.deps.post_turn_tasks)  # its writes go through the relay too
+            calls = len(ollama_sim.bodies())
+            ollama_sim.script(Reply(text="second answer"))
+            relay.freeze()  # the Agent's append of the next message hangs; the Compressor's reads do not
+            events: asyncio.Queue = asyncio.Queue()
+
+            async def second() -> None:
+                async for event in agent.RunStream(apb.RunStreamRequest(session_id=session_id, text="again")):
+                    events.put_nowait(event)
+
+            task = asyncio.create_task(second())
+            try:
+                await _until(lambda: len(ollama_sim.bodies()) > calls)  # the model has the prompt
+                assert any(m["content"] == "again" for m in ollama_sim.bodies()[-1]["messages"])
+                seen = [events.get_nowait() for _ in range(events.qsize())]
+                assert not any(e.HasField("text_delta") for e in seen), "an answer shown before its message was stored"
+                relay.thaw()
+                await asyncio.wait_for(task, timeout=60)
+            finally:
+                relay.thaw()
+                task.cancel()
+            seen += [events.get_nowait() for _ in range(events.qsize())]
+            assert seen[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED
+            assert "".join(e.text_delta.text for e in seen if e.HasField("text_delta")) == "second answer"
+            history = (await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=session_id, limit=10))).messages
+            assert [m.content for m in history][-2:] == ["again", "second answer"]
+    finally:
+        relay.thaw()
+        await running.stop(0)
+
+
+async def _until(condition, timeout: float = 30.0) -> None:
+    """Wait for a condition another process makes true (a request reaching the simulator)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
 
 
 async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(

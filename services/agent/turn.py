@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import grpc
@@ -81,6 +82,27 @@ class TurnInput:
     text: str
     images: Sequence[bytes] = ()
     hidden: bool = False
+
+
+class StalePrompt(Exception):
+    """The session changed under the turn (another writer) while the prompt was on its way."""
+
+
+class StoringTask:
+    """Messages being appended in the background; awaitable any number of times. `stale` says
+    the append found the session changed by someone else (the conversation reloaded first)."""
+
+    def __init__(self, conv: StoredConversation | EphemeralConversation, messages: Sequence[Message]) -> None:
+        self._reloads = conv.reloads
+        self._conv = conv
+        self._task = asyncio.ensure_future(conv.append(messages))
+
+    def __await__(self):
+        return self._task.__await__()
+
+    @property
+    def stale(self) -> bool:
+        return self._conv.reloads != self._reloads
 
 
 @dataclass
@@ -215,47 +237,26 @@ class Turn:
                     await self.conv.append(self._pending)
                     self._pending = []
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
-            built = self._build(memory, iteration, stalled, self._pending)
-            if self._pending:
-                reloads = self.conv.reloads
-                check, appended = await asyncio.gather(self._check_size(built, iteration),
-                                                       self.conv.append(self._pending), return_exceptions=True)
-                self._pending = []
-                for outcome in (appended, check):  # both finished; the store's failure speaks first
-                    if isinstance(outcome, BaseException):
-                        raise outcome
-                if self.conv.reloads != reloads:  # someone else wrote in between: build from what is stored
-                    built = self._build(memory, iteration, stalled)
-                    check = await self._check_size(built, iteration)
-            else:
-                check = await self._check_size(built, iteration)
-            through_seq = self.conv.through_seq  # the stored rows this prompt carries
-            if check.decision == cpb.SIZE_DECISION_COMPRESS_FIRST:
-                # Pre-turn (first call) or mid-turn (later calls): the Compressor decided on its own
-                # count and its dry run, so compression_started never lies. Then one more check,
-                # which no longer offers compression: fits, cut further, or too large.
-                reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
-                if await self._compress(reason, check.tokens, check.compress_keep_recent_messages):
-                    built = self._build(memory, iteration, stalled)
-                    through_seq = self.conv.through_seq
-                check = await self._check_size(built, iteration, decide=False)
-            if check.decision != cpb.SIZE_DECISION_FITS:
-                answer = TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit)
-                await self.conv.append([Message(role="assistant", content=answer)])
-                self.sink.text(answer)
-                return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
-            built = cb.apply_cuts(built, check.cuts)
-            try:
-                reply = await self._call_model(built)
-            except StreamStopped:
-                await self._save_partial("stopped")
-                return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
-            except (StreamTimeout, PalimpsestError) as exc:
-                await self._save_partial("error")
-                code = "DEADLINE_EXCEEDED" if isinstance(exc, StreamTimeout) else exc.code.name
-                self.sink.error(code, str(exc))
-                return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
+            while True:
+                prepared = await self._prepare(memory, iteration, stalled)
+                if isinstance(prepared, TurnResult):
+                    return prepared
+                built, check, storing = prepared
+                try:
+                    reply = await self._call_model(built, storing)
+                    break
+                except StalePrompt:
+                    continue  # nothing reached the client: the same call, built from what is stored
+                except StreamStopped:
+                    await self._save_partial("stopped")
+                    return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
+                except (StreamTimeout, PalimpsestError) as exc:
+                    await self._save_partial("error")
+                    code = "DEADLINE_EXCEEDED" if isinstance(exc, StreamTimeout) else exc.code.name
+                    self.sink.error(code, str(exc))
+                    return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
             self._partial = None  # from here on the reply is saved, never as a partial
+            through_seq = self.conv.through_seq  # the stored rows this prompt carries
             if not reply.tool_calls:
                 await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)])
                 await self._record_usage(reply, check, built, through_seq)
@@ -272,6 +273,40 @@ class Turn:
             if self.state.switched_profile:
                 await self._switch_profile(self.state.switched_profile)
         return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
+
+    async def _prepare(self, memory: str, iteration: int, stalled: int
+                       ) -> tuple[list[Message], cpb.CheckContextSizeResponse, StoringTask | None] | TurnResult:
+        """The prompt for the next call, sized by the Compressor (compressed first when it says
+        so, cut where it says), or the turn's end when even that cannot fit. This turn's user
+        message may still be on its way to the store when the prompt fits (see _call_model)."""
+        built = self._build(memory, iteration, stalled, self._pending)
+        storing = self._store_pending()
+        try:
+            check = await self._check_size(built, iteration)
+        except BaseException:
+            if storing is not None:
+                await storing  # both finished; the store's failure speaks first
+            raise
+        if storing is not None and check.decision != cpb.SIZE_DECISION_FITS:
+            await storing  # compression and the too-large answer start from what is stored
+            if storing.stale:  # someone else wrote in between: build from what is stored
+                built = self._build(memory, iteration, stalled)
+                check = await self._check_size(built, iteration)
+            storing = None
+        if check.decision == cpb.SIZE_DECISION_COMPRESS_FIRST:
+            # Pre-turn (first call) or mid-turn (later calls): the Compressor decided on its own
+            # count and its dry run, so compression_started never lies. Then one more check,
+            # which no longer offers compression: fits, cut further, or too large.
+            reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
+            if await self._compress(reason, check.tokens, check.compress_keep_recent_messages):
+                built = self._build(memory, iteration, stalled)
+            check = await self._check_size(built, iteration, decide=False)
+        if check.decision != cpb.SIZE_DECISION_FITS:
+            answer = TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit)
+            await self.conv.append([Message(role="assistant", content=answer)])
+            self.sink.text(answer)
+            return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
+        return cb.apply_cuts(built, check.cuts), check, storing
 
     def _build(self, memory: str, iteration: int, stalled: int, pending: Sequence[Message] = ()) -> list[Message]:
         return cb.ContextBuilder.build(
@@ -353,27 +388,54 @@ class Turn:
         return OllamaClient.chat_body(self.profile.model, messages, num_ctx=self.window, tools=self._tool_schemas(),
                                       think=think)
 
-    async def _call_model(self, built: list[Message]) -> ChatResult:
+    def _store_pending(self) -> StoringTask | None:
+        """This turn's user message on its way to the store, while the first size check runs and
+        the model starts reading the prompt: the fewest waits before the first token."""
+        if not self._pending:
+            return None
+        storing = StoringTask(self.conv, self._pending)
+        self._pending = []
+        return storing
+
+    async def _call_model(self, built: list[Message], storing: StoringTask | None = None) -> ChatResult:
+        """Stream one model call to the client. With `storing`, the user's message is still on its
+        way to the store: nothing reaches the client, and nothing else is written, before it is
+        stored. If storing fails, the call is dropped and the store's error ends the turn; if it
+        found the session changed by another writer, the call is dropped as StalePrompt."""
         reply = ChatResult()
         self._partial = reply
+        try:
+            await self._stream_reply(built, reply, storing)
+        finally:
+            if storing is not None:
+                await storing
+        return reply
+
+    async def _stream_reply(self, built: list[Message], reply: ChatResult, storing: StoringTask | None) -> None:
         thinking_open = False
         stream = self.deps.ollama.chat_stream(self._request_body(built))
-        async for chunk in guarded(stream, first_chunk_timeout=self.settings.stream_first_chunk_timeout,
-                                   chunk_timeout=self.settings.stream_chunk_timeout, stop=self.stop):
-            message = chunk.get("message") or {}
-            if message.get("thinking"):
-                thinking_open = True
-                self.sink.thinking(message["thinking"])
-            if thinking_open and (message.get("content") or message.get("tool_calls") or chunk.get("done")):
-                thinking_open = False
-                self.sink.thinking_end()
-            if message.get("content"):
-                self.sink.text(message["content"])
-            reply.absorb(chunk)
-            self.result.text = reply.content
+        chunks = guarded(stream, first_chunk_timeout=self.settings.stream_first_chunk_timeout,
+                         chunk_timeout=self.settings.stream_chunk_timeout, stop=self.stop)
+        async with aclosing(chunks):  # an error in here closes the HTTP stream at once
+            async for chunk in chunks:
+                if storing is not None:
+                    await storing
+                    if storing.stale:
+                        raise StalePrompt
+                    storing = None
+                message = chunk.get("message") or {}
+                if message.get("thinking"):
+                    thinking_open = True
+                    self.sink.thinking(message["thinking"])
+                if thinking_open and (message.get("content") or message.get("tool_calls") or chunk.get("done")):
+                    thinking_open = False
+                    self.sink.thinking_end()
+                if message.get("content"):
+                    self.sink.text(message["content"])
+                reply.absorb(chunk)
+                self.result.text = reply.content
         if reply.model and reply.model != self.profile.model:
             self.sink.model_info(reply.model, self.window)
-        return reply
 
     async def _save_partial(self, why: str) -> None:
         partial = getattr(self, "_partial", None)

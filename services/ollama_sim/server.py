@@ -333,6 +333,9 @@ def _show_payload(spec: ModelSpec, verbose: bool) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 so clients keep connections alive; streams use chunked transfer encoding.
     protocol_version = "HTTP/1.1"
+    # Ollama's Go server sets TCP_NODELAY on every connection. Without it, a chunk written right
+    # after the headers on a kept-alive connection waits for the client's delayed ACK (~40 ms).
+    disable_nagle_algorithm = True
     server: _Server
 
     @property

@@ -85,18 +85,33 @@ EXACT_OBSERVATIONS = 32  # the template fit: per model, so every session of it c
 # without tool calls are capped: calls are never cut, so such a row may cost more than the budget.
 CUT_SEAM_TOKENS = 4
 _COUNTED = "token_digest = $2 AND cardinality(images) = 0"
+# A session, its baseline and its context's size from stored counts in one round trip: the
+# pre-call size check runs before every model call, so its reads must not add up.
+_BASELINE_COLUMNS = ("tokens", "through_seq", "model", "context_truncated", "recorded_at")
+_SESSION_BASELINE_SQL = f"""
+    SELECT s.owner, s.revision, b.session_id IS NOT NULL AS has_baseline,
+           {', '.join(f'b.{c} AS baseline_{c}' for c in _BASELINE_COLUMNS)}
+      FROM sessions s LEFT JOIN session_baselines b ON b.session_id = s.id
+     WHERE s.id = $1
+"""
 _COUNTED_CONTEXT_SQL = f"""
-    SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') AND jsonb_array_length(tool_calls) = 0
-                             THEN least(token_count, $3) ELSE token_count END), 0)
-               AS counted_tokens,
-           count(*) AS counted_messages,
-           count(*) FILTER (WHERE role = 'tool') AS counted_tool_results,
-           coalesce(sum(jsonb_array_length(tool_calls)), 0) AS counted_tool_calls
-      FROM (SELECT role, token_count, tool_calls FROM session_messages
-             WHERE session_id = $1 AND is_context AND {_COUNTED}
-            UNION ALL
-            SELECT role, token_count, tool_calls FROM session_messages_archive
-             WHERE session_id = $1 AND is_context AND {_COUNTED}) ctx
+    SELECT s.owner, s.revision, b.session_id IS NOT NULL AS has_baseline,
+           {', '.join(f'b.{c} AS baseline_{c}' for c in _BASELINE_COLUMNS)}, c.*
+      FROM sessions s LEFT JOIN session_baselines b ON b.session_id = s.id
+     CROSS JOIN LATERAL (
+        SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') AND jsonb_array_length(tool_calls) = 0
+                                 THEN least(token_count, $3) ELSE token_count END) FILTER (WHERE counted), 0)
+                   AS counted_tokens,
+               count(*) FILTER (WHERE counted) AS counted_messages,
+               count(*) FILTER (WHERE counted AND role = 'tool') AS counted_tool_results,
+               coalesce(sum(jsonb_array_length(tool_calls)) FILTER (WHERE counted), 0) AS counted_tool_calls,
+               count(*) FILTER (WHERE NOT counted) AS uncounted_messages
+          FROM (SELECT role, token_count, tool_calls, {_COUNTED} AS counted FROM session_messages
+                 WHERE session_id = $1 AND is_context
+                UNION ALL
+                SELECT role, token_count, tool_calls, {_COUNTED} AS counted FROM session_messages_archive
+                 WHERE session_id = $1 AND is_context) ctx) c
+     WHERE s.id = $1
 """
 _UNCOUNTED_CONTEXT_SQL = (
     f"SELECT * FROM ({_BOTH_TABLES.format(where=f'is_context AND NOT ({_COUNTED})')}) rows ORDER BY seq"
@@ -720,21 +735,29 @@ class SessionRepository:
                 )
 
     async def get_baseline(self, identity: Identity, session_id: uuid.UUID, model: str = "", token_digest: str = "",
-                           view_budget: int = 0) -> tuple[asyncpg.Record | None, list[asyncpg.Record], dict | None]:
+                           view_budget: int = 0) -> tuple[dict | None, list[asyncpg.Record], dict | None]:
         """The session's baseline and, when `model` is given, its newest observations; with a
-        `token_digest`, the context's size from stored counts and the rows not counted yet: one read."""
+        `token_digest`, the context's size from stored counts and the rows not counted yet. One
+        round trip when every context row is counted (the usual case before a model call)."""
         async with self.pool.acquire() as conn:
-            session = await self._readable(conn, session_id, identity)
-            baseline = await conn.fetchrow("SELECT * FROM session_baselines WHERE session_id = $1", session_id)
+            if token_digest:
+                cap = min(view_budget + CUT_SEAM_TOKENS, 2**31 - 1) if view_budget > 0 else 2**31 - 1
+                row = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
+            else:
+                row = await conn.fetchrow(_SESSION_BASELINE_SQL, session_id)
+            if row is None:
+                raise NotFound(f"session {session_id} not found")
+            identity.require_access(row["owner"], str(session_id))
             observations = await self.list_observations(model, conn=conn) if model else []
             tokens = None
             if token_digest:
-                cap = min(view_budget + CUT_SEAM_TOKENS, 2**31 - 1) if view_budget > 0 else 2**31 - 1
-                summed = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
-                uncounted = await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
-                tokens = {**dict(summed), "uncounted": [convert.message_from_row(r, archived=r["archived"])
-                                                         for r in uncounted],
-                          "revision": session["revision"]}
+                uncounted = (await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
+                             if row["uncounted_messages"] else [])
+                tokens = {name: row[name] for name in
+                          ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls")}
+                tokens |= {"uncounted": [convert.message_from_row(r, archived=r["archived"]) for r in uncounted],
+                           "revision": row["revision"]}
+        baseline = ({c: row[f"baseline_{c}"] for c in _BASELINE_COLUMNS} if row["has_baseline"] else None)
         return baseline, observations, tokens
 
     async def set_token_counts(self, identity: Identity, session_id: uuid.UUID, token_digest: str,
