@@ -111,8 +111,7 @@ async def added_latency(server, quick: bool) -> str:
                          _common.ms(_common.percentile(agent_times, 95)), _common.ms(agent_p50 - direct_p50)])
     ratio = overhead_at[10_000] / overhead_at[10] if overhead_at[10] > 0 else float("inf")
     return ("Time to the first text delta: RunStream through the Agent (which stores the message while the "
-            "Compressor sizes the prompt, then streams) "
-            "stores the message, checks the size, then streams) against the same request body sent straight "
+            "Compressor sizes the prompt and the model starts on it) against the same request body sent straight "
             "to the simulator. Long sessions are seeded as compression leaves them (a summary and a recent "
             "tail in the context, the rest in the display history only). Target: ≤ 5 ms added at 10,000, "
             f"and at most 2× the overhead at 10. Measured ratio 10,000 / 10: {ratio:.2f}.\n\n"

@@ -207,3 +207,31 @@ async def test_a_vocabulary_that_does_not_load_falls_back_once(ollama_sim, tmp_p
         await client.aclose()
     warnings = [r for r in caplog.records if "counted by the calibrated estimate" in r.getMessage()]
     assert len(warnings) == 1 and "does not load" in warnings[0].getMessage()
+
+
+async def test_an_agents_turns_leave_their_messages_counted_in_the_store(agent, store, compressor_server, ollama_sim):
+    """A message is counted once, by the first size check that sees it stored; the store then
+    sums it for everyone (EstimateTokens, the context meter, another Compressor replica)."""
+    import asyncio
+
+    from palimpsest.v1 import session_store_pb2 as store_pb
+
+    ollama_sim.script(Reply(text="first answer"), Reply(text="second answer"))
+    first = [e async for e in agent.RunStream(agent_pb2.RunStreamRequest(text="count me once"))]
+    session_id = first[0].session_id
+    second = [e async for e in agent.RunStream(agent_pb2.RunStreamRequest(session_id=session_id, text="and me"))]
+    assert second[-1].stream_end.reason == agent_pb2.STREAM_END_REASON_COMPLETED
+    model = [e.model_info.model for e in first if e.HasField("model_info")][0]
+    digest = (await compressor_server.servicer.tokenizers.counter(model)).digest
+
+    async def uncounted() -> list[str]:
+        reply = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest=digest))
+        return [m.content for m in reply.context_tokens.uncounted]
+
+    for _ in range(200):  # written off the request's path
+        if len(await uncounted()) <= 2:
+            break
+        await asyncio.sleep(0.01)
+    # The first turn's two messages were seen stored by the second turn's size check; the second
+    # turn's are counted by the next check that sees them.
+    assert await uncounted() == ["and me", "second answer"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 
 import grpc
 
@@ -14,6 +15,7 @@ from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc,
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
+from services.compressor.exact_count import message_tokens
 from services.compressor.planner import intra_turn_keep, would_compress
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, shape_to_proto
@@ -34,6 +36,8 @@ from services.shared.settings import Settings
 log = logging.getLogger("palimpsest.compressor")
 
 MAX_WINDOW = 10_000_000
+# Sessions whose stored rows this replica has written counts for, newest first out.
+COUNTED_SESSIONS = 10_000
 OBSERVATIONS_TTL_S = 5.0
 # Pricing this much text or less runs on the event loop: a thread hop costs ~1 ms on a busy
 # 2-core machine (measured on the first token's path), more than counting cached messages does.
@@ -60,6 +64,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self.tokenizers = ModelTokenizers(ollama, settings.data_dir / "tokenizers")
         self._writes: set[asyncio.Task] = set()  # token counts on their way to the store
         self._observation_cache: dict[str, tuple[float, list[store_pb.Observation]]] = {}
+        # (session, tokenizer digest) → the highest seq whose count this replica has stored.
+        self._counted_through: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     # -- loading -----------------------------------------------------------------------------
     def _window(self, window: int) -> int:
@@ -165,6 +171,23 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
         )
 
+    def _remember_new_counts(self, session_id: str, counter, messages, context) -> None:
+        """Store the counts of rows a size check sees for the first time: a message is counted
+        once, at the first check after it was written, and every later sum (EstimateTokens, the
+        context meter, another replica) reads it from the store."""
+        key = (session_id, counter.digest)
+        through = self._counted_through.get(key, 0)
+        new = [m for m in messages if m.seq > through and not m.images]
+        newest = max((m.seq for m in messages), default=0)
+        if newest > through:
+            self._counted_through[key] = newest
+            self._counted_through.move_to_end(key)
+            while len(self._counted_through) > COUNTED_SESSIONS:
+                self._counted_through.popitem(last=False)
+        if new:  # counted a moment ago for the view: the counter's cache answers
+            self._remember_counts(session_id, counter.digest,
+                                  list(zip((m.seq for m in new), message_tokens(new, counter))), context)
+
     def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int]], context) -> None:
         """Write fresh per-message counts back, off the request's path; a lost write only means the
         rows are counted again next time."""
@@ -212,6 +235,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         messages, schemas = list(request.messages), list(request.tool_schemas)
         view, cuts, estimate, method = await _priced(self._price_view, pricing, messages, schemas,
                                                      chars=_chars(messages))
+        if counter is not None and request.session_id:
+            self._remember_new_counts(request.session_id, counter, messages, context)
         limit = window - output_reserve(window, knobs.output_reserve)
         trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
         decision = pb.SIZE_DECISION_FITS if fits(estimate.tokens, window, knobs.output_reserve) \
