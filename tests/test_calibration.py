@@ -145,3 +145,81 @@ def test_marginal_tokens_leave_out_the_prompt_overhead() -> None:
 
 def test_a_negative_fitted_overhead_never_gives_negative_tokens() -> None:
     assert estimate_text_tokens(10, Line(overhead=-500, tokens_per_char=0.5)) == 0
+
+
+# -- per character class ----------------------------------------------------------------------
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+from services.compressor.calibration import (  # noqa: E402
+    CHAR_CLASSES, MIN_RATE_OBSERVATIONS, RATES_PRIOR, char_classes, fit_rates,
+)
+
+SAMPLES = {
+    "prose": "The deployment finished after the migration; every worker picked up its lease again. ",
+    "log": "2026-11-30T10:17:03.512Z ERROR 10.0.7.19 req=9f3a01c2 GET /v2/orders/88120 503 1204ms\n",
+    "cjk": "计费服务迁移到新集群后，错误预算恢复前保留旧路径。設定ファイルを読み込みます。",
+    "cyrillic": "Сервис биллинга перенесён на новый кластер, старый путь сохраняется. ",
+    "json": '{"rows": [{"id": 48213, "status": "failed", "path": "/srv/app/17.py"}]}',
+}
+# A vocabulary's hidden price per class, unlike Qwen's (an English-only one: CJK is expensive).
+HIDDEN = (0.3, 2.0, 0.24, 3.4, 2.4, 0.47)
+
+
+def hidden_tokens(messages: int, classes) -> int:
+    return round(40 + 6 * messages + sum(r * c for r, c in zip(HIDDEN, classes)))
+
+
+def mix(parts: dict[str, int]) -> tuple[int, tuple[int, ...]]:
+    text = "".join(SAMPLES[name] * n for name, n in parts.items())
+    return sum(parts.values()), char_classes(text)
+
+
+def test_char_classes_sort_every_character_into_one_class() -> None:
+    assert char_classes("Hello wörld 123 — 计费服务。日本語 привет _x") == (6, 3, 11, 8, 6, 2)
+    assert char_classes("") == (0,) * len(CHAR_CLASSES)
+
+
+@hsettings(max_examples=200, derandomize=True)
+@given(st.text())
+def test_char_classes_count_every_character_once(text: str) -> None:
+    classes = char_classes(text)
+    assert sum(classes) == len(text) and min(classes) >= 0
+
+
+def test_rates_learned_on_some_mixes_price_another_mix_closely() -> None:
+    """What one chars rate cannot do: learn on prose-and-log prompts, price a CJK-heavy one."""
+    train = [mix({"prose": 20, "log": 5, "cjk": 2}), mix({"prose": 5, "log": 30, "cjk": 1}),
+             mix({"prose": 40, "cyrillic": 3, "json": 4, "cjk": 3}), mix({"log": 10, "json": 20, "cyrillic": 8}),
+             mix({"prose": 12, "cjk": 12, "log": 2}), mix({"prose": 60, "json": 2, "log": 9, "cyrillic": 1}),
+             mix({"cyrillic": 15, "prose": 4}), mix({"json": 6, "cjk": 5, "cyrillic": 2}),
+             mix({"log": 3, "cyrillic": 6, "prose": 30}), mix({"json": 12, "prose": 8, "log": 1})]
+    rates = fit_rates([(m, c, hidden_tokens(m, c)) for m, c in train])
+    assert rates is not None and rates.observed == len(train)
+    for parts in ({"cjk": 40, "prose": 2}, {"log": 80}, {"cyrillic": 30, "json": 10}):
+        messages, classes = mix(parts)
+        real = hidden_tokens(messages, classes)
+        assert abs(rates.whole(messages, classes) - real) / real < 0.02, parts
+    # A single rate for every character, fitted on the same reports, misses the CJK prompt badly.
+    line = fit_line([Observation(sum(c), hidden_tokens(m, c)) for m, c in train])
+    messages, classes = mix({"cjk": 40, "prose": 2})
+    assert abs(line.predict(sum(classes)) - hidden_tokens(messages, classes)) / hidden_tokens(messages, classes) > 0.2
+
+
+def test_a_class_no_report_contained_keeps_its_cautious_prior() -> None:
+    train = [mix({"prose": n, "log": 30 - n}) for n in (3, 10, 17, 25)]
+    rates = fit_rates([(m, c, hidden_tokens(m, c)) for m, c in train])
+    assert rates is not None
+    assert rates.rates[CHAR_CLASSES.index("cjk")] == pytest.approx(RATES_PRIOR[2 + CHAR_CLASSES.index("cjk")])
+
+
+def test_rates_never_count_low_on_the_reports_they_learned_from() -> None:
+    noisy = [mix({"prose": n, "log": n % 7, "cjk": n % 3}) for n in range(2, 14)]
+    reports = [(m, c, hidden_tokens(m, c) + (25 if i % 4 == 0 else -10)) for i, (m, c) in enumerate(noisy)]
+    rates = fit_rates(reports)
+    assert rates is not None and rates.margin > 0
+    assert all(rates.whole(m, c) >= t for m, c, t in reports)
+
+
+def test_too_few_reports_give_no_rates() -> None:
+    reports = [(m, c, hidden_tokens(m, c)) for m, c in (mix({"prose": 3}), mix({"log": 4}))]
+    assert MIN_RATE_OBSERVATIONS > len(reports) and fit_rates(reports) is None

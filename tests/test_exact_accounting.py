@@ -64,7 +64,16 @@ async def test_a_model_without_a_vocabulary_is_counted_by_the_calibrated_estimat
     reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
         model="tiny", messages=turn_with_result(LOGS[:3000]), window=8192))
     assert reply.method in (pb.ESTIMATE_METHOD_FALLBACK, pb.ESTIMATE_METHOD_CALIBRATED)
-    assert reply.decision == pb.SIZE_DECISION_FITS and not reply.HasField("shape")
+    assert reply.decision == pb.SIZE_DECISION_FITS
+    # No exact content count, but the shape a report teaches the per-class rates with: every
+    # character of the view (contents and tool calls) in one class.
+    shape = reply.shape
+    assert shape.content_tokens == 0 and shape.messages == 4 and shape.tool_calls == 1
+    classes = (shape.chars_space, shape.chars_digit, shape.chars_latin, shape.chars_cjk, shape.chars_other_letter,
+               shape.chars_symbol)
+    view = apply_cuts(turn_with_result(LOGS[:3000]), reply.cuts)
+    view_text = sum(len(m.content) for m in view) + len('{"name": "read", "arguments": {"path": "/var/log/app"}}')
+    assert sum(classes) == view_text and shape.chars_digit > 0 and shape.chars_latin > 0
 
 
 async def test_tool_schemas_are_counted(compressor):

@@ -205,7 +205,7 @@ class FileInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ...) -> None: ...
 
 class PromptShape(_message.Message):
-    __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images")
+    __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images", "chars_space", "chars_digit", "chars_latin", "chars_cjk", "chars_other_letter", "chars_symbol")
     CONTENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,12 @@ class PromptShape(_message.Message):
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PRIOR_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    CHARS_SPACE_FIELD_NUMBER: _ClassVar[int]
+    CHARS_DIGIT_FIELD_NUMBER: _ClassVar[int]
+    CHARS_LATIN_FIELD_NUMBER: _ClassVar[int]
+    CHARS_CJK_FIELD_NUMBER: _ClassVar[int]
+    CHARS_OTHER_LETTER_FIELD_NUMBER: _ClassVar[int]
+    CHARS_SYMBOL_FIELD_NUMBER: _ClassVar[int]
     content_tokens: int
     messages: int
     tool_results: int
@@ -220,4 +226,10 @@ class PromptShape(_message.Message):
     tools: int
     image_prior_tokens: int
     images: int
-    def __init__(self, content_tokens: _Optional[int] = ..., messages: _Optional[int] = ..., tool_results: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tools: _Optional[int] = ..., image_prior_tokens: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
+    chars_space: int
+    chars_digit: int
+    chars_latin: int
+    chars_cjk: int
+    chars_other_letter: int
+    chars_symbol: int
+    def __init__(self, content_tokens: _Optional[int] = ..., messages: _Optional[int] = ..., tool_results: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tools: _Optional[int] = ..., image_prior_tokens: _Optional[int] = ..., images: _Optional[int] = ..., chars_space: _Optional[int] = ..., chars_digit: _Optional[int] = ..., chars_latin: _Optional[int] = ..., chars_cjk: _Optional[int] = ..., chars_other_letter: _Optional[int] = ..., chars_symbol: _Optional[int] = ...) -> None: ...

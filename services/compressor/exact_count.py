@@ -40,6 +40,14 @@ class Shape:
     tools: int = 0
     image_prior_tokens: int = 0
     images: int = 0
+    # The content's characters by class (see calibration.CHAR_CLASSES): what a model without a
+    # vocabulary is priced by.
+    chars_space: int = 0
+    chars_digit: int = 0
+    chars_latin: int = 0
+    chars_cjk: int = 0
+    chars_other_letter: int = 0
+    chars_symbol: int = 0
 
     def features(self) -> tuple[float, ...]:
         """What the template's cost depends on, in the order of ``CHATML_PRIOR``."""
@@ -98,7 +106,7 @@ class Template:
         return self.text_tokens(shape) + self.image_tokens(shape) + self.safety_margin(shape)
 
 
-def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
+def solve_linear(matrix: list[list[float]], vector: list[float]) -> list[float]:
     """Gaussian elimination with partial pivoting for the small, positive-definite ridge system."""
     n = len(vector)
     a = [row[:] + [vector[i]] for i, row in enumerate(matrix)]
@@ -137,7 +145,7 @@ def _fit_template(observations: tuple[ExactObservation, ...], prior: tuple[float
                 rhs[i] += x[i] * residual
                 for j in range(k):
                     gram[i][j] += x[i] * x[j]
-        coefficients = tuple(_solve(gram, rhs))
+        coefficients = tuple(solve_linear(gram, rhs))
     fitted = Template(coefficients=coefficients)
     margin = max((o.tokens - fitted.text_tokens(o.shape) for o in text), default=None)
     if margin is not None:

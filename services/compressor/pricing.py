@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 from palimpsest.v1 import common_pb2, compressor_pb2, session_store_pb2 as store_pb
-from services.compressor.calibration import Line, Observation, fallback_tokens, fit_line
+from services.compressor.calibration import (
+    CHAR_CLASSES, Line, Observation, Rates, fallback_tokens, fit_line, fit_rates, prompt_classes,
+)
 from services.compressor.exact_count import (
-    Counter, ExactObservation, Shape, Template, exact_view, fit_template, message_tokens, shape_of,
+    Counter, ExactObservation, Shape, Template, exact_view, fit_template, message_texts, message_tokens, shape_of,
 )
 from services.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens, priced_view
 from services.shared.context_view import message_budget, message_chars
@@ -101,6 +103,7 @@ class Pricing:
     baseline: store_pb.Baseline | None = None
     counter: Counter | None = None
     template: Template = field(default_factory=Template)
+    rates: Rates | None = None  # per character class, for a model without a usable vocabulary
 
     @classmethod
     def build(cls, observations: Sequence[store_pb.Observation], window: int, knobs: Knobs,
@@ -110,8 +113,10 @@ class Pricing:
         line = fit_line([Observation(o.chars, o.tokens) for o in ordered if o.chars > 0])
         template = fit_template([ExactObservation(shape_from_proto(o.exact), o.tokens)
                                  for o in ordered if o.exact.content_tokens > 0])
+        rates = None if counter is not None else fit_rates(
+            [(o.exact.messages, shape_classes(o.exact), o.tokens) for o in ordered if o.exact.content_tokens == 0])
         return cls(line, message_budget(window, knobs.message_budget), knobs.image_fallback, baseline, counter,
-                   template)
+                   template, rates)
 
     @property
     def exact(self) -> bool:
@@ -123,7 +128,8 @@ class Pricing:
             return compressor_pb2.ESTIMATE_METHOD_EXACT
         if self.has_baseline:
             return compressor_pb2.ESTIMATE_METHOD_BASELINE_DELTA
-        return compressor_pb2.ESTIMATE_METHOD_CALIBRATED if self.line else compressor_pb2.ESTIMATE_METHOD_FALLBACK
+        calibrated = self.line is not None or self.rates is not None
+        return compressor_pb2.ESTIMATE_METHOD_CALIBRATED if calibrated else compressor_pb2.ESTIMATE_METHOD_FALLBACK
 
     def view(self, messages: Sequence[Message], budgets: dict[int, int] | None = None) -> tuple[list[Message],
                                                                                               dict[int, str]]:
@@ -152,7 +158,7 @@ class Pricing:
 
     def full(self, messages: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
         if self.counter is None:
-            return estimate_tokens(messages, self.line, self.image_fallback, self.budget)
+            return estimate_tokens(messages, self.line, self.image_fallback, self.budget, self.rates)
         return self.priced_view(self.view(messages)[0], tool_schemas)
 
     def priced_view(self, view: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
@@ -209,9 +215,22 @@ class Pricing:
         unstored = [m for m in body if m.seq == 0]
         estimate = baseline_delta_estimate(
             stored, self.baseline.tokens, self.baseline.through_seq, self.line, self.image_fallback, self.budget,
-            incoming=[*unstored, *incoming],
+            incoming=[*unstored, *incoming], rates=self.rates,
         )
         return estimate, compressor_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+
+
+def shape_classes(shape: common_pb2.PromptShape | Shape) -> tuple[int, ...]:
+    return tuple(getattr(shape, f"chars_{name}") for name in CHAR_CLASSES)
+
+
+def calibrated_shape(view: Sequence[Message]) -> Shape:
+    """What a calibrated report learns from: the prompt's messages and its characters by class."""
+    classes = prompt_classes([text for m in view for text in message_texts(m)])
+    return Shape(messages=len(view), tool_results=sum(1 for m in view if m.role == "tool"),
+                 tool_calls=sum(len(m.tool_calls) for m in view),
+                 images=sum(len(m.images) for m in view),
+                 **{f"chars_{name}": count for name, count in zip(CHAR_CLASSES, classes)})
 
 
 @dataclass

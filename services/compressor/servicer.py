@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import replace
 
 import grpc
 
@@ -18,7 +19,7 @@ from services.compressor.calibration import tokens_per_char
 from services.compressor.exact_count import message_tokens
 from services.compressor.planner import intra_turn_keep, would_compress
 from services.compressor.model_tokenizers import ModelTokenizers
-from services.compressor.pricing import Knobs, Pricing, SessionState, shape_to_proto
+from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts, proves_cut
 from services.compressor.token_estimate import (
     fits,
@@ -53,6 +54,12 @@ async def _priced(fn, *args, chars: int):
     if chars <= INLINE_PRICING_CHARS:
         return fn(*args)
     return await asyncio.to_thread(fn, *args)
+
+
+def _reportable(pricing: Pricing, view, estimate):
+    """A calibrated estimate carries the shape of the view it priced: the report of the call
+    brings it back, and the per-class rates learn what such a prompt really cost."""
+    return estimate if pricing.exact else replace(estimate, shape=calibrated_shape(view))
 
 
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
@@ -250,6 +257,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             deeper = await asyncio.to_thread(deepen_cuts, pricing, messages, schemas, limit)
             if deeper is not None:
                 view, cuts, estimate = deeper
+                estimate = _reportable(pricing, view, estimate)
                 decision = pb.SIZE_DECISION_FITS
         return pb.CheckContextSizeResponse(
             fits=decision == pb.SIZE_DECISION_FITS,
@@ -267,7 +275,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     @staticmethod
     def _price_view(pricing: Pricing, messages, schemas):
         view, cuts = pricing.view(messages)
-        return view, cuts, pricing.count_view(view, schemas), pricing.method
+        return view, cuts, _reportable(pricing, view, pricing.count_view(view, schemas)), pricing.method
 
     async def _shrinking_keep(self, request, tokens: int, trigger: int, limit: int, window: int, knobs: Knobs,
                               pricing: Pricing, context) -> int | None:
@@ -339,10 +347,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 observation=store_pb.Observation(model=request.model, tokens=request.prompt_eval_count,
                                                  exact=request.shape)), context, as_service=True)
         elif request.sent_chars > 0 and not request.had_images:
-            # Image tokens are not chars: a prompt with images would bend the line for text.
+            # Image tokens are not chars: a prompt with images would bend the line for text. The
+            # shape (its characters by class) teaches the per-class rates.
             await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
                 observation=store_pb.Observation(model=request.model, chars=request.sent_chars,
-                                                 tokens=request.prompt_eval_count)), context, as_service=True)
+                                                 tokens=request.prompt_eval_count, exact=request.shape)),
+                context, as_service=True)
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
 
     async def PriceImages(self, request, context):

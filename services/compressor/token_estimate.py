@@ -12,10 +12,12 @@ from typing import Callable, Sequence
 from palimpsest.v1.common_pb2 import Message
 from services.compressor.calibration import (
     Line,
+    Rates,
     estimate_text_tokens,
     marginal_text_tokens,
+    prompt_classes,
 )
-from services.compressor.exact_count import Shape
+from services.compressor.exact_count import Shape, message_texts
 from services.shared.context_view import heuristic_tokens, heuristic_view, view_chars
 from services.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
 
@@ -58,13 +60,25 @@ def _priced(
     line: Line | None,
     image_fallback: int,
     budget_tokens: int | None,
-    text_price: Callable[[int, Line | None], int],
+    text_price: Callable[[Sequence[Message], int, Line | None, Rates | None], int],
+    rates: Rates | None,
 ) -> Estimate:
     view = priced_view(messages, budget_tokens)
     chars = view_chars(view)
-    text = text_price(chars, line)
+    text = text_price(view, chars, line, rates)
     images = _image_tokens(view, image_fallback)
     return Estimate(tokens=text + images, text_tokens=text, image_tokens=images, chars=chars)
+
+
+def _classes(view: Sequence[Message]) -> tuple[int, ...]:
+    return prompt_classes([text for m in view for text in message_texts(m)])
+
+
+def whole_text_tokens(view: Sequence[Message], chars: int, line: Line | None, rates: Rates | None) -> int:
+    """A whole prompt's text: by the per-class rates when the model has them, else by the line."""
+    if rates is not None:
+        return rates.whole(len(view), _classes(view))
+    return estimate_text_tokens(chars, line)
 
 
 def estimate_tokens(
@@ -72,6 +86,7 @@ def estimate_tokens(
     line: Line | None,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     budget_tokens: int | None = None,
+    rates: Rates | None = None,
 ) -> Estimate:
     """Tokens of a whole prompt made of ``messages``, fixed prompt overhead included.
 
@@ -80,7 +95,7 @@ def estimate_tokens(
     """
     if not messages:
         return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
-    return _priced(messages, line, image_fallback, budget_tokens, estimate_text_tokens)
+    return _priced(messages, line, image_fallback, budget_tokens, whole_text_tokens, rates)
 
 
 def delta_estimate(
@@ -88,18 +103,20 @@ def delta_estimate(
     line: Line | None,
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     budget_tokens: int | None = None,
+    rates: Rates | None = None,
 ) -> Estimate:
     """Tokens that ``messages`` add to a prompt whose fixed overhead is already counted.
 
-    No report has measured these messages yet, so they are priced at the line's rate or the
+    No report has measured these messages yet, so they are priced at the calibrated rate or the
     heuristic chars / 1.8, whichever is higher: a dense log after a conversation of prose cost 3.6×
     the line's rate and, priced at it, let a prompt 7% past the size check's limit through. The
     next report makes them part of the baseline, so the caution lasts one call."""
-    return _priced(messages, line, image_fallback, budget_tokens, cautious_tokens)
+    return _priced(messages, line, image_fallback, budget_tokens, cautious_tokens, rates)
 
 
-def cautious_tokens(chars: int, line: Line | None) -> int:
-    return max(marginal_text_tokens(chars, line), heuristic_tokens(chars))
+def cautious_tokens(view: Sequence[Message], chars: int, line: Line | None, rates: Rates | None = None) -> int:
+    calibrated = rates.marginal(len(view), _classes(view)) if rates is not None else marginal_text_tokens(chars, line)
+    return max(calibrated, heuristic_tokens(chars))
 
 
 def baseline_delta_estimate(
@@ -110,6 +127,7 @@ def baseline_delta_estimate(
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     budget_tokens: int | None = None,
     incoming: Sequence[Message] = (),
+    rates: Rates | None = None,
 ) -> Estimate:
     """A real baseline plus the calibrated price of what came after it.
 
@@ -118,7 +136,7 @@ def baseline_delta_estimate(
     without a seq) are priced marginally: the baseline already paid the prompt's fixed cost.
     """
     delta = [m for m in context if m.seq > through_seq] + list(incoming)
-    priced = delta_estimate(delta, line, image_fallback, budget_tokens)
+    priced = delta_estimate(delta, line, image_fallback, budget_tokens, rates)
     baseline = max(0, baseline_tokens)
     return Estimate(
         tokens=baseline + priced.tokens,

@@ -79,7 +79,9 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
 
 # The columns of an exact observation are the fields of PromptShape, one owner for both.
 EXACT_FIELDS = tuple(f.name for f in common_pb2.PromptShape.DESCRIPTOR.fields)
-CHAR_OBSERVATIONS = 8  # the calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW)
+# The calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW); the per-class rates,
+# with eight constants to learn, the newest 16.
+CHAR_OBSERVATIONS = 16
 EXACT_OBSERVATIONS = 32  # the template fit: per model, so every session of it contributes
 # A cut view can come out a few tokens over its budget where a merge crosses the cut. Only rows
 # without tool calls are capped: calls are never cut, so such a row may cost more than the budget.

@@ -356,8 +356,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("observation", "tokens and either chars or exact.content_tokens must be positive")
         if any(value < 0 for value in exact.values()):
             raise InvalidArgument("observation.exact", "counts must not be negative")
-        await self.repo.record_observation(obs.model, 0 if obs.exact.content_tokens else obs.chars, obs.tokens,
-                                           exact if obs.exact.content_tokens else None)
+        # An exact shape replaces chars; a calibrated one (characters by class) goes beside them.
+        await self.repo.record_observation(obs.model, 0 if obs.exact.content_tokens else obs.chars, obs.tokens, exact)
         return pb.RecordObservationResponse()
 
     async def ListObservations(self, request, context):
