@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -309,6 +310,59 @@ async def test_the_store_going_away_amid_final_writes_loses_and_duplicates_nothi
     # The Agent waits for the store to return: every answer of this load lands, once.
     assert tally["completed"] == 16, tally
     await a_turn_works(agent, store)
+
+
+async def test_sigterm_on_the_store_refuses_new_calls_and_lets_the_one_in_flight_finish(system, clients):
+    import asyncpg
+
+    from palimpsest.v1 import common_pb2
+
+    _, store = clients
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    blocker = await asyncpg.connect(system.database.url())
+    try:
+        # The test holds the session's row lock: the store's append waits on it, in flight for real.
+        hold = blocker.transaction()
+        await hold.start()
+        await blocker.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(session.id))
+        append = asyncio.ensure_future(store.AppendMessages(store_pb.AppendMessagesRequest(
+            session_id=session.id, messages=[common_pb2.Message(role="user", content="in flight")]), timeout=30))
+        assert await until(lambda: waiting_on_a_lock(blocker)), "the append never reached PostgreSQL"
+        system.store.proc.send_signal(signal.SIGTERM)
+
+        async def refused() -> bool:
+            try:
+                await store.ListSessions(store_pb.ListSessionsRequest(profile_id="small", page_size=1), timeout=2)
+                return False
+            except grpc.aio.AioRpcError as exc:
+                return exc.code() == grpc.StatusCode.UNAVAILABLE
+
+        assert await until(refused), "the stopping store still took new calls"
+        assert not append.done()
+        await hold.rollback()
+    finally:
+        await blocker.close()
+    assert len((await append).seqs) == 1
+    assert await asyncio.to_thread(system.store.proc.wait, GRACE_S + 10) == 0
+    await system.store.start()
+    stored = (await store.GetSession(store_pb.GetSessionRequest(session_id=session.id,
+                                                                view=store_pb.SESSION_VIEW_FULL))).session
+    assert [m.content for m in stored.messages] == ["in flight"]
+
+
+async def waiting_on_a_lock(conn) -> bool:
+    return await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                               " AND datname = current_database()") > 0
+
+
+async def until(predicate, timeout: float = 20.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(0.05)  # between checks of the condition
+    return False
 
 
 async def test_postgresql_stopped_and_started_under_load_loses_and_duplicates_nothing(system, clients, ollama_sim):
