@@ -64,7 +64,7 @@ async def rest_of(stream) -> list[pb.AgentEvent]:
 async def test_an_answer_whose_acknowledgement_was_lost_is_stored_once(
         base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, caplog):
     async with relayed_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                             rpc_timeout_s=2.0, reply_write_deadline_s=30.0) as (agent, relay):
+                             rpc_timeout_s=4.0, reply_write_deadline_s=30.0) as (agent, relay):
         ollama_sim.script(Reply(text=ANSWER, chunk_delay=0.05))
         stream = agent.RunStream(pb.RunStreamRequest(text="count to six"))
         session_id = (await first_text(stream)).session_id
@@ -85,7 +85,7 @@ async def test_an_answer_whose_acknowledgement_was_lost_is_stored_once(
 async def test_an_answer_that_could_not_be_stored_says_so_and_where_its_text_is(
         base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
     async with relayed_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                             rpc_timeout_s=2.0, reply_write_deadline_s=1.5) as (agent, relay):
+                             rpc_timeout_s=4.0, reply_write_deadline_s=1.5) as (agent, relay):
         ollama_sim.script(Reply(text=ANSWER, chunk_delay=0.05))
         stream = agent.RunStream(pb.RunStreamRequest(text="count to six"))
         first = await first_text(stream)
@@ -93,8 +93,9 @@ async def test_an_answer_that_could_not_be_stored_says_so_and_where_its_text_is(
         events = [first, *await asyncio.wait_for(rest_of(stream), timeout=30)]
         end = events[-1].stream_end
         assert end.reason == END.STREAM_END_REASON_ERROR and end.text == ANSWER
-        errors = [e.error for e in events if e.HasField("error")]
-        assert len(errors) == 1 and "not stored" in errors[0].message and "stream_end" in errors[0].message
+        # (A loaded machine may add a "without the Compressor" warning: not what is looked at here.)
+        errors = [e.error.message for e in events if e.HasField("error") and "Compressor" not in e.error.message]
+        assert len(errors) == 1 and "not stored" in errors[0] and "stream_end" in errors[0], errors
         assert [m.role for m in (await full(store, first.session_id)).messages] == ["user"]
 
         await relay.start()  # back: the session takes the next turn
