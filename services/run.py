@@ -1,6 +1,6 @@
 """`make run`: the whole system on one machine — embedded PostgreSQL when no DATABASE_URL is set,
 then each service as its own process, each waited for until its health service says SERVING.
-Ctrl-C stops everything: services first (graceful), then the embedded database."""
+Ctrl-C stops everything: services one at a time, Agent first (each drains), then the embedded database."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ def main() -> int:
         env["DATABASE_URL"] = embedded.start()
         print(f"embedded PostgreSQL: {env['DATABASE_URL']} (data in {settings.data_dir})")
     procs: list[subprocess.Popen] = []
+    # SIGTERM is Ctrl-C from the start: one arriving while the services start must still stop those
+    # already running (they run in sessions of their own, so no signal reaches them but ours).
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         for name, module, addr_field in SERVICES:
             if importlib.util.find_spec(f"{module}.__main__") is None:
@@ -62,7 +65,6 @@ def main() -> int:
             wait_serving(addr, 60, proc)
             print(f"{name:<13} serving on {addr}")
         print("\nTry:\n  grpcurl -plaintext localhost:50051 list\n  pal health\n\nCtrl-C stops everything.")
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
         print("a service exited; stopping the others", file=sys.stderr)
@@ -71,16 +73,23 @@ def main() -> int:
         print("\nstopping…")
         return 0
     finally:
+        # One at a time, the Agent first: its turns in flight still store their answers while it
+        # drains, which they could not if the SessionStore were stopping beside it.
         for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=settings.grace_seconds + 5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_gracefully(proc, settings.grace_seconds + 5)
         if embedded is not None:
             embedded.stop()
+
+
+def stop_gracefully(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM (the service drains its calls in flight), then SIGKILL if it outlives `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ import contextlib
 
 
 class Relay:
-    """A TCP relay 127.0.0.1:port → target that can be cut (every connection reset), restored, and
-    frozen (connections stay open, nothing passes: a peer that hangs)."""
+    """A TCP relay 127.0.0.1:port → target that can be cut (every connection reset), restored,
+    frozen (connections stay open, nothing passes: a peer that hangs), and made to hold only the
+    target's answers (requests arrive and are acted on; their acknowledgements are lost for now)."""
 
     def __init__(self, target: tuple[str, int]):
         self.target = target
@@ -17,12 +18,18 @@ class Relay:
         self._writers: set[asyncio.StreamWriter] = set()
         self.flowing = asyncio.Event()
         self.flowing.set()
+        self.answering = asyncio.Event()
+        self.answering.set()
 
     def freeze(self) -> None:
         self.flowing.clear()
 
+    def hold_answers(self) -> None:
+        self.answering.clear()
+
     def thaw(self) -> None:
         self.flowing.set()
+        self.answering.set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -44,12 +51,14 @@ class Relay:
             return
         self._writers |= {writer, up_writer}
 
-        async def pipe(src, dst) -> None:
+        async def pipe(src, dst, *gates: asyncio.Event) -> None:
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 while data := await src.read(65536):
-                    await self.flowing.wait()
+                    for gate in gates:
+                        await gate.wait()
                     dst.write(data)
                     await dst.drain()
             dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, self.flowing),
+                             pipe(up_reader, writer, self.flowing, self.answering))

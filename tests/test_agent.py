@@ -112,6 +112,19 @@ async def test_stop_during_a_silent_prefill(agent, agent_server, store, ollama_s
     assert not (await agent.Stop(pb.StopRequest(session_id=session_id))).stopped
 
 
+async def test_cancelling_before_the_first_token_leaves_no_empty_answer(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text="never seen", first_chunk_delay=30), Reply(text="the real answer"))
+    before = len(ollama_sim.chats)
+    call = agent.RunStream(pb.RunStreamRequest(text="slow one"))
+    session_id = (await call.read()).session_id
+    assert await asyncio.to_thread(ollama_sim.wait_until, lambda: len(ollama_sim.chats) > before, 10)
+    call.cancel()  # the client leaves during the silent prefill
+    # The next turn waits for the session's lock, so it sees whatever the cancelled turn left.
+    await run(agent, "try again", session_id=session_id)
+    assert [(m.role, m.content) for m in (await full(store, session_id)).messages] == [
+        ("user", "slow one"), ("user", "try again"), ("assistant", "the real answer")]
+
+
 async def test_cancelling_the_stream_stops_the_turn_and_keeps_partial_text(agent, store, ollama_sim):
     ollama_sim.script(Reply(text="one two three four five six seven eight nine ten", chunk_delay=0.3))
     call = agent.RunStream(pb.RunStreamRequest(text="count"))

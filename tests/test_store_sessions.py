@@ -133,6 +133,28 @@ async def test_two_writers_with_the_same_revision_one_wins_nothing_lost(store, p
     assert sorted(m.content for m in (await full(store, s.id)).messages) == ["writer 0", "writer 1"]
 
 
+async def test_a_retried_append_with_its_key_is_stored_once_and_answers_as_the_first(store, profile):
+    s = await new_session(store, profile)
+    first = await append(store, s.id, Message(role="assistant", content="the answer"), expected_revision=s.revision,
+                         idempotency_key="turn-1-reply")
+    # The acknowledgement was lost: the writer sends the same request again, on the revision it knew.
+    again = await append(store, s.id, Message(role="assistant", content="the answer"), expected_revision=s.revision,
+                         idempotency_key="turn-1-reply")
+    assert (list(again.seqs), again.revision) == (list(first.seqs), first.revision)
+    assert [m.content for m in (await full(store, s.id)).messages] == ["the answer"]
+    # Another key is another append, held to the revision as always.
+    await expect_status(append(store, s.id, Message(role="assistant", content="the answer"),
+                               expected_revision=s.revision, idempotency_key="turn-2-reply"),
+                        grpc.StatusCode.ABORTED, "revision")
+
+
+async def test_an_idempotency_key_belongs_to_its_session(store, profile):
+    one, two = await new_session(store, profile), await new_session(store, profile)
+    await append(store, one.id, Message(role="user", content="in one"), idempotency_key="same-key")
+    await append(store, two.id, Message(role="user", content="in two"), idempotency_key="same-key")
+    assert [m.content for m in (await full(store, two.id)).messages] == ["in two"]
+
+
 async def test_tool_call_secrets_are_redacted_and_json_stays_valid(store, profile):
     s = await new_session(store, profile)
     args = json.dumps({"url": "https://api.test", "api_key": "sk-abcdefghijklmnopqrstuvwxyz123456", "n": 3})

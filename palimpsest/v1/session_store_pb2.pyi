@@ -168,14 +168,16 @@ class GetArchivedMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class AppendMessagesRequest(_message.Message):
-    __slots__ = ("session_id", "messages", "expected_revision")
+    __slots__ = ("session_id", "messages", "expected_revision", "idempotency_key")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     expected_revision: int
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class AppendMessagesResponse(_message.Message):
     __slots__ = ("seqs", "revision")

@@ -81,4 +81,5 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     )
     watcher.append(asyncio.create_task(watch_ollama(running, ollama, OLLAMA_CHECK_INTERVAL)))
     running.servicer = servicer  # tests reach running turns through it
+    running.on_drain = servicer.finish_turns
     return running

@@ -3,17 +3,28 @@ the session's revision) or an ephemeral sub-agent context in memory."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import uuid
 from collections.abc import Sequence
 
 import grpc
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.shared.errors import Aborted, PalimpsestError, from_rpc_error
+from services.shared.errors import Aborted, PalimpsestError, Unavailable, from_rpc_error
 from services.shared.structs import to_struct
+
+log = logging.getLogger("palimpsest.agent")
 
 Message = common_pb2.Message
 NUL, REPLACEMENT = "\x00", "\ufffd"
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before retry `attempt` (0-based) of a write that must land: soon at first (a store
+    restarting is back in a second or two), then every 2 s, never hammering one that is down."""
+    return min(2.0, 0.2 * 2 ** attempt)
 
 def store_error(exc: grpc.aio.AioRpcError, addr: str) -> PalimpsestError:
     """The store's status in our caller's terms; a revision conflict says what it means here."""
@@ -56,9 +67,9 @@ class StoredConversation:
         self.from_cache = False
         self.reloads = 0  # how often a stale start was reloaded: a prompt built before is stale too
 
-    async def _call(self, method, request):
+    async def _call(self, method, request, timeout: float | None = None):
         try:
-            return await method(request, metadata=self.metadata)
+            return await method(request, metadata=self.metadata, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise store_error(exc, self.store_addr) from None
 
@@ -74,23 +85,54 @@ class StoredConversation:
         self.context = list(session.context)
         return self.context
 
-    async def _write(self, method, make_request):
+    async def _write(self, method, make_request, timeout: float | None = None):
         try:
-            reply = await self._call(method, make_request())
+            reply = await self._call(method, make_request(), timeout)
         except Aborted:
             if not self.from_cache:
                 raise
             self.from_cache = False
             await self.load()
             self.reloads += 1
-            reply = await self._call(method, make_request())
+            reply = await self._call(method, make_request(), timeout)
         self.from_cache = False
         return reply
 
-    async def append(self, messages: Sequence[Message]) -> list[int]:
+    async def _write_until(self, method, make_request, seconds: float, attempt_timeout: float):
+        """_write, retried while the store does not answer, for up to `seconds`. Only for requests
+        that are safe to repeat (an append under its idempotency key)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        attempt = 0
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                return await self._write(method, make_request, max(0.1, min(attempt_timeout, remaining)))
+            except Unavailable as exc:
+                delay = retry_delay(attempt)
+                if loop.time() + delay >= deadline:
+                    raise
+                attempt += 1
+                log.warning("session %s: a write that must land failed (%s); retry %d in %.1fs",
+                            self.session_id, exc, attempt, delay)
+                await asyncio.sleep(delay)
+
+    async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
+                     attempt_timeout: float = 30.0) -> list[int]:
+        """Store messages after this session's last. Every attempt carries one idempotency key, so
+        an attempt whose answer was lost is never stored twice; ``retry_for``: keep retrying that
+        long while the store does not answer (the write of a turn's answer)."""
         messages = [storable(m) for m in messages]
-        reply = await self._write(self.store.AppendMessages, lambda: store_pb.AppendMessagesRequest(
-            session_id=self.session_id, messages=messages, expected_revision=self.revision))
+        key = uuid.uuid4().hex
+
+        def request() -> store_pb.AppendMessagesRequest:
+            return store_pb.AppendMessagesRequest(session_id=self.session_id, messages=messages,
+                                                  expected_revision=self.revision, idempotency_key=key)
+
+        if retry_for > 0:
+            reply = await self._write_until(self.store.AppendMessages, request, retry_for, attempt_timeout)
+        else:
+            reply = await self._write(self.store.AppendMessages, request)
         self.revision = reply.revision
         stored = []
         for seq, message in zip(reply.seqs, messages):
@@ -153,7 +195,8 @@ class EphemeralConversation:
     async def load(self) -> list[Message]:
         return self.context
 
-    async def append(self, messages: Sequence[Message]) -> list[int]:
+    async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
+                     attempt_timeout: float = 30.0) -> list[int]:
         self.context.extend(messages)
         return [0] * len(messages)
 

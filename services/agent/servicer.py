@@ -24,6 +24,9 @@ from services.shared.errors import FailedPrecondition, InvalidArgument, Palimpse
 log = logging.getLogger("palimpsest.agent")
 
 MAX_TEXT_CHARS = 1_000_000
+# On SIGTERM, what is kept of the grace period for stopped turns to save their partial text and
+# end their streams (one store write each) before gRPC cancels what is left.
+STOP_MARGIN_S = 1.0
 WARM_SESSIONS = 1000  # sessions whose last state is kept for their next turn
 
 
@@ -263,6 +266,16 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             profiles=[p.to_proto(default_window) for p in self.deps.profiles.profiles.values()],
             default_profile_id=self.deps.profiles.default_id,
         )
+
+    async def finish_turns(self, grace: float) -> None:
+        """On SIGTERM: turns under way get the grace period, less a margin, to finish; those still
+        running then are stopped, so their clients get stream_end (partial text saved), not a cut."""
+        margin = min(STOP_MARGIN_S, grace / 2)
+        tasks = list(self.deps.post_turn_tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace - margin)
+        for turn in list(self._running.values()):
+            turn.stop.set()
 
     async def drain(self, timeout: float) -> None:
         """On shutdown: stop running turns and give post-turn work a moment to finish."""

@@ -58,6 +58,9 @@ COUNT_METHODS = {
     cpb.ESTIMATE_METHOD_BASELINE_DELTA: "calibrated",
     cpb.ESTIMATE_METHOD_FALLBACK: "heuristic",
 }
+# The answer was streamed but could not be stored: say so, and where its text still is.
+NOT_STORED = ("The answer above was not stored in the session: {cause}. Its full text is in this stream's "
+              "stream_end; copy it from there, or ask again once the SessionStore is back.")
 TOO_LARGE_ANSWER = (
     "This conversation no longer fits the model's context window (about {tokens} tokens of a "
     "{limit}-token budget), even after compression. Start a new session, or run /compact and try again."
@@ -258,7 +261,8 @@ class Turn:
             self._partial = None  # from here on the reply is saved, never as a partial
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
             if not reply.tool_calls:
-                await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)])
+                if not await self._store_answer(reply):
+                    return self._end(END.STREAM_END_REASON_ERROR, reply.content)
                 await self._record_usage(reply, check, built, through_seq)
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
             calls = await self._save_tool_calls(reply)
@@ -437,6 +441,19 @@ class Turn:
         if reply.model and reply.model != self.profile.model:
             self.sink.model_info(reply.model, self.window)
 
+    async def _store_answer(self, reply: ChatResult) -> bool:
+        """The turn's answer, stored exactly once: retried under one idempotency key while the store
+        does not answer, until the reply-write deadline. False (and the client told) if it was not."""
+        try:
+            await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)],
+                                   retry_for=self.settings.reply_write_deadline_s,
+                                   attempt_timeout=self.settings.rpc_timeout_s)
+            return True
+        except PalimpsestError as exc:
+            log.error("the answer of session %s was not stored: %s", self.session_id, exc)
+            self.sink.error(exc.code.name, NOT_STORED.format(cause=exc))
+            return False
+
     async def _save_partial(self, why: str) -> None:
         partial = getattr(self, "_partial", None)
         if partial is None or not (partial.content or partial.thinking):
@@ -467,7 +484,10 @@ class Turn:
                 log.warning("could not record the baseline of %s: %s", self.session_id, exc)
         self.last_prompt_tokens = tokens
         self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0, method)
-        await self.conv.set_token_count(tokens)
+        try:
+            await self.conv.set_token_count(tokens)
+        except PalimpsestError as exc:  # the answer is stored: failing the turn now would say otherwise
+            log.warning("could not record the token count of %s: %s", self.session_id, exc)
 
     # -- tools -----------------------------------------------------------------------------------
     def _tool_context(self) -> ToolContext:

@@ -129,6 +129,25 @@ _OBSERVATIONS_SQL = f"""
 """
 
 
+# A retry comes within its writer's deadline (seconds to minutes); a day of keys is plenty.
+APPEND_KEY_DAYS = 1
+# One statement: remember this append's key, and forget the session's keys past their day.
+_REMEMBER_APPEND_SQL = """
+    WITH expired AS (
+        DELETE FROM applied_appends WHERE session_id = $1 AND applied_at < $5::timestamptz - make_interval(days => $6)
+    )
+    INSERT INTO applied_appends (session_id, key, seqs, revision, applied_at) VALUES ($1, $2, $3, $4, $5)
+"""
+
+
+def _check_revision(session_id: uuid.UUID, revision: int, expected_revision: int | None) -> None:
+    if expected_revision is not None and revision != expected_revision:
+        raise Aborted(
+            f"session {session_id} is at revision {revision}, not the expected {expected_revision}: "
+            "another writer changed it; reload and retry"
+        )
+
+
 @dataclass
 class AppendResult:
     seqs: list[int]
@@ -160,11 +179,7 @@ class SessionRepository:
         if row is None:
             raise NotFound(f"session {session_id} not found")
         identity.require_access(row["owner"], str(session_id))
-        if expected_revision is not None and row["revision"] != expected_revision:
-            raise Aborted(
-                f"session {session_id} is at revision {row['revision']}, not the expected {expected_revision}: "
-                "another writer changed it; reload and retry"
-            )
+        _check_revision(session_id, row["revision"], expected_revision)
         return row
 
     async def _readable(self, conn: asyncpg.Connection, session_id: uuid.UUID, identity: Identity) -> asyncpg.Record:
@@ -329,10 +344,20 @@ class SessionRepository:
         session_id: uuid.UUID,
         messages: Sequence[common_pb2.Message],
         expected_revision: int | None,
+        idempotency_key: str = "",
     ) -> AppendResult:
         now = datetime.now(timezone.utc)
         async with self.pool.acquire() as conn, conn.transaction():
-            locked = await self._lock_session(conn, session_id, identity, expected_revision)
+            # The key is looked up before the revision check: the first attempt moved the revision,
+            # and its retry must get that attempt's answer, not a conflict.
+            locked = await self._lock_session(conn, session_id, identity, None)
+            if idempotency_key:
+                applied = await conn.fetchrow(
+                    "SELECT seqs, revision FROM applied_appends WHERE session_id = $1 AND key = $2",
+                    session_id, idempotency_key)
+                if applied is not None:
+                    return AppendResult(seqs=list(applied["seqs"]), revision=applied["revision"], archived=0)
+            _check_revision(session_id, locked["revision"], expected_revision)
             first = locked["next_seq"]
             seqs = list(range(first, first + len(messages)))
             rows = [convert.message_row(session_id, seq, m, now) for seq, m in zip(seqs, messages)]
@@ -352,6 +377,9 @@ class SessionRepository:
             archived = 0
             if self._over_hot_window(updated["hot_count"], updated["hot_bytes"]):
                 archived = await self._archive_overflow(conn, session_id)
+            if idempotency_key:
+                await conn.execute(_REMEMBER_APPEND_SQL, session_id, idempotency_key, seqs, updated["revision"], now,
+                                   APPEND_KEY_DAYS)
         return AppendResult(seqs=seqs, revision=updated["revision"], archived=archived)
 
     async def update_session(self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any],

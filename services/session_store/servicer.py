@@ -197,7 +197,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
         _validate_messages(request.messages)
-        result = await self.repo.append_messages(identity, session_id, request.messages, _expected(request))
+        result = await self.repo.append_messages(identity, session_id, request.messages, _expected(request),
+                                                 request.idempotency_key)
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision)
 
     async def UpdateSession(self, request, context):

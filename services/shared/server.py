@@ -155,20 +155,31 @@ class RunningServer:
     service_names: tuple[str, ...]
     on_stop: Callable[[], Awaitable[None]] | None = None
     servicer: object | None = None  # the main servicer, for in-process callers and tests
+    # Runs beside the grace period with its length: a service whose calls can outlast it (the
+    # Agent's turns) ends them its own way before gRPC cancels them.
+    on_drain: Callable[[float], Awaitable[None]] | None = None
+    stopping: bool = False
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     async def set_serving(self, serving: bool) -> None:
+        if serving and self.stopping:  # a dependency coming back must not call traffic to a draining server
+            return
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *self.service_names):
             await self.health.set(name, status)
 
     async def stop(self, grace: float | None = 5.0) -> None:
-        """Stop taking new calls (health NOT_SERVING first, so balancers drain us), then stop."""
+        """Health NOT_SERVING first (balancers stop sending), then no new calls while the calls in
+        flight get `grace` seconds to finish; whatever is left then is cancelled."""
         await self.set_serving(False)
-        await self.server.stop(grace)
+        self.stopping = True
+        stopped = asyncio.ensure_future(self.server.stop(grace))
+        if self.on_drain is not None:
+            await self.on_drain(grace or 0.0)
+        await stopped
         if self.on_stop is not None:
             await self.on_stop()
 

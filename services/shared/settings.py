@@ -74,6 +74,8 @@ class Settings:
     rpc_timeout_s: float = 30.0
     compress_timeout_s: float = 600.0
     db_command_timeout_s: float = 30.0
+    # How long the Agent keeps retrying the write that stores a turn's answer (the store restarting).
+    reply_write_deadline_s: float = 30.0
     agent_warm_mb: int = 64  # the Agent's warm sessions, at most this many megabytes
     # SessionStore
     files_max_bytes: int = 200 * 1024 * 1024
@@ -117,6 +119,7 @@ class Settings:
             rpc_timeout_s=_env_float("PALIMPSEST_RPC_TIMEOUT_S", 30.0),
             compress_timeout_s=_env_float("PALIMPSEST_COMPRESS_TIMEOUT_S", 600.0),
             db_command_timeout_s=_env_float("PALIMPSEST_DB_COMMAND_TIMEOUT_S", 30.0),
+            reply_write_deadline_s=_env_float("PALIMPSEST_REPLY_WRITE_DEADLINE_S", 30.0),
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
             files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
             hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),

@@ -66,6 +66,7 @@ MAX_CHARS = {
     "token": 256,
     "token_digest": 256,
     "filename": 255,
+    "idempotency_key": 128,
 }
 
 
