@@ -147,10 +147,7 @@ async def test_a_stored_context_is_counted_once_then_summed_by_the_store(compres
                                                                      window=8192))
     assert first.method == pb.ESTIMATE_METHOD_EXACT
     digest = (await compressor_server.servicer.tokenizers.counter("qwen3.6")).digest
-    for _ in range(200):  # the counts are written back off the request's path
-        if await _uncounted(store, session_id, digest) == 0:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.gather(*compressor_server.servicer._writes)  # written back off the request's path
     assert await _uncounted(store, session_id, digest) == 0
     again = await compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6",
                                                                      window=8192))
@@ -237,10 +234,7 @@ async def test_an_agents_turns_leave_their_messages_counted_in_the_store(agent, 
         reply = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest=digest))
         return [m.content for m in reply.context_tokens.uncounted]
 
-    for _ in range(200):  # written off the request's path
-        if len(await uncounted()) <= 2:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.gather(*compressor_server.servicer._writes)  # written off the request's path
     # The first turn's two messages were seen stored by the second turn's size check; the second
     # turn's are counted by the next check that sees them.
     assert await uncounted() == ["and me", "second answer"]
