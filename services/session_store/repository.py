@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import asyncpg
 from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from services.session_store import convert
+from services.session_store import convert, share_links
 from services.session_store.convert import INSERT_COLUMNS, MESSAGE_COLUMNS
 
 PLANNING_LOG_CAP = 20
@@ -128,9 +127,10 @@ class HotWindow:
 
 
 class SessionRepository:
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow):
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes):
         self.pool = pool
         self.hot_window = hot_window
+        self.share_key = share_key
 
     # -- access ----------------------------------------------------------------------------
     async def _lock_session(
@@ -599,30 +599,40 @@ class SessionRepository:
         return {str(r["id"]) for r in rows}
 
     # -- shares ----------------------------------------------------------------------------
-    async def create_share(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
+    async def create_share(self, identity: Identity, session_id: uuid.UUID) -> tuple[str, datetime]:
+        """The session's one link, the same on every call (recomputed from the key and the row's
+        nonce). A row from before tokens were derived has no nonce: it gets one, so a new link,
+        and its old link keeps working through the hash kept aside."""
         async with self.pool.acquire() as conn, conn.transaction():
             row = await self._lock_session(conn, session_id, identity, None)
             if row["next_seq"] <= 1:
                 raise FailedPrecondition(f"session {session_id} has no messages yet; share it after the first one")
-            existing = await conn.fetchrow("SELECT token, created_at FROM session_shares WHERE session_id = $1",
+            existing = await conn.fetchrow("SELECT nonce, created_at FROM session_shares WHERE session_id = $1",
                                            session_id)
-            if existing is not None:
-                return existing
-            token = secrets.token_urlsafe(32)  # 256 bits
-            return await conn.fetchrow(
-                "INSERT INTO session_shares (session_id, token, token_hash) VALUES ($1, $2, $3)"
-                " RETURNING token, created_at",
-                session_id, token, hashlib.sha256(token.encode()).digest(),
+            if existing is not None and existing["nonce"] is not None:
+                return share_links.share_token(self.share_key, session_id, existing["nonce"]), existing["created_at"]
+            nonce = share_links.new_nonce()
+            token = share_links.share_token(self.share_key, session_id, nonce)
+            created_at = await conn.fetchval(
+                "INSERT INTO session_shares (session_id, nonce, token_hash) VALUES ($1, $2, $3)"
+                " ON CONFLICT (session_id) DO UPDATE SET nonce = $2, token_hash = $3,"
+                "     legacy_token_hash = session_shares.token_hash"
+                " RETURNING created_at",
+                session_id, nonce, share_links.token_hash(token),
             )
+            return token, created_at
 
     async def shared_session(self, token: str) -> asyncpg.Record:
-        # Looked up by hash, then compared in constant time: the token itself never steers the search.
+        # Looked up by hash; then the token must be the one this server's key makes for the row
+        # (compared in constant time), so a link outlives neither its session nor the key.
+        digest = share_links.token_hash(token)
         row = await self.pool.fetchrow(
-            "SELECT sh.token, s.id, s.name, s.profile_id, s.created_at, s.last_active"
-            " FROM session_shares sh JOIN sessions s ON s.id = sh.session_id WHERE sh.token_hash = $1",
-            hashlib.sha256(token.encode()).digest(),
+            "SELECT sh.nonce, sh.token_hash = $1 AS current, s.id, s.name, s.profile_id, s.created_at, s.last_active"
+            " FROM session_shares sh JOIN sessions s ON s.id = sh.session_id"
+            " WHERE sh.token_hash = $1 OR sh.legacy_token_hash = $1",
+            digest,
         )
-        if row is None or not hmac.compare_digest(row["token"].encode(), token.encode()):
+        if row is None or not _share_matches(row, token, self.share_key):
             raise NotFound("share link not found (the session may have been deleted)")
         return row
 
@@ -774,6 +784,15 @@ def memory_score(query: str, content: str, breadcrumbs: Sequence[str]) -> float:
         return coverage
     whole = re.search(rf"(?<![\w-]){re.escape(q)}(?![\w-])", text) is not None
     return (1.0 if whole else 0.5) + coverage
+
+
+def _share_matches(row: asyncpg.Record, token: str, key: bytes) -> bool:
+    """A link made from the key and the row's nonce, or (rows from before keys) one whose stored
+    hash matched: that hash was the only record of it."""
+    if not row["current"] or row["nonce"] is None:
+        return True
+    expected = share_links.share_token(key, row["id"], row["nonce"])
+    return hmac.compare_digest(expected.encode(), token.encode())
 
 
 def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:

@@ -302,9 +302,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def CreateShare(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        row = await self.repo.create_share(identity, session_id)
-        response = pb.CreateShareResponse(token=row["token"])
-        response.created_at.CopyFrom(convert.timestamp(row["created_at"]))
+        token, created_at = await self.repo.create_share(identity, session_id)
+        response = pb.CreateShareResponse(token=token)
+        response.created_at.CopyFrom(convert.timestamp(created_at))
         return response
 
     async def GetShared(self, request, context):

@@ -80,6 +80,8 @@ class Settings:
     hot_window_messages: int = 2000
     hot_window_bytes: int = 32 * 1024 * 1024
     file_sweep_interval_s: float = 3600.0
+    # Share links are derived from this key; empty: the key in <data_dir>/share.key, made once.
+    share_key: str = ""
     # Compression (seed defaults)
     compression_enabled: bool = True
     compression_threshold: float = 0.90
@@ -122,6 +124,7 @@ class Settings:
             hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),
             hot_window_bytes=_env_int("PALIMPSEST_HOT_WINDOW_MB", 32) * 1024 * 1024,
             file_sweep_interval_s=_env_float("PALIMPSEST_FILE_SWEEP_INTERVAL_S", 3600.0),
+            share_key=_env("PALIMPSEST_SHARE_KEY", ""),
             compression_enabled=_env_bool("CONTEXT_COMPRESSION_ENABLED", True),
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
