@@ -499,7 +499,9 @@ def _observation(row) -> pb.Observation:
 
 
 def _file_info(info) -> common_pb2.FileInfo:
+    # The path is the name within the session's folder: where the store keeps its files is its
+    # own business (and the absolute path named the session id to anyone shown it).
     return common_pb2.FileInfo(
-        name=info.name, path=str(info.path), size=info.size, sha256=info.sha256, content_type=info.content_type
+        name=info.name, path=info.name, size=info.size, sha256=info.sha256, content_type=info.content_type
     )
 
