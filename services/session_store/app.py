@@ -45,6 +45,10 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
 
 
 async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None) -> RunningServer:
+    if settings.message_max_bytes > settings.read_budget_bytes:
+        raise SystemExit(f"PALIMPSEST_MESSAGE_MAX_MB ({settings.message_max_bytes // 2**20}) must not pass half of "
+                         f"PALIMPSEST_MAX_MESSAGE_BYTES ({settings.read_budget_bytes:,} bytes): every read must hold "
+                         "at least one whole message")
     url, embedded = (dsn, None) if dsn else await asyncio.to_thread(database, settings)
     pool = await db.create_pool(url, command_timeout=settings.db_command_timeout_s)
     await db.migrate(pool)

@@ -111,6 +111,44 @@ _OBSERVATIONS_SQL = f"""
 """
 
 
+# The sizes of a page's candidate rows, in page order: display rows newest first before $2 (at most
+# $3), archived rows the same, the context in its order from offset $2.
+_SIZES = f"SELECT seq, replaces_first, {ROW_BYTES} AS bytes FROM {{table}} WHERE session_id = $1 AND {{where}}"
+_DISPLAY_NEWEST = (f"{_SIZES.format(table='session_messages', where='is_display AND seq < $2')} UNION ALL "
+                   f"{_SIZES.format(table='session_messages_archive', where='is_display AND seq < $2')}"
+                   " ORDER BY seq DESC LIMIT $3")
+_ARCHIVED_NEWEST = (f"{_SIZES.format(table='session_messages_archive', where='seq < $2')}"
+                    " ORDER BY seq DESC LIMIT $3")
+# A summary stands where the history it replaced stood, so it sorts at its range's start.
+_CONTEXT_FROM = (f"SELECT * FROM ({_SIZES.format(table='session_messages', where='is_context')} UNION ALL "
+                 f"{_SIZES.format(table='session_messages_archive', where='is_context')}) rows"
+                 " ORDER BY coalesce(replaces_first, seq), seq OFFSET $2")
+
+
+def rows_within(sizes: Sequence[int], budget: int) -> int:
+    """How many of the leading rows fit `budget` bytes together; at least one, so a page always
+    moves on (one message is capped below the budget when it is written)."""
+    total = 0
+    for count, size in enumerate(sizes):
+        total += size
+        if total > budget and count:
+            return count
+    return len(sizes)
+
+
+@dataclass
+class Page:
+    messages: list[common_pb2.Message]
+    has_more: bool
+
+
+@dataclass
+class SessionRead:
+    row: asyncpg.Record
+    display: Page | None = None
+    context: Page | None = None
+
+
 @dataclass
 class AppendResult:
     seqs: list[int]
@@ -187,18 +225,30 @@ class SessionRepository:
         async with self.pool.acquire() as conn:
             return await self._readable(conn, session_id, identity)
 
-    async def display_history(self, session_id: uuid.UUID) -> list[common_pb2.Message]:
-        return await self._history(session_id, "is_display", "seq")
+    async def read_session(self, identity: Identity, session_id: uuid.UUID, *, display_budget: int = 0,
+                           context_budget: int = 0, context_offset: int = 0) -> SessionRead:
+        """The session's row and, for each budget given, its newest display messages / its context
+        from `context_offset` on, each within its budget in bytes; all from one snapshot."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            read = SessionRead(await self._readable(conn, session_id, identity))
+            if display_budget:
+                read.display = await self._page(conn, session_id, _DISPLAY_NEWEST, [2**62, 2**62], display_budget)
+                read.display.messages.reverse()  # read newest first, shown oldest first
+            if context_budget:
+                read.context = await self._page(conn, session_id, _CONTEXT_FROM, [context_offset], context_budget)
+        return read
 
-    async def context(self, session_id: uuid.UUID) -> list[common_pb2.Message]:
-        # A summary stands where the history it replaced stood, so it sorts at its range's start.
-        return await self._history(session_id, "is_context", "coalesce(replaces_first, seq), seq")
-
-    async def _history(self, session_id: uuid.UUID, where: str, order: str) -> list[common_pb2.Message]:
-        rows = await self.pool.fetch(
-            f"SELECT * FROM ({_BOTH_TABLES.format(where=where)}) rows ORDER BY {order}", session_id
-        )
-        return [convert.message_from_row(r, archived=r["archived"]) for r in rows]
+    @staticmethod
+    async def _page(conn: asyncpg.Connection, session_id: uuid.UUID, sizes_sql: str, params: list[Any],
+                    budget: int, max_rows: int | None = None) -> Page:
+        """The rows `sizes_sql` lists (seq and bytes, in page order), at most `max_rows` and as many
+        as fit `budget`. Sizes come first, so rows past the budget are never read."""
+        sizes = await conn.fetch(sizes_sql, session_id, *params)
+        taken = rows_within([r["bytes"] for r in sizes[:max_rows]], budget)
+        seqs = [r["seq"] for r in sizes[:taken]]
+        rows = await conn.fetch(_BOTH_TABLES.format(where="seq = ANY($2::bigint[])"), session_id, seqs)
+        by_seq = {r["seq"]: convert.message_from_row(r, archived=r["archived"]) for r in rows}
+        return Page([by_seq[seq] for seq in seqs if seq in by_seq], has_more=taken < len(sizes))
 
     async def list_sessions(
         self,
@@ -286,24 +336,19 @@ class SessionRepository:
         return [(str(r["session_id"]), list(r["indices"]), snippet_around(r["first_content"], query)) for r in rows]
 
     async def history_page(
-        self, identity: Identity | None, session_id: uuid.UUID, before_seq: int, limit: int, *, archive_only: bool
-    ) -> tuple[list[common_pb2.Message], bool]:
-        async with self.pool.acquire() as conn:
+        self, identity: Identity | None, session_id: uuid.UUID, before_seq: int, limit: int, *, archive_only: bool,
+        budget: int,
+    ) -> Page:
+        """Up to `limit` display (or archived) messages before `before_seq`, newest of them, oldest
+        first, within `budget` bytes; `has_more` when older ones remain."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             if identity is not None:
                 await self._readable(conn, session_id, identity)
             before = before_seq if before_seq > 0 else 2**62
-            if archive_only:
-                sql = (
-                    f"SELECT {MESSAGE_COLUMNS}, true AS archived FROM session_messages_archive"
-                    " WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
-                )
-            else:
-                sql = _BOTH_TABLES.format(where="is_display AND seq < $2") + " ORDER BY seq DESC LIMIT $3"
-            rows = await conn.fetch(sql, session_id, before, limit + 1)
-        has_more = len(rows) > limit
-        page = [convert.message_from_row(r, archived=r["archived"]) for r in rows[:limit]]
-        page.reverse()
-        return page, has_more
+            page = await self._page(conn, session_id, _ARCHIVED_NEWEST if archive_only else _DISPLAY_NEWEST,
+                                    [before, limit + 1], budget, max_rows=limit)
+        page.messages.reverse()
+        return page
 
     # -- writes ----------------------------------------------------------------------------
     async def append_messages(
