@@ -11,7 +11,7 @@ from services.shared.server import RunningServer, start_server
 from services.shared.settings import Settings
 from services.session_store import db, share_links
 from services.session_store.files import FileStore
-from services.session_store.repository import HotWindow, SessionRepository
+from services.session_store.repository import HotWindow, Quotas, SessionRepository
 from services.session_store.servicer import SessionStoreServicer
 
 log = logging.getLogger("palimpsest.store")
@@ -54,7 +54,7 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
     await db.migrate(pool)
     share_key = await asyncio.to_thread(share_links.load_key, settings.share_key, settings.data_dir)
     repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
-                             share_key=share_key)
+                             share_key=share_key, quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes))
     files = FileStore(settings.files_root, max_bytes=settings.files_max_bytes)
     servicer = SessionStoreServicer(repo, files, settings)
     sweeper = asyncio.create_task(sweep_files_forever(files, repo, settings.file_sweep_interval_s))

@@ -19,7 +19,8 @@ import asyncpg
 
 from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
-from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.shared.validation import capped
 from services.session_store import convert, share_links
 from services.session_store.convert import INSERT_COLUMNS, MESSAGE_COLUMNS
 
@@ -156,6 +157,18 @@ class AppendResult:
     archived: int
 
 
+@dataclass(frozen=True)
+class Quotas:
+    """What one owner may keep; 0: no limit."""
+
+    max_sessions: int
+    max_bytes: int
+
+
+# Advisory-lock class of per-owner session creation (the second key is the owner's hash).
+_OWNER_LOCK = 0x6F776E  # "own"
+
+
 @dataclass
 class HotWindow:
     """Past either cap, the oldest message groups move to the archive."""
@@ -165,10 +178,12 @@ class HotWindow:
 
 
 class SessionRepository:
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes):
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes,
+                 quotas: Quotas = Quotas(0, 0)):
         self.pool = pool
         self.hot_window = hot_window
         self.share_key = share_key
+        self.quotas = quotas
 
     # -- access ----------------------------------------------------------------------------
     async def _lock_session(
@@ -215,11 +230,44 @@ class SessionRepository:
         external_refs: list[dict[str, Any]],
         metadata: dict[str, Any],
     ) -> asyncpg.Record:
-        return await self.pool.fetchrow(
-            "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
-            uuid.uuid4(), identity.owner_for_new_session, profile_id, name, provider, model, external_refs, metadata,
-        )
+        owner = identity.owner_for_new_session
+        async with self.pool.acquire() as conn, conn.transaction():
+            if self.quotas.max_sessions:
+                # One creation at a time per owner, so two at once cannot both take the last place.
+                await conn.execute("SELECT pg_advisory_xact_lock($1::int, hashtext($2))", _OWNER_LOCK, owner or "")
+                count = await conn.fetchval("SELECT count(*) FROM sessions WHERE owner IS NOT DISTINCT FROM $1", owner)
+                if count >= self.quotas.max_sessions:
+                    raise ResourceExhausted(
+                        f"session quota: {capped(owner or 'ownerless', 100)} has {count:,} sessions, the most one "
+                        f"owner may keep (PALIMPSEST_OWNER_MAX_SESSIONS = {self.quotas.max_sessions:,}); "
+                        "delete or clean up sessions first")
+            return await conn.fetchrow(
+                "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
+                uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata,
+            )
+
+    async def _check_storage(self, conn: asyncpg.Connection, owner: str | None, adding: int) -> None:
+        """Refuse a write that would take the owner past the storage quota (messages and files of
+        all their sessions). Checked before writing: concurrent writes may pass it by their own size."""
+        if not self.quotas.max_bytes or adding <= 0:
+            return
+        used = await conn.fetchval("SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions"
+                                   " WHERE owner IS NOT DISTINCT FROM $1", owner)
+        if used + adding > self.quotas.max_bytes:
+            raise ResourceExhausted(
+                f"storage quota: {capped(owner or 'ownerless', 100)} stores {used:,} bytes; {adding:,} more would pass "
+                f"the {self.quotas.max_bytes:,} one owner may keep (PALIMPSEST_OWNER_MAX_MB); "
+                "delete or trim sessions first")
+
+    async def reserve_file_bytes(self, identity: Identity, session_id: uuid.UUID, size: int) -> None:
+        """Before a file is kept: refused past the owner's storage quota."""
+        async with self.pool.acquire() as conn:
+            row = await self._readable(conn, session_id, identity)
+            await self._check_storage(conn, row["owner"], size)
+
+    async def add_file_bytes(self, session_id: uuid.UUID, size: int) -> None:
+        await self.pool.execute("UPDATE sessions SET file_bytes = file_bytes + $2 WHERE id = $1", session_id, size)
 
     async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
         async with self.pool.acquire() as conn:
@@ -361,6 +409,7 @@ class SessionRepository:
         now = datetime.now(timezone.utc)
         async with self.pool.acquire() as conn, conn.transaction():
             locked = await self._lock_session(conn, session_id, identity, expected_revision)
+            await self._check_storage(conn, locked["owner"], sum(m.ByteSize() for m in messages))
             first = locked["next_seq"]
             seqs = list(range(first, first + len(messages)))
             rows = [convert.message_row(session_id, seq, m, now) for seq, m in zip(seqs, messages)]
@@ -371,8 +420,9 @@ class SessionRepository:
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        display_count = display_count + $4, hot_count = hot_count + $5,
-                       hot_bytes = hot_bytes + {new_rows_bytes("$6")},
+                       hot_bytes = hot_bytes + added.bytes, message_bytes = message_bytes + added.bytes,
                        preview = CASE WHEN preview = '' THEN $7 ELSE preview END
+                  FROM (SELECT {new_rows_bytes("$6")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
                 session_id, first + len(messages), now, displayed, len(messages), first, preview,
@@ -480,7 +530,9 @@ class SessionRepository:
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        context_token_count = $4, display_count = display_count + $5,
-                       hot_count = hot_count + $6, hot_bytes = hot_bytes + {new_rows_bytes("$7")}
+                       hot_count = hot_count + $6, hot_bytes = hot_bytes + added.bytes,
+                       message_bytes = message_bytes + added.bytes
+                  FROM (SELECT {new_rows_bytes("$7")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
                 session_id, next_seq, now, context_token_count, 1 if marker is not None else 0,
@@ -614,6 +666,11 @@ class SessionRepository:
                    hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
                    hot_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0)
                                   FROM session_messages WHERE session_id = $1),
+                   message_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0) FROM (
+                        SELECT content, thinking, tool_calls, images FROM session_messages WHERE session_id = $1
+                        UNION ALL
+                        SELECT content, thinking, tool_calls, images FROM session_messages_archive
+                         WHERE session_id = $1) m),
                    preview = coalesce((SELECT left(content, {PREVIEW_CHARS}) FROM (
                         {_BOTH_TABLES.format(where="role = 'user' AND content <> ''")}) u ORDER BY seq LIMIT 1), '')
              WHERE id = $1

@@ -455,20 +455,28 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 if len(data) > self.files.max_bytes:
                     raise ResourceExhausted(f"image exceeds the {self.files.max_bytes}-byte file limit")
             before = await asyncio.to_thread(self.files.file_names, str(session_id))
+            await self.repo.reserve_file_bytes(identity, session_id, len(data))
             info = await asyncio.to_thread(self.files.save_image, str(session_id), bytes(data))
-            return pb.PutFileResponse(file=_file_info(info), deduplicated=info.name in before)
+            deduplicated = info.name in before
+            if not deduplicated:
+                await self.repo.add_file_bytes(session_id, info.size)
+            return pb.PutFileResponse(file=_file_info(info), deduplicated=deduplicated)
         if not header.filename:
             raise InvalidArgument("header.filename", "required")
         upload = await asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename)
+        written = 0
         try:
             async for part in request_iterator:
                 if part.HasField("header"):
                     raise InvalidArgument("header", "only the first message may carry a header")
                 await asyncio.to_thread(upload.write, part.chunk)
+                written += len(part.chunk)
+            await self.repo.reserve_file_bytes(identity, session_id, written)
             info = await asyncio.to_thread(upload.commit)
         except BaseException:
             await asyncio.to_thread(upload.abort)
             raise
+        await self.repo.add_file_bytes(session_id, info.size)
         return pb.PutFileResponse(file=_file_info(info))
 
     async def GetFile(self, request, context):

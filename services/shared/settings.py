@@ -83,6 +83,9 @@ class Settings:
     hot_window_messages: int = 2000
     hot_window_bytes: int = 32 * 1024 * 1024
     file_sweep_interval_s: float = 3600.0
+    # Per owner (0: no limit): sessions, and bytes of messages and files over all of them.
+    owner_max_sessions: int = 10_000
+    owner_max_bytes: int = 10 * 1024 * 1024 * 1024
     # Share links are derived from this key; empty: the key in <data_dir>/share.key, made once.
     share_key: str = ""
     # Compression (seed defaults)
@@ -129,6 +132,8 @@ class Settings:
             hot_window_bytes=_env_int("PALIMPSEST_HOT_WINDOW_MB", 32) * 1024 * 1024,
             file_sweep_interval_s=_env_float("PALIMPSEST_FILE_SWEEP_INTERVAL_S", 3600.0),
             share_key=_env("PALIMPSEST_SHARE_KEY", ""),
+            owner_max_sessions=_env_int("PALIMPSEST_OWNER_MAX_SESSIONS", 10_000),
+            owner_max_bytes=_env_int("PALIMPSEST_OWNER_MAX_MB", 10 * 1024) * 1024 * 1024,
             compression_enabled=_env_bool("CONTEXT_COMPRESSION_ENABLED", True),
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
