@@ -232,13 +232,13 @@ class SessionRepository:
     ) -> asyncpg.Record:
         owner = identity.owner_for_new_session
         async with self.pool.acquire() as conn, conn.transaction():
-            if self.quotas.max_sessions:
+            if self.quotas.max_sessions and owner is not None:
                 # One creation at a time per owner, so two at once cannot both take the last place.
-                await conn.execute("SELECT pg_advisory_xact_lock($1::int, hashtext($2))", _OWNER_LOCK, owner or "")
-                count = await conn.fetchval("SELECT count(*) FROM sessions WHERE owner IS NOT DISTINCT FROM $1", owner)
+                await conn.execute("SELECT pg_advisory_xact_lock($1::int, hashtext($2))", _OWNER_LOCK, owner)
+                count = await conn.fetchval("SELECT count(*) FROM sessions WHERE owner = $1", owner)
                 if count >= self.quotas.max_sessions:
                     raise ResourceExhausted(
-                        f"session quota: {capped(owner or 'ownerless', 100)} has {count:,} sessions, the most one "
+                        f"session quota: {capped(owner, 100)} has {count:,} sessions, the most one "
                         f"owner may keep (PALIMPSEST_OWNER_MAX_SESSIONS = {self.quotas.max_sessions:,}); "
                         "delete or clean up sessions first")
             return await conn.fetchrow(
@@ -249,14 +249,15 @@ class SessionRepository:
 
     async def _check_storage(self, conn: asyncpg.Connection, owner: str | None, adding: int) -> None:
         """Refuse a write that would take the owner past the storage quota (messages and files of
-        all their sessions). Checked before writing: concurrent writes may pass it by their own size."""
-        if not self.quotas.max_bytes or adding <= 0:
+        all their sessions). Checked before writing: concurrent writes may pass it by their own size.
+        Ownerless (legacy, admin-only) sessions have no quota."""
+        if not self.quotas.max_bytes or adding <= 0 or owner is None:
             return
         used = await conn.fetchval("SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions"
-                                   " WHERE owner IS NOT DISTINCT FROM $1", owner)
+                                   " WHERE owner = $1", owner)
         if used + adding > self.quotas.max_bytes:
             raise ResourceExhausted(
-                f"storage quota: {capped(owner or 'ownerless', 100)} stores {used:,} bytes; {adding:,} more would pass "
+                f"storage quota: {capped(owner, 100)} stores {used:,} bytes; {adding:,} more would pass "
                 f"the {self.quotas.max_bytes:,} one owner may keep (PALIMPSEST_OWNER_MAX_MB); "
                 "delete or trim sessions first")
 
