@@ -22,13 +22,20 @@ def big(i: int) -> Message:
 
 
 @pytest.fixture(scope="module")
-async def store(store_server):
-    """The store as the services reach it: a channel with their message limit (64 MB), not 4 MB."""
+async def store(base_settings, database_url):
+    """The store as the services reach it: a channel with their message limit (64 MB), not 4 MB.
+    Its hot window holds the whole session: moving 15 MB rows to the archive (and through its
+    trigram index) would double the test's work on a machine shared with the rest of the suite."""
+    from dataclasses import replace
+
     from palimpsest.v1 import session_store_pb2_grpc
+    from services.session_store.app import start_store
     from services.shared.channels import open_channel
 
-    async with open_channel(store_server.address, Settings()) as channel:
+    running = await start_store(replace(base_settings, hot_window_bytes=256 * MB), port=0, dsn=database_url)
+    async with open_channel(running.address, Settings()) as channel:
         yield session_store_pb2_grpc.SessionStoreStub(channel)
+    await running.stop(0)
 
 
 @pytest.fixture(scope="module")
