@@ -516,3 +516,11 @@ async def test_a_session_whose_profile_is_gone_runs_on_the_default(agent, store,
     with pytest.raises(grpc.aio.AioRpcError) as error:  # a profile asked for by name must exist
         await run(agent, "switch", session_id=session.id, profile_id="no-such-profile")
     assert error.value.code() == grpc.StatusCode.NOT_FOUND and "no-such-profile" in error.value.details()
+
+
+async def test_a_new_session_with_an_unknown_profile_is_refused_before_it_exists(agent):
+    # The store cannot know the Agent's profiles; the Agent refuses before it creates the session.
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await run(agent, "hello", profile_id="never-configured")
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error.value.details().startswith("profile_id:") and "never-configured" in error.value.details()

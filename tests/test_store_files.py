@@ -75,7 +75,7 @@ async def test_names_never_escape_the_session_folder(store, profile):
     s = await new_session(store, profile)
     stored = (await put(store, s.id, b"data", "../../etc/passwd")).file
     assert "/" not in stored.name and ".." not in stored.name
-    assert stored.path.endswith(f"{s.id}/{stored.name}")
+    assert stored.path == stored.name  # relative to the session's folder: the host's layout stays private
 
 
 async def test_executables_are_rejected_by_extension_and_content(store, profile):
@@ -131,3 +131,22 @@ async def test_hot_window_archives_oldest_groups_and_keeps_the_task_hot(small_st
     got = await full(small_store, s.id)
     assert [m.seq for m in got.messages] == list(range(1, 16))  # nothing is dropped
     assert len(got.context) == 15
+
+
+async def test_file_responses_never_show_the_hosts_layout(store, profile, base_settings):
+    s = await new_session(store, profile)
+    uploaded = (await put(store, s.id, b"notes", "notes.txt")).file
+    pasted = (await put(store, s.id, png(), kind=pb.FILE_KIND_IMAGE)).file
+    listed = (await store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files
+    fetched, _ = await download(store, s.id, "notes.txt")
+    for info in (uploaded, pasted, fetched, *listed):
+        assert info.path == info.name and str(base_settings.files_root) not in str(info) and s.id not in str(info)
+
+
+async def test_messages_from_before_keep_their_files_as_names(store, profile):
+    s = await new_session(store, profile)
+    old = Message(role="user", content="look", files=[f"/var/lib/palimpsest/session_files/{s.id}/image_1.png",
+                                                      "/home/me/photo.png", "image_2.png"])
+    await store.AppendMessages(pb.AppendMessagesRequest(session_id=s.id, messages=[old]))
+    # A path into a session folder was the store's; the others are what a client wrote.
+    assert list((await full(store, s.id)).messages[0].files) == ["image_1.png", "/home/me/photo.png", "image_2.png"]

@@ -373,7 +373,7 @@ async def test_trim_keeps_the_newest_and_the_first_system_message(store, profile
                         grpc.StatusCode.INVALID_ARGUMENT, "keep")
 
 
-async def test_delete_removes_everything_the_session_owns(store, profile, database_url):
+async def test_delete_removes_everything_the_session_owns(store, profile, database_url, base_settings):
     import asyncpg
 
     s = await new_session(store, profile)
@@ -396,9 +396,7 @@ async def test_delete_removes_everything_the_session_owns(store, profile, databa
             assert await conn.fetchval(f"SELECT count(*) FROM {table} WHERE session_id = $1", uuid.UUID(s.id)) == 0
     finally:
         await conn.close()
-    from pathlib import Path
-
-    assert not Path(file.path).exists()
+    assert not (base_settings.files_root / s.id / file.path).exists()
     await expect_status(store.GetShared(pb.GetSharedRequest(token=token)), grpc.StatusCode.NOT_FOUND)
     await expect_status(store.DeleteSession(pb.DeleteSessionRequest(session_id=s.id)), grpc.StatusCode.NOT_FOUND)
 

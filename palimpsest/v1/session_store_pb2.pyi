@@ -68,18 +68,24 @@ class CreateSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_common_pb2.Session, _Mapping]] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
-    __slots__ = ("session_id", "view")
+    __slots__ = ("session_id", "view", "context_offset")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     view: SessionView
-    def __init__(self, session_id: _Optional[str] = ..., view: _Optional[_Union[SessionView, str]] = ...) -> None: ...
+    context_offset: int
+    def __init__(self, session_id: _Optional[str] = ..., view: _Optional[_Union[SessionView, str]] = ..., context_offset: _Optional[int] = ...) -> None: ...
 
 class GetSessionResponse(_message.Message):
-    __slots__ = ("session",)
+    __slots__ = ("session", "has_more_messages", "has_more_context")
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     session: _common_pb2.Session
-    def __init__(self, session: _Optional[_Union[_common_pb2.Session, _Mapping]] = ...) -> None: ...
+    has_more_messages: bool
+    has_more_context: bool
+    def __init__(self, session: _Optional[_Union[_common_pb2.Session, _Mapping]] = ..., has_more_messages: _Optional[bool] = ..., has_more_context: _Optional[bool] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ("profile_id", "query", "sort_by", "descending", "page_size", "offset")

@@ -13,6 +13,7 @@ import grpc
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.shared.errors import Aborted, PalimpsestError, Unavailable, from_rpc_error
+from services.shared.session_reads import whole_context
 from services.shared.structs import to_struct
 
 log = logging.getLogger("palimpsest.agent")
@@ -74,9 +75,8 @@ class StoredConversation:
             raise store_error(exc, self.store_addr) from None
 
     async def load(self) -> list[Message]:
-        reply = await self._call(self.store.GetSession, store_pb.GetSessionRequest(
-            session_id=self.session_id, view=store_pb.SESSION_VIEW_CONTEXT))
-        return self.adopt(reply.session)
+        return self.adopt(await whole_context(lambda request: self._call(self.store.GetSession, request),
+                                              self.session_id))
 
     def adopt(self, session: common_pb2.Session) -> list[Message]:
         """Take a session (CONTEXT view) already loaded by the caller."""

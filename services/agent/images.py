@@ -35,15 +35,15 @@ def images_within_budget(images: Sequence[bytes], budget: int, fallback: int) ->
 
 
 def notice(paths: Sequence[str | None], sent: int) -> str:
-    """Where the images landed; the ones past the budget are named for image_view. `paths[i]` is
-    None for an image that could not be stored."""
+    """Where the images landed (their names among the session's files); the ones past the budget
+    are named for image_view. `paths[i]` is None for an image that could not be stored."""
     total = len(paths)
     stored = [p for p in paths if p]
     if not stored:
         return ""
     if sent == total:
         return (f"[{total} image(s) attached inline — already in your context, no extra loading needed.\n"
-                f"On disk: {', '.join(stored)}]")
+                f"Stored with this session as: {', '.join(stored)}]")
     rest = [p for p in paths[sent:] if p]
     return (f"[{total} image(s) attached inline — {sent} in your context, the rest were not loaded;\n"
             f"open them with image_view: {', '.join(rest) or '(they could not be stored)'}]")

@@ -153,7 +153,8 @@ class ProfileRegistry:
         try:
             return self.profiles[profile_id]
         except KeyError:
-            raise NotFound(f"profile {profile_id!r} is not configured (known: {', '.join(self.profiles)})") from None
+            raise NotFound(f"profile_id: profile {profile_id!r} is not configured "
+                           f"(known: {', '.join(self.profiles)})") from None
 
     def for_session(self, profile_id: str) -> Profile:
         """A session's own profile, or the default when it is no longer configured (removed from the

@@ -20,6 +20,7 @@ from services.agent.turn import AgentDeps, Turn, TurnInput
 from services.agent.warm_cache import WarmCache
 from services.shared.auth import forwarded_metadata, identity_from_context
 from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
+from services.shared.session_reads import whole_context
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -64,8 +65,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def _keep_warm(self, turn: Turn) -> None:
         """After the turn and its post-turn pass, off the client's path: the session as it is now."""
         try:
-            session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-                session_id=turn.session_id, view=store_pb.SESSION_VIEW_CONTEXT), turn.metadata)).session
+            session = await whole_context(
+                lambda request: self._store(self.deps.store.GetSession, request, turn.metadata), turn.session_id)
         except PalimpsestError:
             return
         self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
@@ -102,8 +103,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             else:
                 warm = None
                 # The CONTEXT view: the turn starts from it without loading the session again.
-                session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-                    session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), metadata)).session
+                session = await whole_context(
+                    lambda part: self._store(self.deps.store.GetSession, part, metadata), request.session_id)
             profile = (self.deps.profiles.get(request.profile_id) if request.profile_id
                        else self.deps.profiles.for_session(session.profile_id))
         else:

@@ -32,6 +32,7 @@ from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument,
 from services.shared.context_view import message_budget
 from services.shared.image_tokens import image_size, image_tokens
 from services.shared.ollama import OllamaClient
+from services.shared.session_reads import whole_context
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.compressor")
@@ -119,10 +120,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         loads = [self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(
             session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget), context)]
         if with_context:
-            loads.append(self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
-                session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT), context))
+            loads.append(whole_context(lambda request: self._store_call(self.store.GetSession, request, context),
+                                       session_id))
         pricing, *rest = await asyncio.gather(*loads)
-        session = rest[0].session if rest else common_pb2.Session(id=session_id)
+        session = rest[0] if rest else common_pb2.Session(id=session_id)
         baseline = pricing.baseline if pricing.HasField("baseline") else None
         counted = pricing.context_tokens if pricing.HasField("context_tokens") else None
         return SessionState(session, baseline, list(pricing.observations), counted)
@@ -286,12 +287,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if not request.decide_compression or tokens < trigger:
             return None
         try:
-            reply = await self._store_call(self.store.GetSession, store_pb.GetSessionRequest(
-                session_id=request.session_id, view=store_pb.SESSION_VIEW_CONTEXT), context)
+            session = await whole_context(
+                lambda part: self._store_call(self.store.GetSession, part, context), request.session_id)
         except Unavailable as exc:  # the dry run is advice: without it the prompt is still sized
             log.warning("compression dry run for %s failed: %s", request.session_id, exc)
             return None
-        stored = list(reply.session.context)
+        stored = list(session.context)
         candidates = [request.keep_recent_messages]
         if tokens > limit:
             candidates.append(intra_turn_keep(knobs.keep_recent))

@@ -9,9 +9,9 @@ from contextlib import suppress
 from palimpsest.v1 import session_store_pb2, session_store_pb2_grpc
 from services.shared.server import RunningServer, start_server
 from services.shared.settings import Settings
-from services.session_store import db
+from services.session_store import db, share_links
 from services.session_store.files import FileStore
-from services.session_store.repository import HotWindow, SessionRepository
+from services.session_store.repository import HotWindow, Quotas, SessionRepository
 from services.session_store.servicer import SessionStoreServicer
 
 log = logging.getLogger("palimpsest.store")
@@ -45,10 +45,16 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
 
 
 async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None) -> RunningServer:
+    if settings.message_max_bytes > settings.read_budget_bytes:
+        raise SystemExit(f"PALIMPSEST_MESSAGE_MAX_MB ({settings.message_max_bytes // 2**20}) must not pass half of "
+                         f"PALIMPSEST_MAX_MESSAGE_BYTES ({settings.read_budget_bytes:,} bytes): every read must hold "
+                         "at least one whole message")
     url, embedded = (dsn, None) if dsn else await asyncio.to_thread(database, settings)
     pool = await db.create_pool(url, command_timeout=settings.db_command_timeout_s)
     await db.migrate(pool)
-    repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes))
+    share_key = await asyncio.to_thread(share_links.load_key, settings.share_key, settings.data_dir)
+    repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
+                             share_key=share_key, quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes))
     files = FileStore(settings.files_root, max_bytes=settings.files_max_bytes)
     servicer = SessionStoreServicer(repo, files, settings)
     sweeper = asyncio.create_task(sweep_files_forever(files, repo, settings.file_sweep_interval_s))

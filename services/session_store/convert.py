@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
+from pathlib import PurePosixPath
 from typing import Any
 
 from google.protobuf import timestamp_pb2
@@ -75,6 +77,19 @@ def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime
     )
 
 
+# A session folder is named by the session's id (files.py).
+_SESSION_FOLDER = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def session_file_name(path: str) -> str:
+    """A message's file as its name, when it is a path into a session folder on the store's host
+    (messages written before file paths became names); anything else as the client wrote it."""
+    pure = PurePosixPath(path)
+    if pure.is_absolute() and _SESSION_FOLDER.fullmatch(pure.parent.name):
+        return pure.name
+    return path
+
+
 def message_from_row(row, *, archived: bool = False) -> common_pb2.Message:
     message = common_pb2.Message(
         seq=row["seq"],
@@ -84,7 +99,7 @@ def message_from_row(row, *, archived: bool = False) -> common_pb2.Message:
         tool_call_id=row["tool_call_id"],
         name=row["name"],
         images=list(row["images"] or []),
-        files=list(row["files"] or []),
+        files=[session_file_name(path) for path in row["files"] or []],
         is_context=row["is_context"],
         is_display=row["is_display"],
         is_plan=row["is_plan"],

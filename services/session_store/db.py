@@ -82,8 +82,9 @@ def _migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-async def migrate(pool: asyncpg.Pool) -> bool:
-    """Apply pending migrations; returns whether trigram indexes are available."""
+async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> bool:
+    """Apply pending migrations (up to version `through`: an older schema, for upgrade tests);
+    returns whether trigram indexes are available."""
     async with pool.acquire() as conn:
         await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
         try:
@@ -93,7 +94,7 @@ async def migrate(pool: asyncpg.Pool) -> bool:
             )
             applied = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
             for version, name, sql in _migrations():
-                if version in applied:
+                if version in applied or (through is not None and version > through):
                     continue
                 async with conn.transaction():
                     await conn.execute(sql)

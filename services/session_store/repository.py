@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,8 +19,9 @@ import asyncpg
 
 from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
-from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from services.session_store import convert
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.shared.validation import capped
+from services.session_store import convert, share_links
 from services.session_store.convert import INSERT_COLUMNS, MESSAGE_COLUMNS
 
 PLANNING_LOG_CAP = 20
@@ -148,11 +148,61 @@ def _check_revision(session_id: uuid.UUID, revision: int, expected_revision: int
         )
 
 
+# The sizes of a page's candidate rows, in page order: display rows newest first before $2 (at most
+# $3), archived rows the same, the context in its order from offset $2.
+_SIZES = f"SELECT seq, replaces_first, {ROW_BYTES} AS bytes FROM {{table}} WHERE session_id = $1 AND {{where}}"
+_DISPLAY_NEWEST = (f"{_SIZES.format(table='session_messages', where='is_display AND seq < $2')} UNION ALL "
+                   f"{_SIZES.format(table='session_messages_archive', where='is_display AND seq < $2')}"
+                   " ORDER BY seq DESC LIMIT $3")
+_ARCHIVED_NEWEST = (f"{_SIZES.format(table='session_messages_archive', where='seq < $2')}"
+                    " ORDER BY seq DESC LIMIT $3")
+# A summary stands where the history it replaced stood, so it sorts at its range's start.
+_CONTEXT_FROM = (f"SELECT * FROM ({_SIZES.format(table='session_messages', where='is_context')} UNION ALL "
+                 f"{_SIZES.format(table='session_messages_archive', where='is_context')}) rows"
+                 " ORDER BY coalesce(replaces_first, seq), seq OFFSET $2")
+
+
+def rows_within(sizes: Sequence[int], budget: int) -> int:
+    """How many of the leading rows fit `budget` bytes together; at least one, so a page always
+    moves on (one message is capped below the budget when it is written)."""
+    total = 0
+    for count, size in enumerate(sizes):
+        total += size
+        if total > budget and count:
+            return count
+    return len(sizes)
+
+
+@dataclass
+class Page:
+    messages: list[common_pb2.Message]
+    has_more: bool
+
+
+@dataclass
+class SessionRead:
+    row: asyncpg.Record
+    display: Page | None = None
+    context: Page | None = None
+
+
 @dataclass
 class AppendResult:
     seqs: list[int]
     revision: int
     archived: int
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """What one owner may keep; 0: no limit."""
+
+    max_sessions: int
+    max_bytes: int
+
+
+# Advisory-lock class of per-owner session creation (the second key is the owner's hash).
+_OWNER_LOCK = 0x6F776E  # "own"
 
 
 @dataclass
@@ -164,9 +214,12 @@ class HotWindow:
 
 
 class SessionRepository:
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow):
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes,
+                 quotas: Quotas = Quotas(0, 0)):
         self.pool = pool
         self.hot_window = hot_window
+        self.share_key = share_key
+        self.quotas = quotas
 
     # -- access ----------------------------------------------------------------------------
     async def _lock_session(
@@ -209,28 +262,74 @@ class SessionRepository:
         external_refs: list[dict[str, Any]],
         metadata: dict[str, Any],
     ) -> asyncpg.Record:
-        return await self.pool.fetchrow(
-            "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
-            uuid.uuid4(), identity.owner_for_new_session, profile_id, name, provider, model, external_refs, metadata,
-        )
+        owner = identity.owner_for_new_session
+        async with self.pool.acquire() as conn, conn.transaction():
+            if self.quotas.max_sessions and owner is not None:
+                # One creation at a time per owner, so two at once cannot both take the last place.
+                await conn.execute("SELECT pg_advisory_xact_lock($1::int, hashtext($2))", _OWNER_LOCK, owner)
+                count = await conn.fetchval("SELECT count(*) FROM sessions WHERE owner = $1", owner)
+                if count >= self.quotas.max_sessions:
+                    raise ResourceExhausted(
+                        f"session quota: {capped(owner, 100)} has {count:,} sessions, the most one "
+                        f"owner may keep (PALIMPSEST_OWNER_MAX_SESSIONS = {self.quotas.max_sessions:,}); "
+                        "delete or clean up sessions first")
+            return await conn.fetchrow(
+                "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
+                uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata,
+            )
+
+    async def _check_storage(self, conn: asyncpg.Connection, owner: str | None, adding: int) -> None:
+        """Refuse a write that would take the owner past the storage quota (messages and files of
+        all their sessions). Checked before writing: concurrent writes may pass it by their own size.
+        Ownerless (legacy, admin-only) sessions have no quota."""
+        if not self.quotas.max_bytes or adding <= 0 or owner is None:
+            return
+        used = await conn.fetchval("SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions"
+                                   " WHERE owner = $1", owner)
+        if used + adding > self.quotas.max_bytes:
+            raise ResourceExhausted(
+                f"storage quota: {capped(owner, 100)} stores {used:,} bytes; {adding:,} more would pass "
+                f"the {self.quotas.max_bytes:,} one owner may keep (PALIMPSEST_OWNER_MAX_MB); "
+                "delete or trim sessions first")
+
+    async def reserve_file_bytes(self, identity: Identity, session_id: uuid.UUID, size: int) -> None:
+        """Before a file is kept: refused past the owner's storage quota."""
+        async with self.pool.acquire() as conn:
+            row = await self._readable(conn, session_id, identity)
+            await self._check_storage(conn, row["owner"], size)
+
+    async def add_file_bytes(self, session_id: uuid.UUID, size: int) -> None:
+        await self.pool.execute("UPDATE sessions SET file_bytes = file_bytes + $2 WHERE id = $1", session_id, size)
 
     async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
         async with self.pool.acquire() as conn:
             return await self._readable(conn, session_id, identity)
 
-    async def display_history(self, session_id: uuid.UUID) -> list[common_pb2.Message]:
-        return await self._history(session_id, "is_display", "seq")
+    async def read_session(self, identity: Identity, session_id: uuid.UUID, *, display_budget: int = 0,
+                           context_budget: int = 0, context_offset: int = 0) -> SessionRead:
+        """The session's row and, for each budget given, its newest display messages / its context
+        from `context_offset` on, each within its budget in bytes; all from one snapshot."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            read = SessionRead(await self._readable(conn, session_id, identity))
+            if display_budget:
+                read.display = await self._page(conn, session_id, _DISPLAY_NEWEST, [2**62, 2**62], display_budget)
+                read.display.messages.reverse()  # read newest first, shown oldest first
+            if context_budget:
+                read.context = await self._page(conn, session_id, _CONTEXT_FROM, [context_offset], context_budget)
+        return read
 
-    async def context(self, session_id: uuid.UUID) -> list[common_pb2.Message]:
-        # A summary stands where the history it replaced stood, so it sorts at its range's start.
-        return await self._history(session_id, "is_context", "coalesce(replaces_first, seq), seq")
-
-    async def _history(self, session_id: uuid.UUID, where: str, order: str) -> list[common_pb2.Message]:
-        rows = await self.pool.fetch(
-            f"SELECT * FROM ({_BOTH_TABLES.format(where=where)}) rows ORDER BY {order}", session_id
-        )
-        return [convert.message_from_row(r, archived=r["archived"]) for r in rows]
+    @staticmethod
+    async def _page(conn: asyncpg.Connection, session_id: uuid.UUID, sizes_sql: str, params: list[Any],
+                    budget: int, max_rows: int | None = None) -> Page:
+        """The rows `sizes_sql` lists (seq and bytes, in page order), at most `max_rows` and as many
+        as fit `budget`. Sizes come first, so rows past the budget are never read."""
+        sizes = await conn.fetch(sizes_sql, session_id, *params)
+        taken = rows_within([r["bytes"] for r in sizes[:max_rows]], budget)
+        seqs = [r["seq"] for r in sizes[:taken]]
+        rows = await conn.fetch(_BOTH_TABLES.format(where="seq = ANY($2::bigint[])"), session_id, seqs)
+        by_seq = {r["seq"]: convert.message_from_row(r, archived=r["archived"]) for r in rows}
+        return Page([by_seq[seq] for seq in seqs if seq in by_seq], has_more=taken < len(sizes))
 
     async def list_sessions(
         self,
@@ -318,24 +417,19 @@ class SessionRepository:
         return [(str(r["session_id"]), list(r["indices"]), snippet_around(r["first_content"], query)) for r in rows]
 
     async def history_page(
-        self, identity: Identity | None, session_id: uuid.UUID, before_seq: int, limit: int, *, archive_only: bool
-    ) -> tuple[list[common_pb2.Message], bool]:
-        async with self.pool.acquire() as conn:
+        self, identity: Identity | None, session_id: uuid.UUID, before_seq: int, limit: int, *, archive_only: bool,
+        budget: int,
+    ) -> Page:
+        """Up to `limit` display (or archived) messages before `before_seq`, newest of them, oldest
+        first, within `budget` bytes; `has_more` when older ones remain."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             if identity is not None:
                 await self._readable(conn, session_id, identity)
             before = before_seq if before_seq > 0 else 2**62
-            if archive_only:
-                sql = (
-                    f"SELECT {MESSAGE_COLUMNS}, true AS archived FROM session_messages_archive"
-                    " WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
-                )
-            else:
-                sql = _BOTH_TABLES.format(where="is_display AND seq < $2") + " ORDER BY seq DESC LIMIT $3"
-            rows = await conn.fetch(sql, session_id, before, limit + 1)
-        has_more = len(rows) > limit
-        page = [convert.message_from_row(r, archived=r["archived"]) for r in rows[:limit]]
-        page.reverse()
-        return page, has_more
+            page = await self._page(conn, session_id, _ARCHIVED_NEWEST if archive_only else _DISPLAY_NEWEST,
+                                    [before, limit + 1], budget, max_rows=limit)
+        page.messages.reverse()
+        return page
 
     # -- writes ----------------------------------------------------------------------------
     async def append_messages(
@@ -358,6 +452,7 @@ class SessionRepository:
                 if applied is not None:
                     return AppendResult(seqs=list(applied["seqs"]), revision=applied["revision"], archived=0)
             _check_revision(session_id, locked["revision"], expected_revision)
+            await self._check_storage(conn, locked["owner"], sum(m.ByteSize() for m in messages))
             first = locked["next_seq"]
             seqs = list(range(first, first + len(messages)))
             rows = [convert.message_row(session_id, seq, m, now) for seq, m in zip(seqs, messages)]
@@ -368,8 +463,9 @@ class SessionRepository:
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        display_count = display_count + $4, hot_count = hot_count + $5,
-                       hot_bytes = hot_bytes + {new_rows_bytes("$6")},
+                       hot_bytes = hot_bytes + added.bytes, message_bytes = message_bytes + added.bytes,
                        preview = CASE WHEN preview = '' THEN $7 ELSE preview END
+                  FROM (SELECT {new_rows_bytes("$6")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
                 session_id, first + len(messages), now, displayed, len(messages), first, preview,
@@ -480,7 +576,9 @@ class SessionRepository:
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        context_token_count = $4, display_count = display_count + $5,
-                       hot_count = hot_count + $6, hot_bytes = hot_bytes + {new_rows_bytes("$7")}
+                       hot_count = hot_count + $6, hot_bytes = hot_bytes + added.bytes,
+                       message_bytes = message_bytes + added.bytes
+                  FROM (SELECT {new_rows_bytes("$7")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
                 session_id, next_seq, now, context_token_count, 1 if marker is not None else 0,
@@ -614,6 +712,11 @@ class SessionRepository:
                    hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
                    hot_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0)
                                   FROM session_messages WHERE session_id = $1),
+                   message_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0) FROM (
+                        SELECT content, thinking, tool_calls, images FROM session_messages WHERE session_id = $1
+                        UNION ALL
+                        SELECT content, thinking, tool_calls, images FROM session_messages_archive
+                         WHERE session_id = $1) m),
                    preview = coalesce((SELECT left(content, {PREVIEW_CHARS}) FROM (
                         {_BOTH_TABLES.format(where="role = 'user' AND content <> ''")}) u ORDER BY seq LIMIT 1), '')
              WHERE id = $1
@@ -644,30 +747,40 @@ class SessionRepository:
         return {str(r["id"]) for r in rows}
 
     # -- shares ----------------------------------------------------------------------------
-    async def create_share(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
+    async def create_share(self, identity: Identity, session_id: uuid.UUID) -> tuple[str, datetime]:
+        """The session's one link, the same on every call (recomputed from the key and the row's
+        nonce). A row from before tokens were derived has no nonce: it gets one, so a new link,
+        and its old link keeps working through the hash kept aside."""
         async with self.pool.acquire() as conn, conn.transaction():
             row = await self._lock_session(conn, session_id, identity, None)
             if row["next_seq"] <= 1:
                 raise FailedPrecondition(f"session {session_id} has no messages yet; share it after the first one")
-            existing = await conn.fetchrow("SELECT token, created_at FROM session_shares WHERE session_id = $1",
+            existing = await conn.fetchrow("SELECT nonce, created_at FROM session_shares WHERE session_id = $1",
                                            session_id)
-            if existing is not None:
-                return existing
-            token = secrets.token_urlsafe(32)  # 256 bits
-            return await conn.fetchrow(
-                "INSERT INTO session_shares (session_id, token, token_hash) VALUES ($1, $2, $3)"
-                " RETURNING token, created_at",
-                session_id, token, hashlib.sha256(token.encode()).digest(),
+            if existing is not None and existing["nonce"] is not None:
+                return share_links.share_token(self.share_key, session_id, existing["nonce"]), existing["created_at"]
+            nonce = share_links.new_nonce()
+            token = share_links.share_token(self.share_key, session_id, nonce)
+            created_at = await conn.fetchval(
+                "INSERT INTO session_shares (session_id, nonce, token_hash) VALUES ($1, $2, $3)"
+                " ON CONFLICT (session_id) DO UPDATE SET nonce = $2, token_hash = $3,"
+                "     legacy_token_hash = session_shares.token_hash"
+                " RETURNING created_at",
+                session_id, nonce, share_links.token_hash(token),
             )
+            return token, created_at
 
     async def shared_session(self, token: str) -> asyncpg.Record:
-        # Looked up by hash, then compared in constant time: the token itself never steers the search.
+        # Looked up by hash; then the token must be the one this server's key makes for the row
+        # (compared in constant time), so a link outlives neither its session nor the key.
+        digest = share_links.token_hash(token)
         row = await self.pool.fetchrow(
-            "SELECT sh.token, s.id, s.name, s.profile_id, s.created_at, s.last_active"
-            " FROM session_shares sh JOIN sessions s ON s.id = sh.session_id WHERE sh.token_hash = $1",
-            hashlib.sha256(token.encode()).digest(),
+            "SELECT sh.nonce, sh.token_hash = $1 AS current, s.id, s.name, s.profile_id, s.created_at, s.last_active"
+            " FROM session_shares sh JOIN sessions s ON s.id = sh.session_id"
+            " WHERE sh.token_hash = $1 OR sh.legacy_token_hash = $1",
+            digest,
         )
-        if row is None or not hmac.compare_digest(row["token"].encode(), token.encode()):
+        if row is None or not _share_matches(row, token, self.share_key):
             raise NotFound("share link not found (the session may have been deleted)")
         return row
 
@@ -827,6 +940,15 @@ def memory_score(query: str, content: str, breadcrumbs: Sequence[str]) -> float:
         return coverage
     whole = re.search(rf"(?<![\w-]){re.escape(q)}(?![\w-])", text) is not None
     return (1.0 if whole else 0.5) + coverage
+
+
+def _share_matches(row: asyncpg.Record, token: str, key: bytes) -> bool:
+    """A link made from the key and the row's nonce, or (rows from before keys) one whose stored
+    hash matched: that hash was the only record of it."""
+    if not row["current"] or row["nonce"] is None:
+        return True
+    expected = share_links.share_token(key, row["id"], row["nonce"])
+    return hmac.compare_digest(expected.encode(), token.encode())
 
 
 def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:

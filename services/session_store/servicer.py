@@ -62,10 +62,26 @@ def _refs_from_json(items) -> list[ExternalRef]:
     ]
 
 
-def _validate_messages(messages) -> None:
+def view_budgets(view: int, budget: int) -> tuple[int, int]:
+    """(display, context) bytes of a GetSession response by view; 0: that part is not read."""
+    if view == pb.SESSION_VIEW_FULL:
+        return budget // 2, budget // 2
+    return (budget if view == pb.SESSION_VIEW_DISPLAY else 0), (budget if view == pb.SESSION_VIEW_CONTEXT else 0)
+
+
+def check_message_size(message: common_pb2.Message, field: str, limit: int) -> None:
+    """One message must fit in any read of it; its encoded size is what a read will carry."""
+    size = message.ByteSize()
+    if size > limit:
+        raise ResourceExhausted(f"{field} is {size:,} bytes; one message may hold at most {limit:,} "
+                                "(PALIMPSEST_MESSAGE_MAX_MB): store large content as a file (PutFile)")
+
+
+def _validate_messages(messages, max_bytes: int) -> None:
     if not messages:
         raise InvalidArgument("messages", "at least one message is required")
     for i, m in enumerate(messages):
+        check_message_size(m, f"messages[{i}]", max_bytes)
         if m.role not in convert.VALID_ROLES:
             raise InvalidArgument(f"messages[{i}].role", f"must be one of system, user, assistant, tool; got {m.role!r}")
         if m.seq:
@@ -135,12 +151,19 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if request.view not in pb.SessionView.values():
             raise InvalidArgument("view", f"unknown view {request.view}")
-        session = convert.session_from_row(await self.repo.get_session(identity, session_id))
-        if request.view in (pb.SESSION_VIEW_DISPLAY, pb.SESSION_VIEW_FULL):
-            session.messages.extend(await self.repo.display_history(session_id))
-        if request.view in (pb.SESSION_VIEW_CONTEXT, pb.SESSION_VIEW_FULL):
-            session.context.extend(await self.repo.context(session_id))
-        return pb.GetSessionResponse(session=session)
+        if request.context_offset < 0:
+            raise InvalidArgument("context_offset", "must not be negative")
+        display, context_ = view_budgets(request.view, self.settings.read_budget_bytes)
+        read = await self.repo.read_session(identity, session_id, display_budget=display, context_budget=context_,
+                                            context_offset=request.context_offset)
+        response = pb.GetSessionResponse(session=convert.session_from_row(read.row))
+        if read.display is not None:
+            response.session.messages.extend(read.display.messages)
+            response.has_more_messages = read.display.has_more
+        if read.context is not None:
+            response.session.context.extend(read.context.messages)
+            response.has_more_context = read.context.has_more
+        return response
 
     async def ListSessions(self, request, context):
         identity = self._identity(context)
@@ -188,15 +211,14 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.before_seq < 0:
             raise InvalidArgument("before_seq", "must not be negative")
         limit = page_size(request.limit, "limit")
-        messages, has_more = await self.repo.history_page(
-            identity, session_id, request.before_seq, limit, archive_only=archive_only
-        )
-        return {"messages": messages, "has_more": has_more}
+        page = await self.repo.history_page(identity, session_id, request.before_seq, limit,
+                                            archive_only=archive_only, budget=self.settings.read_budget_bytes)
+        return {"messages": page.messages, "has_more": page.has_more}
 
     async def AppendMessages(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        _validate_messages(request.messages)
+        _validate_messages(request.messages, self.settings.message_max_bytes)
         result = await self.repo.append_messages(identity, session_id, request.messages, _expected(request),
                                                  request.idempotency_key)
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision)
@@ -247,6 +269,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("demote_seqs", "a compression must demote messages or add a summary")
         if request.context_token_count < 0:
             raise InvalidArgument("context_token_count", "must not be negative")
+        for field in ("summary", "marker"):
+            if request.HasField(field):
+                check_message_size(getattr(request, field), field, self.settings.message_max_bytes)
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
                 raise InvalidArgument(f"chunks[{i}].content", "required")
@@ -303,9 +328,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def CreateShare(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        row = await self.repo.create_share(identity, session_id)
-        response = pb.CreateShareResponse(token=row["token"])
-        response.created_at.CopyFrom(convert.timestamp(row["created_at"]))
+        token, created_at = await self.repo.create_share(identity, session_id)
+        response = pb.CreateShareResponse(token=token)
+        response.created_at.CopyFrom(convert.timestamp(created_at))
         return response
 
     async def GetShared(self, request, context):
@@ -315,12 +340,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("before_seq", "must not be negative")
         limit = page_size(request.limit, "limit")
         shared = await self.repo.shared_session(request.token)
-        messages, has_more = await self.repo.history_page(
-            None, shared["id"], request.before_seq, limit, archive_only=False
-        )
+        page = await self.repo.history_page(None, shared["id"], request.before_seq, limit, archive_only=False,
+                                            budget=self.settings.read_budget_bytes)
         response = pb.GetSharedResponse(
             name=shared["name"], profile_id=shared["profile_id"],
-            messages=[without_session_id(m, str(shared["id"])) for m in messages], has_more=has_more,
+            messages=[without_session_id(m, str(shared["id"])) for m in page.messages], has_more=page.has_more,
         )
         response.created_at.CopyFrom(convert.timestamp(shared["created_at"]))
         response.last_active.CopyFrom(convert.timestamp(shared["last_active"]))
@@ -432,20 +456,28 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 if len(data) > self.files.max_bytes:
                     raise ResourceExhausted(f"image exceeds the {self.files.max_bytes}-byte file limit")
             before = await asyncio.to_thread(self.files.file_names, str(session_id))
+            await self.repo.reserve_file_bytes(identity, session_id, len(data))
             info = await asyncio.to_thread(self.files.save_image, str(session_id), bytes(data))
-            return pb.PutFileResponse(file=_file_info(info), deduplicated=info.name in before)
+            deduplicated = info.name in before
+            if not deduplicated:
+                await self.repo.add_file_bytes(session_id, info.size)
+            return pb.PutFileResponse(file=_file_info(info), deduplicated=deduplicated)
         if not header.filename:
             raise InvalidArgument("header.filename", "required")
         upload = await asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename)
+        written = 0
         try:
             async for part in request_iterator:
                 if part.HasField("header"):
                     raise InvalidArgument("header", "only the first message may carry a header")
                 await asyncio.to_thread(upload.write, part.chunk)
+                written += len(part.chunk)
+            await self.repo.reserve_file_bytes(identity, session_id, written)
             info = await asyncio.to_thread(upload.commit)
         except BaseException:
             await asyncio.to_thread(upload.abort)
             raise
+        await self.repo.add_file_bytes(session_id, info.size)
         return pb.PutFileResponse(file=_file_info(info))
 
     async def GetFile(self, request, context):
@@ -500,7 +532,9 @@ def _observation(row) -> pb.Observation:
 
 
 def _file_info(info) -> common_pb2.FileInfo:
+    # The path is the name within the session's folder: where the store keeps its files is its
+    # own business (and the absolute path named the session id to anyone shown it).
     return common_pb2.FileInfo(
-        name=info.name, path=str(info.path), size=info.size, sha256=info.sha256, content_type=info.content_type
+        name=info.name, path=info.name, size=info.size, sha256=info.sha256, content_type=info.content_type
     )
 

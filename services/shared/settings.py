@@ -79,9 +79,17 @@ class Settings:
     agent_warm_mb: int = 64  # the Agent's warm sessions, at most this many megabytes
     # SessionStore
     files_max_bytes: int = 200 * 1024 * 1024
+    # One stored message (content, thinking, tool calls, images) at most: a read always holds a
+    # whole message, so this stays within a response's budget (half the gRPC limit).
+    message_max_bytes: int = 16 * 1024 * 1024
     hot_window_messages: int = 2000
     hot_window_bytes: int = 32 * 1024 * 1024
     file_sweep_interval_s: float = 3600.0
+    # Per owner (0: no limit): sessions, and bytes of messages and files over all of them.
+    owner_max_sessions: int = 10_000
+    owner_max_bytes: int = 10 * 1024 * 1024 * 1024
+    # Share links are derived from this key; empty: the key in <data_dir>/share.key, made once.
+    share_key: str = ""
     # Compression (seed defaults)
     compression_enabled: bool = True
     compression_threshold: float = 0.90
@@ -122,9 +130,13 @@ class Settings:
             reply_write_deadline_s=_env_float("PALIMPSEST_REPLY_WRITE_DEADLINE_S", 30.0),
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
             files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
+            message_max_bytes=_env_int("PALIMPSEST_MESSAGE_MAX_MB", 16) * 1024 * 1024,
             hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),
             hot_window_bytes=_env_int("PALIMPSEST_HOT_WINDOW_MB", 32) * 1024 * 1024,
             file_sweep_interval_s=_env_float("PALIMPSEST_FILE_SWEEP_INTERVAL_S", 3600.0),
+            share_key=_env("PALIMPSEST_SHARE_KEY", ""),
+            owner_max_sessions=_env_int("PALIMPSEST_OWNER_MAX_SESSIONS", 10_000),
+            owner_max_bytes=_env_int("PALIMPSEST_OWNER_MAX_MB", 10 * 1024) * 1024 * 1024,
             compression_enabled=_env_bool("CONTEXT_COMPRESSION_ENABLED", True),
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
@@ -137,6 +149,12 @@ class Settings:
             ollama_num_ctx=_env_int("OLLAMA_NUM_CTX", 8192),
             summarizer_num_ctx=_env_int("CONTEXT_SUMMARIZER_NUM_CTX", 0),
         )
+
+    @property
+    def read_budget_bytes(self) -> int:
+        """What one response may carry in messages: half the gRPC limit leaves room for the
+        fields around them and for encoding overhead."""
+        return self.max_message_bytes // 2
 
     def port_of(self, addr: str) -> int:
         return int(addr.rsplit(":", 1)[1])

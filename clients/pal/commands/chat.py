@@ -248,8 +248,8 @@ class Chat:
         path, data = read
         header = pb.PutFileHeader(session_id=self.ensure_session(), filename=path.name)
         info = self.app.conn.store().PutFile(_chunks(header, data)).file
-        self.notes.append(f"[I attached the file {info.name} ({info.size:,} bytes); it is stored at {info.path}]")
-        self.say(f"attached {path} → {info.path}; your next message tells the model where it is")
+        self.notes.append(f"[I attached the file {info.name} ({info.size:,} bytes) to this session as {info.path}]")
+        self.say(f"attached {path} as {info.path}; your next message tells the model about it")
 
     def add_image(self, raw: str) -> None:
         read = self._read(raw)
