@@ -122,3 +122,23 @@ async def test_stop_tells_another_user_nothing(base_settings, store_server_auth,
             assert not (await stub.Stop(apb.StopRequest(session_id=session_id), metadata=alice)).stopped
     finally:
         await agent.stop(0)
+
+
+async def test_a_report_no_template_could_produce_is_refused_and_learned_from_nothing(compressor_auth, store_auth,
+                                                                                       user):
+    """Even from a service: a count far above what any chat template adds to the exact content
+    (bob's attack, from a broken or compromised reporter) is refused and changes nothing."""
+    model = f"qwen3.6-ceiling-{uuid.uuid4().hex[:6]}"
+    shape = common_pb2.PromptShape(content_tokens=3000, messages=6)
+    lie = cpb.RecordBaselineRequest(model=model, prompt_eval_count=3000 + 9000, sent_tokens=3100, window=32768,
+                                    shape=shape, method=cpb.ESTIMATE_METHOD_EXACT)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await compressor_auth.RecordBaseline(lie, metadata=SERVICE)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompt_eval_count" in refused.value.details()
+    listed = await store_auth.ListObservations(pb.ListObservationsRequest(model=model), metadata=SERVICE)
+    assert not listed.observations
+    # A long Modelfile system prompt is not a lie: 2,000 tokens over the content is learned.
+    honest = cpb.RecordBaselineRequest(model=model, prompt_eval_count=3000 + 2000, sent_tokens=3100, window=32768,
+                                       shape=shape, method=cpb.ESTIMATE_METHOD_EXACT)
+    assert (await compressor_auth.RecordBaseline(honest, metadata=SERVICE)).recorded

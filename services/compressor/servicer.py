@@ -20,7 +20,7 @@ from services.compressor.exact_count import message_tokens
 from services.compressor.planner import intra_turn_keep, would_compress
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
-from services.compressor.size_check import deepen_cuts, proves_cut
+from services.compressor.size_check import deepen_cuts, plausible_report, proves_cut
 from services.compressor.token_estimate import (
     fits,
     near_cut_size,
@@ -321,6 +321,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if request.window > 0 and request.prompt_eval_count > request.window:
             # Ollama never evaluates more than num_ctx: such a report is not one.
             raise InvalidArgument("prompt_eval_count", f"more than the window of {request.window} tokens")
+        if exact and not plausible_report(request.prompt_eval_count, shape):
+            raise InvalidArgument("prompt_eval_count", f"{request.prompt_eval_count} tokens is more than any chat "
+                                  f"template adds to this prompt's {shape.content_tokens} content tokens")
         if exact and proves_cut(request.prompt_eval_count, shape.content_tokens):
             # Ollama evaluated fewer tokens than the content alone has, by the model's own count:
             # it cut the prompt. Keep the previous honest baseline and flag the session for the
