@@ -10,7 +10,10 @@ import platform
 import random
 import re
 import secrets
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -318,3 +321,43 @@ async def gather_limited(coros, limit: int):
             return await c
 
     return await asyncio.gather(*(one(c) for c in coros))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def processes(specs: list[tuple[str, dict[str, str]]]):
+    """Start services as their own processes (so two replicas really use two cores)."""
+    procs = []
+    try:
+        for module, env in specs:
+            procs.append(subprocess.Popen([sys.executable, "-m", module], env={**os.environ, **env},
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        yield procs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def wait_ready(address: str) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for _ in range(300):
+            try:
+                if (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == 1:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{address} did not become ready")

@@ -6,14 +6,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import random
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from contextlib import asynccontextmanager
 
 import grpc
 from PIL import Image
@@ -22,8 +17,7 @@ from bench import _common
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor.calibration import Observation, estimate_text_tokens, fit_line, fit_rates, prompt_classes
-from services.compressor.exact_count import message_texts
-from services.compressor.exact_count import ExactObservation, fit_template, shape_of
+from services.compressor.exact_count import ExactObservation, fit_template, message_texts, shape_of
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.vocabulary import build_tokenizer
 from services.ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
@@ -232,46 +226,6 @@ async def estimate_error() -> str:
             + _common.table(header, _error_rows(calibrated, foreign_within, foreign_across)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@asynccontextmanager
-async def processes(specs: list[tuple[str, dict[str, str]]]):
-    """Start services as their own processes (so two replicas really use two cores)."""
-    procs = []
-    try:
-        for module, env in specs:
-            procs.append(subprocess.Popen([sys.executable, "-m", module], env={**os.environ, **env},
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        yield procs
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
-async def wait_ready(address: str) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        for _ in range(300):
-            try:
-                if (await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == 1:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{address} did not become ready")
-
-
 async def seeded_session(store: SessionStoreStub, messages: int, chatter: _common.Chatter) -> str:
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="bench", model="qwen3.6"))).session
     batch = []
@@ -321,18 +275,18 @@ async def throughput(server, quick: bool) -> str:
             sim.set_responder(lambda body, reply=reply: reply)
             for replicas in (1, 2):
                 async with _common.fresh_database(server, "compress") as dsn:
-                    store_port = _free_port()
-                    ports = [_free_port() for _ in range(replicas)]
+                    store_port = _common.free_port()
+                    ports = [_common.free_port() for _ in range(replicas)]
                     base = {"DATABASE_URL": dsn, "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{store_port}",
                             "OLLAMA_HOST": sim.url, "PALIMPSEST_FILES_ROOT": "/tmp/palimpsest-bench-files"}
                     specs = [("services.session_store", base)] + [
                         ("services.compressor", {**base, "PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{p}"})
                         for p in ports]
-                    async with processes(specs[:1]):
-                        await wait_ready(f"127.0.0.1:{store_port}")
-                        async with processes(specs[1:]):
+                    async with _common.processes(specs[:1]):
+                        await _common.wait_ready(f"127.0.0.1:{store_port}")
+                        async with _common.processes(specs[1:]):
                             for p in ports:
-                                await wait_ready(f"127.0.0.1:{p}")
+                                await _common.wait_ready(f"127.0.0.1:{p}")
                             rows.append([path, replicas, await _compress_all(store_port, ports, sessions)])
     return (f"Compress throughput: {sessions} sessions of 120 messages compressed concurrently (8 in flight) "
             "through a round-robin channel; store and replicas each in their own process on this 2-core machine; "

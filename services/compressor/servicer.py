@@ -74,6 +74,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._observation_cache: dict[str, tuple[float, list[store_pb.Observation]]] = {}
         # (session, tokenizer digest) → the highest seq whose count this replica has stored.
         self._counted_through: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # Counts a size check made, waiting for the call's report to be written with it: a write
+        # beside the user's message competed with it for the store on the way to the first token.
+        self._unwritten: dict[str, list[tuple[str, list[tuple[int, int]]]]] = {}
 
     # -- loading -----------------------------------------------------------------------------
     def _window(self, window: int) -> int:
@@ -158,6 +161,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             estimate, fresh = await _priced(pricing.stored_estimate, state.context_tokens, incoming, schemas,
                                             chars=_chars(state.context_tokens.uncounted) + _chars(incoming))
             self._remember_counts(request.session_id, counter.digest, fresh, context)
+            self._write_unwritten_counts(request.session_id, context)
             method = pb.ESTIMATE_METHOD_EXACT
         elif request.session_id:
             state = await self._load(request.session_id, request.model, context,
@@ -193,8 +197,14 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             while len(self._counted_through) > COUNTED_SESSIONS:
                 self._counted_through.popitem(last=False)
         if new:  # counted a moment ago for the view: the counter's cache answers
-            self._remember_counts(session_id, counter.digest,
-                                  list(zip((m.seq for m in new), message_tokens(new, counter))), context)
+            counts = list(zip((m.seq for m in new), message_tokens(new, counter)))
+            self._unwritten.setdefault(session_id, []).append((counter.digest, counts))
+            while len(self._unwritten) > COUNTED_SESSIONS:  # a session whose calls never report
+                self._unwritten.pop(next(iter(self._unwritten)))
+
+    def _write_unwritten_counts(self, session_id: str, context) -> None:
+        for digest, counts in self._unwritten.pop(session_id, ()):
+            self._remember_counts(session_id, digest, counts, context)
 
     def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int]], context) -> None:
         """Write fresh per-message counts back, off the request's path; a lost write only means the
@@ -324,6 +334,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if exact and not plausible_report(request.prompt_eval_count, shape):
             raise InvalidArgument("prompt_eval_count", f"{request.prompt_eval_count} tokens is more than any chat "
                                   f"template adds to this prompt's {shape.content_tokens} content tokens")
+        if request.session_id:  # the counts of the call's size check, now that the call is over
+            self._write_unwritten_counts(request.session_id, context)
         if exact and proves_cut(request.prompt_eval_count, shape.content_tokens):
             # Ollama evaluated fewer tokens than the content alone has, by the model's own count:
             # it cut the prompt. Keep the previous honest baseline and flag the session for the

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -193,6 +195,12 @@ class AppendResult:
     archived: int
 
 
+# How stale an owner's stored bytes may be when a write is checked against the quota; other
+# replicas' writes meanwhile may pass it by their own size, as concurrent writes always could.
+USAGE_REFRESH_S = 5.0
+USAGE_OWNERS = 100_000
+
+
 @dataclass(frozen=True)
 class Quotas:
     """What one owner may keep; 0: no limit."""
@@ -220,6 +228,8 @@ class SessionRepository:
         self.hot_window = hot_window
         self.share_key = share_key
         self.quotas = quotas
+        # Each owner's stored bytes as last read, with when: see _owner_bytes.
+        self._usage: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
     # -- access ----------------------------------------------------------------------------
     async def _lock_session(
@@ -285,13 +295,29 @@ class SessionRepository:
         Ownerless (legacy, admin-only) sessions have no quota."""
         if not self.quotas.max_bytes or adding <= 0 or owner is None:
             return
-        used = await conn.fetchval("SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions"
-                                   " WHERE owner = $1", owner)
+        used = await self._owner_bytes(conn, owner)
         if used + adding > self.quotas.max_bytes:
             raise ResourceExhausted(
                 f"storage quota: {capped(owner, 100)} stores {used:,} bytes; {adding:,} more would pass "
                 f"the {self.quotas.max_bytes:,} one owner may keep (PALIMPSEST_OWNER_MAX_MB); "
                 "delete or trim sessions first")
+        self._usage[owner] = (used + adding, self._usage[owner][1])
+
+    async def _owner_bytes(self, conn: asyncpg.Connection, owner: str) -> int:
+        """What the owner stores: summed over their sessions at most every USAGE_REFRESH_S, and
+        kept up with this replica's own writes in between. The sum costs ~1.7 ms for an owner of
+        10,000 sessions; paid on every append, it stood between a user's message and the model."""
+        now = time.monotonic()
+        cached = self._usage.get(owner)
+        if cached is not None and now - cached[1] < USAGE_REFRESH_S:
+            return cached[0]
+        used = await conn.fetchval("SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions"
+                                   " WHERE owner = $1", owner)
+        self._usage[owner] = (used, now)
+        self._usage.move_to_end(owner)
+        while len(self._usage) > USAGE_OWNERS:
+            self._usage.popitem(last=False)
+        return used
 
     async def reserve_file_bytes(self, identity: Identity, session_id: uuid.UUID, size: int) -> None:
         """Before a file is kept: refused past the owner's storage quota."""
@@ -669,6 +695,7 @@ class SessionRepository:
 
     async def trim_session(self, identity: Identity, session_id: uuid.UUID, keep: int) -> tuple[int, int]:
         """Keep the newest `keep` messages, the first system message counting as one of them."""
+        self._usage.clear()  # what owners store goes down: read it again
         async with self.pool.acquire() as conn, conn.transaction():
             await self._lock_session(conn, session_id, identity, None)
             rows = await conn.fetch(
@@ -725,12 +752,14 @@ class SessionRepository:
         )
 
     async def delete_session(self, identity: Identity, session_id: uuid.UUID) -> None:
+        self._usage.clear()  # what owners store goes down: read it again
         async with self.pool.acquire() as conn, conn.transaction():
             await self._lock_session(conn, session_id, identity, None)
             # Messages, archive, chunks, shares and baselines go with it (ON DELETE CASCADE).
             await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
 
     async def cleanup_sessions(self, identity: Identity, older_than_days: int) -> list[str]:
+        self._usage.clear()  # what owners store goes down: read it again
         params: list[Any] = [older_than_days]
         visible = self._visible(identity, params)
         rows = await self.pool.fetch(
