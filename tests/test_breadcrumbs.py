@@ -151,3 +151,22 @@ def test_the_same_text_gives_the_same_hash() -> None:
     a = chunk_messages([msg("user", "same", 1)], [])
     b = chunk_messages([msg("user", "same", 1)], ["other"])
     assert a[0].content_hash == b[0].content_hash
+
+
+def test_claimed_spans_merge_and_answer_overlaps_like_a_scan():
+    """The binary-search spans agree with checking every claimed span, on random claims."""
+    import random
+
+    from services.compressor.breadcrumbs import _Spans
+
+    rng = random.Random(5)
+    spans, claimed = _Spans(), []
+    for _ in range(2000):
+        start = rng.randrange(0, 5000)
+        end = start + rng.randrange(1, 40)
+        scan = any(start < e and s < end for s, e in claimed)
+        assert spans.overlaps(start, end) == scan
+        if not scan or rng.random() < 0.3:  # claims may overlap (a command claims its backticks)
+            spans.add(start, end)
+            claimed.append((start, end))
+

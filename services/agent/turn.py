@@ -31,6 +31,7 @@ from services.shared.context_view import (
     heuristic_tokens,
     heuristic_view,
     message_budget,
+    sliced_for_size_check,
     to_ollama_messages,
     view_chars,
 )
@@ -356,7 +357,8 @@ class Turn:
         uncompressed, its view cut at the fixed heuristic rate, and the client is told once."""
         try:
             return await self._compressor(self.deps.compressor.CheckContextSize, cpb.CheckContextSizeRequest(
-                model=self.profile.model, messages=built, window=self.window, session_id=self.session_id,
+                model=self.profile.model, messages=sliced_for_size_check(built), window=self.window,
+                session_id=self.session_id,
                 settings=self.profile.compression_settings(), tool_schemas=self._tool_schemas_json(),
                 keep_recent_messages=self._keep_for(iteration),
                 decide_compression=decide and self._compression_on()))

@@ -7,6 +7,7 @@ so the hard-truncate path, which writes no summary, still leaves them.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from palimpsest.v1.common_pb2 import Message
 from services.compressor.planner import split_turns
 
 ENTITY_CAP = 40
+ENTITY_SCAN_CHARS = 20_000
 BREADCRUMB_CAP = 60
 # About a screenful: long enough to hold one exchange, short enough to embed and show as a hit.
 CHUNK_CHARS = 4_000
@@ -71,19 +73,19 @@ def _clean(kind: str, entity: str) -> str:
 
 def extract_entities(text: str, cap: int = ENTITY_CAP) -> list[str]:
     """Searchable entities of ``text``, deduplicated, in order of first appearance, at most ``cap``."""
-    taken: list[tuple[int, int]] = []
+    taken = _Spans()
     found: list[tuple[int, str]] = []
     for kind, pattern in _PATTERNS:
         for match in pattern.finditer(text):
             group = "cmd" if "cmd" in pattern.groupindex else 0
             start, end = match.span(group)
-            if any(start < e and s < end for s, e in taken):
+            if taken.overlaps(start, end):
                 continue
             value = _clean(kind, match.group(group))
             if not value or (kind == "dotted" and not _keep_dotted(value)):
                 continue
             # A command claims its whole match (the backticks too), so no part is re-read.
-            taken.append(match.span())
+            taken.add(*match.span())
             found.append((start, value))
     found.sort(key=lambda item: item[0])
     entities: list[str] = []
@@ -95,6 +97,34 @@ def extract_entities(text: str, cap: int = ENTITY_CAP) -> list[str]:
         if len(entities) >= cap:
             break
     return entities
+
+
+def entity_source(messages: Sequence[Message]) -> str:
+    """The text entities are looked for in: each message's first ENTITY_SCAN_CHARS. A few dozen
+    entities are kept of all of them, and a 15 MB tool output scanned whole took minutes."""
+    return "\n".join(m.content[:ENTITY_SCAN_CHARS] for m in messages)
+
+
+class _Spans:
+    """The claimed parts of a text as disjoint sorted spans (overlapping claims merged), so an
+    overlap check is a binary search, not a scan: a scan made entity extraction quadratic in the
+    matches of a long log."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []  # sorted too: the spans are disjoint
+
+    def overlaps(self, start: int, end: int) -> bool:
+        i = bisect.bisect_left(self._starts, end)  # spans starting before `end`
+        return i > 0 and self._ends[i - 1] > start
+
+    def add(self, start: int, end: int) -> None:
+        lo = bisect.bisect_right(self._ends, start)  # the first span ending after `start`
+        hi = bisect.bisect_left(self._starts, end)  # past the last span starting before `end`
+        if lo < hi:
+            start, end = min(start, self._starts[lo]), max(end, self._ends[hi - 1])
+        self._starts[lo:hi] = [start]
+        self._ends[lo:hi] = [end]
 
 
 def merge_breadcrumbs(

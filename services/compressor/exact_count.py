@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from palimpsest.v1.common_pb2 import Message
-from services.shared.context_view import TRUNCATABLE_ROLES, truncation_marker
+from services.shared.context_view import SLICED_FROM_KEY, TRUNCATABLE_ROLES, sliced_from, truncation_marker
 from services.shared.image_tokens import image_tokens
 
 
@@ -185,8 +185,12 @@ def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
         spans.append(len(parts))
     counts = counter.counts(texts)
     out, at = [], 0
-    for span in spans:
-        out.append(sum(counts[at:at + span]))
+    for message, span in zip(messages, spans):
+        content = counts[at]
+        whole = sliced_from(message)  # the size check got only its head and tail: scaled to its length
+        if whole:
+            content = math.ceil(content * whole / max(1, len(message.content)))
+        out.append(content + sum(counts[at + 1:at + span]))
         at += span
     return out
 
@@ -216,7 +220,7 @@ def cut_content(message: Message, tokens: int, budget: int, counter: Counter) ->
     """The content cut to head + marker + tail so the message costs at most ``budget`` content
     tokens; None when it already fits or cutting cannot help. Token boundaries, not a char rate,
     decide the cut, so the same message and budget always give the same view."""
-    calls = tokens - counter.counts([message.content])[0]
+    calls = sum(counter.counts(message_texts(message)[1:]))  # tool calls are never cut
     keep = budget - calls - MARKER_TOKENS
     if tokens <= budget or keep < 2:
         return None
@@ -247,6 +251,8 @@ def exact_view(
         copy = Message()
         copy.CopyFrom(message)
         copy.content = content
+        if SLICED_FROM_KEY in copy.metadata:  # the cut is whole text: its count is not scaled
+            del copy.metadata[SLICED_FROM_KEY]
         view.append(copy)
         cuts[index] = content
     return view, cuts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 import tempfile
@@ -23,6 +24,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer
+from services.shared.context_view import SIZE_CHECK_SLICE_CHARS, slice_for_size_check
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import OllamaClient
 
@@ -52,7 +54,9 @@ class TokenCounter:
         return self.counts([text])[0]
 
     def counts(self, texts: Sequence[str]) -> list[int]:
-        """Tokens of each text alone (no BOS/EOS); the uncached ones in one parallel batch."""
+        """Tokens of each text alone (no BOS/EOS); the uncached ones in one parallel batch. A text
+        too long to size whole (see slice_for_size_check) is counted by its head and tail, scaled
+        to its length: deterministic, and seconds faster for a many-megabyte tool output."""
         # (hash, length) identifies a text: a collision needs equal lengths and a 64-bit hash clash.
         keys = [(hash(t), len(t)) for t in texts]
         found: dict[int, int] = {}
@@ -65,14 +69,30 @@ class TokenCounter:
                     found[i] = self._cache[key]
         missing = [i for i in range(len(texts)) if i not in found]
         if missing:
-            encodings = self.tokenizer.encode_batch([texts[i] for i in missing], add_special_tokens=False)
+            sliced = [slice_for_size_check(texts[i]) or texts[i] for i in missing]
+            encodings = self.tokenizer.encode_batch(sliced, add_special_tokens=False)
             with self._lock:
-                for i, encoding in zip(missing, encodings):
-                    found[i] = len(encoding.ids)
+                for i, text, encoding in zip(missing, sliced, encodings):
+                    found[i] = scaled_count(len(encoding.ids), len(text), len(texts[i]))
                     self._cache[keys[i]] = found[i]
                 while len(self._cache) > COUNT_CACHE_ENTRIES:
                     self._cache.popitem(last=False)
         return [found[i] for i in range(len(texts))]
+
+    def _cut_from_slices(self, text: str, head_tokens: int, tail_tokens: int) -> tuple[str, str] | None:
+        """The cut of a very long text from its head and tail slices alone; None when a slice holds
+        too few tokens for the cut to stay clear of its edge (then the whole text is encoded)."""
+        edge = SIZE_CHECK_SLICE_CHARS * 9 // 10  # a token near a slice's edge may be split there
+        head = self.tokenizer.encode(text[:SIZE_CHECK_SLICE_CHARS], add_special_tokens=False).offsets
+        tail_text = text[-SIZE_CHECK_SLICE_CHARS:]
+        tail = self.tokenizer.encode(tail_text, add_special_tokens=False).offsets
+        if head_tokens > len(head) or tail_tokens > len(tail):
+            return None
+        head_end = head[head_tokens - 1][1] if head_tokens > 0 else 0
+        tail_start = tail[len(tail) - tail_tokens][0] if tail_tokens > 0 else len(tail_text)
+        if head_end > edge or tail_start < len(tail_text) - edge:
+            return None
+        return text[:head_end], tail_text[tail_start:]
 
     def head_and_tail(self, text: str, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
         """The text of the first ``head_tokens`` and the last ``tail_tokens`` tokens, cut at token
@@ -84,17 +104,29 @@ class TokenCounter:
             if key in self._cuts:
                 self._cuts.move_to_end(key)
                 return self._cuts[key]
-        offsets = self.tokenizer.encode(text, add_special_tokens=False).offsets
-        if head_tokens + tail_tokens >= len(offsets):
-            cut = (text, "")
-        else:
-            cut = (text[: offsets[head_tokens - 1][1]] if head_tokens > 0 else "",
-                   text[offsets[len(offsets) - tail_tokens][0]:] if tail_tokens > 0 else "")
+        cut = self._cut_from_slices(text, head_tokens, tail_tokens) if len(text) > 2 * SIZE_CHECK_SLICE_CHARS \
+            else None
+        if cut is None:
+            cut = _cut(text, self.tokenizer.encode(text, add_special_tokens=False).offsets, head_tokens, tail_tokens)
         with self._lock:
             self._cuts[key] = cut
             while len(self._cuts) > CUT_CACHE_ENTRIES:
                 self._cuts.popitem(last=False)
         return cut
+
+
+def scaled_count(tokens: int, counted_chars: int, chars: int) -> int:
+    """A count made on part of a text, scaled up to the whole text's length."""
+    if counted_chars >= chars or counted_chars <= 0:
+        return tokens
+    return math.ceil(tokens * chars / counted_chars)
+
+
+def _cut(text: str, offsets, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
+    if head_tokens + tail_tokens >= len(offsets):
+        return text, ""
+    return (text[: offsets[head_tokens - 1][1]] if head_tokens > 0 else "",
+            text[offsets[len(offsets) - tail_tokens][0]:] if tail_tokens > 0 else "")
 
 
 # Bump when build_tokenizer changes what it builds: tokenizers cached by an older build are ignored.

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
-from services.compressor.breadcrumbs import chunk_messages, extract_entities, merge_breadcrumbs
+from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
 from services.compressor.planner import Plan, apply_plan, plan_compression
 from services.compressor.pricing import Knobs, Pricing
@@ -163,8 +163,8 @@ async def summarize_or_truncate(
             log.warning("summarizer attempt %d/%d failed: %s", attempt, SUMMARY_ATTEMPTS, exc)
     else:
         return await asyncio.to_thread(truncate_outcome, context, pricing, window, last_error)
-    dropped_text = "\n".join(m.content for m in plan.to_summarize if not m.is_summary)
-    crumbs = merge_breadcrumbs(keys, extract_entities(dropped_text))
+    dropped_text = entity_source([m for m in plan.to_summarize if not m.is_summary])
+    crumbs = merge_breadcrumbs(keys, await asyncio.to_thread(extract_entities, dropped_text))
     first, last = plan.replaced_range
     covered = common_pb2.SeqRange(first=first, last=last)
     summary = Message(
@@ -183,7 +183,7 @@ async def summarize_or_truncate(
 def truncate_outcome(context: list[Message], pricing: Pricing, window: int, error: Exception | None) -> Outcome:
     """The last resort: drop the oldest whole turns until under half the window, no LLM call."""
     cut = hard_truncate(context, window=window, estimate=pricing.estimate)
-    crumbs = merge_breadcrumbs([], extract_entities("\n".join(m.content for m in cut.dropped)))
+    crumbs = merge_breadcrumbs([], extract_entities(entity_source(cut.dropped)))
     log.warning("summarizer failed (%s): hard-truncated %d messages", error, len(cut.dropped))
     return Outcome(pb.COMPRESSION_METHOD_HARD_TRUNCATE, cut.dropped, cut.new_context, None, crumbs)
 

@@ -29,7 +29,7 @@ from services.compressor.token_estimate import (
 )
 from services.shared.auth import forwarded_metadata, identity_from_context, service_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable, from_rpc_error
-from services.shared.context_view import message_budget
+from services.shared.context_view import message_budget, sliced_from
 from services.shared.image_tokens import image_size, image_tokens
 from services.shared.ollama import OllamaClient
 from services.shared.session_reads import whole_context
@@ -189,7 +189,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         context meter, another replica) reads it from the store."""
         key = (session_id, counter.digest)
         through = self._counted_through.get(key, 0)
-        new = [m for m in messages if m.seq > through and not m.images]
+        # A sliced message's count is scaled from its head and tail: not a count to keep.
+        new = [m for m in messages if m.seq > through and not m.images and not sliced_from(m)]
         newest = max((m.seq for m in messages), default=0)
         if newest > through:
             self._counted_through[key] = newest

@@ -73,6 +73,44 @@ def message_budget(window: int, configured: int = 0) -> int:
     return configured if configured > 0 else default_message_budget(window)
 
 
+# A message longer than twice this reaches the size check as its head and tail only, each this
+# long: its view is cut to a message budget (at most a sixth of the window) anyway, whole it could
+# pass the RPC's size limit (a 15 MB tool output), and the tokenizer would spend seconds on it.
+# The view's cut is the same as on the whole text: a budget's worth of tokens is far shorter.
+SIZE_CHECK_SLICE_CHARS = 200_000
+# Where a sliced message says how long it really is (its metadata; the count is scaled to it).
+SLICED_FROM_KEY = "size_check_sliced_from_chars"
+
+
+def slice_for_size_check(text: str) -> str | None:
+    """The head and tail of a text too long to be sized whole; None when it is not."""
+    if len(text) <= 2 * SIZE_CHECK_SLICE_CHARS:
+        return None
+    return text[:SIZE_CHECK_SLICE_CHARS] + text[-SIZE_CHECK_SLICE_CHARS:]
+
+
+def sliced_for_size_check(messages: Sequence[Message]) -> list[Message]:
+    """The messages as the size check gets them: each too long to size whole replaced by a copy
+    holding its head and tail, its metadata saying how long it really is."""
+    out = []
+    for message in messages:
+        sliced = slice_for_size_check(message.content)
+        if sliced is None:
+            out.append(message)
+            continue
+        copy = Message()
+        copy.CopyFrom(message)
+        copy.content = sliced
+        copy.metadata[SLICED_FROM_KEY] = len(message.content)
+        out.append(copy)
+    return out
+
+
+def sliced_from(message: Message) -> int:
+    """How long a sliced message's content really is (0: it is whole)."""
+    return int(message.metadata[SLICED_FROM_KEY]) if SLICED_FROM_KEY in message.metadata else 0
+
+
 def truncation_marker(tokens: int) -> str:
     """The text that replaces the cut middle of an oversized message."""
     return f"\n[…truncated ~{tokens} tokens…]\n"
