@@ -176,6 +176,7 @@ def mix(parts: dict[str, int]) -> tuple[int, tuple[int, ...]]:
 
 def test_char_classes_sort_every_character_into_one_class() -> None:
     assert char_classes("Hello wörld 123 — 计费服务。日本語 привет _x") == (6, 3, 11, 8, 6, 2)
+    assert char_classes("２０２４年の売上") == (0, 4, 0, 4, 0, 0)  # a fullwidth digit is a digit, once
     assert char_classes("") == (0,) * len(CHAR_CLASSES)
 
 

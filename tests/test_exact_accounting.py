@@ -163,6 +163,8 @@ async def test_a_stored_context_is_counted_once_then_summed_by_the_store(compres
 
 
 async def test_token_counts_need_their_tokenizer_and_sane_values(store):
+    import hashlib
+
     import grpc
     import pytest
 
@@ -178,8 +180,19 @@ async def test_token_counts_need_their_tokenizer_and_sane_values(store):
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await store.SetTokenCounts(request)
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.value.details()
+    hi = hashlib.md5(b"hi").hexdigest()
+    for md5 in ("", "not-a-hash"):
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await store.SetTokenCounts(store_pb.SetTokenCountsRequest(
+                session_id=session_id, token_digest="d", counts=[store_pb.TokenCount(seq=1, tokens=3, content_md5=md5)]))
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "content_md5" in error.value.details()
+    # A count made from other content than the row's is not kept (no caller can put a count on a
+    # row it never read); the row's own content's is.
+    wrong = await store.SetTokenCounts(store_pb.SetTokenCountsRequest(session_id=session_id, token_digest="d", counts=[
+        store_pb.TokenCount(seq=1, tokens=1, content_md5=hashlib.md5(b"x").hexdigest())]))
+    assert wrong.updated == 0
     reply = await store.SetTokenCounts(store_pb.SetTokenCountsRequest(
-        session_id=session_id, token_digest="d", counts=[store_pb.TokenCount(seq=1, tokens=3)]))
+        session_id=session_id, token_digest="d", counts=[store_pb.TokenCount(seq=1, tokens=3, content_md5=hi)]))
     assert reply.updated == 1
     summed = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest="d"))
     assert summed.context_tokens.counted_tokens == 3 and not summed.context_tokens.uncounted

@@ -127,3 +127,15 @@ def test_the_size_check_request_stays_under_the_limit():
     sliced = sliced_for_size_check(messages)
     assert sum(m.ByteSize() for m in messages) > LIMIT > 2 * sum(m.ByteSize() for m in sliced)
     assert all(len(m.content) == 2 * SIZE_CHECK_SLICE_CHARS for m in sliced)
+
+
+async def test_a_stored_message_never_carries_a_slice_length(services):
+    """`sliced_from_chars` only travels in a size check's request: the store keeps no such thing,
+    so no stored row can make its own count scaled."""
+    _, store = services
+    session = (await store.CreateSession(pb.CreateSessionRequest(profile_id="small"))).session
+    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
+        Message(role="user", content="short", sliced_from_chars=10**12)]))
+    page = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=session.id))
+    assert [m.sliced_from_chars for m in page.messages] == [0]
+    await store.DeleteSession(pb.DeleteSessionRequest(session_id=session.id))

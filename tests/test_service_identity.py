@@ -4,6 +4,7 @@ RPC needs credentials."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import replace
 
@@ -18,15 +19,20 @@ SERVICE = service_metadata(True, JWT_SECRET)
 
 
 @pytest.fixture(scope="module")
-async def compressor_auth(base_settings, store_server_auth, ollama_sim):
+async def compressor_auth_server(base_settings, store_server_auth, ollama_sim):
     from services.compressor.app import start_compressor
 
     settings = replace(base_settings, auth_enabled=True, ollama_host=ollama_sim.url,
                        store_addr=store_server_auth.address)
     running = await start_compressor(settings, port=0)
-    async with grpc.aio.insecure_channel(running.address) as channel:
-        yield compressor_pb2_grpc.CompressorStub(channel)
+    yield running
     await running.stop(0)
+
+
+@pytest.fixture(scope="module")
+async def compressor_auth(compressor_auth_server):
+    async with grpc.aio.insecure_channel(compressor_auth_server.address) as channel:
+        yield compressor_pb2_grpc.CompressorStub(channel)
 
 
 async def denied(call, code=grpc.StatusCode.PERMISSION_DENIED) -> None:
@@ -142,3 +148,24 @@ async def test_a_report_no_template_could_produce_is_refused_and_learned_from_no
     honest = cpb.RecordBaselineRequest(model=model, prompt_eval_count=3000 + 2000, sent_tokens=3100, window=32768,
                                        shape=shape, method=cpb.ESTIMATE_METHOD_EXACT)
     assert (await compressor_auth.RecordBaseline(honest, metadata=SERVICE)).recorded
+
+
+async def test_a_size_check_on_someone_elses_session_cannot_bend_its_stored_counts(
+        compressor_auth, compressor_auth_server, store_auth, user):
+    """Bob sends Alice's session id with his own text for her rows: the counts a size check makes
+    are stored only on rows whose content they were made from, so hers stay as they are."""
+    alice, bob = bearer(user), bearer(f"{user}-bob")
+    session_id = await alices_session(store_auth, alice)
+    await compressor_auth.CheckContextSize(cpb.CheckContextSizeRequest(
+        model="qwen3.6", session_id=session_id, window=8192,
+        messages=[common_pb2.Message(role="user", content="x " * 50, seq=1)]), metadata=bob)
+    # The next report of that session writes what the size check counted.
+    await compressor_auth.RecordBaseline(cpb.RecordBaselineRequest(
+        session_id=session_id, model="qwen3.6", prompt_eval_count=20, through_seq=1, window=8192),
+        metadata=SERVICE)
+    await asyncio.gather(*compressor_auth_server.servicer._writes)
+    digest = (await compressor_auth_server.servicer.tokenizers.counter("qwen3.6")).digest
+    stored = await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=session_id, token_digest=digest),
+                                          metadata=alice)
+    assert stored.context_tokens.counted_messages == 0  # Bob's count was not kept on her row
+    assert [m.content for m in stored.context_tokens.uncounted] == ["hello"]

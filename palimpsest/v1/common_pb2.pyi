@@ -29,7 +29,7 @@ class SeqRange(_message.Message):
     def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("seq", "role", "content", "thinking", "tool_calls", "tool_call_id", "name", "images", "files", "metadata", "is_context", "is_display", "is_plan", "is_compression", "is_summary", "is_compression_critical", "is_recall", "elapsed_seconds", "tool_call_count", "token_count", "created_at", "breadcrumbs", "replaces", "archived", "explicit_flags")
+    __slots__ = ("seq", "role", "content", "thinking", "tool_calls", "tool_call_id", "name", "images", "files", "metadata", "is_context", "is_display", "is_plan", "is_compression", "is_summary", "is_compression_critical", "is_recall", "elapsed_seconds", "tool_call_count", "token_count", "created_at", "breadcrumbs", "replaces", "archived", "explicit_flags", "sliced_from_chars")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class Message(_message.Message):
     REPLACES_FIELD_NUMBER: _ClassVar[int]
     ARCHIVED_FIELD_NUMBER: _ClassVar[int]
     EXPLICIT_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    SLICED_FROM_CHARS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     role: str
     content: str
@@ -80,7 +81,8 @@ class Message(_message.Message):
     replaces: SeqRange
     archived: bool
     explicit_flags: bool
-    def __init__(self, seq: _Optional[int] = ..., role: _Optional[str] = ..., content: _Optional[str] = ..., thinking: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., files: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., is_context: _Optional[bool] = ..., is_display: _Optional[bool] = ..., is_plan: _Optional[bool] = ..., is_compression: _Optional[bool] = ..., is_summary: _Optional[bool] = ..., is_compression_critical: _Optional[bool] = ..., is_recall: _Optional[bool] = ..., elapsed_seconds: _Optional[float] = ..., tool_call_count: _Optional[int] = ..., token_count: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaces: _Optional[_Union[SeqRange, _Mapping]] = ..., archived: _Optional[bool] = ..., explicit_flags: _Optional[bool] = ...) -> None: ...
+    sliced_from_chars: int
+    def __init__(self, seq: _Optional[int] = ..., role: _Optional[str] = ..., content: _Optional[str] = ..., thinking: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., files: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., is_context: _Optional[bool] = ..., is_display: _Optional[bool] = ..., is_plan: _Optional[bool] = ..., is_compression: _Optional[bool] = ..., is_summary: _Optional[bool] = ..., is_compression_critical: _Optional[bool] = ..., is_recall: _Optional[bool] = ..., elapsed_seconds: _Optional[float] = ..., tool_call_count: _Optional[int] = ..., token_count: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaces: _Optional[_Union[SeqRange, _Mapping]] = ..., archived: _Optional[bool] = ..., explicit_flags: _Optional[bool] = ..., sliced_from_chars: _Optional[int] = ...) -> None: ...
 
 class ExternalRef(_message.Message):
     __slots__ = ("kind", "uri", "created_by", "read_only", "created_at")

@@ -572,12 +572,14 @@ class ContextTokens(_message.Message):
     def __init__(self, counted_tokens: _Optional[int] = ..., counted_messages: _Optional[int] = ..., counted_tool_results: _Optional[int] = ..., counted_tool_calls: _Optional[int] = ..., uncounted: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class TokenCount(_message.Message):
-    __slots__ = ("seq", "tokens")
+    __slots__ = ("seq", "tokens", "content_md5")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_MD5_FIELD_NUMBER: _ClassVar[int]
     seq: int
     tokens: int
-    def __init__(self, seq: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+    content_md5: str
+    def __init__(self, seq: _Optional[int] = ..., tokens: _Optional[int] = ..., content_md5: _Optional[str] = ...) -> None: ...
 
 class SetTokenCountsRequest(_message.Message):
     __slots__ = ("session_id", "token_digest", "counts")

@@ -14,7 +14,7 @@ from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.context_builder import ContextBuilder
 from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry
-from services.agent.servicer import AgentServicer
+from services.agent.servicer import STOP_MARGIN_S, AgentServicer
 from services.agent.turn import AgentDeps
 from services.shared.channels import open_channel
 from services.shared.errors import PalimpsestError
@@ -66,7 +66,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
             task.cancel()
             with suppress(asyncio.CancelledError):
                 await task
-        await servicer.drain(settings.grace_seconds)
+        await servicer.drain(min(STOP_MARGIN_S, settings.grace_seconds / 2))
         await ollama.aclose()
         await store_channel.close()
         await compressor_channel.close()

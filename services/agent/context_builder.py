@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2, compressor_pb2
 from services.agent.profiles import Profile
+from services.shared.context_view import with_content
 
 Message = common_pb2.Message
 
@@ -29,10 +30,7 @@ def apply_cuts(messages: Sequence[Message], cuts: Sequence[compressor_pb2.ViewCu
     view = list(messages)
     for cut in cuts:
         if 0 <= cut.index < len(view):
-            copy = Message()
-            copy.CopyFrom(view[cut.index])
-            copy.content = cut.content
-            view[cut.index] = copy
+            view[cut.index] = with_content(view[cut.index], cut.content)
     return view
 
 

@@ -279,7 +279,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             turn.stop.set()
 
     async def drain(self, timeout: float) -> None:
-        """On shutdown: stop running turns and give post-turn work a moment to finish."""
+        """After the server stopped: stop any turn still running and give post-turn work `timeout`
+        more (the margin finish_turns kept back from the grace period, not a second grace)."""
         for turn in list(self._running.values()):
             turn.stop.set()
         tasks = list(self.deps.post_turn_tasks)

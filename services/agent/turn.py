@@ -440,6 +440,10 @@ class Turn:
                     self.sink.text(message["content"])
                 reply.absorb(chunk)
                 self.result.text = reply.content
+        if storing is not None:  # a stream without a single chunk: the prompt must still not be stale
+            await storing
+            if storing.stale:
+                raise StalePrompt
         if reply.model and reply.model != self.profile.model:
             self.sink.model_info(reply.model, self.window)
 

@@ -148,7 +148,7 @@ _CLASS_PATTERNS = (
     re.compile(r"\d"),
     re.compile(f"[{_LATIN_RANGES}]"),
     re.compile(f"[{_CJK_RANGES}]"),
-    re.compile(rf"[^\W\d_{_LATIN_RANGES}{_CJK_RANGES}]"),  # letters of every other script
+    re.compile(r"[^\W\d_]"),  # letters of every other script (what the classes before left)
 )
 # Before a class was seen in a report, it is priced high rather than low: an unknown vocabulary
 # may spend three tokens on a CJK character it has no merge for. Order: overhead, per message,
@@ -161,12 +161,34 @@ MIN_RATE_OBSERVATIONS = 3
 MAX_RATES_MARGIN = 512
 
 
-@functools.lru_cache(maxsize=4096)  # long sessions price the same messages on every check
 def char_classes(text: str) -> tuple[int, ...]:
-    """How many characters of ``text`` fall in each of CHAR_CLASSES (symbols: all the rest)."""
-    n = len(text)
-    counts = [n - len(pattern.sub("", text)) for pattern in _CLASS_PATTERNS]
-    return (*counts, n - sum(counts))
+    """How many characters of ``text`` fall in each of CHAR_CLASSES (symbols: all the rest). Each
+    class takes its characters from what the classes before it left, so none is counted twice
+    (a fullwidth digit is a digit, not CJK)."""
+    if len(text) > CLASS_CACHE_MAX_CHARS:
+        return _classes_of(text)
+    key = (hash(text), len(text))  # long sessions price the same messages on every check
+    found = _class_cache.get(key)
+    if found is None:
+        found = _class_cache[key] = _classes_of(text)
+        if len(_class_cache) > CLASS_CACHE_ENTRIES:
+            _class_cache.pop(next(iter(_class_cache)))
+    return found
+
+
+def _classes_of(text: str) -> tuple[int, ...]:
+    counts, rest = [], text
+    for pattern in _CLASS_PATTERNS:
+        stripped = pattern.sub("", rest)
+        counts.append(len(rest) - len(stripped))
+        rest = stripped
+    return (*counts, len(rest))
+
+
+# Keyed by (hash, length), not by the text, so the cache never keeps a long text alive.
+_class_cache: dict[tuple[int, int], tuple[int, ...]] = {}
+CLASS_CACHE_ENTRIES = 20_000
+CLASS_CACHE_MAX_CHARS = 200_000
 
 
 def prompt_classes(texts: Sequence[str]) -> tuple[int, ...]:

@@ -13,13 +13,14 @@ Everything here is pure: the counter is any object with ``counts(texts)`` and ``
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from palimpsest.v1.common_pb2 import Message
-from services.shared.context_view import SLICED_FROM_KEY, TRUNCATABLE_ROLES, sliced_from, truncation_marker
+from services.shared.context_view import TRUNCATABLE_ROLES, truncation_marker, with_content
 from services.shared.image_tokens import image_tokens
 
 
@@ -175,6 +176,12 @@ def message_texts(message: Message) -> list[str]:
     return [message.content, *(call_text(c.name, c.arguments_json) for c in message.tool_calls)]
 
 
+def content_md5(message: Message) -> str:
+    """What a stored count is tied to: the md5 of the content it was made from (as PostgreSQL's
+    md5() of the row's content gives it)."""
+    return hashlib.md5(message.content.encode()).hexdigest()
+
+
 def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
     """Content tokens of each message (content plus each tool call), in one batch."""
     texts: list[str] = []
@@ -187,8 +194,8 @@ def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
     out, at = [], 0
     for message, span in zip(messages, spans):
         content = counts[at]
-        whole = sliced_from(message)  # the size check got only its head and tail: scaled to its length
-        if whole:
+        whole = message.sliced_from_chars  # the size check got only its head and tail: scaled to its length
+        if whole > len(message.content):
             content = math.ceil(content * whole / max(1, len(message.content)))
         out.append(content + sum(counts[at + 1:at + span]))
         at += span
@@ -248,11 +255,8 @@ def exact_view(
         if content is None:
             view.append(message)
             continue
-        copy = Message()
-        copy.CopyFrom(message)
-        copy.content = content
-        if SLICED_FROM_KEY in copy.metadata:  # the cut is whole text: its count is not scaled
-            del copy.metadata[SLICED_FROM_KEY]
+        copy = with_content(message, content)
+        copy.sliced_from_chars = 0  # the cut is whole text: its count is not scaled
         view.append(copy)
         cuts[index] = content
     return view, cuts

@@ -12,7 +12,8 @@ from services.compressor.calibration import (
     CHAR_CLASSES, Line, Observation, Rates, fallback_tokens, fit_line, fit_rates, prompt_classes,
 )
 from services.compressor.exact_count import (
-    Counter, ExactObservation, Shape, Template, exact_view, fit_template, message_texts, message_tokens, shape_of,
+    Counter, ExactObservation, Shape, Template, content_md5, exact_view, fit_template, message_texts, message_tokens,
+    shape_of,
 )
 from services.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens, priced_view
 from services.shared.context_view import message_budget, message_chars
@@ -178,10 +179,11 @@ class Pricing:
                         tool_schemas: Sequence[str] = ()) -> tuple[Estimate, list[tuple[int, int]]]:
         """An exact count of a stored context from the store's sum of per-message counts, plus the
         rows it had no count for and ``incoming``; returns the estimate and the fresh (seq, tokens)
-        counts to store (rows with images are counted each time: their images are priced apart)."""
+        counts to store as (seq, tokens, content md5) (rows with images are counted each time: their
+        images are priced apart)."""
         assert self.counter is not None
         uncounted = list(stored.uncounted)
-        fresh = [(m.seq, tokens) for m, tokens in zip(uncounted, message_tokens(uncounted, self.counter))
+        fresh = [(m.seq, tokens, content_md5(m)) for m, tokens in zip(uncounted, message_tokens(uncounted, self.counter))
                  if not m.images]
         view, _ = self.view([*uncounted, *incoming])
         shape = shape_of(view, tool_schemas, self.counter, self.image_fallback)

@@ -16,7 +16,7 @@ from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc,
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
-from services.compressor.exact_count import message_tokens
+from services.compressor.exact_count import content_md5, message_tokens
 from services.compressor.planner import intra_turn_keep, would_compress
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
@@ -29,7 +29,7 @@ from services.compressor.token_estimate import (
 )
 from services.shared.auth import forwarded_metadata, identity_from_context, service_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable, from_rpc_error
-from services.shared.context_view import message_budget, sliced_from
+from services.shared.context_view import message_budget
 from services.shared.image_tokens import image_size, image_tokens
 from services.shared.ollama import OllamaClient
 from services.shared.session_reads import whole_context
@@ -76,7 +76,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._counted_through: OrderedDict[tuple[str, str], int] = OrderedDict()
         # Counts a size check made, waiting for the call's report to be written with it: a write
         # beside the user's message competed with it for the store on the way to the first token.
-        self._unwritten: dict[str, list[tuple[str, list[tuple[int, int]]]]] = {}
+        self._unwritten: dict[str, list[tuple[str, list[tuple[int, int, str]]]]] = {}
 
     # -- loading -----------------------------------------------------------------------------
     def _window(self, window: int) -> int:
@@ -190,7 +190,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         key = (session_id, counter.digest)
         through = self._counted_through.get(key, 0)
         # A sliced message's count is scaled from its head and tail: not a count to keep.
-        new = [m for m in messages if m.seq > through and not m.images and not sliced_from(m)]
+        new = [m for m in messages if m.seq > through and not m.images and not m.sliced_from_chars]
         newest = max((m.seq for m in messages), default=0)
         if newest > through:
             self._counted_through[key] = newest
@@ -198,7 +198,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             while len(self._counted_through) > COUNTED_SESSIONS:
                 self._counted_through.popitem(last=False)
         if new:  # counted a moment ago for the view: the counter's cache answers
-            counts = list(zip((m.seq for m in new), message_tokens(new, counter)))
+            counts = list(zip((m.seq for m in new), message_tokens(new, counter), map(content_md5, new)))
             self._unwritten.setdefault(session_id, []).append((counter.digest, counts))
             while len(self._unwritten) > COUNTED_SESSIONS:  # a session whose calls never report
                 self._unwritten.pop(next(iter(self._unwritten)))
@@ -207,13 +207,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         for digest, counts in self._unwritten.pop(session_id, ()):
             self._remember_counts(session_id, digest, counts, context)
 
-    def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int]], context) -> None:
+    def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int, str]], context) -> None:
         """Write fresh per-message counts back, off the request's path; a lost write only means the
         rows are counted again next time."""
         if not counts:
             return
         request = store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=digest, counts=[
-            store_pb.TokenCount(seq=seq, tokens=tokens) for seq, tokens in counts])
+            store_pb.TokenCount(seq=seq, tokens=tokens, content_md5=md5) for seq, tokens, md5 in counts])
         metadata = service_metadata(self.settings.auth_enabled, self.settings.jwt_secret)
 
         async def write() -> None:

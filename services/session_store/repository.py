@@ -92,16 +92,14 @@ _COUNTED = "token_digest = $2 AND cardinality(images) = 0"
 # A session, its baseline and its context's size from stored counts in one round trip: the
 # pre-call size check runs before every model call, so its reads must not add up.
 _BASELINE_COLUMNS = ("tokens", "through_seq", "model", "context_truncated", "recorded_at")
-_SESSION_BASELINE_SQL = f"""
+_SESSION_AND_BASELINE = f"""
     SELECT s.owner, s.revision, b.session_id IS NOT NULL AS has_baseline,
-           {', '.join(f'b.{c} AS baseline_{c}' for c in _BASELINE_COLUMNS)}
-      FROM sessions s LEFT JOIN session_baselines b ON b.session_id = s.id
+           {', '.join(f'b.{c} AS baseline_{c}' for c in _BASELINE_COLUMNS)}{{more}}
+      FROM sessions s LEFT JOIN session_baselines b ON b.session_id = s.id{{join}}
      WHERE s.id = $1
 """
-_COUNTED_CONTEXT_SQL = f"""
-    SELECT s.owner, s.revision, b.session_id IS NOT NULL AS has_baseline,
-           {', '.join(f'b.{c} AS baseline_{c}' for c in _BASELINE_COLUMNS)}, c.*
-      FROM sessions s LEFT JOIN session_baselines b ON b.session_id = s.id
+_SESSION_BASELINE_SQL = _SESSION_AND_BASELINE.format(more="", join="")
+_COUNTED_CONTEXT_SQL = _SESSION_AND_BASELINE.format(more=", c.*", join=f"""
      CROSS JOIN LATERAL (
         SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') AND jsonb_array_length(tool_calls) = 0
                                  THEN least(token_count, $3) ELSE token_count END) FILTER (WHERE counted), 0)
@@ -114,9 +112,7 @@ _COUNTED_CONTEXT_SQL = f"""
                  WHERE session_id = $1 AND is_context
                 UNION ALL
                 SELECT role, token_count, tool_calls, {_COUNTED} AS counted FROM session_messages_archive
-                 WHERE session_id = $1 AND is_context) ctx) c
-     WHERE s.id = $1
-"""
+                 WHERE session_id = $1 AND is_context) ctx) c""")
 _UNCOUNTED_CONTEXT_SQL = (
     f"SELECT * FROM ({_BOTH_TABLES.format(where=f'is_context AND NOT ({_COUNTED})')}) rows ORDER BY seq"
 )
@@ -302,6 +298,10 @@ class SessionRepository:
                 f"the {self.quotas.max_bytes:,} one owner may keep (PALIMPSEST_OWNER_MAX_MB); "
                 "delete or trim sessions first")
         self._usage[owner] = (used + adding, self._usage[owner][1])
+
+    def _forget_usage(self) -> None:
+        """After a delete or trim has committed: what owners store went down, read it again."""
+        self._usage.clear()
 
     async def _owner_bytes(self, conn: asyncpg.Connection, owner: str) -> int:
         """What the owner stores: summed over their sessions at most every USAGE_REFRESH_S, and
@@ -695,7 +695,6 @@ class SessionRepository:
 
     async def trim_session(self, identity: Identity, session_id: uuid.UUID, keep: int) -> tuple[int, int]:
         """Keep the newest `keep` messages, the first system message counting as one of them."""
-        self._usage.clear()  # what owners store goes down: read it again
         async with self.pool.acquire() as conn, conn.transaction():
             await self._lock_session(conn, session_id, identity, None)
             rows = await conn.fetch(
@@ -728,6 +727,7 @@ class SessionRepository:
                 await self._recount(conn, session_id)
                 # The last real prompt size described rows that are gone.
                 await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
+        self._forget_usage()
         return before, before - len(drop)
 
     @staticmethod
@@ -752,14 +752,13 @@ class SessionRepository:
         )
 
     async def delete_session(self, identity: Identity, session_id: uuid.UUID) -> None:
-        self._usage.clear()  # what owners store goes down: read it again
         async with self.pool.acquire() as conn, conn.transaction():
             await self._lock_session(conn, session_id, identity, None)
             # Messages, archive, chunks, shares and baselines go with it (ON DELETE CASCADE).
             await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
+        self._forget_usage()
 
     async def cleanup_sessions(self, identity: Identity, older_than_days: int) -> list[str]:
-        self._usage.clear()  # what owners store goes down: read it again
         params: list[Any] = [older_than_days]
         visible = self._visible(identity, params)
         rows = await self.pool.fetch(
@@ -769,6 +768,7 @@ class SessionRepository:
             else f"DELETE FROM sessions s WHERE ($1::int = 0) AND {visible} RETURNING s.id",
             *params,
         )
+        self._forget_usage()
         return [str(r["id"]) for r in rows]
 
     async def existing_ids(self, ids: list[str]) -> set[str]:
@@ -923,8 +923,13 @@ class SessionRepository:
             observations = await self.list_observations(model, conn=conn) if model else []
             tokens = None
             if token_digest:
-                uncounted = (await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
-                             if row["uncounted_messages"] else [])
+                uncounted = []
+                if row["uncounted_messages"]:
+                    # The sum and the rows it left out, from one snapshot: a count written between
+                    # two reads would leave its row out of both.
+                    async with conn.transaction(isolation="repeatable_read", readonly=True):
+                        row = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
+                        uncounted = await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
                 tokens = {name: row[name] for name in
                           ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls")}
                 tokens |= {"uncounted": [convert.message_from_row(r, archived=r["archived"]) for r in uncounted],
@@ -933,8 +938,10 @@ class SessionRepository:
         return baseline, observations, tokens
 
     async def set_token_counts(self, identity: Identity, session_id: uuid.UUID, token_digest: str,
-                               seqs: Sequence[int], tokens: Sequence[int]) -> int:
-        """Store counts made by one tokenizer. Counts are derived data, not content: the revision
+                               seqs: Sequence[int], tokens: Sequence[int], content_md5: Sequence[str]) -> int:
+        """Store counts made by one tokenizer, each only on the row whose content it was made from
+        (its md5): a size check counts what its caller sent, and a caller without access to a row
+        could otherwise put any count on it. Counts are derived data, not content: the revision
         stays, so a count written beside a turn never makes that turn's next write ABORTED."""
         async with self.pool.acquire() as conn, conn.transaction():
             await self._readable(conn, session_id, identity)
@@ -943,10 +950,10 @@ class SessionRepository:
                 status = await conn.execute(
                     f"""
                     UPDATE {table} m SET token_count = c.tokens, token_digest = $2
-                      FROM unnest($3::bigint[], $4::int[]) AS c(seq, tokens)
-                     WHERE m.session_id = $1 AND m.seq = c.seq
+                      FROM unnest($3::bigint[], $4::int[], $5::text[]) AS c(seq, tokens, md5)
+                     WHERE m.session_id = $1 AND m.seq = c.seq AND md5(m.content) = c.md5
                     """,
-                    session_id, token_digest, list(seqs), list(tokens),
+                    session_id, token_digest, list(seqs), list(tokens), list(content_md5),
                 )
                 updated += int(status.split()[-1])
         return updated

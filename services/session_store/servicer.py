@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 from collections.abc import AsyncIterator
 from pathlib import PurePath
 
@@ -433,8 +434,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("token_digest", "required: a count means nothing without its tokenizer")
         if any(c.seq <= 0 or c.tokens < 0 for c in request.counts):
             raise InvalidArgument("counts", "seq must be positive and tokens not negative")
+        if any(not re.fullmatch(r"[0-9a-f]{32}", c.content_md5) for c in request.counts):
+            raise InvalidArgument("counts", "content_md5 must be the md5 (32 lowercase hex) of the counted content")
         updated = await self.repo.set_token_counts(identity, session_id, request.token_digest,
-                                                   [c.seq for c in request.counts], [c.tokens for c in request.counts])
+                                                   [c.seq for c in request.counts], [c.tokens for c in request.counts],
+                                                   [c.content_md5 for c in request.counts])
         return pb.SetTokenCountsResponse(updated=updated)
 
     # -- files -----------------------------------------------------------------------------

@@ -78,10 +78,6 @@ def message_budget(window: int, configured: int = 0) -> int:
 # pass the RPC's size limit (a 15 MB tool output), and the tokenizer would spend seconds on it.
 # The view's cut is the same as on the whole text: a budget's worth of tokens is far shorter.
 SIZE_CHECK_SLICE_CHARS = 200_000
-# Where a sliced message says how long it really is (its metadata; the count is scaled to it).
-SLICED_FROM_KEY = "size_check_sliced_from_chars"
-
-
 def slice_for_size_check(text: str) -> str | None:
     """The head and tail of a text too long to be sized whole; None when it is not."""
     if len(text) <= 2 * SIZE_CHECK_SLICE_CHARS:
@@ -91,24 +87,25 @@ def slice_for_size_check(text: str) -> str | None:
 
 def sliced_for_size_check(messages: Sequence[Message]) -> list[Message]:
     """The messages as the size check gets them: each too long to size whole replaced by a copy
-    holding its head and tail, its metadata saying how long it really is."""
+    holding its head and tail and saying how long it really is (``sliced_from_chars``)."""
     out = []
     for message in messages:
         sliced = slice_for_size_check(message.content)
         if sliced is None:
             out.append(message)
             continue
-        copy = Message()
-        copy.CopyFrom(message)
-        copy.content = sliced
-        copy.metadata[SLICED_FROM_KEY] = len(message.content)
+        copy = with_content(message, sliced)
+        copy.sliced_from_chars = len(message.content)
         out.append(copy)
     return out
 
 
-def sliced_from(message: Message) -> int:
-    """How long a sliced message's content really is (0: it is whole)."""
-    return int(message.metadata[SLICED_FROM_KEY]) if SLICED_FROM_KEY in message.metadata else 0
+def with_content(message: Message, content: str) -> Message:
+    """A copy of ``message`` with another content (views never change a stored row)."""
+    copy = Message()
+    copy.CopyFrom(message)
+    copy.content = content
+    return copy
 
 
 def truncation_marker(tokens: int) -> str:
@@ -148,10 +145,7 @@ def _truncated_copy(
     head = (kept + 1) // 2
     tail = kept - head
     removed = estimate_chars_to_tokens(len(content) - kept)
-    copy = Message()
-    copy.CopyFrom(message)
-    copy.content = content[:head] + truncation_marker(removed) + (content[-tail:] if tail else "")
-    return copy
+    return with_content(message, content[:head] + truncation_marker(removed) + (content[-tail:] if tail else ""))
 
 
 def truncate_oversized(

@@ -174,12 +174,14 @@ class RunningServer:
     async def stop(self, grace: float | None = 5.0) -> None:
         """Health NOT_SERVING first (balancers stop sending), then no new calls while the calls in
         flight get `grace` seconds to finish; whatever is left then is cancelled."""
+        self.stopping = True  # first: a dependency returning meanwhile must not turn health back on
         await self.set_serving(False)
-        self.stopping = True
         stopped = asyncio.ensure_future(self.server.stop(grace))
-        if self.on_drain is not None:
-            await self.on_drain(grace or 0.0)
-        await stopped
+        try:
+            if self.on_drain is not None:
+                await self.on_drain(grace or 0.0)
+        finally:
+            await stopped
         if self.on_stop is not None:
             await self.on_stop()
 
