@@ -10,7 +10,6 @@ import platform
 import random
 import re
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import asyncpg
 import grpc
 
 from palimpsest.v1 import session_store_pb2_grpc
+from services.shared.ports import free_port  # noqa: F401 — the benchmarks' name for it
 
 BENCH_DATA_DIR_ROOT = Path("/var/lib/palimpsest-bench")
 
@@ -323,10 +323,6 @@ async def gather_limited(coros, limit: int):
     return await asyncio.gather(*(one(c) for c in coros))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @asynccontextmanager

@@ -12,6 +12,7 @@ import grpc
 from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
 from services.shared.channels import DefaultDeadline, open_channel
 from tests.relay import Relay
+from tests.waiting import until
 
 
 async def test_a_long_call_gets_the_long_deadline(base_settings):
@@ -134,7 +135,7 @@ async def test_the_model_starts_while_the_message_is_stored_and_shows_nothing_be
 
             task = asyncio.create_task(second())
             try:
-                await _until(lambda: len(ollama_sim.bodies()) > calls)  # the model has the prompt
+                assert await until(lambda: len(ollama_sim.bodies()) > calls, 30)  # the model has the prompt
                 assert any(m["content"] == "again" for m in ollama_sim.bodies()[-1]["messages"])
                 seen = [events.get_nowait() for _ in range(events.qsize())]
                 assert not any(e.HasField("text_delta") for e in seen), "an answer shown before its message was stored"
@@ -153,13 +154,6 @@ async def test_the_model_starts_while_the_message_is_stored_and_shows_nothing_be
         await running.stop(0)
 
 
-async def _until(condition, timeout: float = 30.0) -> None:
-    """Wait for a condition another process makes true (a request reaching the simulator)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "timed out waiting"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(

@@ -13,7 +13,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -26,6 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
 from services.ollama_sim import Reply
+from services.shared.ports import free_port
+from tests.waiting import until
 
 END = pb.StreamEndReason
 REPO = Path(__file__).resolve().parent.parent
@@ -54,10 +55,6 @@ def responder(body) -> Reply:
 
 
 # -- processes -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass
@@ -355,14 +352,6 @@ async def waiting_on_a_lock(conn) -> bool:
                                " AND datname = current_database()") > 0
 
 
-async def until(predicate, timeout: float = 20.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(0.05)  # between checks of the condition
-    return False
 
 
 async def test_postgresql_stopped_and_started_under_load_loses_and_duplicates_nothing(system, clients, ollama_sim):

