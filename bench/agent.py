@@ -277,11 +277,30 @@ async def _long_path(server, quick: bool, path: str) -> list:
     summary_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is False}
     chat_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is not False}
     refires = sum(1 for a, b in zip(compress_turns, compress_turns[1:]) if b - a <= 3)
+    reused, pairs = prefix_reuse([b["messages"] for b in bodies if b.get("stream") is not False])
     return [path if path == "exact" else "calibrated (no vocabulary)", turns, len(compress_turns),
             sum(1 for c in chats if c.truncated), too_large, f"{false_alarms} of {len(alarms.reports)}",
             f"{highest:.2f}", f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
             f"{len(chat_ctx)} ({', '.join(map(str, sorted(chat_ctx)))})", refires,
+            f"{reused / pairs:.1%} of {pairs}" if pairs else "-",
             f"{before_first_token:.2f} s", f"{after_end:.2f} s"]
+
+
+SUMMARY_HEAD = "[Summary of the earlier conversation"
+
+
+def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:
+    """(calls that begin with the previous call's whole message list, calls that follow another
+    with no compression between them): what Ollama can reuse of its evaluated prompt."""
+    reused = pairs = 0
+    for before, after in zip(prompts, prompts[1:]):
+        summaries = [{m.get("content", "") for m in p if str(m.get("content", "")).startswith(SUMMARY_HEAD)}
+                     for p in (before, after)]
+        if summaries[0] != summaries[1]:
+            continue  # a compression in between rewrites the prompt by design
+        pairs += 1
+        reused += after[:len(before)] == before
+    return reused, pairs
 
 
 async def long_run(server, quick: bool) -> str:
@@ -290,17 +309,20 @@ async def long_run(server, quick: bool) -> str:
     return (f"A {turns}-turn conversation in an {WINDOW}-token window through the real services and the "
             "simulator (tool calls every third turn: large JSON, log and code outputs, and every fourth of them "
             "a dense server log of 300–3,000 tokens; an image every tenth turn), run on a copy of `qwen3.6` "
-            "whose vocabulary the simulator serves (exact counts) and on a copy without it (calibrated line). "
+            "whose vocabulary the simulator serves (exact counts) and on a copy without it (calibrated per-class prices). "
             "*Compressions*: turns with a compression before the call or after the stream. *False cut alarms*: "
             "the Compressor's \"cut prompt:\" warnings (RecordBaseline answering truncated) raised on a report "
             "the simulator did not give for a prompt it cut, of all such warnings. *Highest real prompt ÷ "
             f"limit*: the simulator's full count of the largest chat prompt over the size check's limit "
             f"(window − output reserve = {WINDOW - 2048}). *num_ctx values*: distinct `options.num_ctx` among "
             "the summary requests (non-streamed) and the chat requests. *Re-fires*: compressions within 3 turns "
-            "of the previous one.\n\n"
+            "of the previous one. *Prefix reused*: of the chat calls that follow another with no compression "
+            "between them, the share that begin with that call's whole message list (what Ollama keeps "
+            "evaluated and need not evaluate again).\n\n"
             + _common.table(["path", "turns", "compressions", "prompts cut by Ollama", "ended CONTEXT_TOO_LARGE",
                              "false cut alarms", "highest real prompt ÷ limit", "num_ctx: summaries",
-                             "num_ctx: chats", "re-fires within 3 turns", "compressing before the first token",
+                             "num_ctx: chats", "re-fires within 3 turns", "prefix reused",
+                             "compressing before the first token",
                              "compressing after stream_end"], rows))
 
 

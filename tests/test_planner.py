@@ -156,6 +156,30 @@ def test_system_messages_are_kept_whatever_their_position() -> None:
     assert apply_plan(p, Message(role="user", is_summary=True))[:2] == p.system
 
 
+def test_task_notes_and_recalled_excerpts_go_with_their_turn() -> None:
+    """Stored where they were given so prompts only grow at the end, they must not pile up in
+    the kept region the way service records do: they are compressed with their turn."""
+    from services.agent.context_builder import note_messages, recall_message
+    from palimpsest.v1.common_pb2 import RawChunk
+
+    h = History()
+    record = h.add("system", "event record")
+    for i in range(6):
+        h.user(f"step {i}")
+        note = note_messages([f"[Iteration {i + 2} of 40]"])[0]
+        note.seq = next(h.seq)
+        h.messages.append(note)
+        h.assistant("done")
+    recall = recall_message([RawChunk(content="user: the code is 7741")])
+    recall.seq = next(h.seq)
+    h.messages.append(recall)
+    h.turn()
+    p = plan(h.messages, keep_recent=2)
+    assert seqs(p.system) == [record.seq]
+    summarized = [m.content for m in p.to_summarize]
+    assert "[Iteration 2 of 40]" in summarized and "[Iteration 7 of 40]" not in summarized
+
+
 def test_existing_summaries_are_always_part_of_what_is_summarized() -> None:
     h = History()
     old = h.summary()

@@ -9,19 +9,31 @@ from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2, compressor_pb2
 from services.agent.profiles import Profile
-from services.shared.context_view import with_content
+from services.shared.context_view import TASK_NOTE, with_content
 
 Message = common_pb2.Message
 
 # Stored system records that may reach the model; every other one is transcript only.
-LLM_SYSTEM_SOURCES = frozenset({"task_note", "synapse_event"})
+LLM_SYSTEM_SOURCES = frozenset({TASK_NOTE, "synapse_event"})
 
 
 def reaches_model(message: Message) -> bool:
     if message.role != "system":
         return True
     source = message.metadata["source"] if "source" in message.metadata else ""
-    return source in LLM_SYSTEM_SOURCES
+    return source in LLM_SYSTEM_SOURCES or message.is_recall
+
+
+def note_messages(notes: Sequence[str]) -> list[Message]:
+    """Notes as stored task notes: in the model's context where they were given, never shown.
+    Sent only with one call, they made every later prompt differ from the one before at that
+    place, and Ollama evaluated the rest of the prompt again."""
+    out = []
+    for note in notes:
+        message = Message(role="system", content=note, explicit_flags=True, is_context=True, is_display=False)
+        message.metadata["source"] = TASK_NOTE
+        out.append(message)
+    return out
 
 
 def apply_cuts(messages: Sequence[Message], cuts: Sequence[compressor_pb2.ViewCut]) -> list[Message]:
@@ -55,20 +67,10 @@ class ContextBuilder:
                 del self._system_prompts[key]
 
     @staticmethod
-    def build(
-        system_prompt: str,
-        context: Sequence[Message],
-        *,
-        memory: str = "",
-        notes: Sequence[str] = (),
-    ) -> list[Message]:
-        """The messages of one call, uncut (the size check says what to cut)."""
-        messages = [Message(role="system", content=system_prompt)]
-        if memory:
-            messages.append(Message(role="system", content=memory))
-        messages.extend(m for m in context if reaches_model(m))
-        messages.extend(Message(role="system", content=note) for note in notes if note)
-        return messages
+    def build(system_prompt: str, context: Sequence[Message]) -> list[Message]:
+        """The messages of one call, uncut (the size check says what to cut): the system prompt,
+        then the context as stored (task notes and recalled excerpts where they were given)."""
+        return [Message(role="system", content=system_prompt), *(m for m in context if reaches_model(m))]
 
 
 def iteration_budget_note(iteration: int, max_iterations: int) -> str:
@@ -86,9 +88,11 @@ def anti_stall_note(iterations: int) -> str:
             "Step back: check what is blocking you, update the todo, or give the user your best answer.]")
 
 
-def recall_note(chunks: Sequence[common_pb2.RawChunk]) -> str:
-    """Excerpts of compressed-away history, recalled because they match the new request."""
+def recall_message(chunks: Sequence[common_pb2.RawChunk]) -> Message:
+    """Excerpts of compressed-away history, recalled because they match the new request: stored
+    in the context just before it (is_recall), never shown."""
     parts = ["## Recalled from earlier in this conversation (verbatim excerpts)"]
     for chunk in chunks:
         parts.append(f"[messages {chunk.turn_range.first}–{chunk.turn_range.last}]\n{chunk.content[:2000]}")
-    return "\n\n".join(parts)
+    return Message(role="system", content="\n\n".join(parts), is_recall=True, explicit_flags=True, is_context=True,
+                   is_display=False)

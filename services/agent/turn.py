@@ -159,6 +159,7 @@ class Turn:
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
         self.switch_to = ""  # a profile the request asked for, recorded under the session lock
         self._pending: list[Message] = []  # this turn's user message, stored with the first size check
+        self._noted_iteration = -1  # the iteration whose notes are already on their way to the store
         self._compressor_away = False  # said once per turn
         self._load_tools()
 
@@ -226,13 +227,14 @@ class Turn:
         messages = await attach_images(self, turn_input)
         if self.stored and not turn_input.hidden:
             await self._name_session(turn_input.text)
-        memory = await self._recall(turn_input.text)
+        recalled = await self._recall(turn_input.text)
         # Stored while the first size check runs, and that check is also the pre-turn estimate:
-        # the fewest round trips before the first token.
-        self._pending = messages
-        return await self._loop(memory)
+        # the fewest round trips before the first token. Recalled excerpts go just before the
+        # message that recalled them and stay there, so the prompt only ever grows at its end.
+        self._pending = [*recalled, *messages]
+        return await self._loop()
 
-    async def _loop(self, memory: str) -> TurnResult:
+    async def _loop(self) -> TurnResult:
         stalled = 0
         progress_seen = self.state.todo_progress
         for iteration in range(self.max_iterations):
@@ -242,7 +244,7 @@ class Turn:
                     self._pending = []
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
             while True:
-                prepared = await self._prepare(memory, iteration, stalled)
+                prepared = await self._prepare(iteration, stalled)
                 if isinstance(prepared, TurnResult):
                     return prepared
                 built, check, storing = prepared
@@ -279,12 +281,15 @@ class Turn:
                 await self._switch_profile(self.state.switched_profile)
         return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
 
-    async def _prepare(self, memory: str, iteration: int, stalled: int
+    async def _prepare(self, iteration: int, stalled: int
                        ) -> tuple[list[Message], cpb.CheckContextSizeResponse, StoringTask | None] | TurnResult:
         """The prompt for the next call, sized by the Compressor (compressed first when it says
         so, cut where it says), or the turn's end when even that cannot fit. This turn's user
         message may still be on its way to the store when the prompt fits (see _call_model)."""
-        built = self._build(memory, iteration, stalled, self._pending)
+        if self._noted_iteration != iteration:  # a call made again (StalePrompt) has its notes
+            self._noted_iteration = iteration
+            self._pending.extend(cb.note_messages(self._notes(iteration, stalled)))
+        built = self._build(self._pending)
         storing = self._store_pending()
         try:
             check = await self._check_size(built, iteration)
@@ -295,7 +300,7 @@ class Turn:
         if storing is not None and check.decision != cpb.SIZE_DECISION_FITS:
             await storing  # compression and the too-large answer start from what is stored
             if storing.stale:  # someone else wrote in between: build from what is stored
-                built = self._build(memory, iteration, stalled)
+                built = self._build()
                 check = await self._check_size(built, iteration)
             storing = None
         if check.decision == cpb.SIZE_DECISION_COMPRESS_FIRST:
@@ -304,7 +309,7 @@ class Turn:
             # which no longer offers compression: fits, cut further, or too large.
             reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
             if await self._compress(reason, check.tokens, check.compress_keep_recent_messages):
-                built = self._build(memory, iteration, stalled)
+                built = self._build()
             check = await self._check_size(built, iteration, decide=False)
         if check.decision != cpb.SIZE_DECISION_FITS:
             answer = TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit)
@@ -313,18 +318,21 @@ class Turn:
             return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
         return cb.apply_cuts(built, check.cuts), check, storing
 
-    def _build(self, memory: str, iteration: int, stalled: int, pending: Sequence[Message] = ()) -> list[Message]:
+    def _build(self, pending: Sequence[Message] = ()) -> list[Message]:
         return cb.ContextBuilder.build(
             self._system_prompt(),
             [*self.conv.context, *(m for m in pending if not m.explicit_flags or m.is_context)],
-            memory=memory,
-            notes=self._notes(iteration, stalled),
         )
 
     def _notes(self, iteration: int, stalled: int) -> list[str]:
+        """What this call is reminded of. Each note is stored where it is given (see note_messages):
+        the next call's prompt then begins with this one's, which Ollama reuses instead of
+        evaluating it again."""
         p = self.profile
         notes = []
-        if p.iteration_budget_enabled:
+        left = self.max_iterations - iteration - 1
+        # From the second call on (the first ends with the user's words), or when few are left.
+        if p.iteration_budget_enabled and (iteration > 0 or left <= 1):
             notes.append(cb.iteration_budget_note(iteration, self.max_iterations))
         if p.goal_anchoring_enabled and iteration > 0 and iteration % max(1, p.goal_anchoring_interval) == 0:
             notes.append(cb.goal_anchor_note(self.state.goal))
@@ -628,26 +636,26 @@ class Turn:
                 log.warning("post-turn compression failed for %s: %s", self.session_id, exc.details())
 
     # -- memory ----------------------------------------------------------------------------------
-    async def _recall(self, text: str) -> str:
+    async def _recall(self, text: str) -> list[Message]:
         """Up to k relevant excerpts of compressed-away history, each injected once per session."""
         p = self.profile
         if not (self.stored and p.memory_recall_enabled and text.strip() and self.conv.has_summary()):
-            return ""
+            return []
         try:
             found = await self.deps.store.SearchMemory(store_pb.SearchMemoryRequest(
                 session_id=self.session_id, query=text[:500], limit=max(1, p.memory_recall_k) * 3,
                 min_similarity=p.memory_recall_min_similarity), metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             log.warning("memory recall failed for %s: %s", self.session_id, exc.details())
-            return ""
+            return []
         session = self.conv.session
         seen = set(session.metadata["injected_chunk_ids"]) if session and "injected_chunk_ids" in session.metadata \
             else set()
         fresh = [c for c in found.chunks if float(c.id) not in seen][: p.memory_recall_k]
         if not fresh:
-            return ""
+            return []
         await self.conv.update(metadata={"injected_chunk_ids": sorted(seen | {float(c.id) for c in fresh})})
-        return cb.recall_note(fresh)
+        return [cb.recall_message(fresh)]
 
     async def _name_session(self, text: str) -> None:
         session = self.conv.session

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from palimpsest.v1.common_pb2 import Message
-from services.compressor.planner import Estimator, split_turns
+from services.compressor.planner import Estimator, kept_always, split_turns
 
 # Half the window: far enough below the 90% trigger that the next turns do not re-fire
 # compression while the summarizer is still failing.
@@ -44,9 +44,9 @@ def hard_truncate(
     System messages and the newest turn are always kept. Live summaries are dropped only after
     every older turn: a summary is the densest record of the history, so it goes last.
     """
-    system = [m for m in context if m.role == "system"]
-    summaries = [m for m in context if m.role != "system" and m.is_summary]
-    turns = split_turns([m for m in context if m.role != "system" and not m.is_summary])
+    system = [m for m in context if kept_always(m)]
+    summaries = [m for m in context if not kept_always(m) and m.is_summary]
+    turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
     budget = frac * window
 
     def kept(first_turn: int, with_summaries: bool) -> list[Message]:

@@ -28,7 +28,7 @@ from services.compressor.summary_format import (
     summary_messages,
 )
 from services.compressor.summary_window import num_predict, summary_num_ctx
-from services.shared.context_view import to_ollama_messages
+from services.shared.context_view import is_transient, to_ollama_messages
 from services.shared.ollama import OllamaClient
 
 log = logging.getLogger("palimpsest.compressor")
@@ -156,7 +156,7 @@ async def summarize_or_truncate(
     last_error: Exception | None = None
     for attempt in range(1, SUMMARY_ATTEMPTS + 1):
         try:
-            text, keys = await summarizer.summarize(plan.to_summarize, pricing)
+            text, keys = await summarizer.summarize([m for m in plan.to_summarize if not is_transient(m)], pricing)
             break
         except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
             last_error = exc
@@ -194,7 +194,7 @@ def commit_request(
     """The one-transaction store write for an outcome, and the new context's token count."""
     tokens = pricing.estimate(outcome.new_context)
     chunks = []
-    for data in chunk_messages(outcome.demoted, outcome.breadcrumbs):
+    for data in chunk_messages([m for m in outcome.demoted if not is_transient(m)], outcome.breadcrumbs):
         chunk = common_pb2.RawChunk(
             content=data.content, content_hash=data.content_hash,
             turn_range=common_pb2.SeqRange(first=data.first_seq, last=data.last_seq), breadcrumbs=data.breadcrumbs,

@@ -8,7 +8,8 @@ Vocabulary:
   messages before the first user message form a turn of their own (the oldest);
 - a *tool group* is an assistant message with tool calls plus the tool results right after it;
   it is never split, because a tool result without its call is rejected by chat templates;
-- *system* messages (stored service records) are always kept, first;
+- *system* messages (stored service records) are always kept, first (task notes and recalled
+  excerpts aside: they go with their turn);
 - existing *summaries* always go into ``to_summarize`` when anything is summarized, so a
   compression leaves exactly one live summary however many there were.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from palimpsest.v1.common_pb2 import Message
+from services.shared.context_view import is_transient
 
 Estimator = Callable[[list[Message]], int]
 
@@ -100,6 +102,12 @@ class Plan:
 def is_turn_start(message: Message) -> bool:
     """A user message that is not a summary opens a turn."""
     return message.role == "user" and not message.is_summary
+
+
+def kept_always(message: Message) -> bool:
+    """Stored service records stay through every compression; task notes and recalled excerpts,
+    though system messages, go with the turn they were given in."""
+    return message.role == "system" and not is_transient(message)
 
 
 def split_turns(messages: Sequence[Message]) -> list[list[Message]]:
@@ -202,9 +210,9 @@ class _Partitioner:
         critical_tools: Iterable[str],
     ) -> None:
         self.context = list(context)
-        self.system = [m for m in self.context if m.role == "system"]
-        self.summaries = [m for m in self.context if m.role != "system" and m.is_summary]
-        body = [m for m in self.context if m.role != "system" and not m.is_summary]
+        self.system = [m for m in self.context if kept_always(m)]
+        self.summaries = [m for m in self.context if not kept_always(m) and m.is_summary]
+        body = [m for m in self.context if not kept_always(m) and not m.is_summary]
         self.turns = split_turns(body)
         self.budget = target * window
         self.estimate = estimate
@@ -225,7 +233,7 @@ class _Partitioner:
         )
 
     def empty(self) -> Plan:
-        rest = [m for m in self.context if m.role != "system"]
+        rest = [m for m in self.context if not kept_always(m)]
         return Plan(to_summarize=[], to_keep=rest, system=list(self.system), mode="none")
 
     def only_summaries(self) -> Plan:

@@ -78,6 +78,18 @@ def message_budget(window: int, configured: int = 0) -> int:
 # pass the RPC's size limit (a 15 MB tool output), and the tokenizer would spend seconds on it.
 # The view's cut is the same as on the whole text: a budget's worth of tokens is far shorter.
 SIZE_CHECK_SLICE_CHARS = 200_000
+TASK_NOTE = "task_note"  # metadata["source"] of a stored note (iteration budget, goal, anti-stall)
+
+
+def is_transient(message: Message) -> bool:
+    """A task note given to one call, or excerpts recalled for one turn: in the context where they
+    were given (so prompts only grow at their end), compressed like any message, and with
+    nothing of their own to summarize or index."""
+    if message.is_recall:
+        return True
+    return message.role == "system" and "source" in message.metadata and message.metadata["source"] == TASK_NOTE
+
+
 def slice_for_size_check(text: str) -> str | None:
     """The head and tail of a text too long to be sized whole; None when it is not."""
     if len(text) <= 2 * SIZE_CHECK_SLICE_CHARS:
