@@ -280,7 +280,7 @@ async def _long_path(server, quick: bool, path: str) -> list:
     reused, pairs = prefix_reuse([b["messages"] for b in bodies if b.get("stream") is not False])
     return [path if path == "exact" else "calibrated (no vocabulary)", turns, len(compress_turns),
             sum(1 for c in chats if c.truncated), too_large, f"{false_alarms} of {len(alarms.reports)}",
-            f"{highest:.2f}", f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
+            f"{highest:.3f}", f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
             f"{len(chat_ctx)} ({', '.join(map(str, sorted(chat_ctx)))})", refires,
             f"{reused / pairs:.1%} of {pairs}" if pairs else "-",
             f"{before_first_token:.2f} s", f"{after_end:.2f} s"]

@@ -93,7 +93,20 @@ async def test_an_answer_that_could_not_be_stored_says_so_and_where_its_text_is(
 
         await relay.start()  # back: the session takes the next turn
         ollama_sim.script(Reply(text="stored this time"))
-        again = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=first.session_id, text="again"))]
+        again: list = []
+
+        async def next_turn() -> bool:
+            # Until the Agent's channel has found the store again (its reconnect backoff is up to
+            # 2 s), opening the turn is a plain UNAVAILABLE the client may retry; nothing is stored.
+            try:
+                again[:] = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=first.session_id,
+                                                                                 text="again"))]
+                return True
+            except grpc.aio.AioRpcError as error:
+                assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+                return False
+
+        assert await until(next_turn, 30)
         assert again[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED, [e.error for e in again]
     assert [m.content for m in (await full(store, first.session_id)).messages if m.role == "assistant"] == [
         "stored this time"]

@@ -57,8 +57,9 @@ def effective_target(knobs: Knobs, window: int) -> float:
 
 
 def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
-              keep_recent_messages: int) -> Plan:
-    """The one plan WouldCompress and Compress share."""
+              keep_recent_messages: int, prompt_tokens: int = 0) -> Plan:
+    """The one plan WouldCompress, Compress and the size check's dry run share. ``prompt_tokens``:
+    the whole prompt's count when known (the rest of it shares the target with the kept region)."""
     return plan_compression(
         context,
         keep_recent=knobs.keep_recent,
@@ -67,7 +68,18 @@ def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: in
         estimate=pricing.estimate,
         keep_recent_messages=keep_recent_messages or None,
         critical_tools=knobs.critical_tools,
+        reserve=plan_reserve(context, pricing, knobs, window, prompt_tokens),
     )
+
+
+def plan_reserve(context: list[Message], pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int) -> int:
+    """What the prompt will carry besides the kept region after a compression: its part outside
+    the stored context (system prompt, tool schemas, the template's fixed cost) and the new
+    summary, as large as the live one it replaces or, without one, a sixteenth of the window."""
+    outside = max(0, prompt_tokens - pricing.estimate(context)) if prompt_tokens else 0
+    live = [m for m in context if m.is_summary]
+    summary = pricing.estimate(live[-1:]) if live else window // 16
+    return outside + min(summary, knobs.summary_max_tokens, window // 8)
 
 
 @dataclass

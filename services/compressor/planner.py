@@ -104,6 +104,10 @@ def is_turn_start(message: Message) -> bool:
     return message.role == "user" and not message.is_summary
 
 
+# However much else the prompt carries, the kept region may take this share of the window.
+MIN_KEPT_SHARE = 0.1
+
+
 def kept_always(message: Message) -> bool:
     """Stored service records stay through every compression; task notes and recalled excerpts,
     though system messages, go with the turn they were given in."""
@@ -208,13 +212,17 @@ class _Partitioner:
         target: float,
         estimate: Estimator,
         critical_tools: Iterable[str],
+        reserve: int = 0,
     ) -> None:
         self.context = list(context)
         self.system = [m for m in self.context if kept_always(m)]
         self.summaries = [m for m in self.context if not kept_always(m) and m.is_summary]
         body = [m for m in self.context if not kept_always(m) and not m.is_summary]
         self.turns = split_turns(body)
-        self.budget = target * window
+        # What the kept region may cost: the target less what the prompt carries besides the stored
+        # context (system prompt, tool schemas) and the new summary, so the prompt after the
+        # compression is at the target, not above it and a few messages from the next one.
+        self.budget = max(target * window - reserve, MIN_KEPT_SHARE * window)
         self.estimate = estimate
         self.critical_tools = tuple(critical_tools)
 
@@ -328,8 +336,10 @@ def plan_compression(
     estimate: Estimator,
     keep_recent_messages: int | None = None,
     critical_tools: Iterable[str] = (),
+    reserve: int = 0,
 ) -> Plan:
     """Partition ``context`` (the LLM context, seq order) into to_summarize / to_keep / system.
+    ``reserve``: tokens of the prompt the kept region shares the target with (see _Partitioner).
 
     Turn mode keeps the newest ``keep_recent`` turns, shrinking that number (down to 1) until the
     kept region fits ``target × window`` by ``estimate``, then swaps important old turns in for
@@ -339,7 +349,7 @@ def plan_compression(
     mode finds nothing (then with ``keep_recent_messages`` or 2). An unsplittable context gives
     an empty plan, never an error.
     """
-    parts = _Partitioner(context, window, target, estimate, critical_tools)
+    parts = _Partitioner(context, window, target, estimate, critical_tools, reserve)
     if not parts.turns:
         return parts.only_summaries()
     turn_plan = parts.turn_plan(keep_recent)

@@ -308,7 +308,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if tokens > limit:
             candidates.append(intra_turn_keep(knobs.keep_recent))
         for keep in dict.fromkeys(candidates):
-            plan = await self._plan(stored, pricing, knobs, window, keep)
+            plan = await self._plan(stored, pricing, knobs, window, keep, tokens)
             if would_compress(plan, pricing.estimate):
                 return keep
         return None
@@ -399,14 +399,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return window, knobs, state, model, pricing, context_messages, current
 
     @staticmethod
-    async def _plan(messages, pricing, knobs, window, keep_recent_messages):
+    async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int = 0):
         # Pure CPU over the whole context: off the event loop, so other sessions keep streaming.
-        return await asyncio.to_thread(pipeline.make_plan, messages, pricing, knobs, window, keep_recent_messages)
+        return await asyncio.to_thread(pipeline.make_plan, messages, pricing, knobs, window, keep_recent_messages,
+                                       prompt_tokens)
 
     async def WouldCompress(self, request, context):
         self._caller(context)
         window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
-        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages)
+        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         kept = pricing.estimate(plan.system + plan.to_keep)
         return pb.WouldCompressResponse(
             would_compress=would_compress(plan, pricing.estimate),
@@ -428,7 +429,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if request.only_if_over_threshold and request.reason != pb.COMPRESSION_REASON_FORCED:
             if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
                 return  # under the threshold: nothing to do, no events
-        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages)
+        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         if not would_compress(plan, pricing.estimate):
             if truncated_flag:  # consumed: there is nothing this session can shed
                 await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
