@@ -530,3 +530,40 @@ async def test_a_new_session_with_an_unknown_profile_is_refused_before_it_exists
         await run(agent, "hello", profile_id="never-configured")
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
     assert error.value.details().startswith("profile_id:") and "never-configured" in error.value.details()
+
+
+async def test_a_watcher_sees_the_turn_and_the_compression_after_its_stream_end(agent, store, ollama_sim):
+    """WatchSession: a second client (a meter, grpcurl) sees each turn start, every event of it,
+    the title change, and the post-turn compression that no turn's own stream carries."""
+    from palimpsest.v1 import common_pb2
+
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    history = []
+    for i in range(6):
+        history += [common_pb2.Message(role="user", content=f"question {i} " + "words " * 60),
+                    common_pb2.Message(role="assistant", content=f"answer {i} " + "words " * 60)]
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
+    # The last prompt came back cut: the post-turn pass compresses, after stream_end.
+    await store.SetBaseline(store_pb.SetBaselineRequest(session_id=session.id, only_truncated_flag=True,
+                                                        baseline=store_pb.Baseline(context_truncated=True)))
+    watch = agent.WatchSession(pb.WatchSessionRequest(session_id=session.id))
+    await watch.initial_metadata()  # in place: nothing from here on is missed
+    ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
+                             else Reply(text="watched answer"))
+    try:
+        events = await run(agent, "name me please", session_id=session.id)
+        seen = []
+        while not any(e.HasField("context_compressed") for e in seen):
+            seen.append(await asyncio.wait_for(watch.read(), timeout=30))
+    finally:
+        ollama_sim.set_responder(None)
+        watch.cancel()
+    kinds = [e.WhichOneof("event") for e in seen]
+    assert kinds[0] == "turn_started" and seen[0].turn_started.text == "name me please"
+    assert "session_renamed" in kinds and seen[kinds.index("session_renamed")].session_renamed.name == "name me please"
+    # The turn's own events, in its order, then the compression its stream never carried.
+    own = [e for e in seen if e.WhichOneof("event") not in ("turn_started", "session_renamed")]
+    assert [e.seq for e in own[:len(events)]] == [e.seq for e in events]
+    end = kinds.index("stream_end")
+    assert kinds[end + 1:] == ["compression_started", "context_compressed"]
+    assert not any(e.HasField("context_compressed") for e in events)

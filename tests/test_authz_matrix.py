@@ -14,6 +14,7 @@ import pytest
 from palimpsest.v1 import (agent_pb2, agent_pb2_grpc, common_pb2, compressor_pb2, compressor_pb2_grpc,
                            session_store_pb2 as pb)
 from tests.conftest import JWT_SECRET, bearer
+from tests.waiting import drain_call
 
 # Client-streamed uploads are checked by their own tests; these run as a matrix.
 SKIP = {"PutFile"}
@@ -64,8 +65,7 @@ async def call(stub, method, request, metadata) -> grpc.StatusCode:
     try:
         rpc = getattr(stub, method.name)(request, metadata=metadata, timeout=30)
         if method.server_streaming:
-            async for _ in rpc:
-                pass
+            await drain_call(rpc, method.name)
         else:
             await rpc
         return grpc.StatusCode.OK

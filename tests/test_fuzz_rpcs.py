@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2
 from palimpsest.v1.common_pb2 import Message
+from tests.waiting import drain_call
 
 UNACCEPTABLE = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # Uploads (client-streamed) and the one RPC whose valid input deletes other tests' data are left out.
@@ -95,8 +96,7 @@ async def _call(stub, method, request) -> None:
     try:
         call = getattr(stub, method.name)(request, timeout=20)
         if method.server_streaming:
-            async for _ in call:
-                pass
+            await drain_call(call, method.name)
         else:
             await call
     except grpc.aio.AioRpcError as error:

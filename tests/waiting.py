@@ -19,3 +19,21 @@ async def until(condition, timeout: float = 20.0) -> bool:
             return True
         await asyncio.sleep(0.05)  # between checks of the condition
     return False
+
+
+# Server-streamed RPCs that never end by themselves: a test reads until the watch is in place.
+NEVER_ENDING = frozenset({"WatchSession"})
+
+
+async def drain_call(call, method_name: str) -> None:
+    """Run a server-streamed call to its end, or, for one that never ends, until the server says
+    it is in place (its initial metadata) or fails; raises the call's error."""
+    if method_name not in NEVER_ENDING:
+        async for _ in call:
+            pass
+        return
+    await call.initial_metadata()
+    if call.done():
+        async for _ in call:  # ended already: its status, raised as the call's error
+            pass
+    call.cancel()

@@ -60,6 +60,11 @@ class AgentStub:
                 request_serializer=palimpsest_dot_v1_dot_agent__pb2.StopRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_agent__pb2.StopResponse.FromString,
                 _registered_method=True)
+        self.WatchSession = channel.unary_stream(
+                '/palimpsest.v1.Agent/WatchSession',
+                request_serializer=palimpsest_dot_v1_dot_agent__pb2.WatchSessionRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_agent__pb2.AgentEvent.FromString,
+                _registered_method=True)
         self.ListProfiles = channel.unary_unary(
                 '/palimpsest.v1.Agent/ListProfiles',
                 request_serializer=palimpsest_dot_v1_dot_agent__pb2.ListProfilesRequest.SerializeToString,
@@ -105,6 +110,16 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchSession(self, request, context):
+        """A session's events as they happen, to any client with access to it (the rules of GetSession):
+        each turn's start and every event of it to its stream_end, compressions after stream_end (the
+        post-turn pass), title changes. Never ends by itself: the client cancels. Initial metadata is
+        sent once the watch is in place.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListProfiles(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -138,6 +153,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Stop,
                     request_deserializer=palimpsest_dot_v1_dot_agent__pb2.StopRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_agent__pb2.StopResponse.SerializeToString,
+            ),
+            'WatchSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSession,
+                    request_deserializer=palimpsest_dot_v1_dot_agent__pb2.WatchSessionRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_agent__pb2.AgentEvent.SerializeToString,
             ),
             'ListProfiles': grpc.unary_unary_rpc_method_handler(
                     servicer.ListProfiles,
@@ -281,6 +301,33 @@ class Agent:
             '/palimpsest.v1.Agent/Stop',
             palimpsest_dot_v1_dot_agent__pb2.StopRequest.SerializeToString,
             palimpsest_dot_v1_dot_agent__pb2.StopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/palimpsest.v1.Agent/WatchSession',
+            palimpsest_dot_v1_dot_agent__pb2.WatchSessionRequest.SerializeToString,
+            palimpsest_dot_v1_dot_agent__pb2.AgentEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from palimpsest.v1 import agent_pb2 as pb, compressor_pb2
@@ -18,15 +19,27 @@ class EventSink:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     is_subagent: bool = False
     _seq: list[int] = field(default_factory=lambda: [0])  # shared with sub-sinks: one numbering per turn
+    # Copies every event to the session's watchers (WatchSession), when set.
+    publish: Callable[[AgentEvent], None] | None = None
 
     def emit(self, **kind) -> AgentEvent:
         self._seq[0] += 1
         event = AgentEvent(session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent, **kind)
         self.queue.put_nowait(event)
+        if self.publish is not None:
+            self.publish(event)
+        return event
+
+    def announce(self, **kind) -> AgentEvent:
+        """An event for the session's watchers only: the turn's own stream does not carry it, and
+        it takes no number of the turn's (seq 0)."""
+        event = AgentEvent(session_id=self.session_id, is_subagent=self.is_subagent, **kind)
+        if self.publish is not None:
+            self.publish(event)
         return event
 
     def for_subagent(self) -> "EventSink":
-        return EventSink(self.session_id, self.queue, True, self._seq)
+        return EventSink(self.session_id, self.queue, True, self._seq, self.publish)
 
     def text(self, text: str) -> None:
         self.emit(text_delta=pb.TextDelta(text=text))

@@ -18,6 +18,7 @@ from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
 from services.agent.warm_cache import WarmCache
+from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context
 from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.session_reads import whole_context
@@ -48,6 +49,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # check refuses the second writer.
         self._locks: dict[str, asyncio.Lock] = {}
         self._running: dict[str, Turn] = {}
+        self._watchers = SessionWatchers()  # WatchSession's clients, by session
         # The post-turn pass per session, so a new turn can drop it instead of waiting for it.
         self._post_turn: dict[str, asyncio.Future] = {}
         # Bumped whenever a session changes under its lock: a turn opened before it reloads.
@@ -119,7 +121,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         conversation = StoredConversation(self.deps.store, session.id, metadata, self.store_addr)
         conversation.adopt(session)
         conversation.from_cache = warm is not None
-        turn = Turn(self.deps, conversation, profile, EventSink(session.id), metadata, facts=facts)
+        sink = EventSink(session.id, publish=self._watchers.publish)
+        turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self._generation.get(session.id, 0)
         if request.session_id and profile.id != session.profile_id:
             turn.switch_to = profile.id  # written by the turn, under the session lock
@@ -136,6 +139,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             post_turn.cancel()
         await lock.acquire()
         self._running[turn.session_id] = turn
+        turn.sink.announce(turn_started=pb.TurnStarted(text=turn_input.text[:200]))
 
         async def work() -> None:
             try:
@@ -226,7 +230,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session_id=request.session_id), metadata)).session
         profile = self.deps.profiles.for_session(session.profile_id)
         window = profile.window(self.deps.settings.ollama_num_ctx)
-        sink = EventSink(session.id)
+        sink = EventSink(session.id, publish=self._watchers.publish)
         lock = self._locks.setdefault(session.id, asyncio.Lock())
         self._warm.pop(session.id)
         async with lock:
@@ -260,6 +264,21 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         turn.stop.set()
         return pb.StopResponse(stopped=True)
 
+
+    async def WatchSession(self, request, context):
+        metadata = self._metadata(context)
+        if not request.session_id:
+            raise InvalidArgument("session_id", "required")
+        # Who may read the session may watch it: the store answers for the caller.
+        await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
+            session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY), metadata)
+        queue = self._watchers.subscribe(request.session_id)
+        try:
+            await context.send_initial_metadata(())  # the watch is in place: nothing from now on is missed
+            while True:
+                yield await queue.get()
+        finally:
+            self._watchers.unsubscribe(request.session_id, queue)
     async def ListProfiles(self, request, context):
         self._metadata(context)
         default_window = self.deps.settings.ollama_num_ctx

@@ -625,12 +625,12 @@ class Turn:
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
         try:
-            async for _ in self.deps.compressor.Compress(cpb.CompressRequest(
+            async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.profile.model,
                     window=self.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
                     current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings()),
                     metadata=self.metadata):
-                pass
+                self._announce_compression(event)  # after stream_end: for the session's watchers
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 log.warning("post-turn compression failed for %s: %s", self.session_id, exc.details())
@@ -665,3 +665,11 @@ class Turn:
                 await self.conv.update(name=name)
             except PalimpsestError:
                 log.warning("could not name session %s", self.session_id)
+                return
+            self.sink.announce(session_renamed=agent_pb2.SessionRenamed(name=name))
+
+    def _announce_compression(self, event: cpb.CompressionEvent) -> None:
+        if event.HasField("started"):
+            self.sink.announce(compression_started=event.started)
+        elif event.HasField("compressed"):
+            self.sink.announce(context_compressed=event.compressed)
