@@ -169,3 +169,45 @@ async def test_a_size_check_on_someone_elses_session_cannot_bend_its_stored_coun
                                           metadata=alice)
     assert stored.context_tokens.counted_messages == 0  # Bob's count was not kept on her row
     assert [m.content for m in stored.context_tokens.uncounted] == ["hello"]
+
+
+async def test_a_calibrated_report_keeps_its_characters_by_class(compressor_auth, store_auth, user):
+    """The shape a calibrated report brings back (no exact content count, its characters by class)
+    is stored and listed, or no per-class rates could ever be fitted from the live reports."""
+    model = f"no-vocabulary-{uuid.uuid4().hex[:6]}"
+    shape = common_pb2.PromptShape(messages=4, chars_space=120, chars_digit=300, chars_latin=900, chars_symbol=80)
+    for tokens in (700, 710, 720):
+        await compressor_auth.RecordBaseline(cpb.RecordBaselineRequest(
+            model=model, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=1400, window=8192, shape=shape,
+            method=cpb.ESTIMATE_METHOD_CALIBRATED), metadata=SERVICE)
+    listed = await store_auth.ListObservations(pb.ListObservationsRequest(model=model), metadata=SERVICE)
+    assert [o.exact.chars_digit for o in listed.observations] == [300, 300, 300]
+    assert all(o.chars == 1400 and o.exact.content_tokens == 0 for o in listed.observations)
+
+
+async def test_the_size_check_prices_by_class_once_reports_have_shapes(compressor_auth, user):
+    """A model without a vocabulary: after a few reports the count follows each class's price
+    (here a hidden price that makes CJK five times dearer than Latin), not one chars rate."""
+    from services.compressor.calibration import char_classes
+
+    model = f"no-vocabulary-{uuid.uuid4().hex[:6]}"
+    hidden = (0.3, 1.0, 0.25, 1.6, 1.0, 0.5)  # space, digit, latin, cjk, other letters, symbols
+
+    def price(messages: int, classes) -> int:
+        return round(30 + 5 * messages + sum(r * c for r, c in zip(hidden, classes)))
+
+    texts = ["The deploy finished; every worker took its lease. " * k + "计费服务迁移到新集群。" * j + "id=0x1f2e " * i
+             for k, j, i in ((20, 1, 3), (5, 8, 10), (12, 3, 1), (2, 15, 6), (30, 0, 12), (8, 6, 0))]
+    for text in texts:
+        classes = char_classes(text)
+        shape = common_pb2.PromptShape(messages=1, **{f"chars_{n}": c for n, c in zip(
+            ("space", "digit", "latin", "cjk", "other_letter", "symbol"), classes)})
+        await compressor_auth.RecordBaseline(cpb.RecordBaselineRequest(
+            model=model, prompt_eval_count=price(1, classes), sent_tokens=1, sent_chars=len(text), window=32768,
+            shape=shape, method=cpb.ESTIMATE_METHOD_CALIBRATED), metadata=SERVICE)
+    probe = "计费服务迁移到新集群后，错误预算恢复前保留旧路径。" * 30
+    reply = await compressor_auth.EstimateTokens(cpb.EstimateTokensRequest(
+        model=model, messages=[common_pb2.Message(role="user", content=probe)]), metadata=bearer(user))
+    real = price(1, char_classes(probe))
+    assert reply.method == cpb.ESTIMATE_METHOD_CALIBRATED
+    assert abs(reply.tokens - real) / real < 0.05, (reply.tokens, real)

@@ -529,8 +529,9 @@ MAX_CLEANUP_DAYS = 36_500
 
 def _observation(row) -> pb.Observation:
     observation = pb.Observation(model=row["model"], chars=row["chars"], tokens=row["tokens"])
-    if row["content_tokens"]:
-        observation.exact.CopyFrom(common_pb2.PromptShape(**{name: row[name] for name in EXACT_FIELDS}))
+    shape = {name: row[name] for name in EXACT_FIELDS}
+    if any(shape.values()):  # an exact shape, or a calibrated one's characters by class
+        observation.exact.CopyFrom(common_pb2.PromptShape(**shape))
     observation.observed_at.CopyFrom(convert.timestamp(row["observed_at"]))
     return observation
 
