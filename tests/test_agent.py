@@ -476,9 +476,9 @@ async def test_switch_profile_takes_effect_at_the_next_call(agent, store, ollama
     assert (await full(store, events[0].session_id)).profile_id == "tiny"
 
 
-async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server, store, ollama_sim):
-    """A summary can take the model a while; the user's next message does not wait for it. The pass is
-    dropped whole (its commit is one transaction): no marker, no demotion, the session consistent."""
+async def session_due_for_a_post_turn_compression(store):
+    """Six turns of history whose last prompt came back cut: the next turn's post-turn pass
+    compresses whatever the threshold says."""
     from palimpsest.v1 import common_pb2
 
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
@@ -487,9 +487,17 @@ async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server
         history += [common_pb2.Message(role="user", content=f"question {i} " + "words " * 60),
                     common_pb2.Message(role="assistant", content=f"answer {i} " + "words " * 60)]
     await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
-    # The last prompt came back cut: the post-turn pass compresses whatever the threshold says.
     await store.SetBaseline(store_pb.SetBaselineRequest(session_id=session.id, only_truncated_flag=True,
                                                         baseline=store_pb.Baseline(context_truncated=True)))
+    return session
+
+
+async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server, store, ollama_sim):
+    """A summary can take the model a while; the user's next message does not wait for it. The pass is
+    dropped whole (its commit is one transaction): no marker, no demotion, the session consistent."""
+    from palimpsest.v1 import common_pb2
+
+    session = await session_due_for_a_post_turn_compression(store)
     slow_summary = Reply(text="- summary\nKEYS: a", first_chunk_delay=30)
     ollama_sim.set_responder(lambda body: slow_summary if body.get("stream") is False else Reply(text="ok"))
     await run(agent, "first", session_id=session.id)
@@ -537,15 +545,7 @@ async def test_a_watcher_sees_the_turn_and_the_compression_after_its_stream_end(
     the title change, and the post-turn compression that no turn's own stream carries."""
     from palimpsest.v1 import common_pb2
 
-    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    history = []
-    for i in range(6):
-        history += [common_pb2.Message(role="user", content=f"question {i} " + "words " * 60),
-                    common_pb2.Message(role="assistant", content=f"answer {i} " + "words " * 60)]
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
-    # The last prompt came back cut: the post-turn pass compresses, after stream_end.
-    await store.SetBaseline(store_pb.SetBaselineRequest(session_id=session.id, only_truncated_flag=True,
-                                                        baseline=store_pb.Baseline(context_truncated=True)))
+    session = await session_due_for_a_post_turn_compression(store)
     watch = agent.WatchSession(pb.WatchSessionRequest(session_id=session.id))
     await watch.initial_metadata()  # in place: nothing from here on is missed
     ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
