@@ -495,8 +495,6 @@ async def session_due_for_a_post_turn_compression(store):
 async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server, store, ollama_sim):
     """A summary can take the model a while; the user's next message does not wait for it. The pass is
     dropped whole (its commit is one transaction): no marker, no demotion, the session consistent."""
-    from palimpsest.v1 import common_pb2
-
     session = await session_due_for_a_post_turn_compression(store)
     slow_summary = Reply(text="- summary\nKEYS: a", first_chunk_delay=30)
     ollama_sim.set_responder(lambda body: slow_summary if body.get("stream") is False else Reply(text="ok"))
@@ -543,8 +541,6 @@ async def test_a_new_session_with_an_unknown_profile_is_refused_before_it_exists
 async def test_a_watcher_sees_the_turn_and_the_compression_after_its_stream_end(agent, store, ollama_sim):
     """WatchSession: a second client (a meter, grpcurl) sees each turn start, every event of it,
     the title change, and the post-turn compression that no turn's own stream carries."""
-    from palimpsest.v1 import common_pb2
-
     session = await session_due_for_a_post_turn_compression(store)
     watch = agent.WatchSession(pb.WatchSessionRequest(session_id=session.id))
     await watch.initial_metadata()  # in place: nothing from here on is missed
