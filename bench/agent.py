@@ -278,7 +278,8 @@ async def _long_path(server, quick: bool, path: str) -> list:
     chat_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is not False}
     refires = sum(1 for a, b in zip(compress_turns, compress_turns[1:]) if b - a <= 3)
     reused, pairs = prefix_reuse([b["messages"] for b in bodies if b.get("stream") is not False])
-    return [path if path == "exact" else "calibrated (no vocabulary)", turns, len(compress_turns),
+    summaries = sum(1 for b in bodies if b.get("stream") is False)
+    return [path if path == "exact" else "calibrated (no vocabulary)", turns, len(compress_turns), summaries,
             sum(1 for c in chats if c.truncated), too_large, f"{false_alarms} of {len(alarms.reports)}",
             f"{highest:.3f}", f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
             f"{len(chat_ctx)} ({', '.join(map(str, sorted(chat_ctx)))})", refires,
@@ -310,7 +311,8 @@ async def long_run(server, quick: bool) -> str:
             "simulator (tool calls every third turn: large JSON, log and code outputs, and every fourth of them "
             "a dense server log of 300–3,000 tokens; an image every tenth turn), run on a copy of `qwen3.6` "
             "whose vocabulary the simulator serves (exact counts) and on a copy without it (calibrated per-class prices). "
-            "*Compressions*: turns with a compression before the call or after the stream. *False cut alarms*: "
+            "*Compressions*: turns with a compression before the call or after the stream (pruned tool results or "
+            "a summary); *LLM summaries*: the summary requests the model got. *False cut alarms*: "
             "the Compressor's \"cut prompt:\" warnings (RecordBaseline answering truncated) raised on a report "
             "the simulator did not give for a prompt it cut, of all such warnings. *Highest real prompt ÷ "
             f"limit*: the simulator's full count of the largest chat prompt over the size check's limit "
@@ -319,7 +321,8 @@ async def long_run(server, quick: bool) -> str:
             "of the previous one. *Prefix reused*: of the chat calls that follow another with no compression "
             "between them, the share that begin with that call's whole message list (what Ollama keeps "
             "evaluated and need not evaluate again).\n\n"
-            + _common.table(["path", "turns", "compressions", "prompts cut by Ollama", "ended CONTEXT_TOO_LARGE",
+            + _common.table(["path", "turns", "compressions", "LLM summaries", "prompts cut by Ollama",
+                             "ended CONTEXT_TOO_LARGE",
                              "false cut alarms", "highest real prompt ÷ limit", "num_ctx: summaries",
                              "num_ctx: chats", "re-fires within 3 turns", "prefix reused",
                              "compressing before the first token",

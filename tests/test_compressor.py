@@ -466,3 +466,73 @@ async def test_an_input_far_larger_than_the_window_is_cut_to_fit_it_with_the_pro
     assert "chars omitted" in user["content"]
     [newest] = [m for m in (await full(store, session_id)).messages if m.seq == done.replaced.last]
     assert "question 0:" in user["content"] and newest.content[-200:] in user["content"]
+
+
+# -- pruning: the cheap stage before a summary ----------------------------------------------------
+def tool_turns(n: int, result_chars: int = 3_000, name: str = "read_log") -> list[Message]:
+    out = []
+    for i in range(n):
+        log = "\n".join(f"2026-11-30T10:{j % 60:02d}:17Z ERROR worker-{i} 10.0.{j % 255}.7 reset id=0x{i * 7919 + j:08x}"
+                        for j in range(result_chars // 60))
+        call = common_pb2.ToolCall(id=f"c{i}", name=name, arguments_json=json.dumps({"path": f"/var/log/{i}.log"}))
+        out += [Message(role="user", content=f"read log {i}"), Message(role="assistant", tool_calls=[call]),
+                Message(role="tool", name=name, tool_call_id=f"c{i}", content=log),
+                Message(role="assistant", content=f"log {i} shows resets")]
+    return out
+
+
+async def test_old_tool_results_are_pruned_before_any_summary(compressor, store, profile, ollama_sim):
+    messages = tool_turns(6)
+    session_id = await session_with(store, profile, messages)
+    asked = len(ollama_sim.bodies())
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
+                            current_tokens=6_500)
+    done = events[-1].compressed
+    assert done.method == pb.COMPRESSION_METHOD_PRUNE and done.context_tokens < 6_144
+    assert not summary_bodies(ollama_sim, asked)  # no LLM call
+    context = (await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    results = [m for m in context if m.role == "tool"]
+    # The newest turns stay verbatim; older results are previews standing where they stood.
+    assert [len(m.content) < 1_000 for m in results][:2] == [True, True] and len(results[-1].content) > 2_000
+    for i, message in enumerate(context):
+        if message.role == "tool":
+            assert context[i - 1].tool_calls[0].id == message.tool_call_id  # still right after its call
+    pruned = [m for m in results if "were pruned" in m.content]
+    assert pruned and all("memory_search" in m.content for m in pruned)
+    # The display history keeps every byte; memory search finds a pruned result's words.
+    display = await full(store, session_id)
+    assert [m.content for m in display.messages if m.role == "tool" and not m.is_compression] == \
+        [m.content for m in messages if m.role == "tool"]
+    marker = [m for m in display.messages if m.is_compression][-1]
+    assert marker.metadata["method"] == "prune"
+    found = await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query="0x00000007"))
+    assert found.chunks
+
+
+async def test_a_forced_compaction_summarizes_even_when_pruning_would_do(compressor, store, profile, ollama_sim):
+    session_id = await session_with(store, profile, tool_turns(6))
+    events = await compress(compressor, session_id, window=8192, current_tokens=6_500)
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
+
+
+async def test_pruning_is_a_setting_a_profile_can_turn_off(compressor, store, profile, ollama_sim):
+    session_id = await session_with(store, profile, tool_turns(6))
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
+                            current_tokens=6_500, settings=pb.CompressionSettings(prune_tool_results=False))
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
+
+
+def test_critical_results_previews_and_kept_turns_are_never_pruned():
+    from services.compressor.pruning import plan_pruning, preview
+
+    messages = tool_turns(3) + tool_turns(1, name="run_tests")
+    for seq, m in enumerate(messages, start=1):
+        m.seq = seq
+    old_preview = preview(messages[2])
+    old_preview.seq = 99
+    kept = messages[-4:]
+    pruning = plan_pruning([*messages, old_preview], kept, critical_tools=["run_tests"])
+    assert [m.seq for m in pruning.pruned] == [3, 7, 11]  # the three read_log results before the kept turn
+    pruning = plan_pruning([*messages, old_preview], messages[4:], critical_tools=["read_log"])
+    assert pruning.pruned == []  # critical: whole; a preview is never pruned again

@@ -36,6 +36,7 @@ class CompressionMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPRESSION_METHOD_UNSPECIFIED: _ClassVar[CompressionMethod]
     COMPRESSION_METHOD_SUMMARY: _ClassVar[CompressionMethod]
     COMPRESSION_METHOD_HARD_TRUNCATE: _ClassVar[CompressionMethod]
+    COMPRESSION_METHOD_PRUNE: _ClassVar[CompressionMethod]
 ESTIMATE_METHOD_UNSPECIFIED: EstimateMethod
 ESTIMATE_METHOD_FALLBACK: EstimateMethod
 ESTIMATE_METHOD_CALIBRATED: EstimateMethod
@@ -53,9 +54,10 @@ COMPRESSION_REASON_FORCED: CompressionReason
 COMPRESSION_METHOD_UNSPECIFIED: CompressionMethod
 COMPRESSION_METHOD_SUMMARY: CompressionMethod
 COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod
+COMPRESSION_METHOD_PRUNE: CompressionMethod
 
 class CompressionSettings(_message.Message):
-    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window")
+    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_RECENT_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,7 @@ class CompressionSettings(_message.Message):
     CRITICAL_TOOLS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     SUMMARIZER_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PRUNE_TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     target: float
     keep_recent: int
@@ -76,7 +79,8 @@ class CompressionSettings(_message.Message):
     critical_tools: _containers.RepeatedScalarFieldContainer[str]
     message_token_budget: int
     summarizer_window: int
-    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ...) -> None: ...
+    prune_tool_results: bool
+    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ...) -> None: ...
 
 class ViewCut(_message.Message):
     __slots__ = ("index", "content")

@@ -250,7 +250,7 @@ class SetContextFlagResponse(_message.Message):
     def __init__(self, updated: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class CommitCompressionRequest(_message.Message):
-    __slots__ = ("session_id", "demote_seqs", "summary", "marker", "context_token_count", "chunks", "expected_revision", "archive")
+    __slots__ = ("session_id", "demote_seqs", "summary", "marker", "context_token_count", "chunks", "expected_revision", "archive", "replacements")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DEMOTE_SEQS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,7 @@ class CommitCompressionRequest(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     ARCHIVE_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     demote_seqs: _containers.RepeatedScalarFieldContainer[int]
     summary: _common_pb2.Message
@@ -267,7 +268,8 @@ class CommitCompressionRequest(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RawChunk]
     expected_revision: int
     archive: bool
-    def __init__(self, session_id: _Optional[str] = ..., demote_seqs: _Optional[_Iterable[int]] = ..., summary: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., marker: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., context_token_count: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., archive: _Optional[bool] = ...) -> None: ...
+    replacements: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    def __init__(self, session_id: _Optional[str] = ..., demote_seqs: _Optional[_Iterable[int]] = ..., summary: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., marker: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., context_token_count: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., archive: _Optional[bool] = ..., replacements: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ...) -> None: ...
 
 class CommitCompressionResponse(_message.Message):
     __slots__ = ("summary_seq", "marker_seq", "revision", "archived", "chunks_indexed")

@@ -59,6 +59,8 @@ class Profile:
     compression_keep_recent: int | None = None
     compression_max_tokens: int | None = None
     compression_temperature: float | None = None
+    # Prune old tool results to previews before summarizing (None: the service's setting, on).
+    compression_prune_tool_results: bool | None = None
     compression_prompt_file: str = ""
     summarizer_model: str = ""
     # num_ctx of summaries written by summarizer_model; 0 means the CONTEXT_SUMMARIZER_NUM_CTX setting.
@@ -82,7 +84,8 @@ class Profile:
         for attr, target in (("compression_threshold", "threshold"), ("compression_target", "target"),
                              ("compression_keep_recent", "keep_recent"),
                              ("compression_max_tokens", "summary_max_tokens"),
-                             ("compression_temperature", "summary_temperature")):
+                             ("compression_temperature", "summary_temperature"),
+                             ("compression_prune_tool_results", "prune_tool_results")):
             value = getattr(self, attr)
             if value is not None:
                 setattr(settings, target, value)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
 from services.compressor.planner import Plan, apply_plan, plan_compression
 from services.compressor.pricing import Knobs, Pricing
+from services.compressor.pruning import Pruning, plan_pruning  # noqa: F401 — the servicer plans through here
 from services.compressor.token_estimate import trigger_tokens
 from services.compressor.summary_format import (
     META_SUMMARY_PROMPT,
@@ -46,6 +47,17 @@ _REASON_NAMES = {
 
 def reason_name(reason: int) -> str:
     return _REASON_NAMES.get(reason, "unspecified")
+
+
+_METHOD_NAMES = {
+    pb.COMPRESSION_METHOD_SUMMARY: "summary",
+    pb.COMPRESSION_METHOD_HARD_TRUNCATE: "hard_truncate",
+    pb.COMPRESSION_METHOD_PRUNE: "prune",
+}
+
+
+def method_name(method: int) -> str:
+    return _METHOD_NAMES.get(method, "unspecified")
 
 
 def effective_target(knobs: Knobs, window: int) -> float:
@@ -91,6 +103,7 @@ class Outcome:
     new_context: list[Message]
     summary: Message | None
     breadcrumbs: list[str]
+    replacements: list[Message] = field(default_factory=list)  # previews standing for pruned results
 
     @property
     def summary_text(self) -> str:
@@ -192,6 +205,13 @@ async def summarize_or_truncate(
     return Outcome(pb.COMPRESSION_METHOD_SUMMARY, list(plan.to_summarize), apply_plan(plan, summary), summary, crumbs)
 
 
+def prune_outcome(context: list[Message], pruning: Pruning) -> Outcome:
+    """Old tool results replaced by their previews: no LLM call, nothing summarized."""
+    crumbs = merge_breadcrumbs([], extract_entities(entity_source(pruning.pruned)))
+    return Outcome(pb.COMPRESSION_METHOD_PRUNE, list(pruning.pruned), pruning.apply(context), None, crumbs,
+                   list(pruning.previews))
+
+
 def truncate_outcome(context: list[Message], pricing: Pricing, window: int, error: Exception | None) -> Outcome:
     """The last resort: drop the oldest whole turns until under half the window, no LLM call."""
     cut = hard_truncate(context, window=window, estimate=pricing.estimate)
@@ -220,7 +240,7 @@ def commit_request(
         "messages_before": len(context),
         "messages_after": len(outcome.new_context),
         "reason": reason_name(reason),
-        "method": "summary" if outcome.summary is not None else "hard_truncate",
+        "method": method_name(outcome.method),
     }
     headline = f"Context compressed: {len(context)} → {len(outcome.new_context)} messages"
     marker = Message(role="system", content=f"{headline}\n{outcome.summary_text}".strip())
@@ -236,6 +256,7 @@ def commit_request(
     )
     if outcome.summary is not None:
         request.summary.CopyFrom(outcome.summary)
+    request.replacements.extend(outcome.replacements)
     return request, tokens
 
 
@@ -246,7 +267,7 @@ def log_compressed(session_id: str, reason: int, outcome: Outcome, before: int, 
         "event": "compressor.compressed",
         "session_id": session_id,
         "reason": reason_name(reason),
-        "method": "summary" if outcome.summary is not None else "hard_truncate",
+        "method": method_name(outcome.method),
         "messages_before": before,
         "messages_after": after,
         "tokens_before": tokens_before,

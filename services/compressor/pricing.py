@@ -39,6 +39,7 @@ class Knobs:
     message_budget: int
     image_fallback: int
     output_reserve: int
+    prune_tool_results: bool = True
 
     @classmethod
     def resolve(cls, settings: Settings, overrides: compressor_pb2.CompressionSettings | None) -> "Knobs":
@@ -64,6 +65,7 @@ class Knobs:
             message_budget=pick("message_token_budget", settings.message_token_budget),
             image_fallback=settings.image_tokens_fallback,
             output_reserve=settings.output_reserve_tokens,
+            prune_tool_results=pick("prune_tool_results", settings.compression_prune_tool_results),
         )
 
 

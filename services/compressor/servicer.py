@@ -313,6 +313,22 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 return keep
         return None
 
+    @staticmethod
+    async def _pruned_enough(messages, plan, pricing: Pricing, knobs: Knobs, window: int, current: int,
+                             reason: int) -> pipeline.Outcome | None:
+        """The cheap stage: old tool results pruned to previews, when that alone brings the prompt
+        under the trigger (no summary, no LLM call). Not for a forced compaction: who asks for
+        one wants the history summarized."""
+        if not knobs.prune_tool_results or reason == pb.COMPRESSION_REASON_FORCED:
+            return None
+        pruning = pipeline.plan_pruning(messages, plan.to_keep, knobs.critical_tools)
+        if not pruning.pruned:
+            return None
+        outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, pruning)
+        freed = pricing.estimate(messages) - pricing.estimate(outcome.new_context)
+        trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
+        return outcome if current - freed < trigger else None
+
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
         self._caller(context).require_service("a model report")
@@ -440,8 +456,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 f"({len(messages)} messages, ~{current} tokens)"
             )
         yield pb.CompressionEvent(started=pb.CompressionStarted(context_tokens=current, max_context_tokens=window))
-        summarizer = pipeline.Summarizer(self.ollama, knobs, model, window)
-        outcome = await pipeline.summarize_or_truncate(messages, plan, pricing, knobs, summarizer, window)
+        outcome = await self._pruned_enough(messages, plan, pricing, knobs, window, current, request.reason)
+        if outcome is None:
+            summarizer = pipeline.Summarizer(self.ollama, knobs, model, window)
+            outcome = await pipeline.summarize_or_truncate(messages, plan, pricing, knobs, summarizer, window)
         if not outcome.demoted:  # the fallback found nothing it may drop: say so, change nothing
             log.warning("compression of %s changed nothing: the newest turn alone is the context", state.session.id)
             yield pb.CompressionEvent(compressed=pb.ContextCompressed(

@@ -576,6 +576,7 @@ class SessionRepository:
         chunks: Sequence[common_pb2.RawChunk],
         expected_revision: int | None,
         archive: bool,
+        replacements: Sequence[common_pb2.Message] = (),
     ) -> dict[str, int]:
         now = datetime.now(timezone.utc)
         async with self.pool.acquire() as conn, conn.transaction():
@@ -589,6 +590,10 @@ class SessionRepository:
                 summary.explicit_flags = True
                 result["summary_seq"] = next_seq
                 added.append((next_seq, summary))
+                next_seq += 1
+            for replacement in replacements:  # each stands where the row it replaces stood (its `replaces`)
+                replacement.is_context, replacement.is_display, replacement.explicit_flags = True, False, True
+                added.append((next_seq, replacement))
                 next_seq += 1
             if marker is not None:
                 marker.is_compression, marker.is_context, marker.is_display = True, False, True

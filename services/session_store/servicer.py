@@ -276,10 +276,17 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
                 raise InvalidArgument(f"chunks[{i}].content", "required")
+        demoted = set(request.demote_seqs)
+        for i, replacement in enumerate(request.replacements):
+            check_message_size(replacement, f"replacements[{i}]", self.settings.message_max_bytes)
+            stands_for = replacement.replaces
+            if stands_for.first != stands_for.last or stands_for.first not in demoted:
+                raise InvalidArgument(f"replacements[{i}].replaces", "must name one demoted row (first = last)")
         result = await self.repo.commit_compression(
             identity,
             session_id,
             demote_seqs=list(request.demote_seqs),
+            replacements=list(request.replacements),
             summary=request.summary if request.HasField("summary") else None,
             marker=request.marker if request.HasField("marker") else None,
             context_token_count=request.context_token_count,

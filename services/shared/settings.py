@@ -94,6 +94,7 @@ class Settings:
     compression_enabled: bool = True
     compression_threshold: float = 0.90
     compression_target: float = 0.65
+    compression_prune_tool_results: bool = True
     keep_recent: int = 4
     summary_temperature: float = 0.3
     summary_max_tokens: int = 6000
@@ -140,6 +141,7 @@ class Settings:
             compression_enabled=_env_bool("CONTEXT_COMPRESSION_ENABLED", True),
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
+            compression_prune_tool_results=_env_bool("CONTEXT_COMPRESSION_PRUNE_TOOL_RESULTS", True),
             keep_recent=_env_int("CONTEXT_KEEP_RECENT", 4),
             summary_temperature=_env_float("CONTEXT_SUMMARY_TEMPERATURE", 0.3),
             summary_max_tokens=_env_int("CONTEXT_SUMMARY_MAX_TOKENS", 6000),
