@@ -317,7 +317,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def _pruned_enough(messages, plan, pricing: Pricing, knobs: Knobs, window: int, current: int,
                              reason: int) -> pipeline.Outcome | None:
         """The cheap stage: old tool results pruned to previews, when that alone brings the prompt
-        under the trigger (no summary, no LLM call). Not for a forced compaction: who asks for
+        down to the target (no summary, no LLM call). Not for a forced compaction: who asks for
         one wants the history summarized."""
         if not knobs.prune_tool_results or reason == pb.COMPRESSION_REASON_FORCED:
             return None
@@ -326,8 +326,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             return None
         outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, pruning)
         freed = pricing.estimate(messages) - pricing.estimate(outcome.new_context)
+        # Down to the target, as a summary would go, or the next tool output fills the freed room
+        # at once (measured: pruning to just under the trigger re-fired every few turns).
+        target = pipeline.effective_target(knobs, window) * window
         trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
-        return outcome if current - freed < trigger else None
+        return outcome if current - freed <= (target + trigger) / 2 else None
 
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
