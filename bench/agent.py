@@ -288,6 +288,7 @@ async def _long_path(server, quick: bool, path: str) -> list:
 
 
 SUMMARY_HEAD = "[Summary of the earlier conversation"
+PRUNED_MARK = "were pruned from the context"  # in a pruned tool result's preview
 
 
 def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:
@@ -295,10 +296,10 @@ def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:
     with no compression between them): what Ollama can reuse of its evaluated prompt."""
     reused = pairs = 0
     for before, after in zip(prompts, prompts[1:]):
-        summaries = [{m.get("content", "") for m in p if str(m.get("content", "")).startswith(SUMMARY_HEAD)}
-                     for p in (before, after)]
-        if summaries[0] != summaries[1]:
-            continue  # a compression in between rewrites the prompt by design
+        compressed = [{str(m.get("content", "")) for m in p if str(m.get("content", "")).startswith(SUMMARY_HEAD)
+                       or PRUNED_MARK in str(m.get("content", ""))} for p in (before, after)]
+        if compressed[0] != compressed[1]:
+            continue  # a compression in between (a summary, pruned results) rewrites the prompt by design
         pairs += 1
         reused += after[:len(before)] == before
     return reused, pairs

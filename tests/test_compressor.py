@@ -536,3 +536,13 @@ def test_critical_results_previews_and_kept_turns_are_never_pruned():
     assert [m.seq for m in pruning.pruned] == [3, 7, 11]  # the three read_log results before the kept turn
     pruning = plan_pruning([*messages, old_preview], messages[4:], critical_tools=["read_log"])
     assert pruning.pruned == []  # critical: whole; a preview is never pruned again
+
+
+async def test_a_replacement_must_stand_for_a_demoted_row(store, profile):
+    session_id = await session_with(store, profile, tool_turns(2))
+    stray = Message(role="tool", content="preview", replaces=common_pb2.SeqRange(first=3, last=3))
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await store.CommitCompression(store_pb.CommitCompressionRequest(
+            session_id=session_id, demote_seqs=[7], replacements=[stray]))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "replacements[0].replaces" in error.value.details()
+    assert len((await full(store, session_id)).messages) == 8  # nothing changed

@@ -17,7 +17,7 @@ from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
 from services.compressor.exact_count import content_md5, message_tokens
-from services.compressor.planner import intra_turn_keep, would_compress
+from services.compressor.planner import intra_turn_keep, kept_always, split_turns, would_compress
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts, plausible_report, proves_cut
@@ -321,16 +321,16 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         one wants the history summarized."""
         if not knobs.prune_tool_results or reason == pb.COMPRESSION_REASON_FORCED:
             return None
-        pruning = pipeline.plan_pruning(messages, plan.to_keep, knobs.critical_tools)
+        # Every result but the newest turn's: pruning only what aged out of the kept turns freed a
+        # result or two, and the next tool output filled the room again (re-fires every few turns).
+        newest = split_turns([m for m in messages if not kept_always(m)])[-1:]
+        pruning = pipeline.plan_pruning(messages, [m for turn in newest for m in turn], knobs.critical_tools)
         if not pruning.pruned:
             return None
         outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, pruning)
         freed = pricing.estimate(messages) - pricing.estimate(outcome.new_context)
-        # Down to the target, as a summary would go, or the next tool output fills the freed room
-        # at once (measured: pruning to just under the trigger re-fired every few turns).
-        target = pipeline.effective_target(knobs, window) * window
-        trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
-        return outcome if current - freed <= (target + trigger) / 2 else None
+        # Down to the target, as a summary would go.
+        return outcome if current - freed <= pipeline.effective_target(knobs, window) * window else None
 
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
