@@ -397,3 +397,43 @@ async def _chat_in_a_terminal(env, ollama_sim):
     finally:
         term.close()
     assert "Traceback" not in term.screen and "line 399" not in term.screen
+
+
+async def test_chat_hears_of_a_compression_after_the_answer(env, store, ollama_sim):
+    """The post-turn pass compresses after stream_end; no turn's stream carries it. pal chat watches
+    its session and says so before the next answer, its meter right. (A real terminal on a loaded
+    2-core machine: one retry for timing, on a fresh session.)"""
+    try:
+        await _hears_of_a_compression(env, store, ollama_sim)
+    except (TimeoutError, AssertionError) as first:
+        print(f"first terminal attempt failed, retrying once: {first}")
+        await _hears_of_a_compression(env, store, ollama_sim)
+
+
+async def _hears_of_a_compression(env, store, ollama_sim):
+    from tests.test_agent import session_due_for_a_post_turn_compression
+    from tests.waiting import until
+
+    session = await session_due_for_a_post_turn_compression(store)
+    ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
+                             else Reply(text="answered"))
+    term = await open_terminal("chat", "--id", session.id, env=env)
+    try:
+        await term.expect("you›")
+        term.type("first question\r")
+        await term.expect("answered")
+        await term.expect("you›")
+
+        async def compressed() -> bool:
+            return any(m.is_compression for m in await display(store, session.id))
+
+        assert await until(compressed, 30)  # the post-turn pass has committed
+        term.type("second question\r")
+        await term.expect("context compressed after the last answer")
+        await term.expect("answered")
+        await term.expect("you›")
+        term.type("\x03")  # Ctrl-C at the prompt: leave
+        assert await term.exit_code() == 0
+    finally:
+        term.close()
+    assert "Traceback" not in term.screen

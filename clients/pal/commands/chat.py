@@ -77,6 +77,36 @@ class PipedLines:
                 continue
 
 
+class SessionWatch:
+    """A background WatchSession of the chat's session: a compression after a turn's stream_end
+    (the post-turn pass) reaches no turn's stream, so without it the meter stayed wrong until the
+    next answer. It only updates the meter and remembers what happened; the loop says it before
+    the next prompt (printing while `input()` waits would tear the line being typed)."""
+
+    def __init__(self, app: App, session_id: str, meter: ContextMeter) -> None:
+        self.meter = meter
+        self.compressed: agent_pb2.ContextCompressed | None = None
+        self._call = app.conn.agent().WatchSession(agent_pb2.WatchSessionRequest(session_id=session_id))
+        threading.Thread(target=self._follow, name="pal-watch", daemon=True).start()
+
+    def _follow(self) -> None:
+        try:
+            for event in self._call:
+                if event.HasField("context_compressed") and event.seq == 0:  # after a stream_end
+                    done = event.context_compressed
+                    self.meter.update(done.context_tokens, done.max_context_tokens)
+                    self.compressed = done
+        except (ServiceError, grpc.RpcError):
+            return  # cancelled, or the Agent went away: the meter goes back to turn events only
+
+    def take(self) -> agent_pb2.ContextCompressed | None:
+        done, self.compressed = self.compressed, None
+        return done
+
+    def close(self) -> None:
+        self._call.cancel()
+
+
 @dataclass
 class Chat:
     app: App
@@ -88,6 +118,8 @@ class Chat:
     notes: list[str] = field(default_factory=list)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty())
     _piped: PipedLines | None = None
+    _watch: SessionWatch | None = None
+    _watch_id: str = ""
 
     # -- input -----------------------------------------------------------------------------------
     def read_line(self, prompt: str) -> str:
@@ -112,10 +144,19 @@ class Chat:
 
     # -- the loop --------------------------------------------------------------------------------
     def loop(self) -> int:
+        try:
+            return self._loop()
+        finally:
+            if self._watch is not None:
+                self._watch.close()  # its stream would otherwise hold the channel open at exit
+
+    def _loop(self) -> int:
         if self.interactive:
             import readline  # noqa: F401 — line editing and history for input()
         self.greet()
+        self.watch()
         while True:
+            self.after_turn_news()
             try:
                 text = read_message(self.read_line, "you› ", "  … ")
             except KeyboardInterrupt:
@@ -139,6 +180,27 @@ class Chat:
             if result.leave:
                 return 0
 
+    def watch(self) -> None:
+        """Follow the current session's events between turns (see SessionWatch)."""
+        if self._watch is not None and self._watch_id == self.session_id:
+            return
+        if self._watch is not None:
+            self._watch.close()
+        self._watch, self._watch_id = None, self.session_id
+        if self.session_id and not self.app.out.json:
+            try:
+                self._watch = SessionWatch(self.app, self.session_id, self.meter)
+            except (ServiceError, grpc.RpcError):
+                pass  # an Agent without WatchSession: the meter follows the turns only
+
+    def after_turn_news(self) -> None:
+        """What happened to the session since the last answer: a compression after it."""
+        done = self._watch.take() if self._watch is not None else None
+        if done is not None:
+            self.say(f"context compressed after the last answer: {done.messages_before} → {done.messages_after} "
+                     f"messages, {done.context_tokens:,} tokens")
+            self.app.out.console.print(self.meter.renderable())
+
     def greet(self) -> None:
         where = f"session {self.session_id}" if self.session_id else "a new session"
         self.say(f"pal chat · {where} · /help for commands")
@@ -151,6 +213,7 @@ class Chat:
 
     # -- turns -----------------------------------------------------------------------------------
     def send(self, text: str) -> StreamResult:
+        self.after_turn_news()  # a compression after the last answer, if one came while this was typed
         images = list(self.images)
         for path in image_paths_in(text):
             images.append(path.read_bytes())
@@ -165,6 +228,7 @@ class Chat:
         self.images.clear()
         self.notes.clear()
         self.session_id = result.outcome.session_id or self.session_id
+        self.watch()
         return result
 
     def compact(self) -> None:
@@ -191,6 +255,7 @@ class Chat:
             self.say(HELP, "")
         elif name == "new":
             self.session_id, self.meter, self.images, self.notes = "", ContextMeter(), [], []
+            self.watch()
             self.say("new session: your next message starts it")
         elif name == "compact":
             self.compact()
