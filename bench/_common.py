@@ -24,7 +24,6 @@ import asyncpg
 import grpc
 
 from palimpsest.v1 import session_store_pb2_grpc
-from services.shared.ports import free_port  # noqa: F401 — the benchmarks' name for it
 
 BENCH_DATA_DIR_ROOT = Path("/var/lib/palimpsest-bench")
 

@@ -19,6 +19,7 @@ import httpx
 from bench import _common
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb, session_store_pb2_grpc
 from services.ollama_sim import OllamaSimulator, Reply
+from services.shared.ports import free_port
 from tests.test_agent_long import BigOutputTool
 
 NEEDS_POSTGRES = True
@@ -59,7 +60,7 @@ async def service_processes(server, label: str, profiles: list[dict]):
         path = Path(tmp) / "profiles.json"
         path.write_text(json.dumps({"profiles": profiles}))
         async with _common.fresh_database(server, label) as dsn:
-            ports = {name: _common.free_port() for name in ("store", "compressor", "agent")}
+            ports = {name: free_port() for name in ("store", "compressor", "agent")}
             env = {"DATABASE_URL": dsn, "OLLAMA_HOST": sim.url, "PALIMPSEST_PROFILES": str(path),
                    "PALIMPSEST_DATA_DIR": tmp, "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
                    **{f"PALIMPSEST_{name.upper()}_ADDR": f"127.0.0.1:{port}" for name, port in ports.items()}}

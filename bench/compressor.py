@@ -24,6 +24,7 @@ from services.ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
 from services.ollama_sim.vocabulary import tokenizer_metadata
 from services.shared.context_view import to_ollama_messages, view_chars
 from services.shared.image_tokens import image_tokens
+from services.shared.ports import free_port
 
 Message = common_pb2.Message
 NEEDS_POSTGRES = True
@@ -275,8 +276,8 @@ async def throughput(server, quick: bool) -> str:
             sim.set_responder(lambda body, reply=reply: reply)
             for replicas in (1, 2):
                 async with _common.fresh_database(server, "compress") as dsn:
-                    store_port = _common.free_port()
-                    ports = [_common.free_port() for _ in range(replicas)]
+                    store_port = free_port()
+                    ports = [free_port() for _ in range(replicas)]
                     base = {"DATABASE_URL": dsn, "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{store_port}",
                             "OLLAMA_HOST": sim.url, "PALIMPSEST_FILES_ROOT": "/tmp/palimpsest-bench-files"}
                     specs = [("services.session_store", base)] + [

@@ -66,11 +66,13 @@ class EventSink:
                                  prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                  count_method=count_method))
 
-    def compression(self, event: compressor_pb2.CompressionEvent) -> None:
+    def compression(self, event: compressor_pb2.CompressionEvent, *, watchers_only: bool = False) -> None:
+        """A Compressor event as the turn's own (or, after its stream_end, the watchers' only)."""
+        send = self.announce if watchers_only else self.emit
         if event.HasField("started"):
-            self.emit(compression_started=event.started)
+            send(compression_started=event.started)
         elif event.HasField("compressed"):
-            self.emit(context_compressed=event.compressed)
+            send(context_compressed=event.compressed)
 
     def planning_status(self, status: str) -> None:
         self.emit(planning_status=pb.PlanningStatus(status=status))

@@ -630,7 +630,7 @@ class Turn:
                     window=self.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
                     current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings()),
                     metadata=self.metadata):
-                self._announce_compression(event)  # after stream_end: for the session's watchers
+                self.sink.compression(event, watchers_only=True)  # after stream_end: for the session's watchers
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 log.warning("post-turn compression failed for %s: %s", self.session_id, exc.details())
@@ -667,9 +667,3 @@ class Turn:
                 log.warning("could not name session %s", self.session_id)
                 return
             self.sink.announce(session_renamed=agent_pb2.SessionRenamed(name=name))
-
-    def _announce_compression(self, event: cpb.CompressionEvent) -> None:
-        if event.HasField("started"):
-            self.sink.announce(compression_started=event.started)
-        elif event.HasField("compressed"):
-            self.sink.announce(context_compressed=event.compressed)

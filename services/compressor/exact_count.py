@@ -176,6 +176,13 @@ def message_texts(message: Message) -> list[str]:
     return [message.content, *(call_text(c.name, c.arguments_json) for c in message.tool_calls)]
 
 
+def scaled_count(tokens: int, counted_chars: int, chars: int) -> int:
+    """A count made on part of a text, scaled up to the whole text's length."""
+    if counted_chars >= chars or counted_chars <= 0:
+        return tokens
+    return math.ceil(tokens * chars / counted_chars)
+
+
 def content_md5(message: Message) -> str:
     """What a stored count is tied to: the md5 of the content it was made from (as PostgreSQL's
     md5() of the row's content gives it)."""
@@ -194,9 +201,8 @@ def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
     out, at = [], 0
     for message, span in zip(messages, spans):
         content = counts[at]
-        whole = message.sliced_from_chars  # the size check got only its head and tail: scaled to its length
-        if whole > len(message.content):
-            content = math.ceil(content * whole / max(1, len(message.content)))
+        # The size check got only its head and tail: scaled to its length.
+        content = scaled_count(content, len(message.content), message.sliced_from_chars)
         out.append(content + sum(counts[at + 1:at + span]))
         at += span
     return out

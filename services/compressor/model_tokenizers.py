@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import re
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from services.compressor.exact_count import scaled_count
 from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer
 from services.shared.context_view import SIZE_CHECK_SLICE_CHARS, slice_for_size_check
 from services.shared.errors import PalimpsestError
@@ -113,13 +113,6 @@ class TokenCounter:
             while len(self._cuts) > CUT_CACHE_ENTRIES:
                 self._cuts.popitem(last=False)
         return cut
-
-
-def scaled_count(tokens: int, counted_chars: int, chars: int) -> int:
-    """A count made on part of a text, scaled up to the whole text's length."""
-    if counted_chars >= chars or counted_chars <= 0:
-        return tokens
-    return math.ceil(tokens * chars / counted_chars)
 
 
 def _cut(text: str, offsets, head_tokens: int, tail_tokens: int) -> tuple[str, str]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
-from services.compressor.planner import Plan, apply_plan, plan_compression
+from services.compressor.planner import Plan, apply_plan, kept_always, plan_compression, split_turns
 from services.compressor.pricing import Knobs, Pricing
-from services.compressor.pruning import Pruning, plan_pruning  # noqa: F401 — the servicer plans through here
+from services.compressor.pruning import Pruning, plan_pruning
 from services.compressor.token_estimate import trigger_tokens
 from services.compressor.summary_format import (
     META_SUMMARY_PROMPT,
@@ -203,6 +203,21 @@ async def summarize_or_truncate(
         replaces=covered,
     )
     return Outcome(pb.COMPRESSION_METHOD_SUMMARY, list(plan.to_summarize), apply_plan(plan, summary), summary, crumbs)
+
+
+def pruned_to_target(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
+                     current: int) -> Outcome | None:
+    """The cheap stage: old tool results pruned to previews, when that alone brings the prompt
+    (``current`` tokens) down to the target, as a summary would (no summary, no LLM call); else None.
+    Every result but the newest turn's: pruning only what aged out of the kept turns freed a result
+    or two, and the next tool output filled the room again (re-fires every few turns)."""
+    newest = split_turns([m for m in context if not kept_always(m)])[-1:]
+    pruning = plan_pruning(context, [m for turn in newest for m in turn], knobs.critical_tools)
+    if not pruning.pruned:
+        return None
+    outcome = prune_outcome(context, pruning)
+    freed = pricing.estimate(context) - pricing.estimate(outcome.new_context)
+    return outcome if current - freed <= effective_target(knobs, window) * window else None
 
 
 def prune_outcome(context: list[Message], pruning: Pruning) -> Outcome:

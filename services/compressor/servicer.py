@@ -17,7 +17,7 @@ from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
 from services.compressor.exact_count import content_md5, message_tokens
-from services.compressor.planner import intra_turn_keep, kept_always, split_turns, would_compress
+from services.compressor.planner import intra_turn_keep, would_compress
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts, plausible_report, proves_cut
@@ -313,25 +313,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 return keep
         return None
 
-    @staticmethod
-    async def _pruned_enough(messages, plan, pricing: Pricing, knobs: Knobs, window: int, current: int,
-                             reason: int) -> pipeline.Outcome | None:
-        """The cheap stage: old tool results pruned to previews, when that alone brings the prompt
-        down to the target (no summary, no LLM call). Not for a forced compaction: who asks for
-        one wants the history summarized."""
-        if not knobs.prune_tool_results or reason == pb.COMPRESSION_REASON_FORCED:
-            return None
-        # Every result but the newest turn's: pruning only what aged out of the kept turns freed a
-        # result or two, and the next tool output filled the room again (re-fires every few turns).
-        newest = split_turns([m for m in messages if not kept_always(m)])[-1:]
-        pruning = pipeline.plan_pruning(messages, [m for turn in newest for m in turn], knobs.critical_tools)
-        if not pruning.pruned:
-            return None
-        outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, pruning)
-        freed = pricing.estimate(messages) - pricing.estimate(outcome.new_context)
-        # Down to the target, as a summary would go.
-        return outcome if current - freed <= pipeline.effective_target(knobs, window) * window else None
-
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
         self._caller(context).require_service("a model report")
@@ -459,7 +440,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 f"({len(messages)} messages, ~{current} tokens)"
             )
         yield pb.CompressionEvent(started=pb.CompressionStarted(context_tokens=current, max_context_tokens=window))
-        outcome = await self._pruned_enough(messages, plan, pricing, knobs, window, current, request.reason)
+        outcome = None
+        # Not for a forced compaction: who asks for one wants the history summarized.
+        if knobs.prune_tool_results and request.reason != pb.COMPRESSION_REASON_FORCED:
+            outcome = await asyncio.to_thread(pipeline.pruned_to_target, messages, pricing, knobs, window, current)
         if outcome is None:
             summarizer = pipeline.Summarizer(self.ollama, knobs, model, window)
             outcome = await pipeline.summarize_or_truncate(messages, plan, pricing, knobs, summarizer, window)
