@@ -154,10 +154,11 @@ class Chat:
         if self.interactive:
             import readline  # noqa: F401 — line editing and history for input()
         self.greet()
-        self.watch()
         while True:
-            self.after_turn_news()
             try:
+                # Between turns, where a Ctrl-C means "leave" and is taken as such.
+                self.watch()
+                self.after_turn_news()
                 text = read_message(self.read_line, "you› ", "  … ")
             except KeyboardInterrupt:
                 self.say("")
@@ -228,7 +229,6 @@ class Chat:
         self.images.clear()
         self.notes.clear()
         self.session_id = result.outcome.session_id or self.session_id
-        self.watch()
         return result
 
     def compact(self) -> None:
@@ -255,7 +255,6 @@ class Chat:
             self.say(HELP, "")
         elif name == "new":
             self.session_id, self.meter, self.images, self.notes = "", ContextMeter(), [], []
-            self.watch()
             self.say("new session: your next message starts it")
         elif name == "compact":
             self.compact()
