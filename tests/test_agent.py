@@ -433,6 +433,31 @@ async def test_compressed_history_is_recalled_once_when_it_matches(agent, store,
     assert second.count("7741-alpha") == 1
 
 
+async def test_recalled_excerpts_keep_to_their_share_of_the_window_and_centre_on_the_match(agent, store, ollama_sim):
+    """Two 2,000-character excerpts of dense logs per turn took a quarter of an 8,192 window right
+    after a compression and brought the next one within a turn or two: what is recalled between
+    two compressions keeps to a sixteenth of the window, around the words that matched."""
+    from palimpsest.v1 import common_pb2
+    from services.agent.context_builder import recall_chars
+
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
+        common_pb2.Message(role="user", content="[Summary] We read the deploy logs.", is_summary=True,
+                           explicit_flags=True, is_context=True, is_display=False)]))
+    noise = "\n".join(f"2026-11-30T10:{i % 60:02d}:00 INFO worker[{i}] deploy step {i} ok" for i in range(80))
+    await store.IndexChunks(store_pb.IndexChunksRequest(session_id=session.id, chunks=[
+        common_pb2.RawChunk(content=f"tool: {noise}\nERROR deploy {n} failed: quorumlost-{n} on node-{n}\n{noise}")
+        for n in range(8)]))
+    for n in range(4):
+        await run(agent, f"why did deploy {n} fail with quorumlost-{n}?", session_id=session.id)
+    context = (await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session.id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    recalled = [m.content for m in context if m.is_recall]
+    assert recalled and len(noise) * 2 > 4000  # long chunks, cut to their excerpts
+    assert sum(len(r) for r in recalled) <= recall_chars(8192)
+    assert "quorumlost-0" in recalled[0]  # the excerpt is where the match is, not the chunk's opening lines
+
+
 async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_next_turn(agent, store, ollama_sim):
     """The Agent keeps a session's state for its next turn; a write from elsewhere in between makes the
     store refuse the stale revision, and the turn reloads instead of failing."""

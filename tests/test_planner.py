@@ -481,3 +481,17 @@ def test_several_summaries_and_nothing_else_are_merged() -> None:
     h.summary("b")
     p = plan(h.messages)
     assert len(p.to_summarize) == 2 and would_compress(p, chars)
+
+
+def test_a_recalled_excerpt_is_cut_around_the_first_word_of_the_query_it_contains() -> None:
+    from services.agent.context_builder import excerpt, recall_message
+    from palimpsest.v1.common_pb2 import RawChunk
+
+    text = "".join(f"line {i} nothing here\n" for i in range(200)) + "the vault code is 7741\n" + "tail\n" * 100
+    cut = excerpt(text, "what is the VAULT code?", 300)
+    assert "vault code is 7741" in cut and cut.startswith("…") and cut.endswith("…")
+    assert len(cut) == 302  # the limit and two ellipses
+    assert excerpt(text, "unrelated words", 100) == text[:100] + "…"  # no match: the opening
+    assert excerpt("short", "anything", 100) == "short"
+    message = recall_message([RawChunk(content=text), RawChunk(content=text)], "vault", 1_000)
+    assert message.content.count("7741") == 2 and len(message.content) < 1_200

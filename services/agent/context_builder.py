@@ -5,6 +5,7 @@ check (one owner of the view): ``apply_cuts`` puts it in place."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2, compressor_pb2
@@ -88,11 +89,45 @@ def anti_stall_note(iterations: int) -> str:
             "Step back: check what is blocking you, update the todo, or give the user your best answer.]")
 
 
-def recall_message(chunks: Sequence[common_pb2.RawChunk]) -> Message:
+# Recalled excerpts take at most a sixteenth of the window (a quarter of the room the default
+# trigger and target leave between compressions), priced at two characters a token (dense logs
+# run about that; prose is cheaper). At 2,000 characters each, two excerpts of dense logs took
+# 2,200 tokens of an 8,192 window right after a compression, and brought the next one within a
+# turn or two.
+RECALL_WINDOW_SHARE = 16
+RECALL_CHARS_PER_TOKEN = 2
+EXCERPT_MAX_CHARS = 2_000
+RECALL_HEADING = "## Recalled from earlier in this conversation (verbatim excerpts)"
+MIN_EXCERPT_CHARS = 200  # less says too little to be worth a place in the prompt
+
+
+def recall_chars(window: int) -> int:
+    """What the excerpts recalled since the last compression may hold, in characters."""
+    return window // RECALL_WINDOW_SHARE * RECALL_CHARS_PER_TOKEN
+
+
+def excerpt(content: str, query: str, limit: int) -> str:
+    """At most ``limit`` characters of ``content``, around the first place a word of the query
+    (the longest first: the rarest, as a rule) appears; its beginning when none does. Cut ends
+    are marked with an ellipsis."""
+    if len(content) <= limit:
+        return content
+    lowered = content.lower()
+    words = sorted({w for w in re.findall(r"\w{3,}", query.lower())}, key=len, reverse=True)
+    at = next((i for i in (lowered.find(w) for w in words) if i >= 0), 0)
+    start = max(0, min(at - limit // 4, len(content) - limit))
+    text = content[start:start + limit]
+    return ("…" if start else "") + text + ("…" if start + limit < len(content) else "")
+
+
+def recall_message(chunks: Sequence[common_pb2.RawChunk], query: str = "",
+                   max_chars: int = 2 * EXCERPT_MAX_CHARS + 200) -> Message:
     """Excerpts of compressed-away history, recalled because they match the new request: stored
-    in the context just before it (is_recall), never shown."""
-    parts = ["## Recalled from earlier in this conversation (verbatim excerpts)"]
-    for chunk in chunks:
-        parts.append(f"[messages {chunk.turn_range.first}–{chunk.turn_range.last}]\n{chunk.content[:2000]}")
+    in the context just before it (is_recall), never shown; at most ``max_chars`` in all."""
+    labels = [f"[messages {c.turn_range.first}–{c.turn_range.last}]\n" for c in chunks]
+    # The heading, the labels, the separators and two ellipses an excerpt may get count too.
+    overhead = len(RECALL_HEADING) + sum(len(label) + 2 + 2 for label in labels)
+    each = min(EXCERPT_MAX_CHARS, (max_chars - overhead) // max(1, len(chunks)))
+    parts = [RECALL_HEADING] + [label + excerpt(c.content, query, each) for label, c in zip(labels, chunks)]
     return Message(role="system", content="\n\n".join(parts), is_recall=True, explicit_flags=True, is_context=True,
                    is_display=False)

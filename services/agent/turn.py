@@ -637,9 +637,15 @@ class Turn:
 
     # -- memory ----------------------------------------------------------------------------------
     async def _recall(self, text: str) -> list[Message]:
-        """Up to k relevant excerpts of compressed-away history, each injected once per session."""
+        """Up to k relevant excerpts of compressed-away history, each injected once per session, within
+        their share of the window."""
         p = self.profile
         if not (self.stored and p.memory_recall_enabled and text.strip() and self.conv.has_summary()):
+            return []
+        # Excerpts stay in the context until the next compression: what earlier turns recalled
+        # since then counts against the same share of the window.
+        room = cb.recall_chars(self.window) - sum(len(m.content) for m in self.conv.context if m.is_recall)
+        if room < cb.MIN_EXCERPT_CHARS:
             return []
         try:
             found = await self.deps.store.SearchMemory(store_pb.SearchMemoryRequest(
@@ -651,11 +657,12 @@ class Turn:
         session = self.conv.session
         seen = set(session.metadata["injected_chunk_ids"]) if session and "injected_chunk_ids" in session.metadata \
             else set()
-        fresh = [c for c in found.chunks if float(c.id) not in seen][: p.memory_recall_k]
+        fits = min(p.memory_recall_k, room // cb.MIN_EXCERPT_CHARS)  # each excerpt long enough to say something
+        fresh = [c for c in found.chunks if float(c.id) not in seen][:fits]
         if not fresh:
             return []
         await self.conv.update(metadata={"injected_chunk_ids": sorted(seen | {float(c.id) for c in fresh})})
-        return [cb.recall_message(fresh)]
+        return [cb.recall_message(fresh, text, room)]
 
     async def _name_session(self, text: str) -> None:
         session = self.conv.session
