@@ -56,11 +56,16 @@ async def test_a_hung_store_fails_the_call_at_its_deadline_and_recovers(base_set
 
 
 async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file):
-    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+        base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file):
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
     from services.agent.app import start_agent
     from services.ollama_sim import Reply
     from tests.conftest import agent_settings
+
+    # The Compressor's first size check for a model builds its tokenizer, seconds on a loaded
+    # machine: done here, so the 2 s deadline below is the store's and not the cold start's.
+    await compressor.CheckContextSize(cpb.CheckContextSizeRequest(
+        model="qwen3.6", window=8192, messages=[common_pb2.Message(role="user", content="warm")]))
 
     async def turn(agent, session_id: str, text: str) -> list:
         return [e async for e in agent.RunStream(apb.RunStreamRequest(session_id=session_id, text=text))]

@@ -546,3 +546,62 @@ async def test_a_replacement_must_stand_for_a_demoted_row(store, profile):
             session_id=session_id, demote_seqs=[7], replacements=[stray]))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "replacements[0].replaces" in error.value.details()
     assert len((await full(store, session_id)).messages) == 8  # nothing changed
+
+
+# -- what a compression frees and where it ends ---------------------------------------------------
+def small_then_large(n_large: int = 4) -> list[Message]:
+    """Two one-line turns, then turns the plan keeps: summarizing frees a few dozen tokens."""
+    return [Message(role="user", content="hi"), Message(role="assistant", content="hello"),
+            Message(role="user", content="ok"), Message(role="assistant", content="sure"), *turns(n_large)]
+
+
+async def test_a_compression_that_would_free_less_than_the_minimum_is_not_run(compressor, store, profile, ollama_sim):
+    """An LLM call that frees a few dozen tokens buys a turn at most: refused, nothing written."""
+    session_id = await session_with(store, profile, small_then_large())
+    before = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id))).session.revision
+    asked = len(ollama_sim.bodies())
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "less than the minimum" in refused.value.details() and "min_freed" in refused.value.details()
+    assert (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id))).session.revision == before
+    assert not summary_bodies(ollama_sim, asked)
+    dry = await compressor.WouldCompress(pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW))
+    assert not dry.would_compress  # the dry run says what the compression would do
+    # The minimum is a setting (0: off); a forced compaction only needs to free something.
+    off = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN,
+                         settings=pb.CompressionSettings(min_freed=0))
+    assert off[-1].compressed.messages_after < off[-1].compressed.messages_before
+    session_id = await session_with(store, profile, small_then_large())
+    forced = await compress(compressor, session_id)
+    assert forced[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
+
+
+async def test_min_freed_is_a_share_of_the_window(compressor, store, profile):
+    session_id = await session_with(store, profile, turns(6))
+    for bad in (-0.1, 1.0, float("nan")):
+        await expect_status(compress(compressor, session_id, settings=pb.CompressionSettings(min_freed=bad)),
+                            grpc.StatusCode.INVALID_ARGUMENT, "settings.min_freed")
+
+
+async def test_a_compression_says_what_it_freed_against_its_target(compressor, store, profile, ollama_sim):
+    session_id = await session_with(store, profile, turns(12))
+    done = (await compress(compressor, session_id, current_tokens=3_500))[-1].compressed
+    assert done.tokens_before == 3_500 and done.tokens_after < done.tokens_before
+    assert 0 < done.tokens_after <= done.target_tokens and not done.shortfall
+    # What the prompt carries besides the stored context is counted on both sides.
+    assert done.tokens_after > done.context_tokens
+    marker = [m for m in (await full(store, session_id)).messages if m.is_compression][-1]
+    assert marker.metadata["tokens_before"] == 3_500 and marker.metadata["tokens_after"] == done.tokens_after
+    assert marker.metadata["target_tokens"] == done.target_tokens and "shortfall" not in marker.metadata
+
+
+async def test_a_compression_that_cannot_reach_its_target_says_why(compressor, store, profile, ollama_sim):
+    """The newest turn alone is above the target: what could go went, and the event says what is left."""
+    huge = Message(role="user", content="please review: " + filler(99, 9_000))  # a user's words are never cut
+    session_id = await session_with(store, profile, [*turns(4), huge])
+    done = (await compress(compressor, session_id, current_tokens=3_000))[-1].compressed
+    assert done.tokens_after > done.target_tokens
+    assert "above the target" in done.shortfall and "kept verbatim" in done.shortfall
+    marker = [m for m in (await full(store, session_id)).messages if m.is_compression][-1]
+    assert marker.metadata["shortfall"] == done.shortfall

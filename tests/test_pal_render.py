@@ -116,6 +116,15 @@ def test_a_turn_renders_every_kind_of_event_in_order():
     assert view.outcome.session_id == "s-1" and not view.outcome.failed
 
 
+def test_a_compression_card_says_what_was_freed_and_why_it_stopped_short_of_its_target():
+    short = "ended at ~5,000 tokens, above the target of 4,096: the messages kept verbatim take 4,200"
+    out, view = rendered([event(1, context_compressed=compressor_pb2.ContextCompressed(
+        messages_before=40, messages_after=9, context_tokens=3_700, max_context_tokens=8192, tokens_before=7_300,
+        tokens_after=5_000, target_tokens=4_096, shortfall=short))], ContextMeter())
+    assert "now 5,000 / 8,192 tokens (freed 2,300)" in out and "above the target of 4,096" in out
+    assert view.meter.tokens == 5_000  # the whole prompt, not only the stored context
+
+
 def test_the_final_text_is_printed_when_nothing_was_streamed():
     out, _ = rendered([event(1, stream_end=pb.StreamEnd(reason=pb.STREAM_END_REASON_COMPLETED, text="Only here."))])
     assert "Only here." in out

@@ -149,9 +149,19 @@ def tool_card(started: agent_pb2.ToolStarted | None, finished: agent_pb2.ToolFin
     )
 
 
+def compressed_tokens(event: compressor_pb2.ContextCompressed) -> int:
+    """The prompt's size after a compression: the whole prompt from servers that say it."""
+    return event.tokens_after or event.context_tokens
+
+
 def compression_card(event: compressor_pb2.ContextCompressed) -> Panel:
-    lines = [f"now {event.context_tokens:,} / {event.max_context_tokens:,} tokens"
-             if event.max_context_tokens else f"now {event.context_tokens:,} tokens"]
+    now = compressed_tokens(event)
+    line = f"now {now:,} / {event.max_context_tokens:,} tokens" if event.max_context_tokens else f"now {now:,} tokens"
+    if event.tokens_before > now:
+        line += f" (freed {event.tokens_before - now:,})"
+    lines = [line]
+    if event.shortfall:
+        lines.append(event.shortfall)
     if event.method == compressor_pb2.COMPRESSION_METHOD_HARD_TRUNCATE:
         lines.append("the summarizer failed: the oldest turns were dropped instead")
     if event.summary:
@@ -321,7 +331,7 @@ class LiveTurn:
         elif kind == "context_compressed":
             self._flush()
             self._print(compression_card(event.context_compressed))
-            self.meter.update(event.context_compressed.context_tokens, event.context_compressed.max_context_tokens)
+            self.meter.update(compressed_tokens(event.context_compressed), event.context_compressed.max_context_tokens)
             self._meter_moved = True
             self._status = WAITING
         elif kind == "planning_status":

@@ -57,7 +57,7 @@ COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod
 COMPRESSION_METHOD_PRUNE: CompressionMethod
 
 class CompressionSettings(_message.Message):
-    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results")
+    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results", "min_freed")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_RECENT_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class CompressionSettings(_message.Message):
     MESSAGE_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     SUMMARIZER_WINDOW_FIELD_NUMBER: _ClassVar[int]
     PRUNE_TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_FREED_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     target: float
     keep_recent: int
@@ -80,7 +81,8 @@ class CompressionSettings(_message.Message):
     message_token_budget: int
     summarizer_window: int
     prune_tool_results: bool
-    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ...) -> None: ...
+    min_freed: float
+    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ..., min_freed: _Optional[float] = ...) -> None: ...
 
 class ViewCut(_message.Message):
     __slots__ = ("index", "content")
@@ -265,7 +267,7 @@ class CompressionStarted(_message.Message):
     def __init__(self, context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
 
 class ContextCompressed(_message.Message):
-    __slots__ = ("summary", "messages_before", "messages_after", "context_tokens", "max_context_tokens", "method", "breadcrumbs", "replaced", "chunks_indexed", "revision")
+    __slots__ = ("summary", "messages_before", "messages_after", "context_tokens", "max_context_tokens", "method", "breadcrumbs", "replaced", "chunks_indexed", "revision", "tokens_before", "tokens_after", "target_tokens", "shortfall")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_BEFORE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_AFTER_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +278,10 @@ class ContextCompressed(_message.Message):
     REPLACED_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_INDEXED_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SHORTFALL_FIELD_NUMBER: _ClassVar[int]
     summary: str
     messages_before: int
     messages_after: int
@@ -286,7 +292,11 @@ class ContextCompressed(_message.Message):
     replaced: _common_pb2.SeqRange
     chunks_indexed: int
     revision: int
-    def __init__(self, summary: _Optional[str] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., method: _Optional[_Union[CompressionMethod, str]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaced: _Optional[_Union[_common_pb2.SeqRange, _Mapping]] = ..., chunks_indexed: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+    tokens_before: int
+    tokens_after: int
+    target_tokens: int
+    shortfall: str
+    def __init__(self, summary: _Optional[str] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., context_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., method: _Optional[_Union[CompressionMethod, str]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., replaced: _Optional[_Union[_common_pb2.SeqRange, _Mapping]] = ..., chunks_indexed: _Optional[int] = ..., revision: _Optional[int] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ..., target_tokens: _Optional[int] = ..., shortfall: _Optional[str] = ...) -> None: ...
 
 class CompressionEvent(_message.Message):
     __slots__ = ("started", "compressed")

@@ -61,6 +61,7 @@ class Profile:
     compression_temperature: float | None = None
     # Prune old tool results to previews before summarizing (None: the service's setting, on).
     compression_prune_tool_results: bool | None = None
+    compression_min_freed: float | None = None
     compression_prompt_file: str = ""
     summarizer_model: str = ""
     # num_ctx of summaries written by summarizer_model; 0 means the CONTEXT_SUMMARIZER_NUM_CTX setting.
@@ -85,7 +86,8 @@ class Profile:
                              ("compression_keep_recent", "keep_recent"),
                              ("compression_max_tokens", "summary_max_tokens"),
                              ("compression_temperature", "summary_temperature"),
-                             ("compression_prune_tool_results", "prune_tool_results")):
+                             ("compression_prune_tool_results", "prune_tool_results"),
+                             ("compression_min_freed", "min_freed")):
             value = getattr(self, attr)
             if value is not None:
                 setattr(settings, target, value)

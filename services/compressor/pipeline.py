@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
-from services.compressor.planner import Plan, apply_plan, kept_always, plan_compression, split_turns
+from services.compressor.planner import Plan, apply_plan, kept_always, plan_compression, split_turns, would_compress
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import Pruning, plan_pruning
 from services.compressor.token_estimate import trigger_tokens
@@ -86,12 +86,52 @@ def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: in
 
 def plan_reserve(context: list[Message], pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int) -> int:
     """What the prompt will carry besides the kept region after a compression: its part outside
-    the stored context (system prompt, tool schemas, the template's fixed cost) and the new
-    summary, as large as the live one it replaces or, without one, a sixteenth of the window."""
-    outside = max(0, prompt_tokens - pricing.estimate(context)) if prompt_tokens else 0
+    the stored context (system prompt, tool schemas, the template's fixed cost) and the new summary."""
+    return outside_context(context, pricing, prompt_tokens) + expected_summary_tokens(context, pricing, knobs, window)
+
+
+def outside_context(context: list[Message], pricing: Pricing, prompt_tokens: int) -> int:
+    """What a prompt of ``prompt_tokens`` carries besides the stored context (0 when unknown)."""
+    return max(0, prompt_tokens - pricing.estimate(context)) if prompt_tokens else 0
+
+
+def expected_summary_tokens(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> int:
+    """A new summary is expected as large as the live one it replaces or, without one, a
+    sixteenth of the window; never above its cap or an eighth of the window."""
     live = [m for m in context if m.is_summary]
     summary = pricing.estimate(live[-1:]) if live else window // 16
-    return outside + min(summary, knobs.summary_max_tokens, window // 8)
+    return min(summary, knobs.summary_max_tokens, window // 8)
+
+
+def summary_frees(plan: Plan, context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> int:
+    """What summarizing ``plan`` is expected to free: the summarized messages less the summary
+    (at most half as long as what it summarizes)."""
+    if plan.is_empty:
+        return 0
+    summarized = pricing.estimate(plan.system + plan.to_summarize + plan.to_keep) \
+        - pricing.estimate(plan.system + plan.to_keep)
+    return summarized - min(expected_summary_tokens(context, pricing, knobs, window), summarized // 2)
+
+
+def worth_running(plan: Plan, context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
+                  any_gain: bool = False) -> tuple[bool, int]:
+    """(whether the summary ``plan`` describes should run, what it is expected to free). It must
+    shrink the context, and free ``min_freed`` of the window unless ``any_gain`` will do (a forced
+    compaction; a prompt over the limit, whose alternative is cutting it): an LLM call that frees a
+    few hundred tokens buys a turn at most, and the next compression follows."""
+    if not would_compress(plan, pricing.estimate):
+        return False, 0
+    frees = summary_frees(plan, context, pricing, knobs, window)
+    return (frees > 0 if any_gain else frees >= max(1, knobs.min_freed * window)), frees
+
+
+def shortfall(tokens_after: int, target: int, kept: int, summary: int, outside: int) -> str:
+    """Why a compression ended above its target, in words; empty when it did not."""
+    if tokens_after <= target:
+        return ""
+    return (f"ended at ~{tokens_after:,} tokens, above the target of {target:,}: the messages kept verbatim "
+            f"(at least the newest turn's) take {kept:,}, the summary {summary:,}, the system prompt, tool "
+            f"schemas and template {outside:,}")
 
 
 @dataclass
@@ -108,6 +148,30 @@ class Outcome:
     @property
     def summary_text(self) -> str:
         return self.summary.content if self.summary is not None else ""
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What a compression's outcome does to the prompt, for the store's record, the log and the event."""
+
+    context_tokens: int  # the stored context after it
+    tokens_before: int  # the whole prompt before and (expected) after it
+    tokens_after: int
+    target_tokens: int
+    shortfall: str  # empty at or below the target
+
+
+def account(outcome: Outcome, context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
+            current: int) -> Accounting:
+    """The prompt after ``outcome``: its new context plus what the prompt of ``current`` tokens
+    carried besides the old one (system prompt, tool schemas, the template)."""
+    tokens = pricing.estimate(outcome.new_context)
+    outside = outside_context(context, pricing, current)
+    summary = pricing.estimate([outcome.summary]) if outcome.summary is not None else 0
+    target = int(effective_target(knobs, window) * window)
+    after = tokens + outside
+    return Accounting(tokens, max(current, pricing.estimate(context)), after, target,
+                      shortfall(after, target, tokens - summary, summary, outside))
 
 
 class Summarizer:
@@ -235,11 +299,9 @@ def truncate_outcome(context: list[Message], pricing: Pricing, window: int, erro
     return Outcome(pb.COMPRESSION_METHOD_HARD_TRUNCATE, cut.dropped, cut.new_context, None, crumbs)
 
 
-def commit_request(
-    session: common_pb2.Session, context: list[Message], outcome: Outcome, pricing: Pricing, reason: int,
-) -> tuple[store_pb.CommitCompressionRequest, int]:
-    """The one-transaction store write for an outcome, and the new context's token count."""
-    tokens = pricing.estimate(outcome.new_context)
+def commit_request(session: common_pb2.Session, context: list[Message], outcome: Outcome, reason: int,
+                   accounting: Accounting) -> store_pb.CommitCompressionRequest:
+    """The one-transaction store write for an outcome."""
     chunks = []
     for data in chunk_messages([m for m in outcome.demoted if not is_transient(m)], outcome.breadcrumbs):
         chunk = common_pb2.RawChunk(
@@ -256,7 +318,12 @@ def commit_request(
         "messages_after": len(outcome.new_context),
         "reason": reason_name(reason),
         "method": method_name(outcome.method),
+        "tokens_before": accounting.tokens_before,
+        "tokens_after": accounting.tokens_after,
+        "target_tokens": accounting.target_tokens,
     }
+    if accounting.shortfall:
+        marker_meta["shortfall"] = accounting.shortfall
     headline = f"Context compressed: {len(context)} → {len(outcome.new_context)} messages"
     marker = Message(role="system", content=f"{headline}\n{outcome.summary_text}".strip())
     marker.metadata.update(marker_meta)
@@ -264,7 +331,7 @@ def commit_request(
         session_id=session.id,
         demote_seqs=[m.seq for m in outcome.demoted],
         marker=marker,
-        context_token_count=tokens,
+        context_token_count=accounting.context_tokens,
         chunks=chunks,
         expected_revision=session.revision,
         archive=True,
@@ -272,20 +339,23 @@ def commit_request(
     if outcome.summary is not None:
         request.summary.CopyFrom(outcome.summary)
     request.replacements.extend(outcome.replacements)
-    return request, tokens
+    return request
 
 
-def log_compressed(session_id: str, reason: int, outcome: Outcome, before: int, after: int, tokens_before: int,
-                   tokens_after: int, window: int) -> None:
-    """The structured `compressor.compressed` line."""
-    log.info("compressor.compressed %s", json.dumps({
+def log_compressed(session_id: str, reason: int, outcome: Outcome, before: int, after: int,
+                   accounting: Accounting, window: int) -> None:
+    """The structured `compressor.compressed` line (a warning when it stopped short of its target)."""
+    (log.warning if accounting.shortfall else log.info)("compressor.compressed %s", json.dumps({
         "event": "compressor.compressed",
         "session_id": session_id,
         "reason": reason_name(reason),
         "method": method_name(outcome.method),
         "messages_before": before,
         "messages_after": after,
-        "tokens_before": tokens_before,
-        "tokens_after": tokens_after,
+        "tokens_before": accounting.tokens_before,
+        "tokens_after": accounting.tokens_after,
+        "context_tokens": accounting.context_tokens,
+        "target_tokens": accounting.target_tokens,
         "window": window,
+        **({"shortfall": accounting.shortfall} if accounting.shortfall else {}),
     }))

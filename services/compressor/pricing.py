@@ -40,6 +40,7 @@ class Knobs:
     image_fallback: int
     output_reserve: int
     prune_tool_results: bool = True
+    min_freed: float = 0.05  # share of the window
 
     @classmethod
     def resolve(cls, settings: Settings, overrides: compressor_pb2.CompressionSettings | None) -> "Knobs":
@@ -66,6 +67,7 @@ class Knobs:
             image_fallback=settings.image_tokens_fallback,
             output_reserve=settings.output_reserve_tokens,
             prune_tool_results=pick("prune_tool_results", settings.compression_prune_tool_results),
+            min_freed=pick("min_freed", settings.compression_min_freed),
         )
 
 
@@ -82,6 +84,8 @@ def _check_overrides(o: compressor_pb2.CompressionSettings) -> None:
     for name, most in _COUNTS.items():
         if o.HasField(name) and not 0 <= getattr(o, name) <= most:
             raise InvalidArgument(f"settings.{name}", f"must be between 0 and {most}, got {getattr(o, name)}")
+    if o.HasField("min_freed") and not (math.isfinite(o.min_freed) and 0 <= o.min_freed < 1):
+        raise InvalidArgument("settings.min_freed", f"must be a share of the window in [0, 1), got {o.min_freed}")
     if o.HasField("summary_temperature") and not (math.isfinite(o.summary_temperature)
                                                    and 0 <= o.summary_temperature <= 2):
         raise InvalidArgument("settings.summary_temperature", f"must be between 0 and 2, got {o.summary_temperature}")

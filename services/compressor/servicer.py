@@ -17,7 +17,7 @@ from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
 from services.compressor.exact_count import content_md5, message_tokens
-from services.compressor.planner import intra_turn_keep, would_compress
+from services.compressor.planner import intra_turn_keep
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts, plausible_report, proves_cut
@@ -83,6 +83,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if window < 0 or window > MAX_WINDOW:
             raise InvalidArgument("window", f"must be between 1 and {MAX_WINDOW}, got {window}")
         return window or self.settings.ollama_num_ctx
+
+    @staticmethod
+    def _limit(window: int, knobs: Knobs) -> int:
+        """The most a prompt may be: the window less the room kept for the answer."""
+        return window - output_reserve(window, knobs.output_reserve)
 
     def _caller(self, context):
         """The caller's identity: with auth on, every RPC needs valid credentials."""
@@ -256,7 +261,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                                      chars=_chars(messages))
         if counter is not None and request.session_id:
             self._remember_new_counts(request.session_id, counter, messages, context)
-        limit = window - output_reserve(window, knobs.output_reserve)
+        limit = self._limit(window, knobs)
         trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
         decision = pb.SIZE_DECISION_FITS if fits(estimate.tokens, window, knobs.output_reserve) \
             else pb.SIZE_DECISION_TOO_LARGE
@@ -309,9 +314,21 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             candidates.append(intra_turn_keep(knobs.keep_recent))
         for keep in dict.fromkeys(candidates):
             plan = await self._plan(stored, pricing, knobs, window, keep, tokens)
-            if would_compress(plan, pricing.estimate):
+            if (await self._worth(plan, stored, pricing, knobs, window, tokens > limit))[0] \
+                    or await self._prunes_to_target(stored, pricing, knobs, window, tokens):
                 return keep
         return None
+
+    @staticmethod
+    async def _worth(plan, messages, pricing, knobs, window, any_gain: bool) -> tuple[bool, int]:
+        return await asyncio.to_thread(pipeline.worth_running, plan, messages, pricing, knobs, window, any_gain)
+
+    @staticmethod
+    async def _prunes_to_target(messages, pricing, knobs, window, current, reason=pb.COMPRESSION_REASON_PRETURN):
+        """The cheap stage's outcome when it applies (on, not forced) and reaches the target alone."""
+        if not knobs.prune_tool_results or reason == pb.COMPRESSION_REASON_FORCED:
+            return None  # who forces a compaction wants the history summarized
+        return await asyncio.to_thread(pipeline.pruned_to_target, messages, pricing, knobs, window, current)
 
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
@@ -409,8 +426,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         kept = pricing.estimate(plan.system + plan.to_keep)
+        worth, _ = await self._worth(plan, messages, pricing, knobs, window, current > self._limit(window, knobs))
         return pb.WouldCompressResponse(
-            would_compress=would_compress(plan, pricing.estimate),
+            would_compress=worth or await self._prunes_to_target(messages, pricing, knobs, window, current) is not None,
             messages_before=len(messages),
             messages_after=len(plan.system) + len(plan.to_keep) + (0 if plan.is_empty else 1),
             tokens_before=current,
@@ -430,20 +448,24 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
                 return  # under the threshold: nothing to do, no events
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
-        if not would_compress(plan, pricing.estimate):
+        # Any gain will do when it was asked for, or when the prompt did not fit (the alternative is a cut).
+        any_gain = request.reason == pb.COMPRESSION_REASON_FORCED or truncated_flag or current > self._limit(window, knobs)
+        worth, frees = await self._worth(plan, messages, pricing, knobs, window, any_gain)
+        outcome = await self._prunes_to_target(messages, pricing, knobs, window, current, request.reason)
+        if not worth and outcome is None:
             if truncated_flag:  # consumed: there is nothing this session can shed
                 await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
                     session_id=state.session.id, only_truncated_flag=True,
                     baseline=store_pb.Baseline(context_truncated=False)), context, as_service=True)
+            if frees > 0:
+                raise FailedPrecondition(
+                    f"compression of session {state.session.id} not run: it would free ~{frees} tokens, less than "
+                    f"the minimum of {knobs.min_freed:.0%} of the {window}-token window (min_freed)")
             raise FailedPrecondition(
                 f"nothing to compress in session {state.session.id}: the context cannot shrink "
                 f"({len(messages)} messages, ~{current} tokens)"
             )
         yield pb.CompressionEvent(started=pb.CompressionStarted(context_tokens=current, max_context_tokens=window))
-        outcome = None
-        # Not for a forced compaction: who asks for one wants the history summarized.
-        if knobs.prune_tool_results and request.reason != pb.COMPRESSION_REASON_FORCED:
-            outcome = await asyncio.to_thread(pipeline.pruned_to_target, messages, pricing, knobs, window, current)
         if outcome is None:
             summarizer = pipeline.Summarizer(self.ollama, knobs, model, window)
             outcome = await pipeline.summarize_or_truncate(messages, plan, pricing, knobs, summarizer, window)
@@ -453,21 +475,26 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 messages_before=len(messages), messages_after=len(messages), context_tokens=current,
                 max_context_tokens=window, method=outcome.method))
             return
-        commit, tokens = pipeline.commit_request(state.session, messages, outcome, pricing, request.reason)
+        accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
+        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting)
         result = await self._store_call(self.store.CommitCompression, commit, context)
         pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
-                                current, tokens, window)
+                                accounting, window)
         replaced = outcome.summary.replaces if outcome.summary is not None else common_pb2.SeqRange(
             first=min(m.seq for m in outcome.demoted), last=max(m.seq for m in outcome.demoted))
         yield pb.CompressionEvent(compressed=pb.ContextCompressed(
             summary=outcome.summary_text,
             messages_before=len(messages),
             messages_after=len(outcome.new_context),
-            context_tokens=tokens,
+            context_tokens=accounting.context_tokens,
             max_context_tokens=window,
             method=outcome.method,
             breadcrumbs=outcome.breadcrumbs,
             replaced=replaced,
             chunks_indexed=result.chunks_indexed,
             revision=result.revision,
+            tokens_before=accounting.tokens_before,
+            tokens_after=accounting.tokens_after,
+            target_tokens=accounting.target_tokens,
+            shortfall=accounting.shortfall,
         ))

@@ -95,6 +95,8 @@ class Settings:
     compression_threshold: float = 0.90
     compression_target: float = 0.65
     compression_prune_tool_results: bool = True
+    # An automatic compression must free at least this share of the window, or it is not run.
+    compression_min_freed: float = 0.05
     keep_recent: int = 4
     summary_temperature: float = 0.3
     summary_max_tokens: int = 6000
@@ -142,6 +144,7 @@ class Settings:
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
             compression_prune_tool_results=_env_bool("CONTEXT_COMPRESSION_PRUNE_TOOL_RESULTS", True),
+            compression_min_freed=_env_float("CONTEXT_COMPRESSION_MIN_FREED", 0.05),
             keep_recent=_env_int("CONTEXT_KEEP_RECENT", 4),
             summary_temperature=_env_float("CONTEXT_SUMMARY_TEMPERATURE", 0.3),
             summary_max_tokens=_env_int("CONTEXT_SUMMARY_MAX_TOKENS", 6000),
