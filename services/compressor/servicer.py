@@ -408,6 +408,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         )
 
     async def Compress(self, request, context):
+        """Shrink a session's context and commit it: ``started``, then ``compressed``.
+
+        Loads the session's context and pricing, refuses a stale ``expected_revision`` (ABORTED),
+        and with ``only_if_over_threshold`` returns without events under the trigger. Otherwise it
+        plans what to keep; FAILED_PRECONDITION when nothing can shrink. Tool results are pruned
+        first when that alone reaches the target (not for FORCED), else older turns are summarized
+        (hard truncation when the summarizer fails), and one CommitCompression writes the result.
+        When even that drops nothing, ``compressed`` reports the context unchanged and nothing is committed.
+        """
         self._caller(context)  # who asks comes before what is asked
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
