@@ -30,7 +30,8 @@ BENCH_DATA_DIR_ROOT = Path("/var/lib/palimpsest-bench")
 
 # -- the database server ---------------------------------------------------------------------
 def default_data_dir() -> Path:
-    """As root the embedded server needs a folder made for it (see DESIGN.md §3), never a home."""
+    """As root the embedded server runs as its own user (`palimpsest-pg`, see PALIMPSEST_DATA_DIR in the
+    README) and needs a folder made for it, never a home whose permissions it would have to widen."""
     if os.name == "posix" and os.geteuid() == 0:
         return BENCH_DATA_DIR_ROOT
     import platformdirs

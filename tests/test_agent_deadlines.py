@@ -227,3 +227,41 @@ async def test_the_compressor_coming_back_is_used_again_within_seconds(
         await agent.stop(0)
         if compressor is not None:
             await compressor.stop(0)
+
+
+async def test_compact_names_the_part_that_is_down(base_settings, store, store_server, ollama_sim, profiles_file,
+                                                   profile):
+    """Compact once said "SessionStore at the Compressor is not answering" when the Compressor was away, and a
+    Compressor whose own store was away read as "Compressor … is not answering" though it had answered."""
+    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from services.agent.app import start_agent
+    from services.compressor.app import start_compressor
+    from services.shared.ports import free_port
+
+    session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
+    away = f"127.0.0.1:{free_port()}"
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
+                       profiles_path=profiles_file)
+    cut_off = await start_compressor(replace(settings, store_addr=away), port=0)  # answers; its store does not
+
+    async def compact_fails_with(compressor_addr: str) -> str:
+        agent = await start_agent(replace(settings, compressor_addr=compressor_addr), port=0)
+        try:
+            async with grpc.aio.insecure_channel(agent.address) as channel:
+                call = agent_pb2_grpc.AgentStub(channel).Compact(apb.CompactRequest(session_id=session.id))
+                try:
+                    events = [e async for e in call]
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                    return exc.details()
+                raise AssertionError(f"Compact did not fail: {events}")
+        finally:
+            await agent.stop(0)
+
+    try:
+        assert (await compact_fails_with(away)).startswith(f"Compressor at {away} is not answering: ")
+        relayed = await compact_fails_with(cut_off.address)
+    finally:
+        await cut_off.stop(0)
+    assert relayed.startswith(f"SessionStore at {away} is not answering: ")
+    assert relayed.endswith(f"(said the Compressor at {cut_off.address})") and relayed.count("not answering") == 1

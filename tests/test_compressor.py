@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 import uuid
 from dataclasses import replace
 
 import grpc
 import pytest
-from PIL import Image
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from services.ollama_sim import Reply
@@ -61,12 +59,6 @@ async def compress(compressor, session_id, reason=pb.COMPRESSION_REASON_FORCED, 
 def summary_bodies(ollama_sim, since: int = 0) -> list[dict]:
     """The summarizer's chat requests (the only non-streamed ones) from request ``since`` on."""
     return [b for b in ollama_sim.bodies()[since:] if b.get("stream") is False]
-
-
-def png(w: int, h: int) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (w, h)).save(out, "PNG")
-    return out.getvalue()
 
 
 # -- estimates and calibration -------------------------------------------------------------------
@@ -180,14 +172,6 @@ async def test_output_reserve_is_capped_at_a_quarter_of_the_window(compressor, w
     big = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
         model="m", window=window, messages=[Message(role="user", content="w " * int(limit * 1.9))]))
     assert not big.fits and big.tokens > limit
-
-
-async def test_images_are_priced_by_their_header(compressor):
-    reply = await compressor.PriceImages(pb.PriceImagesRequest(images=[png(1024, 1024), png(2049, 2049),
-                                                                       b"\x89PNG corrupt"]))
-    assert [p.tokens for p in reply.prices] == [1026, 4096, 1024]
-    assert (reply.prices[0].width, reply.prices[2].width) == (1024, 0)
-    assert reply.total_tokens == 1026 + 4096 + 1024
 
 
 async def test_bad_estimate_input_is_invalid(compressor):

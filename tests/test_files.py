@@ -11,8 +11,9 @@ from services.session_store.files import (
     FileInfo,
     FileStore,
     content_type,
+    has_executable_extension,
+    has_executable_magic,
     image_extension,
-    is_executable,
     numbered_name,
     safe_name,
 )
@@ -99,7 +100,7 @@ def test_numbered_name():
     assert len(numbered_name(long, 12)) == 255 and numbered_name(long, 12).endswith("_12.pdf")
 
 
-# --- is_executable / content_type --------------------------------------------------------
+# --- executables (by extension, by first bytes) / content_type --------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -107,7 +108,7 @@ def test_numbered_name():
              "lib.dylib", "a.dll", "a.jar", "a.vbs", "a.pl", "a.rb", "a.php", "a.bin", "a.run", "a.AppImage"],
 )
 def test_executable_by_extension(name):
-    assert is_executable(name, b"hello")
+    assert has_executable_extension(name)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,7 @@ def test_executable_by_extension(name):
      b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca", b"#!/bin/sh\n", b"#!"],
 )
 def test_executable_by_content(head):
-    assert is_executable("notes.txt", head)
+    assert has_executable_magic(head)
 
 
 @pytest.mark.parametrize(
@@ -125,7 +126,7 @@ def test_executable_by_content(head):
      ("Makefile", b"all:"), ("photo.png", b"\x89PNG\r\n\x1a\n"), ("empty.txt", b"")],
 )
 def test_not_executable(name, head):
-    assert not is_executable(name, head)
+    assert not has_executable_extension(name) and not has_executable_magic(head)
 
 
 @pytest.mark.parametrize(

@@ -95,3 +95,31 @@ async def test_demo_exits_non_zero_with_one_line_when_a_service_is_down(node, st
     assert err.strip().splitlines() == [err.strip()] and "cannot reach the Agent at 127.0.0.1:1" in err
     code, _, err = await run_node(node, "demo.js", env=pal_env(PALIMPSEST_PROFILE="default"))
     assert code != 0 and "cannot reach the SessionStore at 127.0.0.1:1" in err
+
+
+# What clients/README.md tells Node users about proto-loader's mapping, shown on a real store: the
+# options are keepCase, longs: String and oneofs (index.js), yet google.protobuf.Struct keeps
+# protobuf.js's own camelCase field names, so a snake_case Value member is dropped without an error.
+STRUCT_SCRIPT = """
+const { sessionStore, call } = require('./index');
+const store = sessionStore();
+(async () => {
+  const metadata = { fields: { camel: { stringValue: 'kept' }, snake: { string_value: 'lost' } } };
+  const { session } = await call(store, 'CreateSession', { profile_id: process.argv[1], metadata });
+  const read = (await call(store, 'GetSession', { session_id: session.id })).session;
+  console.log(JSON.stringify({ id: session.id, created_at: read.created_at, metadata: read.metadata }));
+  store.close();
+})().catch((err) => { console.error(err.message); process.exit(1); });
+"""
+
+
+async def test_struct_values_must_be_camel_case_even_with_keep_case(node, store, store_server, profile):
+    code, out, err = await run_node(node, "-e", STRUCT_SCRIPT, profile, env=pal_env(store=store_server.address))
+    assert code == 0, err
+    result = json.loads(out)
+    stored = (await store.GetSession(pb.GetSessionRequest(session_id=result["id"]))).session.metadata
+    assert stored.fields["camel"].string_value == "kept"
+    assert "snake" in stored.fields and stored.fields["snake"].WhichOneof("kind") == "null_value"  # silently
+    # Back in Node: a Timestamp is {seconds, nanos} with int64 seconds as a string, and a oneof names its member.
+    assert isinstance(result["created_at"]["seconds"], str) and isinstance(result["created_at"]["nanos"], int)
+    assert result["metadata"]["fields"]["camel"] == {"stringValue": "kept", "kind": "stringValue"}

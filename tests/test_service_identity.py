@@ -81,8 +81,7 @@ async def test_only_the_services_report_to_the_compressor(compressor_auth, store
 async def test_every_compressor_rpc_needs_credentials(compressor_auth):
     message = [common_pb2.Message(role="user", content="hi")]
     for call in (compressor_auth.EstimateTokens(cpb.EstimateTokensRequest(model="qwen3.6", messages=message)),
-                 compressor_auth.CheckContextSize(cpb.CheckContextSizeRequest(model="qwen3.6", messages=message)),
-                 compressor_auth.PriceImages(cpb.PriceImagesRequest(images=[b"not an image"]))):
+                 compressor_auth.CheckContextSize(cpb.CheckContextSizeRequest(model="qwen3.6", messages=message))):
         await denied(call, grpc.StatusCode.UNAUTHENTICATED)
 
 

@@ -305,27 +305,3 @@ class CompressionEvent(_message.Message):
     started: CompressionStarted
     compressed: ContextCompressed
     def __init__(self, started: _Optional[_Union[CompressionStarted, _Mapping]] = ..., compressed: _Optional[_Union[ContextCompressed, _Mapping]] = ...) -> None: ...
-
-class PriceImagesRequest(_message.Message):
-    __slots__ = ("images",)
-    IMAGES_FIELD_NUMBER: _ClassVar[int]
-    images: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, images: _Optional[_Iterable[bytes]] = ...) -> None: ...
-
-class ImagePrice(_message.Message):
-    __slots__ = ("tokens", "width", "height")
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
-    WIDTH_FIELD_NUMBER: _ClassVar[int]
-    HEIGHT_FIELD_NUMBER: _ClassVar[int]
-    tokens: int
-    width: int
-    height: int
-    def __init__(self, tokens: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
-
-class PriceImagesResponse(_message.Message):
-    __slots__ = ("prices", "total_tokens")
-    PRICES_FIELD_NUMBER: _ClassVar[int]
-    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    prices: _containers.RepeatedCompositeFieldContainer[ImagePrice]
-    total_tokens: int
-    def __init__(self, prices: _Optional[_Iterable[_Union[ImagePrice, _Mapping]]] = ..., total_tokens: _Optional[int] = ...) -> None: ...

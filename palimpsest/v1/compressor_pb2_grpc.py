@@ -61,11 +61,6 @@ class CompressorStub:
                 request_serializer=palimpsest_dot_v1_dot_compressor__pb2.CompressRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_compressor__pb2.CompressionEvent.FromString,
                 _registered_method=True)
-        self.PriceImages = channel.unary_unary(
-                '/palimpsest.v1.Compressor/PriceImages',
-                request_serializer=palimpsest_dot_v1_dot_compressor__pb2.PriceImagesRequest.SerializeToString,
-                response_deserializer=palimpsest_dot_v1_dot_compressor__pb2.PriceImagesResponse.FromString,
-                _registered_method=True)
 
 
 class CompressorServicer:
@@ -103,12 +98,6 @@ class CompressorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PriceImages(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_CompressorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,11 +125,6 @@ def add_CompressorServicer_to_server(servicer, server):
                     servicer.Compress,
                     request_deserializer=palimpsest_dot_v1_dot_compressor__pb2.CompressRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_compressor__pb2.CompressionEvent.SerializeToString,
-            ),
-            'PriceImages': grpc.unary_unary_rpc_method_handler(
-                    servicer.PriceImages,
-                    request_deserializer=palimpsest_dot_v1_dot_compressor__pb2.PriceImagesRequest.FromString,
-                    response_serializer=palimpsest_dot_v1_dot_compressor__pb2.PriceImagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -280,33 +264,6 @@ class Compressor:
             '/palimpsest.v1.Compressor/Compress',
             palimpsest_dot_v1_dot_compressor__pb2.CompressRequest.SerializeToString,
             palimpsest_dot_v1_dot_compressor__pb2.CompressionEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PriceImages(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/palimpsest.v1.Compressor/PriceImages',
-            palimpsest_dot_v1_dot_compressor__pb2.PriceImagesRequest.SerializeToString,
-            palimpsest_dot_v1_dot_compressor__pb2.PriceImagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,7 +20,7 @@ from services.agent.turn import AgentDeps, Turn, TurnInput
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context
-from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
+from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable, from_rpc_error
 from services.shared.session_reads import whole_context
 
 log = logging.getLogger("palimpsest.agent")
@@ -243,7 +243,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     raise FailedPrecondition(f"nothing to compact: {exc.details()}") from None
-                raise store_error(exc, "the Compressor") from None
+                # A conflict means what it means for the store; anything else names the Compressor.
+                raise (store_error(exc, self.deps.settings.store_addr) if exc.code() == grpc.StatusCode.ABORTED
+                       else from_rpc_error(exc, "Compressor", self.deps.settings.compressor_addr)) from None
             finally:
                 self._generation[session.id] = self._generation.get(session.id, 0) + 1
         sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")

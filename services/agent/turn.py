@@ -120,6 +120,16 @@ class TurnResult:
 
 
 class Turn:
+    """One user message answered: built by the Agent's servicer (RunStream, Run) or by
+    ``run_subagent`` (RunEphemeral, spawn_agent), run once with ``run``, then (stored sessions) ``post_turn``.
+
+    A turn holds the session's conversation (``conv``: stored, or ephemeral for a sub-agent), the
+    profile it runs under (switchable by a tool mid-turn), and a sink that receives every event.
+    ``run`` always ends in ``stream_end`` (except for a sub-agent, whose parent reports it): every
+    failure becomes an error event, and what was already said is stored as a partial answer.
+    The servicer serialises turns per session and sets ``stop`` when the client stops one or leaves.
+    """
+
     def __init__(
         self,
         deps: AgentDeps,
@@ -235,6 +245,10 @@ class Turn:
         return await self._loop()
 
     async def _loop(self) -> TurnResult:
+        """Up to ``max_iterations`` model calls. Each: prepare the prompt (the Compressor sizes it,
+        compressing first if it says so), stream the call; an answer without tool calls is stored
+        and ends the turn, otherwise the tool calls are stored and run and the loop goes on.
+        ``stalled`` counts calls in a row without todo progress (the anti-stall note reads it)."""
         stalled = 0
         progress_seen = self.state.todo_progress
         for iteration in range(self.max_iterations):

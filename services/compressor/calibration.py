@@ -60,7 +60,7 @@ class Line:
 
     @property
     def is_plausible(self) -> bool:
-        """True when the slope is within one token per four chars … one per char."""
+        """True when the slope is within one token per six chars (``MIN_TOKENS_PER_CHAR``) … one per char."""
         return (
             MIN_TOKENS_PER_CHAR - _SLOPE_TOLERANCE
             <= self.tokens_per_char

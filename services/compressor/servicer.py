@@ -30,7 +30,6 @@ from services.compressor.token_estimate import (
 from services.shared.auth import forwarded_metadata, identity_from_context, service_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable, from_rpc_error
 from services.shared.context_view import message_budget
-from services.shared.image_tokens import image_size, image_tokens
 from services.shared.ollama import OllamaClient
 from services.shared.session_reads import whole_context
 from services.shared.settings import Settings
@@ -389,15 +388,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 context, as_service=True)
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
 
-    async def PriceImages(self, request, context):
-        self._caller(context)
-        prices = []
-        for data in request.images:
-            size = await asyncio.to_thread(image_size, data)
-            tokens = await asyncio.to_thread(image_tokens, data, self.settings.image_tokens_fallback)
-            prices.append(pb.ImagePrice(tokens=tokens, width=size[0] if size else 0, height=size[1] if size else 0))
-        return pb.PriceImagesResponse(prices=prices, total_tokens=sum(p.tokens for p in prices))
-
     # -- compression -------------------------------------------------------------------------
     async def _prepare(self, request, context):
         if not request.session_id:
@@ -436,6 +426,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         )
 
     async def Compress(self, request, context):
+        """Shrink a session's context and commit it: ``started``, then ``compressed``.
+
+        Loads the session's context and pricing, refuses a stale ``expected_revision`` (ABORTED),
+        and with ``only_if_over_threshold`` returns without events under the trigger. Otherwise it
+        plans what to keep; FAILED_PRECONDITION when nothing can shrink. Tool results are pruned
+        first when that alone reaches the target (not for FORCED), else older turns are summarized
+        (hard truncation when the summarizer fails), and one CommitCompression writes the result.
+        When even that drops nothing, ``compressed`` reports the context unchanged and nothing is committed.
+        """
         self._caller(context)  # who asks comes before what is asked
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")

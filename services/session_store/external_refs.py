@@ -137,6 +137,8 @@ def parse_ref_flag(text: str, *, now: datetime | None = None) -> ExternalRef:
 
     Any problem is an InvalidArgument naming the flag: the operator asked for
     this ref explicitly, so dropping it silently would be a surprise.
+
+    No command has the flag yet: this is the parser for ``pal run --ref`` (issue 12).
     """
     try:
         fields = _long_form_fields(text)

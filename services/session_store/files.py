@@ -175,11 +175,6 @@ def numbered_name(name: str, n: int) -> str:
     return f"{stem}{suffix}{ext}"
 
 
-def is_executable(name: str, head: bytes) -> bool:
-    """Whether a file is a program, judged by its extension OR its first bytes."""
-    return has_executable_extension(name) or has_executable_magic(head)
-
-
 def has_executable_extension(name: str) -> bool:
     return _split_extension(name.lower())[1] in EXECUTABLE_EXTENSIONS
 

@@ -1,10 +1,12 @@
 """Secret redaction applied at the SessionStore's save boundary.
 
-Three entry points:
+What is redacted, and only that: the arguments of the tool calls in a saved message
+(``redact_arguments``, from ``convert.tool_calls_json``) and the URIs of external refs
+(``redact_uri``). Message content, thinking and tool results are stored as sent.
 
-* ``redact_text``      free text (messages, non-JSON tool arguments, audit lines)
 * ``redact_arguments`` tool-call arguments, kept valid JSON when they were JSON
 * ``redact_uri``       external-ref URIs (userinfo password, secret query params)
+* ``redact_text``      the free-text rules both apply (to non-JSON arguments, string values, URIs)
 
 Every function is pure and idempotent: redacting an already-redacted value
 returns it unchanged, so a session can be saved any number of times without

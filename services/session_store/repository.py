@@ -218,6 +218,9 @@ class HotWindow:
 
 
 class SessionRepository:
+    """The store's one way into PostgreSQL (sessions, messages and their archive, shares, memory chunks,
+    baselines, calibration): the servicer turns protos and callers into these calls, this runs the SQL."""
+
     def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes,
                  quotas: Quotas = Quotas(0, 0)):
         self.pool = pool

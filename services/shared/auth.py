@@ -109,7 +109,9 @@ def service_metadata(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]:
 
 
 def make_token(sub: str, secret: str, role: str = "user", ttl_seconds: int | None = None) -> str:
-    """A signed token for tests and the CLI's `pal token`."""
+    """A signed HS256 token: the services' own (``service_metadata``) and the tests'. No command mints one
+    for users; sign it with the secret, e.g. ``python -c "from services.shared.auth import make_token;
+    print(make_token('alice', 'SECRET'))"``, and set it as ``PALIMPSEST_TOKEN``."""
     import time
 
     claims: dict[str, object] = {"sub": sub, "role": role, "iat": int(time.time())}

@@ -55,10 +55,18 @@ _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenie
                                       ResourceExhausted, FailedPrecondition, Unavailable)}
 
 
+# How our services say that a dependency is down ("SessionStore at … is not answering", and the same of
+# PostgreSQL and Ollama). A status carrying it was answered by the service called, about one of its own.
+NOT_ANSWERING = "is not answering"
+
+
 def from_rpc_error(exc: grpc.aio.AioRpcError, service: str, address: str) -> PalimpsestError:
     """A downstream service's status, passed on to our caller: UNAVAILABLE names who and where."""
     if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return Unavailable(f"{service} at {address} is not answering: {exc.details()}")
+        if NOT_ANSWERING in (exc.details() or ""):
+            # Not "<service> is not answering": it answered, naming the dependency that is down.
+            return Unavailable(f"{exc.details()} (said the {service} at {address})")
+        return Unavailable(f"{service} at {address} {NOT_ANSWERING}: {exc.details()}")
     cls = _BY_CODE.get(exc.code())
     if cls is InvalidArgument:
         return InvalidArgument("request", exc.details() or "")

@@ -206,7 +206,3 @@ class OllamaClient:
         result = ChatResult()
         result.absorb({**data, "done": True})
         return result
-
-    async def embed(self, model: str, inputs: Sequence[str]) -> list[list[float]]:
-        data = await self._post("/api/embed", {"model": model, "input": list(inputs)}, model)
-        return data.get("embeddings") or []

@@ -161,9 +161,6 @@ class Settings:
         fields around them and for encoding overhead."""
         return self.max_message_bytes // 2
 
-    def port_of(self, addr: str) -> int:
-        return int(addr.rsplit(":", 1)[1])
-
 
 def _normalize_ollama_host(raw: str) -> str:
     """Accept Ollama's own forms: `host`, `host:port`, `0.0.0.0`, with or without a scheme."""

@@ -53,7 +53,6 @@ class TurnState:
     todo_progress: int = 0  # bumped whenever an item moves forward: the anti-stall signal
     switched_profile: str = ""
     goal: str = ""
-    last_complexity: str = ""
 
 
 @dataclass

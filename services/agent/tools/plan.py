@@ -379,7 +379,6 @@ async def build_plan(ctx: ToolContext, *, task: str = "", reason: str = "", upda
         steps = [Step(1, analysis.task or "Carry out the request", "SELF")]
     rendered = render_plan(analysis, steps, revision=bool(reason))
 
-    ctx.state.last_complexity = analysis.complexity
     if analysis.goal:
         ctx.state.goal = analysis.goal
     labels = [s.render() for s in steps]
