@@ -1,0 +1,95 @@
+"""Memory chunks: verbatim raw history a compression dropped from the context, searched on recall.
+
+Append-only; one row per distinct content per session (UNIQUE (session_id, content_hash)).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from palimpsest.v1 import common_pb2
+from services.shared.auth import Identity
+from services.session_store import convert
+from services.session_store.repository.access import like_pattern, readable, rows_affected
+
+# A recall query is the user's whole message; its first words carry enough to find candidates.
+MEMORY_QUERY_CHARS = 500
+MEMORY_CANDIDATES_PER_RESULT = 10
+
+
+async def insert_chunks(conn: asyncpg.Connection, session_id: uuid.UUID,
+                        chunks: Sequence[common_pb2.RawChunk]) -> int:
+    """Store the chunks not stored yet (by content hash); returns how many were new."""
+    indexed = 0
+    for chunk in chunks:
+        content_hash = chunk.content_hash or hashlib.sha256(chunk.content.encode()).hexdigest()
+        status = await conn.execute(
+            "INSERT INTO memory_chunks (session_id, content, content_hash, first_seq, last_seq, first_at, last_at,"
+            " breadcrumbs) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session_id, content_hash) DO NOTHING",
+            session_id, chunk.content, content_hash, chunk.turn_range.first, chunk.turn_range.last,
+            convert.to_datetime(chunk.first_at), convert.to_datetime(chunk.last_at), list(chunk.breadcrumbs),
+        )
+        indexed += rows_affected(status)
+    return indexed
+
+
+class MemoryChunks:
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+
+    async def index_chunks(self, identity: Identity, session_id: uuid.UUID,
+                           chunks: Sequence[common_pb2.RawChunk]) -> int:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await readable(conn, session_id, identity)
+            return await insert_chunks(conn, session_id, chunks)
+
+    async def search_memory(self, identity: Identity, session_id: uuid.UUID, query: str, limit: int,
+                            min_similarity: float) -> list[dict[str, Any]]:
+        """Chunks ranked by how much of the query they hold; a verbatim hit (an id, a path) first.
+
+        A full-text index picks the candidates (any query word), so the cost does not grow with
+        the session's history; the final score is computed over those few."""
+        async with self.pool.acquire() as conn:
+            await readable(conn, session_id, identity)
+            rows = await conn.fetch(
+                """
+                WITH q AS (SELECT replace(plainto_tsquery('simple', $2)::text, ' & ', ' | ')::tsquery AS tsq)
+                SELECT c.id, c.session_id, c.content, c.content_hash, c.first_seq, c.last_seq, c.first_at,
+                       c.last_at, c.breadcrumbs
+                  FROM memory_chunks c, q
+                 WHERE c.session_id = $1 AND (c.tsv @@ q.tsq OR c.content ILIKE $3 OR $2 = ANY(c.breadcrumbs))
+                 ORDER BY (c.content ~* $5) DESC, (c.content ILIKE $3) DESC, ts_rank_cd(c.tsv, q.tsq) DESC, c.id
+                 LIMIT $4
+                """,
+                session_id, query[:MEMORY_QUERY_CHARS], like_pattern(query), limit * MEMORY_CANDIDATES_PER_RESULT,
+                whole_token_pattern(query),
+            )
+        scored = [(memory_score(query, row["content"], row["breadcrumbs"]), row) for row in rows]
+        scored = [(score, row) for score, row in scored if score > 0 and score >= min_similarity]
+        scored.sort(key=lambda pair: (-pair[0], pair[1]["id"]))
+        return [dict(row) | {"score": score} for score, row in scored[:limit]]
+
+
+def whole_token_pattern(query: str) -> str:
+    """A regex (Python's and PostgreSQL's alike) matching the query as a whole token: marker-1,
+    not the marker-1 inside marker-10."""
+    return rf"(^|[^[:alnum:]_-]){re.escape(query)}($|[^[:alnum:]_-])"
+
+
+def memory_score(query: str, content: str, breadcrumbs: Sequence[str]) -> float:
+    """The share of the query's words a chunk holds (0–1), plus 1 when it holds the query as a
+    whole token (0.5 when only inside a longer one)."""
+    text = (content + " " + " ".join(breadcrumbs)).lower()
+    q = query.lower()
+    words = {w for w in re.findall(r"[\w./:-]+", q) if len(w) > 1}
+    coverage = sum(1 for w in words if w in text) / len(words) if words else 0.0
+    if q not in text:
+        return coverage
+    whole = re.search(rf"(?<![\w-]){re.escape(q)}(?![\w-])", text) is not None
+    return (1.0 if whole else 0.5) + coverage
