@@ -22,7 +22,8 @@ PREVIOUS_RELEASE_STARTUP_DDL = (
 PREVIOUS_RELEASE = 8
 TABLES = {"schema_migrations", "sessions", "session_messages", "session_messages_archive", "memory_chunks",
           "session_shares", "calibration_observations", "session_baselines", "applied_appends"}
-TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm"}
+TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm",
+                   "memory_chunks_content_trgm"}
 
 
 @asynccontextmanager
@@ -78,7 +79,8 @@ async def test_migrating_from_empty_gives_the_whole_schema(database_url):
         assert tables == TABLES
         assert [version for version, _ in migrated["migrations"]] == [v for v, _, _ in db._migrations()]
         indexes = {name for _, name, _ in migrated["indexes"]}
-        assert {"memory_chunks_tsv", "sessions_owner_last_active", "calibration_observations_exact"} <= indexes
+        assert {"memory_chunks_tsv", "memory_chunks_breadcrumbs", "sessions_owner_last_active",
+                "calibration_observations_exact"} <= indexes
         if await trigram_available(pool):
             assert TRIGRAM_INDEXES <= indexes
             assert "pg_trgm" in {name for (name,) in migrated["extensions"]}

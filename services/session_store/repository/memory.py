@@ -22,6 +22,46 @@ from services.session_store.repository.access import like_pattern, readable, row
 MEMORY_QUERY_CHARS = 500
 MEMORY_CANDIDATES_PER_RESULT = 10
 
+# A recall's candidates ($1 the session, then candidate_arguments()): chunks holding any of the
+# query's words ($2, full text), the whole query as a substring ($3) or as a breadcrumb.
+#
+# Each arm is its own SELECT, so each uses its own index (tsv GIN, content trigram GIN, breadcrumbs
+# GIN): one WHERE with the three OR'ed together could use none of them and read every chunk of the
+# session. The order is the OR form's: a whole-token hit, then a substring hit, then by text rank.
+# A whole-token hit is always a substring hit, so the regex runs on the substring arm's few rows
+# rather than on every candidate. What remains costly is the rank of every word hit, when the
+# query's words are common ones (a long message): the top candidates need all of them ranked.
+CANDIDATES_SQL = """
+    WITH q AS (SELECT replace(plainto_tsquery('simple', $2)::text, ' & ', ' | ')::tsquery AS tsq),
+    arms AS (
+        SELECT c.id, false AS substring FROM memory_chunks c, q WHERE c.session_id = $1 AND c.tsv @@ q.tsq
+        UNION ALL
+        SELECT id, true FROM memory_chunks WHERE session_id = $1 AND content ILIKE $3
+        UNION ALL
+        SELECT id, false FROM memory_chunks WHERE session_id = $1 AND breadcrumbs @> ARRAY[$2]
+    ),
+    hits AS (SELECT id, bool_or(substring) AS substring FROM arms GROUP BY id),
+    ranked AS (
+        SELECT c.id, row_number() OVER (
+                   ORDER BY CASE WHEN h.substring THEN c.content ~* $5 ELSE false END DESC, h.substring DESC,
+                            ts_rank_cd(c.tsv, q.tsq) DESC, c.id) AS place
+          FROM hits h JOIN memory_chunks c ON c.id = h.id, q
+         ORDER BY place
+         LIMIT $4
+    )
+    SELECT c.id, c.session_id, c.content, c.content_hash, c.first_seq, c.last_seq, c.first_at,
+           c.last_at, c.breadcrumbs
+      FROM ranked r JOIN memory_chunks c ON c.id = r.id
+     ORDER BY r.place
+"""
+
+
+def candidate_arguments(query: str, limit: int) -> tuple[str, str, int, str]:
+    """CANDIDATES_SQL's arguments after the session: the query's words, the query as a substring,
+    how many candidates, the query as a whole token."""
+    return (query[:MEMORY_QUERY_CHARS], like_pattern(query), limit * MEMORY_CANDIDATES_PER_RESULT,
+            whole_token_pattern(query))
+
 
 async def insert_chunks(conn: asyncpg.Connection, session_id: uuid.UUID,
                         chunks: Sequence[common_pb2.RawChunk]) -> int:
@@ -57,19 +97,7 @@ class MemoryChunks:
         the session's history; the final score is computed over those few."""
         async with self.pool.acquire() as conn:
             await readable(conn, session_id, identity)
-            rows = await conn.fetch(
-                """
-                WITH q AS (SELECT replace(plainto_tsquery('simple', $2)::text, ' & ', ' | ')::tsquery AS tsq)
-                SELECT c.id, c.session_id, c.content, c.content_hash, c.first_seq, c.last_seq, c.first_at,
-                       c.last_at, c.breadcrumbs
-                  FROM memory_chunks c, q
-                 WHERE c.session_id = $1 AND (c.tsv @@ q.tsq OR c.content ILIKE $3 OR $2 = ANY(c.breadcrumbs))
-                 ORDER BY (c.content ~* $5) DESC, (c.content ILIKE $3) DESC, ts_rank_cd(c.tsv, q.tsq) DESC, c.id
-                 LIMIT $4
-                """,
-                session_id, query[:MEMORY_QUERY_CHARS], like_pattern(query), limit * MEMORY_CANDIDATES_PER_RESULT,
-                whole_token_pattern(query),
-            )
+            rows = await conn.fetch(CANDIDATES_SQL, session_id, *candidate_arguments(query, limit))
         scored = [(memory_score(query, row["content"], row["breadcrumbs"]), row) for row in rows]
         scored = [(score, row) for score, row in scored if score > 0 and score >= min_similarity]
         scored.sort(key=lambda pair: (-pair[0], pair[1]["id"]))
