@@ -65,3 +65,24 @@ async def test_split_arms_find_what_the_or_predicate_found(store, profile, datab
     finally:
         await conn.close()
     assert (await store.SearchMemory(pb.SearchMemoryRequest(session_id=session_id, query="arker-1"))).chunks
+
+
+async def test_a_batch_of_chunks_is_stored_in_its_order_once_each(store, profile, database_url):
+    session_id = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
+    first = common_pb2.RawChunk(content="first", breadcrumbs=["src/ä.py", 'a "quoted", comma'],
+                                turn_range=common_pb2.SeqRange(first=3, last=4))
+    first.first_at.FromSeconds(1_700_000_000)
+    batch = [first, common_pb2.RawChunk(content="second"), common_pb2.RawChunk(content="first"),  # same hash
+             common_pb2.RawChunk(content="third", breadcrumbs=[])]
+    assert (await store.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=batch))).indexed == 3
+    more = [common_pb2.RawChunk(content="third"), common_pb2.RawChunk(content="fourth")]
+    assert (await store.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=more))).indexed == 1
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT content, breadcrumbs, first_seq, last_seq, extract(epoch FROM first_at) AS at,"
+                                " last_at FROM memory_chunks WHERE session_id = $1 ORDER BY id", uuid.UUID(session_id))
+    finally:
+        await conn.close()
+    assert [r["content"] for r in rows] == ["first", "second", "third", "fourth"]
+    assert list(rows[0]["breadcrumbs"]) == ["src/ä.py", 'a "quoted", comma'] and list(rows[1]["breadcrumbs"]) == []
+    assert (rows[0]["first_seq"], rows[0]["last_seq"], rows[0]["at"], rows[0]["last_at"]) == (3, 4, 1_700_000_000, None)

@@ -6,6 +6,7 @@ Append-only; one row per distinct content per session (UNIQUE (session_id, conte
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
 from collections.abc import Sequence
@@ -63,20 +64,35 @@ def candidate_arguments(query: str, limit: int) -> tuple[str, str, int, str]:
             whole_token_pattern(query))
 
 
+# All of a batch's chunks in one statement (one round trip), rather than one INSERT each. Not
+# executemany: IndexChunks answers how many chunks were new, and only a single statement's status
+# counts the rows ON CONFLICT skipped. Breadcrumbs are a list per chunk, and PostgreSQL arrays
+# cannot be ragged: each chunk's list travels as a JSON array.
+_INSERT_CHUNKS_SQL = """
+    INSERT INTO memory_chunks (session_id, content, content_hash, first_seq, last_seq, first_at, last_at,
+                               breadcrumbs)
+    SELECT $1, c.content, c.content_hash, c.first_seq, c.last_seq, c.first_at, c.last_at,
+           ARRAY(SELECT jsonb_array_elements_text(c.breadcrumbs::jsonb))
+      FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::timestamptz[], $7::timestamptz[],
+                  $8::text[]) WITH ORDINALITY
+           AS c(content, content_hash, first_seq, last_seq, first_at, last_at, breadcrumbs, place)
+     ORDER BY c.place
+    ON CONFLICT (session_id, content_hash) DO NOTHING
+"""
+
+
+def chunk_columns(chunks: Sequence[common_pb2.RawChunk]) -> list[list[Any]]:
+    """_INSERT_CHUNKS_SQL's arrays after the session, one per column, in the chunks' order."""
+    rows = [(chunk.content, chunk.content_hash or hashlib.sha256(chunk.content.encode()).hexdigest(),
+             chunk.turn_range.first, chunk.turn_range.last, convert.to_datetime(chunk.first_at),
+             convert.to_datetime(chunk.last_at), json.dumps(list(chunk.breadcrumbs))) for chunk in chunks]
+    return [list(column) for column in zip(*rows)] if rows else [[] for _ in range(7)]
+
+
 async def insert_chunks(conn: asyncpg.Connection, session_id: uuid.UUID,
                         chunks: Sequence[common_pb2.RawChunk]) -> int:
     """Store the chunks not stored yet (by content hash); returns how many were new."""
-    indexed = 0
-    for chunk in chunks:
-        content_hash = chunk.content_hash or hashlib.sha256(chunk.content.encode()).hexdigest()
-        status = await conn.execute(
-            "INSERT INTO memory_chunks (session_id, content, content_hash, first_seq, last_seq, first_at, last_at,"
-            " breadcrumbs) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session_id, content_hash) DO NOTHING",
-            session_id, chunk.content, content_hash, chunk.turn_range.first, chunk.turn_range.last,
-            convert.to_datetime(chunk.first_at), convert.to_datetime(chunk.last_at), list(chunk.breadcrumbs),
-        )
-        indexed += rows_affected(status)
-    return indexed
+    return rows_affected(await conn.execute(_INSERT_CHUNKS_SQL, session_id, *chunk_columns(chunks)))
 
 
 class MemoryChunks:
