@@ -83,10 +83,15 @@ _INSERT_CHUNKS_SQL = """
 
 def chunk_columns(chunks: Sequence[common_pb2.RawChunk]) -> list[list[Any]]:
     """_INSERT_CHUNKS_SQL's arrays after the session, one per column, in the chunks' order."""
-    rows = [(chunk.content, chunk.content_hash or hashlib.sha256(chunk.content.encode()).hexdigest(),
-             chunk.turn_range.first, chunk.turn_range.last, convert.to_datetime(chunk.first_at),
-             convert.to_datetime(chunk.last_at), json.dumps(list(chunk.breadcrumbs))) for chunk in chunks]
-    return [list(column) for column in zip(*rows)] if rows else [[] for _ in range(7)]
+    return [
+        [chunk.content for chunk in chunks],
+        [chunk.content_hash or hashlib.sha256(chunk.content.encode()).hexdigest() for chunk in chunks],
+        [chunk.turn_range.first for chunk in chunks],
+        [chunk.turn_range.last for chunk in chunks],
+        [convert.to_datetime(chunk.first_at) for chunk in chunks],
+        [convert.to_datetime(chunk.last_at) for chunk in chunks],
+        [json.dumps(list(chunk.breadcrumbs)) for chunk in chunks],
+    ]
 
 
 async def insert_chunks(conn: asyncpg.Connection, session_id: uuid.UUID,
@@ -109,8 +114,9 @@ class MemoryChunks:
                             min_similarity: float) -> list[dict[str, Any]]:
         """Chunks ranked by how much of the query they hold; a verbatim hit (an id, a path) first.
 
-        A full-text index picks the candidates (any query word), so the cost does not grow with
-        the session's history; the final score is computed over those few."""
+        Indexes pick the candidates (CANDIDATES_SQL: any query word, the query as a substring or a
+        breadcrumb), at most MEMORY_CANDIDATES_PER_RESULT per result; the final score is computed
+        over those few."""
         async with self.pool.acquire() as conn:
             await readable(conn, session_id, identity)
             rows = await conn.fetch(CANDIDATES_SQL, session_id, *candidate_arguments(query, limit))
