@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from services.session_store.files import (
+    DIGEST_DIR,
     FileInfo,
     FileStore,
     content_type,
@@ -35,7 +36,8 @@ def image_bytes(fmt: str, mode: str = "RGB", size=(4, 3), color=(200, 10, 10)) -
 
 
 def entries(folder: Path) -> list[str]:
-    return sorted(os.listdir(folder)) if folder.exists() else []
+    """What a folder holds besides the kept digests (test_digests_* look at those)."""
+    return sorted(e for e in os.listdir(folder) if e != DIGEST_DIR) if folder.exists() else []
 
 
 # --- safe_name ---------------------------------------------------------------------------
@@ -187,7 +189,7 @@ def test_traversal_attempts_stay_in_session_folder(store, tmp_path, raw):
     assert info.path.parent == store.session_dir(SID)
     assert info.name == "passwd"
     assert not (tmp_path / "etc").exists()
-    assert sorted(p.name for p in tmp_path.rglob("passwd")) == ["passwd"]
+    assert [p.parent for p in tmp_path.rglob("passwd") if p.parent.name != DIGEST_DIR] == [info.path.parent]
 
 
 def test_exactly_at_the_cap_passes(store):
@@ -421,6 +423,36 @@ def test_list_files_sorted_with_info(store):
     assert files[0].content_type == "application/pdf"
     assert files[1].size == 2 and files[1].sha256 == hashlib.sha256(b"bb").hexdigest()
     in_progress.abort()
+
+
+def test_digests_are_kept_at_upload_and_trusted_while_the_file_is_unchanged(store):
+    store.save(SID, "a.txt", b"aaa")
+    store.save_image(SID, image_bytes("PNG"))
+    folder = store.session_dir(SID)
+    assert sorted(os.listdir(folder / DIGEST_DIR)) == ["a.txt", "image_1.png"]  # no temp file left
+    kept = folder / DIGEST_DIR / "a.txt"
+    assert kept.read_text().split()[0] == hashlib.sha256(b"aaa").hexdigest()
+    # A listing answers from what was kept, without reading the file: a planted digest shows it.
+    kept.write_text(kept.read_text().replace(hashlib.sha256(b"aaa").hexdigest(), "f" * 64))
+    assert {f.name: f.sha256 for f in store.list_files(SID)}["a.txt"] == "f" * 64
+    assert store.file_info(SID, "a.txt").sha256 == "f" * 64
+
+
+def test_a_file_changed_after_upload_is_hashed_again(store):
+    path = store.save(SID, "notes.txt", b"first").path
+    path.write_bytes(b"second, longer")  # the agent's tools may rewrite files in the folder
+    assert store.file_info(SID, "notes.txt").sha256 == hashlib.sha256(b"second, longer").hexdigest()
+    replaced = path.with_name(".replacement")
+    replaced.write_bytes(b"second, LONGER")  # the same size: the new inode tells them apart
+    os.replace(replaced, path)
+    assert store.list_files(SID)[0].sha256 == hashlib.sha256(b"second, LONGER").hexdigest()
+
+
+def test_a_file_from_before_digests_were_kept_is_hashed_once(store):
+    path = store.save(SID, "old.dat", b"old bytes").path
+    (path.parent / DIGEST_DIR / "old.dat").unlink()  # as a file stored by the release before
+    assert store.list_files(SID)[0].sha256 == hashlib.sha256(b"old bytes").hexdigest()
+    assert (path.parent / DIGEST_DIR / "old.dat").read_text().split()[0] == hashlib.sha256(b"old bytes").hexdigest()
 
 
 def test_list_files_of_unknown_session_is_empty(store):

@@ -36,7 +36,7 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
         await asyncio.sleep(interval)
         try:
             ids = await asyncio.to_thread(files.session_folders)
-            existing = await repo.existing_ids(ids) if ids else set()
+            existing = await repo.sessions.existing_ids(ids) if ids else set()
             removed = await asyncio.to_thread(files.sweep, existing)
             if removed:
                 log.info("file sweep removed %d orphaned session folders", len(removed))

@@ -17,12 +17,6 @@ log = logging.getLogger("palimpsest.store.db")
 # Serializes migrations when several store replicas (or test workers) start at once.
 _MIGRATION_LOCK = 0x7061_6C69  # "pali"
 
-_TRGM_INDEXES = {
-    "session_messages_content_trgm": "session_messages USING gin (content gin_trgm_ops)",
-    "session_messages_archive_content_trgm": "session_messages_archive USING gin (content gin_trgm_ops)",
-    "sessions_name_trgm": "sessions USING gin (name gin_trgm_ops)",
-}
-
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
@@ -82,10 +76,12 @@ def _migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> bool:
-    """Apply pending migrations (up to version `through`: an older schema, for upgrade tests);
-    returns whether trigram indexes are available."""
+async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> None:
+    """Apply pending migrations (up to version `through`: an older schema, for upgrade tests).
+    The whole schema lives in migrations/: nothing else creates or drops a table or an index."""
     async with pool.acquire() as conn:
+        # A migration's RAISE WARNING (an optional extension missing) reaches the store's log.
+        conn.add_log_listener(_log_notice)
         await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
         try:
             await conn.execute(
@@ -100,20 +96,12 @@ async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> bool:
                     await conn.execute(sql)
                     await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
                 log.info("applied migration %s", name)
-            return await _ensure_trigram(conn)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+            conn.remove_log_listener(_log_notice)
 
 
-async def _ensure_trigram(conn: asyncpg.Connection) -> bool:
-    """Trigram GIN indexes make substring search use an index; without pg_trgm we fall back to scans."""
-    have = await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'pg_trgm'")
-    if not have:
-        try:
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
-        except asyncpg.PostgresError as exc:
-            log.warning("pg_trgm is not available (%s): search works without trigram indexes, slower", exc)
-            return False
-    for name, target in _TRGM_INDEXES.items():
-        await conn.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {target}")
-    return True
+def _log_notice(conn: asyncpg.Connection, message: asyncpg.PostgresLogMessage) -> None:
+    # Only warnings: IF NOT EXISTS answers every start with NOTICEs of what already exists.
+    if message.severity_en == "WARNING":
+        log.warning("migration: %s", message.message)

@@ -16,6 +16,9 @@ Naming choices:
 * In-progress uploads are hidden dot files (``.upload-*.part``); safe_name
   strips leading dots, so no stored name can ever collide with one, and
   listing and reading skip them.
+* Each file's SHA-256 is computed once, while it is uploaded (or at the first
+  read of a file stored before digests were kept), and kept in the hidden
+  ``.sha256/`` folder beside it: listing a folder reads no file in full.
 
 Final names are claimed with ``os.link`` (fails instead of clobbering), so two
 concurrent uploads of ``report.pdf`` end up as ``report.pdf`` and
@@ -69,6 +72,9 @@ EXECUTABLE_EXTENSIONS = frozenset(
         ".deb", ".rpm", ".apk", ".pkg", ".dmg", ".gadget", ".reg", ".lnk",
     }
 )
+
+# Where each stored file's digest is kept, under the file's own name.
+DIGEST_DIR = ".sha256"
 
 # Magic numbers of native executables.  Mach-O is listed in both byte orders;
 # 0xCAFEBABE is the fat (universal) binary header and also a Java class file,
@@ -229,6 +235,43 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _stamp(path: Path) -> str:
+    """What must be unchanged for a kept digest to still be the file's: the agent's file tools work
+    in the session folder, so a stored file may be rewritten or replaced after its upload."""
+    st = path.stat()
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _keep_digest(path: Path, digest: str, stamp: str) -> None:
+    """Keep ``digest`` beside the file, replaced atomically so a reader sees the old or the new
+    one. A failure (a full disk) costs only hashing the file again at the next read."""
+    folder = path.parent / DIGEST_DIR
+    temp = None
+    try:
+        folder.mkdir(exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=".", dir=folder)  # a stored name never starts with "."
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{digest} {stamp}\n")
+        os.replace(temp, folder / path.name)
+    except OSError:
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
+
+
+def _digest_of(path: Path) -> str:
+    """The file's SHA-256: the kept one while the file is unchanged, else hashed (and kept)."""
+    stamp = _stamp(path)  # before hashing: a change during the hash makes the kept one stale, not wrong
+    try:
+        digest, kept_stamp = (path.parent / DIGEST_DIR / path.name).read_text().split()
+        if kept_stamp == stamp:
+            return digest
+    except (OSError, ValueError):  # none kept yet (a file from before digests were kept), or torn
+        pass
+    digest = _sha256_of(path)
+    _keep_digest(path, digest, stamp)
+    return digest
+
+
 def _head_of(path: Path) -> bytes:
     with path.open("rb") as f:
         return f.read(HEAD_BYTES)
@@ -339,11 +382,13 @@ class Upload:
         except BaseException:
             self.abort()
             raise
+        digest = self._sha256.hexdigest()
+        _keep_digest(final, digest, _stamp(final))
         return FileInfo(
             name=final.name,
             path=final,
             size=self._size,
-            sha256=self._sha256.hexdigest(),
+            sha256=digest,
             content_type=content_type(final.name, self._head),
         )
 
@@ -540,7 +585,7 @@ class FileStore:
             name=path.name,
             path=path,
             size=path.stat().st_size,
-            sha256=_sha256_of(path),
+            sha256=_digest_of(path),
             content_type=content_type(path.name, _head_of(path)),
         )
 

@@ -20,7 +20,9 @@ from services.shared.structs import from_struct
 from services.session_store.external_refs import ExternalRef, merge_refs, validate_ref
 from services.session_store.files import FileStore
 from services.shared.validation import first_nul
-from services.session_store.repository import EXACT_FIELDS, EXACT_OBSERVATIONS, SessionRepository, parse_session_id
+from services.session_store.repository import SessionRepository
+from services.session_store.repository.access import parse_session_id
+from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 
 log = logging.getLogger("palimpsest.store")
 
@@ -136,7 +138,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("profile_id", "required")
         check_struct(request.metadata, "metadata")
         refs = merge_refs([], _refs_from_proto(request.external_refs))
-        row = await self.repo.create_session(
+        row = await self.repo.sessions.create_session(
             identity,
             profile_id=request.profile_id.strip(),
             name=request.name.strip(),
@@ -155,8 +157,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.context_offset < 0:
             raise InvalidArgument("context_offset", "must not be negative")
         display, context_ = view_budgets(request.view, self.settings.read_budget_bytes)
-        read = await self.repo.read_session(identity, session_id, display_budget=display, context_budget=context_,
-                                            context_offset=request.context_offset)
+        read = await self.repo.sessions.read_session(identity, session_id, display_budget=display,
+                                                     context_budget=context_, context_offset=request.context_offset)
         response = pb.GetSessionResponse(session=convert.session_from_row(read.row))
         if read.display is not None:
             response.session.messages.extend(read.display.messages)
@@ -173,7 +175,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.offset < 0:
             raise InvalidArgument("offset", "must not be negative")
         limit = page_size(request.page_size, "page_size")
-        rows, total = await self.repo.list_sessions(
+        rows, total = await self.repo.sessions.list_sessions(
             identity,
             profile_id=request.profile_id,
             query=request.query.strip(),
@@ -195,7 +197,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if len(request.session_ids) > MAX_PAGE:
             raise InvalidArgument("session_ids", f"at most {MAX_PAGE} sessions per call")
         ids = [parse_session_id(s, f"session_ids[{i}]") for i, s in enumerate(request.session_ids)]
-        found = await self.repo.search_matches(identity, ids, request.query.strip())
+        found = await self.repo.sessions.search_matches(identity, ids, request.query.strip())
         return pb.SearchMatchesResponse(
             matches=[pb.SessionMatch(session_id=s, display_indices=idx, snippet=snip) for s, idx, snip in found]
         )
@@ -212,7 +214,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.before_seq < 0:
             raise InvalidArgument("before_seq", "must not be negative")
         limit = page_size(request.limit, "limit")
-        page = await self.repo.history_page(identity, session_id, request.before_seq, limit,
+        page = await self.repo.sessions.history_page(identity, session_id, request.before_seq, limit,
                                             archive_only=archive_only, budget=self.settings.read_budget_bytes)
         return {"messages": page.messages, "has_more": page.has_more}
 
@@ -220,7 +222,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
         _validate_messages(request.messages, self.settings.message_max_bytes)
-        result = await self.repo.append_messages(identity, session_id, request.messages, _expected(request),
+        result = await self.repo.sessions.append_messages(identity, session_id, request.messages, _expected(request),
                                                  request.idempotency_key)
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision)
 
@@ -250,7 +252,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.HasField("planning_log"):
             check_struct(request.planning_log, "planning_log")
             changes["planning_log"] = from_struct(request.planning_log)
-        row = await self.repo.update_session(identity, session_id, changes, _expected(request))
+        row = await self.repo.sessions.update_session(identity, session_id, changes, _expected(request))
         return pb.UpdateSessionResponse(session=convert.session_from_row(row))
 
     async def SetContextFlag(self, request, context):
@@ -258,7 +260,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if not request.seqs:
             raise InvalidArgument("seqs", "at least one seq is required")
-        updated, revision = await self.repo.set_context_flag(
+        updated, revision = await self.repo.sessions.set_context_flag(
             identity, session_id, list(request.seqs), request.is_context, _expected(request)
         )
         return pb.SetContextFlagResponse(updated=updated, revision=revision)
@@ -282,7 +284,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             stands_for = replacement.replaces
             if stands_for.first != stands_for.last or stands_for.first not in demoted:
                 raise InvalidArgument(f"replacements[{i}].replaces", "must name one demoted row (first = last)")
-        result = await self.repo.commit_compression(
+        result = await self.repo.sessions.commit_compression(
             identity,
             session_id,
             demote_seqs=list(request.demote_seqs),
@@ -302,7 +304,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.below_seq <= 0:
             raise InvalidArgument("below_seq", "must be positive")
         return pb.ArchiveOldMessagesResponse(
-            archived=await self.repo.archive_old_messages(identity, session_id, request.below_seq)
+            archived=await self.repo.sessions.archive_old_messages(identity, session_id, request.below_seq)
         )
 
     async def TrimSession(self, request, context):
@@ -310,7 +312,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if request.keep < 1:
             raise InvalidArgument("keep", f"must be at least 1, got {request.keep}")
-        before, after = await self.repo.trim_session(identity, session_id, request.keep)
+        before, after = await self.repo.sessions.trim_session(identity, session_id, request.keep)
         return pb.TrimSessionResponse(before=before, after=after, dropped=before - after)
 
     async def CleanupSessions(self, request, context):
@@ -320,7 +322,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if not 0 <= request.older_than_days <= MAX_CLEANUP_DAYS:
             raise InvalidArgument("older_than_days",
                                   f"must be between 0 (deletes every session) and {MAX_CLEANUP_DAYS}")
-        ids = await self.repo.cleanup_sessions(identity, request.older_than_days)
+        ids = await self.repo.sessions.cleanup_sessions(identity, request.older_than_days)
         for session_id in ids:
             await asyncio.to_thread(self.files.delete_session, session_id)
         return pb.CleanupSessionsResponse(deleted=len(ids), session_ids=ids)
@@ -328,7 +330,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def DeleteSession(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        await self.repo.delete_session(identity, session_id)
+        await self.repo.sessions.delete_session(identity, session_id)
         await asyncio.to_thread(self.files.delete_session, str(session_id))
         return pb.DeleteSessionResponse(deleted=True)
 
@@ -336,7 +338,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def CreateShare(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        token, created_at = await self.repo.create_share(identity, session_id)
+        token, created_at = await self.repo.shares.create_share(identity, session_id)
         response = pb.CreateShareResponse(token=token)
         response.created_at.CopyFrom(convert.timestamp(created_at))
         return response
@@ -347,8 +349,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.before_seq < 0:
             raise InvalidArgument("before_seq", "must not be negative")
         limit = page_size(request.limit, "limit")
-        shared = await self.repo.shared_session(request.token)
-        page = await self.repo.history_page(None, shared["id"], request.before_seq, limit, archive_only=False,
+        shared = await self.repo.shares.shared_session(request.token)
+        page = await self.repo.sessions.history_page(None, shared["id"], request.before_seq, limit, archive_only=False,
                                             budget=self.settings.read_budget_bytes)
         response = pb.GetSharedResponse(
             name=shared["name"], profile_id=shared["profile_id"],
@@ -367,7 +369,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         limit = page_size(request.limit, "limit", default=5, maximum=50)
         if not 0 <= request.min_similarity <= 1:
             raise InvalidArgument("min_similarity", "must be between 0 and 1")
-        rows = await self.repo.search_memory(identity, session_id, request.query.strip(), limit, request.min_similarity)
+        rows = await self.repo.memory.search_memory(identity, session_id, request.query.strip(), limit,
+                                                    request.min_similarity)
         return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows])
 
     async def IndexChunks(self, request, context):
@@ -376,7 +379,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
                 raise InvalidArgument(f"chunks[{i}].content", "required")
-        return pb.IndexChunksResponse(indexed=await self.repo.index_chunks(identity, session_id, request.chunks))
+        return pb.IndexChunksResponse(indexed=await self.repo.memory.index_chunks(identity, session_id, request.chunks))
 
     # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(self, request, context):
@@ -390,7 +393,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if any(value < 0 for value in exact.values()):
             raise InvalidArgument("observation.exact", "counts must not be negative")
         # An exact shape replaces chars; a calibrated one (characters by class) goes beside them.
-        await self.repo.record_observation(obs.model, 0 if obs.exact.content_tokens else obs.chars, obs.tokens, exact)
+        await self.repo.calibration.record_observation(obs.model, 0 if obs.exact.content_tokens else obs.chars,
+                                                       obs.tokens, exact)
         return pb.RecordObservationResponse()
 
     async def ListObservations(self, request, context):
@@ -398,7 +402,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if not request.model:
             raise InvalidArgument("model", "required")
         limit = page_size(request.limit, "limit", default=8, maximum=100)
-        rows = await self.repo.list_observations(request.model, limit, max(limit, EXACT_OBSERVATIONS))
+        rows = await self.repo.calibration.list_observations(request.model, limit, max(limit, EXACT_OBSERVATIONS))
         return pb.ListObservationsResponse(observations=[_observation(r) for r in rows])
 
     async def SetBaseline(self, request, context):
@@ -414,7 +418,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                         "context_truncated": b.context_truncated}
         elif request.only_truncated_flag:
             raise InvalidArgument("baseline", "required with only_truncated_flag")
-        await self.repo.set_baseline(identity, session_id, baseline, request.only_truncated_flag)
+        await self.repo.calibration.set_baseline(identity, session_id, baseline, request.only_truncated_flag)
         return pb.SetBaselineResponse()
 
     async def GetBaseline(self, request, context):
@@ -422,7 +426,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if request.view_budget < 0:
             raise InvalidArgument("view_budget", "must not be negative")
-        row, observations, tokens = await self.repo.get_baseline(identity, session_id, request.model,
+        row, observations, tokens = await self.repo.calibration.get_baseline(identity, session_id, request.model,
                                                                  request.token_digest, request.view_budget)
         response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
         if tokens is not None:
@@ -443,7 +447,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("counts", "seq must be positive and tokens not negative")
         if any(not re.fullmatch(r"[0-9a-f]{32}", c.content_md5) for c in request.counts):
             raise InvalidArgument("counts", "content_md5 must be the md5 (32 lowercase hex) of the counted content")
-        updated = await self.repo.set_token_counts(identity, session_id, request.token_digest,
+        updated = await self.repo.sessions.set_token_counts(identity, session_id, request.token_digest,
                                                    [c.seq for c in request.counts], [c.tokens for c in request.counts],
                                                    [c.content_md5 for c in request.counts])
         return pb.SetTokenCountsResponse(updated=updated)
@@ -459,7 +463,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if field:
             raise InvalidArgument(field, "must not contain NUL characters")
         session_id = parse_session_id(header.session_id, "header.session_id")
-        await self.repo.get_session(identity, session_id)
+        await self.repo.sessions.get_session(identity, session_id)
         if header.kind == pb.FILE_KIND_IMAGE:
             data = bytearray()
             async for part in request_iterator:
@@ -467,11 +471,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 if len(data) > self.files.max_bytes:
                     raise ResourceExhausted(f"image exceeds the {self.files.max_bytes}-byte file limit")
             before = await asyncio.to_thread(self.files.file_names, str(session_id))
-            await self.repo.reserve_file_bytes(identity, session_id, len(data))
+            await self.repo.usage.reserve_file_bytes(identity, session_id, len(data))
             info = await asyncio.to_thread(self.files.save_image, str(session_id), bytes(data))
             deduplicated = info.name in before
             if not deduplicated:
-                await self.repo.add_file_bytes(session_id, info.size)
+                await self.repo.usage.add_file_bytes(session_id, info.size)
             return pb.PutFileResponse(file=_file_info(info), deduplicated=deduplicated)
         if not header.filename:
             raise InvalidArgument("header.filename", "required")
@@ -483,12 +487,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                     raise InvalidArgument("header", "only the first message may carry a header")
                 await asyncio.to_thread(upload.write, part.chunk)
                 written += len(part.chunk)
-            await self.repo.reserve_file_bytes(identity, session_id, written)
+            await self.repo.usage.reserve_file_bytes(identity, session_id, written)
             info = await asyncio.to_thread(upload.commit)
         except BaseException:
             await asyncio.to_thread(upload.abort)
             raise
-        await self.repo.add_file_bytes(session_id, info.size)
+        await self.repo.usage.add_file_bytes(session_id, info.size)
         return pb.PutFileResponse(file=_file_info(info))
 
     async def GetFile(self, request, context):
@@ -496,7 +500,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if not request.name:
             raise InvalidArgument("name", "required")
-        await self.repo.get_session(identity, session_id)
+        await self.repo.sessions.get_session(identity, session_id)
         info = await asyncio.to_thread(self.files.file_info, str(session_id), request.name)
         chunks = await asyncio.to_thread(self.files.iter_chunks, str(session_id), request.name, FILE_CHUNK)
         yield pb.GetFileResponse(info=_file_info(info))
@@ -509,7 +513,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def ListFiles(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
-        await self.repo.get_session(identity, session_id)
+        await self.repo.sessions.get_session(identity, session_id)
         files = await asyncio.to_thread(self.files.list_files, str(session_id))
         return pb.ListFilesResponse(files=[_file_info(f) for f in files])
 

@@ -1,17 +1,13 @@
-"""All SQL of the SessionStore, one method per mutation or query; parameters always bound.
+"""Sessions and their messages: the sessions row (counters, revision), session_messages (the hot
+window), session_messages_archive (rows moved out past it) and applied_appends (idempotent appends).
 
-Every write to a session locks its row, checks ownership and `expected_revision`, and bumps the
-revision in the same transaction, so two writers can never interleave unnoticed.
+Every write locks the session's row, checks ownership and `expected_revision`, and bumps the
+revision in the same transaction (see access), so two writers can never interleave unnoticed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import re
-import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -21,15 +17,17 @@ import asyncpg
 
 from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
-from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from services.shared.validation import capped
-from services.session_store import convert, share_links
-from services.session_store.convert import INSERT_COLUMNS, MESSAGE_COLUMNS
+from services.session_store import convert
+from services.session_store.convert import INSERT_COLUMNS
+from services.session_store.repository.access import (
+    check_revision, like_pattern, lock_session, readable, rows_affected, visible,
+)
+from services.session_store.repository.calibration import forget_baseline
+from services.session_store.repository.memory import insert_chunks
+from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
+from services.session_store.repository.usage import OwnerUsage
 
 PLANNING_LOG_CAP = 20
-# A recall query is the user's whole message; its first words carry enough to find candidates.
-MEMORY_QUERY_CHARS = 500
-MEMORY_CANDIDATES_PER_RESULT = 10
 PREVIEW_CHARS = 120
 
 _SORT_COLUMNS = {
@@ -39,36 +37,10 @@ _SORT_COLUMNS = {
     "message_count": "s.display_count",
 }
 
-# What a row weighs against the hot window's byte cap: one definition, in SQL, for every counter.
-ROW_BYTES = ("(octet_length(content) + octet_length(thinking) + octet_length(tool_calls::text)"
-             " + coalesce((SELECT sum(octet_length(i)) FROM unnest(images) i), 0))")
-
-
-
-def new_rows_bytes(first_seq_param: str) -> str:
-    """SQL for the bytes of a session's rows from seq `first_seq_param` on: O(new rows), inside the
-    statement that updates the counters (no round trip of its own)."""
-    return (f"(SELECT coalesce(sum({ROW_BYTES}), 0) FROM session_messages"
-            f" WHERE session_id = $1 AND seq >= {first_seq_param})")
-
-
 _INSERT_SQL = (
     f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES "
     f"({', '.join(f'${i}' for i in range(1, 26))})"
 )
-
-# Hot and archived rows read as one history; `archived` tells them apart.
-_BOTH_TABLES = f"""
-    SELECT {MESSAGE_COLUMNS}, false AS archived FROM session_messages WHERE session_id = $1 AND {{where}}
-    UNION ALL
-    SELECT {MESSAGE_COLUMNS}, true AS archived FROM session_messages_archive WHERE session_id = $1 AND {{where}}
-"""
-
-
-def like_pattern(text: str) -> str:
-    """A substring ILIKE pattern matching `text` literally."""
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
 
 
 def snippet_around(content: str, query: str, radius: int = 60) -> str:
@@ -77,54 +49,6 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
         return content[: radius * 2]
     start, end = max(0, at - radius), min(len(content), at + len(query) + radius)
     return ("…" if start else "") + content[start:end] + ("…" if end < len(content) else "")
-
-
-# The columns of an exact observation are the fields of PromptShape, one owner for both.
-EXACT_FIELDS = tuple(f.name for f in common_pb2.PromptShape.DESCRIPTOR.fields)
-# The calibrated line fits the newest 8 (calibration.OBSERVATION_WINDOW); the per-class rates,
-# with eight constants to learn, the newest 16.
-CHAR_OBSERVATIONS = 16
-EXACT_OBSERVATIONS = 32  # the template fit: per model, so every session of it contributes
-# A cut view can come out a few tokens over its budget where a merge crosses the cut. Only rows
-# without tool calls are capped: calls are never cut, so such a row may cost more than the budget.
-CUT_SEAM_TOKENS = 4
-_COUNTED = "token_digest = $2 AND cardinality(images) = 0"
-# A session, its baseline and its context's size from stored counts in one round trip: the
-# pre-call size check runs before every model call, so its reads must not add up.
-_BASELINE_COLUMNS = ("tokens", "through_seq", "model", "context_truncated", "recorded_at")
-_SESSION_AND_BASELINE = f"""
-    SELECT s.owner, s.revision, b.session_id IS NOT NULL AS has_baseline,
-           {', '.join(f'b.{c} AS baseline_{c}' for c in _BASELINE_COLUMNS)}{{more}}
-      FROM sessions s LEFT JOIN session_baselines b ON b.session_id = s.id{{join}}
-     WHERE s.id = $1
-"""
-_SESSION_BASELINE_SQL = _SESSION_AND_BASELINE.format(more="", join="")
-_COUNTED_CONTEXT_SQL = _SESSION_AND_BASELINE.format(more=", c.*", join=f"""
-     CROSS JOIN LATERAL (
-        SELECT coalesce(sum(CASE WHEN role IN ('assistant', 'tool') AND jsonb_array_length(tool_calls) = 0
-                                 THEN least(token_count, $3) ELSE token_count END) FILTER (WHERE counted), 0)
-                   AS counted_tokens,
-               count(*) FILTER (WHERE counted) AS counted_messages,
-               count(*) FILTER (WHERE counted AND role = 'tool') AS counted_tool_results,
-               coalesce(sum(jsonb_array_length(tool_calls)) FILTER (WHERE counted), 0) AS counted_tool_calls,
-               count(*) FILTER (WHERE NOT counted) AS uncounted_messages
-          FROM (SELECT role, token_count, tool_calls, {_COUNTED} AS counted FROM session_messages
-                 WHERE session_id = $1 AND is_context
-                UNION ALL
-                SELECT role, token_count, tool_calls, {_COUNTED} AS counted FROM session_messages_archive
-                 WHERE session_id = $1 AND is_context) ctx) c""")
-_UNCOUNTED_CONTEXT_SQL = (
-    f"SELECT * FROM ({_BOTH_TABLES.format(where=f'is_context AND NOT ({_COUNTED})')}) rows ORDER BY seq"
-)
-_OBSERVATION_COLUMNS = f"id, model, chars, tokens, observed_at, {', '.join(EXACT_FIELDS)}"
-_OBSERVATIONS_SQL = f"""
-    (SELECT {_OBSERVATION_COLUMNS} FROM calibration_observations WHERE model = $1 AND content_tokens = 0
-     ORDER BY id DESC LIMIT $2)
-    UNION ALL
-    (SELECT {_OBSERVATION_COLUMNS} FROM calibration_observations WHERE model = $1 AND content_tokens > 0
-     ORDER BY id DESC LIMIT $3)
-    ORDER BY id DESC
-"""
 
 
 # A retry comes within its writer's deadline (seconds to minutes); a day of keys is plenty.
@@ -136,14 +60,6 @@ _REMEMBER_APPEND_SQL = """
     )
     INSERT INTO applied_appends (session_id, key, seqs, revision, applied_at) VALUES ($1, $2, $3, $4, $5)
 """
-
-
-def _check_revision(session_id: uuid.UUID, revision: int, expected_revision: int | None) -> None:
-    if expected_revision is not None and revision != expected_revision:
-        raise Aborted(
-            f"session {session_id} is at revision {revision}, not the expected {expected_revision}: "
-            "another writer changed it; reload and retry"
-        )
 
 
 # The sizes of a page's candidate rows, in page order: display rows newest first before $2 (at most
@@ -191,24 +107,6 @@ class AppendResult:
     archived: int
 
 
-# How stale an owner's stored bytes may be when a write is checked against the quota; other
-# replicas' writes meanwhile may pass it by their own size, as concurrent writes always could.
-USAGE_REFRESH_S = 5.0
-USAGE_OWNERS = 100_000
-
-
-@dataclass(frozen=True)
-class Quotas:
-    """What one owner may keep; 0: no limit."""
-
-    max_sessions: int
-    max_bytes: int
-
-
-# Advisory-lock class of per-owner session creation (the second key is the owner's hash).
-_OWNER_LOCK = 0x6F776E  # "own"
-
-
 @dataclass
 class HotWindow:
     """Past either cap, the oldest message groups move to the archive."""
@@ -217,49 +115,14 @@ class HotWindow:
     max_bytes: int
 
 
-class SessionRepository:
-    """The store's one way into PostgreSQL (sessions, messages and their archive, shares, memory chunks,
-    baselines, calibration): the servicer turns protos and callers into these calls, this runs the SQL."""
+class Sessions:
+    """Sessions, their messages and the archive: create, append (idempotently), read, compress, trim."""
 
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes,
-                 quotas: Quotas = Quotas(0, 0)):
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, usage: OwnerUsage):
         self.pool = pool
         self.hot_window = hot_window
-        self.share_key = share_key
-        self.quotas = quotas
-        # Each owner's stored bytes as last read, with when: see _owner_bytes.
-        self._usage: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self.usage = usage
 
-    # -- access ----------------------------------------------------------------------------
-    async def _lock_session(
-        self, conn: asyncpg.Connection, session_id: uuid.UUID, identity: Identity, expected_revision: int | None
-    ) -> asyncpg.Record:
-        row = await conn.fetchrow(
-            "SELECT owner, revision, next_seq, hot_count, hot_bytes FROM sessions WHERE id = $1 FOR UPDATE",
-            session_id,
-        )
-        if row is None:
-            raise NotFound(f"session {session_id} not found")
-        identity.require_access(row["owner"], str(session_id))
-        _check_revision(session_id, row["revision"], expected_revision)
-        return row
-
-    async def _readable(self, conn: asyncpg.Connection, session_id: uuid.UUID, identity: Identity) -> asyncpg.Record:
-        row = await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", session_id)
-        if row is None:
-            raise NotFound(f"session {session_id} not found")
-        identity.require_access(row["owner"], str(session_id))
-        return row
-
-    @staticmethod
-    def _visible(identity: Identity, params: list[Any]) -> str:
-        """A WHERE fragment limiting sessions to the caller's (admins and auth-off see all)."""
-        if not identity.enforced or identity.is_admin:
-            return "true"
-        params.append(identity.sub)
-        return f"s.owner = ${len(params)}"
-
-    # -- sessions --------------------------------------------------------------------------
     async def create_session(
         self,
         identity: Identity,
@@ -273,74 +136,23 @@ class SessionRepository:
     ) -> asyncpg.Record:
         owner = identity.owner_for_new_session
         async with self.pool.acquire() as conn, conn.transaction():
-            if self.quotas.max_sessions and owner is not None:
-                # One creation at a time per owner, so two at once cannot both take the last place.
-                await conn.execute("SELECT pg_advisory_xact_lock($1::int, hashtext($2))", _OWNER_LOCK, owner)
-                count = await conn.fetchval("SELECT count(*) FROM sessions WHERE owner = $1", owner)
-                if count >= self.quotas.max_sessions:
-                    raise ResourceExhausted(
-                        f"session quota: {capped(owner, 100)} has {count:,} sessions, the most one "
-                        f"owner may keep (PALIMPSEST_OWNER_MAX_SESSIONS = {self.quotas.max_sessions:,}); "
-                        "delete or clean up sessions first")
+            await self.usage.check_session_count(conn, owner)
             return await conn.fetchrow(
                 "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
                 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
                 uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata,
             )
 
-    async def _check_storage(self, conn: asyncpg.Connection, owner: str | None, adding: int) -> None:
-        """Refuse a write that would take the owner past the storage quota (messages and files of
-        all their sessions). Checked before writing: concurrent writes may pass it by their own size.
-        Ownerless (legacy, admin-only) sessions have no quota."""
-        if not self.quotas.max_bytes or adding <= 0 or owner is None:
-            return
-        used = await self._owner_bytes(conn, owner)
-        if used + adding > self.quotas.max_bytes:
-            raise ResourceExhausted(
-                f"storage quota: {capped(owner, 100)} stores {used:,} bytes; {adding:,} more would pass "
-                f"the {self.quotas.max_bytes:,} one owner may keep (PALIMPSEST_OWNER_MAX_MB); "
-                "delete or trim sessions first")
-        self._usage[owner] = (used + adding, self._usage[owner][1])
-
-    def _forget_usage(self) -> None:
-        """After a delete or trim has committed: what owners store went down, read it again."""
-        self._usage.clear()
-
-    async def _owner_bytes(self, conn: asyncpg.Connection, owner: str) -> int:
-        """What the owner stores: summed over their sessions at most every USAGE_REFRESH_S, and
-        kept up with this replica's own writes in between. The sum costs ~1.7 ms for an owner of
-        10,000 sessions; paid on every append, it stood between a user's message and the model."""
-        now = time.monotonic()
-        cached = self._usage.get(owner)
-        if cached is not None and now - cached[1] < USAGE_REFRESH_S:
-            return cached[0]
-        used = await conn.fetchval("SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions"
-                                   " WHERE owner = $1", owner)
-        self._usage[owner] = (used, now)
-        self._usage.move_to_end(owner)
-        while len(self._usage) > USAGE_OWNERS:
-            self._usage.popitem(last=False)
-        return used
-
-    async def reserve_file_bytes(self, identity: Identity, session_id: uuid.UUID, size: int) -> None:
-        """Before a file is kept: refused past the owner's storage quota."""
-        async with self.pool.acquire() as conn:
-            row = await self._readable(conn, session_id, identity)
-            await self._check_storage(conn, row["owner"], size)
-
-    async def add_file_bytes(self, session_id: uuid.UUID, size: int) -> None:
-        await self.pool.execute("UPDATE sessions SET file_bytes = file_bytes + $2 WHERE id = $1", session_id, size)
-
     async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
         async with self.pool.acquire() as conn:
-            return await self._readable(conn, session_id, identity)
+            return await readable(conn, session_id, identity)
 
     async def read_session(self, identity: Identity, session_id: uuid.UUID, *, display_budget: int = 0,
                            context_budget: int = 0, context_offset: int = 0) -> SessionRead:
         """The session's row and, for each budget given, its newest display messages / its context
         from `context_offset` on, each within its budget in bytes; all from one snapshot."""
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            read = SessionRead(await self._readable(conn, session_id, identity))
+            read = SessionRead(await readable(conn, session_id, identity))
             if display_budget:
                 read.display = await self._page(conn, session_id, _DISPLAY_NEWEST, [2**62, 2**62], display_budget)
                 read.display.messages.reverse()  # read newest first, shown oldest first
@@ -356,7 +168,7 @@ class SessionRepository:
         sizes = await conn.fetch(sizes_sql, session_id, *params)
         taken = rows_within([r["bytes"] for r in sizes[:max_rows]], budget)
         seqs = [r["seq"] for r in sizes[:taken]]
-        rows = await conn.fetch(_BOTH_TABLES.format(where="seq = ANY($2::bigint[])"), session_id, seqs)
+        rows = await conn.fetch(BOTH_TABLES.format(where="seq = ANY($2::bigint[])"), session_id, seqs)
         by_seq = {r["seq"]: convert.message_from_row(r, archived=r["archived"]) for r in rows}
         return Page([by_seq[seq] for seq in seqs if seq in by_seq], has_more=taken < len(sizes))
 
@@ -372,7 +184,7 @@ class SessionRepository:
         offset: int,
     ) -> tuple[list[asyncpg.Record], int]:
         params: list[Any] = []
-        where = [self._visible(identity, params)]
+        where = [visible(identity, params)]
         if profile_id:
             params.append(profile_id)
             where.append(f"s.profile_id = ${len(params)}")
@@ -411,11 +223,11 @@ class SessionRepository:
     ) -> list[tuple[str, list[int], str]]:
         """Display indices where `query` appears, per session, in one aggregate query."""
         params: list[Any] = [session_ids]
-        visible = self._visible(identity, params)
+        callers = visible(identity, params)
         params.append(like_pattern(query))
         rows = await self.pool.fetch(
             f"""
-            WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {visible}),
+            WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {callers}),
             hits AS (
                 -- the matching rows first, where the trigram index applies
                 SELECT session_id, seq, content FROM session_messages
@@ -453,7 +265,7 @@ class SessionRepository:
         first, within `budget` bytes; `has_more` when older ones remain."""
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             if identity is not None:
-                await self._readable(conn, session_id, identity)
+                await readable(conn, session_id, identity)
             before = before_seq if before_seq > 0 else 2**62
             page = await self._page(conn, session_id, _ARCHIVED_NEWEST if archive_only else _DISPLAY_NEWEST,
                                     [before, limit + 1], budget, max_rows=limit)
@@ -473,15 +285,15 @@ class SessionRepository:
         async with self.pool.acquire() as conn, conn.transaction():
             # The key is looked up before the revision check: the first attempt moved the revision,
             # and its retry must get that attempt's answer, not a conflict.
-            locked = await self._lock_session(conn, session_id, identity, None)
+            locked = await lock_session(conn, session_id, identity, None)
             if idempotency_key:
                 applied = await conn.fetchrow(
                     "SELECT seqs, revision FROM applied_appends WHERE session_id = $1 AND key = $2",
                     session_id, idempotency_key)
                 if applied is not None:
                     return AppendResult(seqs=list(applied["seqs"]), revision=applied["revision"], archived=0)
-            _check_revision(session_id, locked["revision"], expected_revision)
-            await self._check_storage(conn, locked["owner"], sum(m.ByteSize() for m in messages))
+            check_revision(session_id, locked["revision"], expected_revision)
+            await self.usage.check_storage(conn, locked["owner"], sum(m.ByteSize() for m in messages))
             first = locked["next_seq"]
             seqs = list(range(first, first + len(messages)))
             rows = [convert.message_row(session_id, seq, m, now) for seq, m in zip(seqs, messages)]
@@ -510,7 +322,7 @@ class SessionRepository:
     async def update_session(self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any],
                              expected_revision: int | None) -> asyncpg.Record:
         async with self.pool.acquire() as conn, conn.transaction():
-            await self._lock_session(conn, session_id, identity, expected_revision)
+            await lock_session(conn, session_id, identity, expected_revision)
             current = await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", session_id)
             sets: dict[str, Any] = {}
             for key in ("name", "pinned", "profile_id", "context_token_count", "provider", "model"):
@@ -543,7 +355,7 @@ class SessionRepository:
     async def set_context_flag(self, identity: Identity, session_id: uuid.UUID, seqs: list[int], is_context: bool,
                                expected_revision: int | None) -> tuple[int, int]:
         async with self.pool.acquire() as conn, conn.transaction():
-            await self._lock_session(conn, session_id, identity, expected_revision)
+            await lock_session(conn, session_id, identity, expected_revision)
             updated = await self._set_flag(conn, session_id, seqs, is_context)
             revision = await self._bump(conn, session_id)
         return updated, revision
@@ -557,7 +369,7 @@ class SessionRepository:
                 f"UPDATE {table} SET is_context = $3 WHERE session_id = $1 AND seq = ANY($2::bigint[])",
                 session_id, seqs, is_context,
             )
-            total += int(status.split()[-1])
+            total += rows_affected(status)
         return total
 
     @staticmethod
@@ -583,7 +395,7 @@ class SessionRepository:
     ) -> dict[str, int]:
         now = datetime.now(timezone.utc)
         async with self.pool.acquire() as conn, conn.transaction():
-            locked = await self._lock_session(conn, session_id, identity, expected_revision)
+            locked = await lock_session(conn, session_id, identity, expected_revision)
             await self._set_flag(conn, session_id, demote_seqs, False)
             next_seq = locked["next_seq"]
             result = {"summary_seq": 0, "marker_seq": 0}
@@ -605,7 +417,7 @@ class SessionRepository:
                 added.append((next_seq, marker))
                 next_seq += 1
             await conn.executemany(_INSERT_SQL, [convert.message_row(session_id, s, m, now) for s, m in added])
-            result["chunks_indexed"] = await self._insert_chunks(conn, session_id, chunks)
+            result["chunks_indexed"] = await insert_chunks(conn, session_id, chunks)
             updated = await conn.fetchrow(
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
@@ -620,7 +432,7 @@ class SessionRepository:
             )
             result["revision"] = updated["revision"]
             # The context just shrank: the last real prompt size no longer describes it.
-            await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
+            await forget_baseline(conn, session_id)
             result["archived"] = 0
             if archive and self._over_hot_window(updated["hot_count"], updated["hot_bytes"]):
                 result["archived"] = await self._archive_overflow(conn, session_id)
@@ -671,7 +483,7 @@ class SessionRepository:
             """,
             session_id, below_seq, protected,
         )
-        moved = int(status.split()[-1])
+        moved = rows_affected(status)
         if moved:
             await conn.execute(
                 f"""
@@ -686,7 +498,7 @@ class SessionRepository:
 
     async def archive_old_messages(self, identity: Identity, session_id: uuid.UUID, below_seq: int) -> int:
         async with self.pool.acquire() as conn, conn.transaction():
-            await self._lock_session(conn, session_id, identity, None)
+            await lock_session(conn, session_id, identity, None)
             rows = await conn.fetch(
                 "SELECT seq, role, is_summary FROM session_messages WHERE session_id = $1 AND seq < $2 ORDER BY seq",
                 session_id, below_seq,
@@ -704,7 +516,7 @@ class SessionRepository:
     async def trim_session(self, identity: Identity, session_id: uuid.UUID, keep: int) -> tuple[int, int]:
         """Keep the newest `keep` messages, the first system message counting as one of them."""
         async with self.pool.acquire() as conn, conn.transaction():
-            await self._lock_session(conn, session_id, identity, None)
+            await lock_session(conn, session_id, identity, None)
             rows = await conn.fetch(
                 "SELECT seq, role FROM session_messages WHERE session_id = $1"
                 " UNION ALL SELECT seq, role FROM session_messages_archive WHERE session_id = $1 ORDER BY seq",
@@ -734,8 +546,8 @@ class SessionRepository:
                     )
                 await self._recount(conn, session_id)
                 # The last real prompt size described rows that are gone.
-                await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
-        self._forget_usage()
+                await forget_baseline(conn, session_id)
+        self.usage.forget()
         return before, before - len(drop)
 
     @staticmethod
@@ -743,7 +555,7 @@ class SessionRepository:
         await conn.execute(
             f"""
             UPDATE sessions s SET revision = revision + 1, last_active = now(), context_token_count = 0,
-                   display_count = (SELECT count(*) FROM ({_BOTH_TABLES.format(where="is_display")}) d),
+                   display_count = (SELECT count(*) FROM ({BOTH_TABLES.format(where="is_display")}) d),
                    hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
                    hot_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0)
                                   FROM session_messages WHERE session_id = $1),
@@ -753,7 +565,7 @@ class SessionRepository:
                         SELECT content, thinking, tool_calls, images FROM session_messages_archive
                          WHERE session_id = $1) m),
                    preview = coalesce((SELECT left(content, {PREVIEW_CHARS}) FROM (
-                        {_BOTH_TABLES.format(where="role = 'user' AND content <> ''")}) u ORDER BY seq LIMIT 1), '')
+                        {BOTH_TABLES.format(where="role = 'user' AND content <> ''")}) u ORDER BY seq LIMIT 1), '')
              WHERE id = $1
             """,
             session_id,
@@ -761,189 +573,23 @@ class SessionRepository:
 
     async def delete_session(self, identity: Identity, session_id: uuid.UUID) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
-            await self._lock_session(conn, session_id, identity, None)
+            await lock_session(conn, session_id, identity, None)
             # Messages, archive, chunks, shares and baselines go with it (ON DELETE CASCADE).
             await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
-        self._forget_usage()
+        self.usage.forget()
 
     async def cleanup_sessions(self, identity: Identity, older_than_days: int) -> list[str]:
         params: list[Any] = [older_than_days]
-        visible = self._visible(identity, params)
+        callers = visible(identity, params)
         rows = await self.pool.fetch(
-            f"DELETE FROM sessions s WHERE s.last_active < now() - make_interval(days => $1) AND {visible}"
+            f"DELETE FROM sessions s WHERE s.last_active < now() - make_interval(days => $1) AND {callers}"
             " RETURNING s.id"
             if older_than_days > 0
-            else f"DELETE FROM sessions s WHERE ($1::int = 0) AND {visible} RETURNING s.id",
+            else f"DELETE FROM sessions s WHERE ($1::int = 0) AND {callers} RETURNING s.id",
             *params,
         )
-        self._forget_usage()
+        self.usage.forget()
         return [str(r["id"]) for r in rows]
-
-    async def existing_ids(self, ids: list[str]) -> set[str]:
-        rows = await self.pool.fetch("SELECT id FROM sessions WHERE id = ANY($1::uuid[])", ids)
-        return {str(r["id"]) for r in rows}
-
-    # -- shares ----------------------------------------------------------------------------
-    async def create_share(self, identity: Identity, session_id: uuid.UUID) -> tuple[str, datetime]:
-        """The session's one link, the same on every call (recomputed from the key and the row's
-        nonce). A row from before tokens were derived has no nonce: it gets one, so a new link,
-        and its old link keeps working through the hash kept aside."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = await self._lock_session(conn, session_id, identity, None)
-            if row["next_seq"] <= 1:
-                raise FailedPrecondition(f"session {session_id} has no messages yet; share it after the first one")
-            existing = await conn.fetchrow("SELECT nonce, created_at FROM session_shares WHERE session_id = $1",
-                                           session_id)
-            if existing is not None and existing["nonce"] is not None:
-                return share_links.share_token(self.share_key, session_id, existing["nonce"]), existing["created_at"]
-            nonce = share_links.new_nonce()
-            token = share_links.share_token(self.share_key, session_id, nonce)
-            created_at = await conn.fetchval(
-                "INSERT INTO session_shares (session_id, nonce, token_hash) VALUES ($1, $2, $3)"
-                " ON CONFLICT (session_id) DO UPDATE SET nonce = $2, token_hash = $3,"
-                "     legacy_token_hash = session_shares.token_hash"
-                " RETURNING created_at",
-                session_id, nonce, share_links.token_hash(token),
-            )
-            return token, created_at
-
-    async def shared_session(self, token: str) -> asyncpg.Record:
-        # Looked up by hash; then the token must be the one this server's key makes for the row
-        # (compared in constant time), so a link outlives neither its session nor the key.
-        digest = share_links.token_hash(token)
-        row = await self.pool.fetchrow(
-            "SELECT sh.nonce, sh.token_hash = $1 AS current, s.id, s.name, s.profile_id, s.created_at, s.last_active"
-            " FROM session_shares sh JOIN sessions s ON s.id = sh.session_id"
-            " WHERE sh.token_hash = $1 OR sh.legacy_token_hash = $1",
-            digest,
-        )
-        if row is None or not _share_matches(row, token, self.share_key):
-            raise NotFound("share link not found (the session may have been deleted)")
-        return row
-
-    # -- raw chunks ------------------------------------------------------------------------
-    @staticmethod
-    async def _insert_chunks(conn: asyncpg.Connection, session_id: uuid.UUID,
-                             chunks: Sequence[common_pb2.RawChunk]) -> int:
-        indexed = 0
-        for chunk in chunks:
-            content_hash = chunk.content_hash or hashlib.sha256(chunk.content.encode()).hexdigest()
-            status = await conn.execute(
-                "INSERT INTO memory_chunks (session_id, content, content_hash, first_seq, last_seq, first_at, last_at,"
-                " breadcrumbs) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (session_id, content_hash) DO NOTHING",
-                session_id, chunk.content, content_hash, chunk.turn_range.first, chunk.turn_range.last,
-                convert.to_datetime(chunk.first_at), convert.to_datetime(chunk.last_at), list(chunk.breadcrumbs),
-            )
-            indexed += int(status.split()[-1])
-        return indexed
-
-    async def index_chunks(self, identity: Identity, session_id: uuid.UUID,
-                           chunks: Sequence[common_pb2.RawChunk]) -> int:
-        async with self.pool.acquire() as conn, conn.transaction():
-            await self._readable(conn, session_id, identity)
-            return await self._insert_chunks(conn, session_id, chunks)
-
-    async def search_memory(self, identity: Identity, session_id: uuid.UUID, query: str, limit: int,
-                            min_similarity: float) -> list[dict[str, Any]]:
-        """Chunks ranked by how much of the query they hold; a verbatim hit (an id, a path) first.
-
-        A full-text index picks the candidates (any query word), so the cost does not grow with
-        the session's history; the final score is computed over those few."""
-        async with self.pool.acquire() as conn:
-            await self._readable(conn, session_id, identity)
-            rows = await conn.fetch(
-                """
-                WITH q AS (SELECT replace(plainto_tsquery('simple', $2)::text, ' & ', ' | ')::tsquery AS tsq)
-                SELECT c.id, c.session_id, c.content, c.content_hash, c.first_seq, c.last_seq, c.first_at,
-                       c.last_at, c.breadcrumbs
-                  FROM memory_chunks c, q
-                 WHERE c.session_id = $1 AND (c.tsv @@ q.tsq OR c.content ILIKE $3 OR $2 = ANY(c.breadcrumbs))
-                 ORDER BY (c.content ~* $5) DESC, (c.content ILIKE $3) DESC, ts_rank_cd(c.tsv, q.tsq) DESC, c.id
-                 LIMIT $4
-                """,
-                session_id, query[:MEMORY_QUERY_CHARS], like_pattern(query), limit * MEMORY_CANDIDATES_PER_RESULT,
-                whole_token_pattern(query),
-            )
-        scored = [(memory_score(query, row["content"], row["breadcrumbs"]), row) for row in rows]
-        scored = [(score, row) for score, row in scored if score > 0 and score >= min_similarity]
-        scored.sort(key=lambda pair: (-pair[0], pair[1]["id"]))
-        return [dict(row) | {"score": score} for score, row in scored[:limit]]
-
-    # -- calibration and baselines -----------------------------------------------------------
-    async def record_observation(self, model: str, chars: int, tokens: int, exact: dict[str, int] | None = None) -> None:
-        exact = exact or {}
-        await self.pool.execute(
-            f"INSERT INTO calibration_observations (model, chars, tokens, {', '.join(EXACT_FIELDS)})"
-            f" VALUES ($1, $2, $3, {', '.join(f'${i}' for i in range(4, 4 + len(EXACT_FIELDS)))})",
-            model, chars, tokens, *(exact.get(name, 0) for name in EXACT_FIELDS),
-        )
-
-    async def list_observations(self, model: str, limit: int = CHAR_OBSERVATIONS,
-                                exact_limit: int = EXACT_OBSERVATIONS, conn=None) -> list[asyncpg.Record]:
-        """The newest observations of both kinds (chars for the calibrated line, exact shapes for
-        the template fit), newest first."""
-        return await (conn or self.pool).fetch(_OBSERVATIONS_SQL, model, limit, exact_limit)
-
-    async def set_baseline(self, identity: Identity, session_id: uuid.UUID, baseline: dict[str, Any] | None,
-                           only_truncated_flag: bool) -> None:
-        async with self.pool.acquire() as conn, conn.transaction():
-            await self._readable(conn, session_id, identity)
-            if baseline is None:
-                await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
-            elif only_truncated_flag:
-                # A session may be flagged before it ever had an honest baseline (tokens 0 = none).
-                await conn.execute(
-                    """
-                    INSERT INTO session_baselines (session_id, tokens, through_seq, context_truncated)
-                    VALUES ($1, 0, 0, $2)
-                    ON CONFLICT (session_id) DO UPDATE SET context_truncated = $2
-                    """,
-                    session_id, baseline["context_truncated"],
-                )
-            else:
-                # The truncated flag survives a later honest baseline: only the post-turn pass
-                # (or a compression, which deletes the row) consumes it.
-                await conn.execute(
-                    """
-                    INSERT INTO session_baselines (session_id, tokens, through_seq, model, context_truncated)
-                    VALUES ($1, $2, $3, $4, $5)
-                    ON CONFLICT (session_id) DO UPDATE SET tokens = $2, through_seq = $3, model = $4,
-                        context_truncated = session_baselines.context_truncated OR $5, recorded_at = now()
-                    """,
-                    session_id, baseline["tokens"], baseline["through_seq"], baseline["model"],
-                    baseline["context_truncated"],
-                )
-
-    async def get_baseline(self, identity: Identity, session_id: uuid.UUID, model: str = "", token_digest: str = "",
-                           view_budget: int = 0) -> tuple[dict | None, list[asyncpg.Record], dict | None]:
-        """The session's baseline and, when `model` is given, its newest observations; with a
-        `token_digest`, the context's size from stored counts and the rows not counted yet. One
-        round trip when every context row is counted (the usual case before a model call)."""
-        async with self.pool.acquire() as conn:
-            if token_digest:
-                cap = min(view_budget + CUT_SEAM_TOKENS, 2**31 - 1) if view_budget > 0 else 2**31 - 1
-                row = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
-            else:
-                row = await conn.fetchrow(_SESSION_BASELINE_SQL, session_id)
-            if row is None:
-                raise NotFound(f"session {session_id} not found")
-            identity.require_access(row["owner"], str(session_id))
-            observations = await self.list_observations(model, conn=conn) if model else []
-            tokens = None
-            if token_digest:
-                uncounted = []
-                if row["uncounted_messages"]:
-                    # The sum and the rows it left out, from one snapshot: a count written between
-                    # two reads would leave its row out of both.
-                    async with conn.transaction(isolation="repeatable_read", readonly=True):
-                        row = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
-                        uncounted = await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
-                tokens = {name: row[name] for name in
-                          ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls")}
-                tokens |= {"uncounted": [convert.message_from_row(r, archived=r["archived"]) for r in uncounted],
-                           "revision": row["revision"]}
-        baseline = ({c: row[f"baseline_{c}"] for c in _BASELINE_COLUMNS} if row["has_baseline"] else None)
-        return baseline, observations, tokens
 
     async def set_token_counts(self, identity: Identity, session_id: uuid.UUID, token_digest: str,
                                seqs: Sequence[int], tokens: Sequence[int], content_md5: Sequence[str]) -> int:
@@ -952,7 +598,7 @@ class SessionRepository:
         could otherwise put any count on it. Counts are derived data, not content: the revision
         stays, so a count written beside a turn never makes that turn's next write ABORTED."""
         async with self.pool.acquire() as conn, conn.transaction():
-            await self._readable(conn, session_id, identity)
+            await readable(conn, session_id, identity)
             updated = 0
             for table in ("session_messages", "session_messages_archive"):
                 status = await conn.execute(
@@ -963,36 +609,12 @@ class SessionRepository:
                     """,
                     session_id, token_digest, list(seqs), list(tokens), list(content_md5),
                 )
-                updated += int(status.split()[-1])
+                updated += rows_affected(status)
         return updated
 
-
-def whole_token_pattern(query: str) -> str:
-    """A regex (Python's and PostgreSQL's alike) matching the query as a whole token: marker-1,
-    not the marker-1 inside marker-10."""
-    return rf"(^|[^[:alnum:]_-]){re.escape(query)}($|[^[:alnum:]_-])"
-
-
-def memory_score(query: str, content: str, breadcrumbs: Sequence[str]) -> float:
-    """The share of the query's words a chunk holds (0–1), plus 1 when it holds the query as a
-    whole token (0.5 when only inside a longer one)."""
-    text = (content + " " + " ".join(breadcrumbs)).lower()
-    q = query.lower()
-    words = {w for w in re.findall(r"[\w./:-]+", q) if len(w) > 1}
-    coverage = sum(1 for w in words if w in text) / len(words) if words else 0.0
-    if q not in text:
-        return coverage
-    whole = re.search(rf"(?<![\w-]){re.escape(q)}(?![\w-])", text) is not None
-    return (1.0 if whole else 0.5) + coverage
-
-
-def _share_matches(row: asyncpg.Record, token: str, key: bytes) -> bool:
-    """A link made from the key and the row's nonce, or (rows from before keys) one whose stored
-    hash matched: that hash was the only record of it."""
-    if not row["current"] or row["nonce"] is None:
-        return True
-    expected = share_links.share_token(key, row["id"], row["nonce"])
-    return hmac.compare_digest(expected.encode(), token.encode())
+    async def existing_ids(self, ids: list[str]) -> set[str]:
+        rows = await self.pool.fetch("SELECT id FROM sessions WHERE id = ANY($1::uuid[])", ids)
+        return {str(r["id"]) for r in rows}
 
 
 def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
@@ -1004,12 +626,3 @@ def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
         if seq is not None:
             protected.add(seq)
     return protected
-
-
-def parse_session_id(value: str, field: str = "session_id") -> uuid.UUID:
-    if not value:
-        raise InvalidArgument(field, "required")
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise InvalidArgument(field, f"{value!r} is not a session id (a UUID)") from None

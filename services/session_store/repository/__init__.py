@@ -1,0 +1,36 @@
+"""All SQL of the SessionStore, one module per aggregate and one place for each table's SQL;
+parameters are always bound.
+
+- sessions: sessions, session_messages, session_messages_archive, applied_appends
+- memory: memory_chunks (recall)
+- shares: session_shares
+- calibration: calibration_observations, session_baselines
+- usage: the per-owner quotas over the sessions' byte counters
+- access: the ownership and revision checks every part shares
+
+The schema itself lives in migrations/ only (applied by db.migrate).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from services.session_store.repository.calibration import Calibration
+from services.session_store.repository.memory import MemoryChunks
+from services.session_store.repository.sessions import HotWindow, Sessions
+from services.session_store.repository.shares import Shares
+from services.session_store.repository.usage import OwnerUsage, Quotas
+
+__all__ = ["HotWindow", "Quotas", "SessionRepository"]
+
+
+class SessionRepository:
+    """The parts over one pool; the servicer calls each part for its own tables."""
+
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes,
+                 quotas: Quotas = Quotas(0, 0)):
+        self.usage = OwnerUsage(pool, quotas)
+        self.sessions = Sessions(pool, hot_window=hot_window, usage=self.usage)
+        self.memory = MemoryChunks(pool)
+        self.shares = Shares(pool, share_key)
+        self.calibration = Calibration(pool)
