@@ -31,6 +31,19 @@ EXIT_CODES = {
 }
 
 
+# Statuses whose details our services write for people (they name the limit, the owner, the state):
+# (what to say when a server gave none, what to add after either).
+_QUOTED = {
+    grpc.StatusCode.UNAUTHENTICATED: ("not authenticated", " (set PALIMPSEST_TOKEN to a valid token)"),
+    grpc.StatusCode.PERMISSION_DENIED: ("not allowed", " (PALIMPSEST_TOKEN says who you are: is it the right one?)"),
+    # The store's quotas and size limits: its own details say what to delete.
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (
+        "{where} refused: a quota or size limit was reached; delete or trim sessions, or send less", ""),
+    grpc.StatusCode.ABORTED: ("another change to the session got there first", ": try again"),
+    grpc.StatusCode.FAILED_PRECONDITION: ("{where} refused the call in the session's present state", ""),
+}
+
+
 class CliError(Exception):
     """A failure already phrased for the user; `exit_code` becomes the process status."""
 
@@ -68,18 +81,10 @@ def describe_rpc_error(err: grpc.RpcError, service: str, address: str) -> Servic
         # The service answered: one of its own dependencies is down, and its message names it.
         message = details or f"{where} is unavailable"
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        message = f"{where} did not answer in time: try again, and see pal health if it keeps happening"
-    elif code == grpc.StatusCode.UNAUTHENTICATED:
-        message = f"{details or 'not authenticated'} (set PALIMPSEST_TOKEN to a valid token)"
-    elif code == grpc.StatusCode.PERMISSION_DENIED:
-        message = f"{details or 'not allowed'} (PALIMPSEST_TOKEN says who you are: is it the right one?)"
-    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        # The store's quotas and size limits: its details name the limit and what to delete.
-        message = details or f"{where} refused: a quota or size limit was reached; delete or trim sessions, or send less"
-    elif code == grpc.StatusCode.ABORTED:
-        message = f"{details or 'another change to the session got there first'}: try again"
-    elif code == grpc.StatusCode.FAILED_PRECONDITION:
-        message = details or f"{where} refused the call in the session's present state"
+        message = f"{where} did not answer in time: is it overloaded or stuck? try again"
+    elif code in _QUOTED:
+        without_details, hint = _QUOTED[code]
+        message = (details or without_details.format(where=where)) + hint
     elif code == grpc.StatusCode.UNIMPLEMENTED:
         message = f"{where} does not implement this call: is that the right address?"
     elif code == grpc.StatusCode.CANCELLED:
