@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import signal
 import sys
 import threading
@@ -21,8 +22,15 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
-import grpc_testing
 import pytest
+
+_ROOT_HANDLERS = list(logging.getLogger().handlers)
+import grpc_testing  # noqa: E402
+
+# grpc_testing calls logging.basicConfig() when imported: a stderr handler on the root logger of the
+# whole test process (collection imports this module in every worker). Take it back.
+for _added in [h for h in logging.getLogger().handlers if h not in _ROOT_HANDLERS]:
+    logging.getLogger().removeHandler(_added)
 from grpc_health.v1 import health_pb2
 
 from clients.pal import cli, connection
