@@ -289,6 +289,17 @@ def test_a_stream_closed_without_stream_end_is_an_interrupted_turn_too(pal):
     assert code == 1
 
 
+def test_a_stream_lost_after_stream_end_is_a_complete_turn(pal):
+    def ends_then_drops(services: Services) -> None:
+        _, rpc = services.take_stream()
+        services.send(rpc, [*answer_start(), stream_end(4, text="whole")])
+        rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "Socket closed")
+
+    code, out, err = pal("run", "--json", "write me an answer", server=ends_then_drops)
+    assert json.loads(out.splitlines()[-1])["stream_end"]["text"] == "whole"
+    assert err == "" and code == 0
+
+
 def test_chat_goes_on_in_the_same_session_after_a_turn_is_cut(pal):
     def cut_then_answer(services: Services) -> None:
         first, rpc = services.take_stream()

@@ -85,6 +85,8 @@ def stream_turn(
             except ServiceError as err:
                 if err.code == grpc.StatusCode.CANCELLED and result.interrupts:
                     pass  # the user's Ctrl-C
+                elif renderer.outcome.ended:
+                    pass  # stream_end came first, and it alone says the turn is complete
                 elif began:
                     # Cut mid-turn (the Agent or the network went away): what arrived is on screen,
                     # and the session holds what the Agent kept of the turn.
