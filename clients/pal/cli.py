@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     route_sigint_to_main_thread()
+    return run(argv)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """One command, its failures as one line; without main's process-wide SIGINT routing, which an
+    embedding process (a test playing the server's side) must not have imposed on it."""
     args = build_parser().parse_args(argv)
     out = Output(json=args.json)
     try:

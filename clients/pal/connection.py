@@ -46,6 +46,11 @@ def replicas(address: str) -> list[str]:
     return [part.strip() for part in address.split(",") if part.strip()]
 
 
+def open_channel(target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
+    """The one place pal makes a channel: tests put grpc_testing's channel here to play the server's side."""
+    return grpc.insecure_channel(target, options=options)
+
+
 def channel_target(address: str) -> str:
     parts = replicas(address)
     if len(parts) <= 1:
@@ -121,7 +126,7 @@ class Connection:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.lb_policy_name", "round_robin"),
             ]
-            self._channels[address] = grpc.insecure_channel(channel_target(address), options=options)
+            self._channels[address] = open_channel(channel_target(address), options)
         return self._channels[address]
 
     def _guarded(self, endpoint: Endpoint, stub_class: type, address: str | None = None) -> Any:

@@ -223,6 +223,10 @@ class JsonTurn:
 
     def handle(self, event: AgentEvent) -> None:
         self.outcome.observe(event)
+        if event.WhichOneof("event") is None:
+            # A kind from a newer server (its fields unknown here): a line with no kind would only
+            # trip scripts that look for one, so it is skipped, as LiveTurn skips it.
+            return
         self.output.emit(event)
 
     def note(self, text: str) -> None:
@@ -299,6 +303,7 @@ class LiveTurn:
     # -- events ----------------------------------------------------------------------------------
     def handle(self, event: AgentEvent) -> None:
         self.outcome.observe(event)
+        # None for a kind this pal does not know (a newer server's): no branch takes it, so it is skipped.
         kind = event.WhichOneof("event")
         sub = event.is_subagent
         if kind == "text_delta":
@@ -363,7 +368,8 @@ class LiveTurn:
         if not self.outcome.streamed_text and end.text:
             self._print(Text(end.text), soft_wrap=True)
         if end.reason != agent_pb2.STREAM_END_REASON_COMPLETED:
-            reason = REASON_NAMES.get(end.reason, "ended")
+            # A reason from a newer server has no name here: its number still tells it apart.
+            reason = REASON_NAMES.get(end.reason, f"ended (reason {end.reason})")
             style = "yellow" if end.reason in (agent_pb2.STREAM_END_REASON_STOPPED,
                                                agent_pb2.STREAM_END_REASON_MAX_ITERATIONS) else "bold red"
             self._print(Text(f"■ turn {reason}", style=style))

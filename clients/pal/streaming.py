@@ -19,6 +19,10 @@ from clients.pal.errors import ServiceError
 from clients.pal.render import TurnOutcome, TurnRenderer
 from palimpsest.v1 import agent_pb2, agent_pb2_grpc
 
+# Stop is asked on Ctrl-C, with the turn still streaming: an Agent that does not answer it soon has the
+# call cancelled instead, rather than the turn running on for the unary deadline.
+STOP_TIMEOUT_S = 5.0
+
 
 @dataclass
 class StreamResult:
@@ -55,7 +59,7 @@ def stream_turn(
     def stop_turn(target: str) -> None:
         renderer.note("stopping the turn… (Ctrl-C again to leave)")
         try:
-            stopped = agent.Stop(agent_pb2.StopRequest(session_id=target)).stopped
+            stopped = agent.Stop(agent_pb2.StopRequest(session_id=target), timeout=STOP_TIMEOUT_S).stopped
         except ServiceError:
             stopped = False
         if not stopped:
@@ -73,16 +77,27 @@ def stream_turn(
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         with renderer:
+            began = False
             try:
                 for event in stream:
+                    began = True
                     renderer.handle(event)
             except ServiceError as err:
-                if not (err.code == grpc.StatusCode.CANCELLED and result.interrupts):
+                if err.code == grpc.StatusCode.CANCELLED and result.interrupts:
+                    pass  # the user's Ctrl-C
+                elif renderer.outcome.ended:
+                    pass  # stream_end came first, and it alone says the turn is complete
+                elif began:
+                    # Cut mid-turn (the Agent or the network went away): what arrived is on screen,
+                    # and the session holds what the Agent kept of the turn.
+                    raise err.interrupted_turn(renderer.outcome.session_id or session_id) from None
+                else:
                     raise
             if result.interrupts and not renderer.outcome.ended:
                 renderer.note("■ turn stopped")
     finally:
         signal.signal(signal.SIGINT, previous)
     if require_end and not result.interrupts and not renderer.outcome.ended:
-        raise ServiceError("the Agent closed the stream before the turn ended", grpc.StatusCode.UNKNOWN, "")
+        closed = ServiceError("the Agent closed the stream before the turn ended", grpc.StatusCode.UNKNOWN, "")
+        raise closed.interrupted_turn(renderer.outcome.session_id or session_id)
     return result

@@ -223,13 +223,22 @@ class Chat:
         request = agent_pb2.RunStreamRequest(session_id=self.session_id, profile_id=self.profile_id,
                                              text=body, images=images)
         agent = self.app.conn.agent()
-        result = stream_turn(agent, lambda: agent.RunStream(request),
-                             renderer_for(self.app.out, self.meter), self.session_id)
-        # What was sent is now in the session, even when the turn was stopped.
+        renderer = renderer_for(self.app.out, self.meter)
+        try:
+            result = stream_turn(agent, lambda: agent.RunStream(request), renderer, self.session_id)
+        except ServiceError:
+            if renderer.outcome.session_id:  # cut off mid-turn, but it began: the session has the message
+                self._sent(renderer.outcome.session_id)
+            raise
+        self._sent(result.outcome.session_id)
+        return result
+
+    def _sent(self, session_id: str) -> None:
+        """What was sent is now in the session, even when the turn was stopped or cut off; the next
+        message goes to the same session (a new one's id came with the turn's first event)."""
         self.images.clear()
         self.notes.clear()
-        self.session_id = result.outcome.session_id or self.session_id
-        return result
+        self.session_id = session_id or self.session_id
 
     def compact(self) -> None:
         if not self.session_id:

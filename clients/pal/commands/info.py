@@ -60,7 +60,9 @@ def profiles(app: App, args: argparse.Namespace) -> int:
 def _status(stub: object, service: str) -> str:
     reply = stub.Check(health_pb2.HealthCheckRequest(service=service),  # type: ignore[attr-defined]
                        timeout=HEALTH_TIMEOUT_S)
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    statuses = health_pb2.HealthCheckResponse.ServingStatus
+    # A status a newer server added has no name here: its number, rather than a crash.
+    return statuses.Name(reply.status) if reply.status in statuses.values() else str(reply.status)
 
 
 def _check(stub: object, service: str) -> tuple[str, str]:
