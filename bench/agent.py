@@ -268,6 +268,7 @@ async def _long_path(server, quick: bool, path: str) -> list:
                     compress_turns.append(turn)
             chats = [c for c in sim.chats if c.model == model]
             bodies = [b for b in sim.bodies() if b.get("model") == model]
+            kept = await nothing_lost(store, session_id, turns)
     finally:
         logger.removeHandler(alarms)
     # A genuine alarm was raised on a report the simulator gave for a prompt it really cut.
@@ -280,12 +281,77 @@ async def _long_path(server, quick: bool, path: str) -> list:
     refires = sum(1 for a, b in zip(compress_turns, compress_turns[1:]) if b - a <= 3)
     reused, pairs = prefix_reuse([b["messages"] for b in bodies if b.get("stream") is not False])
     summaries = sum(1 for b in bodies if b.get("stream") is False)
-    return [path if path == "exact" else "calibrated (no vocabulary)", turns, len(compress_turns), summaries,
+    all_time, summary_time = model_time(bodies)
+    name = path if path == "exact" else "calibrated (no vocabulary)"
+    return [name, turns, len(compress_turns), summaries,
             sum(1 for c in chats if c.truncated), too_large, f"{false_alarms} of {len(alarms.reports)}",
             f"{highest:.3f}", f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
             f"{len(chat_ctx)} ({', '.join(map(str, sorted(chat_ctx)))})", refires,
             f"{reused / pairs:.1%} of {pairs}" if pairs else "-",
-            f"{before_first_token:.2f} s", f"{after_end:.2f} s"]
+            f"{before_first_token:.2f} s", f"{after_end:.2f} s"], \
+        [name, f"{summary_time / all_time:.1%} ({summary_time:.0f} of {all_time:.0f} s)", *kept]
+
+
+# The share of model time spent on summaries, at a simulated model speed (an 8B model on one
+# consumer GPU): each request's prompt tokens Ollama must evaluate — all but the prefix it shares
+# with the request before, which Ollama keeps evaluated — then its answer.
+PREFILL_TOKENS_PER_S = 1_500
+GENERATE_TOKENS_PER_S = 50
+CHAT_ANSWER_TOKENS = 60
+SUMMARY_TOKENS = 400
+
+
+def model_time(bodies: list[dict]) -> tuple[float, float]:
+    """(the run's simulated model seconds, those spent on summaries), from the requests in order."""
+    from services.ollama_sim.prompt import count_prompt_tokens
+
+    total = on_summaries = 0.0
+    previous: tuple[list, object] = ([], None)
+    for body in bodies:
+        messages, tools = body.get("messages") or [], body.get("tools")
+        shared = 0
+        if tools == previous[1]:
+            while shared < min(len(messages), len(previous[0])) and messages[shared] == previous[0][shared]:
+                shared += 1
+        reused = count_prompt_tokens(messages[:shared], tools) if shared else 0
+        evaluated = max(0, count_prompt_tokens(messages, tools) - reused)
+        summary = body.get("stream") is False
+        seconds = evaluated / PREFILL_TOKENS_PER_S \
+            + (SUMMARY_TOKENS if summary else CHAT_ANSWER_TOKENS) / GENERATE_TOKENS_PER_S
+        total += seconds
+        on_summaries += seconds if summary else 0.0
+        previous = (messages, tools)
+    return total, on_summaries
+
+
+async def nothing_lost(store, session_id: str, turns: int) -> list[str]:
+    """What the run must not have lost: every tool result compressed out of the context found by
+    memory_search's store call with words from beyond its preview, every user message shown
+    once, at most one live summary."""
+    from services.compressor.pruning import PREVIEW_CHARS
+    from services.shared.session_reads import whole_context
+
+    shown, before = [], 0
+    while True:
+        page = await store.GetHistoryPage(store_pb.GetHistoryPageRequest(session_id=session_id, before_seq=before,
+                                                                         limit=500))
+        shown = list(page.messages) + shown
+        if not page.has_more:
+            break
+        before = page.messages[0].seq
+    context = (await whole_context(store.GetSession, session_id)).context
+    live = {m.content for m in context}
+    gone = [m for m in shown if m.role == "tool" and len(m.content) > 2 * PREVIEW_CHARS and m.content not in live]
+    found = 0
+    for result in gone:
+        lines = [line for line in result.content[PREVIEW_CHARS:].splitlines()[1:-1] if line.strip()]
+        words = (lines[len(lines) // 2] if lines else result.content[-80:])[:80].strip()  # past the preview
+        chunks = (await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query=words,
+                                                                        limit=10))).chunks
+        found += any(words in c.content for c in chunks)
+    asked = [m.content for m in shown if m.role == "user" and m.content.startswith("turn ")]
+    once = sum(1 for t in range(turns) if sum(1 for a in asked if a.startswith(f"turn {t}:")) == 1)
+    return [f"{found} of {len(gone)}", f"{once} of {turns}", sum(1 for m in context if m.is_summary)]
 
 
 SUMMARY_HEAD = "[Summary of the earlier conversation"
@@ -307,7 +373,8 @@ def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:
 
 
 async def long_run(server, quick: bool) -> str:
-    rows = [await _long_path(server, quick, "exact"), await _long_path(server, quick, "calibrated")]
+    runs = [await _long_path(server, quick, "exact"), await _long_path(server, quick, "calibrated")]
+    rows, kept = [r for r, _ in runs], [k for _, k in runs]
     turns = rows[0][1]
     return (f"A {turns}-turn conversation in an {WINDOW}-token window through the real services and the "
             "simulator (tool calls every third turn: large JSON, log and code outputs, and every fourth of them "
@@ -328,7 +395,16 @@ async def long_run(server, quick: bool) -> str:
                              "false cut alarms", "highest real prompt ÷ limit", "num_ctx: summaries",
                              "num_ctx: chats", "re-fires within 3 turns", "prefix reused",
                              "compressing before the first token",
-                             "compressing after stream_end"], rows))
+                             "compressing after stream_end"], rows)
+            + "\n\nThe same runs, for what compression costs and keeps. *Model time on summaries*: at a simulated "
+            f"model speed ({PREFILL_TOKENS_PER_S:,} prompt tokens/s, {GENERATE_TOKENS_PER_S} generated tokens/s; "
+            f"{SUMMARY_TOKENS} tokens per summary, {CHAT_ANSWER_TOKENS} per chat answer), each request's prompt "
+            "less the prefix it shares with the request before (Ollama keeps that evaluated). *Found by "
+            "memory_search*: tool results no longer verbatim in the context (pruned or summarized) whose "
+            "line from beyond the preview the store's memory search returns. *User messages shown once*: "
+            "each turn's request in the display history exactly once.\n\n"
+            + _common.table(["path", "model time on summaries", "compressed-away results found by memory_search",
+                             "user messages shown once", "live summaries at the end"], kept))
 
 
 async def _markers(store, session_id: str) -> int:
