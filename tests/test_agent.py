@@ -588,3 +588,35 @@ async def test_a_watcher_sees_the_turn_and_the_compression_after_its_stream_end(
     end = kinds.index("stream_end")
     assert kinds[end + 1:] == ["compression_started", "context_compressed"]
     assert not any(e.HasField("context_compressed") for e in events)
+
+
+async def test_a_plain_turn_makes_three_internal_calls_and_one_after_the_answer(agent, agent_server, ollama_sim,
+                                                                                 monkeypatch):
+    """A plain turn in a warm session: the size check and the user's message before the first
+    token, the answer with the call's report (baseline, observation, counts, meter) as one append
+    after it. Nothing after stream_end: no post-turn pass under the trigger, no reload to keep the
+    session warm (12 internal calls before, 5 of them between the last token and stream_end)."""
+    from services.shared import server as shared_server
+
+    calls: list[str] = []  # "Service.Method" as each server received it
+    intercept = shared_server.ErrorInterceptor.intercept_service
+
+    async def recording(self, continuation, details):
+        service, method = details.method.lstrip("/").split("/")
+        calls.append(f"{service.rsplit('.', 1)[-1]}.{method}")
+        return await intercept(self, continuation, details)
+
+    first = await run(agent, "hello there")
+    session_id = first[0].session_id
+    await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)  # warm now
+    monkeypatch.setattr(shared_server.ErrorInterceptor, "intercept_service", recording)
+    ollama_sim.script(Reply(text="a plain answer"))
+    events = await run(agent, "and again", session_id=session_id)
+    await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
+    assert end_of(events).reason == pb.STREAM_END_REASON_COMPLETED
+    internal = [name for name in calls if not name.startswith("Agent.")]
+    assert sorted(internal) == ["Compressor.CheckContextSize", "SessionStore.AppendMessages",
+                                "SessionStore.AppendMessages"], internal
+    assert internal[-1] == "SessionStore.AppendMessages"  # the answer and its report: the only write after it
+    usage = next(e.usage for e in events if e.HasField("usage"))
+    assert usage.count_method == "reported"  # the report was kept, with the answer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from palimpsest.v1 import agent_pb2, compressor_pb2 as pb
+from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as pb
 from palimpsest.v1.common_pb2 import Message, ToolCall
 from services.agent.context_builder import apply_cuts
 from services.compressor.model_tokenizers import ModelTokenizers
@@ -172,10 +172,10 @@ async def test_token_counts_need_their_tokenizer_and_sane_values(store):
 
     session_id = await _stored_context(store, [Message(role="user", content="hi")])
     for request, field in (
-        (store_pb.SetTokenCountsRequest(session_id=session_id, counts=[store_pb.TokenCount(seq=1, tokens=3)]),
+        (store_pb.SetTokenCountsRequest(session_id=session_id, counts=[common_pb2.TokenCount(seq=1, tokens=3)]),
          "token_digest"),
         (store_pb.SetTokenCountsRequest(session_id=session_id, token_digest="d",
-                                        counts=[store_pb.TokenCount(seq=1, tokens=-3)]), "counts"),
+                                        counts=[common_pb2.TokenCount(seq=1, tokens=-3)]), "counts"),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await store.SetTokenCounts(request)
@@ -184,15 +184,15 @@ async def test_token_counts_need_their_tokenizer_and_sane_values(store):
     for md5 in ("", "not-a-hash"):
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await store.SetTokenCounts(store_pb.SetTokenCountsRequest(
-                session_id=session_id, token_digest="d", counts=[store_pb.TokenCount(seq=1, tokens=3, content_md5=md5)]))
+                session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=3, content_md5=md5)]))
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "content_md5" in error.value.details()
     # A count made from other content than the row's is not kept (no caller can put a count on a
     # row it never read); the row's own content's is.
     wrong = await store.SetTokenCounts(store_pb.SetTokenCountsRequest(session_id=session_id, token_digest="d", counts=[
-        store_pb.TokenCount(seq=1, tokens=1, content_md5=hashlib.md5(b"x").hexdigest())]))
+        common_pb2.TokenCount(seq=1, tokens=1, content_md5=hashlib.md5(b"x").hexdigest())]))
     assert wrong.updated == 0
     reply = await store.SetTokenCounts(store_pb.SetTokenCountsRequest(
-        session_id=session_id, token_digest="d", counts=[store_pb.TokenCount(seq=1, tokens=3, content_md5=hi)]))
+        session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=3, content_md5=hi)]))
     assert reply.updated == 1
     summed = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest="d"))
     assert summed.context_tokens.counted_tokens == 3 and not summed.context_tokens.uncounted

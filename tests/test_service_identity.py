@@ -57,7 +57,7 @@ async def test_a_user_cannot_write_calibration_baselines_or_counts(store_auth, u
     await denied(store_auth.SetBaseline(pb.SetBaselineRequest(
         session_id=session_id, baseline=pb.Baseline(tokens=9999, through_seq=1)), metadata=alice))
     await denied(store_auth.SetTokenCounts(pb.SetTokenCountsRequest(
-        session_id=session_id, token_digest="d", counts=[pb.TokenCount(seq=1, tokens=1)]), metadata=alice))
+        session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=1)]), metadata=alice))
     listed = await store_auth.ListObservations(pb.ListObservationsRequest(model=model), metadata=alice)
     assert not listed.observations
     await store_auth.RecordObservation(pb.RecordObservationRequest(observation=lie), metadata=SERVICE)
@@ -210,3 +210,63 @@ async def test_the_size_check_prices_by_class_once_reports_have_shapes(compresso
     real = price(1, char_classes(probe))
     assert reply.method == cpb.ESTIMATE_METHOD_CALIBRATED
     assert abs(reply.tokens - real) / real < 0.05, (reply.tokens, real)
+
+
+async def test_a_report_rides_on_an_append_only_when_the_services_vouch_for_it(store_auth, user):
+    """The Agent folds a call's report into the append of its answer, with the user's credentials
+    (the user's access is what is checked) and the services' vouch beside them: a user alone
+    cannot slip a baseline or an observation in, and the refused append stores nothing."""
+    from services.shared.auth import vouching_metadata
+
+    alice = bearer(user)
+    model = f"vouch-{uuid.uuid4().hex[:6]}"
+    session_id = await alices_session(store_auth, alice)
+    report = pb.ModelReport(baseline=pb.Baseline(tokens=4321, through_seq=1, model=model),
+                            observation=pb.Observation(model=model, chars=1000, tokens=7000), context_token_count=4321)
+    answer = [common_pb2.Message(role="assistant", content="hi")]
+    await denied(store_auth.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=answer,
+                                                                    report=report), metadata=alice))
+    forged = alice + (("x-palimpsest-service", "not-a-token"),)
+    await denied(store_auth.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=answer,
+                                                                    report=report), metadata=forged))
+    assert (await store_auth.GetSession(pb.GetSessionRequest(session_id=session_id), metadata=alice)) \
+        .session.display_message_count == 1  # refused whole: the answer is not stored either
+    stored = await store_auth.AppendMessages(pb.AppendMessagesRequest(
+        session_id=session_id, messages=answer, report=report), metadata=alice + vouching_metadata(True, JWT_SECRET))
+    assert len(stored.seqs) == 1 and not stored.context_truncated
+    baseline = (await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=session_id), metadata=SERVICE)).baseline
+    assert (baseline.tokens, baseline.through_seq, baseline.model) == (4321, 1, model)
+    assert len((await store_auth.ListObservations(pb.ListObservationsRequest(model=model),
+                                                 metadata=alice)).observations) == 1
+    session = (await store_auth.GetSession(pb.GetSessionRequest(session_id=session_id), metadata=alice)).session
+    assert session.context_token_count == 4321
+    # A report that proves a cut flags the session, and the append says so.
+    cut = await store_auth.AppendMessages(pb.AppendMessagesRequest(
+        session_id=session_id, messages=answer, report=pb.ModelReport(prompt_cut=True)),
+        metadata=alice + vouching_metadata(True, JWT_SECRET))
+    assert cut.context_truncated
+    # The user's own access still decides: bob's vouched append to alice's session is refused.
+    await denied(store_auth.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=answer),
+                                           metadata=bearer(f"{user}-bob") + vouching_metadata(True, JWT_SECRET)))
+
+
+async def test_a_report_with_bad_fields_is_refused_naming_them(store_auth, user):
+    from services.shared.auth import vouching_metadata
+
+    alice = bearer(user) + vouching_metadata(True, JWT_SECRET)
+    session_id = await alices_session(store_auth, bearer(user))
+    answer = [common_pb2.Message(role="assistant", content="hi")]
+    for report, field in [
+        (pb.ModelReport(context_token_count=-1), "report.context_token_count"),
+        (pb.ModelReport(baseline=pb.Baseline(tokens=-5)), "report.baseline"),
+        (pb.ModelReport(observation=pb.Observation(tokens=5)), "report.observation.model"),
+        (pb.ModelReport(token_counts=[common_pb2.TokenCount(seq=1, tokens=1)]), "report.token_digest"),
+        (pb.ModelReport(token_digest="d", token_counts=[common_pb2.TokenCount(seq=1, tokens=1)]),
+         "report.token_counts"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await store_auth.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=answer,
+                                                                     report=report), metadata=alice)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.value.details()
+    assert (await store_auth.GetSession(pb.GetSessionRequest(session_id=session_id), metadata=bearer(user))) \
+        .session.display_message_count == 1

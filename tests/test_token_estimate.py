@@ -155,7 +155,7 @@ def test_a_small_windows_target_keeps_the_hysteresis_gap() -> None:
 
 
 def test_a_report_below_the_contents_own_count_proves_a_cut() -> None:
-    from services.compressor.size_check import proves_cut
+    from services.shared.reports import proves_cut
 
     assert proves_cut(4_098, 7_900)  # half a window, far under the content alone
     assert not proves_cut(7_900, 7_900) and not proves_cut(7_750, 7_900)  # a merge or two at the seams

@@ -206,6 +206,16 @@ class FileInfo(_message.Message):
     content_type: str
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ...) -> None: ...
 
+class TokenCount(_message.Message):
+    __slots__ = ("seq", "tokens", "content_md5")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_MD5_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    tokens: int
+    content_md5: str
+    def __init__(self, seq: _Optional[int] = ..., tokens: _Optional[int] = ..., content_md5: _Optional[str] = ...) -> None: ...
+
 class PromptShape(_message.Message):
     __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images", "chars_space", "chars_digit", "chars_latin", "chars_cjk", "chars_other_letter", "chars_symbol")
     CONTENT_TOKENS_FIELD_NUMBER: _ClassVar[int]

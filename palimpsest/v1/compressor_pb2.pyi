@@ -183,7 +183,7 @@ class CheckContextSizeRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., session_id: _Optional[str] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., tool_schemas: _Optional[_Iterable[str]] = ..., keep_recent_messages: _Optional[int] = ..., decide_compression: _Optional[bool] = ...) -> None: ...
 
 class CheckContextSizeResponse(_message.Message):
-    __slots__ = ("fits", "tokens", "limit", "method", "tokens_per_char", "decision", "cuts", "shape", "trigger", "compress_keep_recent_messages")
+    __slots__ = ("fits", "tokens", "limit", "method", "tokens_per_char", "decision", "cuts", "shape", "trigger", "compress_keep_recent_messages", "token_digest", "new_counts")
     FITS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,8 @@ class CheckContextSizeResponse(_message.Message):
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     COMPRESS_KEEP_RECENT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NEW_COUNTS_FIELD_NUMBER: _ClassVar[int]
     fits: bool
     tokens: int
     limit: int
@@ -204,7 +206,9 @@ class CheckContextSizeResponse(_message.Message):
     shape: _common_pb2.PromptShape
     trigger: int
     compress_keep_recent_messages: int
-    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., tokens_per_char: _Optional[float] = ..., decision: _Optional[_Union[SizeDecision, str]] = ..., cuts: _Optional[_Iterable[_Union[ViewCut, _Mapping]]] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ..., trigger: _Optional[int] = ..., compress_keep_recent_messages: _Optional[int] = ...) -> None: ...
+    token_digest: str
+    new_counts: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenCount]
+    def __init__(self, fits: _Optional[bool] = ..., tokens: _Optional[int] = ..., limit: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., tokens_per_char: _Optional[float] = ..., decision: _Optional[_Union[SizeDecision, str]] = ..., cuts: _Optional[_Iterable[_Union[ViewCut, _Mapping]]] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ..., trigger: _Optional[int] = ..., compress_keep_recent_messages: _Optional[int] = ..., token_digest: _Optional[str] = ..., new_counts: _Optional[_Iterable[_Union[_common_pb2.TokenCount, _Mapping]]] = ...) -> None: ...
 
 class WouldCompressRequest(_message.Message):
     __slots__ = ("session_id", "model", "window", "current_tokens", "keep_recent_messages", "settings")

@@ -174,24 +174,44 @@ class GetArchivedMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class AppendMessagesRequest(_message.Message):
-    __slots__ = ("session_id", "messages", "expected_revision", "idempotency_key")
+    __slots__ = ("session_id", "messages", "expected_revision", "idempotency_key", "report")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     expected_revision: int
     idempotency_key: str
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    report: ModelReport
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., report: _Optional[_Union[ModelReport, _Mapping]] = ...) -> None: ...
+
+class ModelReport(_message.Message):
+    __slots__ = ("baseline", "prompt_cut", "observation", "context_token_count", "token_digest", "token_counts")
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CUT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    baseline: Baseline
+    prompt_cut: bool
+    observation: Observation
+    context_token_count: int
+    token_digest: str
+    token_counts: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenCount]
+    def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ..., prompt_cut: _Optional[bool] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ..., context_token_count: _Optional[int] = ..., token_digest: _Optional[str] = ..., token_counts: _Optional[_Iterable[_Union[_common_pb2.TokenCount, _Mapping]]] = ...) -> None: ...
 
 class AppendMessagesResponse(_message.Message):
-    __slots__ = ("seqs", "revision")
+    __slots__ = ("seqs", "revision", "context_truncated")
     SEQS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     seqs: _containers.RepeatedScalarFieldContainer[int]
     revision: int
-    def __init__(self, seqs: _Optional[_Iterable[int]] = ..., revision: _Optional[int] = ...) -> None: ...
+    context_truncated: bool
+    def __init__(self, seqs: _Optional[_Iterable[int]] = ..., revision: _Optional[int] = ..., context_truncated: _Optional[bool] = ...) -> None: ...
 
 class UpdateSessionRequest(_message.Message):
     __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "planning_log", "expected_revision")
@@ -573,16 +593,6 @@ class ContextTokens(_message.Message):
     revision: int
     def __init__(self, counted_tokens: _Optional[int] = ..., counted_messages: _Optional[int] = ..., counted_tool_results: _Optional[int] = ..., counted_tool_calls: _Optional[int] = ..., uncounted: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
 
-class TokenCount(_message.Message):
-    __slots__ = ("seq", "tokens", "content_md5")
-    SEQ_FIELD_NUMBER: _ClassVar[int]
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
-    CONTENT_MD5_FIELD_NUMBER: _ClassVar[int]
-    seq: int
-    tokens: int
-    content_md5: str
-    def __init__(self, seq: _Optional[int] = ..., tokens: _Optional[int] = ..., content_md5: _Optional[str] = ...) -> None: ...
-
 class SetTokenCountsRequest(_message.Message):
     __slots__ = ("session_id", "token_digest", "counts")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -590,8 +600,8 @@ class SetTokenCountsRequest(_message.Message):
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     token_digest: str
-    counts: _containers.RepeatedCompositeFieldContainer[TokenCount]
-    def __init__(self, session_id: _Optional[str] = ..., token_digest: _Optional[str] = ..., counts: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ...) -> None: ...
+    counts: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenCount]
+    def __init__(self, session_id: _Optional[str] = ..., token_digest: _Optional[str] = ..., counts: _Optional[_Iterable[_Union[_common_pb2.TokenCount, _Mapping]]] = ...) -> None: ...
 
 class SetTokenCountsResponse(_message.Message):
     __slots__ = ("updated",)

@@ -12,7 +12,7 @@ import grpc
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.shared.errors import Aborted, PalimpsestError, Unavailable, from_rpc_error
+from services.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable, from_rpc_error
 from services.shared.session_reads import whole_context
 from services.shared.structs import to_struct
 
@@ -55,11 +55,12 @@ class StoredConversation:
 
     ephemeral = False
 
-    def __init__(self, store: SessionStoreStub, session_id: str, metadata, store_addr: str):
+    def __init__(self, store: SessionStoreStub, session_id: str, metadata, store_addr: str, vouch=()):
         self.store = store
         self.session_id = session_id
         self.metadata = metadata
         self.store_addr = store_addr
+        self.vouch = tuple(vouch)  # the services' vouch for what only they may write (a model report)
         self.revision: int | None = None
         self.session: common_pb2.Session | None = None
         self.context: list[Message] = []
@@ -67,10 +68,13 @@ class StoredConversation:
         # from the store and tries once more (someone else wrote in between).
         self.from_cache = False
         self.reloads = 0  # how often a stale start was reloaded: a prompt built before is stale too
+        self.flagged_cut = False  # the store said the last prompt came back cut (a report's append)
 
     async def _call(self, method, request, timeout: float | None = None):
+        metadata = self.metadata + self.vouch if getattr(request, "report", None) is not None \
+            and request.HasField("report") else self.metadata
         try:
-            return await method(request, metadata=self.metadata, timeout=timeout)
+            return await method(request, metadata=metadata, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise store_error(exc, self.store_addr) from None
 
@@ -118,21 +122,30 @@ class StoredConversation:
                 await asyncio.sleep(delay)
 
     async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
-                     attempt_timeout: float = 30.0) -> list[int]:
+                     attempt_timeout: float = 30.0, report: store_pb.ModelReport | None = None) -> list[int]:
         """Store messages after this session's last. Every attempt carries one idempotency key, so
         an attempt whose answer was lost is never stored twice; ``retry_for``: keep retrying that
-        long while the store does not answer (the write of a turn's answer)."""
+        long while the store does not answer (the write of a turn's answer). ``report``: what the
+        model reported for the call the messages answer, written in the same transaction."""
         messages = [storable(m) for m in messages]
         key = uuid.uuid4().hex
 
         def request() -> store_pb.AppendMessagesRequest:
             return store_pb.AppendMessagesRequest(session_id=self.session_id, messages=messages,
-                                                  expected_revision=self.revision, idempotency_key=key)
+                                                  expected_revision=self.revision, idempotency_key=key, report=report)
 
-        if retry_for > 0:
-            reply = await self._write_until(self.store.AppendMessages, request, retry_for, attempt_timeout)
-        else:
-            reply = await self._write(self.store.AppendMessages, request)
+        try:
+            reply = await self._append(request, retry_for, attempt_timeout)
+        except (PermissionDenied, InvalidArgument) as exc:
+            if report is None:
+                raise
+            # A report the store will not take never costs the answer: stored without it.
+            log.warning("session %s: the model report was refused (%s); the messages are stored without it",
+                        self.session_id, exc)
+            report = None
+            reply = await self._append(request, retry_for, attempt_timeout)
+        if report is not None:
+            self.flagged_cut = reply.context_truncated
         self.revision = reply.revision
         stored = []
         for seq, message in zip(reply.seqs, messages):
@@ -142,6 +155,23 @@ class StoredConversation:
             stored.append(copy)
         self.context.extend(m for m in stored if (m.is_context if m.explicit_flags else True))
         return list(reply.seqs)
+
+    async def _append(self, request, retry_for: float, attempt_timeout: float):
+        if retry_for > 0:
+            return await self._write_until(self.store.AppendMessages, request, retry_for, attempt_timeout)
+        return await self._write(self.store.AppendMessages, request)
+
+    def snapshot(self) -> common_pb2.Session | None:
+        """The session as this conversation left it (CONTEXT view): what the Agent keeps warm for
+        the next turn without reading it back, when nothing but this conversation wrote since."""
+        if self.session is None or self.revision is None:
+            return None
+        session = common_pb2.Session()
+        session.CopyFrom(self.session)
+        session.revision = self.revision
+        del session.context[:]
+        session.context.extend(self.context)
+        return session
 
     async def update(self, **fields) -> common_pb2.Session:
         """UpdateSession fields (dicts for `metadata` and `planning_log`), guarded by our revision."""
@@ -183,6 +213,7 @@ class EphemeralConversation:
     """A sub-agent's temporary context: nothing is written anywhere."""
 
     ephemeral = True
+    flagged_cut = False
     session_id = ""
     session = None
     reloads = 0
@@ -196,7 +227,7 @@ class EphemeralConversation:
         return self.context
 
     async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
-                     attempt_timeout: float = 30.0) -> list[int]:
+                     attempt_timeout: float = 30.0, report: store_pb.ModelReport | None = None) -> list[int]:
         self.context.extend(messages)
         return [0] * len(messages)
 

@@ -19,7 +19,7 @@ from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
-from services.shared.auth import forwarded_metadata, identity_from_context
+from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
 from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable, from_rpc_error
 from services.shared.session_reads import whole_context
 
@@ -65,7 +65,14 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         return forwarded_metadata(context)
 
     async def _keep_warm(self, turn: Turn) -> None:
-        """After the turn and its post-turn pass, off the client's path: the session as it is now."""
+        """After the turn and its post-turn pass, off the client's path: the session as it is now,
+        as the turn left it unless the post-turn pass compressed it (then read back)."""
+        if turn.result.reason == pb.STREAM_END_REASON_ERROR:
+            return  # a turn that failed (a store or model away) leaves nothing to trust: read afresh next time
+        session = None if turn.compressed_after else turn.conv.snapshot()
+        if session is not None:
+            self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
+            return
         try:
             session = await whole_context(
                 lambda request: self._store(self.deps.store.GetSession, request, turn.metadata), turn.session_id)
@@ -118,7 +125,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if not request.session_id:
             session = (await self._store(self.deps.store.CreateSession, store_pb.CreateSessionRequest(
                 profile_id=profile.id, provider="ollama", model=profile.model), metadata)).session
-        conversation = StoredConversation(self.deps.store, session.id, metadata, self.store_addr)
+        conversation = StoredConversation(self.deps.store, session.id, metadata, self.store_addr,
+                                          vouching_metadata(self.deps.settings.auth_enabled, self.deps.settings.jwt_secret))
         conversation.adopt(session)
         conversation.from_cache = warm is not None
         sink = EventSink(session.id, publish=self._watchers.publish)

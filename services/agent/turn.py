@@ -38,6 +38,7 @@ from services.shared.context_view import (
 from services.shared.auth import service_metadata
 from services.shared.errors import Aborted, PalimpsestError, Unavailable, from_rpc_error
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
+from services.shared.reports import judge
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.agent")
@@ -165,6 +166,9 @@ class Turn:
         self.state = TurnState()
         self.window = profile.window(deps.settings.ollama_num_ctx)
         self.last_prompt_tokens = 0
+        self.last_trigger = 0  # where the last size check said compression starts
+        self.prompt_cut = False  # the last call's report proved its prompt cut
+        self.compressed_after = False  # the post-turn pass committed a compression
         self.result = TurnResult()
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
         self.switch_to = ""  # a profile the request asked for, recorded under the session lock
@@ -277,13 +281,14 @@ class Turn:
                     return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
             self._partial = None  # from here on the reply is saved, never as a partial
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
+            report = self._report(reply, check, built, through_seq)
             if not reply.tool_calls:
-                if not await self._store_answer(reply):
+                if not await self._store_answer(reply, report):
                     return self._end(END.STREAM_END_REASON_ERROR, reply.content)
-                await self._record_usage(reply, check, built, through_seq)
+                await self._record_usage(reply, check, built, through_seq, report)
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
-            calls = await self._save_tool_calls(reply)
-            await self._record_usage(reply, check, built, through_seq)
+            calls = await self._save_tool_calls(reply, report)
+            await self._record_usage(reply, check, built, through_seq, report)
             await self._run_tools(calls)
             if self.stop.is_set():
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
@@ -469,13 +474,14 @@ class Turn:
         if reply.model and reply.model != self.profile.model:
             self.sink.model_info(reply.model, self.window)
 
-    async def _store_answer(self, reply: ChatResult) -> bool:
-        """The turn's answer, stored exactly once: retried under one idempotency key while the store
-        does not answer, until the reply-write deadline. False (and the client told) if it was not."""
+    async def _store_answer(self, reply: ChatResult, report: store_pb.ModelReport) -> bool:
+        """The turn's answer, stored exactly once with the call's report: retried under one
+        idempotency key while the store does not answer, until the reply-write deadline. False (and
+        the client told) if it was not."""
         try:
             await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)],
                                    retry_for=self.settings.reply_write_deadline_s,
-                                   attempt_timeout=self.settings.rpc_timeout_s)
+                                   attempt_timeout=self.settings.rpc_timeout_s, report=report)
             return True
         except PalimpsestError as exc:
             log.error("the answer of session %s was not stored: %s", self.session_id, exc)
@@ -494,28 +500,53 @@ class Turn:
             log.exception("could not save the partial answer of session %s", self.session_id)
         self._partial = None
 
-    async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse,
-                            built: list[Message], through_seq: int) -> None:
-        tokens, method = check.tokens, COUNT_METHODS.get(check.method, "heuristic")
-        if reply.prompt_eval_count:
+    def _report(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
+                through_seq: int) -> store_pb.ModelReport:
+        """The call's report as the append of its answer carries it (one write before stream_end):
+        judged by the rules the Compressor's RecordBaseline applies, with the counts its size check
+        made and the context's size for the meter."""
+        report = store_pb.ModelReport(context_token_count=check.tokens, token_digest=check.token_digest,
+                                      token_counts=check.new_counts)
+        self.last_trigger = check.trigger
+        self.prompt_cut = False
+        if not reply.prompt_eval_count:
+            return report
+        verdict = judge(reply.prompt_eval_count, model=self.profile.model, method=check.method, shape=check.shape,
+                        window=self.window, sent_chars=view_chars(built), had_images=any(m.images for m in built))
+        if verdict.problem:
+            log.warning("the model's report for %s is not kept: %s", self.session_id or "-", verdict.problem)
+        elif verdict.prompt_cut:
+            # Ollama evaluated fewer tokens than the content alone has: it cut the prompt. The
+            # session is flagged for the post-turn pass; the meter keeps our own count.
+            report.prompt_cut = self.prompt_cut = True
+            log.warning("cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
+                        reply.prompt_eval_count, check.shape.content_tokens, self.session_id or "-")
+        elif verdict.learned:
+            report.baseline.CopyFrom(store_pb.Baseline(tokens=reply.prompt_eval_count, through_seq=through_seq,
+                                                       model=self.profile.model))
+            if verdict.observation is not None:
+                report.observation.CopyFrom(verdict.observation)
+            report.context_token_count = reply.prompt_eval_count
+        return report
+
+    async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
+                            through_seq: int, report: store_pb.ModelReport) -> None:
+        """The meter after a call. A stored session's report went with the append of the answer; a
+        sub-agent's (nothing stored) still teaches the model's calibration through RecordBaseline."""
+        reported = report.HasField("baseline")
+        if not self.stored and reply.prompt_eval_count:
             try:
                 recorded = await self._compressor(self.deps.compressor.RecordBaseline, cpb.RecordBaselineRequest(
-                    session_id=self.session_id, model=self.profile.model, prompt_eval_count=reply.prompt_eval_count,
-                    sent_tokens=check.tokens, sent_chars=view_chars(built), had_images=any(m.images for m in built),
-                    through_seq=through_seq, window=self.window, shape=check.shape, method=check.method),
-                    as_service=True)  # a model report teaches every session of the model: the services' own
-                # A cut report (or one that looks like a cut) describes half a window, not our
-                # context: the meter keeps our own count.
-                if recorded.recorded:
-                    tokens, method = reply.prompt_eval_count, "reported"
-            except PalimpsestError as exc:  # the answer is saved; a lost baseline only costs precision
-                log.warning("could not record the baseline of %s: %s", self.session_id, exc)
+                    model=self.profile.model, prompt_eval_count=reply.prompt_eval_count, sent_tokens=check.tokens,
+                    sent_chars=view_chars(built), had_images=any(m.images for m in built), window=self.window,
+                    shape=check.shape, method=check.method), as_service=True)
+                reported = recorded.recorded
+            except PalimpsestError as exc:  # the answer is there; a lost report only costs precision
+                log.warning("could not record the report of a sub-agent of %s: %s", self.parent_session_id, exc)
+        tokens = reply.prompt_eval_count if reported else check.tokens
         self.last_prompt_tokens = tokens
-        self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0, method)
-        try:
-            await self.conv.set_token_count(tokens)
-        except PalimpsestError as exc:  # the answer is stored: failing the turn now would say otherwise
-            log.warning("could not record the token count of %s: %s", self.session_id, exc)
+        self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0,
+                        "reported" if reported else COUNT_METHODS.get(check.method, "heuristic"))
 
     # -- tools -----------------------------------------------------------------------------------
     def _tool_context(self) -> ToolContext:
@@ -537,7 +568,7 @@ class Turn:
             tool_schemas=[schema(t) for t in self.tools.values()],
         )
 
-    async def _save_tool_calls(self, reply: ChatResult) -> list[common_pb2.ToolCall]:
+    async def _save_tool_calls(self, reply: ChatResult, report: store_pb.ModelReport) -> list[common_pb2.ToolCall]:
         calls = []
         for i, raw in enumerate(reply.tool_calls):
             fn = raw.get("function") or {}
@@ -546,7 +577,7 @@ class Turn:
                 id=raw.get("id") or f"call_{i}", name=fn.get("name", ""),
                 arguments_json=json.dumps(arguments) if not isinstance(arguments, str) else arguments))
         await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking,
-                                        tool_calls=calls)])
+                                        tool_calls=calls)], report=report)
         return calls
 
     async def _run_tools(self, calls: list[common_pb2.ToolCall]) -> None:
@@ -638,6 +669,9 @@ class Turn:
         prompt came back truncated (the Compressor knows from the session's flag)."""
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
+        if self.last_trigger and self.last_prompt_tokens < self.last_trigger and not self.prompt_cut \
+                and not self.conv.flagged_cut:
+            return  # the last prompt was under the trigger and whole: the Compressor would say so
         try:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.profile.model,
@@ -645,6 +679,7 @@ class Turn:
                     current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings()),
                     metadata=self.metadata):
                 self.sink.compression(event, watchers_only=True)  # after stream_end: for the session's watchers
+                self.compressed_after = self.compressed_after or event.HasField("compressed")
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 log.warning("post-turn compression failed for %s: %s", self.session_id, exc.details())

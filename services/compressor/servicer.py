@@ -20,10 +20,9 @@ from services.compressor.exact_count import content_md5, message_tokens
 from services.compressor.planner import intra_turn_keep
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
-from services.compressor.size_check import deepen_cuts, plausible_report, proves_cut
+from services.compressor.size_check import deepen_cuts
 from services.compressor.token_estimate import (
     fits,
-    near_cut_size,
     output_reserve,
     trigger_tokens,
 )
@@ -31,6 +30,7 @@ from services.shared.auth import forwarded_metadata, identity_from_context, serv
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable, from_rpc_error
 from services.shared.context_view import message_budget
 from services.shared.ollama import OllamaClient
+from services.shared.reports import judge
 from services.shared.session_reads import whole_context
 from services.shared.settings import Settings
 
@@ -73,9 +73,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._observation_cache: dict[str, tuple[float, list[store_pb.Observation]]] = {}
         # (session, tokenizer digest) → the highest seq whose count this replica has stored.
         self._counted_through: OrderedDict[tuple[str, str], int] = OrderedDict()
-        # Counts a size check made, waiting for the call's report to be written with it: a write
-        # beside the user's message competed with it for the store on the way to the first token.
-        self._unwritten: dict[str, list[tuple[str, list[tuple[int, int, str]]]]] = {}
 
     # -- loading -----------------------------------------------------------------------------
     def _window(self, window: int) -> int:
@@ -164,8 +161,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             pricing = Pricing.build(observations, window, knobs, None, counter)
             estimate, fresh = await _priced(pricing.stored_estimate, state.context_tokens, incoming, schemas,
                                             chars=_chars(state.context_tokens.uncounted) + _chars(incoming))
-            self._remember_counts(request.session_id, counter.digest, fresh, context)
-            self._write_unwritten_counts(request.session_id, context)
+            self._remember_counts(request.session_id, counter.digest, fresh)
             method = pb.ESTIMATE_METHOD_EXACT
         elif request.session_id:
             state = await self._load(request.session_id, request.model, context,
@@ -187,10 +183,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
         )
 
-    def _remember_new_counts(self, session_id: str, counter, messages, context) -> None:
-        """Store the counts of rows a size check sees for the first time: a message is counted
-        once, at the first check after it was written, and every later sum (EstimateTokens, the
-        context meter, another replica) reads it from the store."""
+    def _new_counts(self, session_id: str, counter, messages) -> list[common_pb2.TokenCount]:
+        """The counts of rows a size check sees for the first time, for its caller to store with the
+        call's report: a message is counted once, at the first check after it was written, and
+        every later sum (EstimateTokens, the context meter, another replica) reads it from the store."""
         key = (session_id, counter.digest)
         through = self._counted_through.get(key, 0)
         # A sliced message's count is scaled from its head and tail: not a count to keep.
@@ -201,23 +197,17 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             self._counted_through.move_to_end(key)
             while len(self._counted_through) > COUNTED_SESSIONS:
                 self._counted_through.popitem(last=False)
-        if new:  # counted a moment ago for the view: the counter's cache answers
-            counts = list(zip((m.seq for m in new), message_tokens(new, counter), map(content_md5, new)))
-            self._unwritten.setdefault(session_id, []).append((counter.digest, counts))
-            while len(self._unwritten) > COUNTED_SESSIONS:  # a session whose calls never report
-                self._unwritten.pop(next(iter(self._unwritten)))
+        # Counted a moment ago for the view: the counter's cache answers.
+        return [common_pb2.TokenCount(seq=m.seq, tokens=tokens, content_md5=content_md5(m))
+                for m, tokens in zip(new, message_tokens(new, counter))]
 
-    def _write_unwritten_counts(self, session_id: str, context) -> None:
-        for digest, counts in self._unwritten.pop(session_id, ()):
-            self._remember_counts(session_id, digest, counts, context)
-
-    def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int, str]], context) -> None:
+    def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int, str]]) -> None:
         """Write fresh per-message counts back, off the request's path; a lost write only means the
         rows are counted again next time."""
         if not counts:
             return
         request = store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=digest, counts=[
-            store_pb.TokenCount(seq=seq, tokens=tokens, content_md5=md5) for seq, tokens, md5 in counts])
+            common_pb2.TokenCount(seq=seq, tokens=tokens, content_md5=md5) for seq, tokens, md5 in counts])
         metadata = service_metadata(self.settings.auth_enabled, self.settings.jwt_secret)
 
         async def write() -> None:
@@ -258,8 +248,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         messages, schemas = list(request.messages), list(request.tool_schemas)
         view, cuts, estimate, method = await _priced(self._price_view, pricing, messages, schemas,
                                                      chars=_chars(messages))
-        if counter is not None and request.session_id:
-            self._remember_new_counts(request.session_id, counter, messages, context)
+        new_counts = self._new_counts(request.session_id, counter, messages) \
+            if counter is not None and request.session_id else []
         limit = self._limit(window, knobs)
         trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
         decision = pb.SIZE_DECISION_FITS if fits(estimate.tokens, window, knobs.output_reserve) \
@@ -286,6 +276,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
             trigger=trigger,
             compress_keep_recent_messages=keep or 0,
+            token_digest=counter.digest if new_counts else "",
+            new_counts=new_counts,
         )
 
     @staticmethod
@@ -345,15 +337,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         exact = request.method == pb.ESTIMATE_METHOD_EXACT and shape.content_tokens > 0
         if exact and not 0 < request.window <= MAX_WINDOW:
             raise InvalidArgument("window", "the num_ctx the prompt was sent with is required with an exact shape")
-        if request.window > 0 and request.prompt_eval_count > request.window:
-            # Ollama never evaluates more than num_ctx: such a report is not one.
-            raise InvalidArgument("prompt_eval_count", f"more than the window of {request.window} tokens")
-        if exact and not plausible_report(request.prompt_eval_count, shape):
-            raise InvalidArgument("prompt_eval_count", f"{request.prompt_eval_count} tokens is more than any chat "
-                                  f"template adds to this prompt's {shape.content_tokens} content tokens")
-        if request.session_id:  # the counts of the call's size check, now that the call is over
-            self._write_unwritten_counts(request.session_id, context)
-        if exact and proves_cut(request.prompt_eval_count, shape.content_tokens):
+        verdict = judge(request.prompt_eval_count, model=request.model, method=request.method, shape=shape,
+                        window=request.window, sent_chars=request.sent_chars, had_images=request.had_images)
+        if verdict.problem:
+            field, _, why = verdict.problem.partition(": ")
+            raise InvalidArgument(field, why)
+        if verdict.prompt_cut:
             # Ollama evaluated fewer tokens than the content alone has, by the model's own count:
             # it cut the prompt. Keep the previous honest baseline and flag the session for the
             # post-turn pass. An estimate never raises this alarm (it cannot prove anything).
@@ -364,9 +353,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             log.warning("cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
                         request.prompt_eval_count, request.shape.content_tokens, request.session_id or "-")
             return pb.RecordBaselineResponse(recorded=False, truncated=True)
-        # Images are priced apart from the content, so a cut of an image-heavy prompt cannot be proven
-        # against the content: a report of about half the window is then not learned from either.
-        if (not exact or shape.images) and near_cut_size(request.prompt_eval_count, request.window):
+        if not verdict.learned:
             log.info("report of %d tokens is about half of num_ctx %d: not learned from", request.prompt_eval_count,
                      request.window)
             return pb.RecordBaselineResponse(recorded=False, truncated=False)
@@ -375,17 +362,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 session_id=request.session_id,
                 baseline=store_pb.Baseline(tokens=request.prompt_eval_count, through_seq=request.through_seq,
                                            model=request.model)), context, as_service=True)
-        if exact:
+        if verdict.observation is not None:
             await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
-                observation=store_pb.Observation(model=request.model, tokens=request.prompt_eval_count,
-                                                 exact=request.shape)), context, as_service=True)
-        elif request.sent_chars > 0 and not request.had_images:
-            # Image tokens are not chars: a prompt with images would bend the line for text. The
-            # shape (its characters by class) teaches the per-class rates.
-            await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
-                observation=store_pb.Observation(model=request.model, chars=request.sent_chars,
-                                                 tokens=request.prompt_eval_count, exact=request.shape)),
-                context, as_service=True)
+                observation=verdict.observation), context, as_service=True)
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
 
     # -- compression -------------------------------------------------------------------------

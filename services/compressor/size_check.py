@@ -10,34 +10,8 @@ from palimpsest.v1.common_pb2 import Message
 from services.compressor.token_estimate import Estimate
 from services.shared.context_view import TRUNCATABLE_ROLES
 
-# A report this far under the content's own exact count is a cut prompt; the slack covers tokens
-# that merge across a message's seam with its template (a few per message, never 2% of them).
-CUT_PROOF_RATIO = 0.98
 # What a result keeps at least when it must be cut further: head and tail the model can act on.
 MIN_RESULT_TOKENS = 64
-
-
-def proves_cut(reported: int, content_tokens: int) -> bool:
-    """True when Ollama evaluated fewer tokens than the prompt's content alone has: it dropped the
-    head of the prompt. The template only ever adds tokens, so no honest report is this low."""
-    return content_tokens > 0 and reported < content_tokens * CUT_PROOF_RATIO
-
-
-# The most a chat template can add to a prompt's exact content: a generous cost per message and per
-# tool call, a fixed part as large as a long Modelfile system prompt, and images at the highest
-# scale the image fit accepts. A report above it did not come from that prompt.
-MAX_TEMPLATE_PER_MESSAGE = 64
-MAX_TEMPLATE_FIXED = 8192
-MAX_IMAGE_SCALE = 20
-
-
-def plausible_report(reported: int, shape) -> bool:
-    """False when Ollama's count is more than any template could add to the exact content: such
-    an observation would swell every later count of the model (the services alone may report, so
-    this guards against a broken or compromised one)."""
-    ceiling = (shape.content_tokens + MAX_TEMPLATE_FIXED + MAX_TEMPLATE_PER_MESSAGE * (shape.messages + shape.tool_calls)
-               + MAX_IMAGE_SCALE * shape.image_prior_tokens)
-    return shape.content_tokens <= 0 or reported <= ceiling
 
 
 def deepen_cuts(pricing, messages: Sequence[Message], tool_schemas: Sequence[str],

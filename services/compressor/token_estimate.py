@@ -152,14 +152,6 @@ def output_reserve(window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> int:
     return max(0, min(reserve, window // OUTPUT_RESERVE_WINDOW_DIVISOR))
 
 
-def near_cut_size(reported: int, window: int) -> bool:
-    """A report within 1% of half the window is what a cut prompt looks like (Ollama keeps about
-    num_ctx/2 + 2 tokens). Even when our estimate was too low to prove the cut, such a count must not
-    become a baseline or bend the calibration line: one honest report lost costs nothing, one cut
-    report learned makes every later estimate too low."""
-    return window > 0 and abs(reported - (window // 2 + 2)) <= window // 100
-
-
 def trigger_tokens(threshold: float, window: int, reserve: int = DEFAULT_OUTPUT_RESERVE) -> float:
     """Where compression starts: the threshold share of the window, but never above the size check's
     limit. In a small window the output reserve (up to a quarter) sits below 90%, and a trigger

@@ -12,8 +12,8 @@ from pathlib import PurePath
 import grpc
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
-from services.shared.auth import Identity, identity_from_context
-from services.shared.errors import InvalidArgument, ResourceExhausted
+from services.shared.auth import Identity, identity_from_context, vouched_by_services
+from services.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted
 from services.shared.settings import Settings
 from services.session_store import convert
 from services.shared.structs import from_struct
@@ -22,6 +22,7 @@ from services.session_store.files import FileStore
 from services.shared.validation import first_nul
 from services.session_store.repository import SessionRepository
 from services.session_store.repository.access import parse_session_id
+from services.session_store.repository.sessions import Report
 from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 
 log = logging.getLogger("palimpsest.store")
@@ -78,6 +79,28 @@ def check_message_size(message: common_pb2.Message, field: str, limit: int) -> N
     if size > limit:
         raise ResourceExhausted(f"{field} is {size:,} bytes; one message may hold at most {limit:,} "
                                 "(PALIMPSEST_MESSAGE_MAX_MB): store large content as a file (PutFile)")
+
+
+def _checked_observation(obs: pb.Observation, field: str) -> tuple[str, int, int, dict[str, int]]:
+    """(model, chars, tokens, exact shape) of a valid observation, for the calibration table."""
+    if not obs.model:
+        raise InvalidArgument(f"{field}.model", "required")
+    exact = {name: getattr(obs.exact, name) for name in EXACT_FIELDS}
+    if obs.tokens <= 0 or (obs.chars <= 0 and obs.exact.content_tokens <= 0):
+        raise InvalidArgument(field, "tokens and either chars or exact.content_tokens must be positive")
+    if any(value < 0 for value in exact.values()):
+        raise InvalidArgument(f"{field}.exact", "counts must not be negative")
+    # An exact shape replaces chars; a calibrated one (characters by class) goes beside them.
+    return obs.model, 0 if obs.exact.content_tokens else obs.chars, obs.tokens, exact
+
+
+def _check_token_counts(digest: str, counts, prefix: str, field: str = "token_counts") -> None:
+    if counts and not digest:
+        raise InvalidArgument(f"{prefix}token_digest", "required: a count means nothing without its tokenizer")
+    if any(c.seq <= 0 or c.tokens < 0 for c in counts):
+        raise InvalidArgument(f"{prefix}{field}", "seq must be positive and tokens not negative")
+    if any(not re.fullmatch(r"[0-9a-f]{32}", c.content_md5) for c in counts):
+        raise InvalidArgument(f"{prefix}{field}", "content_md5 must be the md5 (32 lowercase hex) of the counted content")
 
 
 def _validate_messages(messages, max_bytes: int) -> None:
@@ -222,9 +245,36 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)
         _validate_messages(request.messages, self.settings.message_max_bytes)
+        report = self._report(request.report, identity, context) if request.HasField("report") else None
         result = await self.repo.sessions.append_messages(identity, session_id, request.messages, _expected(request),
-                                                 request.idempotency_key)
-        return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision)
+                                                 request.idempotency_key, report)
+        return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
+                                         context_truncated=result.context_truncated)
+
+    def _report(self, report: pb.ModelReport, identity: Identity, context) -> Report:
+        """A model report to write with an append, checked as the calls it stands for check theirs."""
+        if report.HasField("context_token_count") and report.context_token_count < 0:
+            raise InvalidArgument("report.context_token_count", "must not be negative")
+        learns = report.HasField("baseline") or report.prompt_cut or report.HasField("observation") \
+            or bool(report.token_counts)
+        if learns and not (identity.is_service or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+            raise PermissionDenied("a model report (baseline, observation, token counts) is written by the "
+                                   "Palimpsest services only")
+        b = report.baseline
+        if b.tokens < 0 or b.through_seq < 0:
+            raise InvalidArgument("report.baseline", "tokens and through_seq must not be negative")
+        observation = None
+        if report.HasField("observation"):
+            observation = _checked_observation(report.observation, "report.observation")
+        _check_token_counts(report.token_digest, report.token_counts, "report.")
+        return Report(
+            baseline={"tokens": b.tokens, "through_seq": b.through_seq, "model": b.model, "context_truncated": False}
+            if report.HasField("baseline") else None,
+            prompt_cut=report.prompt_cut, observation=observation,
+            context_token_count=report.context_token_count if report.HasField("context_token_count") else None,
+            token_digest=report.token_digest, token_counts=[(c.seq, c.tokens, c.content_md5)
+                                                            for c in report.token_counts])
 
     async def UpdateSession(self, request, context):
         identity = self._identity(context)
@@ -384,17 +434,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(self, request, context):
         self._identity(context).require_service("calibration")
-        obs = request.observation
-        if not obs.model:
-            raise InvalidArgument("observation.model", "required")
-        exact = {name: getattr(obs.exact, name) for name in EXACT_FIELDS}
-        if obs.tokens <= 0 or (obs.chars <= 0 and obs.exact.content_tokens <= 0):
-            raise InvalidArgument("observation", "tokens and either chars or exact.content_tokens must be positive")
-        if any(value < 0 for value in exact.values()):
-            raise InvalidArgument("observation.exact", "counts must not be negative")
-        # An exact shape replaces chars; a calibrated one (characters by class) goes beside them.
-        await self.repo.calibration.record_observation(obs.model, 0 if obs.exact.content_tokens else obs.chars,
-                                                       obs.tokens, exact)
+        await self.repo.calibration.record_observation(*_checked_observation(request.observation, "observation"))
         return pb.RecordObservationResponse()
 
     async def ListObservations(self, request, context):
@@ -443,10 +483,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if not request.token_digest:
             raise InvalidArgument("token_digest", "required: a count means nothing without its tokenizer")
-        if any(c.seq <= 0 or c.tokens < 0 for c in request.counts):
-            raise InvalidArgument("counts", "seq must be positive and tokens not negative")
-        if any(not re.fullmatch(r"[0-9a-f]{32}", c.content_md5) for c in request.counts):
-            raise InvalidArgument("counts", "content_md5 must be the md5 (32 lowercase hex) of the counted content")
+        _check_token_counts(request.token_digest, request.counts, "", field="counts")
         updated = await self.repo.sessions.set_token_counts(identity, session_id, request.token_digest,
                                                    [c.seq for c in request.counts], [c.tokens for c in request.counts],
                                                    [c.content_md5 for c in request.counts])

@@ -100,6 +100,35 @@ def forwarded_metadata(context: grpc.aio.ServicerContext | None) -> tuple[tuple[
     return ()
 
 
+# A call the services make for a user carries the user's token, so the user's access is what is
+# checked; what only the services may write with it (a model report folded into the Agent's
+# append of a reply) is vouched for by the services' own token in this header beside it.
+SERVICE_VOUCH_HEADER = "x-palimpsest-service"
+
+
+@functools.lru_cache(maxsize=4)
+def vouching_metadata(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]:
+    """The services' vouch to send beside a user's credentials (empty with auth off)."""
+    if not enabled:
+        return ()
+    return ((SERVICE_VOUCH_HEADER, make_token(SERVICE_SUB, secret, SERVICE_ROLE)),)
+
+
+def vouched_by_services(metadata, *, enabled: bool, secret: str) -> bool:
+    """True when the call carries a valid services' vouch (always, with auth off)."""
+    if not enabled:
+        return True
+    for key, value in metadata or ():
+        if key.lower() == SERVICE_VOUCH_HEADER:
+            token = value.decode() if isinstance(value, bytes) else value
+            try:
+                claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["sub"]})
+            except jwt.InvalidTokenError:
+                return False
+            return claims.get("role") == SERVICE_ROLE
+    return False
+
+
 @functools.lru_cache(maxsize=4)  # signed once per process, not on every report
 def service_metadata(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]:
     """Credentials for a call the services make on their own behalf (empty with auth off)."""

@@ -72,18 +72,52 @@ async def forget_baseline(conn: asyncpg.Connection, session_id: uuid.UUID) -> No
     await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
 
 
+async def insert_observation(conn, model: str, chars: int, tokens: int, exact: dict[str, int] | None = None) -> None:
+    exact = exact or {}
+    await conn.execute(
+        f"INSERT INTO calibration_observations (model, chars, tokens, {', '.join(EXACT_FIELDS)})"
+        f" VALUES ($1, $2, $3, {', '.join(f'${i}' for i in range(4, 4 + len(EXACT_FIELDS)))})",
+        model, chars, tokens, *(exact.get(name, 0) for name in EXACT_FIELDS),
+    )
+
+
+async def write_baseline(conn: asyncpg.Connection, session_id: uuid.UUID, baseline: dict[str, Any] | None,
+                         only_truncated_flag: bool) -> None:
+    """The session's baseline: cleared (None), only its truncated flag set, or a full write."""
+    if baseline is None:
+        await forget_baseline(conn, session_id)
+    elif only_truncated_flag:
+        # A session may be flagged before it ever had an honest baseline (tokens 0 = none).
+        await conn.execute(
+            """
+            INSERT INTO session_baselines (session_id, tokens, through_seq, context_truncated)
+            VALUES ($1, 0, 0, $2)
+            ON CONFLICT (session_id) DO UPDATE SET context_truncated = $2
+            """,
+            session_id, baseline["context_truncated"],
+        )
+    else:
+        # The truncated flag survives a later honest baseline: only the post-turn pass (or a
+        # compression, which deletes the row) consumes it.
+        await conn.execute(
+            """
+            INSERT INTO session_baselines (session_id, tokens, through_seq, model, context_truncated)
+            VALUES ($1, $2, $3, $4, $5)
+            ON CONFLICT (session_id) DO UPDATE SET tokens = $2, through_seq = $3, model = $4,
+                context_truncated = session_baselines.context_truncated OR $5, recorded_at = now()
+            """,
+            session_id, baseline["tokens"], baseline["through_seq"], baseline["model"],
+            baseline["context_truncated"],
+        )
+
+
 class Calibration:
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
 
     async def record_observation(self, model: str, chars: int, tokens: int,
                                  exact: dict[str, int] | None = None) -> None:
-        exact = exact or {}
-        await self.pool.execute(
-            f"INSERT INTO calibration_observations (model, chars, tokens, {', '.join(EXACT_FIELDS)})"
-            f" VALUES ($1, $2, $3, {', '.join(f'${i}' for i in range(4, 4 + len(EXACT_FIELDS)))})",
-            model, chars, tokens, *(exact.get(name, 0) for name in EXACT_FIELDS),
-        )
+        await insert_observation(self.pool, model, chars, tokens, exact)
 
     async def list_observations(self, model: str, limit: int = CHAR_OBSERVATIONS,
                                 exact_limit: int = EXACT_OBSERVATIONS, conn=None) -> list[asyncpg.Record]:
@@ -95,31 +129,7 @@ class Calibration:
                            only_truncated_flag: bool) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             await readable(conn, session_id, identity)
-            if baseline is None:
-                await forget_baseline(conn, session_id)
-            elif only_truncated_flag:
-                # A session may be flagged before it ever had an honest baseline (tokens 0 = none).
-                await conn.execute(
-                    """
-                    INSERT INTO session_baselines (session_id, tokens, through_seq, context_truncated)
-                    VALUES ($1, 0, 0, $2)
-                    ON CONFLICT (session_id) DO UPDATE SET context_truncated = $2
-                    """,
-                    session_id, baseline["context_truncated"],
-                )
-            else:
-                # The truncated flag survives a later honest baseline: only the post-turn pass
-                # (or a compression, which deletes the row) consumes it.
-                await conn.execute(
-                    """
-                    INSERT INTO session_baselines (session_id, tokens, through_seq, model, context_truncated)
-                    VALUES ($1, $2, $3, $4, $5)
-                    ON CONFLICT (session_id) DO UPDATE SET tokens = $2, through_seq = $3, model = $4,
-                        context_truncated = session_baselines.context_truncated OR $5, recorded_at = now()
-                    """,
-                    session_id, baseline["tokens"], baseline["through_seq"], baseline["model"],
-                    baseline["context_truncated"],
-                )
+            await write_baseline(conn, session_id, baseline, only_truncated_flag)
 
     async def get_baseline(self, identity: Identity, session_id: uuid.UUID, model: str = "", token_digest: str = "",
                            view_budget: int = 0) -> tuple[dict | None, list[asyncpg.Record], dict | None]:

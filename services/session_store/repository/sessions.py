@@ -22,7 +22,7 @@ from services.session_store.convert import INSERT_COLUMNS
 from services.session_store.repository.access import (
     check_revision, like_pattern, lock_session, readable, rows_affected, visible,
 )
-from services.session_store.repository.calibration import forget_baseline
+from services.session_store.repository.calibration import forget_baseline, insert_observation, write_baseline
 from services.session_store.repository.memory import insert_chunks
 from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
 from services.session_store.repository.usage import OwnerUsage
@@ -100,11 +100,24 @@ class SessionRead:
     context: Page | None = None
 
 
+@dataclass(frozen=True)
+class Report:
+    """A model call's report written with the append of its answer (see ModelReport)."""
+
+    baseline: dict[str, Any] | None = None
+    prompt_cut: bool = False
+    observation: tuple[str, int, int, dict[str, int]] | None = None  # model, chars, tokens, exact shape
+    context_token_count: int | None = None
+    token_digest: str = ""
+    token_counts: Sequence[tuple[int, int, str]] = ()  # seq, tokens, content md5
+
+
 @dataclass
 class AppendResult:
     seqs: list[int]
     revision: int
     archived: int
+    context_truncated: bool = False
 
 
 @dataclass
@@ -280,6 +293,7 @@ class Sessions:
         messages: Sequence[common_pb2.Message],
         expected_revision: int | None,
         idempotency_key: str = "",
+        report: Report | None = None,
     ) -> AppendResult:
         now = datetime.now(timezone.utc)
         async with self.pool.acquire() as conn, conn.transaction():
@@ -311,13 +325,14 @@ class Sessions:
                 """,
                 session_id, first + len(messages), now, displayed, len(messages), first, preview,
             )
+            truncated = await _write_report(conn, session_id, report) if report is not None else False
             archived = 0
             if self._over_hot_window(updated["hot_count"], updated["hot_bytes"]):
                 archived = await self._archive_overflow(conn, session_id)
             if idempotency_key:
                 await conn.execute(_REMEMBER_APPEND_SQL, session_id, idempotency_key, seqs, updated["revision"], now,
                                    APPEND_KEY_DAYS)
-        return AppendResult(seqs=seqs, revision=updated["revision"], archived=archived)
+        return AppendResult(seqs=seqs, revision=updated["revision"], archived=archived, context_truncated=truncated)
 
     async def update_session(self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any],
                              expected_revision: int | None) -> asyncpg.Record:
@@ -599,22 +614,47 @@ class Sessions:
         stays, so a count written beside a turn never makes that turn's next write ABORTED."""
         async with self.pool.acquire() as conn, conn.transaction():
             await readable(conn, session_id, identity)
-            updated = 0
-            for table in ("session_messages", "session_messages_archive"):
-                status = await conn.execute(
-                    f"""
-                    UPDATE {table} m SET token_count = c.tokens, token_digest = $2
-                      FROM unnest($3::bigint[], $4::int[], $5::text[]) AS c(seq, tokens, md5)
-                     WHERE m.session_id = $1 AND m.seq = c.seq AND md5(m.content) = c.md5
-                    """,
-                    session_id, token_digest, list(seqs), list(tokens), list(content_md5),
-                )
-                updated += rows_affected(status)
+            updated = await write_token_counts(conn, session_id, token_digest, seqs, tokens, content_md5)
         return updated
 
     async def existing_ids(self, ids: list[str]) -> set[str]:
         rows = await self.pool.fetch("SELECT id FROM sessions WHERE id = ANY($1::uuid[])", ids)
         return {str(r["id"]) for r in rows}
+
+
+async def write_token_counts(conn: asyncpg.Connection, session_id: uuid.UUID, token_digest: str,
+                             seqs: Sequence[int], tokens: Sequence[int], content_md5: Sequence[str]) -> int:
+    updated = 0
+    for table in ("session_messages", "session_messages_archive"):
+        status = await conn.execute(
+            f"""
+            UPDATE {table} m SET token_count = c.tokens, token_digest = $2
+              FROM unnest($3::bigint[], $4::int[], $5::text[]) AS c(seq, tokens, md5)
+             WHERE m.session_id = $1 AND m.seq = c.seq AND md5(m.content) = c.md5
+            """,
+            session_id, token_digest, list(seqs), list(tokens), list(content_md5),
+        )
+        updated += rows_affected(status)
+    return updated
+
+
+async def _write_report(conn: asyncpg.Connection, session_id: uuid.UUID, report: Report) -> bool:
+    """What the call an append answers reported, in the append's transaction; whether the session
+    is flagged as cut (by this report or an earlier one no compression has consumed)."""
+    if report.prompt_cut:
+        await write_baseline(conn, session_id, {"context_truncated": True}, only_truncated_flag=True)
+    elif report.baseline is not None:
+        await write_baseline(conn, session_id, report.baseline, only_truncated_flag=False)
+    if report.observation is not None:
+        await insert_observation(conn, *report.observation)
+    if report.token_counts:
+        seqs, tokens, md5s = zip(*report.token_counts)
+        await write_token_counts(conn, session_id, report.token_digest, seqs, tokens, md5s)
+    if report.context_token_count is not None:
+        await conn.execute("UPDATE sessions SET context_token_count = $2 WHERE id = $1", session_id,
+                           report.context_token_count)
+    return bool(await conn.fetchval("SELECT context_truncated FROM session_baselines WHERE session_id = $1",
+                                    session_id))
 
 
 def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
