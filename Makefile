@@ -38,7 +38,7 @@ run: install
 	$(BIN)/python -m services.run
 
 demo: install
-	$(BIN)/python -m services.demo
+	$(BIN)/python -m ollama_sim.demo
 
 test: install
 	$(BIN)/python -m pytest -n 2 -q
