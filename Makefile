@@ -5,21 +5,23 @@ BIN     := $(VENV)/bin
 PROTOS  := $(wildcard protos/palimpsest/v1/*.proto)
 GEN_DIR := palimpsest/v1
 
-.PHONY: install protos protos-check lint run demo test test-store bench clean
+.PHONY: install protos protos-check lint typecheck run demo test test-store bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The runtime plus the extras for tests, the demo (the Ollama simulator), codegen and the type checker.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,demo,codegen,dev]'
 	touch $@
 
+# npm is needed for buf (`make lint`) only: run, test and demo work without it.
 node_modules/.installed: package.json
 	npm install --no-audit --no-fund --silent
 	touch $@
 
-install: $(VENV)/.installed node_modules/.installed
+install: $(VENV)/.installed
 
 # Regenerates the committed Python code (messages, stubs and .pyi type stubs) from protos/.
 protos: $(VENV)/.installed
@@ -34,11 +36,15 @@ protos-check: protos
 lint: node_modules/.installed
 	cd protos && ../node_modules/.bin/buf lint
 
+# mypy over services/ and clients/ with the generated .pyi stubs (settings in pyproject.toml).
+typecheck: install
+	$(BIN)/python -m mypy
+
 run: install
 	$(BIN)/python -m services.run
 
 demo: install
-	$(BIN)/python -m services.demo
+	$(BIN)/python -m ollama_sim.demo
 
 test: install
 	$(BIN)/python -m pytest -n 2 -q

@@ -18,7 +18,7 @@ import httpx
 
 from bench import _common
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb, session_store_pb2_grpc
-from services.ollama_sim import OllamaSimulator, Reply
+from ollama_sim import OllamaSimulator, Reply
 from services.shared.ports import free_port
 from tests.test_agent_long import BigOutputTool
 
@@ -197,7 +197,7 @@ def _dense_log(turn: int, tokens: int) -> str:
     import random
 
     from bench.compressor import _dense_log as lines
-    from services.ollama_sim.prompt import count_text_tokens
+    from ollama_sim.prompt import count_text_tokens
 
     rng = random.Random(turn)
     text = lines(rng, max(1, tokens // 60))
@@ -234,7 +234,7 @@ class _CutAlarms(logging.Handler):
 
 async def _long_path(server, quick: bool, path: str) -> list:
     from services.compressor.token_estimate import output_reserve
-    from services.ollama_sim.models import default_models
+    from ollama_sim.models import default_models
     from services.shared.settings import Settings
     from tests.test_agent_long import png
 

@@ -20,8 +20,8 @@ from services.compressor.calibration import Observation, estimate_text_tokens, f
 from services.compressor.exact_count import ExactObservation, fit_template, message_texts, shape_of
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.vocabulary import build_tokenizer
-from services.ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
-from services.ollama_sim.vocabulary import tokenizer_metadata
+from ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
+from ollama_sim.vocabulary import tokenizer_metadata
 from services.shared.context_view import to_ollama_messages, view_chars
 from services.shared.image_tokens import image_tokens
 from services.shared.ports import free_port

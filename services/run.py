@@ -32,7 +32,8 @@ def wait_serving(addr: str, timeout: float, proc: subprocess.Popen) -> None:
             if proc.poll() is not None:
                 raise SystemExit(f"service on {addr} exited with code {proc.returncode}; see its log above")
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                # types-grpcio-health-checking declares HealthStub without the methods its __init__ sets.
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)  # type: ignore[attr-defined]
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:

@@ -123,7 +123,7 @@ def profile() -> str:
 @pytest.fixture(scope="module")
 def ollama_sim():
     """A real HTTP server speaking Ollama's protocol, one per test module."""
-    from services.ollama_sim import OllamaSimulator
+    from ollama_sim import OllamaSimulator
 
     with OllamaSimulator() as sim:
         yield sim

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 from tests.conftest import agent_settings
 from tests.test_store_sessions import expect_status, full
 
@@ -338,7 +338,7 @@ async def test_a_cut_prompt_on_the_estimate_path_is_never_learned_from(agent, ag
     said would fit. The half-window report is neither the baseline nor the meter's count, and no
     alarm is raised on an estimate (only an exact count proves a cut)."""
     from palimpsest.v1 import compressor_pb2 as cpb, common_pb2
-    from services.ollama_sim import ModelSpec, count_text_tokens
+    from ollama_sim import ModelSpec, count_text_tokens
 
     from tests.conftest import LIAR_MODEL
 

@@ -59,7 +59,7 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
         base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file):
     from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
     from services.agent.app import start_agent
-    from services.ollama_sim import Reply
+    from ollama_sim import Reply
     from tests.conftest import agent_settings
 
     # The Compressor's first size check for a model builds its tokenizer, seconds on a loaded
@@ -111,7 +111,7 @@ async def test_the_model_starts_while_the_message_is_stored_and_shows_nothing_be
     before the first token), but the client sees no answer before that message is stored."""
     from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, session_store_pb2_grpc as spb_grpc
     from services.agent.app import start_agent
-    from services.ollama_sim import Reply
+    from ollama_sim import Reply
     from tests.conftest import agent_settings
 
     host, port = store_server.address.rsplit(":", 1)
@@ -167,7 +167,7 @@ async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(
 
     from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
     from services.agent.app import start_agent
-    from services.ollama_sim import Reply
+    from ollama_sim import Reply
     from tests.conftest import agent_settings
 
     with socket.socket() as probe:  # a port nothing listens on: the Compressor is away

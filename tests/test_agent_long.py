@@ -16,7 +16,7 @@ from PIL import Image
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 
 # A model of this run alone: calibration is per model and shared by every session (and test).
 MODEL = f"long-{uuid.uuid4().hex[:8]}"

@@ -28,7 +28,7 @@ from services.agent.tools.plan import (
     windowed_request,
 )
 from services.agent.tools.registry import BUILTIN, execute, tools_for
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 from services.shared.errors import InvalidArgument
 from services.shared.ollama import OllamaClient
 from tests.conftest import bearer

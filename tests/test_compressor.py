@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 from tests.test_store_sessions import expect_status, full, shown
 
 Message = common_pb2.Message
@@ -407,7 +407,7 @@ async def test_a_negative_summarizer_window_is_invalid(compressor, store, profil
 async def calibrate_on_real_counts(compressor, model: str) -> None:
     """Eight observations of the simulator's real counts, so the model's line prices this text closely
     (the newest eight make the whole line: earlier runs' observations no longer count)."""
-    from services.ollama_sim.prompt import count_prompt_tokens
+    from ollama_sim.prompt import count_prompt_tokens
     from services.shared.context_view import to_ollama_messages, view_chars
 
     for n in range(1, 9):

@@ -10,8 +10,8 @@ from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as pb
 from palimpsest.v1.common_pb2 import Message, ToolCall
 from services.agent.context_builder import apply_cuts
 from services.compressor.model_tokenizers import ModelTokenizers
-from services.ollama_sim import Reply
-from services.ollama_sim.prompt import count_prompt_tokens
+from ollama_sim import Reply
+from ollama_sim.prompt import count_prompt_tokens
 from services.shared.context_view import to_ollama_messages
 from services.shared.ollama import OllamaClient
 

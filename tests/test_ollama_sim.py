@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,8 +21,8 @@ import ollama
 import pytest
 from PIL import Image
 
-from services.ollama_sim import OllamaSimulator, Reply, count_prompt_tokens, count_text_tokens, render_prompt
-from services.ollama_sim.prompt import tokenizer
+from ollama_sim import OllamaSimulator, Reply, count_prompt_tokens, count_text_tokens, render_prompt
+from ollama_sim.prompt import tokenizer
 
 METRICS = {
     "total_duration",
@@ -425,7 +426,7 @@ def test_embed_is_deterministic_unit_vectors_and_similarity_aware(sim: OllamaSim
 
 
 def test_custom_models() -> None:
-    from services.ollama_sim import ModelSpec
+    from ollama_sim import ModelSpec
 
     with OllamaSimulator(models={"mine": ModelSpec(context_length=1000)}) as sim:
         assert post(sim, "/api/show", {"model": "mine"}).json()["model_info"]["qwen3.context_length"] == 1000
@@ -434,7 +435,8 @@ def test_custom_models() -> None:
 
 def test_module_entry_point_serves() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.ollama_sim", "--port", "0"],
+        [sys.executable, "-m", "ollama_sim", "--port", "0"],
+        cwd=Path(__file__).resolve().parents[1],  # the simulator is a repository package, not an installed one
         stdout=subprocess.PIPE,
         text=True,
     )

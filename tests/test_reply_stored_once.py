@@ -11,7 +11,7 @@ from dataclasses import replace
 import grpc
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc
-from services.ollama_sim import Reply
+from ollama_sim import Reply
 from tests.conftest import agent_settings
 from tests.relay import Relay
 from tests.test_store_sessions import full

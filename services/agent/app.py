@@ -35,7 +35,7 @@ async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: f
     while True:
         try:
             await ollama.version()
-            status = health_pb2.HealthCheckResponse.SERVING
+            status: int = health_pb2.HealthCheckResponse.SERVING
             missing_logged = False
         except PalimpsestError as exc:
             status = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -86,5 +86,5 @@ class EventSink:
     def error(self, code: str, message: str) -> None:
         self.emit(error=pb.ErrorEvent(code=code, message=message))
 
-    def stream_end(self, reason: int, text: str) -> None:
+    def stream_end(self, reason: pb.StreamEndReason, text: str) -> None:
         self.emit(stream_end=pb.StreamEnd(reason=reason, text=text))

@@ -4,7 +4,7 @@ signal honoured even while Ollama has not said a word yet."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import suppress
 from typing import TypeVar
 
@@ -32,7 +32,7 @@ async def guarded(
     chunk_timeout: float,
     stop: asyncio.Event,
     poll: float = STOP_POLL_SECONDS,
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """Yield `stream`'s items; on stop or timeout close it, which closes the HTTP connection."""
     iterator = stream.__aiter__()
     loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf import struct_pb2
 
 from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
@@ -113,7 +114,7 @@ class StoringTask:
 @dataclass
 class TurnResult:
     text: str = ""
-    reason: int = END.STREAM_END_REASON_UNSPECIFIED
+    reason: agent_pb2.StreamEndReason = END.STREAM_END_REASON_UNSPECIFIED
 
     @property
     def completed_normally(self) -> bool:
@@ -208,7 +209,7 @@ class Turn:
     def _compression_on(self) -> bool:
         return self.stored and self.settings.compression_enabled and self.profile.compression_enabled
 
-    def _end(self, reason: int, text: str) -> TurnResult:
+    def _end(self, reason: agent_pb2.StreamEndReason, text: str) -> TurnResult:
         self.result = TurnResult(text=text, reason=reason)
         if not self.is_subagent:
             self.sink.stream_end(reason, text)
@@ -279,7 +280,7 @@ class Turn:
                     code = "DEADLINE_EXCEEDED" if isinstance(exc, StreamTimeout) else exc.code.name
                     self.sink.error(code, str(exc))
                     return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
-            self._partial = None  # from here on the reply is saved, never as a partial
+            self._partial: ChatResult | None = None  # from here on the reply is saved, never as a partial
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
             report = self._report(reply, check, built, through_seq)
             if not reply.tool_calls:
@@ -634,7 +635,7 @@ class Turn:
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------
-    async def _compress(self, reason: int, current_tokens: int, keep_recent_messages: int = 0) -> bool:
+    async def _compress(self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0) -> bool:
         """Run one compression, forwarding its events; a failure is logged and the turn goes on."""
         committed = 0
         try:
@@ -704,8 +705,9 @@ class Turn:
             log.warning("memory recall failed for %s: %s", self.session_id, exc.details())
             return []
         session = self.conv.session
-        seen = set(session.metadata["injected_chunk_ids"]) if session and "injected_chunk_ids" in session.metadata \
-            else set()
+        injected = session.metadata["injected_chunk_ids"] if session and "injected_chunk_ids" in session.metadata \
+            else None
+        seen = set(injected) if isinstance(injected, struct_pb2.ListValue) else set()
         fits = min(p.memory_recall_k, room // cb.MIN_EXCERPT_CHARS)  # each excerpt long enough to say something
         fresh = [c for c in found.chunks if float(c.id) not in seen][:fits]
         if not fresh:

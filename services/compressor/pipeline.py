@@ -37,7 +37,7 @@ log = logging.getLogger("palimpsest.compressor")
 Message = common_pb2.Message
 
 SUMMARY_ATTEMPTS = 2  # one retry, then the hard-truncate fallback
-_REASON_NAMES = {
+_REASON_NAMES: dict[int, str] = {
     pb.COMPRESSION_REASON_PRETURN: "preturn",
     pb.COMPRESSION_REASON_MIDTURN: "midturn",
     pb.COMPRESSION_REASON_POSTTURN: "postturn",
@@ -49,7 +49,7 @@ def reason_name(reason: int) -> str:
     return _REASON_NAMES.get(reason, "unspecified")
 
 
-_METHOD_NAMES = {
+_METHOD_NAMES: dict[int, str] = {
     pb.COMPRESSION_METHOD_SUMMARY: "summary",
     pb.COMPRESSION_METHOD_HARD_TRUNCATE: "hard_truncate",
     pb.COMPRESSION_METHOD_PRUNE: "prune",
@@ -254,7 +254,9 @@ async def summarize_or_truncate(
         return await asyncio.to_thread(truncate_outcome, context, pricing, window, last_error)
     dropped_text = entity_source([m for m in plan.to_summarize if not m.is_summary])
     crumbs = merge_breadcrumbs(keys, await asyncio.to_thread(extract_entities, dropped_text))
-    first, last = plan.replaced_range
+    replaced = plan.replaced_range
+    assert replaced is not None  # a plan that summarizes has messages to summarize
+    first, last = replaced
     covered = common_pb2.SeqRange(first=first, last=last)
     summary = Message(
         role="user",
@@ -313,7 +315,7 @@ def commit_request(session: common_pb2.Session, context: list[Message], outcome:
         if data.last_at:
             chunk.last_at.FromDatetime(data.last_at)
         chunks.append(chunk)
-    marker_meta = {
+    marker_meta: dict[str, str | int] = {
         "messages_before": len(context),
         "messages_after": len(outcome.new_context),
         "reason": reason_name(reason),

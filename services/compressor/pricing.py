@@ -182,7 +182,7 @@ class Pricing:
                         chars=sum(len(m.content) for m in view), shape=shape)
 
     def stored_estimate(self, stored: store_pb.ContextTokens, incoming: Sequence[Message] = (),
-                        tool_schemas: Sequence[str] = ()) -> tuple[Estimate, list[tuple[int, int]]]:
+                        tool_schemas: Sequence[str] = ()) -> tuple[Estimate, list[tuple[int, int, str]]]:
         """An exact count of a stored context from the store's sum of per-message counts, plus the
         rows it had no count for and ``incoming``; returns the estimate and the fresh (seq, tokens)
         counts to store as (seq, tokens, content md5) (rows with images are counted each time: their
@@ -214,6 +214,7 @@ class Pricing:
             return self.full([*messages, *incoming], tool_schemas), compressor_pb2.ESTIMATE_METHOD_EXACT
         if not self.has_baseline:
             return self.full([*messages, *incoming]), self.method
+        assert self.baseline is not None  # has_baseline
         # The prompt the baseline measured began with the system prompt (no seq), so it is paid
         # for; stored rows after the baseline and anything else not stored yet are the delta.
         body = list(messages)

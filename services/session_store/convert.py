@@ -23,9 +23,7 @@ INSERT_COLUMNS = "session_id, " + MESSAGE_COLUMNS
 VALID_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
-def timestamp(dt: datetime | None) -> timestamp_pb2.Timestamp | None:
-    if dt is None:
-        return None
+def timestamp(dt: datetime) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromDatetime(dt.astimezone(timezone.utc))
     return ts

@@ -5,20 +5,34 @@ from __future__ import annotations
 import json
 import logging
 from importlib import resources
-
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from services.shared.errors import Unavailable
 
 log = logging.getLogger("palimpsest.store.db")
 
+# What the repository's helpers are handed: a connection, or the pool's proxy for one (`pool.acquire()`).
+Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy
+
+
+async def fetch_one(conn: Connection, query: str, *args: Any) -> asyncpg.Record:
+    """``fetchrow`` for a statement that always returns a row: an INSERT … RETURNING, or a read or
+    UPDATE … RETURNING of a session the transaction has locked (``lock_session``)."""
+    row = await conn.fetchrow(query, *args)
+    if row is None:
+        raise AssertionError(f"no row from a statement that always returns one: {query.strip()[:80]}")
+    return row
+
+
 # Serializes migrations when several store replicas (or test workers) start at once.
 _MIGRATION_LOCK = 0x7061_6C69  # "pali"
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+async def _init_connection(conn: Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
@@ -101,7 +115,7 @@ async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> None:
             conn.remove_log_listener(_log_notice)
 
 
-def _log_notice(conn: asyncpg.Connection, message: asyncpg.PostgresLogMessage) -> None:
+def _log_notice(conn: Connection, message: asyncpg.PostgresLogMessage) -> None:
     # Only warnings: IF NOT EXISTS answers every start with NOTICEs of what already exists.
     if message.severity_en == "WARNING":
         log.warning("migration: %s", message.message)

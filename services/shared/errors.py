@@ -51,7 +51,7 @@ class Unavailable(PalimpsestError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
-_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Aborted,
+_BY_CODE: dict[grpc.StatusCode, type[PalimpsestError]] = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Aborted,
                                       ResourceExhausted, FailedPrecondition, Unavailable)}
 
 

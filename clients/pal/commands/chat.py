@@ -20,7 +20,7 @@ from clients.pal.errors import ServiceError
 from clients.pal.render import ContextMeter, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
 from clients.pal.views import message_view
-from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2 as pb
 
 # PutFile streams the file in pieces of this size; the store enforces its own size cap while receiving.
 UPLOAD_CHUNK = 256 * 1024
@@ -85,7 +85,7 @@ class SessionWatch:
 
     def __init__(self, app: App, session_id: str, meter: ContextMeter) -> None:
         self.meter = meter
-        self.compressed: agent_pb2.ContextCompressed | None = None
+        self.compressed: compressor_pb2.ContextCompressed | None = None
         self._call = app.conn.agent().WatchSession(agent_pb2.WatchSessionRequest(session_id=session_id))
         threading.Thread(target=self._follow, name="pal-watch", daemon=True).start()
 
@@ -99,7 +99,7 @@ class SessionWatch:
         except (ServiceError, grpc.RpcError):
             return  # cancelled, or the Agent went away: the meter goes back to turn events only
 
-    def take(self) -> agent_pb2.ContextCompressed | None:
+    def take(self) -> compressor_pb2.ContextCompressed | None:
         done, self.compressed = self.compressed, None
         return done
 

@@ -179,7 +179,7 @@ def check_arguments(tool: Tool, args: Any) -> tuple[dict[str, Any] | None, str]:
                     checked[name] = value = coerced
                     break
             else:
-                wanted = " or ".join(_TYPE_NAMES.get(t, t) for t in types)
+                wanted = " or ".join(_TYPE_NAMES.get(t, str(t)) for t in types)
                 problems.append(f"'{name}' must be {wanted}, got {type(value).__name__}")
                 continue
         if "enum" in spec and value not in spec["enum"]:

@@ -31,7 +31,7 @@ def item_to_dict(item: TodoItem) -> dict[str, str]:
 
 def items_from_metadata(metadata: dict[str, Any]) -> list[TodoItem]:
     """The stored list; malformed entries are skipped rather than failing the turn."""
-    items = []
+    items: list[TodoItem] = []
     for entry in metadata.get(METADATA_KEY) or []:
         if not isinstance(entry, dict) or not entry.get("text"):
             continue

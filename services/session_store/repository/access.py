@@ -13,6 +13,7 @@ import asyncpg
 
 from services.shared.auth import Identity
 from services.shared.errors import Aborted, InvalidArgument, NotFound
+from services.session_store.db import Connection
 
 
 def check_revision(session_id: uuid.UUID, revision: int, expected_revision: int | None) -> None:
@@ -23,7 +24,7 @@ def check_revision(session_id: uuid.UUID, revision: int, expected_revision: int 
         )
 
 
-async def lock_session(conn: asyncpg.Connection, session_id: uuid.UUID, identity: Identity,
+async def lock_session(conn: Connection, session_id: uuid.UUID, identity: Identity,
                        expected_revision: int | None) -> asyncpg.Record:
     """The session's row, locked for this transaction, after the access and revision checks."""
     row = await conn.fetchrow(
@@ -37,7 +38,7 @@ async def lock_session(conn: asyncpg.Connection, session_id: uuid.UUID, identity
     return row
 
 
-async def readable(conn: asyncpg.Connection, session_id: uuid.UUID, identity: Identity) -> asyncpg.Record:
+async def readable(conn: Connection, session_id: uuid.UUID, identity: Identity) -> asyncpg.Record:
     """The session's row, when the caller may read it."""
     row = await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", session_id)
     if row is None:

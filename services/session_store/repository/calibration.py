@@ -16,6 +16,7 @@ from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
 from services.shared.errors import NotFound
 from services.session_store import convert
+from services.session_store.db import Connection
 from services.session_store.repository.access import readable
 from services.session_store.repository.message_rows import BOTH_TABLES
 
@@ -67,7 +68,7 @@ _OBSERVATIONS_SQL = f"""
 """
 
 
-async def forget_baseline(conn: asyncpg.Connection, session_id: uuid.UUID) -> None:
+async def forget_baseline(conn: Connection, session_id: uuid.UUID) -> None:
     """The context changed under the baseline (a compression, a trim): it no longer describes it."""
     await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
 
@@ -155,6 +156,8 @@ class Calibration:
                     async with conn.transaction(isolation="repeatable_read", readonly=True):
                         row = await conn.fetchrow(_COUNTED_CONTEXT_SQL, session_id, token_digest, cap)
                         uncounted = await conn.fetch(_UNCOUNTED_CONTEXT_SQL, session_id, token_digest)
+                    if row is None:  # deleted since the first read
+                        raise NotFound(f"session {session_id} not found")
                 tokens = {name: row[name] for name in
                           ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls")}
                 tokens |= {"uncounted": [convert.message_from_row(r, archived=r["archived"]) for r in uncounted],

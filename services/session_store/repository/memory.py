@@ -17,6 +17,7 @@ import asyncpg
 from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
 from services.session_store import convert
+from services.session_store.db import Connection
 from services.session_store.repository.access import like_pattern, readable, rows_affected
 
 # A recall query is the user's whole message; its first words carry enough to find candidates.
@@ -94,7 +95,7 @@ def chunk_columns(chunks: Sequence[common_pb2.RawChunk]) -> list[list[Any]]:
     ]
 
 
-async def insert_chunks(conn: asyncpg.Connection, session_id: uuid.UUID,
+async def insert_chunks(conn: Connection, session_id: uuid.UUID,
                         chunks: Sequence[common_pb2.RawChunk]) -> int:
     """Store the chunks not stored yet (by content hash); returns how many were new."""
     return rows_affected(await conn.execute(_INSERT_CHUNKS_SQL, session_id, *chunk_columns(chunks)))

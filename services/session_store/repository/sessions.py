@@ -19,6 +19,7 @@ from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
 from services.session_store import convert
 from services.session_store.convert import INSERT_COLUMNS
+from services.session_store.db import Connection, fetch_one
 from services.session_store.repository.access import (
     check_revision, like_pattern, lock_session, readable, rows_affected, visible,
 )
@@ -150,7 +151,7 @@ class Sessions:
         owner = identity.owner_for_new_session
         async with self.pool.acquire() as conn, conn.transaction():
             await self.usage.check_session_count(conn, owner)
-            return await conn.fetchrow(
+            return await fetch_one(conn,
                 "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
                 " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
                 uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata,
@@ -174,7 +175,7 @@ class Sessions:
         return read
 
     @staticmethod
-    async def _page(conn: asyncpg.Connection, session_id: uuid.UUID, sizes_sql: str, params: list[Any],
+    async def _page(conn: Connection, session_id: uuid.UUID, sizes_sql: str, params: list[Any],
                     budget: int, max_rows: int | None = None) -> Page:
         """The rows `sizes_sql` lists (seq and bytes, in page order), at most `max_rows` and as many
         as fit `budget`. Sizes come first, so rows past the budget are never read."""
@@ -314,7 +315,7 @@ class Sessions:
             await conn.executemany(_INSERT_SQL, rows)
             displayed = sum(1 for r in rows if r[12])
             preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
-            updated = await conn.fetchrow(
+            updated = await fetch_one(conn,
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        display_count = display_count + $4, hot_count = hot_count + $5,
@@ -338,7 +339,7 @@ class Sessions:
                              expected_revision: int | None) -> asyncpg.Record:
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_session(conn, session_id, identity, expected_revision)
-            current = await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", session_id)
+            current = await fetch_one(conn, "SELECT * FROM sessions WHERE id = $1", session_id)
             sets: dict[str, Any] = {}
             for key in ("name", "pinned", "profile_id", "context_token_count", "provider", "model"):
                 if key in changes:
@@ -361,7 +362,7 @@ class Sessions:
                 sets["planning_logs"] = (list(current["planning_logs"]) + [changes["planning_log"]])[-PLANNING_LOG_CAP:]
             columns = list(sets)
             assignments = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(columns))
-            return await conn.fetchrow(
+            return await fetch_one(conn,
                 f"UPDATE sessions SET {assignments}{',' if assignments else ''} revision = revision + 1"
                 " WHERE id = $1 RETURNING *",
                 session_id, *[sets[c] for c in columns],
@@ -376,7 +377,7 @@ class Sessions:
         return updated, revision
 
     @staticmethod
-    async def _set_flag(conn: asyncpg.Connection, session_id: uuid.UUID, seqs: list[int], is_context: bool) -> int:
+    async def _set_flag(conn: Connection, session_id: uuid.UUID, seqs: list[int], is_context: bool) -> int:
         # Deliberately no filter on is_display: context-only rows (older summaries) must flip too.
         total = 0
         for table in ("session_messages", "session_messages_archive"):
@@ -388,7 +389,7 @@ class Sessions:
         return total
 
     @staticmethod
-    async def _bump(conn: asyncpg.Connection, session_id: uuid.UUID) -> int:
+    async def _bump(conn: Connection, session_id: uuid.UUID) -> int:
         return await conn.fetchval(
             "UPDATE sessions SET revision = revision + 1, last_active = now() WHERE id = $1 RETURNING revision",
             session_id,
@@ -433,7 +434,7 @@ class Sessions:
                 next_seq += 1
             await conn.executemany(_INSERT_SQL, [convert.message_row(session_id, s, m, now) for s, m in added])
             result["chunks_indexed"] = await insert_chunks(conn, session_id, chunks)
-            updated = await conn.fetchrow(
+            updated = await fetch_one(conn,
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        context_token_count = $4, display_count = display_count + $5,
@@ -456,7 +457,7 @@ class Sessions:
     def _over_hot_window(self, count: int, size: int) -> bool:
         return count > self.hot_window.max_messages or size > self.hot_window.max_bytes
 
-    async def _archive_overflow(self, conn: asyncpg.Connection, session_id: uuid.UUID) -> int:
+    async def _archive_overflow(self, conn: Connection, session_id: uuid.UUID) -> int:
         """Move the oldest whole groups out until the hot rows are back to 80% of both caps."""
         rows = await conn.fetch(
             f"SELECT seq, role, is_summary, {ROW_BYTES} AS size FROM session_messages WHERE session_id = $1"
@@ -484,7 +485,7 @@ class Sessions:
 
     @staticmethod
     async def _move_to_archive(
-        conn: asyncpg.Connection, session_id: uuid.UUID, below_seq: int, protected: list[int]
+        conn: Connection, session_id: uuid.UUID, below_seq: int, protected: list[int]
     ) -> int:
         status = await conn.execute(
             f"""
@@ -566,7 +567,7 @@ class Sessions:
         return before, before - len(drop)
 
     @staticmethod
-    async def _recount(conn: asyncpg.Connection, session_id: uuid.UUID) -> None:
+    async def _recount(conn: Connection, session_id: uuid.UUID) -> None:
         await conn.execute(
             f"""
             UPDATE sessions s SET revision = revision + 1, last_active = now(), context_token_count = 0,

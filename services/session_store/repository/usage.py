@@ -16,6 +16,7 @@ import asyncpg
 from services.shared.auth import Identity
 from services.shared.errors import ResourceExhausted
 from services.shared.validation import capped
+from services.session_store.db import Connection
 from services.session_store.repository.access import readable
 
 # How stale an owner's stored bytes may be when a write is checked against the quota; other
@@ -42,7 +43,7 @@ class OwnerUsage:
         # Each owner's stored bytes as last read, with when: see _owner_bytes.
         self._usage: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
-    async def check_session_count(self, conn: asyncpg.Connection, owner: str | None) -> None:
+    async def check_session_count(self, conn: Connection, owner: str | None) -> None:
         """Inside the creating transaction: refuse a session past the owner's session quota."""
         if not self.quotas.max_sessions or owner is None:
             return
@@ -55,7 +56,7 @@ class OwnerUsage:
                 f"owner may keep (PALIMPSEST_OWNER_MAX_SESSIONS = {self.quotas.max_sessions:,}); "
                 "delete or clean up sessions first")
 
-    async def check_storage(self, conn: asyncpg.Connection, owner: str | None, adding: int) -> None:
+    async def check_storage(self, conn: Connection, owner: str | None, adding: int) -> None:
         """Refuse a write that would take the owner past the storage quota (messages and files of
         all their sessions). Checked before writing: concurrent writes may pass it by their own size.
         Ownerless (legacy, admin-only) sessions have no quota."""
@@ -73,7 +74,7 @@ class OwnerUsage:
         """After a delete or trim has committed: what owners store went down, read it again."""
         self._usage.clear()
 
-    async def _owner_bytes(self, conn: asyncpg.Connection, owner: str) -> int:
+    async def _owner_bytes(self, conn: Connection, owner: str) -> int:
         """What the owner stores: summed over their sessions at most every USAGE_REFRESH_S, and
         kept up with this replica's own writes in between. The sum costs ~1.7 ms for an owner of
         10,000 sessions; paid on every append, it stood between a user's message and the model."""

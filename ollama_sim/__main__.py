@@ -1,4 +1,4 @@
-"""Run the simulator standalone: ``python -m services.ollama_sim --port 11434``."""
+"""Run the simulator standalone: ``python -m ollama_sim --port 11434``."""
 
 from __future__ import annotations
 

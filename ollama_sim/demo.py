@@ -1,5 +1,5 @@
-"""`make demo`: a scripted long conversation through the real services against the Ollama
-simulator, showing the context meter climb and compression fire. Needs no Ollama."""
+"""`make demo` (`python -m ollama_sim.demo`): a scripted long conversation through the real services
+against the Ollama simulator, showing the context meter climb and compression fire. Needs no Ollama."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import grpc
 from rich.console import Console
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc
-from services.ollama_sim import OllamaSimulator, Reply
+from ollama_sim import OllamaSimulator, Reply
 from services.shared.settings import Settings
 
 TURNS = int(os.environ.get("DEMO_TURNS", "40"))

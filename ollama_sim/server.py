@@ -1,7 +1,7 @@
 """A real HTTP server speaking Ollama's protocol, for tests and local runs.
 
 Standard library only: a ThreadingHTTPServer on a background thread, so sync tests, async tests
-and ``python -m services.ollama_sim`` all drive the same object. Everything a test may want to
+and ``python -m ollama_sim`` all drive the same object. Everything a test may want to
 assert on (requests, prompt truncation, early client disconnects) is recorded thread-safely.
 """
 
