@@ -311,7 +311,7 @@ SUMMARY_TOKENS = 400
 
 def model_time(bodies: list[dict]) -> tuple[float, float]:
     """(the run's simulated model seconds, those spent on summaries), from the requests in order."""
-    from services.ollama_sim.prompt import count_prompt_tokens
+    from ollama_sim.prompt import count_prompt_tokens
 
     total = on_summaries = 0.0
     previous: tuple[list, object] = ([], None)

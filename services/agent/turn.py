@@ -544,7 +544,7 @@ class Turn:
                 reported = recorded.recorded
             except PalimpsestError as exc:  # the answer is there; a lost report only costs precision
                 log.warning("could not record the report of a sub-agent of %s: %s", self.parent_session_id, exc)
-        tokens = reply.prompt_eval_count if reported else check.tokens
+        tokens = reply.prompt_eval_count if reported and reply.prompt_eval_count else check.tokens
         self.last_prompt_tokens = tokens
         self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0,
                         "reported" if reported else COUNT_METHODS.get(check.method, "heuristic"))

@@ -73,7 +73,8 @@ async def forget_baseline(conn: Connection, session_id: uuid.UUID) -> None:
     await conn.execute("DELETE FROM session_baselines WHERE session_id = $1", session_id)
 
 
-async def insert_observation(conn, model: str, chars: int, tokens: int, exact: dict[str, int] | None = None) -> None:
+async def insert_observation(conn: Connection | asyncpg.Pool, model: str, chars: int, tokens: int,
+                             exact: dict[str, int] | None = None) -> None:
     exact = exact or {}
     await conn.execute(
         f"INSERT INTO calibration_observations (model, chars, tokens, {', '.join(EXACT_FIELDS)})"
@@ -82,7 +83,7 @@ async def insert_observation(conn, model: str, chars: int, tokens: int, exact: d
     )
 
 
-async def write_baseline(conn: asyncpg.Connection, session_id: uuid.UUID, baseline: dict[str, Any] | None,
+async def write_baseline(conn: Connection, session_id: uuid.UUID, baseline: dict[str, Any] | None,
                          only_truncated_flag: bool) -> None:
     """The session's baseline: cleared (None), only its truncated flag set, or a full write."""
     if baseline is None:

@@ -623,7 +623,7 @@ class Sessions:
         return {str(r["id"]) for r in rows}
 
 
-async def write_token_counts(conn: asyncpg.Connection, session_id: uuid.UUID, token_digest: str,
+async def write_token_counts(conn: Connection, session_id: uuid.UUID, token_digest: str,
                              seqs: Sequence[int], tokens: Sequence[int], content_md5: Sequence[str]) -> int:
     updated = 0
     for table in ("session_messages", "session_messages_archive"):
@@ -639,7 +639,7 @@ async def write_token_counts(conn: asyncpg.Connection, session_id: uuid.UUID, to
     return updated
 
 
-async def _write_report(conn: asyncpg.Connection, session_id: uuid.UUID, report: Report) -> bool:
+async def _write_report(conn: Connection, session_id: uuid.UUID, report: Report) -> bool:
     """What the call an append answers reported, in the append's transaction; whether the session
     is flagged as cut (by this report or an earlier one no compression has consumed)."""
     if report.prompt_cut:
