@@ -231,6 +231,9 @@ class EphemeralConversation:
         self.context.extend(messages)
         return [0] * len(messages)
 
+    def snapshot(self) -> None:
+        return None  # nothing is stored: nothing to keep warm
+
     async def update(self, **fields) -> None:
         return None
 

@@ -69,7 +69,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         as the turn left it unless the post-turn pass compressed it (then read back)."""
         if turn.result.reason == pb.STREAM_END_REASON_ERROR:
             return  # a turn that failed (a store or model away) leaves nothing to trust: read afresh next time
-        session = None if turn.compressed_after or turn.conv.ephemeral else turn.conv.snapshot()
+        session = None if turn.compressed_after else turn.conv.snapshot()
         if session is not None:
             self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
             return
