@@ -121,7 +121,12 @@ def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | Non
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
+    # A GOAWAY after this long (no grace: calls in flight run to their end) makes clients resolve
+    # their `dns:///` target again, so replicas added since get their share of new calls.
+    age = ([("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000))]
+           if settings.max_connection_age_s > 0 else [])
     return [
+        *age,
         # gRPC shares a port by default (SO_REUSEPORT): a second server on a taken port would start
         # silently and split the traffic. A taken port must be an error.
         ("grpc.so_reuseport", 0),

@@ -70,6 +70,9 @@ class Settings:
     keepalive_time_ms: int = 30_000
     keepalive_timeout_ms: int = 10_000
     grace_seconds: float = 5.0
+    # Servers ask each client to reconnect after this long (0: never); calls in flight finish first.
+    # Clients then resolve a `dns:///` name again and reach replicas started since.
+    max_connection_age_s: float = 0.0
     # Deadlines of calls between the services (when the caller sets none) and of one SQL statement.
     rpc_timeout_s: float = 30.0
     compress_timeout_s: float = 600.0
@@ -127,6 +130,7 @@ class Settings:
             keepalive_time_ms=_env_int("PALIMPSEST_KEEPALIVE_TIME_MS", 30_000),
             keepalive_timeout_ms=_env_int("PALIMPSEST_KEEPALIVE_TIMEOUT_MS", 10_000),
             grace_seconds=_env_float("PALIMPSEST_GRACE_SECONDS", 5.0),
+            max_connection_age_s=_env_float("PALIMPSEST_MAX_CONNECTION_AGE_S", 0.0),
             rpc_timeout_s=_env_float("PALIMPSEST_RPC_TIMEOUT_S", 30.0),
             compress_timeout_s=_env_float("PALIMPSEST_COMPRESS_TIMEOUT_S", 600.0),
             db_command_timeout_s=_env_float("PALIMPSEST_DB_COMMAND_TIMEOUT_S", 30.0),
