@@ -84,33 +84,36 @@ async def insert_observation(conn: Connection | asyncpg.Pool, model: str, chars:
 
 
 async def write_baseline(conn: Connection, session_id: uuid.UUID, baseline: dict[str, Any] | None,
-                         only_truncated_flag: bool) -> None:
-    """The session's baseline: cleared (None), only its truncated flag set, or a full write."""
+                         only_truncated_flag: bool) -> bool:
+    """The session's baseline: cleared (None), only its truncated flag set, or a full write.
+    Returns the session's truncated flag as it is now."""
     if baseline is None:
         await forget_baseline(conn, session_id)
-    elif only_truncated_flag:
+        return False
+    if only_truncated_flag:
         # A session may be flagged before it ever had an honest baseline (tokens 0 = none).
-        await conn.execute(
+        return bool(await conn.fetchval(
             """
             INSERT INTO session_baselines (session_id, tokens, through_seq, context_truncated)
             VALUES ($1, 0, 0, $2)
             ON CONFLICT (session_id) DO UPDATE SET context_truncated = $2
+            RETURNING context_truncated
             """,
             session_id, baseline["context_truncated"],
-        )
-    else:
-        # The truncated flag survives a later honest baseline: only the post-turn pass (or a
-        # compression, which deletes the row) consumes it.
-        await conn.execute(
-            """
-            INSERT INTO session_baselines (session_id, tokens, through_seq, model, context_truncated)
-            VALUES ($1, $2, $3, $4, $5)
-            ON CONFLICT (session_id) DO UPDATE SET tokens = $2, through_seq = $3, model = $4,
-                context_truncated = session_baselines.context_truncated OR $5, recorded_at = now()
-            """,
-            session_id, baseline["tokens"], baseline["through_seq"], baseline["model"],
-            baseline["context_truncated"],
-        )
+        ))
+    # The truncated flag survives a later honest baseline: only the post-turn pass (or a
+    # compression, which deletes the row) consumes it.
+    return bool(await conn.fetchval(
+        """
+        INSERT INTO session_baselines (session_id, tokens, through_seq, model, context_truncated)
+        VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (session_id) DO UPDATE SET tokens = $2, through_seq = $3, model = $4,
+            context_truncated = session_baselines.context_truncated OR $5, recorded_at = now()
+        RETURNING context_truncated
+        """,
+        session_id, baseline["tokens"], baseline["through_seq"], baseline["model"],
+        baseline["context_truncated"],
+    ))
 
 
 class Calibration:

@@ -320,11 +320,13 @@ class Sessions:
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        display_count = display_count + $4, hot_count = hot_count + $5,
                        hot_bytes = hot_bytes + added.bytes, message_bytes = message_bytes + added.bytes,
-                       preview = CASE WHEN preview = '' THEN $7 ELSE preview END
+                       preview = CASE WHEN preview = '' THEN $7 ELSE preview END,
+                       context_token_count = coalesce($8::bigint, context_token_count)
                   FROM (SELECT {new_rows_bytes("$6")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
                 session_id, first + len(messages), now, displayed, len(messages), first, preview,
+                report.context_token_count if report is not None else None,
             )
             truncated = await _write_report(conn, session_id, report) if report is not None else False
             archived = 0
@@ -625,6 +627,8 @@ class Sessions:
 
 async def write_token_counts(conn: Connection, session_id: uuid.UUID, token_digest: str,
                              seqs: Sequence[int], tokens: Sequence[int], content_md5: Sequence[str]) -> int:
+    """Counts onto the rows whose content they were made from; the archive is looked at only for
+    counts the hot table did not take (new counts are of recent rows, and the archive is the big one)."""
     updated = 0
     for table in ("session_messages", "session_messages_archive"):
         status = await conn.execute(
@@ -636,26 +640,28 @@ async def write_token_counts(conn: Connection, session_id: uuid.UUID, token_dige
             session_id, token_digest, list(seqs), list(tokens), list(content_md5),
         )
         updated += rows_affected(status)
+        if updated == len(seqs):
+            break
     return updated
 
 
 async def _write_report(conn: Connection, session_id: uuid.UUID, report: Report) -> bool:
-    """What the call an append answers reported, in the append's transaction; whether the session
-    is flagged as cut (by this report or an earlier one no compression has consumed)."""
+    """What the call an append answers reported, in the append's transaction (its context size went
+    with the session's row); whether the session is flagged as cut (by this report or an earlier
+    one no compression has consumed)."""
     if report.prompt_cut:
-        await write_baseline(conn, session_id, {"context_truncated": True}, only_truncated_flag=True)
+        truncated = await write_baseline(conn, session_id, {"context_truncated": True}, only_truncated_flag=True)
     elif report.baseline is not None:
-        await write_baseline(conn, session_id, report.baseline, only_truncated_flag=False)
+        truncated = await write_baseline(conn, session_id, report.baseline, only_truncated_flag=False)
+    else:
+        truncated = bool(await conn.fetchval(
+            "SELECT context_truncated FROM session_baselines WHERE session_id = $1", session_id))
     if report.observation is not None:
         await insert_observation(conn, *report.observation)
     if report.token_counts:
         seqs, tokens, md5s = zip(*report.token_counts)
         await write_token_counts(conn, session_id, report.token_digest, seqs, tokens, md5s)
-    if report.context_token_count is not None:
-        await conn.execute("UPDATE sessions SET context_token_count = $2 WHERE id = $1", session_id,
-                           report.context_token_count)
-    return bool(await conn.fetchval("SELECT context_truncated FROM session_baselines WHERE session_id = $1",
-                                    session_id))
+    return truncated
 
 
 def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
