@@ -6,6 +6,7 @@ import json
 
 import grpc
 
+from services.shared.addresses import channel_target
 from services.shared.server import channel_options
 from services.shared.settings import Settings
 
@@ -58,19 +59,8 @@ class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStream
         return await continuation(self._with_deadline(client_call_details), request_iterator)
 
 
-def target_for(addresses: str) -> str:
-    """`host:port` stays as is; a comma list of replicas becomes one balanced target."""
-    parts = [a.strip() for a in addresses.split(",") if a.strip()]
-    if not parts:
-        raise ValueError("empty address")
-    if len(parts) == 1:
-        return parts[0]
-    hosts = [p.replace("localhost", "127.0.0.1") for p in parts]
-    return "ipv4:" + ",".join(hosts)
-
-
 def open_channel(addresses: str, settings: Settings) -> grpc.aio.Channel:
     options = [*channel_options(settings), ("grpc.service_config", json.dumps(_SERVICE_CONFIG)),
                ("grpc.enable_retries", 1)]
-    return grpc.aio.insecure_channel(target_for(addresses), options=options, interceptors=[
+    return grpc.aio.insecure_channel(channel_target(addresses), options=options, interceptors=[
         DefaultDeadline(settings.rpc_timeout_s, settings.compress_timeout_s)])
