@@ -7,9 +7,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import grpc
-
 from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from services.shared.errors import PalimpsestError
 from services.shared.image_tokens import image_tokens
 
 if TYPE_CHECKING:
@@ -57,11 +56,11 @@ async def _store_image(turn: "Turn", data: bytes) -> str | None:
             yield store_pb.PutFileRequest(chunk=data[i:i + (1 << 20)])
 
     try:
-        reply = await turn.deps.store.PutFile(parts(), metadata=turn.metadata)
+        reply = await turn.deps.store.PutFile(parts())
         return reply.file.path
-    except grpc.aio.AioRpcError as exc:
+    except PalimpsestError as exc:
         # A picture that cannot be stored never costs the turn.
-        log.warning("agent.image_save_failed session=%s: %s", turn.session_id, exc.details())
+        log.warning("agent.image_save_failed session=%s: %s", turn.session_id, exc)
         return None
 
 
@@ -71,9 +70,9 @@ async def _context_tokens(turn: "Turn") -> int:
     try:
         reply = await turn.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
             session_id=turn.session_id, model=turn.profile.model, window=turn.window,
-            settings=turn.profile.compression_settings()), metadata=turn.metadata)
+            settings=turn.profile.compression_settings()))
         return reply.tokens
-    except grpc.aio.AioRpcError:
+    except PalimpsestError:
         return 0
 
 
