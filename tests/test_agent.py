@@ -332,6 +332,30 @@ async def test_an_edited_profiles_file_applies_from_the_next_turn(agent, agent_s
         os.utime(path, (2, 2))
 
 
+async def test_an_edit_naming_a_missing_prompt_file_leaves_turns_working(agent, profiles_file, ollama_sim, caplog):
+    """Once the prompt file was read on every size check: a missing one failed every turn as INTERNAL.
+    Now the edit is refused, naming the file, and turns go on under the profiles in use."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(profiles_file)
+    original = path.read_text()
+    data = json.loads(original)
+    missing = str(path.parent / "no-such-summary-prompt.txt")
+    data["profiles"][0]["compression_prompt_file"] = missing
+    try:
+        path.write_text(json.dumps(data))
+        os.utime(path, (3, 3))
+        events = await run(agent, "still there?")
+        assert end_of(events).reason == pb.STREAM_END_REASON_COMPLETED
+        assert not [e for e in events if e.HasField("error")]
+        assert missing in caplog.text and "not reloaded" in caplog.text
+    finally:
+        path.write_text(original)
+        os.utime(path, (4, 4))
+
+
 async def test_a_cut_prompt_on_the_estimate_path_is_never_learned_from(agent, agent_server, compressor, store,
                                                                        ollama_sim, profile):
     """A model without a vocabulary, whose calibration line lies: Ollama cuts a prompt the estimate

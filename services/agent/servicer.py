@@ -74,9 +74,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if not lock.locked() and not getattr(lock, "_waiters", None) and self._locks.get(session_id) is lock:
             del self._locks[session_id]  # (its generation stays: a turn opened meanwhile must reload)
 
-    def _reload_profiles(self) -> None:
-        """An edited profiles file applies from the next turn; cached system prompts go with it."""
-        fresh = self.deps.profiles.reloaded()
+    async def _reload_profiles(self) -> None:
+        """An edited profiles file applies from the next turn; cached system prompts go with it.
+        Read (with its prompt files) in a thread: the loop serves every other session meanwhile."""
+        if not self.deps.profiles.changed():
+            return
+        fresh = await asyncio.to_thread(self.deps.profiles.reloaded)
         if fresh is not None:
             self.deps.profiles = fresh
             self.deps.builder.invalidate()
@@ -86,7 +89,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         """Everything that can fail with a plain status before the stream begins."""
         _validate_turn(request)
         metadata = self._metadata(context)
-        self._reload_profiles()
+        await self._reload_profiles()
         warm = None
         if request.session_id:
             warm = self._warm.pop(request.session_id)
