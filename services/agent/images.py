@@ -3,6 +3,7 @@ named in a notice on the context copy of the message (the user's copy stays as t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -87,7 +88,8 @@ async def attach_images(turn: "Turn", turn_input: "TurnInput") -> list[Message]:
         return [Message(role="user", content=text)]
     paths: list[str | None] = [await _store_image(turn, data) for data in images] if turn.stored else []
     budget = int(IMAGE_BUDGET_SHARE * turn.window) - await _context_tokens(turn)
-    sent = images_within_budget(images, max(0, budget), turn.settings.image_tokens_fallback)
+    # Pillow reads every header: in a thread, so other sessions' streams do not wait on it.
+    sent = await asyncio.to_thread(images_within_budget, images, max(0, budget), turn.settings.image_tokens_fallback)
     note = notice(paths, sent)
     files = [p for p in paths if p]
     shown = Message(role="user", content=text, files=files, explicit_flags=True, is_context=False, is_display=True)

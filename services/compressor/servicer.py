@@ -45,7 +45,9 @@ INLINE_PRICING_CHARS = 20_000
 
 
 def _chars(messages) -> int:
-    return sum(len(m.content) for m in messages)
+    """The pricing work ``messages`` make, in characters; an image counts as past the inline limit:
+    Pillow parses its header (a TIFF's or an ICO's can take milliseconds), so it is priced in a thread."""
+    return sum(len(m.content) + len(m.images) * (INLINE_PRICING_CHARS + 1) for m in messages)
 
 
 async def _priced(fn, *args, chars: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
@@ -77,7 +78,7 @@ class ImageViewTool:
             images = await _image_names(ctx)
             known = f"Images in this session: {', '.join(images)}." if images else "This session has no images."
             return error(f"image_view: no file named {name!r} in this session. {known}")
-        size = image_size(data)
+        size = await asyncio.to_thread(image_size, data)  # Pillow parses the header: off the event loop
         if size is None or (content_type and not content_type.startswith("image/")):
             return error(f"image_view: {name} is not an image ({content_type or 'unknown type'}).")
         width, height = size
