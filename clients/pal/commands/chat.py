@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -120,6 +121,8 @@ class Chat:
     _piped: PipedLines | None = None
     _watch: SessionWatch | None = None
     _watch_id: str = ""
+    _reading: bool = False  # waiting for the user's input: where a Ctrl-C may interrupt
+    _leave: bool = False  # a Ctrl-C came between turns, outside that wait
 
     # -- input -----------------------------------------------------------------------------------
     def read_line(self, prompt: str) -> str:
@@ -153,16 +156,36 @@ class Chat:
     def _loop(self) -> int:
         if self.interactive:
             import readline  # noqa: F401 — line editing and history for input()
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            return self._converse()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, signum, frame) -> None:
+        """Ctrl-C between turns means "leave". It interrupts the wait for input only: raised anywhere
+        else (a turn's stream just ended, a WatchSession being opened), it could land inside a gRPC
+        call, whose channel then never closed (pal hung at exit). There it is noted, and taken before
+        the next read."""
+        if self._reading:
+            raise KeyboardInterrupt
+        self._leave = True
+
+    def _converse(self) -> int:
         self.greet()
         while True:
+            self.watch()
+            self.after_turn_news()
+            self._reading = True  # before the check: a Ctrl-C from here on interrupts the read
             try:
-                # Between turns, where a Ctrl-C means "leave" and is taken as such.
-                self.watch()
-                self.after_turn_news()
+                if self._leave:
+                    raise KeyboardInterrupt
                 text = read_message(self.read_line, "you› ", "  … ")
             except KeyboardInterrupt:
                 self.say("")
                 return 0
+            finally:
+                self._reading = False
             if text is None:
                 return 0
             if not text.strip():
@@ -178,7 +201,7 @@ class Chat:
                 # One failed call should not end the conversation: say why and keep the prompt.
                 self.say(f"error: {err}", "bold red")
                 continue
-            if result.leave:
+            if result.leave or self._leave:
                 return 0
 
     def watch(self) -> None:
