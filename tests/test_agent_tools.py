@@ -663,12 +663,15 @@ async def test_execute_turns_bad_arguments_and_failures_into_error_results(make_
 
 
 async def test_execute_lets_a_stop_through(make_ctx):
+    running = asyncio.Event()
+
     class Slow(EchoTool):
         async def run(self, args, ctx):
-            await asyncio.sleep(10)
+            running.set()
+            await asyncio.Event().wait()  # until cancelled
 
     task = asyncio.create_task(execute(Slow(), {"text": "a"}, make_ctx()))
-    await asyncio.sleep(0.05)
+    await running.wait()  # the stop comes while the tool runs, not before it started
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
