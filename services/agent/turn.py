@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-
 from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub

@@ -10,7 +10,6 @@ import time
 from collections import OrderedDict
 from dataclasses import replace
 
-
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline

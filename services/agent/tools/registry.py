@@ -15,7 +15,6 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-
 from services.agent.tools.base import Tool, ToolContext, ToolResult
 from services.agent.tools.image_view import ImageViewTool
 from services.agent.tools.memory_search import MemorySearchTool
