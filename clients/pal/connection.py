@@ -63,6 +63,13 @@ class GuardedStream:
     def cancel(self) -> bool:
         return bool(self._call.cancel())
 
+    def initial_metadata(self) -> Any:
+        """Blocks until the server has sent its initial metadata (a watch: it is in place)."""
+        try:
+            return self._call.initial_metadata()
+        except grpc.RpcError as err:
+            raise self._fail(err) from None
+
 
 class GuardedStub:
     """Wraps a generated stub: same method names, credentials added, errors translated."""

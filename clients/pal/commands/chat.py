@@ -84,14 +84,27 @@ class SessionWatch:
     next answer. It only updates the meter and remembers what happened; the loop says it before
     the next prompt (printing while `input()` waits would tear the line being typed)."""
 
+    # How long the prompt waits for the watch to be in place: an Agent slower than this to answer
+    # is slow for the turn too, and the prompt should not hang on it.
+    READY_S = 10.0
+
     def __init__(self, app: App, session_id: str, meter: ContextMeter) -> None:
         self.meter = meter
         self.compressed: agent_pb2.ContextCompressed | None = None
+        self._ready = threading.Event()
         self._call = app.conn.agent().WatchSession(agent_pb2.WatchSessionRequest(session_id=session_id))
         threading.Thread(target=self._follow, name="pal-watch", daemon=True).start()
 
+    def wait_until_in_place(self) -> None:
+        """The Agent subscribes a watch only after checking the caller's access: a compression before
+        that was missed (under load, the one right after the first answer). It says when the watch is
+        in place by sending its initial metadata; the next message goes only after that."""
+        self._ready.wait(self.READY_S)
+
     def _follow(self) -> None:
         try:
+            self._call.initial_metadata()
+            self._ready.set()
             for event in self._call:
                 if event.HasField("context_compressed") and event.seq == 0:  # after a stream_end
                     done = event.context_compressed
@@ -99,6 +112,8 @@ class SessionWatch:
                     self.compressed = done
         except (ServiceError, grpc.RpcError):
             return  # cancelled, or the Agent went away: the meter goes back to turn events only
+        finally:
+            self._ready.set()  # nothing to wait for any more
 
     def take(self) -> agent_pb2.ContextCompressed | None:
         done, self.compressed = self.compressed, None
@@ -214,6 +229,7 @@ class Chat:
         if self.session_id and not self.app.out.json:
             try:
                 self._watch = SessionWatch(self.app, self.session_id, self.meter)
+                self._watch.wait_until_in_place()
             except (ServiceError, grpc.RpcError):
                 pass  # an Agent without WatchSession: the meter follows the turns only
 
