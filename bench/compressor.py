@@ -16,7 +16,7 @@ from PIL import Image
 from bench import _common
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.compressor.calibration import Observation, estimate_text_tokens, fit_line, fit_rates, prompt_classes
+from services.compressor.calibration import Observation, fit_line, line_tokens, fit_rates, prompt_classes
 from services.compressor.exact_count import ExactObservation, fit_template, message_texts, shape_of
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.vocabulary import build_tokenizer
@@ -125,7 +125,7 @@ def _errors(train: list[list[Message]], tests: list[list[Message]], real=None) -
     template = fit_template([ExactObservation(shape_of(c, [], counter, 1024), real(c)) for c in train])
     methods = {
         CLASSES: lambda sample, chars, raw: rates.whole(len(sample), _classes(sample)),
-        "calibrated line (8 observations)": lambda sample, chars, raw: estimate_text_tokens(chars, line),
+        "calibrated line (8 observations)": lambda sample, chars, raw: line_tokens(chars, line, whole=True),
         "chars / 1.8": lambda sample, chars, raw: chars / 1.8,
         "chars / 3": lambda sample, chars, raw: chars / 3,
         "bytes / 4": lambda sample, chars, raw: raw / 4,

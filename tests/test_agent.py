@@ -15,6 +15,7 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as 
 from ollama_sim import Reply
 from tests.conftest import agent_settings
 from tests.test_store_sessions import expect_status, full
+from tests.waiting import until
 
 END = pb.StreamEndReason
 
@@ -134,11 +135,11 @@ async def test_cancelling_the_stream_stops_the_turn_and_keeps_partial_text(agent
         if event.HasField("text_delta"):
             call.cancel()
             break
-    for _ in range(50):
-        messages = (await full(store, session_id)).messages
-        if len(messages) == 2:
-            break
-        await asyncio.sleep(0.1)
+    async def partial_saved() -> bool:
+        return len((await full(store, session_id)).messages) == 2
+
+    assert await until(partial_saved)
+    messages = (await full(store, session_id)).messages
     assert messages[1].role == "assistant" and messages[1].metadata["partial"] is True
     assert messages[1].content and "ten" not in messages[1].content
 
@@ -207,12 +208,11 @@ async def test_ollama_down_is_unavailable_with_the_address(base_settings, store_
 
             health = health_pb2_grpc.HealthStub(channel)
             assert (await health.Check(health_pb2.HealthCheckRequest())).status == health_pb2.HealthCheckResponse.SERVING
-            for _ in range(50):
+            async def ollama_not_serving() -> bool:
                 ollama = await health.Check(health_pb2.HealthCheckRequest(service="ollama"))
-                if ollama.status == health_pb2.HealthCheckResponse.NOT_SERVING:
-                    break
-                await asyncio.sleep(0.1)
-            assert ollama.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                return ollama.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+            assert await until(ollama_not_serving)
     finally:
         await running.stop(0)
 
@@ -330,6 +330,30 @@ async def test_an_edited_profiles_file_applies_from_the_next_turn(agent, agent_s
     finally:
         path.write_text(original)
         os.utime(path, (2, 2))
+
+
+async def test_an_edit_naming_a_missing_prompt_file_leaves_turns_working(agent, profiles_file, ollama_sim, caplog):
+    """Once the prompt file was read on every size check: a missing one failed every turn as INTERNAL.
+    Now the edit is refused, naming the file, and turns go on under the profiles in use."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(profiles_file)
+    original = path.read_text()
+    data = json.loads(original)
+    missing = str(path.parent / "no-such-summary-prompt.txt")
+    data["profiles"][0]["compression_prompt_file"] = missing
+    try:
+        path.write_text(json.dumps(data))
+        os.utime(path, (3, 3))
+        events = await run(agent, "still there?")
+        assert end_of(events).reason == pb.STREAM_END_REASON_COMPLETED
+        assert not [e for e in events if e.HasField("error")]
+        assert missing in caplog.text and "not reloaded" in caplog.text
+    finally:
+        path.write_text(original)
+        os.utime(path, (4, 4))
 
 
 async def test_a_cut_prompt_on_the_estimate_path_is_never_learned_from(agent, agent_server, compressor, store,
@@ -458,12 +482,15 @@ async def test_recalled_excerpts_keep_to_their_share_of_the_window_and_centre_on
     assert "quorumlost-0" in recalled[0]  # the excerpt is where the match is, not the chunk's opening lines
 
 
-async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_next_turn(agent, store, ollama_sim):
+async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_next_turn(agent, agent_server, store,
+                                                                                          ollama_sim):
     """The Agent keeps a session's state for its next turn; a write from elsewhere in between makes the
     store refuse the stale revision, and the turn reloads instead of failing."""
     events = await run(agent, "first")
     session_id = events[0].session_id
-    await asyncio.sleep(0.2)  # the post-turn pass and the kept state
+    # The turn's post-turn pass ends by keeping the session's state: once it is done, the write
+    # below comes after the kept copy, which is then stale.
+    await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
     await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session_id, name="renamed elsewhere"))
     from palimpsest.v1 import common_pb2
 
@@ -479,7 +506,8 @@ async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_n
     sent = [m["content"] for m in ollama_sim.bodies()[-1]["messages"]]
     assert "written by another replica" in sent  # the reload saw the other writer's message
     # The call started while the message was being stored, from the stale copy, was dropped
-    # before anything reached the client, and made again from what is stored.
+    # before anything reached the client, and made again from what is stored. That dropped call
+    # is the proof the turn started from the kept copy: one loaded from the store is not stale.
     dropped = ollama_sim.bodies()[calls_before:-1]
     assert len(dropped) == 1
     assert "written by another replica" not in [m["content"] for m in dropped[0]["messages"]]
@@ -524,21 +552,14 @@ async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server
     slow_summary = Reply(text="- summary\nKEYS: a", first_chunk_delay=30)
     ollama_sim.set_responder(lambda body: slow_summary if body.get("stream") is False else Reply(text="ok"))
     await run(agent, "first", session_id=session.id)
-    for _ in range(200):  # the post-turn pass is now waiting on the summarizer
-        if any(b.get("stream") is False for b in ollama_sim.bodies()):
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("the post-turn pass never asked for a summary")
+    # The post-turn pass is now waiting on the summarizer.
+    assert await until(lambda: any(b.get("stream") is False for b in ollama_sim.bodies())), \
+        "the post-turn pass never asked for a summary"
     ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
                              else Reply(text="ok"))
     second = await run(agent, "second", session_id=session.id)
     assert end_of(second).reason == END.STREAM_END_REASON_COMPLETED
-    for _ in range(200):  # the summary call was closed (the simulator notices the hang-up)
-        if ollama_sim.disconnects >= 1:
-            break
-        await asyncio.sleep(0.05)
-    assert ollama_sim.disconnects >= 1
+    assert await until(lambda: ollama_sim.disconnects >= 1)  # the summary call was closed (the simulator notices the hang-up)
     after = await full(store, session.id)
     shown = [m.content for m in after.messages if not m.is_compression]
     assert shown[-4:] == ["first", "ok", "second", "ok"]

@@ -8,9 +8,11 @@ import asyncio
 from dataclasses import replace
 
 import grpc
+import pytest
 
-from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import agent_pb2, agent_pb2_grpc, session_store_pb2 as pb, session_store_pb2_grpc
 from services.shared.channels import DefaultDeadline, open_channel
+from services.shared.errors import Unavailable
 from tests.relay import Relay
 from tests.waiting import until
 
@@ -28,6 +30,21 @@ async def test_a_long_call_gets_the_long_deadline(base_settings):
         await deadline.intercept_unary_unary(continuation, grpc.aio.ClientCallDetails(method, timeout, None, None, None),
                                              None)
     assert [t for _, t in seen] == [7, 900, 3.0]  # a caller's own deadline wins
+
+
+async def test_a_server_stream_gets_the_default_deadline_and_fails_naming_the_service(agent_server, store, profile,
+                                                                                       base_settings):
+    """Interceptors are filed per kind of call: one class serving every kind was filed under unary
+    calls only, so server streams (Compress, GetFile) ran without a deadline and raised raw
+    AioRpcErrors. A WatchSession never ends by itself: the default deadline must end it."""
+    session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
+    settings = replace(base_settings, rpc_timeout_s=0.5)
+    async with open_channel(agent_server.address, settings, service="Agent") as channel:
+        watch = agent_pb2_grpc.AgentStub(channel).WatchSession(agent_pb2.WatchSessionRequest(session_id=session.id))
+        with pytest.raises(Unavailable, match=f"^Agent at {agent_server.address} is not answering"):
+            async with asyncio.timeout(30):  # only if the deadline is missing
+                async for _ in watch:
+                    pass
 
 
 async def test_a_hung_store_fails_the_call_at_its_deadline_and_recovers(base_settings, store_server, profile):

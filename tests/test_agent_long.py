@@ -142,7 +142,4 @@ async def test_three_hundred_turns_stay_inside_the_window(base_settings, store_s
 
 async def _settle(running) -> None:
     """Wait for post-turn compression to finish, as the next user message would."""
-    for _ in range(200):
-        if not running.servicer.deps.post_turn_tasks:
-            return
-        await asyncio.sleep(0.02)
+    await asyncio.gather(*running.servicer.deps.post_turn_tasks)

@@ -15,6 +15,7 @@ from PIL import Image
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from services.agent.events import EventSink
 from services.agent.profiles import Profile
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.conversation import StoredConversation
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
 from services.agent.tools.plan import (
@@ -29,6 +30,8 @@ from services.agent.tools.plan import (
 )
 from services.agent.tools.registry import BUILTIN, execute, tools_for
 from ollama_sim import Reply
+from services.shared.auth import serve_caller
+from services.shared.channels import open_channel
 from services.shared.errors import InvalidArgument
 from services.shared.ollama import OllamaClient
 from tests.conftest import bearer
@@ -53,17 +56,31 @@ async def ollama(ollama_sim):
 
 
 @pytest.fixture
-def make_ctx(store, ollama, base_settings):
-    """A ToolContext as the loop builds one, with a fresh sink and turn state unless given."""
+async def agent_store(store_server, base_settings):
+    """The store as the Agent reaches it: errors as PalimpsestErrors, the served caller's credentials."""
+    async with open_channel(store_server.address, base_settings, service="SessionStore") as channel:
+        yield SessionStoreStub(channel)
+
+
+@pytest.fixture
+async def agent_store_auth(store_server_auth, base_settings):
+    async with open_channel(store_server_auth.address, base_settings, service="SessionStore") as channel:
+        yield SessionStoreStub(channel)
+
+
+@pytest.fixture
+def make_ctx(agent_store, ollama, base_settings):
+    """A ToolContext as the loop builds one, with a fresh sink and turn state unless given;
+    ``metadata``: the credentials of the request being served (what the Agent's server sets)."""
 
     def make(session_id: str = "", *, profile: Profile | None = None, state: TurnState | None = None,
-             **kw: Any) -> ToolContext:
-        kw.setdefault("store", store)
-        kw.setdefault("metadata", ())
+             metadata: tuple[tuple[str, str], ...] = (), **kw: Any) -> ToolContext:
+        serve_caller(metadata)
+        kw.setdefault("store", agent_store)
         kw.setdefault("settings", base_settings)
         kw.setdefault("window", 8192)
         if session_id:  # the loop's writer: the turn's own conversation, revision and all
-            kw.setdefault("update_session", StoredConversation(store, session_id, (), "test-store").update)
+            kw.setdefault("update_session", StoredConversation(kw["store"], session_id).update)
         return ToolContext(session_id=session_id, ollama=ollama, profile=profile or Profile(),
                            events=EventSink(session_id), state=state or TurnState(), **kw)
 
@@ -421,18 +438,18 @@ async def my_sessions(store_auth, user, profile):
     return me, made
 
 
-async def test_session_search_lists_only_the_callers_sessions(make_ctx, store_auth, my_sessions):
+async def test_session_search_lists_only_the_callers_sessions(make_ctx, agent_store_auth, my_sessions):
     me, made = my_sessions
-    ctx = make_ctx(made["Trip to Lisbon"], store=store_auth, metadata=me)
+    ctx = make_ctx(made["Trip to Lisbon"], store=agent_store_auth, metadata=me)
     listed = await call("session_search", ctx, action="list")
     assert listed.untrusted and "3 most recent of 3 sessions" in listed.content
     assert f"{made['Trip to Lisbon']} (this session) · Trip to Lisbon · 4 messages" in listed.content
     assert made["stranger"] not in listed.content and "model m1" in listed.content
 
 
-async def test_session_search_finds_messages_and_names(make_ctx, store_auth, my_sessions):
+async def test_session_search_finds_messages_and_names(make_ctx, agent_store_auth, my_sessions):
     me, made = my_sessions
-    ctx = make_ctx(store=store_auth, metadata=me)
+    ctx = make_ctx(store=agent_store_auth, metadata=me)
     searched = await call("session_search", ctx, action="search", query="kubernetes")
     assert "2 sessions mention 'kubernetes'" in searched.content
     assert made["Cluster upgrade"] in searched.content and made["untitled"] in searched.content
@@ -449,9 +466,9 @@ async def test_session_search_finds_messages_and_names(make_ctx, store_auth, my_
                                                                query="disk quota")).content
 
 
-async def test_session_search_get_reads_a_history_compactly_and_refuses_others(make_ctx, store_auth, my_sessions):
+async def test_session_search_get_reads_a_history_compactly_and_refuses_others(make_ctx, agent_store_auth, my_sessions):
     me, made = my_sessions
-    ctx = make_ctx(store=store_auth, metadata=me)
+    ctx = make_ctx(store=agent_store_auth, metadata=me)
     got = await call("session_search", ctx, action="get", session_id=made["Cluster upgrade"])
     lines = got.content.splitlines()
     assert lines[0].startswith(f"Session {made['Cluster upgrade']} · Cluster upgrade · 4 messages")
@@ -646,12 +663,15 @@ async def test_execute_turns_bad_arguments_and_failures_into_error_results(make_
 
 
 async def test_execute_lets_a_stop_through(make_ctx):
+    running = asyncio.Event()
+
     class Slow(EchoTool):
         async def run(self, args, ctx):
-            await asyncio.sleep(10)
+            running.set()
+            await asyncio.Event().wait()  # until cancelled
 
     task = asyncio.create_task(execute(Slow(), {"text": "a"}, make_ctx()))
-    await asyncio.sleep(0.05)
+    await running.wait()  # the stop comes while the tool runs, not before it started
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

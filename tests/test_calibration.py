@@ -9,11 +9,10 @@ from services.compressor.calibration import (
     OBSERVATION_WINDOW,
     Line,
     Observation,
-    estimate_text_tokens,
-    fallback_tokens,
     fit_line,
-    marginal_text_tokens,
+    line_tokens,
 )
+from services.shared.context_view import heuristic_tokens
 
 
 def obs(chars: int, tokens: int) -> Observation:
@@ -121,30 +120,30 @@ def test_least_squares_averages_noisy_observations() -> None:
 
 def test_without_a_line_the_estimate_is_chars_over_1_8_rounded_up() -> None:
     assert FALLBACK_CHARS_PER_TOKEN == 1.8
-    assert estimate_text_tokens(18, None) == 10
-    assert estimate_text_tokens(19, None) == 11
-    assert estimate_text_tokens(18_000, None) == 10_000
-    assert estimate_text_tokens(0, None) == 0
+    assert line_tokens(18, None, whole=True) == 10
+    assert line_tokens(19, None, whole=True) == 11
+    assert line_tokens(18_000, None, whole=True) == 10_000
+    assert line_tokens(0, None, whole=True) == 0
 
 
 def test_with_a_line_the_estimate_follows_the_line() -> None:
     line = Line(overhead=300, tokens_per_char=0.5)
-    assert estimate_text_tokens(10_000, line) == 5_300
+    assert line_tokens(10_000, line, whole=True) == 5_300
 
 
 def test_an_implausible_line_is_not_used() -> None:
-    assert estimate_text_tokens(18_000, Line(overhead=0, tokens_per_char=3.0)) == 10_000
+    assert line_tokens(18_000, Line(overhead=0, tokens_per_char=3.0), whole=True) == 10_000
 
 
 def test_marginal_tokens_leave_out_the_prompt_overhead() -> None:
     line = Line(overhead=300, tokens_per_char=0.5)
-    assert marginal_text_tokens(1_000, line) == 500
-    assert marginal_text_tokens(0, line) == 0
-    assert marginal_text_tokens(18, None) == fallback_tokens(18) == 10
+    assert line_tokens(1_000, line, whole=False) == 500
+    assert line_tokens(0, line, whole=False) == 0
+    assert line_tokens(18, None, whole=False) == heuristic_tokens(18) == 10
 
 
 def test_a_negative_fitted_overhead_never_gives_negative_tokens() -> None:
-    assert estimate_text_tokens(10, Line(overhead=-500, tokens_per_char=0.5)) == 0
+    assert line_tokens(10, Line(overhead=-500, tokens_per_char=0.5), whole=True) == 0
 
 
 # -- per character class ----------------------------------------------------------------------

@@ -6,6 +6,8 @@ import base64
 import json
 import math
 
+import ollama
+
 from palimpsest.v1.common_pb2 import Message, ToolCall
 from services.shared.context_view import (
     MESSAGE_OVERHEAD_CHARS,
@@ -167,7 +169,6 @@ def test_the_wire_format_is_plain_json() -> None:
 
 
 def test_the_official_ollama_client_accepts_the_messages() -> None:
-    ollama = __import__("pytest").importorskip("ollama")
     messages = [
         msg("user", "read it"),
         msg("assistant", "", tool_calls=[ToolCall(name="read", arguments_json='{"path": "/x"}')]),

@@ -423,12 +423,14 @@ async def every_answer_generated(ollama_sim, count: int) -> None:
 
 
 async def wait_health(service: Service, status: int, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    """Until the service says `status`: its health Watch streams every change, so no polling."""
     async with grpc.aio.insecure_channel(service.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        while loop.time() < deadline:
-            if (await health.Check(health_pb2.HealthCheckRequest(), timeout=2)).status == status:
-                return
-            await asyncio.sleep(0.1)  # between health checks
+        try:
+            async for reply in health.Watch(health_pb2.HealthCheckRequest(), timeout=timeout):
+                if reply.status == status:
+                    return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
     raise AssertionError(f"{service.module} health never became {status}")

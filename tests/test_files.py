@@ -340,6 +340,18 @@ def test_extension_comes_from_bytes_not_a_name(store):
     assert image_extension(image_bytes("BMP")) == "bmp"
 
 
+@pytest.mark.parametrize(("fmt", "ext"), [("PNG", "png"), ("JPEG", "jpg"), ("GIF", "gif"), ("WEBP", "webp"),
+                                          ("BMP", "bmp"), ("TIFF", "tiff")])
+def test_image_extension_names_the_format_from_the_bytes(fmt, ext):
+    assert image_extension(image_bytes(fmt)) == ext
+
+
+@pytest.mark.parametrize("data", [b"hello world", b""])
+def test_image_extension_refuses_what_is_not_an_image(data):
+    with pytest.raises(InvalidArgument, match="images: not a readable image"):
+        image_extension(data)
+
+
 @pytest.mark.parametrize(
     "data",
     [

@@ -10,7 +10,6 @@ from PIL import Image
 from services.shared.image_tokens import (
     MAX_TOKENS,
     MIN_TOKENS,
-    image_extension,
     image_size,
     image_tokens,
     tokens_for_size,
@@ -71,19 +70,6 @@ def test_image_size_reads_header_only() -> None:
     assert image_size(make_image(640, 480)) == (640, 480)
     assert image_size(make_image(640, 480, "JPEG")) == (640, 480)
     assert image_size(b"garbage") is None
-
-
-@pytest.mark.parametrize(
-    ("fmt", "ext"),
-    [("PNG", "png"), ("JPEG", "jpg"), ("GIF", "gif"), ("WEBP", "webp"), ("BMP", "bmp"), ("TIFF", "tiff")],
-)
-def test_image_extension(fmt: str, ext: str) -> None:
-    assert image_extension(make_image(8, 8, fmt)) == ext
-
-
-def test_image_extension_not_an_image() -> None:
-    assert image_extension(b"hello world") is None
-    assert image_extension(b"") is None
 
 
 def png_header_only(width: int, height: int) -> bytes:

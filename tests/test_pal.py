@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from services.agent.app import start_agent
 # `conftest`, not `tests.conftest`: plain `pytest` puts tests/ (not the repository) on sys.path.
 from conftest import JWT_SECRET, bearer
 
@@ -95,13 +96,11 @@ async def agent_server_fixture(base_settings, store_server, compressor_server, o
     """The real Agent on port 0, against the store, the Compressor and the Ollama simulator.
 
     Overrides conftest's: this one reads a profiles file of the module's own, so the sessions its turns
-    create carry a profile no other test uses (`pal continue --profile` finds exactly them), and it
-    skips, rather than errors, where the Agent is not built.
+    create carry a profile no other test uses (`pal continue --profile` finds exactly them).
     """
-    app = pytest.importorskip("services.agent.app", reason="the Agent service (services/agent/app.py) is not built yet")
     settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
                        compressor_addr=compressor_server.address, profiles_path=str(pal_profiles[2]))
-    running = await app.start_agent(settings, port=0)
+    running = await start_agent(settings, port=0)
     yield running
     await running.stop(0)
 

@@ -4,7 +4,6 @@ PostgreSQL through a TCP relay on loopback that the test cuts and restores."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from dataclasses import replace
 from urllib.parse import urlsplit, urlunsplit
@@ -15,19 +14,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
 from tests.relay import Relay
+from tests.waiting import until
 
 
 async def _health(stub) -> int:
     return (await stub.Check(health_pb2.HealthCheckRequest(service=""))).status
-
-
-async def _until(predicate, timeout: float = 20.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await predicate():
-            return True
-        await asyncio.sleep(0.1)
-    return False
 
 
 @pytest.fixture
@@ -61,10 +52,10 @@ async def test_a_dead_database_is_unavailable_and_unhealthy_until_it_returns(rel
             await store.ListSessions(pb.ListSessionsRequest(profile_id=profile))
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
         assert f"PostgreSQL at 127.0.0.1:{relay.port}" in error.value.details()
-        assert await _until(lambda: _is(health, health_pb2.HealthCheckResponse.NOT_SERVING))
+        assert await until(lambda: _is(health, health_pb2.HealthCheckResponse.NOT_SERVING))
 
         await relay.start()
-        assert await _until(lambda: _is(health, health_pb2.HealthCheckResponse.SERVING))
+        assert await until(lambda: _is(health, health_pb2.HealthCheckResponse.SERVING))
         listed = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile))
         assert listed.total == 1
 

@@ -6,6 +6,7 @@ import io
 import random
 
 import pytest
+import sentencepiece as spm
 
 from services.compressor.vocabulary import (
     CONTROL,
@@ -13,8 +14,6 @@ from services.compressor.vocabulary import (
     UnsupportedVocabulary,
     build_tokenizer,
 )
-
-spm = pytest.importorskip("sentencepiece")
 
 # Prose, code, JSON, logs, CJK, emoji: the kinds of text whose chars-per-token differ most.
 TRAINING = [

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from clients.pal.errors import ServiceError, describe_rpc_error
 from palimpsest.v1 import agent_pb2_grpc, compressor_pb2_grpc, session_store_pb2_grpc
+from services.shared.addresses import channel_target
 
 # Large enough for pasted images and long histories; the services use the same default.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -41,21 +42,9 @@ AGENT = Endpoint("Agent", "PALIMPSEST_AGENT_ADDR", "127.0.0.1:50053")
 ENDPOINTS = (STORE, COMPRESSOR, AGENT)
 
 
-def replicas(address: str) -> list[str]:
-    """`PALIMPSEST_COMPRESSOR_ADDR` may list several replicas, comma-separated."""
-    return [part.strip() for part in address.split(",") if part.strip()]
-
-
 def open_channel(target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
     """The one place pal makes a channel: tests put grpc_testing's channel here to play the server's side."""
     return grpc.insecure_channel(target, options=options)
-
-
-def channel_target(address: str) -> str:
-    parts = replicas(address)
-    if len(parts) <= 1:
-        return parts[0] if parts else address
-    return "ipv4:" + ",".join(p.replace("localhost", "127.0.0.1") for p in parts)
 
 
 class GuardedStream:
@@ -73,6 +62,13 @@ class GuardedStream:
 
     def cancel(self) -> bool:
         return bool(self._call.cancel())
+
+    def initial_metadata(self) -> Any:
+        """Blocks until the server has sent its initial metadata (a watch: it is in place)."""
+        try:
+            return self._call.initial_metadata()
+        except grpc.RpcError as err:
+            raise self._fail(err) from None
 
 
 class GuardedStub:

@@ -47,8 +47,8 @@ async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: f
 
 
 async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1") -> RunningServer:
-    store_channel = open_channel(settings.store_addr, settings)
-    compressor_channel = open_channel(settings.compressor_addr, settings)
+    store_channel = open_channel(settings.store_addr, settings, service="SessionStore")
+    compressor_channel = open_channel(settings.compressor_addr, settings, service="Compressor")
     ollama = OllamaClient(settings.ollama_host)
     deps = AgentDeps(
         store=SessionStoreStub(store_channel),
@@ -58,7 +58,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         profiles=ProfileRegistry.load(settings.profiles_path),
         builder=ContextBuilder(DEFAULT_PERSONA),
     )
-    servicer = AgentServicer(deps, settings.store_addr)
+    servicer = AgentServicer(deps)
     watcher: list[asyncio.Task] = []
 
     async def on_stop() -> None:

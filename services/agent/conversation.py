@@ -8,11 +8,9 @@ import logging
 import uuid
 from collections.abc import Sequence
 
-import grpc
-
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable, from_rpc_error
+from services.shared.errors import Aborted, InvalidArgument, PermissionDenied, Unavailable
 from services.shared.session_reads import whole_context
 from services.shared.structs import to_struct
 
@@ -27,11 +25,9 @@ def retry_delay(attempt: int) -> float:
     restarting is back in a second or two), then every 2 s, never hammering one that is down."""
     return min(2.0, 0.2 * 2 ** attempt)
 
-def store_error(exc: grpc.aio.AioRpcError, addr: str) -> PalimpsestError:
-    """The store's status in our caller's terms; a revision conflict says what it means here."""
-    if exc.code() == grpc.StatusCode.ABORTED:
-        return Aborted(f"another turn changed this session at the same time: {exc.details()}")
-    return from_rpc_error(exc, "SessionStore", addr)
+def conflict(exc: Aborted) -> Aborted:
+    """A revision conflict in our caller's terms: what it means for a turn."""
+    return Aborted(f"another turn changed this session at the same time: {exc}")
 
 
 def storable(message: Message) -> Message:
@@ -55,11 +51,9 @@ class StoredConversation:
 
     ephemeral = False
 
-    def __init__(self, store: SessionStoreStub, session_id: str, metadata, store_addr: str, vouch=()):
+    def __init__(self, store: SessionStoreStub, session_id: str, vouch=()):
         self.store = store
         self.session_id = session_id
-        self.metadata = metadata
-        self.store_addr = store_addr
         self.vouch = tuple(vouch)  # the services' vouch for what only they may write (a model report)
         self.revision: int | None = None
         self.session: common_pb2.Session | None = None
@@ -71,16 +65,15 @@ class StoredConversation:
         self.flagged_cut = False  # the store said the last prompt came back cut (a report's append)
 
     async def _call(self, method, request, timeout: float | None = None):
-        metadata = self.metadata + self.vouch if getattr(request, "report", None) is not None \
-            and request.HasField("report") else self.metadata
+        # A model report rides with the caller's credentials (the interceptor's) and the services' vouch.
+        metadata = self.vouch if getattr(request, "report", None) is not None and request.HasField("report") else ()
         try:
-            return await method(request, metadata=metadata, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise store_error(exc, self.store_addr) from None
+            return await method(request, metadata=metadata or None, timeout=timeout)
+        except Aborted as exc:
+            raise conflict(exc) from None
 
     async def load(self) -> list[Message]:
-        return self.adopt(await whole_context(lambda request: self._call(self.store.GetSession, request),
-                                              self.session_id))
+        return self.adopt(await whole_context(self.store.GetSession, self.session_id))
 
     def adopt(self, session: common_pb2.Session) -> list[Message]:
         """Take a session (CONTEXT view) already loaded by the caller."""

@@ -3,13 +3,13 @@ named in a notice on the context copy of the message (the user's copy stays as t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import grpc
-
 from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from services.shared.errors import PalimpsestError
 from services.shared.image_tokens import image_tokens
 
 if TYPE_CHECKING:
@@ -57,11 +57,11 @@ async def _store_image(turn: "Turn", data: bytes) -> str | None:
             yield store_pb.PutFileRequest(chunk=data[i:i + (1 << 20)])
 
     try:
-        reply = await turn.deps.store.PutFile(parts(), metadata=turn.metadata)
+        reply = await turn.deps.store.PutFile(parts())
         return reply.file.path
-    except grpc.aio.AioRpcError as exc:
+    except PalimpsestError as exc:
         # A picture that cannot be stored never costs the turn.
-        log.warning("agent.image_save_failed session=%s: %s", turn.session_id, exc.details())
+        log.warning("agent.image_save_failed session=%s: %s", turn.session_id, exc)
         return None
 
 
@@ -71,9 +71,9 @@ async def _context_tokens(turn: "Turn") -> int:
     try:
         reply = await turn.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
             session_id=turn.session_id, model=turn.profile.model, window=turn.window,
-            settings=turn.profile.compression_settings()), metadata=turn.metadata)
+            settings=turn.profile.compression_settings()))
         return reply.tokens
-    except grpc.aio.AioRpcError:
+    except PalimpsestError:
         return 0
 
 
@@ -88,7 +88,8 @@ async def attach_images(turn: "Turn", turn_input: "TurnInput") -> list[Message]:
         return [Message(role="user", content=text)]
     paths: list[str | None] = [await _store_image(turn, data) for data in images] if turn.stored else []
     budget = int(IMAGE_BUDGET_SHARE * turn.window) - await _context_tokens(turn)
-    sent = images_within_budget(images, max(0, budget), turn.settings.image_tokens_fallback)
+    # Pillow reads every header: in a thread, so other sessions' streams do not wait on it.
+    sent = await asyncio.to_thread(images_within_budget, images, max(0, budget), turn.settings.image_tokens_fallback)
     note = notice(paths, sent)
     files = [p for p in paths if p]
     shown = Message(role="user", content=text, files=files, explicit_flags=True, is_context=False, is_display=True)

@@ -69,6 +69,13 @@ class Profile:
     critical_tools: tuple[str, ...] = ()
     # Extra tools: "module:attribute" paths to Tool classes or instances users provide.
     custom_tools: tuple[str, ...] = ()
+    # compression_prompt_file's text, read once when the profile is made: compression_settings() is
+    # asked on every size check, on the event loop, and a file gone since must not fail those checks.
+    compression_prompt: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.compression_prompt_file:
+            object.__setattr__(self, "compression_prompt", _read_prompt(self.compression_prompt_file, self.id))
 
     @property
     def tools_for_subagent(self) -> tuple[str, ...]:
@@ -93,8 +100,8 @@ class Profile:
                 setattr(settings, target, value)
         if self.summarizer_context_window:
             settings.summarizer_window = self.summarizer_context_window
-        if self.compression_prompt_file:
-            settings.summary_prompt = Path(self.compression_prompt_file).expanduser().read_text()
+        if self.compression_prompt:
+            settings.summary_prompt = self.compression_prompt
         return settings
 
     def to_proto(self, default_window: int) -> agent_pb2.Profile:
@@ -106,7 +113,16 @@ class Profile:
         )
 
 
-_FIELDS = {f.name: f for f in fields(Profile)}
+def _read_prompt(path: str, profile_id: str) -> str:
+    try:
+        return Path(path).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise InvalidArgument("compression_prompt_file",
+                              f"cannot read {path} (profile {profile_id!r}): {reason}") from None
+
+
+_FIELDS = {f.name: f for f in fields(Profile) if f.init}
 _TUPLES = {name for name, f in _FIELDS.items() if str(f.type).startswith("tuple")}
 
 
@@ -130,7 +146,7 @@ class ProfileRegistry:
     profiles: dict[str, Profile] = field(default_factory=lambda: {"default": Profile()})
     default_id: str = "default"
     path: str = ""
-    mtime: float = 0.0
+    stamp: tuple[int, int] = (0, 0)  # the file's (mtime in ns, size) when it was read
 
     @classmethod
     def load(cls, path: str = "") -> "ProfileRegistry":
@@ -150,7 +166,7 @@ class ProfileRegistry:
         default_id = raw.get("default", next(iter(profiles))) if isinstance(raw, dict) else next(iter(profiles))
         if default_id not in profiles:
             raise InvalidArgument("profiles", f"default profile {default_id!r} is not defined in {path}")
-        return cls(profiles, default_id, path, Path(path).expanduser().stat().st_mtime)
+        return cls(profiles, default_id, path, _stamp(path))
 
     def get(self, profile_id: str) -> Profile:
         if not profile_id:
@@ -171,14 +187,29 @@ class ProfileRegistry:
             log.warning("session profile %r is not configured: using the default %r", profile_id, self.default_id)
         return self.profiles[self.default_id]
 
+    def changed(self) -> bool:
+        """Whether the file differs from what was read (its mtime or size): one stat, cheap enough
+        for every turn; the read itself (``reloaded``) belongs off the event loop."""
+        if not self.path:
+            return False
+        try:
+            return _stamp(self.path) != self.stamp
+        except OSError:
+            return False  # gone or unreadable for now: the profiles in use stay
+
     def reloaded(self) -> "ProfileRegistry | None":
         """The file's profiles again when it changed since it was read (None: unchanged, or the edit
-        does not parse yet — the profiles in use stay)."""
-        if not self.path:
+        is not usable yet — it does not parse, or names a prompt file that cannot be read; the
+        profiles in use stay, and the log says why)."""
+        if not self.changed():
             return None
         try:
-            if Path(self.path).expanduser().stat().st_mtime == self.mtime:
-                return None
             return ProfileRegistry.load(self.path)
-        except (OSError, ValueError, InvalidArgument):
+        except (OSError, ValueError, InvalidArgument) as exc:
+            log.warning("profiles file %s not reloaded, the profiles in use stay: %s", self.path, exc)
             return None
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    stat = Path(path).expanduser().stat()
+    return stat.st_mtime_ns, stat.st_size

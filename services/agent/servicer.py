@@ -9,10 +9,8 @@ import logging
 import math
 from contextlib import suppress
 
-import grpc
-
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
-from services.agent.conversation import StoredConversation, store_error
+from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
@@ -20,7 +18,7 @@ from services.agent.turn import AgentDeps, Turn, TurnInput
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
-from services.shared.errors import FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable, from_rpc_error
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.session_reads import whole_context
 
 log = logging.getLogger("palimpsest.agent")
@@ -42,9 +40,8 @@ def _validate_turn(request) -> None:
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
-    def __init__(self, deps: AgentDeps, store_addr: str):
+    def __init__(self, deps: AgentDeps):
         self.deps = deps
-        self.store_addr = store_addr
         # One turn per session at a time in this process; across replicas the store's revision
         # check refuses the second writer.
         self._locks: dict[str, asyncio.Lock] = {}
@@ -74,8 +71,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
             return
         try:
-            session = await whole_context(
-                lambda request: self._store(self.deps.store.GetSession, request, turn.metadata), turn.session_id)
+            session = await whole_context(self.deps.store.GetSession, turn.session_id)
         except PalimpsestError:
             return
         self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
@@ -85,25 +81,22 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if not lock.locked() and not getattr(lock, "_waiters", None) and self._locks.get(session_id) is lock:
             del self._locks[session_id]  # (its generation stays: a turn opened meanwhile must reload)
 
-    def _reload_profiles(self) -> None:
-        """An edited profiles file applies from the next turn; cached system prompts go with it."""
-        fresh = self.deps.profiles.reloaded()
+    async def _reload_profiles(self) -> None:
+        """An edited profiles file applies from the next turn; cached system prompts go with it.
+        Read (with its prompt files) in a thread: the loop serves every other session meanwhile."""
+        if not self.deps.profiles.changed():
+            return
+        fresh = await asyncio.to_thread(self.deps.profiles.reloaded)
         if fresh is not None:
             self.deps.profiles = fresh
             self.deps.builder.invalidate()
             log.info("profiles reloaded from %s", fresh.path)
 
-    async def _store(self, method, request, metadata):
-        try:
-            return await method(request, metadata=metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise store_error(exc, self.store_addr) from None
-
     async def _open_turn(self, request, context) -> Turn:
         """Everything that can fail with a plain status before the stream begins."""
         _validate_turn(request)
         metadata = self._metadata(context)
-        self._reload_profiles()
+        await self._reload_profiles()
         warm = None
         if request.session_id:
             warm = self._warm.pop(request.session_id)
@@ -112,8 +105,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             else:
                 warm = None
                 # The CONTEXT view: the turn starts from it without loading the session again.
-                session = await whole_context(
-                    lambda part: self._store(self.deps.store.GetSession, part, metadata), request.session_id)
+                session = await whole_context(self.deps.store.GetSession, request.session_id)
             profile = (self.deps.profiles.get(request.profile_id) if request.profile_id
                        else self.deps.profiles.for_session(session.profile_id))
         else:
@@ -123,9 +115,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         except Unavailable as exc:
             raise Unavailable(f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}") from None
         if not request.session_id:
-            session = (await self._store(self.deps.store.CreateSession, store_pb.CreateSessionRequest(
-                profile_id=profile.id, provider="ollama", model=profile.model), metadata)).session
-        conversation = StoredConversation(self.deps.store, session.id, metadata, self.store_addr,
+            session = (await self.deps.store.CreateSession(store_pb.CreateSessionRequest(
+                profile_id=profile.id, provider="ollama", model=profile.model))).session
+        conversation = StoredConversation(self.deps.store, session.id,
                                           vouching_metadata(self.deps.settings.auth_enabled, self.deps.settings.jwt_secret))
         conversation.adopt(session)
         conversation.from_cache = warm is not None
@@ -215,8 +207,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         parent_profile = None
         untrusted = False
         if request.parent_session_id:
-            parent = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-                session_id=request.parent_session_id), metadata)).session
+            parent = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
+                session_id=request.parent_session_id))).session
             parent_profile = self.deps.profiles.get(parent.profile_id)
             untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
         spawn = SpawnRequest(
@@ -231,11 +223,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):
-        metadata = self._metadata(context)
+        self._metadata(context)  # who asks: refused here without valid credentials
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
-        session = (await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-            session_id=request.session_id), metadata)).session
+        session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
+            session_id=request.session_id))).session
         profile = self.deps.profiles.for_session(session.profile_id)
         window = profile.window(self.deps.settings.ollama_num_ctx)
         sink = EventSink(session.id, publish=self._watchers.publish)
@@ -245,15 +237,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             try:
                 async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                         session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model=profile.model,
-                        window=window, settings=profile.compression_settings()), metadata=metadata):
+                        window=window, settings=profile.compression_settings())):
                     sink.compression(event)
                     yield sink.queue.get_nowait()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    raise FailedPrecondition(f"nothing to compact: {exc.details()}") from None
-                # A conflict means what it means for the store; anything else names the Compressor.
-                raise (store_error(exc, self.deps.settings.store_addr) if exc.code() == grpc.StatusCode.ABORTED
-                       else from_rpc_error(exc, "Compressor", self.deps.settings.compressor_addr)) from None
+            except FailedPrecondition as exc:
+                raise FailedPrecondition(f"nothing to compact: {exc}") from None
+            except Aborted as exc:  # the Compressor's commit lost to a turn's write
+                raise conflict(exc) from None
             finally:
                 self._generation[session.id] = self._generation.get(session.id, 0) + 1
         sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
@@ -266,8 +256,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Only the session's owner (or an admin) may stop it, or learn whether a turn runs in it:
         # reading the session checks exactly that, before anything is said.
         if self.deps.settings.auth_enabled:
-            await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY), forwarded_metadata(context))
+            await self.deps.store.GetSession(store_pb.GetSessionRequest(
+                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
         turn = self._running.get(request.session_id)
         if turn is None:
             return pb.StopResponse(stopped=False)
@@ -276,12 +266,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
 
     async def WatchSession(self, request, context):
-        metadata = self._metadata(context)
+        self._metadata(context)  # who asks: refused here without valid credentials
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         # Who may read the session may watch it: the store answers for the caller.
-        await self._store(self.deps.store.GetSession, store_pb.GetSessionRequest(
-            session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY), metadata)
+        await self.deps.store.GetSession(store_pb.GetSessionRequest(
+            session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
         queue = self._watchers.subscribe(request.session_id)
         try:
             await context.send_initial_metadata(())  # the watch is in place: nothing from now on is missed

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-import grpc
 from google.protobuf import struct_pb2
 
 from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
@@ -36,8 +35,8 @@ from services.shared.context_view import (
     to_ollama_messages,
     view_chars,
 )
-from services.shared.auth import service_metadata
-from services.shared.errors import Aborted, PalimpsestError, Unavailable, from_rpc_error
+from services.shared.auth import as_service
+from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError, Unavailable
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared.reports import judge
 from services.shared.settings import Settings
@@ -370,21 +369,13 @@ class Turn:
         self.sink.model_info(self.profile.model, self.window)
 
     # -- the model call --------------------------------------------------------------------------
-    async def _compressor(self, method, request, *, as_service: bool = False):
-        metadata = (service_metadata(self.settings.auth_enabled, self.settings.jwt_secret) if as_service
-                    else self.metadata)
-        try:
-            return await method(request, metadata=metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, "Compressor", self.settings.compressor_addr) from None
-
     async def _check_size(self, built: list[Message], iteration: int, *,
                           decide: bool = True) -> cpb.CheckContextSizeResponse:
         """The one question before a model call, answered by the Compressor: the view to send, its
         count, and fits / compress first / too large. While the Compressor is away the turn goes on
         uncompressed, its view cut at the fixed heuristic rate, and the client is told once."""
         try:
-            return await self._compressor(self.deps.compressor.CheckContextSize, cpb.CheckContextSizeRequest(
+            return await self.deps.compressor.CheckContextSize(cpb.CheckContextSizeRequest(
                 model=self.profile.model, messages=sliced_for_size_check(built), window=self.window,
                 session_id=self.session_id,
                 settings=self.profile.compression_settings(), tool_schemas=self._tool_schemas_json(),
@@ -537,10 +528,11 @@ class Turn:
         reported = report.HasField("baseline")
         if not self.stored and reply.prompt_eval_count:
             try:
-                recorded = await self._compressor(self.deps.compressor.RecordBaseline, cpb.RecordBaselineRequest(
-                    model=self.profile.model, prompt_eval_count=reply.prompt_eval_count, sent_tokens=check.tokens,
-                    sent_chars=view_chars(built), had_images=any(m.images for m in built), window=self.window,
-                    shape=check.shape, method=check.method), as_service=True)
+                with as_service():  # a model report teaches every session of the model: the services' own
+                    recorded = await self.deps.compressor.RecordBaseline(cpb.RecordBaselineRequest(
+                        model=self.profile.model, prompt_eval_count=reply.prompt_eval_count, sent_tokens=check.tokens,
+                        sent_chars=view_chars(built), had_images=any(m.images for m in built), window=self.window,
+                        shape=check.shape, method=check.method))
                 reported = recorded.recorded
             except PalimpsestError as exc:  # the answer is there; a lost report only costs precision
                 log.warning("could not record the report of a sub-agent of %s: %s", self.parent_session_id, exc)
@@ -554,7 +546,6 @@ class Turn:
         return ToolContext(
             session_id=self.session_id or self.parent_session_id,
             store=self.deps.store,
-            metadata=self.metadata,
             ollama=self.deps.ollama,
             profile=self.profile,
             settings=self.settings,
@@ -642,15 +633,16 @@ class Turn:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=reason, model=self.profile.model, window=self.window,
                     keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings(),
-                    current_tokens=current_tokens, expected_revision=self.conv.revision), metadata=self.metadata):
+                    current_tokens=current_tokens, expected_revision=self.conv.revision)):
                 self.sink.compression(event)
                 if event.HasField("compressed"):
                     committed = event.compressed.revision
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.ABORTED:
-                raise from_rpc_error(exc, "Compressor", self.settings.compressor_addr) from None
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                log.warning("compression (%s) failed for %s: %s", reason, self.session_id, exc.details())
+        except Aborted:
+            raise
+        except FailedPrecondition:  # nothing to compress: not a failure
+            return False
+        except PalimpsestError as exc:
+            log.warning("compression (%s) failed for %s: %s", reason, self.session_id, exc)
             return False
         await self.conv.load()
         if committed and self.conv.revision != committed:
@@ -677,13 +669,13 @@ class Turn:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.profile.model,
                     window=self.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
-                    current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings()),
-                    metadata=self.metadata):
+                    current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings())):
                 self.sink.compression(event, watchers_only=True)  # after stream_end: for the session's watchers
                 self.compressed_after = self.compressed_after or event.HasField("compressed")
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                log.warning("post-turn compression failed for %s: %s", self.session_id, exc.details())
+        except FailedPrecondition:  # nothing to compress
+            pass
+        except PalimpsestError as exc:
+            log.warning("post-turn compression failed for %s: %s", self.session_id, exc)
 
     # -- memory ----------------------------------------------------------------------------------
     async def _recall(self, text: str) -> list[Message]:
@@ -700,9 +692,9 @@ class Turn:
         try:
             found = await self.deps.store.SearchMemory(store_pb.SearchMemoryRequest(
                 session_id=self.session_id, query=text[:500], limit=max(1, p.memory_recall_k) * 3,
-                min_similarity=p.memory_recall_min_similarity), metadata=self.metadata)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("memory recall failed for %s: %s", self.session_id, exc.details())
+                min_similarity=p.memory_recall_min_similarity))
+        except PalimpsestError as exc:
+            log.warning("memory recall failed for %s: %s", self.session_id, exc)
             return []
         session = self.conv.session
         injected = session.metadata["injected_chunk_ids"] if session and "injected_chunk_ids" in session.metadata \

@@ -14,9 +14,9 @@ SERVICE_NAME = compressor_pb2.DESCRIPTOR.services_by_name["Compressor"].full_nam
 
 
 async def start_compressor(settings: Settings, *, port: int, host: str = "127.0.0.1") -> RunningServer:
-    channel = open_channel(settings.store_addr, settings)
+    channel = open_channel(settings.store_addr, settings, service="SessionStore")
     ollama = OllamaClient(settings.ollama_host)
-    servicer = CompressorServicer(SessionStoreStub(channel), ollama, settings, settings.store_addr)
+    servicer = CompressorServicer(SessionStoreStub(channel), ollama, settings)
 
     async def on_stop() -> None:
         await ollama.aclose()

@@ -101,37 +101,25 @@ def _fit_line(observations: tuple[Observation, ...]) -> Line | None:
     return _usable(Line(overhead=mean_y - slope * mean_x, tokens_per_char=slope))
 
 
-# The estimate when no line is usable: chars / 1.8, rounded up (one definition, shared with the
-# Agent, which cuts its view at this rate while the Compressor is away).
-fallback_tokens = heuristic_tokens
-
-
-def estimate_text_tokens(chars: int, line: Line | None) -> int:
-    """Tokens of a whole prompt of ``chars`` characters (the line's overhead included)."""
+def line_tokens(chars: int, line: Line | None, *, whole: bool) -> int:
+    """``chars`` characters priced at the line's rate, or at the fallback chars / 1.8 when no line is
+    usable (``heuristic_tokens``: one definition, shared with the Agent, which cuts its view at that
+    rate while the Compressor is away). ``whole``: a whole prompt, the line's fixed overhead
+    included; else what the characters add to a prompt whose fixed cost is paid (a delta on top of
+    a real baseline, or one message alone: the overhead there would charge the system prompt once
+    per message)."""
     usable = _usable(line)
     if usable is None:
-        return fallback_tokens(chars)
-    return max(0, math.ceil(usable.predict(chars)))
+        return heuristic_tokens(chars)
+    if whole:
+        return max(0, math.ceil(usable.predict(chars)))
+    return max(0, math.ceil(chars * usable.tokens_per_char))
 
 
 def tokens_per_char(line: Line | None) -> float:
     """The marginal rate a line (or the chars / 1.8 fallback) prices text at."""
     usable = _usable(line)
     return usable.tokens_per_char if usable is not None else 1 / FALLBACK_CHARS_PER_TOKEN
-
-
-def marginal_text_tokens(chars: int, line: Line | None) -> int:
-    """Tokens that ``chars`` more characters add to a prompt whose fixed cost is already paid.
-
-    Used for a delta on top of a real baseline and for sizing one message: adding the line's
-    overhead there would charge the system prompt once per message.
-    """
-    if chars <= 0:
-        return 0
-    usable = _usable(line)
-    if usable is None:
-        return fallback_tokens(chars)
-    return math.ceil(chars * usable.tokens_per_char)
 
 
 # -- a price per character class ----------------------------------------------------------

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field, fields
 
 from palimpsest.v1 import common_pb2, compressor_pb2, session_store_pb2 as store_pb
 from services.compressor.calibration import (
-    CHAR_CLASSES, Line, Observation, Rates, fallback_tokens, fit_line, fit_rates, prompt_classes,
+    CHAR_CLASSES, Line, Observation, Rates, fit_line, fit_rates, prompt_classes,
 )
 from services.compressor.exact_count import (
     Counter, ExactObservation, Shape, Template, content_md5, exact_view, fit_template, message_texts, message_tokens,
     shape_of,
 )
 from services.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens, priced_view
-from services.shared.context_view import message_budget, message_chars
+from services.shared.context_view import heuristic_tokens, message_budget, message_chars
 from services.shared.errors import InvalidArgument
 from services.shared.settings import Settings
 
@@ -152,7 +152,7 @@ class Pricing:
         price the fallback view is cut at."""
         if self.counter is not None:
             return message_tokens(view, self.counter)
-        return [fallback_tokens(message_chars(m)) for m in view]
+        return [heuristic_tokens(message_chars(m)) for m in view]
 
     def count_view(self, view: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
         """The count of a view that is already cut (cutting it again changes nothing)."""

@@ -10,8 +10,6 @@ import time
 from collections import OrderedDict
 from dataclasses import replace
 
-import grpc
-
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
@@ -26,8 +24,8 @@ from services.compressor.token_estimate import (
     output_reserve,
     trigger_tokens,
 )
-from services.shared.auth import forwarded_metadata, identity_from_context, service_metadata
-from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable, from_rpc_error
+from services.shared.auth import as_service, identity_from_context
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.context_view import message_budget
 from services.shared.ollama import OllamaClient
 from services.shared.reports import judge
@@ -46,7 +44,9 @@ INLINE_PRICING_CHARS = 20_000
 
 
 def _chars(messages) -> int:
-    return sum(len(m.content) for m in messages)
+    """The pricing work ``messages`` make, in characters; an image counts as past the inline limit:
+    Pillow parses its header (a TIFF's or an ICO's can take milliseconds), so it is priced in a thread."""
+    return sum(len(m.content) + len(m.images) * (INLINE_PRICING_CHARS + 1) for m in messages)
 
 
 async def _priced(fn, *args, chars: int):
@@ -63,11 +63,10 @@ def _reportable(pricing: Pricing, view, estimate):
 
 
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
-    def __init__(self, store: SessionStoreStub, ollama: OllamaClient, settings: Settings, store_addr: str):
+    def __init__(self, store: SessionStoreStub, ollama: OllamaClient, settings: Settings):
         self.store = store
         self.ollama = ollama
         self.settings = settings
-        self.store_addr = store_addr
         self.tokenizers = ModelTokenizers(ollama, settings.data_dir / "tokenizers")
         self._writes: set[asyncio.Task] = set()  # token counts on their way to the store
         self._observation_cache: dict[str, tuple[float, list[store_pb.Observation]]] = {}
@@ -89,43 +88,31 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         """The caller's identity: with auth on, every RPC needs valid credentials."""
         return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
 
-    async def _store_call(self, method, request, context, *, as_service: bool = False):
-        """A store call with the caller's credentials, or the services' own (what they learn about
-        models is never written under an end user's name)."""
-        metadata = (service_metadata(self.settings.auth_enabled, self.settings.jwt_secret) if as_service
-                    else forwarded_metadata(context))
-        try:
-            return await method(request, metadata=metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, "SessionStore", self.store_addr) from None
-
-    async def _recent_observations(self, model: str, context) -> list[store_pb.Observation]:
+    async def _recent_observations(self, model: str) -> list[store_pb.Observation]:
         """The model's observations, read at most every OBSERVATIONS_TTL_S by this replica: a
         template fitted on reports a few seconds old differs by a token or two, which its margin
         already covers, and a model's every call adds one."""
         cached = self._observation_cache.get(model)
         if cached is not None and time.monotonic() - cached[0] < OBSERVATIONS_TTL_S:
             return cached[1]
-        observations = await self._observations(model, context)
+        observations = await self._observations(model)
         self._observation_cache[model] = (time.monotonic(), observations)
         return observations
 
-    async def _observations(self, model: str, context) -> list[store_pb.Observation]:
+    async def _observations(self, model: str) -> list[store_pb.Observation]:
         if not model:
             return []
-        reply = await self._store_call(self.store.ListObservations, store_pb.ListObservationsRequest(model=model),
-                                       context)
+        reply = await self.store.ListObservations(store_pb.ListObservationsRequest(model=model))
         return list(reply.observations)
 
-    async def _load(self, session_id: str, model: str, context, *, with_context: bool = True,
+    async def _load(self, session_id: str, model: str, *, with_context: bool = True,
                     token_digest: str = "", view_budget: int = 0) -> SessionState:
         """Baseline and calibration in one read (with a digest, also the context's stored counts);
         the stored context itself only when the caller sent none and it cannot be summed."""
-        loads = [self._store_call(self.store.GetBaseline, store_pb.GetBaselineRequest(
-            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget), context)]
+        loads = [self.store.GetBaseline(store_pb.GetBaselineRequest(
+            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget))]
         if with_context:
-            loads.append(whole_context(lambda request: self._store_call(self.store.GetSession, request, context),
-                                       session_id))
+            loads.append(whole_context(self.store.GetSession, session_id))
         pricing, *rest = await asyncio.gather(*loads)
         session = rest[0] if rest else common_pb2.Session(id=session_id)
         baseline = pricing.baseline if pricing.HasField("baseline") else None
@@ -155,17 +142,16 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             # The stored context as a sum of per-message counts: only rows never counted are read
             # and counted (then written back), so the cost follows new messages, not the history.
             state, observations = await asyncio.gather(
-                self._load(request.session_id, "", context, with_context=False, token_digest=counter.digest,
+                self._load(request.session_id, "", with_context=False, token_digest=counter.digest,
                            view_budget=message_budget(window, knobs.message_budget)),
-                self._recent_observations(request.model, context))
+                self._recent_observations(request.model))
             pricing = Pricing.build(observations, window, knobs, None, counter)
             estimate, fresh = await _priced(pricing.stored_estimate, state.context_tokens, incoming, schemas,
                                             chars=_chars(state.context_tokens.uncounted) + _chars(incoming))
             self._remember_counts(request.session_id, counter.digest, fresh)
             method = pb.ESTIMATE_METHOD_EXACT
         elif request.session_id:
-            state = await self._load(request.session_id, request.model, context,
-                                     with_context=not request.messages)
+            state = await self._load(request.session_id, request.model, with_context=not request.messages)
             pricing = await self._pricing(request.model, window, knobs, state.observations,
                                           self._usable_baseline(state, request.model))
             messages = list(request.messages) or state.context
@@ -173,7 +159,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                              chars=_chars(messages) + _chars(incoming))
         else:
             pricing = await self._pricing(request.model, window, knobs,
-                                          await self._observations(request.model, context))
+                                          await self._observations(request.model))
             estimate, method = await _priced(pricing.with_baseline, list(request.messages), incoming, schemas,
                                              chars=_chars(request.messages) + _chars(incoming))
         return pb.EstimateTokensResponse(
@@ -208,13 +194,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             return
         request = store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=digest, counts=[
             common_pb2.TokenCount(seq=seq, tokens=tokens, content_md5=md5) for seq, tokens, md5 in counts])
-        metadata = service_metadata(self.settings.auth_enabled, self.settings.jwt_secret)
 
         async def write() -> None:
             try:
-                await self.store.SetTokenCounts(request, metadata=metadata)
-            except grpc.aio.AioRpcError as exc:
-                log.warning("could not store token counts of %s: %s", session_id, exc.details())
+                with as_service():
+                    await self.store.SetTokenCounts(request)
+            except PalimpsestError as exc:
+                log.warning("could not store token counts of %s: %s", session_id, exc)
 
         task = asyncio.get_running_loop().create_task(write())
         self._writes.add(task)
@@ -236,15 +222,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if counter is not None:
             # Exact: nothing of the session is needed, only the model's template reports (no store
             # round trip on the way to the first token while they are fresh).
-            pricing = Pricing.build(await self._recent_observations(request.model, context), window, knobs,
+            pricing = Pricing.build(await self._recent_observations(request.model), window, knobs,
                                     None, counter)
         elif request.session_id:
-            state = await self._load(request.session_id, request.model, context, with_context=False)
+            state = await self._load(request.session_id, request.model, with_context=False)
             pricing = await self._pricing(request.model, window, knobs, state.observations,
                                           self._usable_baseline(state, request.model))
         else:
             pricing = await self._pricing(request.model, window, knobs,
-                                          await self._observations(request.model, context))
+                                          await self._observations(request.model))
         messages, schemas = list(request.messages), list(request.tool_schemas)
         view, cuts, estimate, method = await _priced(self._price_view, pricing, messages, schemas,
                                                      chars=_chars(messages))
@@ -254,7 +240,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
         decision = pb.SIZE_DECISION_FITS if fits(estimate.tokens, window, knobs.output_reserve) \
             else pb.SIZE_DECISION_TOO_LARGE
-        keep = await self._shrinking_keep(request, estimate.tokens, trigger, limit, window, knobs, pricing, context)
+        keep = await self._shrinking_keep(request, estimate.tokens, trigger, limit, window, knobs, pricing)
         if keep is not None:
             decision = pb.SIZE_DECISION_COMPRESS_FIRST
         elif decision == pb.SIZE_DECISION_TOO_LARGE:
@@ -286,7 +272,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return view, cuts, _reportable(pricing, view, pricing.count_view(view, schemas)), pricing.method
 
     async def _shrinking_keep(self, request, tokens: int, trigger: int, limit: int, window: int, knobs: Knobs,
-                              pricing: Pricing, context) -> int | None:
+                              pricing: Pricing) -> int | None:
         """The keep_recent_messages of a compression that would shrink the stored context, when one
         is due: over the trigger, the request's own plan (whole turns before the first call, the
         long turn's newest messages later); over the limit, also the intra-turn plan, which can
@@ -294,8 +280,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if not request.decide_compression or tokens < trigger:
             return None
         try:
-            session = await whole_context(
-                lambda part: self._store_call(self.store.GetSession, part, context), request.session_id)
+            session = await whole_context(self.store.GetSession, request.session_id)
         except Unavailable as exc:  # the dry run is advice: without it the prompt is still sized
             log.warning("compression dry run for %s failed: %s", request.session_id, exc)
             return None
@@ -347,9 +332,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             # it cut the prompt. Keep the previous honest baseline and flag the session for the
             # post-turn pass. An estimate never raises this alarm (it cannot prove anything).
             if request.session_id:
-                await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
-                    session_id=request.session_id, only_truncated_flag=True,
-                    baseline=store_pb.Baseline(context_truncated=True)), context, as_service=True)
+                with as_service():
+                    await self.store.SetBaseline(store_pb.SetBaselineRequest(
+                        session_id=request.session_id, only_truncated_flag=True,
+                        baseline=store_pb.Baseline(context_truncated=True)))
             log.warning("cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
                         request.prompt_eval_count, request.shape.content_tokens, request.session_id or "-")
             return pb.RecordBaselineResponse(recorded=False, truncated=True)
@@ -357,18 +343,18 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             log.info("report of %d tokens is about half of num_ctx %d: not learned from", request.prompt_eval_count,
                      request.window)
             return pb.RecordBaselineResponse(recorded=False, truncated=False)
-        if request.session_id:
-            await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
-                session_id=request.session_id,
-                baseline=store_pb.Baseline(tokens=request.prompt_eval_count, through_seq=request.through_seq,
-                                           model=request.model)), context, as_service=True)
-        if verdict.observation is not None:
-            await self._store_call(self.store.RecordObservation, store_pb.RecordObservationRequest(
-                observation=verdict.observation), context, as_service=True)
+        with as_service():
+            if request.session_id:
+                await self.store.SetBaseline(store_pb.SetBaselineRequest(
+                    session_id=request.session_id,
+                    baseline=store_pb.Baseline(tokens=request.prompt_eval_count, through_seq=request.through_seq,
+                                               model=request.model)))
+            if verdict.observation is not None:
+                await self.store.RecordObservation(store_pb.RecordObservationRequest(observation=verdict.observation))
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
 
     # -- compression -------------------------------------------------------------------------
-    async def _prepare(self, request, context):
+    async def _prepare(self, request):
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.keep_recent_messages < 0:
@@ -377,7 +363,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("current_tokens", "must not be negative")
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
-        state = await self._load(request.session_id, request.model, context)
+        state = await self._load(request.session_id, request.model)
         model = request.model or state.session.model
         pricing = await self._pricing(model, window, knobs, state.observations, self._usable_baseline(state, model))
         context_messages = state.context
@@ -392,7 +378,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     async def WouldCompress(self, request, context):
         self._caller(context)
-        window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
+        window, knobs, state, model, pricing, messages, current = await self._prepare(request)
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         kept = pricing.estimate(plan.system + plan.to_keep)
         worth, _ = await self._worth(plan, messages, pricing, knobs, window, current > self._limit(window, knobs))
@@ -417,7 +403,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._caller(context)  # who asks comes before what is asked
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
-        window, knobs, state, model, pricing, messages, current = await self._prepare(request, context)
+        window, knobs, state, model, pricing, messages, current = await self._prepare(request)
         if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
             raise Aborted(f"session {state.session.id} is at revision {state.session.revision}, not the expected "
                           f"{request.expected_revision}: another writer changed it")
@@ -432,9 +418,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         outcome = await self._prunes_to_target(messages, pricing, knobs, window, current, request.reason)
         if not worth and outcome is None:
             if truncated_flag:  # consumed: there is nothing this session can shed
-                await self._store_call(self.store.SetBaseline, store_pb.SetBaselineRequest(
-                    session_id=state.session.id, only_truncated_flag=True,
-                    baseline=store_pb.Baseline(context_truncated=False)), context, as_service=True)
+                with as_service():
+                    await self.store.SetBaseline(store_pb.SetBaselineRequest(
+                        session_id=state.session.id, only_truncated_flag=True,
+                        baseline=store_pb.Baseline(context_truncated=False)))
             if frees > 0:
                 raise FailedPrecondition(
                     f"compression of session {state.session.id} not run: it would free ~{frees} tokens, less than "
@@ -455,7 +442,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             return
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
         commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting)
-        result = await self._store_call(self.store.CommitCompression, commit, context)
+        result = await self.store.CommitCompression(commit)
         pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
                                 accounting, window)
         replaced = outcome.summary.replaces if outcome.summary is not None else common_pb2.SeqRange(

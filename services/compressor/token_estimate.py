@@ -13,8 +13,7 @@ from palimpsest.v1.common_pb2 import Message
 from services.compressor.calibration import (
     Line,
     Rates,
-    estimate_text_tokens,
-    marginal_text_tokens,
+    line_tokens,
     prompt_classes,
 )
 from services.compressor.exact_count import Shape, message_texts
@@ -78,7 +77,7 @@ def whole_text_tokens(view: Sequence[Message], chars: int, line: Line | None, ra
     """A whole prompt's text: by the per-class rates when the model has them, else by the line."""
     if rates is not None:
         return rates.whole(len(view), _classes(view))
-    return estimate_text_tokens(chars, line)
+    return line_tokens(chars, line, whole=True)
 
 
 def estimate_tokens(
@@ -115,7 +114,7 @@ def delta_estimate(
 
 
 def cautious_tokens(view: Sequence[Message], chars: int, line: Line | None, rates: Rates | None = None) -> int:
-    calibrated = rates.marginal(len(view), _classes(view)) if rates is not None else marginal_text_tokens(chars, line)
+    calibrated = rates.marginal(len(view), _classes(view)) if rates is not None else line_tokens(chars, line, whole=False)
     return max(calibrated, heuristic_tokens(chars))
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -92,12 +95,45 @@ def identity_from_context(context: grpc.aio.ServicerContext, *, enabled: bool, s
 
 def forwarded_metadata(context: grpc.aio.ServicerContext | None) -> tuple[tuple[str, str], ...]:
     """The caller's credentials, passed on to the services this one calls."""
-    if context is None:
-        return ()
-    for key, value in context.invocation_metadata() or ():
+    return _authorization(context.invocation_metadata() if context is not None else None)
+
+
+def _authorization(metadata) -> tuple[tuple[str, str], ...]:
+    for key, value in metadata or ():
         if key.lower() == "authorization":
             return (("authorization", value if isinstance(value, str) else value.decode()),)
     return ()
+
+
+# The credentials of the call being served, set by the server's guard for every RPC (tasks the
+# handler starts copy them): the client interceptor puts them on every call this service makes
+# while serving it. SERVICE_CREDENTIALS instead: the call is made on the services' own behalf.
+SERVICE_CREDENTIALS = None
+_credentials: contextvars.ContextVar[tuple[tuple[str, str], ...] | None] = contextvars.ContextVar(
+    "palimpsest_credentials", default=())
+
+
+def serve_caller(invocation_metadata) -> None:
+    """From here on (in this task and the tasks it starts) outgoing calls carry the credentials of
+    the caller whose request metadata this is."""
+    _credentials.set(_authorization(invocation_metadata))
+
+
+@contextlib.contextmanager
+def as_service() -> Iterator[None]:
+    """Calls made inside carry the services' own token: what they learn about models (calibration
+    reports, baselines) is never written under an end user's name."""
+    token = _credentials.set(SERVICE_CREDENTIALS)
+    try:
+        yield
+    finally:
+        _credentials.reset(token)
+
+
+def outgoing_credentials(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]:
+    """What an outgoing call carries now: the served caller's credentials, or the services' own."""
+    found = _credentials.get()
+    return service_metadata(enabled, secret) if found is SERVICE_CREDENTIALS else found
 
 
 # A call the services make for a user carries the user's token, so the user's access is what is

@@ -1,4 +1,5 @@
-"""Client channels between the services: one place for targets, balancing and retries."""
+"""Client channels between the services: one place for targets, balancing, retries, deadlines,
+credentials and the errors a failed call raises."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 
 import grpc
 
+from services.shared.addresses import channel_target
+from services.shared.auth import outgoing_credentials
+from services.shared.errors import PalimpsestError, from_rpc_error
 from services.shared.server import channel_options
 from services.shared.settings import Settings
 
@@ -58,19 +62,114 @@ class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStream
         return await continuation(self._with_deadline(client_call_details), request_iterator)
 
 
-def target_for(addresses: str) -> str:
-    """`host:port` stays as is; a comma list of replicas becomes one balanced target."""
-    parts = [a.strip() for a in addresses.split(",") if a.strip()]
-    if not parts:
-        raise ValueError("empty address")
-    if len(parts) == 1:
-        return parts[0]
-    hosts = [p.replace("localhost", "127.0.0.1") for p in parts]
-    return "ipv4:" + ",".join(hosts)
+class ServiceCalls(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
+                   grpc.aio.StreamUnaryClientInterceptor):
+    """Every call to ``service``: carries the credentials of the caller being served (or the
+    services' own, under ``auth.as_service()``), and a failed call raises the PalimpsestError for its
+    status, naming ``service`` and ``address`` when it is down — so no call site handles
+    AioRpcError or forgets a caller's token. A call that sets its own ``authorization`` keeps it."""
+
+    def __init__(self, service: str, address: str, settings: Settings):
+        self.service = service
+        self.address = address
+        self.settings = settings
+
+    def _with_credentials(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        if "authorization" in metadata:
+            return details
+        for key, value in outgoing_credentials(self.settings.auth_enabled, self.settings.jwt_secret):
+            metadata.add(key, value)
+        return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
+                                          details.wait_for_ready)
+
+    def error(self, exc: grpc.aio.AioRpcError) -> PalimpsestError:
+        return from_rpc_error(exc, self.service, self.address)
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        call = await continuation(self._with_credentials(client_call_details), request)
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            raise self.error(exc) from None
+
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        # Unlike a unary call's, this interceptor must hand back a call, not the response.
+        return _Answered(await continuation(self._with_credentials(client_call_details), request_iterator), self)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        call = await continuation(self._with_credentials(client_call_details), request)
+
+        async def responses():
+            try:
+                async for response in call:
+                    yield response
+            except grpc.aio.AioRpcError as exc:
+                raise self.error(exc) from None
+
+        return responses()
 
 
-def open_channel(addresses: str, settings: Settings) -> grpc.aio.Channel:
+class _Answered:
+    """A client-streaming call whose answer, when awaited, fails as ServiceCalls maps it."""
+
+    def __init__(self, call, calls: ServiceCalls):
+        self._call = call
+        self._calls = calls
+
+    def __await__(self):
+        try:
+            return (yield from self._call.__await__())
+        except grpc.aio.AioRpcError as exc:
+            raise self._calls.error(exc) from None
+
+    def __getattr__(self, name):  # cancel, done, code, …: the call's own
+        return getattr(self._call, name)
+
+
+class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await self.inner.intercept_unary_unary(continuation, client_call_details, request)
+
+
+class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await self.inner.intercept_unary_stream(continuation, client_call_details, request)
+
+
+class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return await self.inner.intercept_stream_unary(continuation, client_call_details, request_iterator)
+
+
+def each_kind(*interceptors) -> list[grpc.aio.ClientInterceptor]:
+    """The interceptors, once per kind of call each handles: a grpc.aio channel files an
+    interceptor under the first kind it is an instance of only, so one class serving all kinds
+    would silently skip the streams (server streams such as Compress, and PutFile, went without
+    their default deadline that way)."""
+    kinds = ((grpc.aio.UnaryUnaryClientInterceptor, _UnaryUnary), (grpc.aio.UnaryStreamClientInterceptor, _UnaryStream),
+             (grpc.aio.StreamUnaryClientInterceptor, _StreamUnary))
+    return [adapter(i) for base, adapter in kinds for i in interceptors if isinstance(i, base)]
+
+
+def open_channel(addresses: str, settings: Settings, *, service: str = "") -> grpc.aio.Channel:
+    """A channel to ``addresses`` (one, or replicas). With ``service`` (its name as errors say it) a
+    service's own channel: calls carry the served caller's credentials and raise PalimpsestErrors
+    (ServiceCalls); without, a plain client's (tests, benchmarks) that sees the raw statuses."""
     options = [*channel_options(settings), ("grpc.service_config", json.dumps(_SERVICE_CONFIG)),
                ("grpc.enable_retries", 1)]
-    return grpc.aio.insecure_channel(target_for(addresses), options=options, interceptors=[
-        DefaultDeadline(settings.rpc_timeout_s, settings.compress_timeout_s)])
+    interceptors: list[DefaultDeadline | ServiceCalls] = [DefaultDeadline(settings.rpc_timeout_s,
+                                                                          settings.compress_timeout_s)]
+    if service:
+        interceptors.append(ServiceCalls(service, addresses, settings))
+    return grpc.aio.insecure_channel(channel_target(addresses), options=options,
+                                     interceptors=each_kind(*interceptors))

@@ -24,10 +24,6 @@ MIN_TOKENS = 256
 MAX_TOKENS = 4096
 DEFAULT_FALLBACK_TOKENS = 1024
 
-# Pillow format names whose usual file extension differs from the lowercased name.
-_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "TIFF": "tiff", "JPEG2000": "jp2", "PPM": "ppm"}
-
-
 class _TooLarge(Exception):
     """The header is readable but declares more pixels than Pillow agrees to open."""
 
@@ -95,18 +91,3 @@ def image_tokens(data: bytes, fallback: int = DEFAULT_FALLBACK_TOKENS) -> int:
     if size is None:
         return fallback
     return tokens_for_size(*size)
-
-
-def image_extension(data: bytes) -> str | None:
-    """File extension (without dot) matching the bytes' format, or None if not an image."""
-    try:
-        image = _open_header(data)
-    except _TooLarge:
-        return None
-    if image is None:
-        return None
-    with image:
-        fmt = image.format
-    if not fmt:
-        return None
-    return _EXTENSIONS.get(fmt, fmt.lower())

@@ -15,6 +15,8 @@ from services.shared.errors import FailedPrecondition, NotFound, PalimpsestError
 
 log = logging.getLogger("palimpsest.ollama")
 
+LARGE_BODY_BYTES = 1 << 20  # an answer this large is parsed in a thread
+
 
 class OllamaStreamError(Unavailable):
     """Ollama reported an error after the stream had begun (a final `{"error": …}` line)."""
@@ -101,7 +103,10 @@ class OllamaClient:
             raise _not_running(self.host) from exc
         if response.status_code != 200:
             raise _error_for(response.status_code, response.text, model, self.host)
-        data = response.json()
+        # A verbose /api/show (a model's whole vocabulary, ~13 MB) takes Python ~0.1 s to parse: in
+        # a thread, so a tokenizer being built never stalls the sessions this replica serves.
+        data = (response.json() if len(response.content) < LARGE_BODY_BYTES
+                else await asyncio.to_thread(json.loads, response.content))
         if "error" in data:
             raise _error_for(500, response.text, model, self.host)
         return data

@@ -1,5 +1,6 @@
 """One server bootstrap for all three services: grpc.aio, health, reflection, graceful stop,
-and one interceptor that turns known errors into their status code."""
+and one interceptor that turns known errors into their status code (and hands the caller's
+credentials on to the calls each RPC makes: see ``auth.serve_caller``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from google.protobuf.message import Message as ProtoMessage
 
+from services.shared.auth import serve_caller
 from services.shared.errors import InvalidArgument, PalimpsestError
 from services.shared.validation import capped, first_nul, first_too_long
 from services.shared.settings import Settings
@@ -91,6 +93,7 @@ def _refuse_bad_strings(request, deep: bool | None) -> None:
 
 def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None):
     async def guarded(request, context):
+        serve_caller(context.invocation_metadata())  # every call made downstream carries them on
         try:
             _refuse_bad_strings(request, deep)
             return await fn(request, context)
@@ -104,6 +107,7 @@ def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None
 
 def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | None):
     async def guarded(request, context):
+        serve_caller(context.invocation_metadata())  # (in the RPC's own task, which drives this generator)
         try:
             _refuse_bad_strings(request, deep)
             result = fn(request, context)

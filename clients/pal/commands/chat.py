@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from clients.pal.app import App
 from clients.pal.commands import Subparsers
 from clients.pal.chat_input import image_paths_in, parse_command, read_message
 from clients.pal.errors import ServiceError
-from clients.pal.render import ContextMeter, renderer_for
+from clients.pal.render import ContextMeter, compressed_tokens, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
 from clients.pal.views import message_view
 from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2 as pb
@@ -83,21 +84,36 @@ class SessionWatch:
     next answer. It only updates the meter and remembers what happened; the loop says it before
     the next prompt (printing while `input()` waits would tear the line being typed)."""
 
+    # How long the prompt waits for the watch to be in place: an Agent slower than this to answer
+    # is slow for the turn too, and the prompt should not hang on it.
+    READY_S = 10.0
+
     def __init__(self, app: App, session_id: str, meter: ContextMeter) -> None:
         self.meter = meter
         self.compressed: compressor_pb2.ContextCompressed | None = None
+        self._ready = threading.Event()
         self._call = app.conn.agent().WatchSession(agent_pb2.WatchSessionRequest(session_id=session_id))
         threading.Thread(target=self._follow, name="pal-watch", daemon=True).start()
 
+    def wait_until_in_place(self) -> None:
+        """The Agent subscribes a watch only after checking the caller's access: a compression before
+        that was missed (under load, the one right after the first answer). It says when the watch is
+        in place by sending its initial metadata; the next message goes only after that."""
+        self._ready.wait(self.READY_S)
+
     def _follow(self) -> None:
         try:
+            self._call.initial_metadata()
+            self._ready.set()
             for event in self._call:
                 if event.HasField("context_compressed") and event.seq == 0:  # after a stream_end
                     done = event.context_compressed
-                    self.meter.update(done.context_tokens, done.max_context_tokens)
+                    self.meter.update(compressed_tokens(done), done.max_context_tokens)
                     self.compressed = done
         except (ServiceError, grpc.RpcError):
             return  # cancelled, or the Agent went away: the meter goes back to turn events only
+        finally:
+            self._ready.set()  # nothing to wait for any more
 
     def take(self) -> compressor_pb2.ContextCompressed | None:
         done, self.compressed = self.compressed, None
@@ -120,6 +136,8 @@ class Chat:
     _piped: PipedLines | None = None
     _watch: SessionWatch | None = None
     _watch_id: str = ""
+    _reading: bool = False  # waiting for the user's input: where a Ctrl-C may interrupt
+    _leave: bool = False  # a Ctrl-C came between turns, outside that wait
 
     # -- input -----------------------------------------------------------------------------------
     def read_line(self, prompt: str) -> str:
@@ -153,16 +171,36 @@ class Chat:
     def _loop(self) -> int:
         if self.interactive:
             import readline  # noqa: F401 — line editing and history for input()
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            return self._converse()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, signum, frame) -> None:
+        """Ctrl-C between turns means "leave". It interrupts the wait for input only: raised anywhere
+        else (a turn's stream just ended, a WatchSession being opened), it could land inside a gRPC
+        call, whose channel then never closed (pal hung at exit). There it is noted, and taken before
+        the next read."""
+        if self._reading:
+            raise KeyboardInterrupt
+        self._leave = True
+
+    def _converse(self) -> int:
         self.greet()
         while True:
+            self.watch()
+            self.after_turn_news()
+            self._reading = True  # before the check: a Ctrl-C from here on interrupts the read
             try:
-                # Between turns, where a Ctrl-C means "leave" and is taken as such.
-                self.watch()
-                self.after_turn_news()
+                if self._leave:
+                    raise KeyboardInterrupt
                 text = read_message(self.read_line, "you› ", "  … ")
             except KeyboardInterrupt:
                 self.say("")
                 return 0
+            finally:
+                self._reading = False
             if text is None:
                 return 0
             if not text.strip():
@@ -178,7 +216,7 @@ class Chat:
                 # One failed call should not end the conversation: say why and keep the prompt.
                 self.say(f"error: {err}", "bold red")
                 continue
-            if result.leave:
+            if result.leave or self._leave:
                 return 0
 
     def watch(self) -> None:
@@ -191,6 +229,7 @@ class Chat:
         if self.session_id and not self.app.out.json:
             try:
                 self._watch = SessionWatch(self.app, self.session_id, self.meter)
+                self._watch.wait_until_in_place()
             except (ServiceError, grpc.RpcError):
                 pass  # an Agent without WatchSession: the meter follows the turns only
 
@@ -199,7 +238,7 @@ class Chat:
         done = self._watch.take() if self._watch is not None else None
         if done is not None:
             self.say(f"context compressed after the last answer: {done.messages_before} → {done.messages_after} "
-                     f"messages, {done.context_tokens:,} tokens")
+                     f"messages, {compressed_tokens(done):,} tokens")
             self.app.out.console.print(self.meter.renderable())
 
     def greet(self) -> None:

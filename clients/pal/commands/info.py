@@ -9,10 +9,11 @@ from grpc_health.v1 import health_pb2
 
 from clients.pal.app import App
 from clients.pal.commands import Subparsers
-from clients.pal.connection import AGENT, COMPRESSOR, ENDPOINTS, replicas
+from clients.pal.connection import AGENT, COMPRESSOR, ENDPOINTS
 from clients.pal.errors import ServiceError
 from clients.pal.views import context_view, health_table, profiles_table
 from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
+from services.shared.addresses import replicas
 
 # A health check that takes longer than this is as good as down for someone asking "is it up?".
 HEALTH_TIMEOUT_S = 3.0

@@ -62,7 +62,6 @@ class ToolContext:
     # The session whose data session-aware tools act on (a sub-agent's parent session).
     session_id: str
     store: SessionStoreStub
-    metadata: tuple[tuple[str, str], ...]  # the caller's credentials, forwarded to the store
     ollama: OllamaClient
     profile: Profile
     settings: Settings

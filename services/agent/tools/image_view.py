@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
-import grpc
-
 from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, text_arg
+from services.shared.errors import InvalidArgument, NotFound, PalimpsestError
 from services.shared.image_tokens import image_size
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
@@ -33,8 +33,7 @@ def file_name(path: str, session_id: str) -> str:
 
 async def _download(ctx: ToolContext, name: str) -> tuple[str, bytes]:
     content_type, data = "", bytearray()
-    async for part in ctx.store.GetFile(store_pb.GetFileRequest(session_id=ctx.session_id, name=name),
-                                        metadata=ctx.metadata):
+    async for part in ctx.store.GetFile(store_pb.GetFileRequest(session_id=ctx.session_id, name=name)):
         if part.HasField("info"):
             content_type = part.info.content_type
         else:
@@ -44,8 +43,8 @@ async def _download(ctx: ToolContext, name: str) -> tuple[str, bytes]:
 
 async def _image_names(ctx: ToolContext) -> list[str]:
     try:
-        listed = await ctx.store.ListFiles(store_pb.ListFilesRequest(session_id=ctx.session_id), metadata=ctx.metadata)
-    except grpc.aio.AioRpcError:
+        listed = await ctx.store.ListFiles(store_pb.ListFilesRequest(session_id=ctx.session_id))
+    except PalimpsestError:
         return []
     return [f.name for f in listed.files if f.content_type.startswith("image/")]
 
@@ -75,13 +74,11 @@ class ImageViewTool:
                          "describe what you need from the user instead.")
         try:
             content_type, data = await _download(ctx, name)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-                raise
+        except (NotFound, InvalidArgument):
             images = await _image_names(ctx)
             known = f"Images in this session: {', '.join(images)}." if images else "This session has no images."
             return error(f"image_view: no file named {name!r} in this session. {known}")
-        size = image_size(data)
+        size = await asyncio.to_thread(image_size, data)  # Pillow parses the header: off the event loop
         if size is None or (content_type and not content_type.startswith("image/")):
             return error(f"image_view: {name} is not an image ({content_type or 'unknown type'}).")
         width, height = size

@@ -67,9 +67,7 @@ class MemorySearchTool:
             return error("memory_search: this run has no stored session, so there is no earlier history to search.")
         reply = await ctx.store.SearchMemory(
             store_pb.SearchMemoryRequest(session_id=ctx.session_id, query=query, limit=limit,
-                                         min_similarity=MIN_SIMILARITY),
-            metadata=ctx.metadata,
-        )
+                                         min_similarity=MIN_SIMILARITY))
         chunks = list(reply.chunks)
         return ToolResult(content=render_chunks(query, chunks), untrusted=ctx.untrusted,
                           metadata={"matches": len(chunks)})

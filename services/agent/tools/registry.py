@@ -15,8 +15,6 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import grpc
-
 from services.agent.tools.base import Tool, ToolContext, ToolResult
 from services.agent.tools.image_view import ImageViewTool
 from services.agent.tools.memory_search import MemorySearchTool
@@ -207,10 +205,7 @@ async def execute(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         result = await tool.run(checked, ctx)
     except asyncio.CancelledError:
         raise
-    except grpc.aio.AioRpcError as exc:
-        log.warning("tool %s: a store call failed: %s %s", tool.name, exc.code().name, exc.details())
-        return _failure(tool.name, f"{exc.code().name}: {exc.details()}")
-    except PalimpsestError as exc:
+    except PalimpsestError as exc:  # a store call's failure too: the Agent's channels raise them
         log.warning("tool %s failed: %s", tool.name, exc)
         return _failure(tool.name, f"{exc.code.name}: {exc}")
     except Exception as exc:  # noqa: BLE001 — a broken tool must not end the turn

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
-
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
+from services.shared.errors import InvalidArgument, NotFound, PermissionDenied
 
 ACTIONS = ("list", "search", "get", "find")
 DEFAULT_LIMIT = 20
@@ -23,7 +22,7 @@ FIND_SCAN = 200
 GET_CHARS = 20_000
 MESSAGE_CHARS = 2_000
 TOOL_RESULT_CHARS = 800
-_NOT_READABLE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED)
+_NOT_READABLE = (NotFound, InvalidArgument, PermissionDenied)
 
 
 def session_line(s: common_pb2.SessionSummary, current: str = "") -> str:
@@ -109,9 +108,7 @@ class SessionSearchTool:
     @staticmethod
     async def _summaries(ctx: ToolContext, query: str, page_size: int) -> store_pb.ListSessionsResponse:
         return await ctx.store.ListSessions(
-            store_pb.ListSessionsRequest(query=query, sort_by=store_pb.SORT_BY_LAST_ACTIVE, page_size=page_size),
-            metadata=ctx.metadata,
-        )
+            store_pb.ListSessionsRequest(query=query, sort_by=store_pb.SORT_BY_LAST_ACTIVE, page_size=page_size))
 
     async def _list(self, ctx: ToolContext, limit: int) -> str:
         reply = await self._summaries(ctx, "", limit)
@@ -126,9 +123,7 @@ class SessionSearchTool:
         if not reply.sessions:
             return f"No session mentions {query!r}."
         matches = await ctx.store.SearchMatches(
-            store_pb.SearchMatchesRequest(session_ids=[s.id for s in reply.sessions], query=query),
-            metadata=ctx.metadata,
-        )
+            store_pb.SearchMatchesRequest(session_ids=[s.id for s in reply.sessions], query=query))
         found = {m.session_id: m for m in matches.matches}
         lines = [f"{reply.total} session{'s' if reply.total != 1 else ''} mention {query!r}"
                  + (f" (showing {len(reply.sessions)})" if reply.total > len(reply.sessions) else "") + ":"]
@@ -161,12 +156,8 @@ class SessionSearchTool:
     async def _get(ctx: ToolContext, session_id: str, start: int) -> str:
         try:
             reply = await ctx.store.GetSession(
-                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY),
-                metadata=ctx.metadata,
-            )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in _NOT_READABLE:
-                raise ToolInputError(f"no session {session_id!r} that you can read "
-                                     "(use list, search or find for valid ids)") from None
-            raise
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
+        except _NOT_READABLE:
+            raise ToolInputError(f"no session {session_id!r} that you can read "
+                                 "(use list, search or find for valid ids)") from None
         return render_history(reply.session, start)

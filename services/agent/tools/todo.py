@@ -72,9 +72,7 @@ async def load_todo(ctx: ToolContext) -> list[TodoItem]:
     """The turn's list, read from the session's metadata when the turn holds none yet."""
     if not ctx.state.todo and _persistent(ctx):
         reply = await ctx.store.GetSession(
-            store_pb.GetSessionRequest(session_id=ctx.session_id, view=store_pb.SESSION_VIEW_SUMMARY),
-            metadata=ctx.metadata,
-        )
+            store_pb.GetSessionRequest(session_id=ctx.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
         ctx.state.todo = items_from_metadata(from_struct(reply.session.metadata))
     return ctx.state.todo
 

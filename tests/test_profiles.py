@@ -1,0 +1,57 @@
+"""Profiles files: prompt files read once and refused by name, reloads only when the file changed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from services.agent.profiles import ProfileRegistry
+from services.shared.errors import InvalidArgument
+
+
+def write_profiles(path, **profile) -> None:
+    path.write_text(json.dumps({"profiles": [{"id": "p", **profile}]}))
+
+
+def test_a_missing_prompt_file_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "profiles.json"
+    missing = tmp_path / "nowhere" / "summary.txt"
+    write_profiles(path, compression_prompt_file=str(missing))
+    with pytest.raises(InvalidArgument) as refused:
+        ProfileRegistry.load(str(path))
+    assert refused.value.field == "compression_prompt_file"
+    assert str(missing) in str(refused.value) and "'p'" in str(refused.value)
+
+
+def test_the_prompt_file_is_read_once_not_on_every_size_check(tmp_path):
+    prompt = tmp_path / "summary.txt"
+    prompt.write_text("Summarize tersely.")
+    path = tmp_path / "profiles.json"
+    write_profiles(path, compression_prompt_file=str(prompt))
+    profile = ProfileRegistry.load(str(path)).get("p")
+    prompt.unlink()  # a per-call read would fail from here on
+    assert profile.compression_settings().summary_prompt == "Summarize tersely."
+
+
+def test_a_reload_happens_when_the_size_changes_though_the_mtime_does_not(tmp_path):
+    path = tmp_path / "profiles.json"
+    write_profiles(path, model="m1")
+    os.utime(path, ns=(10**18, 10**18))
+    registry = ProfileRegistry.load(str(path))
+    assert not registry.changed() and registry.reloaded() is None
+    write_profiles(path, model="model-two")  # a longer file, written within the same mtime tick
+    os.utime(path, ns=(10**18, 10**18))
+    assert registry.changed()
+    assert registry.reloaded().get("p").model == "model-two"
+
+
+def test_an_edit_naming_a_missing_prompt_file_keeps_the_profiles_in_use(tmp_path, caplog):
+    path = tmp_path / "profiles.json"
+    write_profiles(path, model="m1")
+    registry = ProfileRegistry.load(str(path))
+    write_profiles(path, model="m2", compression_prompt_file=str(tmp_path / "gone.txt"))
+    os.utime(path, (1, 1))
+    assert registry.reloaded() is None
+    assert str(tmp_path / "gone.txt") in caplog.text and "not reloaded" in caplog.text
