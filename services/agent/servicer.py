@@ -15,6 +15,7 @@ from services.agent.events import EventSink
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
+from services.agent.runtime import SessionRuntime
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
@@ -42,20 +43,9 @@ def _validate_turn(request) -> None:
 class AgentServicer(agent_pb2_grpc.AgentServicer):
     def __init__(self, deps: AgentDeps):
         self.deps = deps
-        # One turn per session at a time in this process; across replicas the store's revision
-        # check refuses the second writer.
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._running: dict[str, Turn] = {}
+        self.sessions: SessionRuntime[Turn] = SessionRuntime(
+            WarmCache(WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024))
         self._watchers = SessionWatchers()  # WatchSession's clients, by session
-        # The post-turn pass per session, so a new turn can drop it instead of waiting for it.
-        self._post_turn: dict[str, asyncio.Future] = {}
-        # Bumped whenever a session changes under its lock: a turn opened before it reloads.
-        self._generation: dict[str, int] = {}
-        # Per session, the caller's credentials and the CONTEXT view as its last turn left it: the
-        # next turn starts from it (one round trip less before the first token). A stale copy costs a
-        # reload at the first write, which the store refuses on the revision.
-        self._warm: WarmCache[tuple[tuple, common_pb2.Session]] = WarmCache(
-            WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024)
 
     def _metadata(self, context) -> tuple[tuple[str, str], ...]:
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
@@ -67,19 +57,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if turn.result.reason == pb.STREAM_END_REASON_ERROR:
             return  # a turn that failed (a store or model away) leaves nothing to trust: read afresh next time
         session = None if turn.compressed_after else turn.conv.snapshot()
-        if session is not None:
-            self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
-            return
-        try:
-            session = await whole_context(self.deps.store.GetSession, turn.session_id)
-        except PalimpsestError:
-            return
-        self._warm.put(turn.session_id, (turn.metadata, session), session.ByteSize())
-
-    def _forget_idle_lock(self, session_id: str, lock: asyncio.Lock) -> None:
-        """One lock per session would pile up forever; an idle one nobody waits for can go."""
-        if not lock.locked() and not getattr(lock, "_waiters", None) and self._locks.get(session_id) is lock:
-            del self._locks[session_id]  # (its generation stays: a turn opened meanwhile must reload)
+        if session is None:
+            try:
+                session = await whole_context(self.deps.store.GetSession, turn.session_id)
+            except PalimpsestError:
+                return
+        self.sessions.keep_warm(turn.session_id, turn.metadata, session)
 
     async def _reload_profiles(self) -> None:
         """An edited profiles file applies from the next turn; cached system prompts go with it.
@@ -99,13 +82,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         await self._reload_profiles()
         warm = None
         if request.session_id:
-            warm = self._warm.pop(request.session_id)
-            if warm is not None and warm[0] == metadata:  # the same caller: the same access
-                session = warm[1]
-            else:
-                warm = None
-                # The CONTEXT view: the turn starts from it without loading the session again.
-                session = await whole_context(self.deps.store.GetSession, request.session_id)
+            warm = self.sessions.take_warm(request.session_id, metadata)
+            # Else the CONTEXT view: the turn starts from it without loading the session again.
+            session = warm or await whole_context(self.deps.store.GetSession, request.session_id)
             profile = (self.deps.profiles.get(request.profile_id) if request.profile_id
                        else self.deps.profiles.for_session(session.profile_id))
         else:
@@ -123,48 +102,29 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         conversation.from_cache = warm is not None
         sink = EventSink(session.id, publish=self._watchers.publish)
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
-        turn.opened_generation = self._generation.get(session.id, 0)
+        turn.opened_generation = self.sessions.generation(session.id)
         if request.session_id and profile.id != session.profile_id:
             turn.switch_to = profile.id  # written by the turn, under the session lock
         return turn
 
     async def _drive(self, turn: Turn, turn_input: TurnInput):
         """Run the turn under the session lock; yields its events until stream_end."""
-        lock = self._locks.setdefault(turn.session_id, asyncio.Lock())
-        post_turn = self._post_turn.get(turn.session_id)
-        if post_turn is not None and not post_turn.done():
-            # The user is back before the post-turn pass finished (a summary can take the model
-            # seconds): drop it. Its commit is one transaction, so nothing half-done stays, and this
-            # turn's own first check compresses if the context still needs it.
-            post_turn.cancel()
-        await lock.acquire()
-        self._running[turn.session_id] = turn
+        await self.sessions.acquire(turn.session_id)
+        self.sessions.started(turn.session_id, turn)
         turn.sink.announce(turn_started=pb.TurnStarted(text=turn_input.text[:200]))
 
         async def work() -> None:
             try:
-                if self._generation.get(turn.session_id, 0) != turn.opened_generation:
+                if self.sessions.generation(turn.session_id) != turn.opened_generation:
                     turn.conv.session = None  # another turn ran while we waited: start from the store
                 try:
                     await turn.run(turn_input)
                 finally:
-                    self._running.pop(turn.session_id, None)
-                post_turn = asyncio.ensure_future(turn.post_turn())
-                self._post_turn[turn.session_id] = post_turn
-                try:
-                    await post_turn
-                except asyncio.CancelledError:
-                    if not post_turn.cancelled():
-                        raise  # this task itself is being cancelled, not just the post-turn pass
-                    log.info("post-turn pass of %s dropped: the next turn arrived", turn.session_id)
-                finally:
-                    if self._post_turn.get(turn.session_id) is post_turn:
-                        del self._post_turn[turn.session_id]
+                    self.sessions.ended(turn.session_id)
+                await self.sessions.post_turn(turn.session_id, turn.post_turn())
                 await self._keep_warm(turn)
             finally:
-                self._generation[turn.session_id] = self._generation.get(turn.session_id, 0) + 1
-                lock.release()
-                self._forget_idle_lock(turn.session_id, lock)
+                self.sessions.release(turn.session_id)
 
         task = asyncio.create_task(work())
         self.deps.post_turn_tasks.add(task)
@@ -231,9 +191,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         profile = self.deps.profiles.for_session(session.profile_id)
         window = profile.window(self.deps.settings.ollama_num_ctx)
         sink = EventSink(session.id, publish=self._watchers.publish)
-        lock = self._locks.setdefault(session.id, asyncio.Lock())
-        self._warm.pop(session.id)
-        async with lock:
+        self.sessions.forget_warm(session.id)
+        async with self.sessions.exclusive(session.id):
             try:
                 async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                         session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model=profile.model,
@@ -244,8 +203,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 raise FailedPrecondition(f"nothing to compact: {exc}") from None
             except Aborted as exc:  # the Compressor's commit lost to a turn's write
                 raise conflict(exc) from None
-            finally:
-                self._generation[session.id] = self._generation.get(session.id, 0) + 1
         sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
         yield sink.queue.get_nowait()
 
@@ -258,11 +215,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if self.deps.settings.auth_enabled:
             await self.deps.store.GetSession(store_pb.GetSessionRequest(
                 session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
-        turn = self._running.get(request.session_id)
-        if turn is None:
-            return pb.StopResponse(stopped=False)
-        turn.stop.set()
-        return pb.StopResponse(stopped=True)
+        return pb.StopResponse(stopped=self.sessions.stop(request.session_id))
 
 
     async def WatchSession(self, request, context):
@@ -294,14 +247,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         tasks = list(self.deps.post_turn_tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=grace - margin)
-        for turn in list(self._running.values()):
-            turn.stop.set()
+        self.sessions.stop_all()
 
     async def drain(self, timeout: float) -> None:
         """After the server stopped: stop any turn still running and give post-turn work `timeout`
         more (the margin finish_turns kept back from the grace period, not a second grace)."""
-        for turn in list(self._running.values()):
-            turn.stop.set()
+        self.sessions.stop_all()
         tasks = list(self.deps.post_turn_tasks)
         if tasks:
             with suppress(asyncio.TimeoutError):
