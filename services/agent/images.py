@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1.compressor_pb2_grpc import CompressorStub
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.shared.errors import PalimpsestError
 from services.shared.image_tokens import image_tokens
-
-if TYPE_CHECKING:
-    from services.agent.turn import Turn, TurnInput
 
 log = logging.getLogger("palimpsest.agent.images")
 
@@ -21,6 +20,21 @@ Message = common_pb2.Message
 
 # Images may take what is left of 80% of the window once the context is counted.
 IMAGE_BUDGET_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class ImageTarget:
+    """Where a turn's pictures go and what they may take: the session (stored or a sub-agent's,
+    which keeps no files) and its model's window."""
+
+    session_id: str
+    stored: bool
+    store: SessionStoreStub
+    compressor: CompressorStub
+    model: str
+    window: int
+    settings: cpb.CompressionSettings
+    image_fallback: int
 
 
 def images_within_budget(images: Sequence[bytes], budget: int, fallback: int) -> int:
@@ -49,47 +63,46 @@ def notice(paths: Sequence[str | None], sent: int) -> str:
             f"open them with image_view: {', '.join(rest) or '(they could not be stored)'}]")
 
 
-async def _store_image(turn: "Turn", data: bytes) -> str | None:
+async def _store_image(target: ImageTarget, data: bytes) -> str | None:
     async def parts():
-        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=turn.session_id,
+        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=target.session_id,
                                                                     kind=store_pb.FILE_KIND_IMAGE))
         for i in range(0, len(data), 1 << 20):
             yield store_pb.PutFileRequest(chunk=data[i:i + (1 << 20)])
 
     try:
-        reply = await turn.deps.store.PutFile(parts())
+        reply = await target.store.PutFile(parts())
         return reply.file.path
     except PalimpsestError as exc:
         # A picture that cannot be stored never costs the turn.
-        log.warning("agent.image_save_failed session=%s: %s", turn.session_id, exc)
+        log.warning("agent.image_save_failed session=%s: %s", target.session_id, exc)
         return None
 
 
-async def _context_tokens(turn: "Turn") -> int:
-    if not turn.stored:
+async def _context_tokens(target: ImageTarget) -> int:
+    if not target.stored:
         return 0
     try:
-        reply = await turn.deps.compressor.EstimateTokens(cpb.EstimateTokensRequest(
-            session_id=turn.session_id, model=turn.profile.model, window=turn.window,
-            settings=turn.profile.compression_settings()))
+        reply = await target.compressor.EstimateTokens(cpb.EstimateTokensRequest(
+            session_id=target.session_id, model=target.model, window=target.window, settings=target.settings))
         return reply.tokens
     except PalimpsestError:
         return 0
 
 
-async def attach_images(turn: "Turn", turn_input: "TurnInput") -> list[Message]:
+async def attach_images(target: ImageTarget, text: str, images: Sequence[bytes], hidden: bool) -> list[Message]:
     """The message(s) to append for this input: one row, or a display row and a context row."""
-    text, images = turn_input.text, list(turn_input.images)
-    if turn_input.hidden:
+    images = list(images)
+    if hidden:
         # Machine payloads: nothing is stored as files and nothing is displayed.
         return [Message(role="user", content=text, images=images, explicit_flags=True, is_context=True,
                         is_display=False)]
     if not images:
         return [Message(role="user", content=text)]
-    paths: list[str | None] = [await _store_image(turn, data) for data in images] if turn.stored else []
-    budget = int(IMAGE_BUDGET_SHARE * turn.window) - await _context_tokens(turn)
+    paths: list[str | None] = [await _store_image(target, data) for data in images] if target.stored else []
+    budget = int(IMAGE_BUDGET_SHARE * target.window) - await _context_tokens(target)
     # Pillow reads every header: in a thread, so other sessions' streams do not wait on it.
-    sent = await asyncio.to_thread(images_within_budget, images, max(0, budget), turn.settings.image_tokens_fallback)
+    sent = await asyncio.to_thread(images_within_budget, images, max(0, budget), target.image_fallback)
     note = notice(paths, sent)
     files = [p for p in paths if p]
     shown = Message(role="user", content=text, files=files, explicit_flags=True, is_context=False, is_display=True)

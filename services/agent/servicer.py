@@ -9,7 +9,7 @@ import logging
 import math
 from contextlib import suppress
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
 from services.agent.subagent import run_subagent

@@ -11,7 +11,7 @@ from services.agent.conversation import EphemeralConversation
 from services.agent.events import EventSink
 from services.agent.profiles import Profile
 from services.agent.tools.base import SpawnRequest
-from services.agent.turn import AgentDeps, Turn, TurnInput, TurnResult, END
+from services.agent.turn import END, AgentDeps, SubagentOptions, Turn, TurnInput, TurnResult
 
 log = logging.getLogger("palimpsest.agent.subagent")
 
@@ -48,17 +48,17 @@ async def run_subagent(
     if request.context_transfer:
         seed = [Message(role="user", content=f"Context from the parent task:\n{request.context_transfer}"),
                 Message(role="assistant", content="Understood. I have the context.")]
-    turn = Turn(
-        deps, EphemeralConversation(seed, untrusted=untrusted), profile, sink, metadata,
-        facts=facts, is_subagent=True, system_prompt=_system_prompt(deps, request, profile, parent_profile),
-        max_iterations=request.max_iterations or 40, exclude_tools=request.exclude_tools, depth=depth,
-        parent_session_id=request.parent_session_id, session_writer=session_writer,
-    )
+    turn = Turn(deps, EphemeralConversation(seed, untrusted=untrusted), profile, sink, metadata, facts=facts,
+                subagent=SubagentOptions(
+                    parent_session_id=request.parent_session_id,
+                    system_prompt=_system_prompt(deps, request, profile, parent_profile),
+                    max_iterations=request.max_iterations or 40, exclude_tools=tuple(request.exclude_tools),
+                    depth=depth, session_writer=session_writer))
     text = request.text
     if profile.subagent_planning_enabled:
         from services.agent.tools.plan import run_subagent_planning
 
-        plan = await run_subagent_planning(turn._tool_context(), text)
+        plan = await run_subagent_planning(turn.tool_context(), text)
         if plan:
             text = f"{text}\n\n## Plan (ready — execute it now)\n{plan}"
     task = asyncio.create_task(turn.run(TurnInput(text=text)))

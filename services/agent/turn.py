@@ -9,7 +9,7 @@ import contextvars
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -22,7 +22,7 @@ from services.agent import context_builder as cb
 from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
-from services.agent.images import attach_images
+from services.agent.images import ImageTarget, attach_images
 from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
@@ -120,6 +120,20 @@ class TurnResult:
         return self.reason == END.STREAM_END_REASON_COMPLETED
 
 
+@dataclass(frozen=True)
+class SubagentOptions:
+    """How a sub-agent's turn differs from a user's: its parent, its own system prompt and
+    iteration budget, the tools it may not use, how deep it is, and how it writes its parent's
+    session (a sub-agent keeps none of its own)."""
+
+    parent_session_id: str = ""
+    system_prompt: str | None = None
+    max_iterations: int | None = None
+    exclude_tools: tuple[str, ...] = ()
+    depth: int = 1
+    session_writer: Callable[..., Awaitable[object]] | None = None
+
+
 class Turn:
     """One user message answered: built by the Agent's servicer (RunStream, Run) or by
     ``run_subagent`` (RunEphemeral, spawn_agent), run once with ``run``, then (stored sessions) ``post_turn``.
@@ -140,13 +154,7 @@ class Turn:
         metadata: tuple[tuple[str, str], ...],
         *,
         facts: ModelFacts,
-        is_subagent: bool = False,
-        system_prompt: str | None = None,
-        max_iterations: int | None = None,
-        exclude_tools: Sequence[str] = (),
-        depth: int = 0,
-        parent_session_id: str = "",
-        session_writer=None,
+        subagent: SubagentOptions | None = None,
     ):
         self.deps = deps
         self.conv = conversation
@@ -154,14 +162,15 @@ class Turn:
         self.sink = sink
         self.metadata = metadata
         self.facts = facts
-        self.is_subagent = is_subagent
-        self.system_prompt_override = system_prompt
-        self.max_iterations = max_iterations or profile.max_iterations
-        self.exclude_tools = tuple(exclude_tools)
-        self.depth = depth
-        self.parent_session_id = parent_session_id
+        self.is_subagent = subagent is not None
+        options = subagent or SubagentOptions(depth=0)
+        self.system_prompt_override = options.system_prompt
+        self.max_iterations = options.max_iterations or profile.max_iterations
+        self.exclude_tools = tuple(options.exclude_tools)
+        self.depth = options.depth
+        self.parent_session_id = options.parent_session_id
         # A stored turn writes its own session; a sub-agent writes its parent's through the parent.
-        self.session_writer = conversation.update if not conversation.ephemeral else session_writer
+        self.session_writer = conversation.update if not conversation.ephemeral else options.session_writer
         self.stop = asyncio.Event()
         self.state = TurnState()
         self.window = profile.window(deps.settings.ollama_num_ctx)
@@ -238,7 +247,10 @@ class Turn:
         if self.switch_to and self.stored:
             await self.conv.update(profile_id=self.switch_to)
         self.state.goal = turn_input.text
-        messages = await attach_images(self, turn_input)
+        messages = await attach_images(ImageTarget(
+            session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,
+            model=self.profile.model, window=self.window, settings=self.profile.compression_settings(),
+            image_fallback=self.settings.image_tokens_fallback), turn_input.text, turn_input.images, turn_input.hidden)
         if self.stored and not turn_input.hidden:
             await self._name_session(turn_input.text)
         recalled = await self._recall(turn_input.text)
@@ -542,7 +554,8 @@ class Turn:
                         "reported" if reported else COUNT_METHODS.get(check.method, "heuristic"))
 
     # -- tools -----------------------------------------------------------------------------------
-    def _tool_context(self) -> ToolContext:
+    def tool_context(self) -> ToolContext:
+        """What this turn's tools (and a sub-agent's planner) see of it."""
         return ToolContext(
             session_id=self.session_id or self.parent_session_id,
             store=self.deps.store,
@@ -612,7 +625,7 @@ class Turn:
                 outcome = ToolResult(content=f"Arguments for {call.name} must be a JSON object", is_error=True,
                                      untrusted=False)
             else:
-                outcome = await execute(tool, args, self._tool_context())
+                outcome = await execute(tool, args, self.tool_context())
         self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error,
                                 time.monotonic() - started)
         return outcome
