@@ -169,6 +169,10 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
             labels = deployments.get(name, {}).get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
             if not any(selects(p["spec"]["selector"].get("matchLabels", {}), labels) for p in pdbs):
                 problems.append(f"prod: no PodDisruptionBudget selects {name}'s pods")
+        config = next((d.get("data", {}) for d in docs if d.get("kind") == "ConfigMap"
+                       and d["metadata"]["name"].startswith("palimpsest-config")), {})
+        if config.get("PALIMPSEST_TURN_CLAIMS") != "true":
+            problems.append("prod: several Agents need PALIMPSEST_TURN_CLAIMS=true in palimpsest-config")
         for pdb in pdbs:
             matched = [n for n, d in deployments.items()
                        if selects(pdb["spec"]["selector"].get("matchLabels", {}), d["spec"]["template"]["metadata"]["labels"])]

@@ -213,6 +213,28 @@ class AppendMessagesResponse(_message.Message):
     context_truncated: bool
     def __init__(self, seqs: _Optional[_Iterable[int]] = ..., revision: _Optional[int] = ..., context_truncated: _Optional[bool] = ...) -> None: ...
 
+class ClaimTurnRequest(_message.Message):
+    __slots__ = ("session_id", "holder", "ttl_seconds", "release")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    holder: str
+    ttl_seconds: int
+    release: bool
+    def __init__(self, session_id: _Optional[str] = ..., holder: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., release: _Optional[bool] = ...) -> None: ...
+
+class ClaimTurnResponse(_message.Message):
+    __slots__ = ("granted", "holder", "expires_in_seconds")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    holder: str
+    expires_in_seconds: float
+    def __init__(self, granted: _Optional[bool] = ..., holder: _Optional[str] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
+
 class UpdateSessionRequest(_message.Message):
     __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "planning_log", "expected_revision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

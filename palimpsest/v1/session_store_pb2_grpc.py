@@ -71,6 +71,11 @@ class SessionStoreStub:
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.FromString,
                 _registered_method=True)
+        self.ClaimTurn = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/ClaimTurn',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ClaimTurnRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ClaimTurnResponse.FromString,
+                _registered_method=True)
         self.UpdateSession = channel.unary_unary(
                 '/palimpsest.v1.SessionStore/UpdateSession',
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.UpdateSessionRequest.SerializeToString,
@@ -210,6 +215,12 @@ class SessionStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AppendMessages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimTurn(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -367,6 +378,11 @@ def add_SessionStoreServicer_to_server(servicer, server):
                     servicer.AppendMessages,
                     request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.SerializeToString,
+            ),
+            'ClaimTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimTurn,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ClaimTurnRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.ClaimTurnResponse.SerializeToString,
             ),
             'UpdateSession': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateSession,
@@ -655,6 +671,33 @@ class SessionStore:
             '/palimpsest.v1.SessionStore/AppendMessages',
             palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.SerializeToString,
             palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/ClaimTurn',
+            palimpsest_dot_v1_dot_session__store__pb2.ClaimTurnRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.ClaimTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from typing import Generic, Protocol, TypeVar
 
-from palimpsest.v1 import common_pb2
+from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from services.agent.warm_cache import WarmCache
 
 log = logging.getLogger("palimpsest.agent")
@@ -85,14 +84,6 @@ class SessionRuntime(Generic[T]):
         if not self._users[session_id]:  # nobody holds or waits: one lock per session would pile up
             del self._users[session_id], self._locks[session_id]
 
-    @asynccontextmanager
-    async def exclusive(self, session_id: str) -> AsyncIterator[None]:
-        await self.acquire(session_id)
-        try:
-            yield
-        finally:
-            self.release(session_id)
-
     # -- the running turn and its post-turn pass ------------------------------------------------
     def started(self, session_id: str, turn: T) -> None:
         self._running[session_id] = turn
@@ -130,3 +121,56 @@ class SessionRuntime(Generic[T]):
         future = self._post_turn.get(session_id)
         if future is not None and not future.done():
             future.cancel()
+
+
+class TurnClaims:
+    """Turns on one session across Agent replicas: claimed in the store (ClaimTurn) once this
+    process holds the session, renewed while the turn and its post-turn pass run, released after.
+    A replica that dies holding a claim stops renewing it, and the claim runs out after ``ttl``."""
+
+    # Waiting for another replica's claim: short first (its turn may be ending), never longer than
+    # a second between looks, never past the moment the claim runs out.
+    FIRST_WAIT_S = 0.05
+    MOST_WAIT_S = 1.0
+
+    def __init__(self, store, ttl_s: int, replica: str):
+        self.store = store
+        self.ttl_s = ttl_s
+        self.replica = replica
+        self._renewing: dict[str, asyncio.Task] = {}
+
+    async def claim(self, session_id: str, turn_id: str) -> tuple[str, bool]:
+        """Wait until the session's turn is this one's: (the holder name to release with, whether
+        another replica held it first — then the session may have changed since it was read)."""
+        holder = f"{self.replica}/{turn_id}"
+        wait, waited = self.FIRST_WAIT_S, False
+        while True:
+            reply = await self.store.ClaimTurn(store_pb.ClaimTurnRequest(
+                session_id=session_id, holder=holder, ttl_seconds=self.ttl_s))
+            if reply.granted:
+                break
+            log.info("session %s: turn held by %s for %.1fs more; waiting", session_id, reply.holder,
+                     reply.expires_in_seconds)
+            waited = True
+            await asyncio.sleep(min(wait, max(0.01, reply.expires_in_seconds)))
+            wait = min(wait * 2, self.MOST_WAIT_S)
+        self._renewing[holder] = asyncio.create_task(self._renew(session_id, holder))
+        return holder, waited
+
+    async def _renew(self, session_id: str, holder: str) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                await self.store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session_id, holder=holder,
+                                                                     ttl_seconds=self.ttl_s))
+            except Exception as exc:  # noqa: BLE001 — the next renewal tries again; the claim may run out
+                log.warning("session %s: renewing the turn's claim failed: %s", session_id, exc)
+
+    async def release(self, session_id: str, holder: str) -> None:
+        task = self._renewing.pop(holder, None)
+        if task is not None:
+            task.cancel()
+        try:
+            await self.store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session_id, holder=holder, release=True))
+        except Exception as exc:  # noqa: BLE001 — unreleased, the claim runs out on its own
+            log.warning("session %s: releasing the turn's claim failed: %s", session_id, exc)

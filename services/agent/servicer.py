@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import uuid
 from contextlib import suppress
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, compressor_pb2 as cpb, session_store_pb2 as store_pb
@@ -15,7 +16,7 @@ from services.agent.events import EventSink
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
-from services.agent.runtime import SessionRuntime
+from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
@@ -45,6 +46,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self.deps = deps
         self.sessions: SessionRuntime[Turn] = SessionRuntime(
             WarmCache(WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024))
+        # Across replicas (when on): the store says whose turn it is.
+        self.claims = TurnClaims(deps.store, deps.settings.turn_claim_ttl_s, uuid.uuid4().hex[:12]) \
+            if deps.settings.turn_claims else None
         self._watchers = SessionWatchers()  # WatchSession's clients, by session
 
     def _metadata(self, context) -> tuple[tuple[str, str], ...]:
@@ -109,13 +113,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     async def _drive(self, turn: Turn, turn_input: TurnInput):
         """Run the turn under the session lock; yields its events until stream_end."""
-        await self.sessions.acquire(turn.session_id)
+        holder, elsewhere = await self._hold(turn.session_id)
         self.sessions.started(turn.session_id, turn)
         turn.sink.announce(turn_started=pb.TurnStarted(text=turn_input.text[:200]))
 
         async def work() -> None:
             try:
-                if self.sessions.generation(turn.session_id) != turn.opened_generation:
+                if elsewhere or self.sessions.generation(turn.session_id) != turn.opened_generation:
                     turn.conv.session = None  # another turn ran while we waited: start from the store
                 try:
                     await turn.run(turn_input)
@@ -124,7 +128,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 await self.sessions.post_turn(turn.session_id, turn.post_turn())
                 await self._keep_warm(turn)
             finally:
-                self.sessions.release(turn.session_id)
+                await self._let_go(turn.session_id, holder)
 
         task = asyncio.create_task(work())
         self.deps.post_turn_tasks.add(task)
@@ -140,6 +144,23 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         finally:
             if not finished:
                 turn.stop.set()  # the client went away: end the turn cooperatively
+
+    async def _hold(self, session_id: str) -> tuple[str, bool]:
+        """The session to one turn: in this process, then (with claims on) across replicas. (The
+        claim's holder, whether another replica's turn ran first.)"""
+        await self.sessions.acquire(session_id)
+        try:
+            return await self.claims.claim(session_id, uuid.uuid4().hex[:8]) if self.claims else ("", False)
+        except BaseException:  # the client left, or the store failed, while waiting
+            self.sessions.release(session_id)
+            raise
+
+    async def _let_go(self, session_id: str, holder: str) -> None:
+        try:
+            if holder and self.claims is not None:
+                await self.claims.release(session_id, holder)
+        finally:
+            self.sessions.release(session_id)
 
     async def RunStream(self, request, context):
         turn = await self._open_turn(request, context)
@@ -192,7 +213,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         window = profile.window(self.deps.settings.ollama_num_ctx)
         sink = EventSink(session.id, publish=self._watchers.publish)
         self.sessions.forget_warm(session.id)
-        async with self.sessions.exclusive(session.id):
+        holder, _ = await self._hold(session.id)
+        try:
             try:
                 async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                         session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model=profile.model,
@@ -203,6 +225,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 raise FailedPrecondition(f"nothing to compact: {exc}") from None
             except Aborted as exc:  # the Compressor's commit lost to a turn's write
                 raise conflict(exc) from None
+        finally:
+            await self._let_go(session.id, holder)
         sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
         yield sink.queue.get_nowait()
 

@@ -251,6 +251,17 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
                                          context_truncated=result.context_truncated)
 
+    async def ClaimTurn(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if not request.holder.strip() or len(request.holder) > 128:
+            raise InvalidArgument("holder", "required, at most 128 characters")
+        if not request.release and not 1 <= request.ttl_seconds <= 3600:
+            raise InvalidArgument("ttl_seconds", f"must be 1–3600 seconds, got {request.ttl_seconds}")
+        granted, holder, left = await self.repo.sessions.claim_turn(identity, session_id, request.holder,
+                                                                    request.ttl_seconds, request.release)
+        return pb.ClaimTurnResponse(granted=granted, holder=holder, expires_in_seconds=left)
+
     def _report(self, report: pb.ModelReport, identity: Identity, context) -> Report:
         """A model report to write with an append, checked as the calls it stands for check theirs."""
         if report.HasField("context_token_count") and report.context_token_count < 0:

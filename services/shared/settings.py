@@ -80,6 +80,10 @@ class Settings:
     # How long the Agent keeps retrying the write that stores a turn's answer (the store restarting).
     reply_write_deadline_s: float = 30.0
     agent_warm_mb: int = 64  # the Agent's warm sessions, at most this many megabytes
+    # Turns claimed in the store so one session never runs two at once across Agent replicas (two
+    # more calls per turn); a dead replica's claim runs out after turn_claim_ttl_s.
+    turn_claims: bool = False
+    turn_claim_ttl_s: int = 30
     # SessionStore
     files_max_bytes: int = 200 * 1024 * 1024
     # One stored message (content, thinking, tool calls, images) at most: a read always holds a
@@ -136,6 +140,8 @@ class Settings:
             db_command_timeout_s=_env_float("PALIMPSEST_DB_COMMAND_TIMEOUT_S", 30.0),
             reply_write_deadline_s=_env_float("PALIMPSEST_REPLY_WRITE_DEADLINE_S", 30.0),
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
+            turn_claims=_env_bool("PALIMPSEST_TURN_CLAIMS", False),
+            turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
             files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
             message_max_bytes=_env_int("PALIMPSEST_MESSAGE_MAX_MB", 16) * 1024 * 1024,
             hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),

@@ -337,6 +337,28 @@ class Sessions:
                                    APPEND_KEY_DAYS)
         return AppendResult(seqs=seqs, revision=updated["revision"], archived=archived, context_truncated=truncated)
 
+    async def claim_turn(self, identity: Identity, session_id: uuid.UUID, holder: str, ttl_seconds: int,
+                         release: bool) -> tuple[bool, str, float]:
+        """(granted, the holder when not, its seconds left). The claim is the holder's when the
+        session's turn is free, expired, or already its own; the revision stays (a claim is not a
+        change to the session, and must not make the holder's next write stale)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await readable(conn, session_id, identity)
+            if release:
+                await conn.execute("UPDATE sessions SET turn_holder = '', turn_until = NULL"
+                                   " WHERE id = $1 AND turn_holder = $2", session_id, holder)
+                return True, "", 0.0
+            row = await fetch_one(conn, """
+                SELECT turn_holder, coalesce(turn_until > now(), false) AS live,
+                       greatest(0, extract(epoch FROM turn_until - now()))::float8 AS left
+                  FROM sessions WHERE id = $1 FOR UPDATE
+                """, session_id)
+            if row["live"] and row["turn_holder"] not in ("", holder):
+                return False, row["turn_holder"], row["left"] or 0.0
+            await conn.execute("UPDATE sessions SET turn_holder = $2, turn_until = now() + make_interval(secs => $3)"
+                               " WHERE id = $1", session_id, holder, float(ttl_seconds))
+            return True, "", float(ttl_seconds)
+
     async def update_session(self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any],
                              expected_revision: int | None) -> asyncpg.Record:
         async with self.pool.acquire() as conn, conn.transaction():
