@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .embed import DIMENSIONS
 from .vocabulary import QWEN3_6, VOCABULARIES
 
 COMPLETION = "completion"
@@ -30,6 +31,9 @@ class ModelSpec:
     # A name in vocabulary.VOCABULARIES; None leaves the tokenizer out of model_info, which is
     # what a client's fallback for unknown vocabularies is tested against.
     vocabulary: str | None = None
+    # Size of the vectors /api/embed answers (model_info "<arch>.embedding_length"); another value
+    # under the same name is what a re-pulled model looks like to an index built before.
+    embedding_length: int = DIMENSIONS
 
     def __post_init__(self) -> None:
         if self.vocabulary is not None and self.vocabulary not in VOCABULARIES:

@@ -404,22 +404,26 @@ class GetSharedResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class SearchMemoryRequest(_message.Message):
-    __slots__ = ("session_id", "query", "limit", "min_similarity")
+    __slots__ = ("session_id", "query", "limit", "min_similarity", "embed_model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIN_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    EMBED_MODEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     query: str
     limit: int
     min_similarity: float
-    def __init__(self, session_id: _Optional[str] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ...) -> None: ...
+    embed_model: str
+    def __init__(self, session_id: _Optional[str] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ..., embed_model: _Optional[str] = ...) -> None: ...
 
 class SearchMemoryResponse(_message.Message):
-    __slots__ = ("chunks",)
+    __slots__ = ("chunks", "semantic")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RawChunk]
-    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ...) -> None: ...
+    semantic: bool
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., semantic: _Optional[bool] = ...) -> None: ...
 
 class PutFileHeader(_message.Message):
     __slots__ = ("session_id", "filename", "kind")

@@ -700,7 +700,7 @@ class Turn:
         try:
             found = await self.deps.store.SearchMemory(store_pb.SearchMemoryRequest(
                 session_id=self.session_id, query=text[:500], limit=max(1, p.memory_recall_k) * 3,
-                min_similarity=p.memory_recall_min_similarity), metadata=self.metadata)
+                min_similarity=p.memory_recall_min_similarity, embed_model=p.embed_model), metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             log.warning("memory recall failed for %s: %s", self.session_id, exc.details())
             return []
