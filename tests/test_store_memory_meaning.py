@@ -74,8 +74,12 @@ async def semantic_store(base_settings, database_url, has_pgvector):
         server = await _start_store(settings, database_url)
         channel = grpc.aio.insecure_channel(server.address)
         running.append((server, channel))
-        return session_store_pb2_grpc.SessionStoreStub(channel)
+        stub = session_store_pb2_grpc.SessionStoreStub(channel)
+        addresses[id(stub)] = server.address
+        return stub
 
+    addresses: dict[int, str] = {}
+    start.address_of = lambda stub: addresses[id(stub)]  # type: ignore[attr-defined]  # services started beside it
     yield start
     for server, channel in running:
         await channel.close()
@@ -217,6 +221,40 @@ async def test_a_profiles_embedding_model_is_indexed_when_searched(semantic_stor
     assert await until(async_equals(lambda: vectors(database_url, session_id, model="tiny"), 5))
     found = await stub.SearchMemory(search(session_id, PARAPHRASE, embed_model="tiny"))
     assert [c.content for c in found.chunks] == [TARGET]
+
+
+async def test_auto_recall_finds_by_meaning(semantic_store, sim, base_settings, profiles_file, database_url):
+    """The Agent's recall before a turn goes through the same SearchMemory ranking: a question in
+    other words brings the compressed-away passage back into the prompt."""
+    from palimpsest.v1 import agent_pb2 as agent_pb, agent_pb2_grpc
+    from services.agent.app import start_agent
+    from services.compressor.app import start_compressor
+
+    stub = await semantic_store(sim)
+    store_address = semantic_store.address_of(stub)
+    compressor = await start_compressor(replace(base_settings, ollama_host=sim.url, store_addr=store_address), port=0)
+    agent = await start_agent(replace(base_settings, ollama_host=sim.url, store_addr=store_address,
+                                      compressor_addr=compressor.address, profiles_path=profiles_file), port=0)
+    try:
+        session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id="small"))).session.id
+        await stub.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
+            common_pb2.Message(role="user", content="[Summary] We looked into last week's incident.", is_summary=True,
+                               explicit_flags=True, is_context=True, is_display=False)]))
+        await stub.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=[
+            common_pb2.RawChunk(content=f"user: {TARGET}; we rotated it at 14:02"),
+            *[common_pb2.RawChunk(content=d) for d in DISTRACTORS]]))
+        assert await until(async_equals(lambda: vectors(database_url, session_id), 5))
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
+                agent_pb.RunStreamRequest(text="Why did our release fail? Postgres credentials lapsed?",
+                                          session_id=session_id))]
+        assert any(e.HasField("stream_end") for e in events)
+        prompt = " ".join(m["content"] for m in sim.bodies()[-1]["messages"])
+        assert "Recalled from earlier" in prompt and "rotated it at 14:02" in prompt
+        assert not any(d in prompt for d in DISTRACTORS)
+    finally:
+        await agent.stop(0)
+        await compressor.stop(0)
 
 
 async def test_a_bad_embedding_model_name_is_invalid_argument(store, profile):
