@@ -27,7 +27,7 @@ import asyncpg
 
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import OllamaClient
-from services.session_store.repository.vectors import MemoryVectors
+from services.session_store.repository.vectors import MemoryVectors, vector_text
 
 log = logging.getLogger("palimpsest.store.semantic")
 
@@ -161,14 +161,31 @@ class MemoryIndex:
         """The session's chunks nearest `vector` at or above the similarity floor, nearest first."""
         model = model or self.model
         try:
-            if self._dimensions.get(model) != len(vector):
-                await self._settle(model, len(vector))
+            await self.settle(model, len(vector))
             return await self.vectors.nearest(session_id, model, vector, limit, self.min_similarity)
         except asyncpg.PostgresError as exc:  # the semantic tier never fails a search
             log.warning("semantic memory search failed (%s): lexical only for this search", exc)
             return None
 
-    async def _settle(self, model: str, dimensions: int) -> None:
+    async def sessions_query(self, query: str, model: str) -> tuple[str, str, int, float] | None:
+        """What ListSessions' meaning branch binds (model, the query's vector, its dimensions, the
+        floor), or None when the tier is off or the embedder does not answer."""
+        vector = await self.embed_query(query, model)
+        if vector is None:
+            return None
+        model = model or self.model
+        try:
+            await self.settle(model, len(vector))
+        except asyncpg.PostgresError as exc:
+            log.warning("semantic session search failed (%s): words only for this search", exc)
+            return None
+        return model, vector_text(vector), len(vector), self.min_similarity
+
+    async def settle(self, model: str, dimensions: int) -> None:
+        """Before vectors of `dimensions` are compared or stored in `model`'s space: a change of
+        size drops the old vectors, which the indexer then rebuilds."""
+        if self._dimensions.get(model) == dimensions:
+            return
         if await self.vectors.settle_dimensions(model, dimensions):
             log.info("embedding model %s now answers %d dimensions: rebuilding its memory index in the background",
                      model, dimensions)
@@ -191,17 +208,29 @@ class MemoryIndex:
                     await asyncio.wait_for(self._wake.wait(), wait)
 
     async def _index_pending(self) -> float | None:
-        """Embed every pending chunk of every space; returns when to try again (None: when poked)."""
+        """Embed every pending chunk and summary of every space; returns when to try again (None:
+        when poked)."""
         retry: float | None = None
         for model in await self.vectors.spaces():
-            while rows := await self.vectors.pending(model, INDEX_BATCH):
-                vectors = await self.embedder.embed(model, [r["content"][:EMBED_CHARS] for r in rows],
-                                                    timeout=INDEX_TIMEOUT_S)
-                if vectors is None:
-                    wait = self.embedder.retry_in(model)
-                    retry = wait if retry is None else min(retry, wait)
+            for pending, store in ((self._pending_chunks, self.vectors.store),
+                                   (self._pending_summaries, self.vectors.store_summaries)):
+                while batch := await pending(model):
+                    keys, texts = batch
+                    vectors = await self.embedder.embed(model, texts, timeout=INDEX_TIMEOUT_S)
+                    if vectors is None:
+                        wait = self.embedder.retry_in(model)
+                        retry = wait if retry is None else min(retry, wait)
+                        break
+                    await self.settle(model, len(vectors[0]))
+                    await store(model, keys, vectors)
+                if retry is not None:
                     break
-                if self._dimensions.get(model) != len(vectors[0]):
-                    await self._settle(model, len(vectors[0]))
-                await self.vectors.store(model, [r["id"] for r in rows], vectors)
         return retry
+
+    async def _pending_chunks(self, model: str) -> tuple[list[Any], list[str]] | None:
+        rows = await self.vectors.pending(model, INDEX_BATCH)
+        return ([r["id"] for r in rows], [r["content"][:EMBED_CHARS] for r in rows]) if rows else None
+
+    async def _pending_summaries(self, model: str) -> tuple[list[Any], list[str]] | None:
+        rows = await self.vectors.pending_summaries(model, INDEX_BATCH)
+        return ([(r["session_id"], r["seq"]) for r in rows], [r["content"][:EMBED_CHARS] for r in rows]) if rows else None

@@ -39,5 +39,20 @@ BEGIN
         PRIMARY KEY (chunk_id, model)
     );
     CREATE INDEX IF NOT EXISTS memory_vectors_session ON memory_vectors (session_id, model);
+    -- Sessions by meaning (ListSessions' query, the session_search tool): each summary a compression
+    -- wrote, embedded; a session matches when one of its summaries is near the query. Sessions never
+    -- compressed have no summary: their words are all still in their messages, which the lexical
+    -- query reads.
+    CREATE TABLE IF NOT EXISTS summary_vectors (
+        session_id uuid   NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        seq        bigint NOT NULL,
+        model      text   NOT NULL REFERENCES memory_vector_spaces (model) ON DELETE CASCADE,
+        embedding  vector NOT NULL,
+        PRIMARY KEY (session_id, seq, model)
+    );
+    -- The indexer's question, "which summaries have no vector yet", without reading every message.
+    CREATE INDEX IF NOT EXISTS session_messages_summaries ON session_messages (session_id, seq) WHERE is_summary;
+    CREATE INDEX IF NOT EXISTS session_messages_archive_summaries
+        ON session_messages_archive (session_id, seq) WHERE is_summary;
 END
 $$;

@@ -56,6 +56,37 @@ _NEAREST_SQL = """
 """
 
 
+# Summaries (hot or archived) without a vector in the space; keyed by (session, seq).
+_PENDING_SUMMARIES_SQL = """
+    SELECT m.session_id, m.seq, m.content
+      FROM (SELECT session_id, seq, content FROM session_messages WHERE is_summary
+            UNION ALL
+            SELECT session_id, seq, content FROM session_messages_archive WHERE is_summary) m
+     WHERE NOT EXISTS (SELECT 1 FROM summary_vectors v
+                        WHERE v.session_id = m.session_id AND v.seq = m.seq AND v.model = $1)
+       AND EXISTS (SELECT 1 FROM memory_vector_spaces s WHERE s.model = $1)
+     ORDER BY m.session_id, m.seq
+     LIMIT $2
+"""
+
+_STORE_SUMMARIES_SQL = """
+    INSERT INTO summary_vectors (session_id, seq, model, embedding)
+    SELECT v.session_id, v.seq, $1, v.embedding::vector
+      FROM unnest($2::uuid[], $3::bigint[], $4::text[]) AS v(session_id, seq, embedding)
+     WHERE EXISTS (SELECT 1 FROM memory_vector_spaces s WHERE s.model = $1)
+       AND EXISTS (SELECT 1 FROM sessions WHERE id = v.session_id)
+    ON CONFLICT (session_id, seq, model) DO NOTHING
+"""
+
+# ListSessions' meaning branch ($m model, $v the query's vector, $d its dimensions, $f the floor):
+# the sessions one of whose summaries is near the query; the caller's visibility filter applies
+# after, as to the lexical branches.
+SESSIONS_NEAR_SQL = (
+    "SELECT session_id FROM summary_vectors WHERE model = {m} AND vector_dims(embedding) = {d}"
+    " AND 1 - (embedding <=> {v}::vector) >= {f}"
+)
+
+
 def vector_text(vector: Sequence[float]) -> str:
     """pgvector's input form."""
     return "[" + ",".join(repr(float(x)) for x in vector) + "]"
@@ -100,8 +131,9 @@ class MemoryVectors:
                 model, dimensions)
             if row is None:
                 return False
-            await conn.execute("DELETE FROM memory_vectors WHERE model = $1 AND vector_dims(embedding) <> $2",
-                               model, dimensions)
+            for table in ("memory_vectors", "summary_vectors"):
+                await conn.execute(f"DELETE FROM {table} WHERE model = $1 AND vector_dims(embedding) <> $2",
+                                   model, dimensions)
             return row["old"] is not None
 
     async def dimensions(self, model: str) -> int | None:
@@ -112,6 +144,14 @@ class MemoryVectors:
 
     async def store(self, model: str, chunk_ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
         await self.pool.execute(_STORE_SQL, model, list(chunk_ids), [vector_text(v) for v in vectors])
+
+    async def pending_summaries(self, model: str, limit: int) -> list[asyncpg.Record]:
+        return await self.pool.fetch(_PENDING_SUMMARIES_SQL, model, limit)
+
+    async def store_summaries(self, model: str, keys: Sequence[tuple[uuid.UUID, int]],
+                              vectors: Sequence[Sequence[float]]) -> None:
+        await self.pool.execute(_STORE_SUMMARIES_SQL, model, [k[0] for k in keys], [k[1] for k in keys],
+                                [vector_text(v) for v in vectors])
 
     async def nearest(self, session_id: uuid.UUID, model: str, vector: Sequence[float], limit: int,
                       min_similarity: float) -> list[dict[str, Any]]:
