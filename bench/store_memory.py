@@ -126,7 +126,7 @@ async def run(args) -> str:
     rng, chatter = random.Random(11), Chatter(seed=11)
     asked = queries(chatter, rng, chunks, calls)
     async with fresh_database(args.server, "memory") as dsn:
-        async with running_store(dsn, embed_model="") as (_, stub):  # the lexical tier alone
+        async with running_store(dsn) as (_, stub):  # the lexical tier alone
             for _ in range(OTHER_SESSIONS):
                 other = (await stub.CreateSession(pb.CreateSessionRequest(profile_id="bench"))).session.id
                 await index(stub, other, chatter, rng, chunks // 4)
