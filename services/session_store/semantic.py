@@ -198,8 +198,11 @@ class MemoryIndex:
             self._wake.clear()
             try:
                 wait = await self._index_pending()
-            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:  # the database away
                 log.warning("memory indexing failed (%s): retrying in %g s", exc, self.embedder.retry_s)
+                wait = self.embedder.retry_s
+            except Exception:  # noqa: BLE001 — anything else must not end indexing for the process's life
+                log.exception("memory indexing failed: retrying in %g s", self.embedder.retry_s)
                 wait = self.embedder.retry_s
             if wait is None:
                 await self._wake.wait()
