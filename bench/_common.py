@@ -104,13 +104,15 @@ async def fresh_database(server: Server, label: str) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def running_store(dsn: str, **overrides) -> AsyncIterator[tuple[object, session_store_pb2_grpc.SessionStoreStub]]:
-    """A real SessionStore on a loopback port 0 against `dsn`, and a stub on a real channel."""
+    """A real SessionStore on a loopback port 0 against `dsn`, and a stub on a real channel.
+    Memory search is lexical unless `embed_model` is given: whatever answers on Ollama's default
+    port must not make a benchmark's numbers (store_memory measures the semantic tier itself)."""
     from services.session_store.app import start_store
     from services.shared.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="palimpsest-bench-files-") as files_root:
         settings = replace(Settings(), database_url=dsn, files_root=Path(files_root), file_sweep_interval_s=3600,
-                           **overrides)
+                           **({"embed_model": ""} | overrides))
         running = await start_store(settings, port=0, dsn=dsn)
         try:
             async with grpc.aio.insecure_channel(running.address) as channel:

@@ -6,12 +6,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .embed import DIMENSIONS
 from .vocabulary import QWEN3_6, VOCABULARIES
 
 COMPLETION = "completion"
 TOOLS = "tools"
 VISION = "vision"
 THINKING = "thinking"
+EMBEDDING = "embedding"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class ModelSpec:
     # A name in vocabulary.VOCABULARIES; None leaves the tokenizer out of model_info, which is
     # what a client's fallback for unknown vocabularies is tested against.
     vocabulary: str | None = None
+    # Size of the vectors /api/embed answers (model_info "<arch>.embedding_length"); another value
+    # under the same name is what a re-pulled model looks like to an index built before.
+    embedding_length: int = DIMENSIONS
 
     def __post_init__(self) -> None:
         if self.vocabulary is not None and self.vocabulary not in VOCABULARIES:
@@ -49,6 +54,11 @@ def default_models() -> dict[str, ModelSpec]:
             vocabulary=QWEN3_6,
         ),
         "summarizer": ModelSpec(context_length=32_768, capabilities=(COMPLETION,), vocabulary=QWEN3_6),
+        # What `ollama pull nomic-embed-text` serves: /api/embed only (vectors from embed.py).
+        "nomic-embed-text": ModelSpec(
+            context_length=2_048, capabilities=(EMBEDDING,), architecture="nomic-bert", parameter_size="137M",
+            quantization_level="F16", size=274_000_000,
+        ),
         "tiny": ModelSpec(
             context_length=8_192,
             capabilities=(COMPLETION, TOOLS),

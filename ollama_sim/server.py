@@ -94,6 +94,8 @@ class OllamaSimulator:
         self._chats: list[ChatRecord] = []
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()
+        self._embed_status: int | None = None
+        self._embed_delay = 0.0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -158,6 +160,12 @@ class OllamaSimulator:
         """Answer unscripted requests with ``responder(body)`` (None: the default echo)."""
         with self._lock:
             self._responder = responder or chat.default_reply
+
+    def set_embed_fault(self, status: int | None = None, delay: float = 0.0) -> None:
+        """/api/embed answers `status` with an error (an overloaded or broken Ollama), or only
+        after `delay` seconds (a slow one); both None/0: answers normally again."""
+        with self._lock:
+            self._embed_status, self._embed_delay = status, delay
 
     @property
     def pending(self) -> int:
@@ -317,6 +325,7 @@ def _show_payload(spec: ModelSpec, verbose: bool) -> bytes:
         "general.architecture": arch,
         "general.parameter_count": 0,
         f"{arch}.context_length": spec.context_length,
+        f"{arch}.embedding_length": spec.embedding_length,
     }
     if spec.vocabulary is not None:
         model_info.update(tokenizer_metadata(spec.vocabulary, arrays=verbose))
@@ -422,7 +431,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _embed(self, body: JsonObject) -> tuple[int, JsonObject]:
         name = str(body.get("model") or "")
-        if self.sim.resolve(name) is None:
+        with self.sim._lock:
+            status, delay = self.sim._embed_status, self.sim._embed_delay
+        try:
+            self._pause(delay)
+        except (_ClientGone, _Stopping):  # the client gave up waiting: nobody reads an answer
+            return HTTPStatus.SERVICE_UNAVAILABLE, {"error": "client gone"}
+        if status is not None:
+            return _error(status, "embedding failed (scripted)")
+        spec = self.sim.resolve(name)
+        if spec is None:
             return _error(HTTPStatus.NOT_FOUND, f"model '{name}' not found")
         raw = body.get("input", [])
         inputs = [raw] if isinstance(raw, str) else raw
@@ -430,7 +448,7 @@ class _Handler(BaseHTTPRequestHandler):
             return _error(HTTPStatus.BAD_REQUEST, "invalid input type")
         return HTTPStatus.OK, {
             "model": name,
-            "embeddings": [embed_text(text) for text in inputs],
+            "embeddings": [embed_text(text, spec.embedding_length) for text in inputs],
             "total_duration": chat.LOAD_DURATION_NS,
             "load_duration": chat.LOAD_DURATION_NS,
             "prompt_eval_count": sum(count_text_tokens(text) for text in inputs),

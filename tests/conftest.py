@@ -69,8 +69,10 @@ def _test_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def base_settings(tmp_path_factory) -> Settings:
     root = tmp_path_factory.mktemp("files")
+    # No embedding model: the shared stores search memory lexically, whatever answers on
+    # 127.0.0.1:11434; tests of the semantic tier start stores of their own on the simulator.
     return replace(Settings(), files_root=root, data_dir=_test_data_dir(), jwt_secret=JWT_SECRET,
-                   file_sweep_interval_s=3600)
+                   file_sweep_interval_s=3600, embed_model="")
 
 
 async def _start_store(settings: Settings, dsn: str):

@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from ollama_sim import OllamaSimulator, Reply, count_prompt_tokens, count_text_tokens, render_prompt
+from ollama_sim.embed import DIMENSIONS
 from ollama_sim.prompt import tokenizer
 
 METRICS = {
@@ -425,6 +426,25 @@ def test_embed_is_deterministic_unit_vectors_and_similarity_aware(sim: OllamaSim
     assert single["embeddings"] == [vectors[0]]
 
 
+def test_embed_places_a_paraphrase_near_its_target(sim: OllamaSimulator) -> None:
+    """What search by meaning is tested with: a paraphrase sharing no word with its target is
+    nearer to it than texts that share words but not the meaning."""
+    target = "The deploy crashed because the database password expired"
+    paraphrase = "release failure: postgres credentials lapsed"
+    same_words = "The deploy notes list every database table and the password policy document"
+    answer = post(sim, "/api/embed", {"model": "nomic-embed-text", "input": [target, paraphrase, same_words]}).json()
+    a, b, c = answer["embeddings"]
+
+    def cosine(x: list[float], y: list[float]) -> float:
+        return sum(p * q for p, q in zip(x, y, strict=True))
+
+    assert not set(paraphrase.lower().split()) & set(target.lower().split())
+    assert cosine(a, b) > 0.9 > cosine(b, c)
+    # An embedding-only model, as Ollama serves one: /api/embed yes, /api/chat no.
+    refused = post(sim, "/api/chat", {"model": "nomic-embed-text", "messages": [{"role": "user", "content": "hi"}]})
+    assert refused.status_code == 400
+
+
 def test_custom_models() -> None:
     from ollama_sim import ModelSpec
 
@@ -519,7 +539,7 @@ def test_official_client_show_list_embed(sim: OllamaSimulator) -> None:
     assert show.capabilities is not None and "vision" in show.capabilities
     assert {m.model for m in client.list().models} >= {"qwen3.6:latest", "tiny:latest"}
     embedded = client.embed(model="qwen3.6", input=["a", "b"])
-    assert len(embedded.embeddings) == 2 and len(embedded.embeddings[0]) == 64
+    assert len(embedded.embeddings) == 2 and len(embedded.embeddings[0]) == DIMENSIONS
 
 
 async def test_official_async_client_streams(sim: OllamaSimulator) -> None:

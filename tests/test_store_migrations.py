@@ -22,6 +22,8 @@ PREVIOUS_RELEASE_STARTUP_DDL = (
 PREVIOUS_RELEASE = 8
 TABLES = {"schema_migrations", "sessions", "session_messages", "session_messages_archive", "memory_chunks",
           "session_shares", "calibration_observations", "session_baselines", "applied_appends"}
+# Made only where pgvector is available (0011); without it memory search is lexical.
+VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors"}
 TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm",
                    "memory_chunks_content_trgm"}
 
@@ -67,6 +69,10 @@ async def schema(pool: asyncpg.Pool) -> dict[str, list[tuple]]:
     return found
 
 
+async def vector_available(pool: asyncpg.Pool) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'"))
+
+
 async def trigram_available(pool: asyncpg.Pool) -> bool:
     return bool(await pool.fetchval("SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_trgm'"))
 
@@ -76,7 +82,7 @@ async def test_migrating_from_empty_gives_the_whole_schema(database_url):
         await db.migrate(pool)
         migrated = await schema(pool)
         tables = {table for table, *_ in migrated["columns"]}
-        assert tables == TABLES
+        assert tables == TABLES | (VECTOR_TABLES if await vector_available(pool) else set())
         assert [version for version, _ in migrated["migrations"]] == [v for v, _, _ in db._migrations()]
         indexes = {name for _, name, _ in migrated["indexes"]}
         assert {"memory_chunks_tsv", "memory_chunks_breadcrumbs", "sessions_owner_last_active",

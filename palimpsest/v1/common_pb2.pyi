@@ -171,7 +171,7 @@ class SessionSummary(_message.Message):
     def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., display_message_count: _Optional[int] = ..., preview: _Optional[str] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class RawChunk(_message.Message):
-    __slots__ = ("id", "session_id", "content", "content_hash", "turn_range", "first_at", "last_at", "breadcrumbs", "score")
+    __slots__ = ("id", "session_id", "content", "content_hash", "turn_range", "first_at", "last_at", "breadcrumbs", "score", "similarity")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,7 @@ class RawChunk(_message.Message):
     LAST_AT_FIELD_NUMBER: _ClassVar[int]
     BREADCRUMBS_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     id: int
     session_id: str
     content: str
@@ -190,7 +191,8 @@ class RawChunk(_message.Message):
     last_at: _timestamp_pb2.Timestamp
     breadcrumbs: _containers.RepeatedScalarFieldContainer[str]
     score: float
-    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., turn_range: _Optional[_Union[SeqRange, _Mapping]] = ..., first_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ...) -> None: ...
+    similarity: float
+    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., turn_range: _Optional[_Union[SeqRange, _Mapping]] = ..., first_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
 
 class FileInfo(_message.Message):
     __slots__ = ("name", "path", "size", "sha256", "content_type")

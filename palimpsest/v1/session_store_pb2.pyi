@@ -88,30 +88,34 @@ class GetSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[_common_pb2.Session, _Mapping]] = ..., has_more_messages: _Optional[bool] = ..., has_more_context: _Optional[bool] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("profile_id", "query", "sort_by", "descending", "page_size", "offset")
+    __slots__ = ("profile_id", "query", "sort_by", "descending", "page_size", "offset", "embed_model")
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SORT_BY_FIELD_NUMBER: _ClassVar[int]
     DESCENDING_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EMBED_MODEL_FIELD_NUMBER: _ClassVar[int]
     profile_id: str
     query: str
     sort_by: SortBy
     descending: bool
     page_size: int
     offset: int
-    def __init__(self, profile_id: _Optional[str] = ..., query: _Optional[str] = ..., sort_by: _Optional[_Union[SortBy, str]] = ..., descending: _Optional[bool] = ..., page_size: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    embed_model: str
+    def __init__(self, profile_id: _Optional[str] = ..., query: _Optional[str] = ..., sort_by: _Optional[_Union[SortBy, str]] = ..., descending: _Optional[bool] = ..., page_size: _Optional[int] = ..., offset: _Optional[int] = ..., embed_model: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
-    __slots__ = ("sessions", "total", "has_more")
+    __slots__ = ("sessions", "total", "has_more", "semantic")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SessionSummary]
     total: int
     has_more: bool
-    def __init__(self, sessions: _Optional[_Iterable[_Union[_common_pb2.SessionSummary, _Mapping]]] = ..., total: _Optional[int] = ..., has_more: _Optional[bool] = ...) -> None: ...
+    semantic: bool
+    def __init__(self, sessions: _Optional[_Iterable[_Union[_common_pb2.SessionSummary, _Mapping]]] = ..., total: _Optional[int] = ..., has_more: _Optional[bool] = ..., semantic: _Optional[bool] = ...) -> None: ...
 
 class SearchMatchesRequest(_message.Message):
     __slots__ = ("session_ids", "query")
@@ -426,22 +430,26 @@ class GetSharedResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., profile_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class SearchMemoryRequest(_message.Message):
-    __slots__ = ("session_id", "query", "limit", "min_similarity")
+    __slots__ = ("session_id", "query", "limit", "min_similarity", "embed_model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIN_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    EMBED_MODEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     query: str
     limit: int
     min_similarity: float
-    def __init__(self, session_id: _Optional[str] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ...) -> None: ...
+    embed_model: str
+    def __init__(self, session_id: _Optional[str] = ..., query: _Optional[str] = ..., limit: _Optional[int] = ..., min_similarity: _Optional[float] = ..., embed_model: _Optional[str] = ...) -> None: ...
 
 class SearchMemoryResponse(_message.Message):
-    __slots__ = ("chunks",)
+    __slots__ = ("chunks", "semantic")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RawChunk]
-    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ...) -> None: ...
+    semantic: bool
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., semantic: _Optional[bool] = ...) -> None: ...
 
 class PutFileHeader(_message.Message):
     __slots__ = ("session_id", "filename", "kind")

@@ -52,6 +52,8 @@ class Profile:
     memory_recall_enabled: bool = True
     memory_recall_k: int = 2
     memory_recall_min_similarity: float = 0.3
+    # The embedding model memory search ranks by meaning with; "": the store's (PALIMPSEST_EMBED_MODEL).
+    embed_model: str = ""
     # Compression overrides (None: the Compressor's settings)
     compression_enabled: bool = True
     compression_threshold: float | None = None

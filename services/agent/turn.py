@@ -705,7 +705,7 @@ class Turn:
         try:
             found = await self.deps.store.SearchMemory(store_pb.SearchMemoryRequest(
                 session_id=self.session_id, query=text[:500], limit=max(1, p.memory_recall_k) * 3,
-                min_similarity=p.memory_recall_min_similarity))
+                min_similarity=p.memory_recall_min_similarity, embed_model=p.embed_model))
         except PalimpsestError as exc:
             log.warning("memory recall failed for %s: %s", self.session_id, exc)
             return []

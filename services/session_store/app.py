@@ -12,7 +12,10 @@ from services.shared.settings import Settings
 from services.session_store import db, share_links
 from services.session_store.files import FileStore
 from services.session_store.repository import HotWindow, Quotas, SessionRepository
+from services.session_store.repository.vectors import MemoryVectors
+from services.session_store.semantic import Embedder, MemoryIndex
 from services.session_store.servicer import SessionStoreServicer
+from services.shared.ollama import OllamaClient
 
 log = logging.getLogger("palimpsest.store")
 
@@ -45,6 +48,10 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
 
 
 async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None) -> RunningServer:
+    if settings.embed_retry_s <= 0 or settings.embed_timeout_s <= 0:
+        raise SystemExit("PALIMPSEST_EMBED_RETRY_S and PALIMPSEST_EMBED_TIMEOUT_S must be positive")
+    if not 0 <= settings.embed_min_similarity < 1:
+        raise SystemExit(f"PALIMPSEST_EMBED_MIN_SIMILARITY must be in [0, 1), got {settings.embed_min_similarity}")
     if settings.message_max_bytes > settings.read_budget_bytes:
         raise SystemExit(f"PALIMPSEST_MESSAGE_MAX_MB ({settings.message_max_bytes // 2**20}) must not pass half of "
                          f"PALIMPSEST_MAX_MESSAGE_BYTES ({settings.read_budget_bytes:,} bytes): every read must hold "
@@ -56,12 +63,19 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
     repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
                              share_key=share_key, quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes))
     files = FileStore(settings.files_root, max_bytes=settings.files_max_bytes)
-    servicer = SessionStoreServicer(repo, files, settings)
+    ollama = OllamaClient(settings.ollama_host)
+    memory_index = MemoryIndex(MemoryVectors(pool), Embedder(ollama, retry_s=settings.embed_retry_s),
+                               model=settings.embed_model, query_timeout_s=settings.embed_timeout_s,
+                               min_similarity=settings.embed_min_similarity, where=f"PostgreSQL at {db.where(url)}")
+    await memory_index.start()
+    servicer = SessionStoreServicer(repo, files, settings, memory_index)
     sweeper = asyncio.create_task(sweep_files_forever(files, repo, settings.file_sweep_interval_s))
 
     background = [sweeper]
 
     async def on_stop() -> None:
+        await memory_index.stop()
+        await ollama.aclose()
         for task in background:
             task.cancel()
             with suppress(asyncio.CancelledError):

@@ -194,6 +194,7 @@ def chunk_from_row(row) -> common_pb2.RawChunk:
         turn_range=common_pb2.SeqRange(first=row["first_seq"], last=row["last_seq"]),
         breadcrumbs=list(row["breadcrumbs"] or []),
         score=float(row["score"]) if "score" in row.keys() and row["score"] is not None else 0.0,
+        similarity=float(row["similarity"]) if "similarity" in row.keys() and row["similarity"] is not None else 0.0,
     )
     if row["first_at"]:
         chunk.first_at.CopyFrom(timestamp(row["first_at"]))

@@ -24,12 +24,15 @@ from services.session_store.repository import SessionRepository
 from services.session_store.repository.access import parse_session_id
 from services.session_store.repository.sessions import Report
 from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
+from services.session_store.semantic import MemoryIndex
 
 log = logging.getLogger("palimpsest.store")
 
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
 FILE_CHUNK = 64 * 1024
+# Ollama's model names ("nomic-embed-text", "hf.co/org/repo:Q4_K_M") are far shorter.
+MAX_MODEL_NAME = 200
 
 _SORT_NAMES = {
     pb.SORT_BY_UNSPECIFIED: "last_active",
@@ -146,10 +149,19 @@ def _expected(request) -> int | None:
 
 
 class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
-    def __init__(self, repo: SessionRepository, files: FileStore, settings: Settings):
+    def __init__(self, repo: SessionRepository, files: FileStore, settings: Settings,
+                 memory_index: MemoryIndex | None = None):
         self.repo = repo
         self.files = files
         self.settings = settings
+        # The semantic tier of memory search; None (or not enabled): lexical only.
+        self.memory_index = memory_index
+
+    def _chunks_committed(self) -> None:
+        """New chunks (or a summary) are stored: the indexer embeds them in the background, after
+        the commit, so an embedder that is down or slow never fails or slows the write."""
+        if self.memory_index is not None:
+            self.memory_index.poke()
 
     def _identity(self, context: grpc.aio.ServicerContext) -> Identity:
         return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
@@ -198,19 +210,25 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.offset < 0:
             raise InvalidArgument("offset", "must not be negative")
         limit = page_size(request.page_size, "page_size")
+        query = request.query.strip()
+        embed_model = checked_model(request.embed_model)
+        meaning = (await self.memory_index.sessions_query(query, embed_model)
+                   if query and self.memory_index is not None else None)
         rows, total = await self.repo.sessions.list_sessions(
             identity,
             profile_id=request.profile_id,
-            query=request.query.strip(),
+            query=query,
             sort_by=_SORT_NAMES[request.sort_by],
             descending=request.descending if request.HasField("descending") else True,
             limit=limit,
             offset=request.offset,
+            meaning=meaning,
         )
         return pb.ListSessionsResponse(
             sessions=[convert.summary_from_row(r) for r in rows],
             total=total,
             has_more=request.offset + len(rows) < total,
+            semantic=meaning is not None,
         )
 
     async def SearchMatches(self, request, context):
@@ -357,6 +375,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             expected_revision=_expected(request),
             archive=request.archive,
         )
+        if result.get("chunks_indexed") or result.get("summary_seq"):
+            self._chunks_committed()
         return pb.CommitCompressionResponse(**result)
 
     async def ArchiveOldMessages(self, request, context):
@@ -430,9 +450,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         limit = page_size(request.limit, "limit", default=5, maximum=50)
         if not 0 <= request.min_similarity <= 1:
             raise InvalidArgument("min_similarity", "must be between 0 and 1")
-        rows = await self.repo.memory.search_memory(identity, session_id, request.query.strip(), limit,
-                                                    request.min_similarity)
-        return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows])
+        embed_model = checked_model(request.embed_model)
+        rows, semantic = await self.repo.memory.search_memory(identity, session_id, request.query.strip(), limit,
+                                                              request.min_similarity, self.memory_index, embed_model)
+        return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows], semantic=semantic)
 
     async def IndexChunks(self, request, context):
         identity = self._identity(context)
@@ -440,7 +461,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
                 raise InvalidArgument(f"chunks[{i}].content", "required")
-        return pb.IndexChunksResponse(indexed=await self.repo.memory.index_chunks(identity, session_id, request.chunks))
+        indexed = await self.repo.memory.index_chunks(identity, session_id, request.chunks)
+        if indexed:
+            self._chunks_committed()
+        return pb.IndexChunksResponse(indexed=indexed)
 
     # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(self, request, context):
@@ -579,6 +603,15 @@ def without_session_id(message: common_pb2.Message, session_id: str) -> common_p
     for call in copy.tool_calls:
         call.arguments_json = call.arguments_json.replace(session_id, SHARED_ID_MASK)
     return copy
+
+
+def checked_model(raw: str) -> str:
+    """An `embed_model` field: empty (the store's), or an Ollama model name."""
+    model = raw.strip()
+    if len(model) > MAX_MODEL_NAME or any(c.isspace() or not c.isprintable() for c in model):
+        raise InvalidArgument("embed_model", f"must be an Ollama model name (at most {MAX_MODEL_NAME} "
+                                             "characters, no spaces)")
+    return model
 
 
 SHARED_ID_MASK = "[this session]"

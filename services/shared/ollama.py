@@ -159,6 +159,26 @@ class OllamaClient:
                 return str(entry.get("digest") or "")
         return ""
 
+    async def embed(self, model: str, texts: Sequence[str], *, timeout: float) -> list[list[float]]:
+        """/api/embed: one vector per text, in order. ``truncate`` (Ollama's default, said
+        explicitly): a text longer than the model's window is cut, not refused, so one long chunk
+        never blocks the others. A short ``timeout`` of its own: an embedding sits on a search's
+        path, where a slow embedder must cost little."""
+        try:
+            response = await self._http.post("/api/embed", json={"model": model, "input": list(texts), "truncate": True},
+                                             timeout=timeout)
+        except httpx.TransportError as exc:  # timeouts included
+            raise _not_running(self.host) from exc
+        if response.status_code != 200:
+            raise _error_for(response.status_code, response.text, model, self.host)
+        try:
+            vectors = response.json()["embeddings"]
+        except (ValueError, KeyError, TypeError):
+            raise Unavailable(f"Ollama at {self.host} answered /api/embed without embeddings") from None
+        if not isinstance(vectors, list) or len(vectors) != len(texts):
+            raise Unavailable(f"Ollama at {self.host} answered {len(texts)} texts with a different number of embeddings")
+        return vectors
+
     @staticmethod
     def chat_body(
         model: str,

@@ -97,6 +97,13 @@ class Settings:
     owner_max_bytes: int = 10 * 1024 * 1024 * 1024
     # Share links are derived from this key; empty: the key in <data_dir>/share.key, made once.
     share_key: str = ""
+    # Memory search by meaning (the store embeds chunks with Ollama's /api/embed; "" turns it off).
+    embed_model: str = "nomic-embed-text"
+    embed_timeout_s: float = 2.0
+    embed_retry_s: float = 30.0
+    # The cosine similarity below which a chunk is not counted as near in meaning: about what
+    # unrelated texts reach with the model (nomic-embed-text: 0.4–0.5).
+    embed_min_similarity: float = 0.5
     # Compression (seed defaults)
     compression_enabled: bool = True
     compression_threshold: float = 0.90
@@ -148,6 +155,10 @@ class Settings:
             hot_window_bytes=_env_int("PALIMPSEST_HOT_WINDOW_MB", 32) * 1024 * 1024,
             file_sweep_interval_s=_env_float("PALIMPSEST_FILE_SWEEP_INTERVAL_S", 3600.0),
             share_key=_env("PALIMPSEST_SHARE_KEY", ""),
+            embed_model=_env("PALIMPSEST_EMBED_MODEL", "nomic-embed-text").strip(),
+            embed_timeout_s=_env_float("PALIMPSEST_EMBED_TIMEOUT_S", 2.0),
+            embed_retry_s=_env_float("PALIMPSEST_EMBED_RETRY_S", 30.0),
+            embed_min_similarity=_env_float("PALIMPSEST_EMBED_MIN_SIMILARITY", 0.5),
             owner_max_sessions=_env_int("PALIMPSEST_OWNER_MAX_SESSIONS", 10_000),
             owner_max_bytes=_env_int("PALIMPSEST_OWNER_MAX_MB", 10 * 1024) * 1024 * 1024,
             compression_enabled=_env_bool("CONTEXT_COMPRESSION_ENABLED", True),

@@ -51,7 +51,8 @@ class MemorySearchTool:
     parameters = {
         "type": "object",
         "properties": {
-            "query": {"type": "string", "description": "Words that the passage you need contains."},
+            "query": {"type": "string",
+                      "description": "What the passage you need says: its words, or the same thing in other words."},
             "limit": {"type": "integer", "description": f"Passages to return, 1 to {MAX_LIMIT} (default 5)."},
         },
         "required": ["query"],
@@ -67,7 +68,7 @@ class MemorySearchTool:
             return error("memory_search: this run has no stored session, so there is no earlier history to search.")
         reply = await ctx.store.SearchMemory(
             store_pb.SearchMemoryRequest(session_id=ctx.session_id, query=query, limit=limit,
-                                         min_similarity=MIN_SIMILARITY))
+                                         min_similarity=MIN_SIMILARITY, embed_model=ctx.profile.embed_model))
         chunks = list(reply.chunks)
         return ToolResult(content=render_chunks(query, chunks), untrusted=ctx.untrusted,
                           metadata={"matches": len(chunks)})

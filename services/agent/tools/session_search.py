@@ -71,7 +71,7 @@ class SessionSearchTool:
     name = "session_search"
     description = (
         "Recall the user's past sessions. action=list: recent sessions. action=search with `query`: sessions "
-        "whose messages mention it, with a snippet. action=find with `query`: sessions whose name or task "
+        "whose messages mention it, or whose summaries are about it in other words, with a snippet. action=find with `query`: sessions whose name or task "
         "matches. action=get with `session_id`: read that session's conversation (use it after search/find)."
     )
     parameters = {
@@ -108,7 +108,8 @@ class SessionSearchTool:
     @staticmethod
     async def _summaries(ctx: ToolContext, query: str, page_size: int) -> store_pb.ListSessionsResponse:
         return await ctx.store.ListSessions(
-            store_pb.ListSessionsRequest(query=query, sort_by=store_pb.SORT_BY_LAST_ACTIVE, page_size=page_size))
+            store_pb.ListSessionsRequest(query=query, sort_by=store_pb.SORT_BY_LAST_ACTIVE, page_size=page_size,
+                                         embed_model=ctx.profile.embed_model))
 
     async def _list(self, ctx: ToolContext, limit: int) -> str:
         reply = await self._summaries(ctx, "", limit)
@@ -135,8 +136,10 @@ class SessionSearchTool:
                 more = "…" if len(match.display_indices) > 10 else ""
                 lines.append(f"    {len(match.display_indices)} matching messages (at {positions}{more}): "
                              f"{shorten(match.snippet.strip(), 300)}")
-            else:
+            elif query.casefold() in s.name.casefold():
                 lines.append("    (matched by its name)")
+            else:  # the store's semantic tier: a summary of it is near the query, in other words
+                lines.append("    (matched by meaning: one of its summaries is about this)")
         lines.append("Read one with action=get and its session_id.")
         return "\n".join(lines)
 

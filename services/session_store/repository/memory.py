@@ -5,12 +5,13 @@ Append-only; one row per distinct content per session (UNIQUE (session_id, conte
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -112,19 +113,66 @@ class MemoryChunks:
             return await insert_chunks(conn, session_id, chunks)
 
     async def search_memory(self, identity: Identity, session_id: uuid.UUID, query: str, limit: int,
-                            min_similarity: float) -> list[dict[str, Any]]:
-        """Chunks ranked by how much of the query they hold; a verbatim hit (an id, a path) first.
+                            min_similarity: float, semantic: SemanticTier | None = None,
+                            embed_model: str = "") -> tuple[list[dict[str, Any]], bool]:
+        """Chunks ranked by how much of the query they hold, and by meaning when the semantic tier
+        answers; a verbatim hit (an id, a path) first. Also whether the semantic tier ranked them.
 
-        Indexes pick the candidates (CANDIDATES_SQL: any query word, the query as a substring or a
-        breadcrumb), at most MEMORY_CANDIDATES_PER_RESULT per result; the final score is computed
-        over those few."""
+        Indexes pick the lexical candidates (CANDIDATES_SQL: any query word, the query as a
+        substring or a breadcrumb), at most MEMORY_CANDIDATES_PER_RESULT per result; the final
+        score is computed over those few. The query is embedded while they are read."""
         async with self.pool.acquire() as conn:
             await readable(conn, session_id, identity)
-            rows = await conn.fetch(CANDIDATES_SQL, session_id, *candidate_arguments(query, limit))
-        scored = [(memory_score(query, row["content"], row["breadcrumbs"]), row) for row in rows]
-        scored = [(score, row) for score, row in scored if score > 0 and score >= min_similarity]
-        scored.sort(key=lambda pair: (-pair[0], pair[1]["id"]))
-        return [dict(row) | {"score": score} for score, row in scored[:limit]]
+            embedding = (asyncio.create_task(semantic.embed_query(query[:MEMORY_QUERY_CHARS], embed_model))
+                         if semantic is not None else None)
+            try:
+                rows = await conn.fetch(CANDIDATES_SQL, session_id, *candidate_arguments(query, limit))
+            except BaseException:
+                if embedding is not None:
+                    embedding.cancel()
+                raise
+        lexical = {row["id"]: memory_score(query, row["content"], row["breadcrumbs"]) for row in rows}
+        near: list[dict[str, Any]] | None = None
+        vector = await embedding if embedding is not None else None
+        if semantic is not None and vector is not None:
+            near = await semantic.nearest(session_id, embed_model, vector, limit * MEMORY_CANDIDATES_PER_RESULT)
+        similarity = {row["id"]: row["similarity"] for row in near or ()}
+        chunks = {row["id"]: dict(row) for row in [*rows, *(near or ())]}
+        ranked = rank_together(lexical, meaning_scores(similarity, semantic.min_similarity if semantic else 0.0),
+                               limit, min_similarity)
+        return ([{k: v for k, v in chunks[i].items() if k != "similarity"}
+                 | {"score": score, "similarity": similarity.get(i, 0.0)} for i, score in ranked],
+                near is not None)
+
+
+class SemanticTier(Protocol):
+    """What memory search needs of the semantic tier (services.session_store.semantic.MemoryIndex)."""
+
+    min_similarity: float
+
+    async def embed_query(self, query: str, model: str) -> list[float] | None: ...
+
+    async def nearest(self, session_id: uuid.UUID, model: str, vector: Sequence[float],
+                      limit: int) -> list[dict[str, Any]] | None: ...
+
+
+def meaning_scores(similarity: Mapping[int, float], floor: float) -> dict[int, float]:
+    """Cosine similarities rescaled to what they add to a chunk's score: 0 at the floor (the
+    similarity unrelated texts reach with the embedding model), 1 for the same meaning. Raw cosines
+    would lift every chunk by about the floor and drown the lexical evidence."""
+    span = 1.0 - floor
+    return {i: (s - floor) / span if span > 0 else 1.0 for i, s in similarity.items() if s >= floor}
+
+
+def rank_together(lexical: Mapping[int, float], meaning: Mapping[int, float], limit: int,
+                  min_score: float) -> list[tuple[int, float]]:
+    """(chunk id, score), best first: the lexical score (memory_score, 0–2) plus the meaning
+    score (0–1). Without meaning scores this is the lexical tier's own order. A whole-token
+    verbatim hit scores at least 2, which meaning alone (at most 1 plus a partial word share
+    below 1) never reaches: an exact id or path stays first."""
+    scores = {i: lexical.get(i, 0.0) + meaning.get(i, 0.0) for i in lexical.keys() | meaning.keys()}
+    kept = sorted(((s, i) for i, s in scores.items() if s > 0 and s >= min_score), key=lambda p: (-p[0], p[1]))
+    return [(i, s) for s, i in kept[:limit]]
 
 
 def whole_token_pattern(query: str) -> str:

@@ -25,6 +25,7 @@ from services.session_store.repository.access import (
 )
 from services.session_store.repository.calibration import forget_baseline, insert_observation, write_baseline
 from services.session_store.repository.memory import insert_chunks
+from services.session_store.repository.vectors import SESSIONS_NEAR_SQL
 from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
 from services.session_store.repository.usage import OwnerUsage
 
@@ -196,7 +197,10 @@ class Sessions:
         descending: bool,
         limit: int,
         offset: int,
+        meaning: tuple[str, str, int, float] | None = None,
     ) -> tuple[list[asyncpg.Record], int]:
+        """``meaning``: (model, the query's vector, its dimensions, the floor) to match sessions by
+        their summaries too (MemoryIndex.sessions_query); None: words only."""
         params: list[Any] = []
         where = [visible(identity, params)]
         if profile_id:
@@ -206,12 +210,17 @@ class Sessions:
         if query:
             params.append(like_pattern(query))
             p = f"${len(params)}"
+            near = ""
+            if meaning is not None:
+                params.extend(meaning)
+                m, v, d, f = (f"${len(params) - i}" for i in (3, 2, 1, 0))
+                near = " UNION " + SESSIONS_NEAR_SQL.format(m=m, v=v, d=d, f=f)
             # The matching ids are collected once, each branch on its own trigram index, and the
             # page and its total come from one pass (no second search for count(*)).
             source = (
                 f"(SELECT id FROM sessions WHERE name ILIKE {p}"
                 f" UNION SELECT session_id FROM session_messages WHERE is_display AND content ILIKE {p}"
-                f" UNION SELECT session_id FROM session_messages_archive WHERE is_display AND content ILIKE {p})"
+                f" UNION SELECT session_id FROM session_messages_archive WHERE is_display AND content ILIKE {p}{near})"
                 " matched JOIN sessions s ON s.id = matched.id"
             )
         where_sql = " AND ".join(where)

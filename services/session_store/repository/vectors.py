@@ -1,0 +1,160 @@
+"""Memory vectors: the embeddings of memory chunks, one per (chunk, embedding model), on pgvector.
+
+The tables exist only where migration 0011 could create pgvector (`available`); nothing here is
+called otherwise. Vectors travel as pgvector's text form ('[0.1,0.2]'), so no client-side codec
+is needed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+# A profile's embedding model that no search asked for in this long is dropped with its vectors.
+PROFILE_SPACE_DAYS = 30
+
+# The chunks of a space's sessions not embedded in it yet, newest first: what was just compressed
+# away is what the next turns are likeliest to recall.
+_PENDING_SQL = """
+    SELECT c.id, c.session_id, c.content
+      FROM memory_chunks c
+     WHERE NOT EXISTS (SELECT 1 FROM memory_vectors v WHERE v.chunk_id = c.id AND v.model = $1)
+       AND EXISTS (SELECT 1 FROM memory_vector_spaces s WHERE s.model = $1)  -- dropped meanwhile: none
+     ORDER BY c.id DESC
+     LIMIT $2
+"""
+
+# ON CONFLICT: another replica (or a retry) embedded the chunk meanwhile. The JOIN skips a chunk
+# deleted (its session cleaned up) between reading and storing it; EXISTS, a space dropped
+# meanwhile (the foreign key catches the last race, as an error the indexer retries after).
+_STORE_SQL = """
+    INSERT INTO memory_vectors (chunk_id, model, session_id, embedding)
+    SELECT c.id, $1, c.session_id, v.embedding::vector
+      FROM unnest($2::bigint[], $3::text[]) AS v(chunk_id, embedding)
+      JOIN memory_chunks c ON c.id = v.chunk_id
+     WHERE EXISTS (SELECT 1 FROM memory_vector_spaces s WHERE s.model = $1)
+    ON CONFLICT (chunk_id, model) DO NOTHING
+"""
+
+# A session's chunks nearest the query in one space: an exact scan of the session's vectors
+# (memory_vectors_session), cosine distance `<=>`. The dimension filter keeps a search that races a
+# rebuild from comparing vectors of two sizes (pgvector would raise).
+_NEAREST_SQL = """
+    SELECT c.id, c.session_id, c.content, c.content_hash, c.first_seq, c.last_seq, c.first_at, c.last_at,
+           c.breadcrumbs, n.similarity
+      FROM (SELECT chunk_id, 1 - (embedding <=> $3::vector) AS similarity
+              FROM memory_vectors
+             WHERE session_id = $1 AND model = $2 AND vector_dims(embedding) = $4
+             ORDER BY embedding <=> $3::vector, chunk_id
+             LIMIT $5) n
+      JOIN memory_chunks c ON c.id = n.chunk_id
+     WHERE n.similarity >= $6
+     ORDER BY n.similarity DESC, c.id
+"""
+
+
+# Summaries (hot or archived) without a vector in the space; keyed by (session, seq).
+_PENDING_SUMMARIES_SQL = """
+    SELECT m.session_id, m.seq, m.content
+      FROM (SELECT session_id, seq, content FROM session_messages WHERE is_summary
+            UNION ALL
+            SELECT session_id, seq, content FROM session_messages_archive WHERE is_summary) m
+     WHERE NOT EXISTS (SELECT 1 FROM summary_vectors v
+                        WHERE v.session_id = m.session_id AND v.seq = m.seq AND v.model = $1)
+       AND EXISTS (SELECT 1 FROM memory_vector_spaces s WHERE s.model = $1)
+     ORDER BY m.session_id, m.seq
+     LIMIT $2
+"""
+
+_STORE_SUMMARIES_SQL = """
+    INSERT INTO summary_vectors (session_id, seq, model, embedding)
+    SELECT v.session_id, v.seq, $1, v.embedding::vector
+      FROM unnest($2::uuid[], $3::bigint[], $4::text[]) AS v(session_id, seq, embedding)
+     WHERE EXISTS (SELECT 1 FROM memory_vector_spaces s WHERE s.model = $1)
+       AND EXISTS (SELECT 1 FROM sessions WHERE id = v.session_id)
+    ON CONFLICT (session_id, seq, model) DO NOTHING
+"""
+
+# ListSessions' meaning branch ($m model, $v the query's vector, $d its dimensions, $f the floor):
+# the sessions one of whose summaries is near the query; the caller's visibility filter applies
+# after, as to the lexical branches.
+SESSIONS_NEAR_SQL = (
+    "SELECT session_id FROM summary_vectors WHERE model = {m} AND vector_dims(embedding) = {d}"
+    " AND 1 - (embedding <=> {v}::vector) >= {f}"
+)
+
+
+def vector_text(vector: Sequence[float]) -> str:
+    """pgvector's input form."""
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+class MemoryVectors:
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+
+    async def available(self) -> bool:
+        """Whether migration 0011 found pgvector (and so made the tables)."""
+        return await self.pool.fetchval("SELECT to_regclass('memory_vectors') IS NOT NULL")
+
+    async def keep_space(self, model: str, *, from_settings: bool) -> list[str]:
+        """Record that the index is kept in `model`. For the settings' model, drop the spaces of
+        settings models it replaced and of profile models long unsearched; returns what was dropped."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO memory_vector_spaces (model, from_settings) VALUES ($1, $2)"
+                " ON CONFLICT (model) DO UPDATE SET searched_at = now(),"
+                " from_settings = memory_vector_spaces.from_settings OR EXCLUDED.from_settings",
+                model, from_settings)
+            if not from_settings:
+                return []
+            dropped = [r["model"] for r in await conn.fetch(
+                "DELETE FROM memory_vector_spaces WHERE model <> $1"
+                " AND (from_settings OR searched_at < now() - make_interval(days => $2)) RETURNING model",
+                model, PROFILE_SPACE_DAYS)]
+            return dropped  # their vectors went with them (ON DELETE CASCADE)
+
+    async def spaces(self) -> list[str]:
+        return [r["model"] for r in await self.pool.fetch("SELECT model FROM memory_vector_spaces ORDER BY model")]
+
+    async def settle_dimensions(self, model: str, dimensions: int) -> bool:
+        """Record the dimensions `model` answers with; when they differ from those recorded, drop
+        the model's vectors of the old size (they are rebuilt by the indexer). True on a change."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "UPDATE memory_vector_spaces s SET dimensions = $2"
+                "  FROM (SELECT dimensions AS old FROM memory_vector_spaces WHERE model = $1 FOR UPDATE) o"
+                " WHERE s.model = $1 AND s.dimensions IS DISTINCT FROM $2 RETURNING o.old",
+                model, dimensions)
+            if row is None:
+                return False
+            for table in ("memory_vectors", "summary_vectors"):
+                await conn.execute(f"DELETE FROM {table} WHERE model = $1 AND vector_dims(embedding) <> $2",
+                                   model, dimensions)
+            return row["old"] is not None
+
+    async def dimensions(self, model: str) -> int | None:
+        return await self.pool.fetchval("SELECT dimensions FROM memory_vector_spaces WHERE model = $1", model)
+
+    async def pending(self, model: str, limit: int) -> list[asyncpg.Record]:
+        return await self.pool.fetch(_PENDING_SQL, model, limit)
+
+    async def store(self, model: str, chunk_ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
+        await self.pool.execute(_STORE_SQL, model, list(chunk_ids), [vector_text(v) for v in vectors])
+
+    async def pending_summaries(self, model: str, limit: int) -> list[asyncpg.Record]:
+        return await self.pool.fetch(_PENDING_SUMMARIES_SQL, model, limit)
+
+    async def store_summaries(self, model: str, keys: Sequence[tuple[uuid.UUID, int]],
+                              vectors: Sequence[Sequence[float]]) -> None:
+        await self.pool.execute(_STORE_SUMMARIES_SQL, model, [k[0] for k in keys], [k[1] for k in keys],
+                                [vector_text(v) for v in vectors])
+
+    async def nearest(self, session_id: uuid.UUID, model: str, vector: Sequence[float], limit: int,
+                      min_similarity: float) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(_NEAREST_SQL, session_id, model, vector_text(vector), len(vector), limit,
+                                     min_similarity)
+        return [dict(row) for row in rows]

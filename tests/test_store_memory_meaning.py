@@ -1,0 +1,335 @@
+"""Memory search by meaning: chunks embedded by /api/embed (the simulator, over real HTTP), kept on
+pgvector and ranked together with the lexical scores; and everything that takes the semantic tier
+away (no pgvector, an embedder down or slow) leaving the lexical tier exactly as it was.
+
+The semantic tests need pgvector, which the embedded PostgreSQL ships; on a server without it
+(the machine's PostgreSQL 15, TEST_DATABASE_URL) they are skipped and the lexical-fallback test
+runs instead."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import replace
+
+import asyncpg
+import grpc
+import pytest
+
+from ollama_sim import OllamaSimulator
+from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
+from services.session_store.repository.memory import meaning_scores, rank_together
+from tests.conftest import _start_store
+from tests.waiting import until
+
+EMBED_MODEL = "nomic-embed-text"
+TARGET = "The deploy crashed because the database password expired"
+# Shares no word with TARGET: only its meaning finds it.
+PARAPHRASE = "release failure: postgres credentials lapsed"
+DISTRACTORS = [
+    "We renamed the button on the settings page to Save",
+    "Lunch order: two pizzas and a salad",
+    "The car needs new tyres before winter",
+    "Quarterly numbers look better than forecast",
+]
+
+
+# -- ranking (pure) ------------------------------------------------------------------------------
+
+def test_without_meaning_scores_the_order_is_the_lexical_tiers():
+    lexical = {1: 0.5, 2: 2.0, 3: 0.5, 4: 0.0, 5: 0.1}
+    assert rank_together(lexical, {}, 10, 0.0) == [(2, 2.0), (1, 0.5), (3, 0.5), (5, 0.1)]
+    assert rank_together(lexical, {}, 2, 0.2) == [(2, 2.0), (1, 0.5)]
+
+
+def test_meaning_adds_to_words_and_never_passes_a_verbatim_hit():
+    lexical = {1: 2.0, 2: 0.5}  # 1 holds the query whole; 2 some of its words
+    meaning = meaning_scores({2: 1.0, 3: 0.9, 4: 0.4}, floor=0.5)
+    assert meaning == {2: 1.0, 3: pytest.approx(0.8)}  # 4 is below the floor: unrelated
+    assert rank_together(lexical, meaning, 10, 0.0) == [(1, 2.0), (2, 1.5), (3, pytest.approx(0.8))]
+
+
+# -- stores of this module -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+async def has_pgvector(database_url) -> bool:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return bool(await conn.fetchval("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'"))
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def semantic_store(base_settings, database_url, has_pgvector):
+    """Start a store on the simulator (the test passes its own, and settings): yields a stub factory."""
+    if not has_pgvector:
+        pytest.skip("this PostgreSQL has no pgvector: the semantic tier cannot run here (the lexical fallback is "
+                    "tested instead)")
+    running = []
+
+    async def start(sim: OllamaSimulator, **overrides):
+        settings = replace(base_settings, ollama_host=sim.url, **({"embed_model": EMBED_MODEL} | overrides))
+        server = await _start_store(settings, database_url)
+        channel = grpc.aio.insecure_channel(server.address)
+        running.append((server, channel))
+        stub = session_store_pb2_grpc.SessionStoreStub(channel)
+        addresses[id(stub)] = server.address
+        return stub
+
+    addresses: dict[int, str] = {}
+    start.address_of = lambda stub: addresses[id(stub)]  # type: ignore[attr-defined]  # services started beside it
+    yield start
+    for server, channel in running:
+        await channel.close()
+        await server.stop(0)
+
+
+@pytest.fixture
+def sim():
+    with OllamaSimulator() as simulator:
+        yield simulator
+
+
+async def session_with_chunks(stub, profile: str, contents: list[str]) -> str:
+    session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
+    chunks = [common_pb2.RawChunk(content=c) for c in contents]
+    assert (await stub.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=chunks))).indexed == len(chunks)
+    return session_id
+
+
+async def vectors(database_url: str, session_id: str, model: str = EMBED_MODEL, dimensions: int | None = None) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval(
+            "SELECT count(*) FROM memory_vectors WHERE session_id = $1 AND model = $2"
+            " AND ($3::int IS NULL OR vector_dims(embedding) = $3)", uuid.UUID(session_id), model, dimensions)
+    finally:
+        await conn.close()
+
+
+async def summary_vectors(database_url: str, session_id: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval("SELECT count(*) FROM summary_vectors WHERE session_id = $1", uuid.UUID(session_id))
+    finally:
+        await conn.close()
+
+
+def search(session_id: str, query: str, **fields) -> pb.SearchMemoryRequest:
+    return pb.SearchMemoryRequest(session_id=session_id, query=query, limit=5, **fields)
+
+
+# -- the semantic tier ---------------------------------------------------------------------------
+
+async def test_a_paraphrase_sharing_no_word_finds_its_target(semantic_store, sim, store, profile, database_url):
+    stub = await semantic_store(sim)
+    session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])
+    # Indexed after the write, in the background: the write itself never waited for the embedder.
+    assert await until(async_equals(lambda: vectors(database_url, session_id), 5))
+
+    found = await stub.SearchMemory(search(session_id, PARAPHRASE))
+    assert found.semantic
+    assert [c.content for c in found.chunks] == [TARGET]  # the distractors are unrelated: below the floor
+    assert found.chunks[0].similarity > 0.9 and found.chunks[0].score == pytest.approx(
+        (found.chunks[0].similarity - 0.5) / 0.5)
+    # The lexical tier alone (the shared store has no embedding model) finds nothing: no shared word.
+    lexical = await store.SearchMemory(search(session_id, PARAPHRASE))
+    assert not lexical.semantic and list(lexical.chunks) == []
+
+    # Words and meaning together: an exact phrase still comes first, with its lexical score.
+    exact = await stub.SearchMemory(search(session_id, "Lunch order"))
+    assert exact.chunks[0].content == DISTRACTORS[1] and exact.chunks[0].score >= 2.0
+
+
+async def test_a_compression_is_indexed_after_it_commits(semantic_store, sim, profile, database_url):
+    stub = await semantic_store(sim)
+    session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
+    summary = common_pb2.Message(role="user", content="Summary: a deploy went wrong.")
+    committed = await stub.CommitCompression(pb.CommitCompressionRequest(
+        session_id=session_id, summary=summary, chunks=[common_pb2.RawChunk(content=TARGET)]))
+    assert committed.chunks_indexed == 1
+    assert await until(async_equals(lambda: vectors(database_url, session_id), 1))
+    found = await stub.SearchMemory(search(session_id, PARAPHRASE))
+    assert [c.content for c in found.chunks] == [TARGET]
+
+
+async def test_an_embedder_down_falls_back_to_the_lexical_tier_and_is_retried(
+        semantic_store, sim, store, profile, database_url):
+    stub = await semantic_store(sim, embed_retry_s=30.0)
+    sim.set_embed_fault(status=503)
+    before = len(sim.bodies("/api/embed"))
+    session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])  # the save succeeds
+    # The indexer tried (other tests' chunks waiting too, maybe) and failed: it backs off.
+    assert await until(lambda: len(sim.bodies("/api/embed")) > before)
+
+    for query in ("database password", PARAPHRASE, "pizzas"):
+        fallback = await stub.SearchMemory(search(session_id, query))
+        lexical = await store.SearchMemory(search(session_id, query))
+        assert not fallback.semantic
+        assert [(c.id, c.score) for c in fallback.chunks] == [(c.id, c.score) for c in lexical.chunks]
+    # Backing off: the embedder answers again, but for 30 s nothing asks it.
+    sim.set_embed_fault()
+    asked = len(sim.bodies("/api/embed"))
+    assert not (await stub.SearchMemory(search(session_id, PARAPHRASE))).semantic
+    assert len(sim.bodies("/api/embed")) == asked
+    assert await vectors(database_url, session_id) == 0
+
+
+async def test_after_the_back_off_the_indexer_retries_by_itself(semantic_store, sim, profile, database_url):
+    stub = await semantic_store(sim, embed_retry_s=0.5)
+    sim.set_embed_fault(status=500)
+    session_id = await session_with_chunks(stub, profile, [TARGET])
+    assert await until(lambda: tried(sim, TARGET))
+    sim.set_embed_fault()
+    # No write, no search pokes it: the indexer comes back after the back-off on its own.
+    assert await until(async_equals(lambda: vectors(database_url, session_id), 1))
+    assert (await stub.SearchMemory(search(session_id, PARAPHRASE))).semantic
+
+
+async def test_a_slow_embedder_costs_a_search_its_timeout_at_most(semantic_store, sim, store, profile):
+    stub = await semantic_store(sim, embed_timeout_s=0.3)
+    sim.set_embed_fault(delay=5.0)
+    session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])
+    started = time.monotonic()
+    found = await stub.SearchMemory(search(session_id, "database password"))
+    took = time.monotonic() - started
+    assert not found.semantic and [c.content for c in found.chunks] == [TARGET]
+    assert took < 2.0, took  # the timeout (0.3 s) plus the lexical query, not the embedder's 5 s
+    # And the next search does not wait at all: the embedder is backing off.
+    started = time.monotonic()
+    assert not (await stub.SearchMemory(search(session_id, "database password"))).semantic
+    assert time.monotonic() - started < 0.3
+    sim.set_embed_fault()
+
+
+async def test_a_new_embedding_space_is_rebuilt_once_in_the_background(semantic_store, sim, profile, database_url):
+    stub = await semantic_store(sim)
+    session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])
+    assert await until(async_equals(lambda: vectors(database_url, session_id, dimensions=256), 5))
+    # The model is re-pulled and now answers 128 dimensions: its vectors are rebuilt in that space.
+    sim.models[EMBED_MODEL] = replace(sim.models[EMBED_MODEL], embedding_length=128)
+    first = await stub.SearchMemory(search(session_id, PARAPHRASE))
+    assert list(first.chunks) == [] or first.chunks[0].content == TARGET
+    assert await until(async_equals(lambda: vectors(database_url, session_id, dimensions=128), 5))
+    assert await vectors(database_url, session_id, dimensions=256) == 0
+    assert [c.content for c in (await stub.SearchMemory(search(session_id, PARAPHRASE))).chunks] == [TARGET]
+
+    # Another model in the settings: the old model's vectors go at start, the new ones are built.
+    other = await semantic_store(sim, embed_model="qwen3.6")
+    assert await until(async_equals(lambda: vectors(database_url, session_id, model="qwen3.6"), 5))
+    assert await vectors(database_url, session_id) == 0
+    assert [c.content for c in (await other.SearchMemory(search(session_id, PARAPHRASE))).chunks] == [TARGET]
+
+
+async def test_a_profiles_embedding_model_is_indexed_when_searched(semantic_store, sim, profile, database_url):
+    stub = await semantic_store(sim)
+    session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])
+    first = await stub.SearchMemory(search(session_id, PARAPHRASE, embed_model="tiny"))
+    assert first.semantic  # embedded in "tiny", whose index is being built from now on
+    assert await until(async_equals(lambda: vectors(database_url, session_id, model="tiny"), 5))
+    found = await stub.SearchMemory(search(session_id, PARAPHRASE, embed_model="tiny"))
+    assert [c.content for c in found.chunks] == [TARGET]
+
+
+async def test_auto_recall_finds_by_meaning(semantic_store, sim, base_settings, profiles_file, database_url):
+    """The Agent's recall before a turn goes through the same SearchMemory ranking: a question in
+    other words brings the compressed-away passage back into the prompt."""
+    from palimpsest.v1 import agent_pb2 as agent_pb, agent_pb2_grpc
+    from services.agent.app import start_agent
+    from services.compressor.app import start_compressor
+
+    stub = await semantic_store(sim)
+    store_address = semantic_store.address_of(stub)
+    compressor = await start_compressor(replace(base_settings, ollama_host=sim.url, store_addr=store_address), port=0)
+    agent = await start_agent(replace(base_settings, ollama_host=sim.url, store_addr=store_address,
+                                      compressor_addr=compressor.address, profiles_path=profiles_file), port=0)
+    try:
+        session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id="small"))).session.id
+        await stub.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
+            common_pb2.Message(role="user", content="[Summary] We looked into last week's incident.", is_summary=True,
+                               explicit_flags=True, is_context=True, is_display=False)]))
+        await stub.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=[
+            common_pb2.RawChunk(content=f"user: {TARGET}; we rotated it at 14:02"),
+            *[common_pb2.RawChunk(content=d) for d in DISTRACTORS]]))
+        assert await until(async_equals(lambda: vectors(database_url, session_id), 5))
+        async with grpc.aio.insecure_channel(agent.address) as channel:
+            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
+                agent_pb.RunStreamRequest(text="Why did our release fail? Postgres credentials lapsed?",
+                                          session_id=session_id))]
+        assert any(e.HasField("stream_end") for e in events)
+        prompt = " ".join(m["content"] for m in sim.bodies()[-1]["messages"])
+        assert "Recalled from earlier" in prompt and "rotated it at 14:02" in prompt
+        assert not any(d in prompt for d in DISTRACTORS)
+    finally:
+        await agent.stop(0)
+        await compressor.stop(0)
+
+
+async def test_sessions_are_found_by_the_meaning_of_their_summaries(semantic_store, sim, store, profile, database_url):
+    stub = await semantic_store(sim)
+    ids = {}
+    for name, summary in (("incident", f"Summary: {TARGET}."), ("team lunch", f"Summary: {DISTRACTORS[1]}.")):
+        session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id=profile, name=name))).session.id
+        await stub.CommitCompression(pb.CommitCompressionRequest(
+            session_id=session_id, summary=common_pb2.Message(role="user", content=summary)))
+        ids[name] = session_id
+    # Embedded after the compression committed, in the background.
+    assert await until(lambda: summary_vectors(database_url, ids["incident"]))
+    assert await until(lambda: summary_vectors(database_url, ids["team lunch"]))
+
+    found = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query=PARAPHRASE))
+    assert found.semantic and [s.id for s in found.sessions] == [ids["incident"]] and found.total == 1
+    words = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query=PARAPHRASE))
+    assert not words.semantic and list(words.sessions) == []  # no word of the query is in either session
+    # Words still find what they found: the name.
+    named = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="team lunch"))
+    assert [s.id for s in named.sessions] == [ids["team lunch"]]
+
+
+async def test_a_bad_embedding_model_name_is_invalid_argument(store, profile):
+    session_id = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
+    for bad in ("two words", "x" * 201, "tab\tmodel"):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await store.SearchMemory(search(session_id, "anything", embed_model=bad))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "embed_model" in caught.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await store.ListSessions(pb.ListSessionsRequest(query="anything", embed_model=bad))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "embed_model" in caught.value.details()
+
+
+# -- without pgvector ----------------------------------------------------------------------------
+
+async def test_without_pgvector_the_store_says_so_once_and_searches_lexically(
+        base_settings, database_url, has_pgvector, sim, store, profile, caplog):
+    if has_pgvector:
+        pytest.skip("this PostgreSQL has pgvector (run with TEST_DATABASE_URL on a server without it)")
+    caplog.set_level(logging.INFO, logger="palimpsest.store.semantic")
+    server = await _start_store(replace(base_settings, ollama_host=sim.url, embed_model=EMBED_MODEL), database_url)
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = session_store_pb2_grpc.SessionStoreStub(channel)
+            session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])
+            for query in ("database password", PARAPHRASE):
+                found = await stub.SearchMemory(search(session_id, query))
+                lexical = await store.SearchMemory(search(session_id, query))
+                assert not found.semantic
+                assert [(c.id, c.score) for c in found.chunks] == [(c.id, c.score) for c in lexical.chunks]
+    finally:
+        await server.stop(0)
+    said = [r.getMessage() for r in caplog.records if "semantic memory search is off" in r.getMessage()]
+    assert len(said) == 1 and "pgvector" in said[0]
+    assert sim.bodies("/api/embed") == []  # nothing embedded that no index could hold
+
+
+def tried(sim: OllamaSimulator, text: str) -> bool:
+    """Whether an /api/embed request carried `text` (the indexer also embeds other tests' chunks)."""
+    return any(text in body.get("input", []) for body in sim.bodies("/api/embed"))
+
+
+def async_equals(read, expected):
+    async def check() -> bool:
+        return await read() == expected
+    return check
+
