@@ -112,3 +112,12 @@ async def test_make_run_hints_commands_that_work_as_printed(tmp_path, database_u
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     # The Agent checks Ollama every 10 s; httpx's INFO line for each check is not logged.
     assert "HTTP Request:" not in err.decode()
+
+
+def test_finding_the_embedded_postgresql_warns_of_nothing_without_xdg_runtime_dir() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    ran = subprocess.run([sys.executable, "-W", "error", "-c",
+                          "from services.shared.embedded_pg import _package_install; print(_package_install())"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr == ""
