@@ -1,0 +1,97 @@
+"""`pal` as a newcomer meets it (issue 14), against the real services and the Ollama simulator."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from test_pal import CLOSED, new_session, pal, pal_env
+
+Message = common_pb2.Message
+
+
+@pytest.fixture(scope="module")
+def profiles_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("newcomer-profiles") / "profiles.json"
+    path.write_text(json.dumps({"default": "newcomer", "profiles": [
+        {"id": "newcomer", "model": "qwen3.6", "context_window": 8192}]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+async def agent_server(base_settings, store_server, compressor_server, ollama_sim, profiles_path):
+    from services.agent.app import start_agent
+
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
+                       compressor_addr=compressor_server.address, profiles_path=str(profiles_path))
+    running = await start_agent(settings, port=0)
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture
+def env(agent_server, store_server, compressor_server) -> dict[str, str]:
+    return pal_env(store=store_server.address, agent=agent_server.address, compressor=compressor_server.address)
+
+
+def write_later(path, text: str) -> None:
+    """Write the file with a modification time the previous content did not have."""
+    before = path.stat().st_mtime
+    path.write_text(text)
+    os.utime(path, (before + 1, before + 1))
+
+
+# -- profiles ----------------------------------------------------------------------------------------
+async def test_a_broken_edit_keeps_the_last_good_profiles_and_says_why(env, profiles_path, caplog):
+    good = profiles_path.read_text()
+    try:
+        write_later(profiles_path, '{"default": "newcomer", "profiles": [\n  {"id": "newcomer",\n   "model": }\n]}')
+        with caplog.at_level(logging.ERROR, logger="palimpsest.agent"):
+            ran = await pal("profiles", env=env)
+        assert ran.code == 0, ran.stderr
+        assert "newcomer" in ran.stdout and "qwen3.6" in ran.stdout  # the last good profiles, still in use
+        assert f"{profiles_path} line 3 column" in ran.stderr and "last good" in ran.stderr
+        logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(logged) == 1 and f"{profiles_path} line 3" in logged[0] and "PALIMPSEST_PROFILES" in logged[0]
+        data = (await pal("profiles", "--json", env=env)).json()
+        assert f"{profiles_path} line 3" in data["profiles_error"]
+        assert [p["id"] for p in data["profiles"]] == ["newcomer"]
+        # Fixed: the error goes, and the file's profiles apply again.
+        write_later(profiles_path, good.replace("8192", "4096"))
+        fixed = (await pal("profiles", "--json", env=env)).json()
+        assert fixed["profiles_error"] == "" and fixed["profiles"][0]["context_window"] == 4096
+    finally:
+        write_later(profiles_path, good)
+
+
+# -- health ------------------------------------------------------------------------------------------
+async def test_health_shows_ollama_host(env, ollama_sim):
+    ran = await pal("health", env=env)
+    assert ran.code == 0, ran.stdout
+    assert ollama_sim.url in ran.stdout
+    assert (await pal("health", "--json", env=env)).json()["services_serving"] is True
+
+
+async def test_health_without_ollama_says_the_services_are_fine(base_settings, store_server, compressor_server,
+                                                                 profiles_path):
+    from services.agent.app import start_agent
+
+    settings = replace(base_settings, ollama_host=f"http://{CLOSED}", store_addr=store_server.address,
+                       compressor_addr=compressor_server.address, profiles_path=str(profiles_path))
+    agent = await start_agent(settings, port=0)
+    try:
+        env = pal_env(store=store_server.address, agent=agent.address, compressor=compressor_server.address)
+        ran = await pal("health", env=env)
+        assert ran.code == 1
+        assert f"OLLAMA_HOST=http://{CLOSED}" in ran.stdout
+        assert "three services are fine" in ran.stdout and "only Ollama is missing" in ran.stdout
+        data = (await pal("health", "--json", env=env)).json()
+        assert data["healthy"] is False and data["services_serving"] is True
+    finally:
+        await agent.stop(0)
