@@ -121,3 +121,12 @@ def test_finding_the_embedded_postgresql_warns_of_nothing_without_xdg_runtime_di
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert ran.stderr == ""
+
+
+def test_each_checkout_has_a_test_database_folder_of_its_own(tmp_path) -> None:
+    from tests.conftest import CHECKOUT, checkout_test_dir
+
+    mine, other = checkout_test_dir(CHECKOUT), checkout_test_dir(tmp_path / CHECKOUT.name)
+    assert mine != other and mine.parent == other.parent
+    assert mine.name.startswith(f"palimpsest-test-{CHECKOUT.name}-")
+    assert checkout_test_dir(CHECKOUT) == mine  # the same on every run
