@@ -130,3 +130,26 @@ def test_each_checkout_has_a_test_database_folder_of_its_own(tmp_path) -> None:
     assert mine != other and mine.parent == other.parent
     assert mine.name.startswith(f"palimpsest-test-{CHECKOUT.name}-")
     assert checkout_test_dir(CHECKOUT) == mine  # the same on every run
+
+
+def test_make_demo_explains_its_numbers_and_ends_quietly() -> None:
+    """On an embedded database of its own, as `make demo` runs on a fresh machine."""
+    import shutil
+    import tempfile
+
+    data = Path(tempfile.mkdtemp(prefix="palimpsest-demo-", dir="/tmp"))
+    data.chmod(0o755)  # as root, the database runs as its own user, which must reach the folder
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PALIMPSEST_", "DATABASE_URL", "GRPC_"))}
+        env.update(PALIMPSEST_DATA_DIR=str(data), DEMO_TURNS="12", COLUMNS="200")
+        ran = subprocess.run([sys.executable, "-m", "services.demo"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=180)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr == ""  # no fork_posix.cc line from gRPC as the database stops
+    out = ran.stdout
+    assert "compression starts at 3072 tokens (75%), not at CONTEXT_COMPRESSION_THRESHOLD=0.90" in out
+    assert "Context compressed:" in out and "plus the system prompt and tools" in out
+    session_id = out.split("\nsession ")[1].split(":")[0]
+    assert f"pal continue --id {session_id}" in out

@@ -95,3 +95,13 @@ async def test_health_without_ollama_says_the_services_are_fine(base_settings, s
         assert data["healthy"] is False and data["services_serving"] is True
     finally:
         await agent.stop(0)
+
+
+# -- after make demo ---------------------------------------------------------------------------------
+async def test_continue_a_session_whose_profile_this_agent_does_not_have(env, store):
+    """`make demo` leaves a session of its own profile `demo` in make run's database."""
+    session = await new_session(store, f"demo-{uuid.uuid4().hex[:6]}", Message(role="user", content="hi"),
+                                Message(role="assistant", content="hello"))
+    ran = await pal("continue", "--id", session.id, "and now?", env=env)
+    assert ran.code == 0, ran.stderr
+    assert "Simulated answer to: and now?" in ran.stdout
