@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
-from test_pal import CLOSED, new_session, pal, pal_env
+from test_pal import CLOSED, chat_messages, new_session, pal, pal_env
+from test_pal_agent import open_terminal
 
 Message = common_pb2.Message
 
@@ -105,3 +106,47 @@ async def test_continue_a_session_whose_profile_this_agent_does_not_have(env, st
     ran = await pal("continue", "--id", session.id, "and now?", env=env)
     assert ran.code == 0, ran.stderr
     assert "Simulated answer to: and now?" in ran.stdout
+
+
+# -- pal chat ----------------------------------------------------------------------------------------
+async def test_ctrl_d_in_a_terminal_ends_the_line_and_says_how_to_resume(env):
+    term = await open_terminal("chat", env=env)
+    try:
+        await term.expect("you›")
+        term.type("hello\r")
+        await term.expect("Simulated answer to: hello")
+        await term.expect("you›")
+        term.type("\x04")  # Ctrl-D
+        assert await term.exit_code() == 0
+    finally:
+        term.close()
+    last = term.screen.rstrip("\n").splitlines()
+    assert last[-2].strip() == "you›"  # the prompt's line was ended, not written over
+    session_id = last[-1].split("session ")[1].split()[0]
+    assert last[-1].endswith(f"resume with: pal chat --id {session_id}")
+
+
+async def test_leaving_chat_by_exit_or_end_of_input_says_how_to_resume(env):
+    for typed in ("hi\n/exit\n", "hi\n"):
+        ran = await pal("chat", env=env, stdin=typed)
+        assert ran.code == 0, ran.stderr
+        assert "resume with: pal chat --id " in ran.stdout.splitlines()[-1]
+    ran = await pal("chat", env=env, stdin="/exit\n")  # no session yet: nothing to resume
+    assert "resume" not in ran.stdout
+
+
+async def test_compact_on_a_short_session_says_why_in_plain_words(env, store):
+    session = await new_session(store, "newcomer", *chat_messages(("hi", "hello")))
+    ran = await pal("chat", "--id", session.id, env=env, stdin="/compact\n")
+    assert ran.code == 0, ran.stderr
+    assert "nothing to compact yet: the context is only 2 messages" in ran.stdout
+    assert "nothing to compress" not in ran.stdout and "nothing to compact: " not in ran.stdout
+
+
+async def test_attach_refusal_says_what_is_allowed(env, tmp_path):
+    script = tmp_path / "x.py"
+    script.write_text("print('hi')\n")
+    ran = await pal("chat", env=env, stdin=f"/attach {script}\n")
+    assert ran.code == 0, ran.stderr
+    assert "'x.py' is refused: a session keeps no programs or scripts" in ran.stdout
+    assert "Text, data, documents and images are accepted" in ran.stdout and "'x.py.txt'" in ran.stdout
