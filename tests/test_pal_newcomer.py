@@ -150,3 +150,51 @@ async def test_attach_refusal_says_what_is_allowed(env, tmp_path):
     assert ran.code == 0, ran.stderr
     assert "'x.py' is refused: a session keeps no programs or scripts" in ran.stdout
     assert "Text, data, documents and images are accepted" in ran.stdout and "'x.py.txt'" in ran.stdout
+
+
+# -- sessions and JSON -------------------------------------------------------------------------------
+async def test_trim_and_search_json_use_the_same_shapes_as_the_rest(env, store):
+    word = f"okapi{uuid.uuid4().hex[:6]}"
+    s = await new_session(store, "newcomer", *chat_messages(*[(f"q{i} {word}", f"a{i}") for i in range(3)]))
+    trimmed = (await pal("sessions", "trim", s.id, "--keep", "4", "--json", env=env)).json()
+    assert trimmed["session_id"] == s.id and trimmed["after"] == "4"
+    found = (await pal("sessions", "search", word, "--json", env=env)).json()
+    listed = (await pal("sessions", "list", "--json", env=env)).json()
+    assert isinstance(found["total"], str) and isinstance(listed["total"], str)  # int64: a string in both
+    assert set(listed) <= set(found)  # search's object is list's, plus the query and each session's matches
+    assert found["sessions"][0]["id"] == s.id and "matches" in found["sessions"][0]
+
+
+async def test_show_counts_what_it_numbers_and_says_when_tokens_are_unmeasured(env, store):
+    s = await new_session(store, "newcomer", *chat_messages(("old question", "old answer"),
+                                                            ("recent question", "recent answer")))
+    await store.CommitCompression(pb.CommitCompressionRequest(
+        session_id=s.id, demote_seqs=[1, 2],
+        summary=Message(role="user", content="Summary: an old question.", replaces=common_pb2.SeqRange(first=1, last=2)),
+        marker=Message(role="assistant", content="Compressed 2 messages"), context_token_count=42))
+    await store.AppendMessages(pb.AppendMessagesRequest(session_id=s.id, messages=[
+        Message(role="user", content="newest question")]))
+    shown = (await pal("sessions", "show", s.id, env=env)).stdout
+    numbers = [int(n) for n in __import__("re").findall(r"^#(\d+) ", shown, __import__("re").M)]
+    header = next(line for line in shown.splitlines() if "messages" in line)
+    assert "5 + 1 compression marker" in header and f"#1–#{max(numbers)}" in header, shown
+    assert "pal context" in header
+    await pal("sessions", "trim", s.id, "--keep", "2", env=env)
+    after = (await pal("sessions", "show", s.id, env=env)).stdout
+    assert "0 tokens" not in after and "not measured yet (the next turn measures it)" in after
+
+
+async def test_shared_opens_a_share_token(env, store):
+    s = await new_session(store, "newcomer", *chat_messages(*[(f"q{i}", f"a{i}") for i in range(3)]),
+                          name="for a friend")
+    token = (await pal("sessions", "share", s.id, env=env)).stdout.strip()
+    ran = await pal("shared", token, env=env)
+    assert ran.code == 0, ran.stderr
+    assert "for a friend" in ran.stdout and "read-only" in ran.stdout
+    assert all(f"q{i}" in ran.stdout and f"a{i}" in ran.stdout for i in range(3))
+    page = await pal("shared", token, "--last", "2", env=env)
+    assert "q2" in page.stdout and "q1" not in page.stdout
+    assert "older messages: pal shared TOKEN --before 5" in page.stdout
+    older = await pal("shared", token, "--before", "5", "--json", env=env)
+    assert [m["content"] for m in older.json()["messages"]] == ["q0", "a0", "q1", "a1"]
+    (await pal("shared", "not-a-token", env=env)).assert_one_line_error()
