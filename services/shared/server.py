@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from google.protobuf.message import Message as ProtoMessage
 
 from services.shared.errors import InvalidArgument, PalimpsestError
+from services.shared.reflection import DocumentedPool
 from services.shared.validation import capped, first_nul, first_too_long
 from services.shared.settings import Settings
 
@@ -208,7 +209,8 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
-    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
+                                        pool=DocumentedPool())
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:  # grpc's own words for it: "Failed to bind to address"
