@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 
+from rich.console import RenderableType
 from rich.text import Text
 
 from clients.pal.app import App
@@ -120,13 +122,20 @@ def show(app: App, args: argparse.Namespace) -> int:
     if app.out.json:
         app.out.emit(session)
         return 0
-    console = app.out.console
-    console.print(session_header(session))
-    if not session.messages:
-        console.print(Text("no messages yet", style="dim"))
-    for message in session.messages:
-        console.print(message_view(message, show_thinking=args.thinking))
+    _print_history(app, session_header(session), session.messages, "no messages yet", show_thinking=args.thinking)
     return 0
+
+
+def _print_history(app: App, header: RenderableType, messages: Iterable[common_pb2.Message], empty: str,
+                   show_thinking: bool = False) -> None:
+    console = app.out.console
+    console.print(header)
+    shown = 0
+    for message in messages:
+        console.print(message_view(message, show_thinking=show_thinking))
+        shown += 1
+    if not shown:
+        console.print(Text(empty, style="dim"))
 
 
 def delete(app: App, args: argparse.Namespace) -> int:
@@ -246,12 +255,7 @@ def shared(app: App, args: argparse.Namespace) -> int:
     if app.out.json:
         app.out.emit(response)
         return 0
-    console = app.out.console
-    console.print(shared_header(response))
-    if not response.messages:
-        console.print(Text("no messages", style="dim"))
-    for message in response.messages:
-        console.print(message_view(message))
+    _print_history(app, shared_header(response), response.messages, "no messages")
     if response.has_more:
         app.out.note(f"older messages: pal shared TOKEN --before {response.messages[0].seq}")
     return 0
