@@ -109,8 +109,8 @@ def messages_line(session: common_pb2.Session) -> str:
         line += f" + {markers} compression marker{'s' if markers > 1 else ''}"
     last = max((m.seq for m in shown), default=0)
     if last > session.display_message_count:
-        line += (f" · numbered #1–#{last} by their place in the session: the numbers missing below are the "
-                 "summaries that replaced older turns for the model (pal context shows them)")
+        line += (f" · numbered #1–#{last} by their place in the session: the numbers missing here are the "
+                 "summaries written for the model (pal context shows the current one)")
     return line
 
 
