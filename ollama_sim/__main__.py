@@ -10,9 +10,13 @@ from .server import OllamaSimulator
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve a simulated Ollama API.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=11434)
+    parser = argparse.ArgumentParser(
+        prog="python -m ollama_sim",
+        description="Serve a simulated Ollama API (/api/chat, /api/show, /api/embed, /api/tags, /api/version) "
+                    "for tests, the demo and the benchmarks; point OLLAMA_HOST at it.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=11434,
+                        help="port to listen on (default: %(default)s, Ollama's own; 0 picks a free one)")
     args = parser.parse_args(argv)
 
     stop = threading.Event()

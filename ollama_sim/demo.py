@@ -9,12 +9,17 @@ import os
 import tempfile
 from dataclasses import replace
 
-import grpc
+# Stopping the embedded database forks pg_ctl while gRPC's threads run; gRPC's fork handlers then
+# print a `fork_posix.cc` line on the way out. Nothing here forks a process that uses gRPC.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
 from rich.console import Console
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc
-from ollama_sim import OllamaSimulator, Reply
-from services.shared.settings import Settings
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc  # noqa: E402
+from ollama_sim import OllamaSimulator, Reply  # noqa: E402
+from services.run import command_as_typed  # noqa: E402
+from services.shared.settings import Settings  # noqa: E402
 
 TURNS = int(os.environ.get("DEMO_TURNS", "40"))
 WINDOW = 4096
@@ -28,6 +33,26 @@ def scripted_model(body) -> Reply:
     if spoken and spoken[-1].get("role") == "user":
         return Reply(text="Here is a long, careful answer. " + "The log shows steady progress. " * 25)
     return Reply(text="Done.")
+
+
+def what_it_shows(settings: Settings, window: int) -> str:
+    """The numbers the meter is measured against, which in a window this small are not the README's."""
+    reserve = min(settings.output_reserve_tokens, window // 4)
+    limit = window - reserve
+    trigger = min(settings.compression_threshold * window, limit)
+    capped = trigger < settings.compression_threshold * window
+    return (
+        f"The meter is the whole prompt (system prompt and tool schemas included) against the {window}-token window.\n"
+        f"{reserve} tokens stay free for the answer (OUTPUT_RESERVE_TOKENS, at most a quarter of the window), "
+        f"so a prompt may use {limit} ({limit / window:.0%}); compression starts at {trigger:.0f} tokens "
+        f"({trigger / window:.0%})"
+        + (f", not at CONTEXT_COMPRESSION_THRESHOLD={settings.compression_threshold:.2f}: the trigger is never above "
+           "that limit" if capped else "")
+        + ". It runs after an answer when the next prompt would pass it, and before a turn when a prompt "
+        f"already does. It summarizes all but the last {settings.keep_recent} turns (CONTEXT_KEEP_RECENT); "
+        "the meter drops by what the summary saved, and climbs again as turns are added. A window this small "
+        "leaves a gap of a few turns between compressions; a 32k window leaves dozens.\n"
+    )
 
 
 def meter(tokens: int, window: int, width: int = 40) -> str:
@@ -48,6 +73,7 @@ async def main() -> None:
             json.dump({"profiles": [{"id": "demo", "model": "qwen3.6", "context_window": WINDOW}]}, f)
         settings = replace(Settings.from_env(), ollama_host=sim.url, profiles_path=profiles)
         console.print(f"[bold]Palimpsest demo[/]: {TURNS} turns in a {WINDOW}-token window, Ollama simulated at {sim.url}")
+        console.print(what_it_shows(settings, WINDOW), style="dim", highlight=False, soft_wrap=True)
         embedded = None
         dsn = settings.database_url
         if not dsn:  # a database of our own that we also stop: the demo leaves nothing running
@@ -67,6 +93,7 @@ async def main() -> None:
             async with grpc.aio.insecure_channel(agent.address) as channel:
                 stub = agent_pb2_grpc.AgentStub(channel)
                 session_id = ""
+                last_compressed = 0
                 for turn in range(1, TURNS + 1):
                     request = pb.RunStreamRequest(session_id=session_id, text=f"Turn {turn}: review today's logs")
                     async for event in stub.RunStream(request):
@@ -78,11 +105,20 @@ async def main() -> None:
                             console.print("          [magenta]compressing…[/]")
                         elif kind == "context_compressed":
                             c = event.context_compressed
+                            since = f", {turn - last_compressed} turns after the last one" if last_compressed else ""
+                            last_compressed = turn
                             console.print(f"          [magenta]Context compressed: {c.messages_before} → "
-                                          f"{c.messages_after} messages, {c.context_tokens} tokens[/]")
+                                          f"{c.messages_after} messages, the history now {c.context_tokens} tokens "
+                                          f"(plus the system prompt and tools){since}[/]")
                     await asyncio.sleep(0.05)  # let the post-turn check run, as a user pause would
-                console.print(f"\nsession {session_id}: the full history is still there — "
-                              f"`pal sessions show {session_id}` against `make run` shows it.")
+                pal = command_as_typed("pal") or "pal"
+                console.print(f"\nsession {session_id}: the full history is still there, in the database "
+                              "`make run` uses. With `make run` up:\n"
+                              f"  {pal} sessions show {session_id}        every message, the compressed ones too\n"
+                              f"  {pal} context {session_id}              what the model sees now: the summary and "
+                              "the newest turns\n"
+                              f"  {pal} continue --id {session_id} \"…\"    goes on with it, on make run's default "
+                              "profile (the demo's own exists only here)", highlight=False, soft_wrap=True)
         finally:
             await agent.stop(1)
             await compressor.stop(1)

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.shared.server import DEBUG_ENV, debug_enabled
 from services.shared.settings import Settings
 
 # (name, module, address setting); a service whose module is not there yet is skipped.
@@ -22,15 +27,18 @@ SERVICES = [
     ("Compressor", "services.compressor", "compressor_addr"),
     ("Agent", "services.agent", "agent_addr"),
 ]
+# What pal reads to find the services: a hint for another terminal must carry them when set here.
+PAL_ADDRESS_VARS = ("PALIMPSEST_STORE_ADDR", "PALIMPSEST_COMPRESSOR_ADDR", "PALIMPSEST_AGENT_ADDR")
 
 
-def wait_serving(addr: str, timeout: float, proc: subprocess.Popen) -> None:
+def wait_serving(name: str, addr: str, timeout: float, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(addr) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise SystemExit(f"service on {addr} exited with code {proc.returncode}; see its log above")
+                raise SystemExit(f"make run: {name} exited while starting (status {proc.returncode}); "
+                                 "its reason is on the line above")
             try:
                 # types-grpcio-health-checking declares HealthStub without the methods its __init__ sets.
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)  # type: ignore[attr-defined]
@@ -39,7 +47,42 @@ def wait_serving(addr: str, timeout: float, proc: subprocess.Popen) -> None:
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
-    raise SystemExit(f"service on {addr} did not report SERVING within {timeout:.0f}s")
+    raise SystemExit(f"make run: {name} on {addr} did not report SERVING within {timeout:.0f}s; "
+                     f"{DEBUG_ENV}=1 shows more of its log")
+
+
+def command_as_typed(name: str) -> str | None:
+    """How to type one of the virtualenv's commands so that it runs: its bare name when the shell
+    finds this very one on PATH, else its path (relative to here when it is below here)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        return name if shutil.which(name) else None
+    found = shutil.which(name)
+    if found and Path(found).resolve() == path.resolve():
+        return name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def try_hint(settings: Settings, environ: Mapping[str, str]) -> str:
+    """Commands that work as printed: the configured addresses, and the client commands by a path
+    the shell finds (a new terminal has neither the virtualenv nor this shell's settings)."""
+    store = settings.store_addr.split(",")[0].strip()
+    agent = settings.agent_addr.split(",")[0].strip()
+    addresses = " ".join(f"{var}={shlex.quote(environ[var].strip())}" for var in PAL_ADDRESS_VARS
+                         if environ.get(var, "").strip())
+    prefix = addresses + " " if addresses else ""
+    lines = []
+    pal = command_as_typed("pal")
+    if pal:
+        lines += [f"  {prefix}{pal} health", f"  {prefix}{pal} chat"]
+    grpcurl = command_as_typed("grpcurl")
+    if grpcurl:
+        lines += [f"  {grpcurl} -plaintext {store} list", f"  {grpcurl} -plaintext {agent} describe palimpsest.v1.Agent"]
+    here = "" if all(not line.strip().startswith(".venv") for line in lines) else f" (from {Path.cwd()})"
+    return f"\nTry{here}:\n" + "\n".join(lines) + "\n\nCtrl-C stops everything."
 
 
 def main() -> int:
@@ -50,7 +93,14 @@ def main() -> int:
         from services.shared.embedded_pg import EmbeddedPostgres
 
         embedded = EmbeddedPostgres(settings.data_dir)
-        env["DATABASE_URL"] = embedded.start()
+        try:
+            env["DATABASE_URL"] = embedded.start()
+        except Exception as exc:  # noqa: BLE001 — one line, as for the services
+            if debug_enabled():
+                raise
+            raise SystemExit(f"make run: the embedded PostgreSQL did not start in {settings.data_dir} "
+                             f"({type(exc).__name__}: {exc}); set PALIMPSEST_DATA_DIR to a folder of your own, "
+                             f"or DATABASE_URL to a PostgreSQL of yours ({DEBUG_ENV}=1 for the traceback)") from None
         print(f"embedded PostgreSQL: {env['DATABASE_URL']} (data in {settings.data_dir})")
     procs: list[subprocess.Popen] = []
     # SIGTERM is Ctrl-C from the start: one arriving while the services start must still stop those
@@ -63,9 +113,9 @@ def main() -> int:
             addr = getattr(settings, addr_field).split(",")[0].strip()  # a replica list: this one runs the first
             proc = subprocess.Popen([sys.executable, "-m", module], env=env, start_new_session=True)
             procs.append(proc)
-            wait_serving(addr, 60, proc)
+            wait_serving(name, addr, 60, proc)
             print(f"{name:<13} serving on {addr}")
-        print("\nTry:\n  grpcurl -plaintext localhost:50051 list\n  pal health\n\nCtrl-C stops everything.")
+        print(try_hint(settings, env), flush=True)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
         print("a service exited; stopping the others", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import uuid
 from dataclasses import replace
@@ -18,10 +19,23 @@ from services.shared.settings import Settings
 JWT_SECRET = "test-secret-for-palimpsest-tests-only"
 
 
-def _test_pg_dir() -> Path:
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def checkout_test_dir(checkout: Path) -> Path:
+    """The test database folder of one checkout: beside the data folder (as root, under /var/lib,
+    where the database's own user can reach it), named after the checkout and a hash of its path, so
+    two checkouts (worktrees, clones) never share a database or wait on each other's lock."""
     from services.shared.settings import default_data_dir
 
-    return Path(os.environ.get("PALIMPSEST_TEST_DATA_DIR", str(default_data_dir().with_name("palimpsest-test"))))
+    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in checkout.name)[:40]
+    digest = hashlib.sha256(str(checkout).encode()).hexdigest()[:8]
+    return default_data_dir().with_name(f"palimpsest-test-{name}-{digest}")
+
+
+def _test_pg_dir() -> Path:
+    """PALIMPSEST_TEST_DATA_DIR, else a folder of this checkout's own."""
+    return Path(os.environ.get("PALIMPSEST_TEST_DATA_DIR") or checkout_test_dir(CHECKOUT))
 
 
 def pytest_configure(config) -> None:
@@ -47,7 +61,7 @@ def _embedded_url() -> str:
     data_dir = _test_pg_dir()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     # xdist workers share one server: the first initializes it, the others wait on the lock.
-    with open(data_dir.parent / ".palimpsest-test.lock", "w") as lock:
+    with open(data_dir.parent / f".{data_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return EmbeddedPostgres(data_dir).start()
 

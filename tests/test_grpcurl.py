@@ -36,6 +36,14 @@ async def test_list_shows_each_service_health_and_reflection(store_server, compr
 async def test_describe_shows_the_contract(agent_server):
     described = await grpcurl(agent_server.address, "describe", "palimpsest.v1.Agent")
     assert "rpc RunStream" in described and "stream .palimpsest.v1.AgentEvent" in described
+    # The protos' comments come with the descriptors: the contract documents itself where it is read.
+    assert "// Runs streamed, tool-calling turns against Ollama." in described
+    assert "// One turn; events stream as they happen." in described
+
+
+async def test_describe_shows_field_and_enum_comments(store_server):
+    described = await grpcurl(store_server.address, "describe", "palimpsest.v1.SessionView")
+    assert "// The LLM context in `context`" in described and "SESSION_VIEW_CONTEXT = " in described
 
 
 async def test_a_session_round_trip(store_server, profile):

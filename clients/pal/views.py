@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from clients.pal.render import arguments_line, preview_of, shorten
-from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2
 
 ROLE_STYLES = {"user": "bold green", "assistant": "bold blue", "system": "bold magenta", "tool": "bold cyan"}
 
@@ -67,8 +67,9 @@ def session_header(session: common_pb2.Session) -> Panel:
         ("owner", session.owner or "(none: admin only)"),
         ("created", ago(session.created_at)),
         ("active", ago(session.last_active)),
-        ("messages", str(session.display_message_count)),
-        ("context", f"{session.context_token_count:,} tokens"),
+        ("messages", messages_line(session)),
+        ("context", f"{session.context_token_count:,} tokens" if session.context_token_count
+         else "not measured yet (the next turn measures it)" if session.display_message_count else "empty"),
         ("revision", str(session.revision)),
     ]
     if session.pinned:
@@ -82,6 +83,35 @@ def session_header(session: common_pb2.Session) -> Panel:
     for label, value in rows:
         grid.add_row(label, value)
     return Panel(grid, title=session.name or "(unnamed session)", title_align="left", border_style="blue")
+
+
+def shared_header(shared: session_store_pb2.GetSharedResponse) -> Panel:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim")
+    grid.add_column()
+    for label, value in (("profile", shared.profile_id), ("created", ago(shared.created_at)),
+                         ("active", ago(shared.last_active)),
+                         ("shown", f"{len(shared.messages)} message(s)" + (", older ones before them" if shared.has_more
+                                                                           else ""))):
+        grid.add_row(label, value)
+    return Panel(grid, title=f"shared · {shared.name or '(unnamed session)'}", title_align="left",
+                 subtitle="read-only", border_style="blue")
+
+
+def messages_line(session: common_pb2.Session) -> str:
+    """The display history's size, in the terms its numbered entries use: markers of a compression are
+    rows of it, and summaries (context only) take numbers of their own, so #N may pass the count."""
+    shown = list(session.messages)
+    markers = sum(1 for m in shown if m.is_compression)
+    line = f"{session.display_message_count - markers:,}" if len(shown) == session.display_message_count else (
+        f"{session.display_message_count:,}")
+    if markers and len(shown) == session.display_message_count:
+        line += f" + {markers} compression marker{'s' if markers > 1 else ''}"
+    last = max((m.seq for m in shown), default=0)
+    if last > session.display_message_count:
+        line += (f" · numbered #1–#{last} by their place in the session: the numbers missing here are the "
+                 "summaries written for the model (pal context shows the current one)")
+    return line
 
 
 def message_view(message: common_pb2.Message, *, brief: bool = False, show_thinking: bool = False) -> RenderableType:

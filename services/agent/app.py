@@ -13,7 +13,7 @@ from palimpsest.v1 import agent_pb2, agent_pb2_grpc
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.context_builder import ContextBuilder
-from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry
+from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry, ProfilesFileError
 from services.agent.servicer import STOP_MARGIN_S, AgentServicer
 from services.agent.turn import AgentDeps
 from services.shared.channels import open_channel
@@ -46,7 +46,16 @@ async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: f
         await asyncio.sleep(interval)
 
 
+def load_profiles(path: str) -> ProfileRegistry:
+    try:
+        return ProfileRegistry.load(path)
+    except ProfilesFileError as exc:
+        raise SystemExit(f"PALIMPSEST_PROFILES: {exc}; fix the file, or unset PALIMPSEST_PROFILES "
+                         "for the built-in default profile") from None
+
+
 async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1") -> RunningServer:
+    profiles = load_profiles(settings.profiles_path)  # before anything that would need closing
     store_channel = open_channel(settings.store_addr, settings, service="SessionStore")
     compressor_channel = open_channel(settings.compressor_addr, settings, service="Compressor")
     ollama = OllamaClient(settings.ollama_host)
@@ -55,7 +64,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         compressor=CompressorStub(compressor_channel),
         ollama=ollama,
         settings=settings,
-        profiles=ProfileRegistry.load(settings.profiles_path),
+        profiles=profiles,
         builder=ContextBuilder(DEFAULT_PERSONA),
     )
     servicer = AgentServicer(deps)

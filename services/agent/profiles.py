@@ -143,18 +143,38 @@ def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Prof
     return replace(base or Profile(), **data)
 
 
+class ProfilesFileError(ValueError):
+    """The profiles file cannot be used; the message names the file (and the line, when it is JSON
+    that does not parse) and what is wrong."""
+
+
 @dataclass
 class ProfileRegistry:
     profiles: dict[str, Profile] = field(default_factory=lambda: {"default": Profile()})
     default_id: str = "default"
     path: str = ""
     stamp: tuple[int, int] = (0, 0)  # the file's (mtime in ns, size) when it was read
+    # Why the file's last edit was not taken (the profiles are then the last good ones); "" when it was.
+    error: str = ""
 
     @classmethod
     def load(cls, path: str = "") -> "ProfileRegistry":
-        """The file's profiles (each over the built-in default), or just the built-in default."""
+        """The file's profiles (each over the built-in default), or just the built-in default.
+        ProfilesFileError when the file cannot be read or used."""
         if not path:
             return cls()
+        try:
+            return cls._load(path)
+        except json.JSONDecodeError as exc:
+            raise ProfilesFileError(f"{path} line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+        except OSError as exc:
+            raise ProfilesFileError(f"{path}: {exc.strerror or exc}") from None
+        except (InvalidArgument, ValueError, TypeError, AttributeError) as exc:
+            message = str(exc).removeprefix("profiles: ")
+            raise ProfilesFileError(f"{path}: {message}" if path not in message else message) from None
+
+    @classmethod
+    def _load(cls, path: str) -> "ProfileRegistry":
         raw = json.loads(Path(path).expanduser().read_text())
         entries = raw.get("profiles", raw) if isinstance(raw, dict) else raw
         if isinstance(entries, dict):
@@ -200,16 +220,18 @@ class ProfileRegistry:
             return False  # gone or unreadable for now: the profiles in use stay
 
     def reloaded(self) -> "ProfileRegistry | None":
-        """The file's profiles again when it changed since it was read (None: unchanged, or the edit
-        is not usable yet — it does not parse, or names a prompt file that cannot be read; the
-        profiles in use stay, and the log says why)."""
+        """The file's profiles again when it changed since it was read; None when unchanged. An edit
+        that cannot be used keeps these profiles, with `error` saying what is wrong with it (once per
+        edit: the next change is read again)."""
         if not self.changed():
             return None
         try:
+            stamp = _stamp(self.path)
             return ProfileRegistry.load(self.path)
-        except (OSError, ValueError, InvalidArgument) as exc:
-            log.warning("profiles file %s not reloaded, the profiles in use stay: %s", self.path, exc)
-            return None
+        except OSError as exc:
+            return replace(self, error=f"{self.path}: {exc.strerror or exc}")
+        except (ProfilesFileError, InvalidArgument) as exc:
+            return replace(self, stamp=stamp, error=str(exc))
 
 
 def _stamp(path: str) -> tuple[int, int]:

@@ -76,6 +76,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         fresh = await asyncio.to_thread(self.deps.profiles.reloaded)
         if fresh is not None:
             self.deps.profiles = fresh
+            if fresh.error:  # the last good profiles stay in use; `pal profiles` shows the error too
+                log.error("PALIMPSEST_PROFILES: %s; keeping the profiles last read", fresh.error)
+                return
             self.deps.builder.invalidate()
             log.info("profiles reloaded from %s", fresh.path)
 
@@ -258,10 +261,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self._watchers.unsubscribe(request.session_id, queue)
     async def ListProfiles(self, request, context):
         self._metadata(context)
+        self._reload_profiles()  # what the next turn would use, and why an edit was not taken
         default_window = self.deps.settings.ollama_num_ctx
         return pb.ListProfilesResponse(
             profiles=[p.to_proto(default_window) for p in self.deps.profiles.profiles.values()],
             default_profile_id=self.deps.profiles.default_id,
+            profiles_error=self.deps.profiles.error,
+            ollama_host=self.deps.ollama.host,
         )
 
     async def finish_turns(self, grace: float) -> None:

@@ -57,7 +57,13 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
                          f"PALIMPSEST_MAX_MESSAGE_BYTES ({settings.read_budget_bytes:,} bytes): every read must hold "
                          "at least one whole message")
     url, embedded = (dsn, None) if dsn else await asyncio.to_thread(database, settings)
-    pool = await db.create_pool(url, command_timeout=settings.db_command_timeout_s)
+    try:
+        pool = await db.create_pool(url, command_timeout=settings.db_command_timeout_s)
+    except Exception as exc:
+        known = db.unusable_database(url, exc) if settings.database_url and not dsn else None
+        if known is None:
+            raise
+        raise known from exc
     await db.migrate(pool)
     share_key = await asyncio.to_thread(share_links.load_key, settings.share_key, settings.data_dir)
     repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),

@@ -72,6 +72,28 @@ def database_down(dsn: str):
     return translate
 
 
+def unusable_database(dsn: str, exc: BaseException) -> SystemExit | None:
+    """Why the store cannot start on the database DATABASE_URL names, as one line with the fix;
+    None for a failure that is not about reaching or entering that database."""
+    fix = "fix DATABASE_URL, or unset it to use the embedded PostgreSQL"
+    try:
+        address = where(dsn)
+    except ValueError:
+        address = "?"
+    if isinstance(exc, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)):
+        return SystemExit(f"DATABASE_URL: PostgreSQL at {address} refused the user or password ({exc}); {fix}")
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return SystemExit(f"DATABASE_URL: {exc} at {address}; create it (createdb) or {fix}")
+    if isinstance(exc, (asyncpg.ClientConfigurationError, ValueError)) and not isinstance(exc, UnicodeError):
+        return SystemExit(f"DATABASE_URL is not a usable PostgreSQL URL ({exc}); "
+                          "write it as postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or unset it to use the "
+                          "embedded PostgreSQL")
+    if isinstance(exc, _DATABASE_DOWN):
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        return SystemExit(f"DATABASE_URL: cannot reach PostgreSQL at {address} ({reason}); start it there, or {fix}")
+    return None
+
+
 async def reachable(pool: asyncpg.Pool, timeout: float) -> bool:
     try:
         await pool.fetchval("SELECT 1", timeout=timeout)

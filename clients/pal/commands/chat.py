@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import re
 import signal
 import sys
 import threading
@@ -36,6 +37,15 @@ HELP = """\
 /id             show the session id
 /exit           leave (also Ctrl-D; Ctrl-C stops a running turn, a second Ctrl-C leaves)
 A line ending with \\ continues on the next line; \"\"\" opens and closes a multi-line block."""
+
+
+def nothing_to_compact(details: str) -> str:
+    """The Agent's refusal of a compaction, said for someone who typed /compact."""
+    short = re.search(r"nothing to compress in session \S+: the context cannot shrink \(([^)]*)\)", details)
+    if short:
+        return (f"nothing to compact yet: the context is only {short.group(1)}, and the newest turns are always "
+                "kept as they are; /compact frees room once the conversation is longer")
+    return details.removeprefix("nothing to compact: ")  # the Agent's own words for any other reason
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -198,10 +208,14 @@ class Chat:
                 text = read_message(self.read_line, "you› ", "  … ")
             except KeyboardInterrupt:
                 self.say("")
+                self.farewell()
                 return 0
             finally:
                 self._reading = False
             if text is None:
+                if self.interactive:
+                    self.say("")  # Ctrl-D left the cursor after the prompt
+                self.farewell()
                 return 0
             if not text.strip():
                 continue
@@ -209,6 +223,7 @@ class Chat:
                 command = parse_command(text)
                 if command is not None:
                     if not self.command(*command):
+                        self.farewell()
                         return 0
                     continue
                 result = self.send(text)
@@ -217,7 +232,13 @@ class Chat:
                 self.say(f"error: {err}", "bold red")
                 continue
             if result.leave or self._leave:
+                self.farewell()
                 return 0
+
+    def farewell(self) -> None:
+        """On leaving: the command that comes back to this conversation."""
+        if self.session_id:
+            self.say(f"session {self.session_id} · resume with: pal chat --id {self.session_id}")
 
     def watch(self) -> None:
         """Follow the current session's events between turns (see SessionWatch)."""
@@ -292,7 +313,7 @@ class Chat:
         except ServiceError as err:
             if err.code != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
-            self.say(err.details or str(err))  # the Agent's own words: why there is nothing to compact
+            self.say(nothing_to_compact(err.details or str(err)))
 
     # -- slash commands --------------------------------------------------------------------------
     def command(self, name: str, rest: str) -> bool:

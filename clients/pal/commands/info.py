@@ -55,6 +55,11 @@ def profiles(app: App, args: argparse.Namespace) -> int:
         app.out.emit(response)
     else:
         app.out.console.print(profiles_table(response))
+    if response.profiles_error:
+        # On stderr in both modes: the listing is right (what the next turn uses), the file is not.
+        app.out.errors.print(f"the profiles file's last edit is not in use: {response.profiles_error} "
+                             "(the profiles above are the last good ones; fix the file and they follow it)",
+                             style="red", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -80,15 +85,26 @@ def _check(stub: object, service: str) -> tuple[str, str]:
     return "UNKNOWN", "no health status registered"
 
 
-def _ollama_row(stub: object, agent_address: str) -> dict[str, str] | None:
+def _ollama_host(app: App) -> str:
+    """The Agent's OLLAMA_HOST (ListProfiles says it); "" from an Agent that does not."""
+    try:
+        return app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest(), timeout=HEALTH_TIMEOUT_S).ollama_host
+    except ServiceError:
+        return ""
+
+
+def _ollama_row(app: App, stub: object, agent_address: str) -> dict[str, str] | None:
     """The Agent's own view of Ollama (its `ollama` health entry); None when it keeps none."""
     try:
         status = _status(stub, OLLAMA_HEALTH_ENTRY)
     except ServiceError:
         return None
+    host = _ollama_host(app)
+    where = f"OLLAMA_HOST={host}" if host else "its OLLAMA_HOST"
     detail = "" if status == "SERVING" else (
-        "the Agent cannot reach Ollama at its OLLAMA_HOST: start it (ollama serve) and pull the profile's model")
-    return {"service": "Ollama", "address": f"via the Agent at {agent_address}", "status": status, "error": detail}
+        f"the Agent cannot reach Ollama at {where}: start it (ollama serve) and pull the profile's model")
+    return {"service": "Ollama", "address": host or f"via the Agent at {agent_address}", "status": status,
+            "error": detail}
 
 
 def health(app: App, args: argparse.Namespace) -> int:
@@ -99,12 +115,18 @@ def health(app: App, args: argparse.Namespace) -> int:
             status, detail = _check(stub, SERVICE_NAMES[endpoint.name])
             rows.append({"service": endpoint.name, "address": address, "status": status, "error": detail})
             if endpoint is AGENT and status != "UNREACHABLE":
-                ollama = _ollama_row(stub, address)
+                ollama = _ollama_row(app, stub, address)
                 if ollama is not None:
                     rows.append(ollama)
     healthy = all(row["status"] == "SERVING" for row in rows)
+    services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] != "Ollama")
     if app.out.json:
-        app.out.emit({"healthy": healthy, "services": rows})
+        app.out.emit({"healthy": healthy, "services_serving": services_serving, "services": rows})
     else:
         app.out.console.print(health_table(rows))
+        if services_serving and not healthy:
+            # Exit 1 all the same: a turn would fail. But the system itself is up, and that is news too.
+            app.out.console.print("The three services are fine (SERVING); only Ollama is missing, so turns fail "
+                                  "until it runs. Sessions, search and shares work meanwhile.", style="yellow",
+                                  markup=False, soft_wrap=True)
     return 0 if healthy else 1

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 
+from rich.console import RenderableType
 from rich.text import Text
 
 from clients.pal.app import App
 from clients.pal.commands import Subparsers
 from clients.pal.errors import CliError
 from clients.pal.output import to_dict
-from clients.pal.views import message_view, session_header, sessions_table
+from clients.pal.views import message_view, session_header, sessions_table, shared_header
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
 
 SORTS = {
@@ -76,6 +78,12 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("session_id")
     p.set_defaults(handler=share)
 
+    p = sub.add_parser("shared", help="read a session someone shared with you (its share token)", parents=[common])
+    p.add_argument("token", help="the token `pal sessions share ID` printed")
+    p.add_argument("--last", type=int, default=0, metavar="N", help=f"the newest N messages (default 50, at most {MAX_PAGE})")
+    p.add_argument("--before", type=int, default=0, metavar="SEQ", help="messages before #SEQ (older pages)")
+    p.set_defaults(handler=shared)
+
 
 def _page_size(limit: int) -> int:
     if not 1 <= limit <= MAX_PAGE:
@@ -114,13 +122,20 @@ def show(app: App, args: argparse.Namespace) -> int:
     if app.out.json:
         app.out.emit(session)
         return 0
-    console = app.out.console
-    console.print(session_header(session))
-    if not session.messages:
-        console.print(Text("no messages yet", style="dim"))
-    for message in session.messages:
-        console.print(message_view(message, show_thinking=args.thinking))
+    _print_history(app, session_header(session), session.messages, "no messages yet", show_thinking=args.thinking)
     return 0
+
+
+def _print_history(app: App, header: RenderableType, messages: Iterable[common_pb2.Message], empty: str,
+                   show_thinking: bool = False) -> None:
+    console = app.out.console
+    console.print(header)
+    shown = 0
+    for message in messages:
+        console.print(message_view(message, show_thinking=show_thinking))
+        shown += 1
+    if not shown:
+        console.print(Text(empty, style="dim"))
 
 
 def delete(app: App, args: argparse.Namespace) -> int:
@@ -139,7 +154,7 @@ def trim(app: App, args: argparse.Namespace) -> int:
         raise CliError("--keep must be at least 1", exit_code=2)
     response = app.conn.store().TrimSession(pb.TrimSessionRequest(session_id=args.session_id, keep=args.keep))
     if app.out.json:
-        app.out.emit(response)
+        app.out.emit({"session_id": args.session_id, **to_dict(response)})
     else:
         app.out.console.print(f"kept {response.after} of {response.before} messages "
                               f"(dropped {response.dropped}) in {args.session_id}")
@@ -174,12 +189,11 @@ def search(app: App, args: argparse.Namespace) -> int:
                                                                query=query))
         matches = {m.session_id: m for m in response.matches}
     if app.out.json:
-        app.out.emit({
-            "query": query,
-            "total": found.total,
-            "sessions": [dict(to_dict(s), matches=to_dict(matches[s.id]) if s.id in matches else {})
-                         for s in found.sessions],
-        })
+        # `list`'s object (ListSessionsResponse: `total` an int64, so a string), each session with its matches.
+        listed = to_dict(found)
+        listed["sessions"] = [dict(to_dict(s), matches=to_dict(matches[s.id]) if s.id in matches else {})
+                              for s in found.sessions]
+        app.out.emit({"query": query, **listed})
         return 0
     if not found.sessions:
         app.out.console.print(f"no session mentions {query!r}")
@@ -226,5 +240,22 @@ def share(app: App, args: argparse.Namespace) -> int:
     sys.stdout.write(response.token + "\n")
     sys.stdout.flush()
     app.out.errors.print("read-only share token for this session; anyone holding it can read the history "
-                         "(SessionStore.GetShared)", style="dim")
+                         "with `pal shared TOKEN` (SessionStore.GetShared)", style="dim")
+    return 0
+
+
+def shared(app: App, args: argparse.Namespace) -> int:
+    if args.before < 0:
+        raise CliError("--before must not be negative", exit_code=2)
+    token = args.token.strip()
+    if not token:
+        raise CliError("the share token is empty", exit_code=2)
+    response = app.conn.store().GetShared(pb.GetSharedRequest(
+        token=token, before_seq=args.before, limit=_page_size(args.last) if args.last else 0))
+    if app.out.json:
+        app.out.emit(response)
+        return 0
+    _print_history(app, shared_header(response), response.messages, "no messages")
+    if response.has_more:
+        app.out.note(f"older messages: pal shared TOKEN --before {response.messages[0].seq}")
     return 0
