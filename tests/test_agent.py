@@ -350,7 +350,7 @@ async def test_an_edit_naming_a_missing_prompt_file_leaves_turns_working(agent, 
         events = await run(agent, "still there?")
         assert end_of(events).reason == pb.STREAM_END_REASON_COMPLETED
         assert not [e for e in events if e.HasField("error")]
-        assert missing in caplog.text and "not reloaded" in caplog.text
+        assert missing in caplog.text and "keeping the profiles last read" in caplog.text
     finally:
         path.write_text(original)
         os.utime(path, (4, 4))

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from services.agent.profiles import ProfileRegistry
+from services.agent.profiles import ProfileRegistry, ProfilesFileError
 from services.shared.errors import InvalidArgument
 
 
@@ -19,9 +19,9 @@ def test_a_missing_prompt_file_is_refused_naming_the_file(tmp_path):
     path = tmp_path / "profiles.json"
     missing = tmp_path / "nowhere" / "summary.txt"
     write_profiles(path, compression_prompt_file=str(missing))
-    with pytest.raises(InvalidArgument) as refused:
+    with pytest.raises(ProfilesFileError) as refused:
         ProfileRegistry.load(str(path))
-    assert refused.value.field == "compression_prompt_file"
+    assert "compression_prompt_file" in str(refused.value)
     assert str(missing) in str(refused.value) and "'p'" in str(refused.value)
 
 
@@ -53,5 +53,6 @@ def test_an_edit_naming_a_missing_prompt_file_keeps_the_profiles_in_use(tmp_path
     registry = ProfileRegistry.load(str(path))
     write_profiles(path, model="m2", compression_prompt_file=str(tmp_path / "gone.txt"))
     os.utime(path, (1, 1))
-    assert registry.reloaded() is None
-    assert str(tmp_path / "gone.txt") in caplog.text and "not reloaded" in caplog.text
+    kept = registry.reloaded()  # the profiles in use, saying why the edit was not taken
+    assert kept is not None and str(tmp_path / "gone.txt") in kept.error
+    assert kept.profiles == registry.profiles and kept.reloaded() is None  # said once per edit

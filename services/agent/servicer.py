@@ -261,7 +261,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self._watchers.unsubscribe(request.session_id, queue)
     async def ListProfiles(self, request, context):
         self._metadata(context)
-        self._reload_profiles()  # what the next turn would use, and why an edit was not taken
+        await self._reload_profiles()  # what the next turn would use, and why an edit was not taken
         default_window = self.deps.settings.ollama_num_ctx
         return pb.ListProfilesResponse(
             profiles=[p.to_proto(default_window) for p in self.deps.profiles.profiles.values()],
