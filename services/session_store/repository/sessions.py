@@ -446,25 +446,25 @@ class Sessions:
         async with self.pool.acquire() as conn, conn.transaction():
             locked = await lock_session(conn, session_id, identity, expected_revision)
             await self._set_flag(conn, session_id, demote_seqs, False)
-            next_seq = locked["next_seq"]
             result = {"summary_seq": 0, "marker_seq": 0}
-            added = []
+            added: list[tuple[int, common_pb2.Message]] = []
+
+            def place(message: common_pb2.Message, key: str = "", **flags: bool) -> None:
+                """The next seq for a row the commit adds, with the flags that say what it is."""
+                for name, value in {**flags, "explicit_flags": True}.items():
+                    setattr(message, name, value)
+                seq = locked["next_seq"] + len(added)
+                if key:
+                    result[key] = seq
+                added.append((seq, message))
+
             if summary is not None:
-                summary.is_summary, summary.is_context, summary.is_display = True, True, False
-                summary.explicit_flags = True
-                result["summary_seq"] = next_seq
-                added.append((next_seq, summary))
-                next_seq += 1
+                place(summary, "summary_seq", is_summary=True, is_context=True, is_display=False)
             for replacement in replacements:  # each stands where the row it replaces stood (its `replaces`)
-                replacement.is_context, replacement.is_display, replacement.explicit_flags = True, False, True
-                added.append((next_seq, replacement))
-                next_seq += 1
+                place(replacement, is_context=True, is_display=False)
             if marker is not None:
-                marker.is_compression, marker.is_context, marker.is_display = True, False, True
-                marker.explicit_flags = True
-                result["marker_seq"] = next_seq
-                added.append((next_seq, marker))
-                next_seq += 1
+                place(marker, "marker_seq", is_compression=True, is_context=False, is_display=True)
+            next_seq = locked["next_seq"] + len(added)
             await conn.executemany(_INSERT_SQL, [convert.message_row(session_id, s, m, now) for s, m in added])
             result["chunks_indexed"] = await insert_chunks(conn, session_id, chunks)
             updated = await fetch_one(conn,
