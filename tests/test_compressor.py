@@ -589,3 +589,38 @@ async def test_a_compression_that_cannot_reach_its_target_says_why(compressor, s
     assert "above the target" in done.shortfall and "kept verbatim" in done.shortfall
     marker = [m for m in (await full(store, session_id)).messages if m.is_compression][-1]
     assert marker.metadata["shortfall"] == done.shortfall
+
+
+async def test_a_compress_after_the_size_checks_dry_run_reads_the_context_once(compressor, store, profile,
+                                                                              ollama_sim, monkeypatch):
+    """The size check's dry run reads the whole context to plan; the Compress the Agent sends next,
+    naming that same revision, plans from the same read instead of reading it again."""
+    from services.shared import server as shared_server
+
+    session_id = await session_with(store, profile, turns(20))
+    session = (await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session
+    reads: list[str] = []
+    intercept = shared_server.ErrorInterceptor.intercept_service
+
+    async def recording(self, continuation, details):
+        reads.append(details.method.rsplit("/", 1)[-1])
+        return await intercept(self, continuation, details)
+
+    monkeypatch.setattr(shared_server.ErrorInterceptor, "intercept_service", recording)
+    check = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model=MODEL, messages=list(session.context), window=WINDOW, session_id=session_id, decide_compression=True))
+    assert check.decision == pb.SIZE_DECISION_COMPRESS_FIRST
+    done = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN,
+                          expected_revision=session.revision, current_tokens=check.tokens)
+    assert done[-1].compressed.messages_after < done[-1].compressed.messages_before
+    assert reads.count("GetSession") == 1, reads  # the dry run's, used again by the Compress
+    # A Compress naming another revision (or none) reads the context itself: the copy is not trusted.
+    session_id = await session_with(store, profile, turns(20))
+    session = (await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session
+    reads.clear()
+    await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+        model=MODEL, messages=list(session.context), window=WINDOW, session_id=session_id, decide_compression=True))
+    await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN)
+    assert reads.count("GetSession") == 2, reads

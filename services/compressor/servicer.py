@@ -62,6 +62,11 @@ def _reportable(pricing: Pricing, view, estimate):
     return estimate if pricing.exact else replace(estimate, shape=calibrated_shape(view))
 
 
+# The dry run's reads kept for the Compress that follows: a few sessions, none above this size.
+DRY_RUN_SESSIONS = 8
+DRY_RUN_KEEP_BYTES = 4 * 1024 * 1024
+
+
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     def __init__(self, store: SessionStoreStub, ollama: OllamaClient, settings: Settings):
         self.store = store
@@ -70,6 +75,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self.tokenizers = ModelTokenizers(ollama, settings.data_dir / "tokenizers")
         self._writes: set[asyncio.Task] = set()  # token counts on their way to the store
         self._observation_cache: dict[str, tuple[float, list[store_pb.Observation]]] = {}
+        # Contexts the size check's dry run read, by session (see _kept_for_compress).
+        self._dry_runs: OrderedDict[str, common_pb2.Session] = OrderedDict()
         # (session, tokenizer digest) → the highest seq whose count this replica has stored.
         self._counted_through: OrderedDict[tuple[str, str], int] = OrderedDict()
 
@@ -285,6 +292,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             log.warning("compression dry run for %s failed: %s", request.session_id, exc)
             return None
         stored = list(session.context)
+        self._kept_for_compress(session)
         candidates = [request.keep_recent_messages]
         if tokens > limit:
             candidates.append(intra_turn_keep(knobs.keep_recent))
@@ -354,6 +362,22 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
 
     # -- compression -------------------------------------------------------------------------
+    def _kept_for_compress(self, session: common_pb2.Session) -> None:
+        """The context a size check's dry run read, for the Compress that usually follows it (one
+        whole-context read instead of two); a session too big to hold is read again."""
+        if session.ByteSize() > DRY_RUN_KEEP_BYTES:
+            return
+        self._dry_runs[session.id] = session
+        self._dry_runs.move_to_end(session.id)
+        while len(self._dry_runs) > DRY_RUN_SESSIONS:
+            self._dry_runs.popitem(last=False)
+
+    def _read_by_dry_run(self, request) -> common_pb2.Session | None:
+        """The dry run's copy, when the Compress names the very revision it read (taken: used once)."""
+        session = self._dry_runs.pop(request.session_id, None)
+        asked = "expected_revision" in request.DESCRIPTOR.fields_by_name and request.HasField("expected_revision")
+        return session if session is not None and asked and session.revision == request.expected_revision else None
+
     async def _prepare(self, request):
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
@@ -363,7 +387,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("current_tokens", "must not be negative")
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
-        state = await self._load(request.session_id, request.model)
+        read = self._read_by_dry_run(request)
+        state = await self._load(request.session_id, request.model, with_context=read is None)
+        if read is not None:
+            state.session = read
         model = request.model or state.session.model
         pricing = await self._pricing(model, window, knobs, state.observations, self._usable_baseline(state, model))
         context_messages = state.context
