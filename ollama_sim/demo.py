@@ -48,8 +48,8 @@ def what_it_shows(settings: Settings, window: int) -> str:
         f"({trigger / window:.0%})"
         + (f", not at CONTEXT_COMPRESSION_THRESHOLD={settings.compression_threshold:.2f}: the trigger is never above "
            "that limit" if capped else "")
-        + ". It runs after an answer when the next prompt would pass it, and before a turn when a prompt "
-        f"already does. It summarizes all but the last {settings.keep_recent} turns (CONTEXT_KEEP_RECENT); "
+        + ". It runs after an answer when that answer's prompt reached it (or came back cut), and before a "
+        f"call when the prompt would pass it. It summarizes all but the last {settings.keep_recent} turns (CONTEXT_KEEP_RECENT); "
         "the meter drops by what the summary saved, and climbs again as turns are added. A window this small "
         "leaves a gap of a few turns between compressions; a 32k window leaves dozens.\n"
     )
