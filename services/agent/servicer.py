@@ -103,8 +103,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if not request.session_id:
             session = (await self.deps.store.CreateSession(store_pb.CreateSessionRequest(
                 profile_id=profile.id, provider="ollama", model=profile.model))).session
+        settings = self.deps.settings
         conversation = StoredConversation(self.deps.store, session.id,
-                                          vouching_metadata(self.deps.settings.auth_enabled, self.deps.settings.jwt_secret))
+                                          vouching_metadata(settings.auth_enabled, settings.jwt_secret))
         conversation.adopt(session)
         conversation.from_cache = warm is not None
         sink = EventSink(session.id, publish=self._watchers.publish)

@@ -513,8 +513,8 @@ class Turn:
                                       token_counts=check.new_counts)
         self.last_trigger = check.trigger
         self.prompt_cut = False
-        if not reply.prompt_eval_count:
-            return report
+        if not reply.prompt_eval_count or not self.stored:
+            return report  # (a sub-agent's report goes to RecordBaseline, which judges it: _record_usage)
         verdict = judge(reply.prompt_eval_count, model=self.profile.model, method=check.method, shape=check.shape,
                         window=self.window, sent_chars=view_chars(built), had_images=any(m.images for m in built))
         if verdict.problem:

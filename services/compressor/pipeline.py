@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
-from services.compressor.planner import Plan, apply_plan, kept_always, plan_compression, split_turns, would_compress
+from services.compressor.planner import Plan, apply_plan, freed_tokens, kept_always, plan_compression, split_turns
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import Pruning, plan_pruning
 from services.compressor.token_estimate import trigger_tokens
@@ -103,25 +103,17 @@ def expected_summary_tokens(context: list[Message], pricing: Pricing, knobs: Kno
     return min(summary, knobs.summary_max_tokens, window // 8)
 
 
-def summary_frees(plan: Plan, context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> int:
-    """What summarizing ``plan`` is expected to free: the summarized messages less the summary
-    (at most half as long as what it summarizes)."""
-    if plan.is_empty:
-        return 0
-    summarized = pricing.estimate(plan.system + plan.to_summarize + plan.to_keep) \
-        - pricing.estimate(plan.system + plan.to_keep)
-    return summarized - min(expected_summary_tokens(context, pricing, knobs, window), summarized // 2)
-
-
 def worth_running(plan: Plan, context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
                   any_gain: bool = False) -> tuple[bool, int]:
     """(whether the summary ``plan`` describes should run, what it is expected to free). It must
     shrink the context, and free ``min_freed`` of the window unless ``any_gain`` will do (a forced
     compaction; a prompt over the limit, whose alternative is cutting it): an LLM call that frees a
     few hundred tokens buys a turn at most, and the next compression follows."""
-    if not would_compress(plan, pricing.estimate):
+    summarized = freed_tokens(plan, pricing.estimate)
+    if summarized <= 0:
         return False, 0
-    frees = summary_frees(plan, context, pricing, knobs, window)
+    # The summary takes back some of it: as large as expected, at most half of what it summarizes.
+    frees = summarized - min(expected_summary_tokens(context, pricing, knobs, window), summarized // 2)
     return (frees > 0 if any_gain else frees >= max(1, knobs.min_freed * window)), frees
 
 

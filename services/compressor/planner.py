@@ -363,17 +363,19 @@ def plan_compression(
     return turn_plan
 
 
-def would_compress(plan: Plan, estimate: Estimator, *, summary_tokens: int = 0) -> bool:
-    """True only when applying ``plan`` would shrink the stored context.
-
-    Re-summarizing a lone existing summary is not progress; ``summary_tokens`` is the expected
-    size of the new summary (0 when unknown).
-    """
+def freed_tokens(plan: Plan, estimate: Estimator, *, summary_tokens: int = 0) -> int:
+    """What applying ``plan`` frees of the stored context (0 or less: nothing), ``summary_tokens``
+    being the expected size of the new summary (0 when unknown). Re-summarizing a lone existing
+    summary is not progress: 0."""
     if plan.is_empty:
-        return False
+        return 0
     summaries = sum(1 for m in plan.to_summarize if m.is_summary)
     if summaries == len(plan.to_summarize) and summaries < 2:
-        return False
+        return 0
     before = estimate(plan.system + plan.to_summarize + plan.to_keep)
-    after = estimate(plan.system + plan.to_keep) + max(0, summary_tokens)
-    return after < before
+    return before - estimate(plan.system + plan.to_keep) - max(0, summary_tokens)
+
+
+def would_compress(plan: Plan, estimate: Estimator, *, summary_tokens: int = 0) -> bool:
+    """True only when applying ``plan`` would shrink the stored context."""
+    return freed_tokens(plan, estimate, summary_tokens=summary_tokens) > 0

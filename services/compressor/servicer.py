@@ -440,7 +440,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 return  # under the threshold: nothing to do, no events
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         # Any gain will do when it was asked for, or when the prompt did not fit (the alternative is a cut).
-        any_gain = request.reason == pb.COMPRESSION_REASON_FORCED or truncated_flag or current > self._limit(window, knobs)
+        any_gain = (request.reason == pb.COMPRESSION_REASON_FORCED or truncated_flag
+                    or current > self._limit(window, knobs))
         worth, frees = await self._worth(plan, messages, pricing, knobs, window, any_gain)
         outcome = await self._prunes_to_target(messages, pricing, knobs, window, current, request.reason)
         if not worth and outcome is None:
