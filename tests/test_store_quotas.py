@@ -76,3 +76,24 @@ async def test_stored_bytes_past_the_quota_are_refused_and_nothing_is_written(qu
         session_id=theirs.id, messages=[Message(role="user", content="g" * 90 * KB)]), metadata=other)
     await quota_store.TrimSession(pb.TrimSessionRequest(session_id=s.id, keep=1), metadata=me)
     await append("h" * 25 * KB)
+
+
+async def test_an_admin_writing_to_an_owners_session_is_held_to_that_owners_quota(quota_store, user):
+    """The append learns the session's owner only under its lock (one round trip): an admin's write
+    to someone else's session is checked against that owner's bytes, not the admin's."""
+    me, admin = bearer(user), bearer(user + "-admin", role="admin")
+    s = (await quota_store.CreateSession(pb.CreateSessionRequest(profile_id="p"), metadata=me)).session
+    await quota_store.AppendMessages(pb.AppendMessagesRequest(
+        session_id=s.id, messages=[Message(role="user", content="a" * 60 * KB)]), metadata=me)
+    too_much = pb.AppendMessagesRequest(session_id=s.id, messages=[Message(role="assistant", content="b" * 50 * KB)])
+    await expect_status(quota_store.AppendMessages(too_much, metadata=admin), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "storage quota", user)
+    fits = pb.AppendMessagesRequest(session_id=s.id, messages=[Message(role="assistant", content="c" * 20 * KB)])
+    done = await quota_store.AppendMessages(fits, metadata=admin)
+    # What the admin wrote counts against the owner: their next 30 KB no longer fits.
+    await expect_status(quota_store.AppendMessages(pb.AppendMessagesRequest(
+        session_id=s.id, messages=[Message(role="user", content="d" * 30 * KB)]), metadata=me),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "storage quota")
+    got = (await quota_store.GetSession(pb.GetSessionRequest(session_id=s.id, view=pb.SESSION_VIEW_DISPLAY),
+                                        metadata=me)).session
+    assert got.revision == done.revision and [len(m.content) for m in got.messages] == [60 * KB, 20 * KB]

@@ -508,3 +508,29 @@ async def test_a_shared_message_never_leads_back_to_its_session(store, profile):
     assert list(answer.files) == ["image_1.png"] and "[this session]" in answer.content
     stored = (await store.GetSession(pb.GetSessionRequest(session_id=s.id, view=pb.SESSION_VIEW_FULL))).session
     assert s.id in stored.messages[-1].content  # the owner's own history is untouched
+
+
+async def test_an_appends_counters_weigh_rows_as_every_other_counter_does(store, profile, database_url):
+    """The append function (one round trip) keeps the session's counters itself; they must agree
+    with ROW_BYTES, which the archive, the pages and the trim use, for every kind of row."""
+    import asyncpg
+
+    from services.session_store.repository.message_rows import ROW_BYTES
+
+    s = await new_session(store, profile)
+    call = common_pb2.ToolCall(id="c1", name="grep", arguments_json=json.dumps({"pattern": "é", "n": 3}))
+    await append(store, s.id, Message(role="user", content="naïve 日本語 🎉", images=[b"\x89PNG" + bytes(300)]),
+                 Message(role="assistant", content="", thinking="let me think…", tool_calls=[call]))
+    await append(store, s.id, Message(role="tool", content='{"k": [1, 2]}', tool_call_id="c1"),
+                 Message(role="assistant", content="done", is_display=False, explicit_flags=True, is_context=True))
+    conn = await asyncpg.connect(database_url)
+    try:
+        row = await conn.fetchrow(
+            f"SELECT s.hot_count, s.hot_bytes, s.message_bytes, s.display_count,"
+            f" (SELECT count(*) FROM session_messages WHERE session_id = s.id) AS n,"
+            f" (SELECT sum({ROW_BYTES}) FROM session_messages WHERE session_id = s.id) AS bytes"
+            f" FROM sessions s WHERE s.id = $1", uuid.UUID(s.id))
+    finally:
+        await conn.close()
+    assert row["hot_count"] == row["n"] == 4 and row["display_count"] == 3
+    assert row["hot_bytes"] == row["message_bytes"] == row["bytes"] > 300

@@ -28,12 +28,41 @@ async def fetch_one(conn: Connection, query: str, *args: Any) -> asyncpg.Record:
     return row
 
 
+async def commit_one(pool: asyncpg.Pool, query: str, *args: Any) -> asyncpg.Record:
+    """One statement that always returns a row, in autocommit: its answer once it has one. Handing
+    the connection back runs a reset query; when the server is going down that can fail after the
+    statement committed (asyncpg: "cannot switch to state …"), and the pool then drops the
+    connection on its own. Failing the call there would tell a writer its committed write failed."""
+    conn = await pool.acquire()
+    try:
+        row = await fetch_one(conn, query, *args)
+    except BaseException:
+        await pool.release(conn)
+        raise
+    try:
+        await pool.release(conn)
+    except Exception as exc:  # the statement's answer stands; the pool has closed the connection
+        log.info("a connection could not be reset after its statement committed (%s); closed", exc)
+    return row
+
+
 # Serializes migrations when several store replicas (or test workers) start at once.
 _MIGRATION_LOCK = 0x7061_6C69  # "pali"
 
 
 async def _init_connection(conn: Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    # Binary, so jsonb can travel inside a composite too (the append function takes its rows as
+    # session_messages[]; asyncpg encodes composites in binary only): a version byte, then the text.
+    await conn.set_type_codec("jsonb", encoder=_jsonb_bytes, decoder=_jsonb_value, schema="pg_catalog",
+                              format="binary")
+
+
+def _jsonb_bytes(value: Any) -> bytes:
+    return b"\x01" + json.dumps(value).encode()
+
+
+def _jsonb_value(data: bytes) -> Any:
+    return json.loads(data[1:])
 
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,

@@ -7,6 +7,7 @@ revision in the same transaction (see access), so two writers can never interlea
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,17 +18,20 @@ import asyncpg
 
 from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
+from services.shared.errors import NotFound
 from services.session_store import convert
 from services.session_store.convert import INSERT_COLUMNS
-from services.session_store.db import Connection, fetch_one
+from services.session_store.db import Connection, commit_one, fetch_one
 from services.session_store.repository.access import (
     check_revision, like_pattern, lock_session, readable, rows_affected, visible,
 )
-from services.session_store.repository.calibration import forget_baseline, insert_observation, write_baseline
+from services.session_store.repository.calibration import EXACT_FIELDS, forget_baseline
 from services.session_store.repository.memory import insert_chunks
 from services.session_store.repository.vectors import SESSIONS_NEAR_SQL
 from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
 from services.session_store.repository.usage import OwnerUsage
+
+log = logging.getLogger("palimpsest.store.sessions")
 
 PLANNING_LOG_CAP = 20
 PREVIEW_CHARS = 120
@@ -43,6 +47,8 @@ _INSERT_SQL = (
     f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES "
     f"({', '.join(f'${i}' for i in range(1, 26))})"
 )
+_ROW_FIELDS = [c.strip() for c in INSERT_COLUMNS.split(",")]
+_APPEND_SQL = "SELECT * FROM append_messages($1, $2, $3, $4::session_messages[], $5, $6, $7, $8, $9, $10, $11, $12)"
 
 
 def snippet_around(content: str, query: str, radius: int = 60) -> str:
@@ -55,15 +61,6 @@ def snippet_around(content: str, query: str, radius: int = 60) -> str:
 
 # A retry comes within its writer's deadline (seconds to minutes); a day of keys is plenty.
 APPEND_KEY_DAYS = 1
-# One statement: remember this append's key, and forget the session's keys past their day.
-_REMEMBER_APPEND_SQL = """
-    WITH expired AS (
-        DELETE FROM applied_appends WHERE session_id = $1 AND applied_at < $5::timestamptz - make_interval(days => $6)
-    )
-    INSERT INTO applied_appends (session_id, key, seqs, revision, applied_at) VALUES ($1, $2, $3, $4, $5)
-"""
-
-
 # The sizes of a page's candidate rows, in page order: display rows newest first before $2 (at most
 # $3), archived rows the same, the context in its order from offset $2.
 _SIZES = f"SELECT seq, replaces_first, {ROW_BYTES} AS bytes FROM {{table}} WHERE session_id = $1 AND {{where}}"
@@ -305,46 +302,60 @@ class Sessions:
         idempotency_key: str = "",
         report: Report | None = None,
     ) -> AppendResult:
+        """One statement (the append_messages function, migration 0013): the checks, the rows, the
+        counters, the report and the key in one round trip and its commit. An answer's append stands
+        between the model's last token and the client's stream_end."""
         now = datetime.now(timezone.utc)
-        async with self.pool.acquire() as conn, conn.transaction():
-            # The key is looked up before the revision check: the first attempt moved the revision,
-            # and its retry must get that attempt's answer, not a conflict.
-            locked = await lock_session(conn, session_id, identity, None)
-            if idempotency_key:
-                applied = await conn.fetchrow(
-                    "SELECT seqs, revision FROM applied_appends WHERE session_id = $1 AND key = $2",
-                    session_id, idempotency_key)
-                if applied is not None:
-                    return AppendResult(seqs=list(applied["seqs"]), revision=applied["revision"], archived=0)
-            check_revision(session_id, locked["revision"], expected_revision)
-            await self.usage.check_storage(conn, locked["owner"], sum(m.ByteSize() for m in messages))
-            first = locked["next_seq"]
-            seqs = list(range(first, first + len(messages)))
-            rows = [convert.message_row(session_id, seq, m, now) for seq, m in zip(seqs, messages)]
-            await conn.executemany(_INSERT_SQL, rows)
-            displayed = sum(1 for r in rows if r[12])
-            preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
-            updated = await fetch_one(conn,
-                f"""
-                UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
-                       display_count = display_count + $4, hot_count = hot_count + $5,
-                       hot_bytes = hot_bytes + added.bytes, message_bytes = message_bytes + added.bytes,
-                       preview = CASE WHEN preview = '' THEN $7 ELSE preview END,
-                       context_token_count = coalesce($8::bigint, context_token_count)
-                  FROM (SELECT {new_rows_bytes("$6")} AS bytes) added
-                 WHERE id = $1 RETURNING revision, hot_count, hot_bytes
-                """,
-                session_id, first + len(messages), now, displayed, len(messages), first, preview,
-                report.context_token_count if report is not None else None,
-            )
-            truncated = await _write_report(conn, session_id, report) if report is not None else False
-            archived = 0
-            if self._over_hot_window(updated["hot_count"], updated["hot_bytes"]):
-                archived = await self._archive_overflow(conn, session_id)
-            if idempotency_key:
-                await conn.execute(_REMEMBER_APPEND_SQL, session_id, idempotency_key, seqs, updated["revision"], now,
-                                   APPEND_KEY_DAYS)
-        return AppendResult(seqs=seqs, revision=updated["revision"], archived=archived, context_truncated=truncated)
+        rows = [dict(zip(_ROW_FIELDS, convert.message_row(session_id, 0, m, now))) for m in messages]
+        preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
+        adding = sum(m.ByteSize() for m in messages)
+        quotas = self.usage.quotas.max_bytes > 0 and adding > 0
+        quota_owner = identity.sub if quotas else None
+        while True:
+            allowance = await self.usage.allowance(self.pool, quota_owner) if quota_owner is not None else None
+            row = await commit_one(self.pool, _APPEND_SQL, session_id, _only_owner(identity), expected_revision,
+                                   rows, now, preview, idempotency_key, APPEND_KEY_DAYS, quota_owner, allowance,
+                                   adding, _report_json(report))
+            if row["status"] != "quota_owner":
+                break
+            quota_owner = row["owner"]  # another owner's session (an admin's write): their allowance
+        status = row["status"]
+        if status == "not_found":
+            raise NotFound(f"session {session_id} not found")
+        if status == "forbidden":
+            identity.require_access(row["owner"], str(session_id))
+        if status == "stale":
+            check_revision(session_id, row["revision"], expected_revision)
+        if status == "quota":
+            self.usage.refuse(row["owner"], adding, allowance or 0)
+        if status == "replayed":
+            return AppendResult(seqs=list(row["seqs"]), revision=row["revision"], archived=0)
+        if status != "ok":
+            raise AssertionError(f"append_messages answered {status!r}")
+        if quota_owner is not None:
+            self.usage.record(quota_owner, adding)
+        archived = 0
+        if self._over_hot_window(row["hot_count"], row["hot_bytes"]):
+            archived = await self._archive_if_over(session_id)
+        return AppendResult(seqs=list(row["seqs"]), revision=row["revision"], archived=archived,
+                            context_truncated=bool(row["truncated"]))
+
+    async def _archive_if_over(self, session_id: uuid.UUID) -> int:
+        """After an append took the session past the hot window: its own transaction, the counters
+        read again under the lock (another append may have moved the rows already). The append has
+        committed, so a failure here is logged, not answered: the next append past the window tries
+        again."""
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                locked = await conn.fetchrow("SELECT hot_count, hot_bytes FROM sessions WHERE id = $1 FOR UPDATE",
+                                             session_id)
+                if locked is None or not self._over_hot_window(locked["hot_count"], locked["hot_bytes"]):
+                    return 0
+                return await self._archive_overflow(conn, session_id)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            log.warning("session %s: moving rows past the hot window to the archive failed (%s); the next "
+                        "append tries again", session_id, exc)
+            return 0
 
     async def claim_turn(self, identity: Identity, session_id: uuid.UUID, holder: str, ttl_seconds: int,
                          release: bool) -> tuple[bool, str, float]:
@@ -676,23 +687,26 @@ async def write_token_counts(conn: Connection, session_id: uuid.UUID, token_dige
     return updated
 
 
-async def _write_report(conn: Connection, session_id: uuid.UUID, report: Report) -> bool:
-    """What the call an append answers reported, in the append's transaction (its context size went
-    with the session's row); whether the session is flagged as cut (by this report or an earlier
-    one no compression has consumed)."""
-    if report.prompt_cut:
-        truncated = await write_baseline(conn, session_id, {"context_truncated": True}, only_truncated_flag=True)
-    elif report.baseline is not None:
-        truncated = await write_baseline(conn, session_id, report.baseline, only_truncated_flag=False)
-    else:
-        truncated = bool(await conn.fetchval(
-            "SELECT context_truncated FROM session_baselines WHERE session_id = $1", session_id))
+def _only_owner(identity: Identity) -> str | None:
+    """The one owner whose sessions the caller may write; None: any (see Identity.can_access)."""
+    return None if identity.can_access(None) else identity.sub
+
+
+def _report_json(report: Report | None) -> dict[str, Any] | None:
+    """A report as the append function reads it (see migration 0013)."""
+    if report is None:
+        return None
+    out: dict[str, Any] = {"prompt_cut": report.prompt_cut, "token_digest": report.token_digest,
+                           "token_counts": [list(c) for c in report.token_counts]}
+    if report.context_token_count is not None:
+        out["context_token_count"] = report.context_token_count
+    if report.baseline is not None:
+        out["baseline"] = {k: report.baseline[k] for k in ("tokens", "through_seq", "model")}
     if report.observation is not None:
-        await insert_observation(conn, *report.observation)
-    if report.token_counts:
-        seqs, tokens, md5s = zip(*report.token_counts)
-        await write_token_counts(conn, session_id, report.token_digest, seqs, tokens, md5s)
-    return truncated
+        model, chars, tokens, exact = report.observation
+        out["observation"] = {"model": model, "chars": chars, "tokens": tokens,
+                              **{name: exact.get(name, 0) for name in EXACT_FIELDS}}
+    return out
 
 
 def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
