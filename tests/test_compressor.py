@@ -591,11 +591,21 @@ async def test_a_compression_that_cannot_reach_its_target_says_why(compressor, s
     assert marker.metadata["shortfall"] == done.shortfall
 
 
-async def test_a_compress_after_the_size_checks_dry_run_reads_the_context_once(compressor, store, profile,
-                                                                              ollama_sim, monkeypatch):
-    """The size check's dry run reads the whole context to plan; the Compress the Agent sends next,
-    naming that same revision, plans from the same read instead of reading it again."""
+async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_context_once(
+        compressor, store, profile, ollama_sim, monkeypatch):
+    """The size check's dry run reads the whole context and plans; the Compress the Agent sends
+    next, naming that same revision, uses the same read and the same plan instead of making them again."""
+    from services.compressor import pipeline
     from services.shared import server as shared_server
+
+    plans: list[int] = []
+    make_plan = pipeline.make_plan
+
+    def counted(messages, *args):
+        plans.append(len(messages))
+        return make_plan(messages, *args)
+
+    monkeypatch.setattr(pipeline, "make_plan", counted)
 
     session_id = await session_with(store, profile, turns(20))
     session = (await store.GetSession(store_pb.GetSessionRequest(
@@ -615,6 +625,7 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_the_context_once(c
                           expected_revision=session.revision, current_tokens=check.tokens)
     assert done[-1].compressed.messages_after < done[-1].compressed.messages_before
     assert reads.count("GetSession") == 1, reads  # the dry run's, used again by the Compress
+    assert len(plans) == 1, plans  # and its plan
     # A Compress naming another revision (or none) reads the context itself: the copy is not trusted.
     session_id = await session_with(store, profile, turns(20))
     session = (await store.GetSession(store_pb.GetSessionRequest(
@@ -624,3 +635,4 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_the_context_once(c
         model=MODEL, messages=list(session.context), window=WINDOW, session_id=session_id, decide_compression=True))
     await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN)
     assert reads.count("GetSession") == 2, reads
+    assert len(plans) == 3, plans  # the first Compress's one, then this check's and this Compress's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import replace, dataclass, field, fields
 
 from palimpsest.v1 import common_pb2, compressor_pb2, session_store_pb2 as store_pb
 from services.compressor.calibration import (
@@ -124,6 +124,13 @@ class Pricing:
             [(o.exact.messages, shape_classes(o.exact), o.tokens) for o in ordered if o.exact.content_tokens == 0])
         return cls(line, message_budget(window, knobs.message_budget), knobs.image_fallback, baseline, counter,
                    template, rates)
+
+    def plans_like(self, other: "Pricing") -> bool:
+        """Whether a plan made with ``other`` is the plan this pricing would make. With the model's
+        tokenizer the baseline enters no count, so only the rest must agree."""
+        if self.exact:
+            return replace(self, baseline=None) == replace(other, baseline=None)
+        return self == other
 
     @property
     def exact(self) -> bool:

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
@@ -67,6 +67,25 @@ DRY_RUN_SESSIONS = 8
 DRY_RUN_KEEP_BYTES = 4 * 1024 * 1024
 
 
+@dataclass
+class DryRun:
+    """What a size check's dry run read and planned, for the Compress the Agent sends next: that
+    Compress names the revision read, and plans nothing the dry run planned already."""
+
+    session: common_pb2.Session
+    pricing: Pricing
+    knobs: Knobs
+    window: int
+    prompt_tokens: int
+    plans: dict[int, pipeline.Plan] = field(default_factory=dict)  # by keep_recent_messages
+
+    def plan_for(self, keep: int, pricing: Pricing, knobs: Knobs, window: int,
+                 prompt_tokens: int) -> pipeline.Plan | None:
+        if keep not in self.plans or (knobs, window, prompt_tokens) != (self.knobs, self.window, self.prompt_tokens):
+            return None
+        return self.plans[keep] if pricing.plans_like(self.pricing) else None
+
+
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     def __init__(self, store: SessionStoreStub, ollama: OllamaClient, settings: Settings):
         self.store = store
@@ -75,8 +94,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self.tokenizers = ModelTokenizers(ollama, settings.data_dir / "tokenizers")
         self._writes: set[asyncio.Task] = set()  # token counts on their way to the store
         self._observation_cache: dict[str, tuple[float, list[store_pb.Observation]]] = {}
-        # Contexts the size check's dry run read, by session (see _kept_for_compress).
-        self._dry_runs: OrderedDict[str, common_pb2.Session] = OrderedDict()
+        # What the size check's dry run read and planned, by session (see _kept_for_compress).
+        self._dry_runs: OrderedDict[str, DryRun] = OrderedDict()
         # (session, tokenizer digest) → the highest seq whose count this replica has stored.
         self._counted_through: OrderedDict[tuple[str, str], int] = OrderedDict()
 
@@ -292,12 +311,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             log.warning("compression dry run for %s failed: %s", request.session_id, exc)
             return None
         stored = list(session.context)
-        self._kept_for_compress(session)
+        dry = DryRun(session, pricing, knobs, window, tokens)
+        self._kept_for_compress(dry)
         candidates = [request.keep_recent_messages]
         if tokens > limit:
             candidates.append(intra_turn_keep(knobs.keep_recent))
         for keep in dict.fromkeys(candidates):
-            plan = await self._plan(stored, pricing, knobs, window, keep, tokens)
+            plan = dry.plans[keep] = await self._plan(stored, pricing, knobs, window, keep, tokens)
             if (await self._worth(plan, stored, pricing, knobs, window, tokens > limit))[0] \
                     or await self._prunes_to_target(stored, pricing, knobs, window, tokens):
                 return keep
@@ -362,21 +382,21 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
 
     # -- compression -------------------------------------------------------------------------
-    def _kept_for_compress(self, session: common_pb2.Session) -> None:
-        """The context a size check's dry run read, for the Compress that usually follows it (one
-        whole-context read instead of two); a session too big to hold is read again."""
-        if session.ByteSize() > DRY_RUN_KEEP_BYTES:
+    def _kept_for_compress(self, dry: DryRun) -> None:
+        """What a size check's dry run read and planned, for the Compress that usually follows it
+        (one whole-context read and one plan instead of two); a session too big to hold is read again."""
+        if dry.session.ByteSize() > DRY_RUN_KEEP_BYTES:
             return
-        self._dry_runs[session.id] = session
-        self._dry_runs.move_to_end(session.id)
+        self._dry_runs[dry.session.id] = dry
+        self._dry_runs.move_to_end(dry.session.id)
         while len(self._dry_runs) > DRY_RUN_SESSIONS:
             self._dry_runs.popitem(last=False)
 
-    def _read_by_dry_run(self, request) -> common_pb2.Session | None:
-        """The dry run's copy, when the Compress names the very revision it read (taken: used once)."""
-        session = self._dry_runs.pop(request.session_id, None)
+    def _read_by_dry_run(self, request) -> DryRun | None:
+        """The dry run, when the Compress names the very revision it read (taken: used once)."""
+        dry = self._dry_runs.pop(request.session_id, None)
         asked = "expected_revision" in request.DESCRIPTOR.fields_by_name and request.HasField("expected_revision")
-        return session if session is not None and asked and session.revision == request.expected_revision else None
+        return dry if dry is not None and asked and dry.session.revision == request.expected_revision else None
 
     async def _prepare(self, request):
         if not request.session_id:
@@ -387,15 +407,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("current_tokens", "must not be negative")
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
-        read = self._read_by_dry_run(request)
-        state = await self._load(request.session_id, request.model, with_context=read is None)
-        if read is not None:
-            state.session = read
+        dry = self._read_by_dry_run(request)
+        state = await self._load(request.session_id, request.model, with_context=dry is None)
+        if dry is not None:
+            state.session = dry.session
         model = request.model or state.session.model
         pricing = await self._pricing(model, window, knobs, state.observations, self._usable_baseline(state, model))
         context_messages = state.context
         current = request.current_tokens or (await asyncio.to_thread(pricing.with_baseline, context_messages))[0].tokens
-        return window, knobs, state, model, pricing, context_messages, current
+        return window, knobs, state, model, pricing, context_messages, current, dry
 
     @staticmethod
     async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int = 0):
@@ -405,7 +425,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     async def WouldCompress(self, request, context):
         self._caller(context)
-        window, knobs, state, model, pricing, messages, current = await self._prepare(request)
+        window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         kept = pricing.estimate(plan.system + plan.to_keep)
         worth, _ = await self._worth(plan, messages, pricing, knobs, window, current > self._limit(window, knobs))
@@ -430,7 +450,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._caller(context)  # who asks comes before what is asked
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
-        window, knobs, state, model, pricing, messages, current = await self._prepare(request)
+        window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
         if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
             raise Aborted(f"session {state.session.id} is at revision {state.session.revision}, not the expected "
                           f"{request.expected_revision}: another writer changed it")
@@ -438,7 +458,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if request.only_if_over_threshold and request.reason != pb.COMPRESSION_REASON_FORCED:
             if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
                 return  # under the threshold: nothing to do, no events
-        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
+        keep = request.keep_recent_messages
+        plan = dry.plan_for(keep, pricing, knobs, window, current) if dry is not None else None
+        if plan is None:
+            plan = await self._plan(messages, pricing, knobs, window, keep, current)
         # Any gain will do when it was asked for, or when the prompt did not fit (the alternative is a cut).
         any_gain = (request.reason == pb.COMPRESSION_REASON_FORCED or truncated_flag
                     or current > self._limit(window, knobs))
