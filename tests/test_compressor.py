@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import replace
 
@@ -233,6 +234,23 @@ async def test_summarizer_failing_twice_hard_truncates_and_the_session_survives(
     assert not any(m.is_summary for m in after.context)
     assert after.context[-1].content == after.messages[-2].content  # the newest turn is kept
     assert len(after.messages) == 25
+
+
+async def test_a_summarizer_retry_keeps_more_verbatim_and_summarizes_less(compressor, store, profile, ollama_sim):
+    """The retry after a failed summary call does not ask the same again: the newer half of what was
+    to be summarized stays verbatim, so the second call is smaller and the summary replaces less."""
+    session_id = await session_with(store, profile, turns(12))
+    ollama_sim.script(Reply(http_status=500, error="boom"))
+    done = (await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_MIDTURN))[-1].compressed
+    first, retry = [json.dumps(b["messages"]) for b in ollama_sim.bodies() if b.get("stream") is False][-2:]
+    asked = [len(re.findall(r"question \d+:", body)) for body in (first, retry)]
+    assert asked[0] >= 4 and asked[1] == (asked[0] + 1) // 2, asked  # the older half of the turns
+    assert done.method == pb.COMPRESSION_METHOD_SUMMARY
+    after = await full(store, session_id)
+    summary = next(m for m in after.context if m.is_summary)
+    kept_turns = [m for m in after.context if m.role == "user" and not m.is_summary]
+    assert summary.replaces.first == 1 and summary.replaces.last == kept_turns[0].seq - 1
+    assert len(kept_turns) == 12 - asked[1]
 
 
 async def test_fifty_compressions_leave_at_most_one_live_summary(compressor, store, profile):

@@ -16,6 +16,7 @@ from services.compressor.planner import (
     split_turns,
     tool_groups,
     turn_importance,
+    widen_kept,
     would_compress,
 )
 from services.compressor.token_estimate import estimate_tokens
@@ -495,3 +496,43 @@ def test_a_recalled_excerpt_is_cut_around_the_first_word_of_the_query_it_contain
     assert excerpt("short", "anything", 100) == "short"
     message = recall_message([RawChunk(content=text), RawChunk(content=text)], "vault", 1_000)
     assert message.content.count("7741") == 2 and len(message.content) < 1_200
+
+
+# -- the summarizer's retry ----------------------------------------------------------------
+
+
+def test_a_retry_summarizes_the_older_half_of_the_turns_and_keeps_the_rest_in_order() -> None:
+    h = History()
+    h.add("system", "you are helpful")
+    h.summary()
+    for i in range(7):
+        h.turn(f"question {i}")
+    first = plan(h.messages, keep_recent=2)
+    wider = widen_kept(first)
+    old_turns = split_turns(first.to_summarize)  # the old summary, then five turns
+    assert len(old_turns) == 6
+    assert seqs(wider.to_summarize) == seqs([m for t in old_turns[:3] for m in t])
+    assert seqs(wider.to_keep) == sorted(seqs(wider.to_keep)) == seqs([m for t in old_turns[3:] for m in t]) + \
+        seqs(first.to_keep)
+    assert wider.system == first.system and wider.kept_turns == first.kept_turns + 3
+    # Nothing lost, nothing twice: the same messages, partitioned anew.
+    assert sorted(seqs(wider.to_summarize + wider.to_keep)) == sorted(seqs(first.to_summarize + first.to_keep))
+
+
+def test_a_retry_within_one_long_turn_keeps_whole_tool_groups() -> None:
+    h = History()
+    h.user("investigate the outage")
+    for _ in range(4):
+        h.call(n_results=2, result="x" * 50)
+    partial = Plan(to_summarize=h.messages[1:10], to_keep=[h.messages[0], *h.messages[10:]], system=[])
+    wider = widen_kept(partial)
+    assert seqs(wider.to_summarize) == seqs(h.messages[1:7])  # two of the three groups summarized
+    assert seqs(wider.to_keep) == [1, *range(8, 14)]
+    assert all(m.role != "tool" for m in wider.to_keep[:2])  # no result kept without its call
+
+
+def test_a_retry_of_one_unit_runs_the_same_plan() -> None:
+    h = History()
+    h.turn("only", size=10)
+    single = Plan(to_summarize=list(h.messages), to_keep=[], system=[])
+    assert widen_kept(single) is single

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
-from services.compressor.planner import Plan, apply_plan, freed_tokens, kept_always, plan_compression, split_turns
+from services.compressor.planner import (
+    Plan, apply_plan, freed_tokens, kept_always, plan_compression, split_turns, widen_kept,
+)
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import Pruning, plan_pruning
 from services.compressor.token_estimate import trigger_tokens
@@ -236,12 +238,15 @@ async def summarize_or_truncate(
 ) -> Outcome:
     last_error: Exception | None = None
     for attempt in range(1, SUMMARY_ATTEMPTS + 1):
+        if attempt > 1:  # the retry keeps more verbatim and summarizes less
+            plan = widen_kept(plan)
         try:
             text, keys = await summarizer.summarize([m for m in plan.to_summarize if not is_transient(m)], pricing)
             break
         except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
             last_error = exc
-            log.warning("summarizer attempt %d/%d failed: %s", attempt, SUMMARY_ATTEMPTS, exc)
+            log.warning("summarizer attempt %d/%d failed (%d messages to summarize): %s", attempt, SUMMARY_ATTEMPTS,
+                        len(plan.to_summarize), exc)
     else:
         return await asyncio.to_thread(truncate_outcome, context, pricing, window, last_error)
     dropped_text = entity_source([m for m in plan.to_summarize if not m.is_summary])

@@ -17,7 +17,7 @@ Vocabulary:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from palimpsest.v1.common_pb2 import Message
@@ -193,6 +193,27 @@ def _in_order(context: Sequence[Message], chosen: Iterable[Message]) -> list[Mes
     """``chosen`` in context order (identity, not equality: two rows may compare equal)."""
     ids = {id(m) for m in chosen}
     return [m for m in context if id(m) in ids]
+
+
+def widen_kept(plan: Plan) -> Plan:
+    """The plan a summarizer's retry runs: the newer half of what was to be summarized is kept
+    verbatim instead (a wider keep window), so the retry asks less of the model than the call that
+    failed. Split by whole turns, or by tool-call groups within one long turn; the plan as it was
+    when what it summarizes cannot be split so."""
+    turns = split_turns(plan.to_summarize)
+    if len(turns) > 1:
+        units = turns
+    elif plan.to_summarize and not is_turn_start(plan.to_summarize[0]):  # the middle of one long turn
+        units = tool_groups(plan.to_summarize)
+    else:  # one whole turn: its request is not kept without its answer
+        return plan
+    if len(units) < 2:
+        return plan
+    older = (len(units) + 1) // 2
+    moved = [m for unit in units[older:] for m in unit]
+    return replace(plan, to_summarize=[m for unit in units[:older] for m in unit],
+                   to_keep=sorted([*moved, *plan.to_keep], key=lambda m: m.seq),
+                   kept_turns=plan.kept_turns + (len(units) - older if units is turns else 0))
 
 
 def apply_plan(plan: Plan, summary: Message | None) -> list[Message]:
