@@ -85,7 +85,7 @@ def base_settings(tmp_path_factory) -> Settings:
     root = tmp_path_factory.mktemp("files")
     # No embedding model: the shared stores search memory lexically, whatever answers on
     # 127.0.0.1:11434; tests of the semantic tier start stores of their own on the simulator.
-    return replace(Settings(), files_root=root, data_dir=_test_data_dir(), jwt_secret=JWT_SECRET,
+    return replace(Settings(), files_root=root, data_dir=_test_data_dir(), jwt_secret=JWT_SECRET, session_titles=False,
                    file_sweep_interval_s=3600, embed_model="")
 
 
@@ -165,6 +165,10 @@ async def compressor(compressor_server):
 
 # A model name of this run only: calibration observations live in the (persistent) store.
 # (Through the environment: this module is imported both as `conftest` and as `tests.conftest`.)
+# A new session's title is one more model call after its first answer: tests that count or read
+# the model's calls would see it. Off for them (in process and in the services they start);
+# tests/test_session_titles.py turns it on.
+os.environ.setdefault("PALIMPSEST_SESSION_TITLES", "0")
 LIAR_MODEL = os.environ.setdefault("PALIMPSEST_TEST_LIAR_MODEL", f"liar-{uuid.uuid4().hex[:8]}")
 
 TEST_PROFILES = {

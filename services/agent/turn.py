@@ -25,6 +25,7 @@ from services.agent.events import EventSink
 from services.agent.images import ImageTarget, attach_images
 from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
+from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
 from services.agent.tools.registry import execute, tools_for
 from services.shared.context_view import (
@@ -178,6 +179,7 @@ class Turn:
         self.last_trigger = 0  # where the last size check said compression starts
         self.prompt_cut = False  # the last call's report proved its prompt cut
         self.compressed_after = False  # the post-turn pass committed a compression
+        self.first_words = ""  # the name this turn gave a new session, for the title after the answer
         self.result = TurnResult()
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
         self.switch_to = ""  # a profile the request asked for, recorded under the session lock
@@ -671,8 +673,10 @@ class Turn:
         return 0 if iteration == 0 else self._midturn_keep()
 
     async def post_turn(self) -> None:
-        """After stream_end, off the client's path: compress on the real count, or because the last
-        prompt came back truncated (the Compressor knows from the session's flag)."""
+        """After stream_end, off the client's path: a new session's title, then a compression on the
+        real count, or because the last prompt came back truncated (the Compressor knows from the
+        session's flag)."""
+        await self._title_session()
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
         if self.last_trigger and self.last_prompt_tokens < self.last_trigger and not self.prompt_cut \
@@ -689,6 +693,30 @@ class Turn:
             pass
         except PalimpsestError as exc:
             log.warning("post-turn compression failed for %s: %s", self.session_id, exc)
+
+    async def _title_session(self) -> None:
+        """The model's short title for a session this turn named by its first words, once its
+        first answer is in. A failed call, an unusable answer or a rename meanwhile (the revision
+        moved) keeps the first words."""
+        answered = self.result.reason == END.STREAM_END_REASON_COMPLETED and self.result.text.strip()
+        if not (self.first_words and answered and self.settings.session_titles):
+            return
+        try:
+            async with asyncio.timeout(TITLE_TIMEOUT_S):
+                reply = await self.deps.ollama.chat(title_request(self.profile.model, self.window, self.state.goal,
+                                                                  self.result.text, self.facts.thinking))
+        except (PalimpsestError, TimeoutError) as exc:
+            log.info("no title for session %s (%s): its first words stay its name", self.session_id, exc)
+            return
+        title = clean_title(reply.content)
+        if not title or title == self.first_words:
+            return
+        try:
+            await self.conv.update(name=title)
+        except PalimpsestError as exc:  # renamed (or written) by someone else meanwhile: theirs stands
+            log.info("session %s not titled: %s", self.session_id, exc)
+            return
+        self.sink.announce(session_renamed=agent_pb2.SessionRenamed(name=title))
 
     # -- memory ----------------------------------------------------------------------------------
     async def _recall(self, text: str) -> list[Message]:
@@ -723,10 +751,11 @@ class Turn:
     async def _name_session(self, text: str) -> None:
         session = self.conv.session
         if session is not None and not session.name and text.strip():
-            name = " ".join(text.split())[:60]
+            name = title_first_words(text)
             try:
                 await self.conv.update(name=name)
             except PalimpsestError:
                 log.warning("could not name session %s", self.session_id)
                 return
+            self.first_words = name
             self.sink.announce(session_renamed=agent_pb2.SessionRenamed(name=name))

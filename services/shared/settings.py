@@ -79,6 +79,7 @@ class Settings:
     db_command_timeout_s: float = 30.0
     # How long the Agent keeps retrying the write that stores a turn's answer (the store restarting).
     reply_write_deadline_s: float = 30.0
+    session_titles: bool = True
     agent_warm_mb: int = 64  # the Agent's warm sessions, at most this many megabytes
     # Turns claimed in the store so one session never runs two at once across Agent replicas (two
     # more calls per turn); a dead replica's claim runs out after turn_claim_ttl_s.
@@ -146,6 +147,7 @@ class Settings:
             compress_timeout_s=_env_float("PALIMPSEST_COMPRESS_TIMEOUT_S", 600.0),
             db_command_timeout_s=_env_float("PALIMPSEST_DB_COMMAND_TIMEOUT_S", 30.0),
             reply_write_deadline_s=_env_float("PALIMPSEST_REPLY_WRITE_DEADLINE_S", 30.0),
+            session_titles=_env_bool("PALIMPSEST_SESSION_TITLES", True),
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
             turn_claims=_env_bool("PALIMPSEST_TURN_CLAIMS", False),
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
