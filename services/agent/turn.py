@@ -180,7 +180,9 @@ class Turn:
         self.compressed_after = False  # the post-turn pass committed a compression
         self.result = TurnResult()
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
-        self.switch_to = ""  # a profile the request asked for, recorded under the session lock
+        # UpdateSession fields the request implies (what the turn runs on, refs, a taint), written
+        # first under the session lock: a write before it could refuse a running turn's next one.
+        self.session_changes: dict = {}
         self._pending: list[Message] = []  # this turn's user message, stored with the first size check
         self._noted_iteration = -1  # the iteration whose notes are already on their way to the store
         self._compressor_away = False  # said once per turn
@@ -244,8 +246,8 @@ class Turn:
         self.sink.model_info(self.profile.model, self.window)
         if self.conv.session is None and self.stored:
             await self.conv.load()
-        if self.switch_to and self.stored:
-            await self.conv.update(profile_id=self.switch_to)
+        if self.session_changes and self.stored:
+            await self.conv.update(**self.session_changes)
         self.state.goal = turn_input.text
         messages = await attach_images(ImageTarget(
             session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,

@@ -138,6 +138,9 @@ class Chat:
     app: App
     session_id: str = ""
     profile_id: str = ""
+    # The profile is sent with the next message only: the session records it (and its model), and
+    # resumes there, so a switch_profile the model made later is not undone by the message after.
+    profile_pending: bool = True
     meter: ContextMeter = field(default_factory=ContextMeter)
     images: list[bytes] = field(default_factory=list)
     # Told to the model at the start of the next message (where attached files now live).
@@ -280,7 +283,8 @@ class Chat:
             images.append(path.read_bytes())
             self.say(f"sending image {path}")
         body = "\n\n".join([*self.notes, text]) if self.notes else text
-        request = agent_pb2.RunStreamRequest(session_id=self.session_id, profile_id=self.profile_id,
+        request = agent_pb2.RunStreamRequest(session_id=self.session_id,
+                                             profile_id=self.profile_id if self.profile_pending else "",
                                              text=body, images=images)
         agent = self.app.conn.agent()
         renderer = renderer_for(self.app.out, self.meter)
@@ -298,6 +302,7 @@ class Chat:
         message goes to the same session (a new one's id came with the turn's first event)."""
         self.images.clear()
         self.notes.clear()
+        self.profile_pending = False
         self.session_id = session_id or self.session_id
 
     def compact(self) -> None:
@@ -350,6 +355,7 @@ class Chat:
             self.say(f"no profile {profile_id!r}: available are {', '.join(known)}", "yellow")
             return
         self.profile_id = profile_id
+        self.profile_pending = True
         self.say(f"using profile {profile_id} ({known[profile_id].model}) from your next message", "")
 
     def ensure_session(self) -> str:
