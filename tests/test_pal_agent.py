@@ -115,6 +115,28 @@ async def test_continue_goes_to_the_most_recent_session_of_a_profile(env, store,
     assert len(await display(store, first)) == 4
 
 
+async def test_run_and_continue_carry_refs_and_a_malformed_one_is_a_usage_error(env, store, ollama_sim):
+    ran = await pal("run", "--json", "--ref", "ci-run=https://ci.example.test/runs/4821",
+                    "--ref", "kind=dashboard,uri=https://grafana.example.test/d/a,b,created_by=ops,read_only=true",
+                    "Summarize the failing tests", env=env)
+    assert ran.code == 0, ran.stderr
+    (session_id,) = sessions_of(ran.json_lines())
+    more = await pal("continue", "--id", session_id, "--external-ref", "ticket=https://t.test/PAL-7", "and?", env=env)
+    assert more.code == 0, more.stderr
+    session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
+    assert [(r.kind, r.uri, r.created_by, r.read_only) for r in session.external_refs] == [
+        ("ci-run", "https://ci.example.test/runs/4821", "cli", False),
+        ("dashboard", "https://grafana.example.test/d/a,b", "ops", True),
+        ("ticket", "https://t.test/PAL-7", "cli", False)]
+    shown = await pal("sessions", "show", session_id, env=env)
+    assert "dashboard: https://grafana.example.test/d/a,b (read-only)" in shown.stdout
+
+    ollama_sim.clear()
+    bad = await pal("run", "--ref", "CI=https://x.test/", "never sent", env=env)
+    assert bad.code == 2 and "--ref" in bad.stderr and "lower-case" in bad.stderr and "Traceback" not in bad.stderr
+    assert not ollama_sim.bodies()
+
+
 async def test_continue_an_unknown_session_is_one_line(env):
     unknown = str(uuid.uuid4())
     (await pal("continue", "--id", unknown, "hello", env=env)).assert_one_line_error(unknown)

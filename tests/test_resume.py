@@ -1,16 +1,19 @@
 """Sessions remember what ran them: the provider and model a session last ran on (restored when it
-continues, moved by a profile asked for or by switch_profile), against the Agent end to end: real
-gRPC servers, the store on PostgreSQL, the Ollama simulator over HTTP."""
+continues, moved by a profile asked for or by switch_profile) and the external refs its turns
+brought, against the Agent end to end: real gRPC servers, the store on PostgreSQL, the Ollama
+simulator over HTTP."""
 
 from __future__ import annotations
 
 import json
+import socket
+import uuid
 
 import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.shared.errors import FailedPrecondition
 from tests.conftest import agent_settings
@@ -139,3 +142,65 @@ async def test_a_session_of_another_provider_is_refused_unless_a_profile_is_aske
 async def _drain(call) -> None:
     async for _ in call:
         pass
+
+
+# -- external refs -------------------------------------------------------------------------------
+def ref(kind: str, uri: str, created_by: str = "ci", **kw) -> common_pb2.ExternalRef:
+    return common_pb2.ExternalRef(kind=kind, uri=uri, created_by=created_by, **kw)
+
+
+def refs_of(session) -> list[tuple[str, str, str, bool]]:
+    return [(r.kind, r.uri, r.created_by, r.read_only) for r in session.external_refs]
+
+
+async def test_a_turn_stores_its_refs_and_a_continue_adds_without_removing(agent, store, ollama_sim):
+    run = ref("ci-run", "https://ci.example.test/runs/4821?token=s3cret", read_only=True)
+    events = await turn(agent, "summarize the failing tests", external_refs=[run])
+    session_id = events[0].session_id
+    stored = await full(store, session_id)
+    assert refs_of(stored) == [("ci-run", "https://ci.example.test/runs/4821?token=[REDACTED]", "ci", True)]
+    assert stored.external_refs[0].created_at.seconds > 0  # stamped when it came without one
+
+    dash = ref("dashboard", "https://grafana.example.test/d/abc", "ops")
+    await turn(agent, "and the dashboard?", session_id=session_id, external_refs=[dash, run])
+    await turn(agent, "no refs this time", session_id=session_id)
+    assert [r[0] for r in refs_of(await full(store, session_id))] == ["ci-run", "dashboard"]
+
+
+async def test_the_unary_run_stores_refs_too(agent, store):
+    reply = await agent.Run(pb.RunRequest(text="hello", external_refs=[ref("ticket", "https://t.test/PAL-1")]))
+    assert refs_of(await full(store, reply.session_id)) == [("ticket", "https://t.test/PAL-1", "ci", False)]
+
+
+@pytest.mark.parametrize("bad, field", [
+    (ref("CI Run", "https://ci.test/1"), "external_refs[1].kind"),
+    (ref("ci-run", "https://ci.test/1\nforged"), "external_refs[1].uri"),
+    (ref("ci-run", "https://ci.test/" + "a" * 2048), "external_refs[1].uri"),
+    (ref("ci-run", "https://ci.test/1", ""), "external_refs[1].created_by"),
+])
+async def test_a_bad_ref_is_refused_naming_it_and_nothing_is_stored_or_run(agent, store, ollama_sim, bad, field):
+    good = ref("ci-run", "https://ci.test/0")
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="writer"))).session
+    continued = agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go", external_refs=[good, bad]))
+    await expect_status(_drain(continued), grpc.StatusCode.INVALID_ARGUMENT, field)
+    marker = f"never-run-{uuid.uuid4().hex}"
+    await expect_status(agent.Run(pb.RunRequest(text=marker, external_refs=[good, bad])),
+                        grpc.StatusCode.INVALID_ARGUMENT, field)
+    after = await full(store, session.id)
+    assert not after.messages and not after.external_refs and after.revision == session.revision
+    assert not ollama_sim.bodies()
+    found = await store.ListSessions(store_pb.ListSessionsRequest(query=marker))
+    assert found.total == 0
+
+
+async def test_a_ref_is_never_opened(agent, store):
+    """The ref points at a listener of ours: the turn, and everything after its stream_end that the
+    next turn waits for, never connects to it."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        uri = f"http://127.0.0.1:{listener.getsockname()[1]}/runs/1"
+        events = await turn(agent, "look at the run", external_refs=[ref("ci-run", uri)])
+        await turn(agent, "and again", session_id=events[0].session_id)  # waits for the first's post-turn work
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    assert refs_of(await full(store, events[0].session_id))[0][1] == uri

@@ -22,6 +22,7 @@ from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
+from services.shared.external_refs import refs_from_proto
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.session_reads import whole_context
 
@@ -41,16 +42,21 @@ def _validate_turn(request) -> None:
         raise InvalidArgument("text", f"at most {MAX_TEXT_CHARS} characters")
     if request.hidden and request.images:
         raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
+    refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
 
 
 def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
     """The UpdateSession fields a turn writes before anything else: what it runs on, where that
-    differs from what the session last ran on."""
+    differs from what the session last ran on; the refs the request adds (a new session got them
+    at its creation, and adding them again changes nothing)."""
     changes: dict = {}
     if profile.id != session.profile_id:
         changes["profile_id"] = profile.id
     if (session.provider, session.model) != (PROVIDER, profile.model):
         changes.update(provider=PROVIDER, model=profile.model)
+    stored = {(r.kind, r.uri, r.created_by) for r in session.external_refs}
+    if any((r.kind, r.uri, r.created_by) not in stored for r in request.external_refs):
+        changes["add_external_refs"] = list(request.external_refs)
     return changes
 
 
@@ -125,7 +131,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                               + _other_model_hint(self.deps.profiles, profile)) from None
         if not request.session_id:
             session = (await self.deps.store.CreateSession(store_pb.CreateSessionRequest(
-                profile_id=profile.id, provider=PROVIDER, model=profile.model))).session
+                profile_id=profile.id, provider=PROVIDER, model=profile.model,
+                external_refs=request.external_refs))).session
         settings = self.deps.settings
         conversation = StoredConversation(self.deps.store, session.id,
                                           vouching_metadata(settings.auth_enabled, settings.jwt_secret))

@@ -7,6 +7,7 @@ import logging
 import math
 import re
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import PurePath
 
 import grpc
@@ -17,7 +18,8 @@ from services.shared.errors import InvalidArgument, PermissionDenied, ResourceEx
 from services.shared.settings import Settings
 from services.session_store import convert
 from services.shared.structs import from_struct
-from services.session_store.external_refs import ExternalRef, merge_refs, validate_ref
+from services.session_store.redaction import redact_uri
+from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
 from services.shared.validation import first_nul
 from services.session_store.repository import SessionRepository
@@ -52,11 +54,8 @@ def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int 
 
 
 def _refs_from_proto(refs) -> list[ExternalRef]:
-    validated = []
-    for i, ref in enumerate(refs):
-        created = convert.to_datetime(ref.created_at) if ref.HasField("created_at") else None
-        validated.append(validate_ref(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), i))
-    return validated
+    """A request's refs validated, as stored: URIs redacted."""
+    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs)]
 
 
 def _refs_from_json(items) -> list[ExternalRef]:
