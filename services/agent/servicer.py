@@ -48,7 +48,8 @@ def _validate_turn(request) -> None:
 def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
     """The UpdateSession fields a turn writes before anything else: what it runs on, where that
     differs from what the session last ran on; the refs the request adds (a new session got them
-    at its creation, and adding them again changes nothing)."""
+    at its creation, and adding them again changes nothing); the taint of pasted images (content
+    from outside, as a tool's output is), before they are stored."""
     changes: dict = {}
     if profile.id != session.profile_id:
         changes["profile_id"] = profile.id
@@ -57,6 +58,8 @@ def session_changes(session: common_pb2.Session, profile: Profile, request) -> d
     stored = {(r.kind, r.uri, r.created_by) for r in session.external_refs}
     if any((r.kind, r.uri, r.created_by) not in stored for r in request.external_refs):
         changes["add_external_refs"] = list(request.external_refs)
+    if request.images and not session.untrusted_ingested:
+        changes["mark_untrusted_ingested"] = True
     return changes
 
 

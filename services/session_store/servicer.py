@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import re
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import PurePath
@@ -534,7 +535,16 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if field:
             raise InvalidArgument(field, "must not contain NUL characters")
         session_id = parse_session_id(header.session_id, "header.session_id")
-        await self.repo.sessions.get_session(identity, session_id)
+        session = await self.repo.sessions.get_session(identity, session_id)
+        reply = await self._put_file(identity, session_id, header, request_iterator)
+        if not session["untrusted_ingested"]:
+            # An upload or a pasted image is content from outside, as a tool's output is: the
+            # session's sub-agents are clamped and what is recalled from it is fenced from now on.
+            await self.repo.sessions.mark_untrusted(session_id)
+        return reply
+
+    async def _put_file(self, identity: Identity, session_id: uuid.UUID, header: pb.PutFileHeader,
+                        request_iterator: AsyncIterator[pb.PutFileRequest]) -> pb.PutFileResponse:
         if header.kind == pb.FILE_KIND_IMAGE:
             data = bytearray()
             async for part in request_iterator:
