@@ -202,6 +202,23 @@ async def test_chat_reads_multi_line_messages_and_starts_over_on_new(env, store)
     assert "new session" in ran.stderr
 
 
+async def test_chat_sends_its_profile_and_refs_once_so_a_switch_by_the_model_holds(env, store, ollama_sim,
+                                                                                   pal_profiles):
+    main, tiny, _ = pal_profiles
+    ollama_sim.script(Reply(tool_calls=[("switch_profile", {"profile_id": main})]), Reply(text="switched"),
+                      Reply(text="still there"))
+    ran = await pal("chat", "--json", "--profile", tiny, "--ref", "ticket=https://t.test/PAL-9", env=env,
+                    stdin="switch to the main profile\nwhat now?\n")
+    assert ran.code == 0, ran.stderr
+    (session_id,) = sessions_of(ran.json_lines())
+    # tiny for the first call (--profile), the main profile's model after the switch, and the next
+    # message resumes where the switch left the session instead of sending --profile again.
+    assert [body["model"] for body in ollama_sim.bodies()] == ["tiny", "qwen3.6", "qwen3.6"]
+    session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
+    assert (session.profile_id, session.model) == (main, "qwen3.6")
+    assert [(r.kind, r.uri) for r in session.external_refs] == [("ticket", "https://t.test/PAL-9")]
+
+
 async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, store, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("buy milk\n")
@@ -220,6 +237,8 @@ async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, s
     assert files["notes.txt"].path in users[0].content and "please read my notes" in users[0].content
     assert users[1].content == "what colour is this?" and len(users[1].files) == 1
     assert len(users[2].files) == 1  # the pasted (quoted) path was sent as an image too
+    session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
+    assert session.untrusted_ingested  # an upload is content from outside
     assert "Simulated answer to:" in ran.stdout
 
 
