@@ -5,7 +5,6 @@ simulator over HTTP."""
 
 from __future__ import annotations
 
-import json
 import socket
 import uuid
 
@@ -13,47 +12,13 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, common_pb2, session_store_pb2 as store_pb
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.shared.errors import FailedPrecondition
-from tests.conftest import agent_settings
+from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test starts from the simulator's echo
 from tests.test_store_sessions import expect_status, full
 
 END = pb.StreamEndReason
-
-PROFILES = {
-    "default": "writer",
-    "profiles": [
-        {"id": "writer", "name": "Writer", "model": "qwen3.6", "context_window": 8192, "max_iterations": 4},
-        {"id": "quick", "name": "Quick", "model": "tiny", "context_window": 8192, "max_iterations": 4,
-         "think_enabled": False},
-    ],
-}
-
-
-@pytest.fixture(scope="module")
-def resume_profiles(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("resume") / "profiles.json"
-    path.write_text(json.dumps(PROFILES))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-async def agent(base_settings, store_server, compressor_server, ollama_sim, resume_profiles):
-    from services.agent.app import start_agent
-
-    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
-                                               resume_profiles), port=0)
-    async with grpc.aio.insecure_channel(running.address) as channel:
-        yield agent_pb2_grpc.AgentStub(channel)
-    await running.stop(0)
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
 
 
 async def turn(agent, text="hello", **kw) -> list[pb.AgentEvent]:
@@ -86,57 +51,57 @@ def test_resumed_keeps_the_profile_and_takes_the_model_the_session_last_ran_on()
 
 # -- end to end ----------------------------------------------------------------------------------
 async def test_a_new_session_records_the_provider_and_model_it_runs_on(agent, store, ollama_sim):
-    events = await turn(agent, "hi", profile_id="quick")
+    events = await turn(agent, "hi", profile_id="tiny")
     assert models_called(ollama_sim) == ["tiny"]
-    assert await ran_on(store, events[0].session_id) == ("quick", PROVIDER, "tiny")
+    assert await ran_on(store, events[0].session_id) == ("tiny", PROVIDER, "tiny")
 
 
 async def test_continue_runs_on_the_model_the_session_last_ran_on(agent, store, ollama_sim):
     """The profile's model changed since the session last ran (the file edited, here: stored on
     another): continuing without a profile stays on the session's model."""
     session = (await store.CreateSession(store_pb.CreateSessionRequest(
-        profile_id="writer", provider=PROVIDER, model="tiny"))).session
+        profile_id="small", provider=PROVIDER, model="tiny"))).session
     events = await turn(agent, "go on", session_id=session.id)
     assert models_called(ollama_sim) == ["tiny"]
     assert [e.model_info.model for e in events if e.HasField("model_info")] == ["tiny"]
-    assert await ran_on(store, session.id) == ("writer", PROVIDER, "tiny")
+    assert await ran_on(store, session.id) == ("small", PROVIDER, "tiny")
 
 
 async def test_a_profile_asked_for_moves_the_session_to_its_model_from_then_on(agent, store, ollama_sim):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(
-        profile_id="writer", provider=PROVIDER, model="tiny"))).session
-    await turn(agent, "use the writer's own model", session_id=session.id, profile_id="writer")
-    assert await ran_on(store, session.id) == ("writer", PROVIDER, "qwen3.6")
+        profile_id="small", provider=PROVIDER, model="tiny"))).session
+    await turn(agent, "use the profile's own model", session_id=session.id, profile_id="small")
+    assert await ran_on(store, session.id) == ("small", PROVIDER, "qwen3.6")
     await turn(agent, "and again", session_id=session.id)
     assert models_called(ollama_sim) == ["qwen3.6", "qwen3.6"]
 
 
 async def test_switch_profile_records_the_model_and_the_next_turn_resumes_on_it(agent, store, ollama_sim):
-    ollama_sim.script(Reply(tool_calls=[("switch_profile", {"profile_id": "quick"})]), Reply(text="switched"),
+    ollama_sim.script(Reply(tool_calls=[("switch_profile", {"profile_id": "tiny"})]), Reply(text="switched"),
                       Reply(text="still quick"))
-    events = await turn(agent, "switch to the quick profile", profile_id="writer")
+    events = await turn(agent, "switch to the tiny profile", profile_id="small")
     session_id = events[0].session_id
-    assert await ran_on(store, session_id) == ("quick", PROVIDER, "tiny")
+    assert await ran_on(store, session_id) == ("tiny", PROVIDER, "tiny")
     await turn(agent, "next", session_id=session_id)
     assert models_called(ollama_sim) == ["qwen3.6", "tiny", "tiny"]
 
 
 async def test_a_session_never_recorded_runs_on_its_profile_and_records_it(agent, store, ollama_sim):
-    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="quick"))).session
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="tiny"))).session
     assert (session.provider, session.model) == ("", "")
     await turn(agent, "hello", session_id=session.id)
     assert models_called(ollama_sim) == ["tiny"]
-    assert await ran_on(store, session.id) == ("quick", PROVIDER, "tiny")
+    assert await ran_on(store, session.id) == ("tiny", PROVIDER, "tiny")
 
 
 async def test_a_session_of_another_provider_is_refused_unless_a_profile_is_asked_for(agent, store, ollama_sim):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(
-        profile_id="writer", provider="openai", model="gpt-4o"))).session
+        profile_id="small", provider="openai", model="gpt-4o"))).session
     calls = agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="hello"))
     await expect_status(_drain(calls), grpc.StatusCode.FAILED_PRECONDITION, "provider", "'openai'", "profile_id")
     assert not (await full(store, session.id)).messages and not ollama_sim.bodies()
-    await turn(agent, "hello", session_id=session.id, profile_id="writer")
-    assert await ran_on(store, session.id) == ("writer", PROVIDER, "qwen3.6")
+    await turn(agent, "hello", session_id=session.id, profile_id="small")
+    assert await ran_on(store, session.id) == ("small", PROVIDER, "qwen3.6")
 
 
 async def _drain(call) -> None:
@@ -180,7 +145,7 @@ async def test_the_unary_run_stores_refs_too(agent, store):
 ])
 async def test_a_bad_ref_is_refused_naming_it_and_nothing_is_stored_or_run(agent, store, ollama_sim, bad, field):
     good = ref("ci-run", "https://ci.test/0")
-    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="writer"))).session
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     continued = agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go", external_refs=[good, bad]))
     await expect_status(_drain(continued), grpc.StatusCode.INVALID_ARGUMENT, field)
     marker = f"never-run-{uuid.uuid4().hex}"

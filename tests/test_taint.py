@@ -14,24 +14,11 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, common_pb2, session_store_pb2 as store_pb
 from services.agent.context_builder import recall_message
 from services.agent.untrusted import NOTICE, fence, fence_overhead
+from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test starts from the simulator's echo
+from tests.test_resume import turn
 from tests.test_store_sessions import full
 
-END = pb.StreamEndReason
 CLAMPED_TOOLS = {"plan", "todo", "memory_search", "image_view"}
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
-
-
-async def turn(agent, text="hello", **kw) -> list[pb.AgentEvent]:
-    events = [e async for e in agent.RunStream(pb.RunStreamRequest(text=text, **kw))]
-    ends = [e.stream_end for e in events if e.HasField("stream_end") and not e.is_subagent]
-    assert [end.reason for end in ends] == [END.STREAM_END_REASON_COMPLETED], events
-    return events
 
 
 async def new_session(store, *, tainted: bool = False) -> common_pb2.Session:
