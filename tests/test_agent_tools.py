@@ -594,7 +594,8 @@ async def test_switch_profile_records_the_switch_for_the_loop(make_ctx, store, p
     result = await call("switch_profile", ctx, profile_id="coder")
     assert not result.is_error and "Switched to profile coder (Coder: writes code)" in result.content
     assert ctx.state.switched_profile == "coder"
-    assert (await full(store, s.id)).profile_id == "coder"
+    stored = await full(store, s.id)
+    assert (stored.profile_id, stored.provider, stored.model) == ("coder", "ollama", "tiny")  # with its model
 
     unknown = await call("switch_profile", ctx, profile_id="poet")
     assert unknown.is_error and "Configured: default, coder" in unknown.content

@@ -115,6 +115,28 @@ async def test_continue_goes_to_the_most_recent_session_of_a_profile(env, store,
     assert len(await display(store, first)) == 4
 
 
+async def test_run_and_continue_carry_refs_and_a_malformed_one_is_a_usage_error(env, store, ollama_sim):
+    ran = await pal("run", "--json", "--ref", "ci-run=https://ci.example.test/runs/4821",
+                    "--ref", "kind=dashboard,uri=https://grafana.example.test/d/a,b,created_by=ops,read_only=true",
+                    "Summarize the failing tests", env=env)
+    assert ran.code == 0, ran.stderr
+    (session_id,) = sessions_of(ran.json_lines())
+    more = await pal("continue", "--id", session_id, "--external-ref", "ticket=https://t.test/PAL-7", "and?", env=env)
+    assert more.code == 0, more.stderr
+    session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
+    assert [(r.kind, r.uri, r.created_by, r.read_only) for r in session.external_refs] == [
+        ("ci-run", "https://ci.example.test/runs/4821", "cli", False),
+        ("dashboard", "https://grafana.example.test/d/a,b", "ops", True),
+        ("ticket", "https://t.test/PAL-7", "cli", False)]
+    shown = await pal("sessions", "show", session_id, env=env)
+    assert "dashboard: https://grafana.example.test/d/a,b (read-only)" in shown.stdout
+
+    ollama_sim.clear()
+    bad = await pal("run", "--ref", "CI=https://x.test/", "never sent", env=env)
+    assert bad.code == 2 and "--ref" in bad.stderr and "lower-case" in bad.stderr and "Traceback" not in bad.stderr
+    assert not ollama_sim.bodies()
+
+
 async def test_continue_an_unknown_session_is_one_line(env):
     unknown = str(uuid.uuid4())
     (await pal("continue", "--id", unknown, "hello", env=env)).assert_one_line_error(unknown)
@@ -180,6 +202,23 @@ async def test_chat_reads_multi_line_messages_and_starts_over_on_new(env, store)
     assert "new session" in ran.stderr
 
 
+async def test_chat_sends_its_profile_and_refs_once_so_a_switch_by_the_model_holds(env, store, ollama_sim,
+                                                                                   pal_profiles):
+    main, tiny, _ = pal_profiles
+    ollama_sim.script(Reply(tool_calls=[("switch_profile", {"profile_id": main})]), Reply(text="switched"),
+                      Reply(text="still there"))
+    ran = await pal("chat", "--json", "--profile", tiny, "--ref", "ticket=https://t.test/PAL-9", env=env,
+                    stdin="switch to the main profile\nwhat now?\n")
+    assert ran.code == 0, ran.stderr
+    (session_id,) = sessions_of(ran.json_lines())
+    # tiny for the first call (--profile), the main profile's model after the switch, and the next
+    # message resumes where the switch left the session instead of sending --profile again.
+    assert [body["model"] for body in ollama_sim.bodies()] == ["tiny", "qwen3.6", "qwen3.6"]
+    session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
+    assert (session.profile_id, session.model) == (main, "qwen3.6")
+    assert [(r.kind, r.uri) for r in session.external_refs] == [("ticket", "https://t.test/PAL-9")]
+
+
 async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, store, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("buy milk\n")
@@ -198,6 +237,8 @@ async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, s
     assert files["notes.txt"].path in users[0].content and "please read my notes" in users[0].content
     assert users[1].content == "what colour is this?" and len(users[1].files) == 1
     assert len(users[2].files) == 1  # the pasted (quoted) path was sent as an image too
+    session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
+    assert session.untrusted_ingested  # an upload is content from outside
     assert "Simulated answer to:" in ran.stdout
 
 

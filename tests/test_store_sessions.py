@@ -225,6 +225,14 @@ async def test_external_refs_are_validated_deduplicated_and_stamped(store, profi
     assert len((await full(store, s.id)).external_refs) == 2
 
 
+async def test_external_ref_uris_are_stored_redacted_and_deduplicated_as_stored(store, profile):
+    secret = common_pb2.ExternalRef(kind="ci-run", uri="https://bot:pw@ci.test/run?token=abc&id=7", created_by="ci")
+    s = await new_session(store, profile, external_refs=[secret])
+    assert [r.uri for r in s.external_refs] == ["https://bot:[REDACTED]@ci.test/run?token=[REDACTED]&id=7"]
+    again = (await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, add_external_refs=[secret]))).session
+    assert len(again.external_refs) == 1
+
+
 # -- list / search ------------------------------------------------------------------------------
 async def test_list_returns_summaries_with_counts_previews_and_paging(store, profile):
     ids = []

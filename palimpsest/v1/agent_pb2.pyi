@@ -1,4 +1,5 @@
 from google.protobuf import struct_pb2 as _struct_pb2
+from palimpsest.v1 import common_pb2 as _common_pb2
 from palimpsest.v1 import compressor_pb2 as _compressor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -25,32 +26,36 @@ STREAM_END_REASON_CONTEXT_TOO_LARGE: StreamEndReason
 STREAM_END_REASON_ERROR: StreamEndReason
 
 class RunStreamRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
     images: _containers.RepeatedScalarFieldContainer[bytes]
     hidden: bool
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ...) -> None: ...
+    external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
     images: _containers.RepeatedScalarFieldContainer[bytes]
     hidden: bool
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ...) -> None: ...
+    external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ...) -> None: ...
 
 class RunResponse(_message.Message):
     __slots__ = ("session_id", "text", "reason")

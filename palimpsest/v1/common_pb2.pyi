@@ -141,7 +141,7 @@ class Session(_message.Message):
     def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., external_refs: _Optional[_Iterable[_Union[ExternalRef, _Mapping]]] = ..., untrusted_ingested: _Optional[bool] = ..., episode_untrusted: _Optional[bool] = ..., planning_logs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., display_message_count: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SessionSummary(_message.Message):
-    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "display_message_count", "preview", "context_token_count", "revision")
+    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "display_message_count", "preview", "context_token_count", "revision", "untrusted_ingested")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class SessionSummary(_message.Message):
     PREVIEW_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    UNTRUSTED_INGESTED_FIELD_NUMBER: _ClassVar[int]
     id: str
     profile_id: str
     owner: str
@@ -168,7 +169,8 @@ class SessionSummary(_message.Message):
     preview: str
     context_token_count: int
     revision: int
-    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., display_message_count: _Optional[int] = ..., preview: _Optional[str] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+    untrusted_ingested: bool
+    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., display_message_count: _Optional[int] = ..., preview: _Optional[str] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ..., untrusted_ingested: _Optional[bool] = ...) -> None: ...
 
 class RawChunk(_message.Message):
     __slots__ = ("id", "session_id", "content", "content_hash", "turn_range", "first_at", "last_at", "breadcrumbs", "score", "similarity")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2, compressor_pb2
 from services.agent.profiles import Profile
+from services.agent.untrusted import fence, fence_overhead
 from services.shared.context_view import TASK_NOTE, with_content
 
 Message = common_pb2.Message
@@ -98,6 +99,7 @@ RECALL_WINDOW_SHARE = 16
 RECALL_CHARS_PER_TOKEN = 2
 EXCERPT_MAX_CHARS = 2_000
 RECALL_HEADING = "## Recalled from earlier in this conversation (verbatim excerpts)"
+RECALL_SOURCE = "memory recall"
 MIN_EXCERPT_CHARS = 200  # less says too little to be worth a place in the prompt
 
 
@@ -121,13 +123,19 @@ def excerpt(content: str, query: str, limit: int) -> str:
 
 
 def recall_message(chunks: Sequence[common_pb2.RawChunk], query: str = "",
-                   max_chars: int = 2 * EXCERPT_MAX_CHARS + 200) -> Message:
+                   max_chars: int = 2 * EXCERPT_MAX_CHARS + 200, *, untrusted: bool = False) -> Message:
     """Excerpts of compressed-away history, recalled because they match the new request: stored
-    in the context just before it (is_recall), never shown; at most ``max_chars`` in all."""
+    in the context just before it (is_recall), never shown; at most ``max_chars`` in all.
+    ``untrusted``: the session has taken in outside content, and each excerpt is fenced as such."""
     labels = [f"[messages {c.turn_range.first}–{c.turn_range.last}]\n" for c in chunks]
     # The heading, the labels, the separators and two ellipses an excerpt may get count too.
     overhead = len(RECALL_HEADING) + sum(len(label) + 2 + 2 for label in labels)
+    if untrusted:
+        overhead += len(chunks) * fence_overhead(RECALL_SOURCE)
     each = min(EXCERPT_MAX_CHARS, (max_chars - overhead) // max(1, len(chunks)))
-    parts = [RECALL_HEADING] + [label + excerpt(c.content, query, each) for label, c in zip(labels, chunks)]
+    excerpts = [excerpt(c.content, query, each) for c in chunks]
+    if untrusted:
+        excerpts = [fence(text, RECALL_SOURCE) for text in excerpts]
+    parts = [RECALL_HEADING] + [label + text for label, text in zip(labels, excerpts)]
     return Message(role="system", content="\n\n".join(parts), is_recall=True, explicit_flags=True, is_context=True,
                    is_display=False)

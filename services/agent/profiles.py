@@ -6,6 +6,7 @@ Compressor as CompressionSettings.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass, field, fields, replace
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from palimpsest.v1 import agent_pb2, compressor_pb2
-from services.shared.errors import InvalidArgument, NotFound
+from services.shared.errors import FailedPrecondition, InvalidArgument, NotFound
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -21,6 +22,9 @@ DEFAULT_PERSONA = (
     "You are Palimpsest, a careful assistant that works through tools. Be concise. When a task has "
     "several steps, call the plan tool first and keep the todo list current."
 )
+
+# The one provider this Agent runs models on; stored with each session as what it ran on.
+PROVIDER = "ollama"
 
 DEFAULT_TOOLS = ("plan", "todo", "spawn_agent", "memory_search", "session_search", "image_view", "switch_profile")
 
@@ -86,6 +90,15 @@ class Profile:
 
     def window(self, default: int) -> int:
         return self.context_window or default
+
+    def on_model(self, model: str) -> "Profile":
+        """This profile running ``model`` instead of its own ("": its own). A copy, not replace():
+        replace() would read compression_prompt_file again, on the event loop."""
+        if not model or model == self.model:
+            return self
+        moved = copy.copy(self)
+        object.__setattr__(moved, "model", model)
+        return moved
 
     def compression_settings(self) -> compressor_pb2.CompressionSettings:
         settings = compressor_pb2.CompressionSettings(
@@ -208,6 +221,17 @@ class ProfileRegistry:
         if profile_id:
             log.warning("session profile %r is not configured: using the default %r", profile_id, self.default_id)
         return self.profiles[self.default_id]
+
+    def resumed(self, profile_id: str, provider: str, model: str) -> Profile:
+        """What a session continues on when no profile is asked for: its own profile (as
+        ``for_session``) on the model it last ran on, so an edit of the profiles file never moves a
+        conversation under way to another model. An empty model (a session that never ran, or ran
+        before models were recorded): the profile's own; an empty provider is taken as ours."""
+        if provider and provider != PROVIDER:
+            raise FailedPrecondition(
+                f"provider: the session last ran on {provider!r}, and this Agent runs {PROVIDER} models only; "
+                "pass profile_id to continue it on one of the Agent's profiles")
+        return self.for_session(profile_id).on_model(model)
 
     def changed(self) -> bool:
         """Whether the file differs from what was read (its mtime or size): one stat, cheap enough

@@ -10,9 +10,11 @@ import math
 import uuid
 from contextlib import suppress
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
+from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
@@ -20,6 +22,7 @@ from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
+from services.shared.external_refs import refs_from_proto
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.session_reads import whole_context
 
@@ -39,6 +42,34 @@ def _validate_turn(request) -> None:
         raise InvalidArgument("text", f"at most {MAX_TEXT_CHARS} characters")
     if request.hidden and request.images:
         raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
+    refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
+
+
+def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
+    """The UpdateSession fields a turn writes before anything else: what it runs on, where that
+    differs from what the session last ran on; the refs the request adds (a new session got them
+    at its creation, and adding them again changes nothing); the taint of pasted images (content
+    from outside, as a tool's output is), before they are stored."""
+    changes: dict = {}
+    if profile.id != session.profile_id:
+        changes["profile_id"] = profile.id
+    if (session.provider, session.model) != (PROVIDER, profile.model):
+        changes.update(provider=PROVIDER, model=profile.model)
+    stored = {(r.kind, r.uri, r.created_by) for r in session.external_refs}
+    if any((r.kind, r.uri, r.created_by) not in stored for r in request.external_refs):
+        changes["add_external_refs"] = list(request.external_refs)
+    if request.images and not session.untrusted_ingested:
+        changes["mark_untrusted_ingested"] = True
+    return changes
+
+
+def _other_model_hint(profiles: ProfileRegistry, profile: Profile) -> str:
+    """When a resumed session's model is not the one its profile names now: how to move it on."""
+    configured = profiles.profiles.get(profile.id)
+    if configured is None or configured.model == profile.model:
+        return ""
+    return (f" (the model this session last ran on), or continue it on the profile's model "
+            f"{configured.model!r} by passing profile_id={profile.id!r}")
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
@@ -93,16 +124,18 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             # Else the CONTEXT view: the turn starts from it without loading the session again.
             session = warm or await whole_context(self.deps.store.GetSession, request.session_id)
             profile = (self.deps.profiles.get(request.profile_id) if request.profile_id
-                       else self.deps.profiles.for_session(session.profile_id))
+                       else self.deps.profiles.resumed(session.profile_id, session.provider, session.model))
         else:
             profile = self.deps.profiles.get(request.profile_id)
         try:
             facts = await self.deps.ollama.model_facts(profile.model)
         except Unavailable as exc:
-            raise Unavailable(f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}") from None
+            raise Unavailable(f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}"
+                              + _other_model_hint(self.deps.profiles, profile)) from None
         if not request.session_id:
             session = (await self.deps.store.CreateSession(store_pb.CreateSessionRequest(
-                profile_id=profile.id, provider="ollama", model=profile.model))).session
+                profile_id=profile.id, provider=PROVIDER, model=profile.model,
+                external_refs=request.external_refs))).session
         settings = self.deps.settings
         conversation = StoredConversation(self.deps.store, session.id,
                                           vouching_metadata(settings.auth_enabled, settings.jwt_secret))
@@ -111,8 +144,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         sink = EventSink(session.id, publish=self._watchers.publish)
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
-        if request.session_id and profile.id != session.profile_id:
-            turn.switch_to = profile.id  # written by the turn, under the session lock
+        turn.session_changes = session_changes(session, profile, request)  # written under the session lock
         return turn
 
     async def _drive(self, turn: Turn, turn_input: TurnInput):
@@ -194,7 +226,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if request.parent_session_id:
             parent = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
                 session_id=request.parent_session_id))).session
-            parent_profile = self.deps.profiles.get(parent.profile_id)
+            parent_profile = self.deps.profiles.resumed(parent.profile_id, parent.provider, parent.model)
             untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
         spawn = SpawnRequest(
             text=request.text, profile_id=request.profile_id, max_iterations=request.max_iterations or 40,
@@ -213,7 +245,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("session_id", "required")
         session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
             session_id=request.session_id))).session
-        profile = self.deps.profiles.for_session(session.profile_id)
+        profile = self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
         window = profile.window(self.deps.settings.ollama_num_ctx)
         sink = EventSink(session.id, publish=self._watchers.publish)
         self.sessions.forget_warm(session.id)

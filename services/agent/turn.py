@@ -26,7 +26,7 @@ from services.agent.images import ImageTarget, attach_images
 from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
-from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
+from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, confined, schema
 from services.agent.tools.registry import execute, tools_for
 from services.shared.context_view import (
     heuristic_tokens,
@@ -172,6 +172,10 @@ class Turn:
         self.parent_session_id = options.parent_session_id
         # A stored turn writes its own session; a sub-agent writes its parent's through the parent.
         self.session_writer = conversation.update if not conversation.ephemeral else options.session_writer
+        # A sub-agent of a session that has taken in outside content runs clamped: its task may
+        # carry instructions planted in that content, so it keeps only the confined tools.
+        self.clamped = self.is_subagent and conversation.untrusted
+        self.clamped_out: list[str] = []  # the tools the clamp took away
         self.stop = asyncio.Event()
         self.state = TurnState()
         self.window = profile.window(deps.settings.ollama_num_ctx)
@@ -182,7 +186,9 @@ class Turn:
         self.first_words = ""  # the name this turn gave a new session, for the title after the answer
         self.result = TurnResult()
         self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
-        self.switch_to = ""  # a profile the request asked for, recorded under the session lock
+        # UpdateSession fields the request implies (what the turn runs on, refs, a taint), written
+        # first under the session lock: a write before it could refuse a running turn's next one.
+        self.session_changes: dict = {}
         self._pending: list[Message] = []  # this turn's user message, stored with the first size check
         self._noted_iteration = -1  # the iteration whose notes are already on their way to the store
         self._compressor_away = False  # said once per turn
@@ -207,6 +213,9 @@ class Turn:
         if self.depth >= MAX_SPAWN_DEPTH:
             excluded.add("spawn_agent")
         self.tools = tools_for(names, self.profile.custom_tools, excluded)
+        if self.clamped:
+            self.clamped_out = [name for name, tool in self.tools.items() if not confined(tool)]
+            self.tools = {name: tool for name, tool in self.tools.items() if confined(tool)}
 
     def _system_prompt(self) -> str:
         if self.system_prompt_override is not None:
@@ -246,8 +255,8 @@ class Turn:
         self.sink.model_info(self.profile.model, self.window)
         if self.conv.session is None and self.stored:
             await self.conv.load()
-        if self.switch_to and self.stored:
-            await self.conv.update(profile_id=self.switch_to)
+        if self.session_changes and self.stored:
+            await self.conv.update(**self.session_changes)
         self.state.goal = turn_input.text
         messages = await attach_images(ImageTarget(
             session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,
@@ -590,7 +599,6 @@ class Turn:
     async def _run_tools(self, calls: list[common_pb2.ToolCall]) -> None:
         results: list[Message] = []
         extra: list[Message] = []
-        untrusted = False
         for call in calls:
             if self.stop.is_set():
                 # Every call gets a result, so the context stays valid for the next turn.
@@ -598,15 +606,15 @@ class Turn:
                                        content="[not run: the turn was stopped]"))
                 continue
             outcome = await self._run_tool(call)
-            untrusted = untrusted or outcome.untrusted
+            if outcome.untrusted and not self.conv.untrusted:
+                # At once, not after the batch: a sub-agent spawned later in it is clamped.
+                await self.conv.mark_untrusted()
             result = Message(role="tool", name=call.name, tool_call_id=call.id, content=outcome.content,
                              images=outcome.images, is_compression_critical=outcome.critical)
             results.append(result)
             if "plan" in outcome.metadata:
                 extra.append(Message(role="assistant", content=outcome.metadata["plan"], is_plan=True))
         await self.conv.append(results + extra)
-        if untrusted:
-            await self.conv.mark_untrusted()
         if self.state.todo_changed:
             self.state.todo_changed = False
             self.sink.todo_updated(list(self.state.todo))
@@ -615,7 +623,11 @@ class Turn:
         self.sink.tool_started(call.id, call.name, call.arguments_json)
         started = time.monotonic()
         tool = self.tools.get(call.name)
-        if tool is None:
+        if tool is None and call.name in self.clamped_out:
+            outcome = ToolResult(content=f"{call.name} is not available to this sub-agent: the session it works for "
+                                         "has taken in outside content, so its sub-agents keep only "
+                                         f"{', '.join(self.tools) or 'no tools'}.", is_error=True, untrusted=False)
+        elif tool is None:
             outcome = ToolResult(content=f"Unknown tool {call.name!r}. Available: {', '.join(self.tools)}",
                                  is_error=True, untrusted=False)
         else:
@@ -746,7 +758,7 @@ class Turn:
         if not fresh:
             return []
         await self.conv.update(metadata={"injected_chunk_ids": sorted(seen | {float(c.id) for c in fresh})})
-        return [cb.recall_message(fresh, text, room)]
+        return [cb.recall_message(fresh, text, room, untrusted=self.conv.untrusted)]
 
     async def _name_session(self, text: str) -> None:
         session = self.conv.session

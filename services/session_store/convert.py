@@ -179,6 +179,7 @@ def summary_from_row(row) -> common_pb2.SessionSummary:
         preview=row["preview"],
         context_token_count=row["context_token_count"],
         revision=row["revision"],
+        untrusted_ingested=row["untrusted_ingested"],
     )
     summary.created_at.CopyFrom(timestamp(row["created_at"]))
     summary.last_active.CopyFrom(timestamp(row["last_active"]))

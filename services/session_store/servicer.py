@@ -6,7 +6,9 @@ import asyncio
 import logging
 import math
 import re
+import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import PurePath
 
 import grpc
@@ -17,7 +19,8 @@ from services.shared.errors import InvalidArgument, PermissionDenied, ResourceEx
 from services.shared.settings import Settings
 from services.session_store import convert
 from services.shared.structs import from_struct
-from services.session_store.external_refs import ExternalRef, merge_refs, validate_ref
+from services.session_store.redaction import redact_uri
+from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
 from services.shared.validation import first_nul
 from services.session_store.repository import SessionRepository
@@ -52,11 +55,8 @@ def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int 
 
 
 def _refs_from_proto(refs) -> list[ExternalRef]:
-    validated = []
-    for i, ref in enumerate(refs):
-        created = convert.to_datetime(ref.created_at) if ref.HasField("created_at") else None
-        validated.append(validate_ref(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), i))
-    return validated
+    """A request's refs validated, as stored: URIs redacted."""
+    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs)]
 
 
 def _refs_from_json(items) -> list[ExternalRef]:
@@ -535,7 +535,16 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if field:
             raise InvalidArgument(field, "must not contain NUL characters")
         session_id = parse_session_id(header.session_id, "header.session_id")
-        await self.repo.sessions.get_session(identity, session_id)
+        session = await self.repo.sessions.get_session(identity, session_id)
+        reply = await self._put_file(identity, session_id, header, request_iterator)
+        if not session["untrusted_ingested"]:
+            # An upload or a pasted image is content from outside, as a tool's output is: the
+            # session's sub-agents are clamped and what is recalled from it is fenced from now on.
+            await self.repo.sessions.mark_untrusted(session_id)
+        return reply
+
+    async def _put_file(self, identity: Identity, session_id: uuid.UUID, header: pb.PutFileHeader,
+                        request_iterator: AsyncIterator[pb.PutFileRequest]) -> pb.PutFileResponse:
         if header.kind == pb.FILE_KIND_IMAGE:
             data = bytearray()
             async for part in request_iterator:

@@ -21,8 +21,9 @@ from clients.pal.chat_input import image_paths_in, parse_command, read_message
 from clients.pal.errors import ServiceError
 from clients.pal.render import ContextMeter, compressed_tokens, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
+from clients.pal.commands.turns import add_ref_flag
 from clients.pal.views import message_view
-from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2, session_store_pb2 as pb
 
 # PutFile streams the file in pieces of this size; the store enforces its own size cap while receiving.
 UPLOAD_CHUNK = 256 * 1024
@@ -52,6 +53,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("chat", help="an interactive conversation", parents=[common])
     p.add_argument("--id", dest="session_id", default="", help="resume this session")
     p.add_argument("--profile", default="", help="agent profile (default: the session's, else the Agent's default)")
+    add_ref_flag(p, "add to the session (with your first message)")
     p.set_defaults(handler=chat)
 
 
@@ -138,6 +140,11 @@ class Chat:
     app: App
     session_id: str = ""
     profile_id: str = ""
+    # The profile is sent with the next message only: the session records it (and its model), and
+    # resumes there, so a switch_profile the model made later is not undone by the message after.
+    profile_pending: bool = True
+    # Sent with the next message (--ref: the first), then part of the session.
+    refs: list[common_pb2.ExternalRef] = field(default_factory=list)
     meter: ContextMeter = field(default_factory=ContextMeter)
     images: list[bytes] = field(default_factory=list)
     # Told to the model at the start of the next message (where attached files now live).
@@ -280,8 +287,9 @@ class Chat:
             images.append(path.read_bytes())
             self.say(f"sending image {path}")
         body = "\n\n".join([*self.notes, text]) if self.notes else text
-        request = agent_pb2.RunStreamRequest(session_id=self.session_id, profile_id=self.profile_id,
-                                             text=body, images=images)
+        request = agent_pb2.RunStreamRequest(session_id=self.session_id,
+                                             profile_id=self.profile_id if self.profile_pending else "",
+                                             text=body, images=images, external_refs=self.refs)
         agent = self.app.conn.agent()
         renderer = renderer_for(self.app.out, self.meter)
         try:
@@ -298,6 +306,8 @@ class Chat:
         message goes to the same session (a new one's id came with the turn's first event)."""
         self.images.clear()
         self.notes.clear()
+        self.profile_pending = False
+        self.refs.clear()
         self.session_id = session_id or self.session_id
 
     def compact(self) -> None:
@@ -350,6 +360,7 @@ class Chat:
             self.say(f"no profile {profile_id!r}: available are {', '.join(known)}", "yellow")
             return
         self.profile_id = profile_id
+        self.profile_pending = True
         self.say(f"using profile {profile_id} ({known[profile_id].model}) from your next message", "")
 
     def ensure_session(self) -> str:
@@ -397,4 +408,4 @@ def chat(app: App, args: argparse.Namespace) -> int:
     if args.session_id:
         # Fail early, with the store's message, on an id that does not exist.
         app.conn.store().GetSession(pb.GetSessionRequest(session_id=args.session_id, view=pb.SESSION_VIEW_SUMMARY))
-    return Chat(app, session_id=args.session_id, profile_id=args.profile).loop()
+    return Chat(app, session_id=args.session_id, profile_id=args.profile, refs=list(args.refs)).loop()

@@ -11,11 +11,28 @@ from clients.pal.commands import Subparsers
 from clients.pal.errors import CliError
 from clients.pal.render import ContextMeter, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
-from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.shared.errors import InvalidArgument
+from services.shared.external_refs import FLAG_NAME, parse_ref_flag, ref_to_proto
 
 # ListSessions puts pinned sessions first, so the most recent one may sit below them.
 _SCAN_PAGE = 100
+
+
+def ref_flag(value: str) -> common_pb2.ExternalRef:
+    """One --ref value, checked before anything is sent: a malformed ref the user asked for is a
+    usage error naming the flag, never dropped."""
+    try:
+        return ref_to_proto(parse_ref_flag(value))
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{FLAG_NAME}: ")) from None
+
+
+def add_ref_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--ref", "--external-ref", dest="refs", action="append", default=[], type=ref_flag,
+                   metavar="KIND=URI", help=f"{what} a pointer to outside state, stored and never opened "
+                                            "(repeatable; long form kind=…,uri=…,created_by=…,read_only=true)")
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -23,6 +40,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("text", nargs="+", help="the task ('-' reads it from stdin)")
     p.add_argument("--profile", default="", help="agent profile (default: the Agent's default)")
     p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
+    add_ref_flag(p, "give the session")
     p.set_defaults(handler=run)
 
     p = sub.add_parser("continue", help="send a message to the most recent session, streamed", parents=[common])
@@ -30,6 +48,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--id", dest="session_id", default="", help="this session instead of the most recent")
     p.add_argument("--profile", default="", help="the most recent session of this profile")
     p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
+    add_ref_flag(p, "add to the session")
     p.set_defaults(handler=continue_)
 
 
@@ -85,7 +104,7 @@ def stream_one_turn(app: App, request: agent_pb2.RunStreamRequest) -> StreamResu
 
 def run(app: App, args: argparse.Namespace) -> int:
     request = agent_pb2.RunStreamRequest(profile_id=args.profile, text=message_text(args.text),
-                                         images=read_images(args.image))
+                                         images=read_images(args.image), external_refs=args.refs)
     return stream_one_turn(app, request).exit_code
 
 
@@ -93,5 +112,5 @@ def continue_(app: App, args: argparse.Namespace) -> int:
     text = message_text(args.text)
     images = read_images(args.image)
     session_id = args.session_id or most_recent_session(app.conn.store(), args.profile)
-    request = agent_pb2.RunStreamRequest(session_id=session_id, text=text, images=images)
+    request = agent_pb2.RunStreamRequest(session_id=session_id, text=text, images=images, external_refs=args.refs)
     return stream_one_turn(app, request).exit_code

@@ -82,11 +82,20 @@ class ToolContext:
 
 @runtime_checkable
 class Tool(Protocol):
+    """A tool may also say ``confined = True``: it reaches nothing beyond the session it works for
+    and the model (no other session, no sub-agent, no profile switch, nothing outside the engine).
+    Only confined tools are left to a clamped sub-agent (one of a session that has taken in outside
+    content); a tool that does not say so is taken as unconfined."""
+
     name: str
     description: str
     parameters: dict[str, Any]
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+def confined(tool: Tool) -> bool:
+    return getattr(tool, "confined", False) is True
 
 
 def schema(tool: Tool) -> dict[str, Any]:

@@ -51,6 +51,7 @@ async def _image_names(ctx: ToolContext) -> list[str]:
 
 class ImageViewTool:
     name = "image_view"
+    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Look at an image stored with this session, e.g. one the user pasted earlier. Give its name "
         "(image_2.png) or the path from a notice; the image is attached to the result for you to see."

@@ -2,8 +2,9 @@
 
 Trust: the passages are the session's own raw history. Anything untrusted in them (a tool result,
 a file) already flagged the session when it first arrived, and that flag is sticky, so the result
-is exactly as trusted as the session: ToolResult.untrusted = ctx.untrusted. Marking it always
-untrusted would taint sessions whose history never held outside content.
+is exactly as trusted as the session: ToolResult.untrusted = ctx.untrusted, and in a tainted
+session each passage is fenced as untrusted content. Marking it always untrusted would taint
+sessions whose history never held outside content.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
+from services.agent.untrusted import fence
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 10
@@ -21,29 +23,31 @@ MIN_SIMILARITY = 0.15
 PASSAGE_CHARS = 4_000
 
 
-def render_chunk(n: int, chunk: common_pb2.RawChunk) -> str:
+def render_chunk(n: int, chunk: common_pb2.RawChunk, untrusted: bool = False) -> str:
     where = f"messages {chunk.turn_range.first}–{chunk.turn_range.last}" if chunk.turn_range.last else "messages ?"
     span = f" · {when(chunk.first_at)} → {when(chunk.last_at)}" if chunk.HasField("first_at") else ""
     head = f"[{n}] {where}{span} · relevance {chunk.score:.2f}"
     lines = [head]
     if chunk.breadcrumbs:
         lines.append(f"    topics: {', '.join(chunk.breadcrumbs)}")
-    lines.append(shorten(chunk.content.strip(), PASSAGE_CHARS))
+    passage = shorten(chunk.content.strip(), PASSAGE_CHARS)
+    lines.append(fence(passage, "memory_search") if untrusted else passage)
     return "\n".join(lines)
 
 
-def render_chunks(query: str, chunks: list[common_pb2.RawChunk]) -> str:
+def render_chunks(query: str, chunks: list[common_pb2.RawChunk], untrusted: bool = False) -> str:
     if not chunks:
         return (f"No matches for {query!r} in this session's compressed history. "
                 "Try other words, or the earlier details may never have been compressed out of the context.")
     parts = [f"{len(chunks)} passage{'s' if len(chunks) != 1 else ''} from earlier in this session "
              f"(verbatim, compressed out of the context), best first:"]
-    parts += [render_chunk(n, c) for n, c in enumerate(chunks, 1)]
+    parts += [render_chunk(n, c, untrusted) for n, c in enumerate(chunks, 1)]
     return "\n\n".join(parts)
 
 
 class MemorySearchTool:
     name = "memory_search"
+    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Search this conversation's earlier history that was compressed out of your context, and get the "
         "original passages back verbatim. Use it when a summary mentions something you need in detail."
@@ -70,5 +74,5 @@ class MemorySearchTool:
             store_pb.SearchMemoryRequest(session_id=ctx.session_id, query=query, limit=limit,
                                          min_similarity=MIN_SIMILARITY, embed_model=ctx.profile.embed_model))
         chunks = list(reply.chunks)
-        return ToolResult(content=render_chunks(query, chunks), untrusted=ctx.untrusted,
+        return ToolResult(content=render_chunks(query, chunks, ctx.untrusted), untrusted=ctx.untrusted,
                           metadata={"matches": len(chunks)})

@@ -391,6 +391,7 @@ async def build_plan(ctx: ToolContext, *, task: str = "", reason: str = "", upda
 
 class PlanTool:
     name = "plan"
+    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Make a step-by-step plan before a non-trivial, multi-step task; it also fills the todo list. "
         "Call it again with a `reason` to revise the plan when it no longer fits."

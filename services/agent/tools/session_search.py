@@ -2,7 +2,8 @@
 
 Only the caller's sessions are reachable: every call carries the caller's credentials and the
 SessionStore enforces ownership. Results are untrusted: other sessions hold tool output, files and
-text from anywhere.
+text from anywhere. What comes from a session that has taken in outside content (its messages, a
+search's snippet of them) is fenced as untrusted content besides.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
+from services.agent.untrusted import fence
 from services.shared.errors import InvalidArgument, NotFound, PermissionDenied
 
 ACTIONS = ("list", "search", "get", "find")
@@ -28,8 +30,9 @@ _NOT_READABLE = (NotFound, InvalidArgument, PermissionDenied)
 def session_line(s: common_pb2.SessionSummary, current: str = "") -> str:
     title = s.name or shorten(s.preview, 80) or "(untitled)"
     mark = " (this session)" if s.id == current else ""
+    taint = " · has taken in outside content" if s.untrusted_ingested else ""
     return (f"- {s.id}{mark} · {title} · {s.display_message_count} messages · "
-            f"last active {when(s.last_active)} · model {s.model or '?'}")
+            f"last active {when(s.last_active)} · model {s.model or '?'}{taint}")
 
 
 def render_message(index: int, m: common_pb2.Message) -> str:
@@ -134,8 +137,10 @@ class SessionSearchTool:
             if match is not None:
                 positions = ", ".join(str(i) for i in match.display_indices[:10])
                 more = "…" if len(match.display_indices) > 10 else ""
-                lines.append(f"    {len(match.display_indices)} matching messages (at {positions}{more}): "
-                             f"{shorten(match.snippet.strip(), 300)}")
+                snippet = shorten(match.snippet.strip(), 300)
+                if s.untrusted_ingested:
+                    snippet = fence(snippet, f"session {s.id}")
+                lines.append(f"    {len(match.display_indices)} matching messages (at {positions}{more}): {snippet}")
             elif query.casefold() in s.name.casefold():
                 lines.append("    (matched by its name)")
             else:  # the store's semantic tier: a summary of it is near the query, in other words
@@ -163,4 +168,5 @@ class SessionSearchTool:
         except _NOT_READABLE:
             raise ToolInputError(f"no session {session_id!r} that you can read "
                                  "(use list, search or find for valid ids)") from None
-        return render_history(reply.session, start)
+        history = render_history(reply.session, start)
+        return fence(history, f"session {session_id}") if reply.session.untrusted_ingested else history

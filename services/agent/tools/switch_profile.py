@@ -1,6 +1,6 @@
 """switch_profile: move this session to another agent profile (model, instructions, tools).
 
-The tool records the switch in the session and in the turn's state; the loop reloads the profile
+The tool records the switch (the profile and its model) in the session and in the turn's state; the loop reloads the profile
 and its tools after the tool batch. The profile must exist: the tool reads the configured
 profiles file itself (PALIMPSEST_PROFILES through ctx.settings) so a typo never lands in the
 session, where it would break the session's next turn.
@@ -13,7 +13,7 @@ import logging
 import re
 from typing import Any
 
-from services.agent.profiles import Profile, ProfileRegistry
+from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.agent.tools.base import ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, text_arg
 
@@ -58,10 +58,13 @@ class SwitchProfileTool:
         profiles = await configured_profiles(ctx)
         if profiles is not None and profile_id not in profiles:
             return error(f"switch_profile: no profile {profile_id!r}. Configured: {', '.join(profiles)}.")
-        if ctx.session_id and ctx.update_session is not None:
-            await ctx.update_session(profile_id=profile_id)
-        ctx.state.switched_profile = profile_id
         target = profiles.get(profile_id) if profiles else None
+        if ctx.session_id and ctx.update_session is not None:
+            # The profile and its model in one write: a session resumes on the model it last ran
+            # on, so a switch that recorded only the profile would resume on the old model. Model
+            # "" (the file unreadable just now): the profile's own model, whatever it is then.
+            await ctx.update_session(profile_id=profile_id, provider=PROVIDER, model=target.model if target else "")
+        ctx.state.switched_profile = profile_id
         about = f" ({target.name}: {target.description})" if target else ""
         return ToolResult(content=f"Switched to profile {profile_id}{about}. Its model, instructions and tools "
                                   "apply from the next step.", untrusted=False)

@@ -115,6 +115,7 @@ def _new_items(raw: Any, start: int, validation_required: bool) -> list[TodoItem
 
 class TodoTool:
     name = "todo"
+    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Keep the todo list current: set (replace with items), add (append items), update (one item's status "
         "by id; say how you checked it in validation when marking done), list."

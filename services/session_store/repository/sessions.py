@@ -159,6 +159,14 @@ class Sessions:
         async with self.pool.acquire() as conn:
             return await readable(conn, session_id, identity)
 
+    async def mark_untrusted(self, session_id: uuid.UUID) -> None:
+        """Sticky: the session has taken in outside content (a file put into it). The revision moves
+        the one time the flag does, so a copy of the session kept elsewhere (the Agent's warm one)
+        is known stale; a session already flagged is not written at all."""
+        async with self.pool.acquire() as conn:
+            await conn.execute("UPDATE sessions SET untrusted_ingested = true, revision = revision + 1"
+                               " WHERE id = $1 AND NOT untrusted_ingested", session_id)
+
     async def read_session(self, identity: Identity, session_id: uuid.UUID, *, display_budget: int = 0,
                            context_budget: int = 0, context_offset: int = 0) -> SessionRead:
         """The session's row and, for each budget given, its newest display messages / its context

@@ -1,9 +1,12 @@
 """External state references: operator-supplied pointers to state outside Palimpsest.
 
 A ref names a CI run, a dashboard, an object-store key...  The store keeps it
-verbatim (after secret redaction) and NEVER resolves it: nothing in this module
-or anywhere else fetches, opens or even parses the URI for resolution, so a
-ref cannot become an SSRF or exfiltration path.  Validation is purely textual.
+verbatim (after secret redaction, the store's own step) and NEVER resolves it:
+nothing in this module or anywhere else fetches, opens or even parses the URI
+for resolution, so a ref cannot become an SSRF or exfiltration path.
+Validation is purely textual, and shared: the Agent checks a turn's refs before
+the turn begins, `pal` checks a flag before anything is sent, the store checks
+again before it writes.
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Iterable
 
-from services.session_store.redaction import redact_uri
+from palimpsest.v1 import common_pb2
 from services.shared.errors import InvalidArgument
 
 KIND_MAX_CHARS = 64
 URI_MAX_CHARS = 2048
 CREATED_BY_MAX_CHARS = 128
 CLI_CREATED_BY = "cli"
-FLAG_NAME = "--external-ref"
+FLAG_NAME = "--ref"  # pal run/continue/chat
 
 _KIND = re.compile(r"[a-z0-9_-]+")
 # C0 controls (which include tab, CR and LF), DEL, and the C1 range: any of
@@ -48,7 +51,7 @@ class ExternalRef:
 
 
 def validate_ref(ref: ExternalRef, index: int = 0, *, now: datetime | None = None) -> ExternalRef:
-    """Return ``ref`` checked, with its URI redacted and ``created_at`` stamped.
+    """Return ``ref`` checked, with ``created_at`` stamped.
 
     Errors name the field as ``external_refs[<index>].<field>`` so a caller
     sending several refs learns which one is wrong.
@@ -64,9 +67,28 @@ def _validated(ref: ExternalRef, prefix: str, now: datetime | None) -> ExternalR
         raise InvalidArgument(f"{prefix}.read_only", "must be a boolean")
     if ref.created_at is not None and not isinstance(ref.created_at, datetime):
         raise InvalidArgument(f"{prefix}.created_at", "must be a datetime")
-    # Length limits apply to what the operator sent; the stored URI is the
-    # redacted one (masking can lengthen a short secret slightly).
-    return replace(ref, uri=redact_uri(ref.uri), created_at=_utc(ref.created_at, now))
+    # Length limits apply to what the operator sent; the store keeps the URI
+    # redacted (masking can lengthen a short secret slightly).
+    return replace(ref, created_at=_utc(ref.created_at, now))
+
+
+def refs_from_proto(refs: Iterable[common_pb2.ExternalRef], *,
+                    now: datetime | None = None) -> list[ExternalRef]:
+    """The refs of a request, each validated (errors name ``external_refs[<index>]``)."""
+    validated = []
+    for i, ref in enumerate(refs):
+        stamped = ref.HasField("created_at") and (ref.created_at.seconds or ref.created_at.nanos)
+        created = ref.created_at.ToDatetime(tzinfo=timezone.utc) if stamped else None  # the epoch: unset
+        validated.append(validate_ref(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), i,
+                                      now=now))
+    return validated
+
+
+def ref_to_proto(ref: ExternalRef) -> common_pb2.ExternalRef:
+    message = common_pb2.ExternalRef(kind=ref.kind, uri=ref.uri, created_by=ref.created_by, read_only=ref.read_only)
+    if ref.created_at is not None:
+        message.created_at.FromDatetime(ref.created_at)
+    return message
 
 
 def _check_kind(kind: object, field: str) -> None:
@@ -130,15 +152,13 @@ def merge_refs(existing: Iterable[ExternalRef], new: Iterable[ExternalRef]) -> l
 
 
 def parse_ref_flag(text: str, *, now: datetime | None = None) -> ExternalRef:
-    """Return the validated ref described by one ``--external-ref`` value.
+    """Return the validated ref described by one ``--ref`` value.
 
     Long form:  ``kind=ci-run,uri=https://...,created_by=ci,read_only=true``
     Shorthand:  ``ci-run=https://...`` (created_by defaults to "cli")
 
     Any problem is an InvalidArgument naming the flag: the operator asked for
     this ref explicitly, so dropping it silently would be a surprise.
-
-    No command has the flag yet: this is the parser for ``pal run --ref`` (issue 12).
     """
     try:
         fields = _long_form_fields(text)
