@@ -13,6 +13,7 @@ from PIL import Image
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
 from ollama_sim import Reply
+from ollama_sim.prompt import count_text_tokens
 from tests.conftest import agent_settings
 from tests.test_store_sessions import expect_status, full
 from tests.waiting import until
@@ -83,6 +84,13 @@ async def test_tool_calls_run_and_their_results_reach_the_model(agent, store, ol
     assert second[-1]["role"] == "tool" and second[-1].get("tool_name") == "todo"
     session = await full(store, events[0].session_id)
     assert [m.role for m in session.messages] == ["user", "assistant", "tool", "assistant"]
+    # The bookkeeping each message carries: a tool result its metadata and run time, an answer the
+    # seconds of its call and the tokens the model generated for it.
+    _, call, result, answer = session.messages
+    assert result.metadata["todo"][1]["text"] == "ship" and result.elapsed_seconds > 0
+    assert call.elapsed_seconds > 0 and answer.elapsed_seconds > 0
+    assert answer.token_count == count_text_tokens("Todo is ready.") > 0
+    assert call.token_count > 0
 
 
 async def test_a_second_turn_continues_the_session(agent, store, ollama_sim):

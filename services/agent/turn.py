@@ -41,6 +41,7 @@ from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError,
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared.reports import judge
 from services.shared.settings import Settings
+from services.shared.structs import to_struct
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -133,6 +134,19 @@ class SubagentOptions:
     exclude_tools: tuple[str, ...] = ()
     depth: int = 1
     session_writer: Callable[..., Awaitable[object]] | None = None
+
+
+def answer_message(reply: ChatResult, **fields) -> Message:
+    """A model call's answer as stored: what it said and thought, the seconds it took and the tokens
+    the model generated for it (a size check later replaces that count with the message's own
+    count by the model's tokenizer, with its digest)."""
+    return Message(role="assistant", content=reply.content, thinking=reply.thinking,
+                   elapsed_seconds=reply.elapsed_seconds, token_count=reply.eval_count or 0, **fields)
+
+
+def tool_metadata(outcome: ToolResult) -> struct_pb2.Struct:
+    """What a tool said about its result besides the text, kept with the result."""
+    return to_struct({**outcome.metadata, **({"is_error": True} if outcome.is_error else {})})
 
 
 class Turn:
@@ -452,11 +466,13 @@ class Turn:
         found the session changed by another writer, the call is dropped as StalePrompt."""
         reply = ChatResult()
         self._partial = reply
+        started = time.monotonic()
         try:
             await self._stream_reply(built, reply, storing)
         finally:
             if storing is not None:
                 await storing
+        reply.elapsed_seconds = time.monotonic() - started
         return reply
 
     async def _stream_reply(self, built: list[Message], reply: ChatResult, storing: StoringTask | None) -> None:
@@ -494,7 +510,7 @@ class Turn:
         idempotency key while the store does not answer, until the reply-write deadline. False (and
         the client told) if it was not."""
         try:
-            await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking)],
+            await self.conv.append([answer_message(reply)],
                                    retry_for=self.settings.reply_write_deadline_s,
                                    attempt_timeout=self.settings.rpc_timeout_s, report=report)
             return True
@@ -592,8 +608,7 @@ class Turn:
             calls.append(common_pb2.ToolCall(
                 id=raw.get("id") or f"call_{i}", name=fn.get("name", ""),
                 arguments_json=json.dumps(arguments) if not isinstance(arguments, str) else arguments))
-        await self.conv.append([Message(role="assistant", content=reply.content, thinking=reply.thinking,
-                                        tool_calls=calls)], report=report)
+        await self.conv.append([answer_message(reply, tool_calls=calls)], report=report)
         return calls
 
     async def _run_tools(self, calls: list[common_pb2.ToolCall]) -> None:
@@ -605,12 +620,13 @@ class Turn:
                 results.append(Message(role="tool", name=call.name, tool_call_id=call.id,
                                        content="[not run: the turn was stopped]"))
                 continue
-            outcome = await self._run_tool(call)
+            outcome, elapsed = await self._run_tool(call)
             if outcome.untrusted and not self.conv.untrusted:
                 # At once, not after the batch: a sub-agent spawned later in it is clamped.
                 await self.conv.mark_untrusted()
             result = Message(role="tool", name=call.name, tool_call_id=call.id, content=outcome.content,
-                             images=outcome.images, is_compression_critical=outcome.critical)
+                             images=outcome.images, is_compression_critical=outcome.critical,
+                             elapsed_seconds=elapsed, metadata=tool_metadata(outcome))
             results.append(result)
             if "plan" in outcome.metadata:
                 extra.append(Message(role="assistant", content=outcome.metadata["plan"], is_plan=True))
@@ -619,7 +635,8 @@ class Turn:
             self.state.todo_changed = False
             self.sink.todo_updated(list(self.state.todo))
 
-    async def _run_tool(self, call: common_pb2.ToolCall) -> ToolResult:
+    async def _run_tool(self, call: common_pb2.ToolCall) -> tuple[ToolResult, float]:
+        """The tool's result and the seconds it ran."""
         self.sink.tool_started(call.id, call.name, call.arguments_json)
         started = time.monotonic()
         tool = self.tools.get(call.name)
@@ -640,9 +657,9 @@ class Turn:
                                      untrusted=False)
             else:
                 outcome = await execute(tool, args, self.tool_context())
-        self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error,
-                                time.monotonic() - started)
-        return outcome
+        elapsed = time.monotonic() - started
+        self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)
+        return outcome, elapsed
 
     async def _spawn(self, request: SpawnRequest) -> tuple[str, bool]:
         from services.agent.subagent import run_subagent

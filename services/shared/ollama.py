@@ -52,6 +52,7 @@ class ChatResult:
     prompt_eval_count: int | None = None
     eval_count: int | None = None
     model: str = ""
+    elapsed_seconds: float = 0.0  # the call as its caller waited for it, request to last chunk
 
     def absorb(self, chunk: dict[str, Any]) -> None:
         message = chunk.get("message") or {}
