@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
+import threading
 import uuid
 
 import grpc
@@ -523,6 +524,82 @@ async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_n
     session = await full(store, session_id)
     assert session.name == "renamed elsewhere"
     assert [m.content for m in session.messages][-2:] == ["second", "second answer"]
+
+
+async def answer_while(agent, store, ollama_sim, session_id: str, meanwhile) -> list[pb.AgentEvent]:
+    """A turn whose model call is held until ``meanwhile()`` (another writer) has run."""
+    asked, release = threading.Event(), threading.Event()
+
+    def responder(body):
+        asked.set()
+        release.wait(30)  # the simulator's handler thread holds the answer until the other write is in
+        return Reply(text="the held answer")
+
+    ollama_sim.set_responder(responder)
+    try:
+        turn = asyncio.ensure_future(run(agent, "a question", session_id=session_id))
+        assert await asyncio.to_thread(asked.wait, 30)
+        await meanwhile()
+        release.set()
+        return await turn
+    finally:
+        release.set()
+        ollama_sim.set_responder(None)
+
+
+async def test_a_rename_or_a_taint_while_a_turn_runs_does_not_cost_its_answer(agent, agent_server, store, ollama_sim):
+    """The answer's write is guarded by the revision the turn holds; a change that adds no message
+    (a rename, an upload's taint) moves the revision, and the answer is stored all the same."""
+    session_id = (await run(agent, "first"))[0].session_id
+    await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
+
+    async def rename():
+        await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session_id, name="renamed meanwhile"))
+
+    events = await answer_while(agent, store, ollama_sim, session_id, rename)
+    assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED
+    await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
+
+    async def upload():
+        async def parts():
+            yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, filename="notes.txt"))
+            yield store_pb.PutFileRequest(chunk=b"pasted from the web")
+        await store.PutFile(parts())
+
+    events = await answer_while(agent, store, ollama_sim, session_id, upload)
+    assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED
+    session = await full(store, session_id)
+    assert session.name == "renamed meanwhile" and session.untrusted_ingested
+    assert [m.content for m in session.messages].count("the held answer") == 2
+    # The copy kept for the next turn took the changes in (its sub-agents see the taint), and the
+    # next turn starts from it without a stale start (no call dropped and made again).
+    await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
+    runtime = agent_server.servicer.sessions
+    warm = runtime.take_warm(session_id, ())
+    assert warm is not None and warm.untrusted_ingested and warm.name == "renamed meanwhile"
+    runtime.keep_warm(session_id, (), warm)
+    calls_before = len(ollama_sim.bodies())
+    assert end_of(await run(agent, "third", session_id=session_id)).reason == END.STREAM_END_REASON_COMPLETED
+    assert len(ollama_sim.bodies()) == calls_before + 1
+
+
+async def test_another_writers_message_while_a_turn_runs_still_refuses_its_answer(agent, agent_server, store,
+                                                                                  ollama_sim):
+    """What the revision guard is for: two writers' messages never interleave. The answer is not
+    stored and the client is told where its text is."""
+    from palimpsest.v1 import common_pb2
+
+    session_id = (await run(agent, "first"))[0].session_id
+    await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
+
+    async def interleave():
+        await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=[
+            common_pb2.Message(role="user", content="from another writer")]))
+
+    events = await answer_while(agent, store, ollama_sim, session_id, interleave)
+    assert end_of(events).reason == END.STREAM_END_REASON_ERROR and end_of(events).text == "the held answer"
+    assert "not stored" in next(e.error.message for e in events if e.HasField("error"))
+    assert "the held answer" not in [m.content for m in (await full(store, session_id)).messages]
 
 
 async def test_switch_profile_takes_effect_at_the_next_call(agent, store, ollama_sim):

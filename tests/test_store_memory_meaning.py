@@ -53,6 +53,35 @@ def test_meaning_adds_to_words_and_never_passes_a_verbatim_hit():
 # -- stores of this module -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
+async def database_url(database_url):
+    """A database of this module's own on the tests' server: a semantic store indexes every chunk
+    and summary of its database in the background, and on the shared one (grown by every earlier
+    run) the backlog outlasted the tests' wait for their own few vectors."""
+    server = database_url.rsplit("/", 1)[0]
+    name = f"palimpsest_meaning_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(f"{server}/postgres")
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield f"{server}/{name}"
+    admin = await asyncpg.connect(f"{server}/postgres")
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="module")
+async def store(base_settings, database_url):
+    """A store without the semantic tier, on this module's database."""
+    server = await _start_store(base_settings, database_url)
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        yield session_store_pb2_grpc.SessionStoreStub(channel)
+    await server.stop(0)
+
+
+@pytest.fixture(scope="module")
 async def has_pgvector(database_url) -> bool:
     conn = await asyncpg.connect(database_url)
     try:
@@ -70,7 +99,10 @@ async def semantic_store(base_settings, database_url, has_pgvector):
     running = []
 
     async def start(sim: OllamaSimulator, **overrides):
-        settings = replace(base_settings, ollama_host=sim.url, **({"embed_model": EMBED_MODEL} | overrides))
+        # A generous embed timeout unless a test is about it: on a loaded machine 2 s was passed,
+        # and the embedder's 30 s back-off then outlasted the tests' wait for the index.
+        settings = replace(base_settings, ollama_host=sim.url,
+                           **({"embed_model": EMBED_MODEL, "embed_timeout_s": 20.0} | overrides))
         server = await _start_store(settings, database_url)
         channel = grpc.aio.insecure_channel(server.address)
         running.append((server, channel))

@@ -542,3 +542,29 @@ async def test_an_appends_counters_weigh_rows_as_every_other_counter_does(store,
         await conn.close()
     assert row["hot_count"] == row["n"] == 4 and row["display_count"] == 3
     assert row["hot_bytes"] == row["message_bytes"] == row["bytes"] > 300
+
+
+async def test_an_append_after_a_change_that_added_no_message_goes_ahead_and_says_so(store, profile):
+    s = await new_session(store, profile)
+    first = await append(store, s.id, Message(role="user", content="q"))
+    assert (await full(store, s.id)).next_seq == first.seqs[-1] + 1
+    await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, name="renamed"))
+    late = pb.AppendMessagesRequest(session_id=s.id, messages=[Message(role="assistant", content="a")],
+                                    expected_revision=first.revision, expected_next_seq=first.seqs[-1] + 1)
+    done = await store.AppendMessages(late)
+    assert done.session_changed and done.seqs == [first.seqs[-1] + 1]
+    # Another writer's message in between: the guard holds, nothing written.
+    await append(store, s.id, Message(role="user", content="from elsewhere"))
+    stale = pb.AppendMessagesRequest(session_id=s.id, messages=[Message(role="assistant", content="b")],
+                                     expected_revision=done.revision, expected_next_seq=done.seqs[-1] + 1)
+    await expect_status(store.AppendMessages(stale), grpc.StatusCode.ABORTED, "revision")
+    assert [m.content for m in (await full(store, s.id)).messages] == ["q", "a", "from elsewhere"]
+    # In step: no change to report.
+    current = await full(store, s.id)
+    fine = await store.AppendMessages(pb.AppendMessagesRequest(
+        session_id=s.id, messages=[Message(role="assistant", content="c")], expected_revision=current.revision,
+        expected_next_seq=current.next_seq))
+    assert not fine.session_changed
+    await expect_status(store.AppendMessages(pb.AppendMessagesRequest(
+        session_id=s.id, messages=[Message(role="user", content="x")], expected_next_seq=0)),
+        grpc.StatusCode.INVALID_ARGUMENT, "expected_next_seq")

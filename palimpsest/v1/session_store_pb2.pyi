@@ -178,18 +178,20 @@ class GetArchivedMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class AppendMessagesRequest(_message.Message):
-    __slots__ = ("session_id", "messages", "expected_revision", "idempotency_key", "report")
+    __slots__ = ("session_id", "messages", "expected_revision", "idempotency_key", "report", "expected_next_seq")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     expected_revision: int
     idempotency_key: str
     report: ModelReport
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., report: _Optional[_Union[ModelReport, _Mapping]] = ...) -> None: ...
+    expected_next_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., report: _Optional[_Union[ModelReport, _Mapping]] = ..., expected_next_seq: _Optional[int] = ...) -> None: ...
 
 class ModelReport(_message.Message):
     __slots__ = ("baseline", "prompt_cut", "observation", "context_token_count", "token_digest", "token_counts")
@@ -208,14 +210,16 @@ class ModelReport(_message.Message):
     def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ..., prompt_cut: _Optional[bool] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ..., context_token_count: _Optional[int] = ..., token_digest: _Optional[str] = ..., token_counts: _Optional[_Iterable[_Union[_common_pb2.TokenCount, _Mapping]]] = ...) -> None: ...
 
 class AppendMessagesResponse(_message.Message):
-    __slots__ = ("seqs", "revision", "context_truncated")
+    __slots__ = ("seqs", "revision", "context_truncated", "session_changed")
     SEQS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_CHANGED_FIELD_NUMBER: _ClassVar[int]
     seqs: _containers.RepeatedScalarFieldContainer[int]
     revision: int
     context_truncated: bool
-    def __init__(self, seqs: _Optional[_Iterable[int]] = ..., revision: _Optional[int] = ..., context_truncated: _Optional[bool] = ...) -> None: ...
+    session_changed: bool
+    def __init__(self, seqs: _Optional[_Iterable[int]] = ..., revision: _Optional[int] = ..., context_truncated: _Optional[bool] = ..., session_changed: _Optional[bool] = ...) -> None: ...
 
 class ClaimTurnRequest(_message.Message):
     __slots__ = ("session_id", "holder", "ttl_seconds", "release")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.shared.errors import Aborted, InvalidArgument, PermissionDenied, Unavailable
+from services.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable
 from services.shared.session_reads import whole_context
 from services.shared.structs import to_struct
 
@@ -63,6 +63,10 @@ class StoredConversation:
         self.from_cache = False
         self.reloads = 0  # how often a stale start was reloaded: a prompt built before is stale too
         self.flagged_cut = False  # the store said the last prompt came back cut (a report's append)
+        # The seq the store gives the next message: an append guarded by our revision still goes
+        # ahead when only the session's other fields changed meanwhile (a rename, a pin, a taint).
+        self.next_seq: int | None = None
+        self.warm_worthy = True  # False once what we hold of the session could not be refreshed
 
     async def _call(self, method, request, timeout: float | None = None):
         # A model report rides with the caller's credentials (the interceptor's) and the services' vouch.
@@ -79,6 +83,7 @@ class StoredConversation:
         """Take a session (CONTEXT view) already loaded by the caller."""
         self.session = session
         self.revision = session.revision
+        self.next_seq = session.next_seq or None  # 0: a store that does not say
         self.context = list(session.context)
         return self.context
 
@@ -124,8 +129,11 @@ class StoredConversation:
         key = uuid.uuid4().hex
 
         def request() -> store_pb.AppendMessagesRequest:
-            return store_pb.AppendMessagesRequest(session_id=self.session_id, messages=messages,
-                                                  expected_revision=self.revision, idempotency_key=key, report=report)
+            built = store_pb.AppendMessagesRequest(session_id=self.session_id, messages=messages,
+                                                   expected_revision=self.revision, idempotency_key=key, report=report)
+            if self.next_seq is not None:
+                built.expected_next_seq = self.next_seq
+            return built
 
         try:
             reply = await self._append(request, retry_for, attempt_timeout)
@@ -140,6 +148,10 @@ class StoredConversation:
         if report is not None:
             self.flagged_cut = reply.context_truncated
         self.revision = reply.revision
+        if reply.seqs:
+            self.next_seq = max(reply.seqs) + 1
+        if reply.session_changed:
+            await self._refresh()
         stored = []
         for seq, message in zip(reply.seqs, messages):
             copy = Message()
@@ -149,6 +161,20 @@ class StoredConversation:
         self.context.extend(m for m in stored if (m.is_context if m.explicit_flags else True))
         return list(reply.seqs)
 
+    async def _refresh(self) -> None:
+        """The session's own fields as the store has them now, after an append found them changed
+        by someone else (a rename, a pin, a taint) while this turn ran; the context stays ours. When
+        they cannot be read, this copy is not kept warm for the next turn."""
+        try:
+            fresh = (await self.store.GetSession(store_pb.GetSessionRequest(
+                session_id=self.session_id, view=store_pb.SESSION_VIEW_SUMMARY))).session
+        except PalimpsestError as exc:
+            log.warning("session %s changed meanwhile and could not be read again (%s): not kept warm",
+                        self.session_id, exc)
+            self.warm_worthy = False
+            return
+        self.session = fresh
+
     async def _append(self, request, retry_for: float, attempt_timeout: float):
         if retry_for > 0:
             return await self._write_until(self.store.AppendMessages, request, retry_for, attempt_timeout)
@@ -157,11 +183,12 @@ class StoredConversation:
     def snapshot(self) -> common_pb2.Session | None:
         """The session as this conversation left it (CONTEXT view): what the Agent keeps warm for
         the next turn without reading it back, when nothing but this conversation wrote since."""
-        if self.session is None or self.revision is None:
+        if self.session is None or self.revision is None or not self.warm_worthy:
             return None
         session = common_pb2.Session()
         session.CopyFrom(self.session)
         session.revision = self.revision
+        session.next_seq = self.next_seq or 0
         del session.context[:]
         session.context.extend(self.context)
         return session
@@ -180,6 +207,7 @@ class StoredConversation:
         reply = await self._write(self.store.UpdateSession, request)
         self.revision = reply.session.revision
         self.session = reply.session
+        self.next_seq = reply.session.next_seq or self.next_seq
         return reply.session
 
     async def set_token_count(self, tokens: int) -> None:

@@ -153,6 +153,7 @@ def session_from_row(row) -> common_pb2.Session:
         model=row["model"],
         context_token_count=row["context_token_count"],
         revision=row["revision"],
+        next_seq=row["next_seq"],
         untrusted_ingested=row["untrusted_ingested"],
         episode_untrusted=row["episode_untrusted"],
         display_message_count=row["display_count"],

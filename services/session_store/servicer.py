@@ -264,10 +264,14 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         _validate_messages(request.messages, self.settings.message_max_bytes)
         report = self._report(request.report, identity, context) if request.HasField("report") else None
-        result = await self.repo.sessions.append_messages(identity, session_id, request.messages, _expected(request),
-                                                 request.idempotency_key, report)
+        if request.HasField("expected_next_seq") and request.expected_next_seq < 1:
+            raise InvalidArgument("expected_next_seq", "a seq is at least 1")
+        result = await self.repo.sessions.append_messages(
+            identity, session_id, request.messages, _expected(request), request.idempotency_key, report,
+            request.expected_next_seq if request.HasField("expected_next_seq") else None)
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
-                                         context_truncated=result.context_truncated)
+                                         context_truncated=result.context_truncated,
+                                         session_changed=result.session_changed)
 
     async def ClaimTurn(self, request, context):
         identity = self._identity(context)

@@ -48,7 +48,8 @@ _INSERT_SQL = (
     f"({', '.join(f'${i}' for i in range(1, 26))})"
 )
 _ROW_FIELDS = [c.strip() for c in INSERT_COLUMNS.split(",")]
-_APPEND_SQL = "SELECT * FROM append_messages($1, $2, $3, $4::session_messages[], $5, $6, $7, $8, $9, $10, $11, $12)"
+_APPEND_SQL = ("SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9, $10, $11, $12,"
+               " $13)")
 
 
 def snippet_around(content: str, query: str, radius: int = 60) -> str:
@@ -117,6 +118,7 @@ class AppendResult:
     revision: int
     archived: int
     context_truncated: bool = False
+    session_changed: bool = False  # see AppendMessagesResponse.session_changed
 
 
 @dataclass
@@ -309,10 +311,11 @@ class Sessions:
         expected_revision: int | None,
         idempotency_key: str = "",
         report: Report | None = None,
+        expected_next_seq: int | None = None,
     ) -> AppendResult:
-        """One statement (the append_messages function, migration 0013): the checks, the rows, the
-        counters, the report and the key in one round trip and its commit. An answer's append stands
-        between the model's last token and the client's stream_end."""
+        """One statement (the append_messages function of migrations 0013 and 0014): the checks, the
+        rows, the counters, the report and the key in one round trip and its commit. An answer's
+        append stands between the model's last token and the client's stream_end."""
         now = datetime.now(timezone.utc)
         rows = [dict(zip(_ROW_FIELDS, convert.message_row(session_id, 0, m, now))) for m in messages]
         preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
@@ -322,7 +325,7 @@ class Sessions:
         while True:
             allowance = await self.usage.allowance(self.pool, quota_owner) if quota_owner is not None else None
             row = await commit_one(self.pool, _APPEND_SQL, session_id, _only_owner(identity), expected_revision,
-                                   rows, now, preview, idempotency_key, APPEND_KEY_DAYS, quota_owner, allowance,
+                                   expected_next_seq, rows, now, preview, idempotency_key, APPEND_KEY_DAYS, quota_owner, allowance,
                                    adding, _report_json(report))
             if row["status"] != "quota_owner":
                 break
@@ -337,7 +340,7 @@ class Sessions:
         if status == "quota":
             self.usage.refuse(row["owner"], adding, allowance or 0)
         if status == "replayed":
-            return AppendResult(seqs=list(row["seqs"]), revision=row["revision"], archived=0)
+            return AppendResult(seqs=list(row["seqs"]), revision=row["revision"], archived=0, session_changed=True)
         if status != "ok":
             raise AssertionError(f"append_messages answered {status!r}")
         if quota_owner is not None:
@@ -346,7 +349,7 @@ class Sessions:
         if self._over_hot_window(row["hot_count"], row["hot_bytes"]):
             archived = await self._archive_if_over(session_id)
         return AppendResult(seqs=list(row["seqs"]), revision=row["revision"], archived=archived,
-                            context_truncated=bool(row["truncated"]))
+                            context_truncated=bool(row["truncated"]), session_changed=bool(row["changed"]))
 
     async def _archive_if_over(self, session_id: uuid.UUID) -> int:
         """After an append took the session past the hot window: its own transaction, the counters
