@@ -22,6 +22,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from services.shared.auth import serve_caller
 from services.shared.errors import InvalidArgument, PalimpsestError
+from services.shared.metrics import MetricsEndpoint, MetricsInterceptor
 from services.shared.reflection import DocumentedPool
 from services.shared.validation import capped, first_nul, first_too_long
 from services.shared.settings import Settings
@@ -172,6 +173,7 @@ class RunningServer:
     # Agent's turns) ends them its own way before gRPC cancels them.
     on_drain: Callable[[float], Awaitable[None]] | None = None
     stopping: bool = False
+    metrics: MetricsEndpoint | None = None  # /metrics, when PALIMPSEST_METRICS_PORT is set
 
     @property
     def address(self) -> str:
@@ -197,6 +199,8 @@ class RunningServer:
             await stopped
         if self.on_stop is not None:
             await self.on_stop()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
 
 
 async def start_server(
@@ -212,8 +216,12 @@ async def start_server(
 ) -> RunningServer:
     """Start a server with the given servicers on host:port (0 picks a free port). ``deep_nul_check``:
     refuse NUL characters in nested messages too (the store, which keeps every string)."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(deep_nul_check=deep_nul_check, translate=translate)],
-                             options=server_options(settings))
+    # Outermost first: the metrics see the status the ErrorInterceptor gave.
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(deep_nul_check=deep_nul_check,
+                                                                       translate=translate)]
+    if settings.metrics_port is not None:
+        interceptors.insert(0, MetricsInterceptor())
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -228,8 +236,15 @@ async def start_server(
         bound = 0
     if bound == 0:
         raise SystemExit(f"cannot listen on {host}:{port}: the port is taken or not allowed")
+    metrics = None
+    if settings.metrics_port is not None:
+        try:
+            metrics = await asyncio.to_thread(MetricsEndpoint, host, settings.metrics_port)
+        except SystemExit:
+            await server.stop(None)  # bound, not started: let its port go
+            raise
     await server.start()
-    running = RunningServer(server, health_servicer, bound, names, on_stop)
+    running = RunningServer(server, health_servicer, bound, names, on_stop, metrics=metrics)
     await running.set_serving(True)
     return running
 
