@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from google.protobuf.message import Message as ProtoMessage
 
+from services.shared import tls
 from services.shared.auth import serve_caller
 from services.shared.errors import InvalidArgument, PalimpsestError
 from services.shared.metrics import MetricsEndpoint, MetricsInterceptor
@@ -28,6 +30,8 @@ from services.shared.validation import capped, first_nul, first_too_long
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.server")
+
+T = TypeVar("T")
 
 # A service's own failures that mean "a dependency is down" rather than a bug (a dead database).
 Translate = Callable[[BaseException], "PalimpsestError | None"]
@@ -129,6 +133,14 @@ def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | Non
     return guarded
 
 
+def settings_tls(make: Callable[[], T]) -> T:
+    """Credentials from the TLS settings; a setting that cannot be used stops the service, naming it."""
+    try:
+        return make()
+    except tls.TlsSettingError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def server_options(settings: Settings) -> list[tuple[str, int]]:
     # A GOAWAY after this long (no grace: calls in flight run to their end) makes clients resolve
     # their `dns:///` target again, so replicas added since get their share of new calls.
@@ -216,6 +228,8 @@ async def start_server(
 ) -> RunningServer:
     """Start a server with the given servicers on host:port (0 picks a free port). ``deep_nul_check``:
     refuse NUL characters in nested messages too (the store, which keeps every string)."""
+    credentials = settings_tls(lambda: tls.server_credentials(settings.tls_cert, settings.tls_key,
+                                                               settings.tls_client_ca))
     # Outermost first: the metrics see the status the ErrorInterceptor gave.
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(deep_nul_check=deep_nul_check,
                                                                        translate=translate)]
@@ -231,7 +245,8 @@ async def start_server(
                                         # that adds the comments is all it needs
                                         pool=DocumentedPool())  # type: ignore[arg-type]
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
+                 else server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError:  # grpc's own words for it: "Failed to bind to address"
         bound = 0
     if bound == 0:
