@@ -7,7 +7,7 @@ import logging
 from contextlib import suppress
 
 from palimpsest.v1 import session_store_pb2, session_store_pb2_grpc
-from services.shared import metrics
+from services.shared import metrics, tracing
 from services.shared.server import RunningServer, start_server
 from services.shared.settings import Settings
 from services.session_store import db, share_links
@@ -116,7 +116,8 @@ async def watch_database(pool, running: RunningServer, address: str) -> None:
     serving = True
     while True:
         await asyncio.sleep(DATABASE_CHECK_INTERVAL_S)
-        up = await db.reachable(pool, timeout=DATABASE_CHECK_INTERVAL_S)
+        with tracing.untraced():
+            up = await db.reachable(pool, timeout=DATABASE_CHECK_INTERVAL_S)
         if up != serving:
             serving = up
             await running.set_serving(up)

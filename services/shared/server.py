@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from google.protobuf.message import Message as ProtoMessage
 
-from services.shared import tls
+from services.shared import tls, tracing
 from services.shared.auth import serve_caller
 from services.shared.errors import InvalidArgument, PalimpsestError
 from services.shared.metrics import MetricsEndpoint, MetricsInterceptor
@@ -230,11 +230,12 @@ async def start_server(
     refuse NUL characters in nested messages too (the store, which keeps every string)."""
     credentials = settings_tls(lambda: tls.server_credentials(settings.tls_cert, settings.tls_key,
                                                                settings.tls_client_ca))
-    # Outermost first: the metrics see the status the ErrorInterceptor gave.
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(deep_nul_check=deep_nul_check,
-                                                                       translate=translate)]
-    if settings.metrics_port is not None:
-        interceptors.insert(0, MetricsInterceptor())
+    # Outermost first: the metrics and the RPC's span see the status the ErrorInterceptor gave.
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        *([MetricsInterceptor()] if settings.metrics_port is not None else []),
+        *tracing.server_interceptors(),
+        ErrorInterceptor(deep_nul_check=deep_nul_check, translate=translate),
+    ]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()
@@ -307,6 +308,7 @@ def run_service(start, listen_address: Callable[[Settings], str], name: str) -> 
 
     async def main() -> None:
         settings = Settings.from_env()
+        tracing.start(settings.otlp_endpoint, f"palimpsest-{name.lower()}")  # before any channel or server
         host, port = listen_address(settings).rsplit(":", 1)
         running = await start(settings, port=int(port), host=host)
         await serve_forever(running, name=name, grace=settings.grace_seconds)
