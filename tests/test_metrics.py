@@ -16,7 +16,7 @@ from ollama_sim import Reply
 from palimpsest.v1 import (agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb, compressor_pb2_grpc,
                            session_store_pb2 as store_pb, session_store_pb2_grpc)
 from services.shared.settings import Settings
-from tests.conftest import agent_settings
+from tests.conftest import three_services
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -40,17 +40,9 @@ def grew(before: Samples, after: Samples, name: str, **labels: str) -> float:
 @pytest.fixture(scope="module")
 async def observed(base_settings, database_url, ollama_sim, profiles_file):
     """A SessionStore, a Compressor and an Agent, each serving /metrics on a port of its own."""
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.session_store.app import start_store
-
     settings = replace(base_settings, metrics_port=0)
-    store = await start_store(settings, port=0, dsn=database_url)
-    compressor = await start_compressor(replace(settings, ollama_host=ollama_sim.url, store_addr=store.address), port=0)
-    agent = await start_agent(agent_settings(settings, store, compressor, ollama_sim, profiles_file), port=0)
-    yield store, compressor, agent
-    for running in (agent, compressor, store):
-        await running.stop(0)
+    async with three_services(settings, database_url, ollama_sim, profiles_file) as services:
+        yield services
 
 
 async def test_a_turn_is_counted_by_rpc_reason_and_tokens(observed, ollama_sim):

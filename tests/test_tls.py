@@ -17,7 +17,7 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from services.shared import tls
 from services.shared.channels import open_channel
-from tests.conftest import agent_settings
+from tests.conftest import three_services
 from tests.test_pal import pal, pal_env
 
 
@@ -56,17 +56,8 @@ def mutual(settings, pems: Pems):
 @pytest.fixture(scope="module")
 async def secured(base_settings, database_url, ollama_sim, profiles_file, pems):
     """The three services, each serving mutual TLS and calling the others over it."""
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.session_store.app import start_store
-
-    settings = mutual(base_settings, pems)
-    store = await start_store(settings, port=0, dsn=database_url)
-    compressor = await start_compressor(replace(settings, ollama_host=ollama_sim.url, store_addr=store.address), port=0)
-    agent = await start_agent(agent_settings(settings, store, compressor, ollama_sim, profiles_file), port=0)
-    yield store, compressor, agent
-    for running in (agent, compressor, store):
-        await running.stop(0)
+    async with three_services(mutual(base_settings, pems), database_url, ollama_sim, profiles_file) as services:
+        yield services
 
 
 async def health(address: str, credentials: grpc.ChannelCredentials | None) -> int:

@@ -10,7 +10,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from dataclasses import replace
 
 import grpc
 import pytest
@@ -25,7 +24,7 @@ from palimpsest.v1 import (agent_pb2 as pb, agent_pb2_grpc, common_pb2, compress
                            session_store_pb2_grpc)
 from services.shared import tracing
 from services.shared.ports import free_port
-from tests.conftest import agent_settings
+from tests.conftest import three_services
 from tests.test_agent import session_due_for_a_post_turn_compression
 from tests.waiting import until
 
@@ -33,20 +32,11 @@ from tests.waiting import until
 @pytest.fixture(scope="module")
 async def traced(base_settings, database_url, ollama_sim, profiles_file):
     """The exporter, and the three services started with tracing on (and off again afterwards)."""
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.session_store.app import start_store
-
     exporter = InMemorySpanExporter()
     tracing.install(SimpleSpanProcessor(exporter), "palimpsest-tests")
     try:
-        store = await start_store(base_settings, port=0, dsn=database_url)
-        compressor = await start_compressor(replace(base_settings, ollama_host=ollama_sim.url,
-                                                    store_addr=store.address), port=0)
-        agent = await start_agent(agent_settings(base_settings, store, compressor, ollama_sim, profiles_file), port=0)
-        yield exporter, store, agent
-        for running in (agent, compressor, store):
-            await running.stop(0)
+        async with three_services(base_settings, database_url, ollama_sim, profiles_file) as (store, _, agent):
+            yield exporter, store, agent
     finally:
         tracing.uninstall()
 

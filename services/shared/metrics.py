@@ -158,31 +158,31 @@ def _code(context, failure: BaseException | None) -> str:
     return "OK" if failure is None else "UNKNOWN"
 
 
+@contextmanager
+def _timing(context, method: str) -> Iterator[None]:
+    started, failure = time.perf_counter(), None
+    try:
+        yield
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        RPC_SECONDS.labels(method, _code(context, failure)).observe(time.perf_counter() - started)
+
+
 def _timed_unary(fn, method: str):
     async def timed(request, context):
-        started, failure = time.perf_counter(), None
-        try:
+        with _timing(context, method):
             return await fn(request, context)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            RPC_SECONDS.labels(method, _code(context, failure)).observe(time.perf_counter() - started)
 
     return timed
 
 
 def _timed_stream(fn, method: str):
     async def timed(request, context):
-        started, failure = time.perf_counter(), None
-        try:
+        with _timing(context, method):
             async for item in fn(request, context):
                 yield item
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            RPC_SECONDS.labels(method, _code(context, failure)).observe(time.perf_counter() - started)
 
     return timed
 
