@@ -1,5 +1,6 @@
 """Compressor benchmarks: estimate error against the real tokenizer, estimate/plan latency as the
-context grows, and Compress throughput with one and two replicas (separate processes)."""
+context grows, and Compress throughput with 1, 2 and 4 replicas (separate processes) while the model
+takes a second a summary, with the replicas' own CPU time per compression."""
 
 from __future__ import annotations
 
@@ -267,35 +268,52 @@ async def latency(store: SessionStoreStub, compressor: compressor_pb2_grpc.Compr
             + _common.table(["context messages", "RPC", "p50", "p95"], rows))
 
 
+# What a summary takes the model in the throughput run: the case the Compressor's scaling is for.
+SUMMARY_SECONDS = 1.0
+REPLICAS = (1, 2, 4)
+IN_FLIGHT = 16
+PATHS = (("summary, model takes 1 s", Reply(text="- summary\nKEYS: a, b", first_chunk_delay=SUMMARY_SECONDS)),
+         ("hard truncate (summarizer down)", Reply(http_status=500, error="down")))
+
+
 async def throughput(server, quick: bool) -> str:
-    rows = []
-    sessions = 8 if quick else 24
+    sessions = 16 if quick else 64
+    measured: dict[tuple[str, int], tuple[float, float]] = {}
     with OllamaSimulator() as sim:
-        for path, reply in (("hard truncate (summarizer down)", Reply(http_status=500, error="down")),
-                            ("summary (simulated summarizer)", Reply(text="- summary\nKEYS: a, b"))):
+        for path, reply in PATHS:
             sim.set_responder(lambda body, reply=reply: reply)
-            for replicas in (1, 2):
+            for replicas in REPLICAS:
                 async with _common.fresh_database(server, "compress") as dsn:
                     store_port = free_port()
-                    ports = [free_port() for _ in range(replicas)]
+                    ports = [(free_port(), free_port()) for _ in range(replicas)]  # (gRPC, /metrics)
                     base = {"DATABASE_URL": dsn, "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{store_port}",
                             "OLLAMA_HOST": sim.url, "PALIMPSEST_FILES_ROOT": "/tmp/palimpsest-bench-files"}
                     specs = [("services.session_store", base)] + [
-                        ("services.compressor", {**base, "PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{p}"})
-                        for p in ports]
+                        ("services.compressor", {**base, "PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{grpc_port}",
+                                                 "PALIMPSEST_METRICS_PORT": str(metrics_port)})
+                        for grpc_port, metrics_port in ports]
                     async with _common.processes(specs[:1]):
                         await _common.wait_ready(f"127.0.0.1:{store_port}")
                         async with _common.processes(specs[1:]):
-                            for p in ports:
-                                await _common.wait_ready(f"127.0.0.1:{p}")
-                            rows.append([path, replicas, await _compress_all(store_port, ports, sessions)])
-    return (f"Compress throughput: {sessions} sessions of 120 messages compressed concurrently (8 in flight) "
-            "through a round-robin channel; store and replicas each in their own process on this 2-core machine; "
-            "each replica had loaded the model's tokenizer (one request) before the clock started.\n\n"
-            + _common.table(["path", "replicas", "compressions/s"], rows))
+                            for grpc_port, _ in ports:
+                                await _common.wait_ready(f"127.0.0.1:{grpc_port}")
+                            measured[path, replicas] = await _compress_all(store_port, ports, sessions)
+    header = ["replicas"] + [f"{path}: {column}" for path, _ in PATHS
+                             for column in ("compressions/s", "Compressor CPU per compression")]
+    rows = [[replicas] + [cell for path, _ in PATHS for cell in (f"{measured[path, replicas][0]:.1f}",
+                                                                  f"{_common.ms(measured[path, replicas][1])} ms")]
+            for replicas in REPLICAS]
+    return (f"Compress throughput: {sessions} sessions of 120 messages compressed through a round-robin channel, "
+            f"{IN_FLIGHT} in flight, by 1, 2 and 4 Compressor replicas; the store and each replica in a process of "
+            "its own on this machine, every replica with the model's tokenizer loaded (one request) before the clock "
+            f"started. The summarizer answers after {SUMMARY_SECONDS:.0f} s (the simulator's delay), or fails at once "
+            "(every compression then hard-truncates, no model wait). *CPU per compression*: the replicas' own CPU "
+            "time (user + system, from their `process_cpu_seconds_total` on /metrics) over the run, per "
+            "compression.\n\n" + _common.table(header, rows))
 
 
-async def _compress_all(store_port: int, ports: list[int], sessions: int) -> str:
+async def _compress_all(store_port: int, ports: list[tuple[int, int]], sessions: int) -> tuple[float, float]:
+    """(compressions a second, the replicas' CPU seconds per compression)."""
     from services.shared.channels import open_channel
     from services.shared.settings import Settings
 
@@ -304,7 +322,7 @@ async def _compress_all(store_port: int, ports: list[int], sessions: int) -> str
         store = SessionStoreStub(store_channel)
         chatter = _common.Chatter(5)
         ids = [await seeded_session(store, 120, chatter) for _ in range(sessions)]
-        channel = open_channel(",".join(f"127.0.0.1:{p}" for p in ports), settings)
+        channel = open_channel(",".join(f"127.0.0.1:{grpc_port}" for grpc_port, _ in ports), settings)
         stub = compressor_pb2_grpc.CompressorStub(channel)
 
         async def one(session_id: str) -> None:
@@ -314,15 +332,31 @@ async def _compress_all(store_port: int, ports: list[int], sessions: int) -> str
 
         # Steady state: each replica loads the model's tokenizer once (from its disk cache, ~0.5 s)
         # on its first request; that one-time cost is not throughput.
-        for port in ports:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as warm:
+        for grpc_port, _ in ports:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as warm:
                 await compressor_pb2_grpc.CompressorStub(warm).EstimateTokens(pb.EstimateTokensRequest(
                     model="qwen3.6", messages=[Message(role="user", content="warm up")]))
+        cpu_before = await _cpu_seconds(ports)
         started = time.perf_counter()
-        await _common.gather_limited([one(i) for i in ids], 8)
+        await _common.gather_limited([one(i) for i in ids], IN_FLIGHT)
         elapsed = time.perf_counter() - started
+        cpu = await _cpu_seconds(ports) - cpu_before
         await channel.close()
-    return f"{sessions / elapsed:.1f}"
+    return sessions / elapsed, cpu / sessions
+
+
+async def _cpu_seconds(ports: list[tuple[int, int]]) -> float:
+    """The replicas' CPU time so far, as each one's /metrics reports it."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    async with httpx.AsyncClient() as client:
+        for _, metrics_port in ports:
+            text = (await client.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+            total += sum(sample.value for family in text_string_to_metric_families(text)
+                         for sample in family.samples if sample.name == "process_cpu_seconds_total")
+    return total
 
 
 async def run(args) -> str:

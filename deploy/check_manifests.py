@@ -14,6 +14,7 @@ import sys
 
 import yaml
 
+METRICS_PORT = 9464  # every pod's /metrics (PALIMPSEST_METRICS_PORT)
 SERVICES = {  # Deployment name → (port, module)
     "palimpsest-session-store": (50051, "services.session_store"),
     "palimpsest-compressor": (50052, "services.compressor"),
@@ -62,9 +63,9 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
         where = f"{name}"
         if container.get("args") != [module]:
             problems.append(f"{where}: args {container.get('args')} (the image runs `python -m <args>`; want {module})")
-        ports = [p["containerPort"] for p in container.get("ports", [])]
-        if ports != [port]:
-            problems.append(f"{where}: container ports {ports}, want [{port}]")
+        ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+        if ports != {"grpc": port, "metrics": METRICS_PORT}:
+            problems.append(f"{where}: container ports {ports}, want grpc {port} and metrics {METRICS_PORT}")
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             grpc_probe = container.get(probe, {}).get("grpc")
             if not grpc_probe or grpc_probe.get("port") != port or grpc_probe.get("service", "") != "":
@@ -79,6 +80,13 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
             problems.append(f"{where}: no service account token needed")
 
         env = env_of(container, config_maps)
+        if str(env.get("PALIMPSEST_METRICS_PORT")) != str(METRICS_PORT):
+            problems.append(f"{where}: PALIMPSEST_METRICS_PORT={env.get('PALIMPSEST_METRICS_PORT')!r}, want "
+                            f"{METRICS_PORT} (the metrics container port)")
+        annotations = spec["template"]["metadata"].get("annotations", {})
+        scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
+        if any(annotations.get(k) != v for k, v in scrape.items()):
+            problems.append(f"{where}: pod annotations {annotations} must point Prometheus at :{METRICS_PORT}/metrics")
         # The listen address of this service: a host the pod's network reaches, never a dns:/// target.
         listen = {"palimpsest-session-store": "PALIMPSEST_STORE_ADDR", "palimpsest-compressor":
                   "PALIMPSEST_COMPRESSOR_LISTEN", "palimpsest-agent": "PALIMPSEST_AGENT_ADDR"}[name]

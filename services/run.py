@@ -18,7 +18,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.shared.server import DEBUG_ENV, debug_enabled
+from services.shared import tls
+from services.shared.server import DEBUG_ENV, debug_enabled, settings_tls
 from services.shared.settings import Settings
 
 # (name, module, address setting); a service whose module is not there yet is skipped.
@@ -31,9 +32,10 @@ SERVICES = [
 PAL_ADDRESS_VARS = ("PALIMPSEST_STORE_ADDR", "PALIMPSEST_COMPRESSOR_ADDR", "PALIMPSEST_AGENT_ADDR")
 
 
-def wait_serving(name: str, addr: str, timeout: float, proc: subprocess.Popen) -> None:
+def wait_serving(name: str, addr: str, timeout: float, proc: subprocess.Popen,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(addr) as channel:
+    with (grpc.secure_channel(addr, credentials) if credentials else grpc.insecure_channel(addr)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -85,6 +87,15 @@ def try_hint(settings: Settings, environ: Mapping[str, str]) -> str:
     return f"\nTry{here}:\n" + "\n".join(lines) + "\n\nCtrl-C stops everything."
 
 
+def metrics_env(env: dict[str, str], port: int | None, index: int) -> tuple[dict[str, str], str]:
+    """One machine, three services: PALIMPSEST_METRICS_PORT is the first service's metrics port and
+    the next ones take the ports after it (0: each its own free port)."""
+    if port is None:
+        return env, ""
+    own = port + index if port else 0
+    return {**env, "PALIMPSEST_METRICS_PORT": str(own)}, f", metrics on :{own}" if own else ""
+
+
 def main() -> int:
     settings = Settings.from_env()
     env = dict(os.environ)
@@ -102,19 +113,21 @@ def main() -> int:
                              f"({type(exc).__name__}: {exc}); set PALIMPSEST_DATA_DIR to a folder of your own, "
                              f"or DATABASE_URL to a PostgreSQL of yours ({DEBUG_ENV}=1 for the traceback)") from None
         print(f"embedded PostgreSQL: {env['DATABASE_URL']} (data in {settings.data_dir})")
+    credentials = settings_tls(lambda: tls.channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key))
     procs: list[subprocess.Popen] = []
     # SIGTERM is Ctrl-C from the start: one arriving while the services start must still stop those
     # already running (they run in sessions of their own, so no signal reaches them but ours).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        for name, module, addr_field in SERVICES:
+        for index, (name, module, addr_field) in enumerate(SERVICES):
             if importlib.util.find_spec(f"{module}.__main__") is None:
                 continue
             addr = getattr(settings, addr_field).split(",")[0].strip()  # a replica list: this one runs the first
-            proc = subprocess.Popen([sys.executable, "-m", module], env=env, start_new_session=True)
+            own_env, metrics = metrics_env(env, settings.metrics_port, index)
+            proc = subprocess.Popen([sys.executable, "-m", module], env=own_env, start_new_session=True)
             procs.append(proc)
-            wait_serving(name, addr, 60, proc)
-            print(f"{name:<13} serving on {addr}")
+            wait_serving(name, addr, 60, proc, credentials)
+            print(f"{name:<13} serving on {addr}{metrics}")
         print(try_hint(settings, env), flush=True)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)

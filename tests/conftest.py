@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import os
 import uuid
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -198,6 +199,24 @@ def profiles_file(tmp_path_factory) -> str:
 def agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file, **overrides):
     return replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
                    compressor_addr=compressor_server.address, profiles_path=profiles_file, **overrides)
+
+
+@asynccontextmanager
+async def three_services(settings: Settings, database_url: str, ollama_sim, profiles_file: str):
+    """A SessionStore, a Compressor and an Agent of a test module's own, started with ``settings``
+    (metrics, TLS, tracing: what the shared servers do not have), stopped Agent first."""
+    from services.agent.app import start_agent
+    from services.compressor.app import start_compressor
+    from services.session_store.app import start_store
+
+    store = await start_store(settings, port=0, dsn=database_url)
+    compressor = await start_compressor(replace(settings, ollama_host=ollama_sim.url, store_addr=store.address), port=0)
+    agent = await start_agent(agent_settings(settings, store, compressor, ollama_sim, profiles_file), port=0)
+    try:
+        yield store, compressor, agent
+    finally:
+        for running in (agent, compressor, store):
+            await running.stop(0)
 
 
 @pytest.fixture(scope="module")

@@ -218,7 +218,7 @@ class Pal:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
         self.monkeypatch, self.capsys = monkeypatch, capsys
         self.services = Services()
-        monkeypatch.setattr(connection, "open_channel", lambda target, options: self.services)
+        monkeypatch.setattr(connection, "open_channel", lambda target, options, credentials=None: self.services)
         # Predictable addresses, whatever the machine running the tests has set.
         for endpoint in connection.ENDPOINTS:
             monkeypatch.setenv(endpoint.env, endpoint.default)

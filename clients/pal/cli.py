@@ -13,11 +13,14 @@ from clients.pal.connection import Connection
 from clients.pal.errors import CliError
 from clients.pal.output import Output
 from clients.pal.signals import route_sigint_to_main_thread
+from services.shared import tls
 
 DESCRIPTION = """\
 Talk to Palimpsest's services: chat with the Agent, run one-off tasks, and manage sessions.
 Addresses come from PALIMPSEST_STORE_ADDR, PALIMPSEST_AGENT_ADDR and PALIMPSEST_COMPRESSOR_ADDR
-(defaults: 127.0.0.1:50051, :50053, :50052); with auth on, PALIMPSEST_TOKEN holds your JWT."""
+(defaults: 127.0.0.1:50051, :50053, :50052); with auth on, PALIMPSEST_TOKEN holds your JWT. Over TLS,
+PALIMPSEST_TLS_CA (or --tls-ca) names the CA that signed the services' certificates; for mutual TLS,
+PALIMPSEST_TLS_CERT and PALIMPSEST_TLS_KEY are yours."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", default=False,
                         help="machine-readable output: one JSON object per line")
+    parser.add_argument("--tls-ca", metavar="PEM", default=None,
+                        help="connect over TLS, trusting services whose certificates this CA signed "
+                             "(default: PALIMPSEST_TLS_CA; unset: plaintext)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chat.register(sub, common)
     turns.register(sub, common)
@@ -48,7 +54,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Output(json=args.json)
     try:
-        with Connection() as conn:
+        environ = dict(os.environ)
+        if args.tls_ca:
+            environ[tls.CA_ENV] = args.tls_ca
+        with Connection(environ) as conn:
             return int(args.handler(App(conn, out), args))
     except CliError as err:
         out.errors.print(f"pal: {err}", style="red", markup=False, highlight=False, soft_wrap=True)

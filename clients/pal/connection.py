@@ -14,8 +14,9 @@ from typing import Any, Self, cast
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from clients.pal.errors import ServiceError, describe_rpc_error
+from clients.pal.errors import CliError, ServiceError, describe_rpc_error
 from palimpsest.v1 import agent_pb2_grpc, compressor_pb2_grpc, session_store_pb2_grpc
+from services.shared import tls
 from services.shared.addresses import channel_target
 
 # Large enough for pasted images and long histories; the services use the same default.
@@ -42,8 +43,11 @@ AGENT = Endpoint("Agent", "PALIMPSEST_AGENT_ADDR", "127.0.0.1:50053")
 ENDPOINTS = (STORE, COMPRESSOR, AGENT)
 
 
-def open_channel(target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
+def open_channel(target: str, options: list[tuple[str, Any]],
+                 credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
     """The one place pal makes a channel: tests put grpc_testing's channel here to play the server's side."""
+    if credentials is not None:
+        return grpc.secure_channel(target, credentials, options=options)
     return grpc.insecure_channel(target, options=options)
 
 
@@ -122,8 +126,16 @@ class Connection:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.lb_policy_name", "round_robin"),
             ]
-            self._channels[address] = open_channel(channel_target(address), options)
+            self._channels[address] = open_channel(channel_target(address), options, self.credentials())
         return self._channels[address]
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS when PALIMPSEST_TLS_CA (or --tls-ca) is set; with PALIMPSEST_TLS_CERT and _KEY, mutual TLS."""
+        try:
+            return tls.channel_credentials(*(self.environ.get(name, "").strip() for name in (
+                tls.CA_ENV, tls.CERT_ENV, tls.KEY_ENV)))
+        except tls.TlsSettingError as exc:
+            raise CliError(str(exc)) from None
 
     def _guarded(self, endpoint: Endpoint, stub_class: type, address: str | None = None) -> Any:
         address = address or self.address(endpoint)

@@ -16,6 +16,7 @@ from services.agent.context_builder import ContextBuilder
 from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry, ProfilesFileError
 from services.agent.servicer import STOP_MARGIN_S, AgentServicer
 from services.agent.turn import AgentDeps
+from services.shared import tracing
 from services.shared.channels import open_channel
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import OllamaClient
@@ -34,7 +35,8 @@ async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: f
     missing_logged = False
     while True:
         try:
-            await ollama.version()
+            with tracing.untraced():
+                await ollama.version()
             status: int = health_pb2.HealthCheckResponse.SERVING
             missing_logged = False
         except PalimpsestError as exc:

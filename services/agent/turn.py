@@ -39,6 +39,7 @@ from services.shared.context_view import (
 from services.shared.auth import as_service
 from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError, Unavailable
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
+from services.shared import metrics
 from services.shared.reports import judge
 from services.shared.settings import Settings
 from services.shared.structs import to_struct
@@ -246,6 +247,7 @@ class Turn:
         self.result = TurnResult(text=text, reason=reason)
         if not self.is_subagent:
             self.sink.stream_end(reason, text)
+            metrics.turn_ended(reason)
         return self.result
 
     # -- the turn ------------------------------------------------------------------------------
@@ -544,6 +546,7 @@ class Turn:
             return report  # (a sub-agent's report goes to RecordBaseline, which judges it: _record_usage)
         verdict = judge(reply.prompt_eval_count, model=self.profile.model, method=check.method, shape=check.shape,
                         window=self.window, sent_chars=view_chars(built), had_images=any(m.images for m in built))
+        metrics.model_report(verdict, method=check.method, counted=check.tokens, reported=reply.prompt_eval_count)
         if verdict.problem:
             log.warning("the model's report for %s is not kept: %s", self.session_id or "-", verdict.problem)
         elif verdict.prompt_cut:
@@ -577,6 +580,7 @@ class Turn:
                 log.warning("could not record the report of a sub-agent of %s: %s", self.parent_session_id, exc)
         tokens = reply.prompt_eval_count if reported and reply.prompt_eval_count else check.tokens
         self.last_prompt_tokens = tokens
+        metrics.model_call(reply.prompt_eval_count or 0, reply.eval_count or 0)
         self.sink.usage(tokens, self.window, reply.prompt_eval_count or 0, reply.eval_count or 0,
                         "reported" if reported else COUNT_METHODS.get(check.method, "heuristic"))
 

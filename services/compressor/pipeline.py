@@ -31,6 +31,7 @@ from services.compressor.summary_format import (
     summary_messages,
 )
 from services.compressor.summary_window import num_predict, summary_num_ctx
+from services.shared import metrics
 from services.shared.context_view import is_transient, to_ollama_messages
 from services.shared.ollama import OllamaClient
 
@@ -209,7 +210,8 @@ class Summarizer:
             stream=False,
             options={"temperature": self.knobs.summary_temperature, "num_predict": predict},
         )
-        result = await self.ollama.chat(body)
+        with metrics.summary_call():
+            result = await self.ollama.chat(body)
         if not result.content.strip():
             raise ValueError("the summarizer returned an empty summary")
         return result.content.strip()

@@ -24,6 +24,7 @@ from services.compressor.token_estimate import (
     output_reserve,
     trigger_tokens,
 )
+from services.shared import metrics
 from services.shared.auth import as_service, identity_from_context
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.context_view import message_budget
@@ -352,6 +353,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("window", "the num_ctx the prompt was sent with is required with an exact shape")
         verdict = judge(request.prompt_eval_count, model=request.model, method=request.method, shape=shape,
                         window=request.window, sent_chars=request.sent_chars, had_images=request.had_images)
+        metrics.model_report(verdict, method=request.method, counted=request.sent_tokens,
+                             reported=request.prompt_eval_count)
         if verdict.problem:
             field, _, why = verdict.problem.partition(": ")
             raise InvalidArgument(field, why)
@@ -496,6 +499,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         result = await self.store.CommitCompression(commit)
         pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
                                 accounting, window)
+        metrics.COMPRESSIONS.labels(pipeline.method_name(outcome.method), pipeline.reason_name(request.reason)).inc()
         replaced = outcome.summary.replaces if outcome.summary is not None else common_pb2.SeqRange(
             first=min(m.seq for m in outcome.demoted), last=max(m.seq for m in outcome.demoted))
         yield pb.CompressionEvent(compressed=pb.ContextCompressed(

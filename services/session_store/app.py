@@ -7,6 +7,7 @@ import logging
 from contextlib import suppress
 
 from palimpsest.v1 import session_store_pb2, session_store_pb2_grpc
+from services.shared import metrics, tracing
 from services.shared.server import RunningServer, start_server
 from services.shared.settings import Settings
 from services.session_store import db, share_links
@@ -65,6 +66,7 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
             raise
         raise known from exc
     await db.migrate(pool)
+    metrics.watch_pool(pool)
     share_key = await asyncio.to_thread(share_links.load_key, settings.share_key, settings.data_dir)
     repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
                              share_key=share_key, quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes))
@@ -114,7 +116,8 @@ async def watch_database(pool, running: RunningServer, address: str) -> None:
     serving = True
     while True:
         await asyncio.sleep(DATABASE_CHECK_INTERVAL_S)
-        up = await db.reachable(pool, timeout=DATABASE_CHECK_INTERVAL_S)
+        with tracing.untraced():
+            up = await db.reachable(pool, timeout=DATABASE_CHECK_INTERVAL_S)
         if up != serving:
             serving = up
             await running.set_serving(up)

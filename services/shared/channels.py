@@ -10,7 +10,8 @@ import grpc
 from services.shared.addresses import channel_target
 from services.shared.auth import outgoing_credentials
 from services.shared.errors import PalimpsestError, from_rpc_error
-from services.shared.server import channel_options
+from services.shared import tls, tracing
+from services.shared.server import channel_options, settings_tls
 from services.shared.settings import Settings
 
 # UNAVAILABLE is retried a few times with backoff: a replica restarting must not fail a turn.
@@ -167,9 +168,13 @@ def open_channel(addresses: str, settings: Settings, *, service: str = "") -> gr
     (ServiceCalls); without, a plain client's (tests, benchmarks) that sees the raw statuses."""
     options = [*channel_options(settings), ("grpc.service_config", json.dumps(_SERVICE_CONFIG)),
                ("grpc.enable_retries", 1)]
-    interceptors: list[DefaultDeadline | ServiceCalls] = [DefaultDeadline(settings.rpc_timeout_s,
-                                                                          settings.compress_timeout_s)]
-    if service:
-        interceptors.append(ServiceCalls(service, addresses, settings))
+    # The span innermost: it sees the call as sent (deadline, credentials) and its raw status.
+    interceptors = [DefaultDeadline(settings.rpc_timeout_s, settings.compress_timeout_s),
+                    *([ServiceCalls(service, addresses, settings)] if service else []),
+                    *tracing.channel_interceptors()]
+    credentials = settings_tls(lambda: tls.channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key))
+    if credentials is not None:
+        return grpc.aio.secure_channel(channel_target(addresses), credentials, options=options,
+                                       interceptors=each_kind(*interceptors))
     return grpc.aio.insecure_channel(channel_target(addresses), options=options,
                                      interceptors=each_kind(*interceptors))

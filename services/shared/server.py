@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,13 +21,17 @@ from grpc_reflection.v1alpha import reflection
 
 from google.protobuf.message import Message as ProtoMessage
 
+from services.shared import tls, tracing
 from services.shared.auth import serve_caller
 from services.shared.errors import InvalidArgument, PalimpsestError
+from services.shared.metrics import MetricsEndpoint, MetricsInterceptor
 from services.shared.reflection import DocumentedPool
 from services.shared.validation import capped, first_nul, first_too_long
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.server")
+
+T = TypeVar("T")
 
 # A service's own failures that mean "a dependency is down" rather than a bug (a dead database).
 Translate = Callable[[BaseException], "PalimpsestError | None"]
@@ -128,6 +133,14 @@ def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | Non
     return guarded
 
 
+def settings_tls(make: Callable[[], T]) -> T:
+    """Credentials from the TLS settings; a setting that cannot be used stops the service, naming it."""
+    try:
+        return make()
+    except tls.TlsSettingError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def server_options(settings: Settings) -> list[tuple[str, int]]:
     # A GOAWAY after this long (no grace: calls in flight run to their end) makes clients resolve
     # their `dns:///` target again, so replicas added since get their share of new calls.
@@ -172,6 +185,7 @@ class RunningServer:
     # Agent's turns) ends them its own way before gRPC cancels them.
     on_drain: Callable[[float], Awaitable[None]] | None = None
     stopping: bool = False
+    metrics: MetricsEndpoint | None = None  # /metrics, when PALIMPSEST_METRICS_PORT is set
 
     @property
     def address(self) -> str:
@@ -197,6 +211,8 @@ class RunningServer:
             await stopped
         if self.on_stop is not None:
             await self.on_stop()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
 
 
 async def start_server(
@@ -212,8 +228,15 @@ async def start_server(
 ) -> RunningServer:
     """Start a server with the given servicers on host:port (0 picks a free port). ``deep_nul_check``:
     refuse NUL characters in nested messages too (the store, which keeps every string)."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(deep_nul_check=deep_nul_check, translate=translate)],
-                             options=server_options(settings))
+    credentials = settings_tls(lambda: tls.server_credentials(settings.tls_cert, settings.tls_key,
+                                                               settings.tls_client_ca))
+    # Outermost first: the metrics and the RPC's span see the status the ErrorInterceptor gave.
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        *([MetricsInterceptor()] if settings.metrics_port is not None else []),
+        *tracing.server_interceptors(),
+        ErrorInterceptor(deep_nul_check=deep_nul_check, translate=translate),
+    ]
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -223,13 +246,21 @@ async def start_server(
                                         # that adds the comments is all it needs
                                         pool=DocumentedPool())  # type: ignore[arg-type]
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
+                 else server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError:  # grpc's own words for it: "Failed to bind to address"
         bound = 0
     if bound == 0:
         raise SystemExit(f"cannot listen on {host}:{port}: the port is taken or not allowed")
+    metrics = None
+    if settings.metrics_port is not None:
+        try:
+            metrics = await asyncio.to_thread(MetricsEndpoint, host, settings.metrics_port)
+        except SystemExit:
+            await server.stop(None)  # bound, not started: let its port go
+            raise
     await server.start()
-    running = RunningServer(server, health_servicer, bound, names, on_stop)
+    running = RunningServer(server, health_servicer, bound, names, on_stop, metrics=metrics)
     await running.set_serving(True)
     return running
 
@@ -277,6 +308,7 @@ def run_service(start, listen_address: Callable[[Settings], str], name: str) -> 
 
     async def main() -> None:
         settings = Settings.from_env()
+        tracing.start(settings.otlp_endpoint, f"palimpsest-{name.lower()}")  # before any channel or server
         host, port = listen_address(settings).rsplit(":", 1)
         running = await start(settings, port=int(port), host=host)
         await serve_forever(running, name=name, grace=settings.grace_seconds)

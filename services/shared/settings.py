@@ -23,6 +23,12 @@ def _env_int(name: str, default: int) -> int:
         raise SystemExit(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _env_optional_int(name: str) -> int | None:
+    """Unset or empty: None (the feature is off)."""
+    raw = os.environ.get(name, "").strip()
+    return None if raw == "" else _env_int(name, 0)
+
+
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -80,6 +86,17 @@ class Settings:
     # How long the Agent keeps retrying the write that stores a turn's answer (the store restarting).
     reply_write_deadline_s: float = 30.0
     session_titles: bool = True
+    # Prometheus /metrics on this port, on the host the service listens on (None: off; 0: a free port).
+    metrics_port: int | None = None
+    # Traces go over OTLP to this collector (empty: no tracing at all).
+    otlp_endpoint: str = ""
+    # TLS of every gRPC server (certificate and key, PEM files), and mutual TLS when a client CA is
+    # set: callers must then present a certificate it signed. Channels use TLS when a CA is set,
+    # trusting servers it signed, and present the certificate and key (when set) as the caller's.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    tls_ca: str = ""
     agent_warm_mb: int = 64  # the Agent's warm sessions, at most this many megabytes
     # Turns claimed in the store so one session never runs two at once across Agent replicas (two
     # more calls per turn); a dead replica's claim runs out after turn_claim_ttl_s.
@@ -148,6 +165,12 @@ class Settings:
             db_command_timeout_s=_env_float("PALIMPSEST_DB_COMMAND_TIMEOUT_S", 30.0),
             reply_write_deadline_s=_env_float("PALIMPSEST_REPLY_WRITE_DEADLINE_S", 30.0),
             session_titles=_env_bool("PALIMPSEST_SESSION_TITLES", True),
+            metrics_port=_env_optional_int("PALIMPSEST_METRICS_PORT"),
+            otlp_endpoint=(_env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or _env("OTEL_EXPORTER_OTLP_ENDPOINT", "")).strip(),
+            tls_cert=_env("PALIMPSEST_TLS_CERT", "").strip(),
+            tls_key=_env("PALIMPSEST_TLS_KEY", "").strip(),
+            tls_client_ca=_env("PALIMPSEST_TLS_CLIENT_CA", "").strip(),
+            tls_ca=_env("PALIMPSEST_TLS_CA", "").strip(),
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
             turn_claims=_env_bool("PALIMPSEST_TURN_CLAIMS", False),
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
