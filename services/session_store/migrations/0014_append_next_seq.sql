@@ -24,6 +24,7 @@ DECLARE
     v_hot_count integer;
     v_hot_bytes bigint;
     v_truncated boolean := false;
+    c record;
 BEGIN
     SELECT x.owner, x.revision, x.next_seq INTO s FROM sessions x WHERE x.id = p_session FOR UPDATE;
     IF NOT FOUND THEN
@@ -112,21 +113,18 @@ BEGIN
             SELECT (jsonb_populate_record(NULL::calibration_observations, p_report -> 'observation'
                     || jsonb_build_object('id', nextval('calibration_observations_id_seq'), 'observed_at', p_now))).*;
         END IF;
-        IF jsonb_array_length(coalesce(p_report -> 'token_counts', '[]')) > 0 THEN
-            -- Onto the rows whose content they were made from: counts are of recent rows, so the
-            -- archive is looked at only for those the hot table did not take.
-            WITH c AS (
-                SELECT (e ->> 0)::bigint AS seq, (e ->> 1)::integer AS tokens, e ->> 2 AS md5
-                  FROM jsonb_array_elements(p_report -> 'token_counts') e
-            ), hot AS (
-                UPDATE session_messages m SET token_count = c.tokens, token_digest = p_report ->> 'token_digest'
-                  FROM c WHERE m.session_id = p_session AND m.seq = c.seq AND md5(m.content) = c.md5
-                RETURNING m.seq
-            )
-            UPDATE session_messages_archive m SET token_count = c.tokens, token_digest = p_report ->> 'token_digest'
-              FROM c WHERE m.session_id = p_session AND m.seq = c.seq AND md5(m.content) = c.md5
-               AND c.seq NOT IN (SELECT hot.seq FROM hot);
-        END IF;
+        -- Exact counts onto the rows whose content they were made from, one index lookup each:
+        -- they are of recent rows, so the archive is looked at only for a count the hot table
+        -- did not take (a join over the session's rows read its whole archive: O(history)).
+        FOR c IN SELECT (e ->> 0)::bigint AS seq, (e ->> 1)::integer AS tokens, e ->> 2 AS md5
+                   FROM jsonb_array_elements(coalesce(p_report -> 'token_counts', '[]')) e LOOP
+            UPDATE session_messages m SET token_count = c.tokens, token_digest = p_report ->> 'token_digest'
+             WHERE m.session_id = p_session AND m.seq = c.seq AND md5(m.content) = c.md5;
+            IF NOT FOUND THEN
+                UPDATE session_messages_archive m SET token_count = c.tokens, token_digest = p_report ->> 'token_digest'
+                 WHERE m.session_id = p_session AND m.seq = c.seq AND md5(m.content) = c.md5;
+            END IF;
+        END LOOP;
     END IF;
 
     IF p_key <> '' THEN
