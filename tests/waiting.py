@@ -22,7 +22,7 @@ async def until(condition, timeout: float = 20.0) -> bool:
 
 
 # Server-streamed RPCs that never end by themselves: a test reads until the watch is in place.
-NEVER_ENDING = frozenset({"WatchSession"})
+NEVER_ENDING = frozenset({"WatchSession", "ListenSessionMessages"})
 
 
 async def drain_call(call, method_name: str) -> None:

@@ -27,7 +27,7 @@ from palimpsest.v1 import common_pb2 as palimpsest_dot_v1_dot_common__pb2
 from palimpsest.v1 import compressor_pb2 as palimpsest_dot_v1_dot_compressor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19palimpsest/v1/agent.proto\x12\rpalimpsest.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1apalimpsest/v1/common.proto\x1a\x1epalimpsest/v1/compressor.proto\"\x9b\x01\n\x10RunStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06images\x18\x04 \x03(\x0c\x12\x0e\n\x06hidden\x18\x05 \x01(\x08\x12\x31\n\rexternal_refs\x18\x06 \x03(\x0b\x32\x1a.palimpsest.v1.ExternalRef\"\x95\x01\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06images\x18\x04 \x03(\x0c\x12\x0e\n\x06hidden\x18\x05 \x01(\x08\x12\x31\n\rexternal_refs\x18\x06 \x03(\x0b\x32\x1a.palimpsest.v1.ExternalRef\"_\n\x0bRunResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\x06reason\x18\x03 \x01(\x0e\x32\x1e.palimpsest.v1.StreamEndReason\"\x83\x02\n\x13RunEphemeralRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\t\x12\x16\n\x0emax_iterations\x18\x03 \x01(\x05\x12\x15\n\rexclude_tools\x18\x04 \x03(\t\x12\x10\n\x08\x62riefing\x18\x05 \x01(\t\x12\x1c\n\x14\x63ustom_system_prompt\x18\x06 \x01(\t\x12\x1d\n\x15inherit_system_prompt\x18\x07 \x01(\x08\x12\x18\n\x10\x63ontext_transfer\x18\x08 \x01(\t\x12\x19\n\x11parent_session_id\x18\t \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\n \x01(\x01\"@\n\x14RunEphemeralResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1a\n\x12\x63ompleted_normally\x18\x02 \x01(\x08\"$\n\x0e\x43ompactRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"!\n\x0bStopRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x1f\n\x0cStopResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"\x15\n\x13ListProfilesRequest\"\xf4\x01\n\x07Profile\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x04 \x01(\x05\x12\x16\n\x0emax_iterations\x18\x05 \x01(\x05\x12\x15\n\rthink_enabled\x18\x06 \x01(\x08\x12\x13\n\x0b\x61gent_tools\x18\x07 \x03(\t\x12\x16\n\x0esubagent_tools\x18\x08 \x03(\t\x12\x37\n\x0b\x63ompression\x18\t \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\x12\x13\n\x0b\x64\x65scription\x18\n \x01(\t\"\x89\x01\n\x14ListProfilesResponse\x12(\n\x08profiles\x18\x01 \x03(\x0b\x32\x16.palimpsest.v1.Profile\x12\x1a\n\x12\x64\x65\x66\x61ult_profile_id\x18\x02 \x01(\t\x12\x16\n\x0eprofiles_error\x18\x03 \x01(\t\x12\x13\n\x0bollama_host\x18\x04 \x01(\t\"\x19\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1d\n\rThinkingDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\r\n\x0bThinkingEnd\"D\n\x0bToolStarted\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"i\n\x0cToolFinished\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07preview\x18\x03 \x01(\t\x12\x10\n\x08is_error\x18\x04 \x01(\x08\x12\x17\n\x0f\x65lapsed_seconds\x18\x05 \x01(\x01\"2\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x02 \x01(\x05\"\x83\x01\n\x05Usage\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\x03\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x03\x12\x14\n\x0c\x63ount_method\x18\x05 \x01(\t\" \n\x0ePlanningStatus\x12\x0e\n\x06status\x18\x01 \x01(\t\"<\n\tPlanReady\x12\x0c\n\x04plan\x18\x01 \x01(\t\x12\r\n\x05steps\x18\x02 \x03(\t\x12\x12\n\ncomplexity\x18\x03 \x01(\t\"H\n\x08TodoItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x12\n\nvalidation\x18\x04 \x01(\t\"5\n\x0bTodoUpdated\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.palimpsest.v1.TodoItem\"\x1b\n\x0bTurnStarted\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1e\n\x0eSessionRenamed\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\tStreamEnd\x12.\n\x06reason\x18\x01 \x01(\x0e\x32\x1e.palimpsest.v1.StreamEndReason\x12\x0c\n\x04text\x18\x02 \x01(\t\"+\n\nErrorEvent\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xba\x07\n\nAgentEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x13\n\x0bis_subagent\x18\x03 \x01(\x08\x12.\n\ntext_delta\x18\n \x01(\x0b\x32\x18.palimpsest.v1.TextDeltaH\x00\x12\x36\n\x0ethinking_delta\x18\x0b \x01(\x0b\x32\x1c.palimpsest.v1.ThinkingDeltaH\x00\x12\x32\n\x0cthinking_end\x18\x0c \x01(\x0b\x32\x1a.palimpsest.v1.ThinkingEndH\x00\x12\x32\n\x0ctool_started\x18\r \x01(\x0b\x32\x1a.palimpsest.v1.ToolStartedH\x00\x12\x34\n\rtool_finished\x18\x0e \x01(\x0b\x32\x1b.palimpsest.v1.ToolFinishedH\x00\x12.\n\nmodel_info\x18\x0f \x01(\x0b\x32\x18.palimpsest.v1.ModelInfoH\x00\x12%\n\x05usage\x18\x10 \x01(\x0b\x32\x14.palimpsest.v1.UsageH\x00\x12@\n\x13\x63ompression_started\x18\x11 \x01(\x0b\x32!.palimpsest.v1.CompressionStartedH\x00\x12>\n\x12\x63ontext_compressed\x18\x12 \x01(\x0b\x32 .palimpsest.v1.ContextCompressedH\x00\x12\x38\n\x0fplanning_status\x18\x13 \x01(\x0b\x32\x1d.palimpsest.v1.PlanningStatusH\x00\x12.\n\nplan_ready\x18\x14 \x01(\x0b\x32\x18.palimpsest.v1.PlanReadyH\x00\x12\x32\n\x0ctodo_updated\x18\x15 \x01(\x0b\x32\x1a.palimpsest.v1.TodoUpdatedH\x00\x12.\n\nstream_end\x18\x16 \x01(\x0b\x32\x18.palimpsest.v1.StreamEndH\x00\x12*\n\x05\x65rror\x18\x17 \x01(\x0b\x32\x19.palimpsest.v1.ErrorEventH\x00\x12\x32\n\x0cturn_started\x18\x18 \x01(\x0b\x32\x1a.palimpsest.v1.TurnStartedH\x00\x12\x38\n\x0fsession_renamed\x18\x19 \x01(\x0b\x32\x1d.palimpsest.v1.SessionRenamedH\x00\x12&\n\x05\x65xtra\x18\x1e \x01(\x0b\x32\x17.google.protobuf.StructB\x07\n\x05\x65vent*\xe0\x01\n\x0fStreamEndReason\x12!\n\x1dSTREAM_END_REASON_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSTREAM_END_REASON_COMPLETED\x10\x01\x12\x1d\n\x19STREAM_END_REASON_STOPPED\x10\x02\x12$\n STREAM_END_REASON_MAX_ITERATIONS\x10\x03\x12\'\n#STREAM_END_REASON_CONTEXT_TOO_LARGE\x10\x04\x12\x1b\n\x17STREAM_END_REASON_ERROR\x10\x05\x32\x9b\x04\n\x05\x41gent\x12I\n\tRunStream\x12\x1f.palimpsest.v1.RunStreamRequest\x1a\x19.palimpsest.v1.AgentEvent0\x01\x12<\n\x03Run\x12\x19.palimpsest.v1.RunRequest\x1a\x1a.palimpsest.v1.RunResponse\x12W\n\x0cRunEphemeral\x12\".palimpsest.v1.RunEphemeralRequest\x1a#.palimpsest.v1.RunEphemeralResponse\x12\x45\n\x07\x43ompact\x12\x1d.palimpsest.v1.CompactRequest\x1a\x19.palimpsest.v1.AgentEvent0\x01\x12?\n\x04Stop\x12\x1a.palimpsest.v1.StopRequest\x1a\x1b.palimpsest.v1.StopResponse\x12O\n\x0cWatchSession\x12\".palimpsest.v1.WatchSessionRequest\x1a\x19.palimpsest.v1.AgentEvent0\x01\x12W\n\x0cListProfiles\x12\".palimpsest.v1.ListProfilesRequest\x1a#.palimpsest.v1.ListProfilesResponseBS\n\x11\x63om.palimpsest.v1P\x01Z,palimpsest/gen/go/palimpsest/v1;palimpsestv1\xaa\x02\rPalimpsest.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19palimpsest/v1/agent.proto\x12\rpalimpsest.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1apalimpsest/v1/common.proto\x1a\x1epalimpsest/v1/compressor.proto\"\x9b\x01\n\x10RunStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06images\x18\x04 \x03(\x0c\x12\x0e\n\x06hidden\x18\x05 \x01(\x08\x12\x31\n\rexternal_refs\x18\x06 \x03(\x0b\x32\x1a.palimpsest.v1.ExternalRef\"\x95\x01\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06images\x18\x04 \x03(\x0c\x12\x0e\n\x06hidden\x18\x05 \x01(\x08\x12\x31\n\rexternal_refs\x18\x06 \x03(\x0b\x32\x1a.palimpsest.v1.ExternalRef\"_\n\x0bRunResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\x06reason\x18\x03 \x01(\x0e\x32\x1e.palimpsest.v1.StreamEndReason\"\x83\x02\n\x13RunEphemeralRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\t\x12\x16\n\x0emax_iterations\x18\x03 \x01(\x05\x12\x15\n\rexclude_tools\x18\x04 \x03(\t\x12\x10\n\x08\x62riefing\x18\x05 \x01(\t\x12\x1c\n\x14\x63ustom_system_prompt\x18\x06 \x01(\t\x12\x1d\n\x15inherit_system_prompt\x18\x07 \x01(\x08\x12\x18\n\x10\x63ontext_transfer\x18\x08 \x01(\t\x12\x19\n\x11parent_session_id\x18\t \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\n \x01(\x01\"@\n\x14RunEphemeralResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x1a\n\x12\x63ompleted_normally\x18\x02 \x01(\x08\"$\n\x0e\x43ompactRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"!\n\x0bStopRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x1f\n\x0cStopResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"g\n\x0eReplicaMessage\x12*\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x19.palimpsest.v1.AgentEventH\x00\x12\x0e\n\x04stop\x18\x02 \x01(\tH\x00\x12\x11\n\x07stopped\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"\x15\n\x13ListProfilesRequest\"\xf4\x01\n\x07Profile\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x04 \x01(\x05\x12\x16\n\x0emax_iterations\x18\x05 \x01(\x05\x12\x15\n\rthink_enabled\x18\x06 \x01(\x08\x12\x13\n\x0b\x61gent_tools\x18\x07 \x03(\t\x12\x16\n\x0esubagent_tools\x18\x08 \x03(\t\x12\x37\n\x0b\x63ompression\x18\t \x01(\x0b\x32\".palimpsest.v1.CompressionSettings\x12\x13\n\x0b\x64\x65scription\x18\n \x01(\t\"\x89\x01\n\x14ListProfilesResponse\x12(\n\x08profiles\x18\x01 \x03(\x0b\x32\x16.palimpsest.v1.Profile\x12\x1a\n\x12\x64\x65\x66\x61ult_profile_id\x18\x02 \x01(\t\x12\x16\n\x0eprofiles_error\x18\x03 \x01(\t\x12\x13\n\x0bollama_host\x18\x04 \x01(\t\"\x19\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1d\n\rThinkingDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\r\n\x0bThinkingEnd\"D\n\x0bToolStarted\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"i\n\x0cToolFinished\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07preview\x18\x03 \x01(\t\x12\x10\n\x08is_error\x18\x04 \x01(\x08\x12\x17\n\x0f\x65lapsed_seconds\x18\x05 \x01(\x01\"2\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x02 \x01(\x05\"\x83\x01\n\x05Usage\x12\x16\n\x0e\x63ontext_tokens\x18\x01 \x01(\x03\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\x03\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x03\x12\x14\n\x0c\x63ount_method\x18\x05 \x01(\t\" \n\x0ePlanningStatus\x12\x0e\n\x06status\x18\x01 \x01(\t\"<\n\tPlanReady\x12\x0c\n\x04plan\x18\x01 \x01(\t\x12\r\n\x05steps\x18\x02 \x03(\t\x12\x12\n\ncomplexity\x18\x03 \x01(\t\"H\n\x08TodoItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x12\n\nvalidation\x18\x04 \x01(\t\"5\n\x0bTodoUpdated\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.palimpsest.v1.TodoItem\"\x1b\n\x0bTurnStarted\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1e\n\x0eSessionRenamed\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\tStreamEnd\x12.\n\x06reason\x18\x01 \x01(\x0e\x32\x1e.palimpsest.v1.StreamEndReason\x12\x0c\n\x04text\x18\x02 \x01(\t\"+\n\nErrorEvent\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xba\x07\n\nAgentEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x13\n\x0bis_subagent\x18\x03 \x01(\x08\x12.\n\ntext_delta\x18\n \x01(\x0b\x32\x18.palimpsest.v1.TextDeltaH\x00\x12\x36\n\x0ethinking_delta\x18\x0b \x01(\x0b\x32\x1c.palimpsest.v1.ThinkingDeltaH\x00\x12\x32\n\x0cthinking_end\x18\x0c \x01(\x0b\x32\x1a.palimpsest.v1.ThinkingEndH\x00\x12\x32\n\x0ctool_started\x18\r \x01(\x0b\x32\x1a.palimpsest.v1.ToolStartedH\x00\x12\x34\n\rtool_finished\x18\x0e \x01(\x0b\x32\x1b.palimpsest.v1.ToolFinishedH\x00\x12.\n\nmodel_info\x18\x0f \x01(\x0b\x32\x18.palimpsest.v1.ModelInfoH\x00\x12%\n\x05usage\x18\x10 \x01(\x0b\x32\x14.palimpsest.v1.UsageH\x00\x12@\n\x13\x63ompression_started\x18\x11 \x01(\x0b\x32!.palimpsest.v1.CompressionStartedH\x00\x12>\n\x12\x63ontext_compressed\x18\x12 \x01(\x0b\x32 .palimpsest.v1.ContextCompressedH\x00\x12\x38\n\x0fplanning_status\x18\x13 \x01(\x0b\x32\x1d.palimpsest.v1.PlanningStatusH\x00\x12.\n\nplan_ready\x18\x14 \x01(\x0b\x32\x18.palimpsest.v1.PlanReadyH\x00\x12\x32\n\x0ctodo_updated\x18\x15 \x01(\x0b\x32\x1a.palimpsest.v1.TodoUpdatedH\x00\x12.\n\nstream_end\x18\x16 \x01(\x0b\x32\x18.palimpsest.v1.StreamEndH\x00\x12*\n\x05\x65rror\x18\x17 \x01(\x0b\x32\x19.palimpsest.v1.ErrorEventH\x00\x12\x32\n\x0cturn_started\x18\x18 \x01(\x0b\x32\x1a.palimpsest.v1.TurnStartedH\x00\x12\x38\n\x0fsession_renamed\x18\x19 \x01(\x0b\x32\x1d.palimpsest.v1.SessionRenamedH\x00\x12&\n\x05\x65xtra\x18\x1e \x01(\x0b\x32\x17.google.protobuf.StructB\x07\n\x05\x65vent*\xe0\x01\n\x0fStreamEndReason\x12!\n\x1dSTREAM_END_REASON_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSTREAM_END_REASON_COMPLETED\x10\x01\x12\x1d\n\x19STREAM_END_REASON_STOPPED\x10\x02\x12$\n STREAM_END_REASON_MAX_ITERATIONS\x10\x03\x12\'\n#STREAM_END_REASON_CONTEXT_TOO_LARGE\x10\x04\x12\x1b\n\x17STREAM_END_REASON_ERROR\x10\x05\x32\x9b\x04\n\x05\x41gent\x12I\n\tRunStream\x12\x1f.palimpsest.v1.RunStreamRequest\x1a\x19.palimpsest.v1.AgentEvent0\x01\x12<\n\x03Run\x12\x19.palimpsest.v1.RunRequest\x1a\x1a.palimpsest.v1.RunResponse\x12W\n\x0cRunEphemeral\x12\".palimpsest.v1.RunEphemeralRequest\x1a#.palimpsest.v1.RunEphemeralResponse\x12\x45\n\x07\x43ompact\x12\x1d.palimpsest.v1.CompactRequest\x1a\x19.palimpsest.v1.AgentEvent0\x01\x12?\n\x04Stop\x12\x1a.palimpsest.v1.StopRequest\x1a\x1b.palimpsest.v1.StopResponse\x12O\n\x0cWatchSession\x12\".palimpsest.v1.WatchSessionRequest\x1a\x19.palimpsest.v1.AgentEvent0\x01\x12W\n\x0cListProfiles\x12\".palimpsest.v1.ListProfilesRequest\x1a#.palimpsest.v1.ListProfilesResponseBS\n\x11\x63om.palimpsest.v1P\x01Z,palimpsest/gen/go/palimpsest/v1;palimpsestv1\xaa\x02\rPalimpsest.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'palimpsest.v1.agent_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\021com.palimpsest.v1P\001Z,palimpsest/gen/go/palimpsest/v1;palimpsestv1\252\002\rPalimpsest.V1'
-  _globals['_STREAMENDREASON']._serialized_start=3228
-  _globals['_STREAMENDREASON']._serialized_end=3452
+  _globals['_STREAMENDREASON']._serialized_start=3333
+  _globals['_STREAMENDREASON']._serialized_end=3557
   _globals['_RUNSTREAMREQUEST']._serialized_start=135
   _globals['_RUNSTREAMREQUEST']._serialized_end=290
   _globals['_RUNREQUEST']._serialized_start=293
@@ -55,44 +55,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STOPREQUEST']._serialized_end=983
   _globals['_STOPRESPONSE']._serialized_start=985
   _globals['_STOPRESPONSE']._serialized_end=1016
-  _globals['_LISTPROFILESREQUEST']._serialized_start=1018
-  _globals['_LISTPROFILESREQUEST']._serialized_end=1039
-  _globals['_PROFILE']._serialized_start=1042
-  _globals['_PROFILE']._serialized_end=1286
-  _globals['_LISTPROFILESRESPONSE']._serialized_start=1289
-  _globals['_LISTPROFILESRESPONSE']._serialized_end=1426
-  _globals['_TEXTDELTA']._serialized_start=1428
-  _globals['_TEXTDELTA']._serialized_end=1453
-  _globals['_THINKINGDELTA']._serialized_start=1455
-  _globals['_THINKINGDELTA']._serialized_end=1484
-  _globals['_THINKINGEND']._serialized_start=1486
-  _globals['_THINKINGEND']._serialized_end=1499
-  _globals['_TOOLSTARTED']._serialized_start=1501
-  _globals['_TOOLSTARTED']._serialized_end=1569
-  _globals['_TOOLFINISHED']._serialized_start=1571
-  _globals['_TOOLFINISHED']._serialized_end=1676
-  _globals['_MODELINFO']._serialized_start=1678
-  _globals['_MODELINFO']._serialized_end=1728
-  _globals['_USAGE']._serialized_start=1731
-  _globals['_USAGE']._serialized_end=1862
-  _globals['_PLANNINGSTATUS']._serialized_start=1864
-  _globals['_PLANNINGSTATUS']._serialized_end=1896
-  _globals['_PLANREADY']._serialized_start=1898
-  _globals['_PLANREADY']._serialized_end=1958
-  _globals['_TODOITEM']._serialized_start=1960
-  _globals['_TODOITEM']._serialized_end=2032
-  _globals['_TODOUPDATED']._serialized_start=2034
-  _globals['_TODOUPDATED']._serialized_end=2087
-  _globals['_TURNSTARTED']._serialized_start=2089
-  _globals['_TURNSTARTED']._serialized_end=2116
-  _globals['_SESSIONRENAMED']._serialized_start=2118
-  _globals['_SESSIONRENAMED']._serialized_end=2148
-  _globals['_STREAMEND']._serialized_start=2150
-  _globals['_STREAMEND']._serialized_end=2223
-  _globals['_ERROREVENT']._serialized_start=2225
-  _globals['_ERROREVENT']._serialized_end=2268
-  _globals['_AGENTEVENT']._serialized_start=2271
-  _globals['_AGENTEVENT']._serialized_end=3225
-  _globals['_AGENT']._serialized_start=3455
-  _globals['_AGENT']._serialized_end=3994
+  _globals['_REPLICAMESSAGE']._serialized_start=1018
+  _globals['_REPLICAMESSAGE']._serialized_end=1121
+  _globals['_LISTPROFILESREQUEST']._serialized_start=1123
+  _globals['_LISTPROFILESREQUEST']._serialized_end=1144
+  _globals['_PROFILE']._serialized_start=1147
+  _globals['_PROFILE']._serialized_end=1391
+  _globals['_LISTPROFILESRESPONSE']._serialized_start=1394
+  _globals['_LISTPROFILESRESPONSE']._serialized_end=1531
+  _globals['_TEXTDELTA']._serialized_start=1533
+  _globals['_TEXTDELTA']._serialized_end=1558
+  _globals['_THINKINGDELTA']._serialized_start=1560
+  _globals['_THINKINGDELTA']._serialized_end=1589
+  _globals['_THINKINGEND']._serialized_start=1591
+  _globals['_THINKINGEND']._serialized_end=1604
+  _globals['_TOOLSTARTED']._serialized_start=1606
+  _globals['_TOOLSTARTED']._serialized_end=1674
+  _globals['_TOOLFINISHED']._serialized_start=1676
+  _globals['_TOOLFINISHED']._serialized_end=1781
+  _globals['_MODELINFO']._serialized_start=1783
+  _globals['_MODELINFO']._serialized_end=1833
+  _globals['_USAGE']._serialized_start=1836
+  _globals['_USAGE']._serialized_end=1967
+  _globals['_PLANNINGSTATUS']._serialized_start=1969
+  _globals['_PLANNINGSTATUS']._serialized_end=2001
+  _globals['_PLANREADY']._serialized_start=2003
+  _globals['_PLANREADY']._serialized_end=2063
+  _globals['_TODOITEM']._serialized_start=2065
+  _globals['_TODOITEM']._serialized_end=2137
+  _globals['_TODOUPDATED']._serialized_start=2139
+  _globals['_TODOUPDATED']._serialized_end=2192
+  _globals['_TURNSTARTED']._serialized_start=2194
+  _globals['_TURNSTARTED']._serialized_end=2221
+  _globals['_SESSIONRENAMED']._serialized_start=2223
+  _globals['_SESSIONRENAMED']._serialized_end=2253
+  _globals['_STREAMEND']._serialized_start=2255
+  _globals['_STREAMEND']._serialized_end=2328
+  _globals['_ERROREVENT']._serialized_start=2330
+  _globals['_ERROREVENT']._serialized_end=2373
+  _globals['_AGENTEVENT']._serialized_start=2376
+  _globals['_AGENTEVENT']._serialized_end=3330
+  _globals['_AGENT']._serialized_start=3560
+  _globals['_AGENT']._serialized_end=4099
 # @@protoc_insertion_point(module_scope)

@@ -642,3 +642,33 @@ class SetTokenCountsResponse(_message.Message):
     UPDATED_FIELD_NUMBER: _ClassVar[int]
     updated: int
     def __init__(self, updated: _Optional[int] = ...) -> None: ...
+
+class SessionMessage(_message.Message):
+    __slots__ = ("session_id", "origin", "payload")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    origin: str
+    payload: bytes
+    def __init__(self, session_id: _Optional[str] = ..., origin: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class PublishSessionMessagesRequest(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[SessionMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[SessionMessage, _Mapping]]] = ...) -> None: ...
+
+class PublishSessionMessagesResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListenSessionMessagesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListenSessionMessagesResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[SessionMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[SessionMessage, _Mapping]]] = ...) -> None: ...

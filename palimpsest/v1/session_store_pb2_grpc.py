@@ -171,6 +171,16 @@ class SessionStoreStub:
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsResponse.FromString,
                 _registered_method=True)
+        self.PublishSessionMessages = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/PublishSessionMessages',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.PublishSessionMessagesRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.PublishSessionMessagesResponse.FromString,
+                _registered_method=True)
+        self.ListenSessionMessages = channel.unary_stream(
+                '/palimpsest.v1.SessionStore/ListenSessionMessages',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListenSessionMessagesRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListenSessionMessagesResponse.FromString,
+                _registered_method=True)
 
 
 class SessionStoreServicer:
@@ -341,6 +351,25 @@ class SessionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishSessionMessages(self, request, context):
+        """Internal, for the Agents (service callers only): messages between Agent replicas about sessions
+        (a Stop for a turn another replica runs, a turn's events for WatchSession clients elsewhere),
+        carried by PostgreSQL LISTEN/NOTIFY. At most once: a listener that was disconnected misses what
+        was published meanwhile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListenSessionMessages(self, request, context):
+        """Every message published through any store replica from now on, in publishing order, until the
+        client cancels. The first response is empty: the listen is in place. Ends UNAVAILABLE when this
+        replica's listen connection to PostgreSQL drops or the listener falls behind: listen again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +507,16 @@ def add_SessionStoreServicer_to_server(servicer, server):
                     servicer.SetTokenCounts,
                     request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsResponse.SerializeToString,
+            ),
+            'PublishSessionMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishSessionMessages,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.PublishSessionMessagesRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.PublishSessionMessagesResponse.SerializeToString,
+            ),
+            'ListenSessionMessages': grpc.unary_stream_rpc_method_handler(
+                    servicer.ListenSessionMessages,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListenSessionMessagesRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListenSessionMessagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1211,6 +1250,60 @@ class SessionStore:
             '/palimpsest.v1.SessionStore/SetTokenCounts',
             palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsRequest.SerializeToString,
             palimpsest_dot_v1_dot_session__store__pb2.SetTokenCountsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishSessionMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/PublishSessionMessages',
+            palimpsest_dot_v1_dot_session__store__pb2.PublishSessionMessagesRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.PublishSessionMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListenSessionMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/ListenSessionMessages',
+            palimpsest_dot_v1_dot_session__store__pb2.ListenSessionMessagesRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.ListenSessionMessagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

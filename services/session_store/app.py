@@ -16,6 +16,7 @@ from services.session_store.repository import HotWindow, Quotas, SessionReposito
 from services.session_store.repository.vectors import MemoryVectors
 from services.session_store.semantic import Embedder, MemoryIndex
 from services.session_store.servicer import SessionStoreServicer
+from services.session_store.session_bus import SessionBus
 from services.shared.ollama import OllamaClient
 
 log = logging.getLogger("palimpsest.store")
@@ -76,12 +77,15 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
                                model=settings.embed_model, query_timeout_s=settings.embed_timeout_s,
                                min_similarity=settings.embed_min_similarity, where=f"PostgreSQL at {db.where(url)}")
     await memory_index.start()
-    servicer = SessionStoreServicer(repo, files, settings, memory_index)
+    bus = SessionBus(url, pool)
+    bus.start()
+    servicer = SessionStoreServicer(repo, files, settings, memory_index, bus)
     sweeper = asyncio.create_task(sweep_files_forever(files, repo, settings.file_sweep_interval_s))
 
     background = [sweeper]
 
     async def on_stop() -> None:
+        await bus.stop()
         await memory_index.stop()
         await ollama.aclose()
         for task in background:
@@ -103,6 +107,12 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
         translate=db.database_down(url),
     )
     background.append(asyncio.create_task(watch_database(pool, running, db.where(url))))
+
+    async def end_listens(_grace: float) -> None:
+        await bus.stop()  # the Agents' listen streams never end by themselves: they listen elsewhere now
+
+    running.on_drain = end_listens
+    running.servicer = servicer  # tests reach the bus through it
     return running
 
 

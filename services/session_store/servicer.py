@@ -15,7 +15,7 @@ import grpc
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
 from services.shared.auth import Identity, identity_from_context, vouched_by_services
-from services.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted
+from services.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
 from services.shared.settings import Settings
 from services.session_store import convert
 from services.shared.structs import from_struct
@@ -28,6 +28,7 @@ from services.session_store.repository.access import parse_session_id
 from services.session_store.repository.sessions import Report
 from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from services.session_store.semantic import MemoryIndex
+from services.session_store.session_bus import MAX_PAYLOAD_BYTES, ListenerGone, SessionBus
 
 log = logging.getLogger("palimpsest.store")
 
@@ -36,6 +37,9 @@ DEFAULT_PAGE = 50
 FILE_CHUNK = 64 * 1024
 # Ollama's model names ("nomic-embed-text", "hf.co/org/repo:Q4_K_M") are far shorter.
 MAX_MODEL_NAME = 200
+MAX_BUS_MESSAGES = 1000  # one PublishSessionMessages
+# How long a new ListenSessionMessages waits for this replica's listen connection (reconnecting).
+LISTEN_READY_S = 5.0
 
 _SORT_NAMES = {
     pb.SORT_BY_UNSPECIFIED: "last_active",
@@ -150,8 +154,9 @@ def _expected(request) -> int | None:
 
 class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     def __init__(self, repo: SessionRepository, files: FileStore, settings: Settings,
-                 memory_index: MemoryIndex | None = None):
+                 memory_index: MemoryIndex | None = None, bus: SessionBus | None = None):
         self.repo = repo
+        self.bus = bus  # messages between Agent replicas (None: a store without a listen connection)
         self.files = files
         self.settings = settings
         # The semantic tier of memory search; None (or not enabled): lexical only.
@@ -469,6 +474,43 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if indexed:
             self._chunks_committed()
         return pb.IndexChunksResponse(indexed=indexed)
+
+    # -- messages between Agent replicas ---------------------------------------------------
+    def _bus(self, context) -> SessionBus:
+        if not self._identity(context).is_service:
+            raise PermissionDenied("the session bus carries every session's events: the Palimpsest services only")
+        if self.bus is None:
+            raise Unavailable("this store replica has no session bus")
+        return self.bus
+
+    async def PublishSessionMessages(self, request, context):
+        bus = self._bus(context)
+        if not 1 <= len(request.messages) <= MAX_BUS_MESSAGES:
+            raise InvalidArgument("messages", f"1–{MAX_BUS_MESSAGES} messages, got {len(request.messages)}")
+        for i, message in enumerate(request.messages):
+            parse_session_id(message.session_id, f"messages[{i}].session_id")
+            if not message.origin.strip() or len(message.origin) > 128:
+                raise InvalidArgument(f"messages[{i}].origin", "required, at most 128 characters")
+            if len(message.payload) > MAX_PAYLOAD_BYTES:
+                raise ResourceExhausted(f"messages[{i}].payload: {len(message.payload):,} bytes, "
+                                        f"at most {MAX_PAYLOAD_BYTES:,}")
+        await bus.publish(list(request.messages))
+        return pb.PublishSessionMessagesResponse()
+
+    async def ListenSessionMessages(self, request, context):
+        bus = self._bus(context)
+        try:
+            listener = await bus.listen(LISTEN_READY_S)
+        except asyncio.TimeoutError:
+            raise Unavailable("this store replica is not listening to PostgreSQL yet: listen again") from None
+        try:
+            yield pb.ListenSessionMessagesResponse()  # in place: nothing published from now on is missed
+            while True:
+                yield pb.ListenSessionMessagesResponse(messages=await listener.next_batch())
+        except ListenerGone as gone:
+            raise Unavailable(f"{gone}: listen again") from None
+        finally:
+            bus.leave(listener)
 
     # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(self, request, context):
