@@ -179,8 +179,9 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
                 problems.append(f"prod: no PodDisruptionBudget selects {name}'s pods")
         config = next((d.get("data", {}) for d in docs if d.get("kind") == "ConfigMap"
                        and d["metadata"]["name"].startswith("palimpsest-config")), {})
-        if config.get("PALIMPSEST_TURN_CLAIMS") != "true":
-            problems.append("prod: several Agents need PALIMPSEST_TURN_CLAIMS=true in palimpsest-config")
+        for setting in ("PALIMPSEST_TURN_CLAIMS", "PALIMPSEST_REPLICA_EVENTS"):
+            if config.get(setting) != "true":
+                problems.append(f"prod: several Agents need {setting}=true in palimpsest-config")
         for pdb in pdbs:
             matched = [n for n, d in deployments.items()
                        if selects(pdb["spec"]["selector"].get("matchLabels", {}), d["spec"]["template"]["metadata"]["labels"])]

@@ -18,11 +18,12 @@ from tests.test_store_sessions import expect_status, full
 
 
 @asynccontextmanager
-async def two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, claims: bool):
+async def two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, claims: bool,
+                     **overrides):
     from services.agent.app import start_agent
 
     settings = agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                              turn_claims=claims, turn_claim_ttl_s=5)
+                              turn_claims=claims, turn_claim_ttl_s=5, **overrides)
     running = [await start_agent(settings, port=0) for _ in range(2)]
     channels = [grpc.aio.insecure_channel(r.address) for r in running]
     try:

@@ -78,6 +78,8 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
             with suppress(asyncio.CancelledError):
                 await task
         await servicer.drain(min(STOP_MARGIN_S, settings.grace_seconds / 2))
+        if servicer.bus is not None:
+            await servicer.bus.close(flush_s=STOP_MARGIN_S)
         await ollama.aclose()
         await store_channel.close()
         await compressor_channel.close()
@@ -91,6 +93,8 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         on_stop=on_stop,
     )
     watcher.append(asyncio.create_task(watch_ollama(running, ollama, OLLAMA_CHECK_INTERVAL)))
+    if servicer.bus is not None:
+        servicer.bus.start()
     running.servicer = servicer  # tests reach running turns through it
     running.on_drain = servicer.finish_turns
     return running

@@ -18,6 +18,7 @@ from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
+from services.agent.replica_bus import ReplicaBus
 from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
@@ -33,6 +34,9 @@ MAX_TEXT_CHARS = 1_000_000
 # end their streams (one store write each) before gRPC cancels what is left.
 STOP_MARGIN_S = 1.0
 WARM_SESSIONS = 1000  # sessions whose last state is kept for their next turn
+# How long a WatchSession waits for the session bus to listen (reconnecting) before it starts anyway
+# with this replica's turns only.
+WATCH_BUS_WAIT_S = 5.0
 
 
 def _validate_turn(request) -> None:
@@ -77,10 +81,20 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self.deps = deps
         self.sessions: SessionRuntime[Turn] = SessionRuntime(
             WarmCache(WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024))
+        self.replica = uuid.uuid4().hex[:12]  # this process, as other replicas know it
         # Across replicas (when on): the store says whose turn it is.
-        self.claims = TurnClaims(deps.store, deps.settings.turn_claim_ttl_s, uuid.uuid4().hex[:12]) \
+        self.claims = TurnClaims(deps.store, deps.settings.turn_claim_ttl_s, self.replica) \
             if deps.settings.turn_claims else None
         self._watchers = SessionWatchers()  # WatchSession's clients, by session
+        # Across replicas (when on): Stop and the watchers' events travel through the store.
+        self.bus = ReplicaBus(deps.store, self.replica, deliver=self._watchers.publish, stop_here=self.sessions.stop) \
+            if deps.settings.replica_events else None
+
+    def _publish(self, event: pb.AgentEvent) -> None:
+        """A turn's event to the session's watchers: here, and (bus on) on every other replica."""
+        self._watchers.publish(event)
+        if self.bus is not None:
+            self.bus.publish(event)
 
     def _metadata(self, context) -> tuple[tuple[str, str], ...]:
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
@@ -141,7 +155,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                                           vouching_metadata(settings.auth_enabled, settings.jwt_secret))
         conversation.adopt(session)
         conversation.from_cache = warm is not None
-        sink = EventSink(session.id, publish=self._watchers.publish)
+        sink = EventSink(session.id, publish=self._publish)
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
@@ -247,7 +261,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session_id=request.session_id))).session
         profile = self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
         window = profile.window(self.deps.settings.ollama_num_ctx)
-        sink = EventSink(session.id, publish=self._watchers.publish)
+        sink = EventSink(session.id, publish=self._publish)
         self.sessions.forget_warm(session.id)
         holder, _ = await self._hold(session.id)
         try:
@@ -275,7 +289,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if self.deps.settings.auth_enabled:
             await self.deps.store.GetSession(store_pb.GetSessionRequest(
                 session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
-        return pb.StopResponse(stopped=self.sessions.stop(request.session_id))
+        stopped = self.sessions.stop(request.session_id)
+        if not stopped and self.bus is not None:  # the turn may run on another replica
+            stopped = await self.bus.stop_elsewhere(request.session_id)
+        return pb.StopResponse(stopped=stopped)
 
 
     async def WatchSession(self, request, context):
@@ -287,11 +304,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
         queue = self._watchers.subscribe(request.session_id)
         try:
+            if self.bus is not None:  # other replicas' turns reach this one only while the bus listens
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.bus.listening.wait(), WATCH_BUS_WAIT_S)
             await context.send_initial_metadata(())  # the watch is in place: nothing from now on is missed
             while True:
                 yield await queue.get()
         finally:
             self._watchers.unsubscribe(request.session_id, queue)
+
     async def ListProfiles(self, request, context):
         self._metadata(context)
         await self._reload_profiles()  # what the next turn would use, and why an edit was not taken

@@ -195,8 +195,8 @@ class SessionBus:
         conn.add_termination_listener(lambda _conn: lost.set())
         reassembly = Reassembly()
 
-        def on_notify(_conn, _pid, _channel, payload: str) -> None:
-            data = reassembly.add(payload)
+        def on_notify(_conn, _pid, _channel, payload: object) -> None:
+            data = reassembly.add(str(payload))
             if data is None:
                 return
             try:

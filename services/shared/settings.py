@@ -102,6 +102,9 @@ class Settings:
     # more calls per turn); a dead replica's claim runs out after turn_claim_ttl_s.
     turn_claims: bool = False
     turn_claim_ttl_s: int = 30
+    # Stop and WatchSession across Agent replicas, through the store's session bus (PostgreSQL
+    # LISTEN/NOTIFY): every event of every turn is published once more, so off for one Agent.
+    replica_events: bool = False
     # SessionStore
     files_max_bytes: int = 200 * 1024 * 1024
     # One stored message (content, thinking, tool calls, images) at most: a read always holds a
@@ -173,6 +176,7 @@ class Settings:
             tls_ca=_env("PALIMPSEST_TLS_CA", "").strip(),
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
             turn_claims=_env_bool("PALIMPSEST_TURN_CLAIMS", False),
+            replica_events=_env_bool("PALIMPSEST_REPLICA_EVENTS", False),
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
             files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
             message_max_bytes=_env_int("PALIMPSEST_MESSAGE_MAX_MB", 16) * 1024 * 1024,

@@ -1,0 +1,198 @@
+"""The Agent's side of the session bus (the store's PublishSessionMessages and
+ListenSessionMessages, over PostgreSQL LISTEN/NOTIFY): a `Stop` reaches the replica running the
+turn, and `WatchSession` sees the turns of every replica.
+
+- Every event a turn publishes goes into an outbox that one task sends in batches: a turn only
+  appends to a bounded queue, so a slow or absent store delays watchers, never a turn (when the
+  outbox is full its oldest events go).
+- One stream listens for what every replica publishes, opened again (here or on another store
+  replica) whenever it ends. Delivery is at most once: what is published while it is down is
+  missed, so a `Stop` sends its request again until it is answered.
+- A replica ignores what it published itself: its own watchers had it already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import deque
+from collections.abc import Callable
+from contextlib import suppress
+
+from google.protobuf.message import DecodeError
+
+from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from services.shared.auth import as_service
+from services.shared.errors import PalimpsestError
+
+log = logging.getLogger("palimpsest.agent.bus")
+
+OUTBOX_MESSAGES = 10_000  # about a minute of 40 turns streaming, should the store be away
+# One publish: within the store's 1,000 messages and far within a gRPC message.
+BATCH_MESSAGES = 500
+BATCH_BYTES = 4 * 1024 * 1024
+MAX_PAYLOAD_BYTES = 1024 * 1024  # the store's limit for one message
+# A listen is a subscription, not a call that should finish: a day's deadline (then it listens
+# again), and the channel's keepalive notices a dead peer long before.
+LISTEN_SPAN_S = 24 * 3600.0
+RELISTEN_FIRST_S = 0.1
+RELISTEN_MOST_S = 2.0
+# A Stop for a turn on another replica: sent again every half second until that replica answers,
+# for at most two seconds (a listen reopening in between misses the first send).
+STOP_REACH_S = 2.0
+STOP_RESEND_S = 0.5
+
+
+def relayable(event: pb.AgentEvent) -> bytes | None:
+    """An event as the bus carries it; None when too big. A final answer past the store's limit goes
+    without its text: watchers elsewhere still learn that (and how) the turn ended."""
+    payload = pb.ReplicaMessage(event=event).SerializeToString()
+    if len(payload) <= MAX_PAYLOAD_BYTES:
+        return payload
+    if event.HasField("stream_end"):
+        slim = pb.AgentEvent()
+        slim.CopyFrom(event)
+        slim.stream_end.text = ""
+        return pb.ReplicaMessage(event=slim).SerializeToString()
+    return None
+
+
+class ReplicaBus:
+    def __init__(self, store, replica: str, *, deliver: Callable[[pb.AgentEvent], None],
+                 stop_here: Callable[[str], bool]):
+        """``deliver``: an event from another replica, to this replica's watchers. ``stop_here``:
+        stop the session's turn if this replica runs it (True then)."""
+        self.store = store
+        self.replica = replica
+        self._deliver = deliver
+        self._stop_here = stop_here
+        self._outbox: deque[store_pb.SessionMessage] = deque()
+        self._mail = asyncio.Event()
+        self._sent = asyncio.Event()  # the outbox is empty and nothing is being sent
+        self._sent.set()
+        self._answers: dict[str, asyncio.Future] = {}  # Stop requests sent, by id
+        self._tasks: list[asyncio.Task] = []
+        self.listening = asyncio.Event()  # a listen is in place: what is published now arrives
+        self.dropped = 0  # events the full outbox let go
+
+    def start(self) -> None:
+        with as_service():  # the bus is the services' own: never a caller's credentials
+            self._tasks = [asyncio.create_task(self._listen_forever()), asyncio.create_task(self._send_forever())]
+
+    async def close(self, flush_s: float = 0.0) -> None:
+        """Stop listening and sending; the outbox (the stopped turns' last events) gets ``flush_s``."""
+        if flush_s > 0:
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._sent.wait(), flush_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- out ---------------------------------------------------------------------------------
+    def _message(self, session_id: str, payload: bytes) -> store_pb.SessionMessage:
+        return store_pb.SessionMessage(session_id=session_id, origin=self.replica, payload=payload)
+
+    def publish(self, event: pb.AgentEvent) -> None:
+        """Queue a turn's event for the other replicas' watchers; never waits."""
+        payload = relayable(event)
+        if payload is None:
+            log.warning("session %s: a %s event of more than %d bytes not sent to other replicas",
+                        event.session_id, event.WhichOneof("event"), MAX_PAYLOAD_BYTES)
+            return
+        if len(self._outbox) >= OUTBOX_MESSAGES:
+            self._outbox.popleft()
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warning("the store takes no events: %d dropped for other replicas' watchers", self.dropped)
+        self._outbox.append(self._message(event.session_id, payload))
+        self._sent.clear()
+        self._mail.set()
+
+    async def _send_forever(self) -> None:
+        while True:
+            await self._mail.wait()
+            self._mail.clear()
+            while self._outbox:
+                batch: list[store_pb.SessionMessage] = []
+                size = 0
+                while self._outbox and len(batch) < BATCH_MESSAGES and size < BATCH_BYTES:
+                    batch.append(self._outbox.popleft())
+                    size += len(batch[-1].payload)
+                try:
+                    await self.store.PublishSessionMessages(store_pb.PublishSessionMessagesRequest(messages=batch))
+                except PalimpsestError as exc:  # the channel retried already: these are lost to watchers elsewhere
+                    log.warning("%d events not sent to other replicas' watchers: %s", len(batch), exc)
+            self._sent.set()
+
+    async def stop_elsewhere(self, session_id: str) -> bool:
+        """Ask the replica running the session's turn to stop it; True once it says it did, False
+        when no replica answers within STOP_REACH_S (no turn runs)."""
+        loop = asyncio.get_running_loop()
+        request_id = secrets.token_hex(8)
+        answered: asyncio.Future = loop.create_future()
+        self._answers[request_id] = answered
+        deadline = loop.time() + STOP_REACH_S
+        try:
+            with as_service():
+                while (left := deadline - loop.time()) > 0:
+                    await self._send_now(session_id, pb.ReplicaMessage(stop=request_id))
+                    try:
+                        return await asyncio.wait_for(asyncio.shield(answered), min(STOP_RESEND_S, left))
+                    except asyncio.TimeoutError:
+                        continue
+            return False
+        finally:
+            del self._answers[request_id]
+
+    async def _send_now(self, session_id: str, message: pb.ReplicaMessage) -> None:
+        """A Stop or its answer: ahead of the outbox, whose events may be queued behind a slow store."""
+        await self.store.PublishSessionMessages(store_pb.PublishSessionMessagesRequest(
+            messages=[self._message(session_id, message.SerializeToString())]))
+
+    async def _answer_stop(self, session_id: str, request_id: str) -> None:
+        try:
+            await self._send_now(session_id, pb.ReplicaMessage(stopped=request_id))
+        except PalimpsestError as exc:  # the asker sends its request again and we answer that
+            log.warning("session %s: the answer to a Stop from another replica not sent: %s", session_id, exc)
+
+    # -- in ----------------------------------------------------------------------------------
+    async def _listen_forever(self) -> None:
+        wait = RELISTEN_FIRST_S
+        while True:
+            try:
+                async for reply in self.store.ListenSessionMessages(store_pb.ListenSessionMessagesRequest(),
+                                                                    timeout=LISTEN_SPAN_S):
+                    if not reply.messages:  # the first: in place from now on
+                        self.listening.set()
+                        wait = RELISTEN_FIRST_S
+                    for message in reply.messages:
+                        self._receive(message)
+            except PalimpsestError as exc:
+                log.log(logging.WARNING if self.listening.is_set() else logging.DEBUG,
+                        "session bus: listening again (%s)", exc)
+            finally:
+                self.listening.clear()
+            await asyncio.sleep(wait)  # back-off between listens, while the store has none in place
+            wait = min(wait * 2, RELISTEN_MOST_S)
+
+    def _receive(self, message: store_pb.SessionMessage) -> None:
+        if message.origin == self.replica:
+            return
+        try:
+            parsed = pb.ReplicaMessage.FromString(message.payload)
+        except DecodeError:
+            log.warning("session bus: an undecodable message from %s ignored", message.origin)
+            return
+        kind = parsed.WhichOneof("kind")
+        if kind == "event":
+            self._deliver(parsed.event)
+        elif kind == "stop":
+            if self._stop_here(message.session_id):
+                task = asyncio.create_task(self._answer_stop(message.session_id, parsed.stop))
+                self._tasks.append(task)
+                task.add_done_callback(self._tasks.remove)
+        elif kind == "stopped":
+            answered = self._answers.get(parsed.stopped)
+            if answered is not None and not answered.done():
+                answered.set_result(True)
