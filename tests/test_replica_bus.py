@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import grpc
 import pytest
 
 from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
@@ -159,3 +160,44 @@ async def test_the_outbox_never_waits_for_the_store_and_keeps_the_newest_events(
         assert len(store.batches) == 1  # queued behind the publish that hangs
     finally:
         await bus.close(flush_s=0.1)
+
+
+async def test_a_turn_on_one_agent_sees_what_a_turn_on_the_other_wrote_since_its_warm_copy(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
+    """Agent A keeps a warm copy of the session after its turn; Agent B then runs a turn on it. A's
+    next turn must start from the session as B left it: the warm copy is checked by revision (the
+    store refuses A's first write as stale, A reloads), never trusted as it was kept."""
+    from services.agent.app import start_agent
+    from palimpsest.v1 import agent_pb2_grpc
+    from tests.conftest import agent_settings
+
+    settings = agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
+                              turn_claims=True, turn_claim_ttl_s=5)
+    running = [await start_agent(settings, port=0) for _ in range(2)]
+    prompts: list[list[str]] = []  # the user messages of each model call, as the model saw them
+
+    def answer(body):
+        users = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        prompts.append(users)
+        return Reply(text=f"answer to {users[-1]}")
+
+    ollama_sim.set_responder(answer)
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    try:
+        async with grpc.aio.insecure_channel(running[0].address) as a, grpc.aio.insecure_channel(running[1].address) as b:
+            on_a, on_b = agent_pb2_grpc.AgentStub(a), agent_pb2_grpc.AgentStub(b)
+            await on_a.Run(pb.RunRequest(session_id=session.id, text="one on A"))
+            await asyncio.gather(*running[0].servicer.deps.post_turn_tasks)  # A's warm copy is kept
+            assert len(running[0].servicer.sessions._warm) == 1
+            await on_b.Run(pb.RunRequest(session_id=session.id, text="two on B"))
+            third = await on_a.Run(pb.RunRequest(session_id=session.id, text="three on A"))
+    finally:
+        ollama_sim.set_responder(None)
+        for r in running:
+            await r.stop(0)
+    assert third.reason == END.STREAM_END_REASON_COMPLETED
+    assert prompts[-1][-3:] == ["one on A", "two on B", "three on A"]
+    stored = [(m.role, m.content) for m in (await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session.id, view=store_pb.SESSION_VIEW_DISPLAY))).session.messages]
+    assert stored == [("user", "one on A"), ("assistant", "answer to one on A"), ("user", "two on B"),
+                      ("assistant", "answer to two on B"), ("user", "three on A"), ("assistant", "answer to three on A")]
