@@ -13,6 +13,7 @@ import pytest
 from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from services.agent.replica_bus import ReplicaBus
+from tests.test_session_bus import drop_listen_connection
 from tests.test_turn_claims import two_agents
 from tests.waiting import until
 
@@ -107,17 +108,10 @@ async def test_a_watcher_sees_each_event_once_when_the_turn_runs_on_its_own_agen
 
 async def test_an_agent_listens_again_after_the_stores_listen_connection_drops(
         base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, database_url):
-    import asyncpg
-
     bus = store_server.servicer.bus
     async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
                           replica_events=True) as agents:
-        dropped = bus.connection_pid
-        conn = await asyncpg.connect(database_url)
-        try:
-            assert await conn.fetchval("SELECT pg_terminate_backend($1)", dropped)
-        finally:
-            await conn.close()
+        dropped = await drop_listen_connection(bus, database_url)
         assert await until(lambda: bus.connection_pid not in (None, dropped))
         session_id, turn = await a_turn_streaming(agents[0], store, ollama_sim)
         assert (await agents[1].Stop(pb.StopRequest(session_id=session_id))).stopped

@@ -88,17 +88,23 @@ async def test_what_one_store_replica_publishes_every_replicas_listeners_get_in_
     here.cancel(), there.cancel()
 
 
-async def test_a_dropped_listen_connection_ends_the_streams_and_is_opened_again(store_server, store, database_url):
+async def drop_listen_connection(bus, database_url: str) -> int:
+    """PostgreSQL ends the store's listen connection (as a restart or an admin would): its pid."""
     import asyncpg
 
-    bus = store_server.servicer.bus
-    call = await listening(store)
     dropped = bus.connection_pid
     conn = await asyncpg.connect(database_url)
     try:
         assert await conn.fetchval("SELECT pg_terminate_backend($1)", dropped)
     finally:
         await conn.close()
+    return dropped
+
+
+async def test_a_dropped_listen_connection_ends_the_streams_and_is_opened_again(store_server, store, database_url):
+    bus = store_server.servicer.bus
+    call = await listening(store)
+    dropped = await drop_listen_connection(bus, database_url)
     with pytest.raises(grpc.aio.AioRpcError) as ended:
         async for _ in replies(call):
             pass
