@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+from collections import Counter
 import tempfile
 import time
 from pathlib import Path
@@ -70,8 +71,9 @@ async def chaos(server, seconds: float) -> str:
         turns = await load.stop()
         elapsed = time.perf_counter() - started
         checked = await rc.check(store, turns)
-        broken = sum(bool(t.broken) for t in turns)
-        return [[checked.sessions, checked.turns, checked.completed, broken, kills, checked.lost,
+        broken = Counter(t.broken for t in turns if t.broken)
+        return [[checked.sessions, checked.turns, checked.completed,
+                 ", ".join(f"{n} {code}" for code, n in broken.items()) or "0", kills, checked.lost,
                  checked.overlapping, f"{sum(stops)} of 2", f"{elapsed:.0f}"]]
 
     rows = await _with_cluster(server, "replicas", True, work)
