@@ -23,6 +23,7 @@ from contextlib import suppress
 from google.protobuf.message import DecodeError
 
 from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from services.shared import tracing
 from services.shared.auth import as_service
 from services.shared.errors import PalimpsestError
 
@@ -77,7 +78,8 @@ class ReplicaBus:
         self.dropped = 0  # events the full outbox let go
 
     def start(self) -> None:
-        with as_service():  # the bus is the services' own: never a caller's credentials
+        # The bus is the services' own (never a caller's credentials), and its listen no one's trace.
+        with as_service(), tracing.untraced():
             self._tasks = [asyncio.create_task(self._listen_forever()), asyncio.create_task(self._send_forever())]
 
     async def close(self, flush_s: float = 0.0) -> None:
@@ -120,7 +122,8 @@ class ReplicaBus:
                     batch.append(self._outbox.popleft())
                     size += len(batch[-1].payload)
                 try:
-                    await self.store.PublishSessionMessages(store_pb.PublishSessionMessagesRequest(messages=batch))
+                    with tracing.untraced():  # a batch of many turns' events: part of none of their traces
+                        await self.store.PublishSessionMessages(store_pb.PublishSessionMessagesRequest(messages=batch))
                 except PalimpsestError as exc:  # the channel retried already: these are lost to watchers elsewhere
                     log.warning("%d events not sent to other replicas' watchers: %s", len(batch), exc)
             self._sent.set()
@@ -152,7 +155,8 @@ class ReplicaBus:
 
     async def _answer_stop(self, session_id: str, request_id: str) -> None:
         try:
-            await self._send_now(session_id, pb.ReplicaMessage(stopped=request_id))
+            with tracing.untraced():
+                await self._send_now(session_id, pb.ReplicaMessage(stopped=request_id))
         except PalimpsestError as exc:  # the asker sends its request again and we answer that
             log.warning("session %s: the answer to a Stop from another replica not sent: %s", session_id, exc)
 

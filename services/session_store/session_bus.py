@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from palimpsest.v1 import session_store_pb2 as pb
+from services.shared import tracing
 
 log = logging.getLogger("palimpsest.store.bus")
 
@@ -190,7 +191,8 @@ class SessionBus:
             wait = min(wait * 2, RECONNECT_MOST_S)
 
     async def _listen_once(self) -> None:
-        conn = await asyncpg.connect(self._dsn, timeout=self._check_interval_s)
+        with tracing.untraced():  # housekeeping, no one's request: not a trace of its own every few seconds
+            conn = await asyncpg.connect(self._dsn, timeout=self._check_interval_s)
         lost = asyncio.Event()
         conn.add_termination_listener(lambda _conn: lost.set())
         reassembly = Reassembly()
@@ -207,14 +209,16 @@ class SessionBus:
             self._deliver(message)
 
         try:
-            await conn.add_listener(CHANNEL, on_notify)
+            with tracing.untraced():
+                await conn.add_listener(CHANNEL, on_notify)
             self.connection_pid = conn.get_server_pid()
             self._listening.set()
             while not lost.is_set():
                 try:
                     await asyncio.wait_for(lost.wait(), self._check_interval_s)
                 except asyncio.TimeoutError:
-                    await conn.fetchval("SELECT 1", timeout=self._check_interval_s)
+                    with tracing.untraced():
+                        await conn.fetchval("SELECT 1", timeout=self._check_interval_s)
             raise ConnectionError("the connection was closed")
         finally:
             self._listening.clear()
