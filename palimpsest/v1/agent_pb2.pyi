@@ -26,36 +26,52 @@ STREAM_END_REASON_CONTEXT_TOO_LARGE: StreamEndReason
 STREAM_END_REASON_ERROR: StreamEndReason
 
 class RunStreamRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
     images: _containers.RepeatedScalarFieldContainer[bytes]
     hidden: bool
     external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ...) -> None: ...
+    attachments: _containers.RepeatedScalarFieldContainer[str]
+    inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
     images: _containers.RepeatedScalarFieldContainer[bytes]
     hidden: bool
     external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ...) -> None: ...
+    attachments: _containers.RepeatedScalarFieldContainer[str]
+    inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ...) -> None: ...
+
+class InlineAttachment(_message.Message):
+    __slots__ = ("filename", "data")
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    filename: str
+    data: bytes
+    def __init__(self, filename: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class RunResponse(_message.Message):
     __slots__ = ("session_id", "text", "reason")
@@ -281,6 +297,22 @@ class SessionRenamed(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class FileShared(_message.Message):
+    __slots__ = ("name", "link", "content_type", "size", "viewer", "title")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    VIEWER_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    link: str
+    content_type: str
+    size: int
+    viewer: str
+    title: str
+    def __init__(self, name: _Optional[str] = ..., link: _Optional[str] = ..., content_type: _Optional[str] = ..., size: _Optional[int] = ..., viewer: _Optional[str] = ..., title: _Optional[str] = ...) -> None: ...
+
 class StreamEnd(_message.Message):
     __slots__ = ("reason", "text")
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -298,7 +330,7 @@ class ErrorEvent(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AgentEvent(_message.Message):
-    __slots__ = ("session_id", "seq", "is_subagent", "text_delta", "thinking_delta", "thinking_end", "tool_started", "tool_finished", "model_info", "usage", "compression_started", "context_compressed", "planning_status", "plan_ready", "todo_updated", "stream_end", "error", "turn_started", "session_renamed", "extra")
+    __slots__ = ("session_id", "seq", "is_subagent", "text_delta", "thinking_delta", "thinking_end", "tool_started", "tool_finished", "model_info", "usage", "compression_started", "context_compressed", "planning_status", "plan_ready", "todo_updated", "stream_end", "error", "turn_started", "session_renamed", "file_shared", "extra")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     IS_SUBAGENT_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +350,7 @@ class AgentEvent(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TURN_STARTED_FIELD_NUMBER: _ClassVar[int]
     SESSION_RENAMED_FIELD_NUMBER: _ClassVar[int]
+    FILE_SHARED_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     seq: int
@@ -338,5 +371,6 @@ class AgentEvent(_message.Message):
     error: ErrorEvent
     turn_started: TurnStarted
     session_renamed: SessionRenamed
+    file_shared: FileShared
     extra: _struct_pb2.Struct
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., is_subagent: _Optional[bool] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., thinking_delta: _Optional[_Union[ThinkingDelta, _Mapping]] = ..., thinking_end: _Optional[_Union[ThinkingEnd, _Mapping]] = ..., tool_started: _Optional[_Union[ToolStarted, _Mapping]] = ..., tool_finished: _Optional[_Union[ToolFinished, _Mapping]] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., compression_started: _Optional[_Union[_compressor_pb2.CompressionStarted, _Mapping]] = ..., context_compressed: _Optional[_Union[_compressor_pb2.ContextCompressed, _Mapping]] = ..., planning_status: _Optional[_Union[PlanningStatus, _Mapping]] = ..., plan_ready: _Optional[_Union[PlanReady, _Mapping]] = ..., todo_updated: _Optional[_Union[TodoUpdated, _Mapping]] = ..., stream_end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStarted, _Mapping]] = ..., session_renamed: _Optional[_Union[SessionRenamed, _Mapping]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., is_subagent: _Optional[bool] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., thinking_delta: _Optional[_Union[ThinkingDelta, _Mapping]] = ..., thinking_end: _Optional[_Union[ThinkingEnd, _Mapping]] = ..., tool_started: _Optional[_Union[ToolStarted, _Mapping]] = ..., tool_finished: _Optional[_Union[ToolFinished, _Mapping]] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., compression_started: _Optional[_Union[_compressor_pb2.CompressionStarted, _Mapping]] = ..., context_compressed: _Optional[_Union[_compressor_pb2.ContextCompressed, _Mapping]] = ..., planning_status: _Optional[_Union[PlanningStatus, _Mapping]] = ..., plan_ready: _Optional[_Union[PlanReady, _Mapping]] = ..., todo_updated: _Optional[_Union[TodoUpdated, _Mapping]] = ..., stream_end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStarted, _Mapping]] = ..., session_renamed: _Optional[_Union[SessionRenamed, _Mapping]] = ..., file_shared: _Optional[_Union[FileShared, _Mapping]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...

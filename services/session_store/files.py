@@ -30,81 +30,43 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
-import mimetypes
 import os
 import re
 import shutil
 import tempfile
-import unicodedata
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from services.shared.content_types import SNIFF_BYTES, content_type
 from services.shared.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
 )
+from services.shared.file_policy import (  # noqa: F401 — the rules the store enforces, re-exported
+    EXECUTABLE_EXTENSIONS,
+    MAX_NAME_BYTES,
+    has_executable_extension,
+    has_executable_magic,
+    refused_as_program,
+    safe_name,
+    split_extension,
+)
 
 DEFAULT_MAX_BYTES = 200 * 1024 * 1024
-MAX_NAME_BYTES = 255
 CHUNK_SIZE = 64 * 1024
-# Longest magic number we look for is 4 bytes; 8 leaves headroom and is still
-# tiny enough to buffer before the first write.
-HEAD_BYTES = 8
+# What is buffered of an upload's start before its first write: enough to spot a program (its
+# magic number) and to type the file (content_types.SNIFF_BYTES).
+HEAD_BYTES = SNIFF_BYTES
 TEMP_PREFIX = ".upload-"
 # How many suffixes to try before concluding something is wrong with the folder.
 MAX_NAME_ATTEMPTS = 10_000
 
-# Extensions of programs and scripts.  Rejected case-insensitively on the last
-# suffix only: "notes.sh.txt" is a text file by name, and the content check
-# still catches it if it starts with a shebang.
-EXECUTABLE_EXTENSIONS = frozenset(
-    {
-        ".sh", ".bash", ".zsh", ".ksh", ".csh", ".fish", ".command",
-        ".py", ".pyc", ".pyo", ".pyw", ".pyz",
-        ".exe", ".bat", ".cmd", ".com", ".ps1", ".psm1", ".msi", ".msp",
-        ".dll", ".so", ".dylib", ".bin", ".app", ".jar", ".vbs", ".vbe",
-        ".jse", ".wsf", ".wsh", ".scr", ".cpl", ".hta",
-        ".elf", ".run", ".out", ".pl", ".rb", ".php", ".lua", ".appimage",
-        ".deb", ".rpm", ".apk", ".pkg", ".dmg", ".gadget", ".reg", ".lnk",
-    }
-)
-
-
-
-def refused_as_program(name: str, why: str, *, by_name: bool = True) -> str:
-    """Why a file was refused, and what a session does take."""
-    other_name = f"attach it under a text name such as {name + '.txt'!r}, or " if by_name else ""
-    return (f"{name!r} is refused: a session keeps no programs or scripts, and {why}. Text, data, documents "
-            f"and images are accepted; to show the model code, {other_name}paste it into your message")
-
-
 # Where each stored file's digest is kept, under the file's own name.
 DIGEST_DIR = ".sha256"
-
-# Magic numbers of native executables.  Mach-O is listed in both byte orders;
-# 0xCAFEBABE is the fat (universal) binary header and also a Java class file,
-# which is just as unwelcome.
-_EXECUTABLE_MAGICS = (
-    b"\x7fELF",
-    b"MZ",  # DOS/PE
-    b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe",  # Mach-O 32-bit
-    b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",  # Mach-O 64-bit
-    b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca",  # fat binary / Java class
-    b"#!",  # interpreter script
-)
-
-# Content signatures that decide the content type over a misleading extension.
-_SIGNATURE_TYPES = (
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"GIF87a", "image/gif"),
-    (b"GIF89a", "image/gif"),
-    (b"%PDF-", "application/pdf"),
-)
 
 # Pillow format name -> stored extension.  An allowlist: Pillow recognises
 # some formats by very weak signatures, and a "pasted image" in an exotic
@@ -124,11 +86,6 @@ IMAGE_EXTENSIONS = {
 
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 _IMAGE_NAME = re.compile(r"image_([1-9][0-9]*)\.[a-z0-9]+")
-_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._ -]")
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-# A built-in table only: the module-level mimetypes functions also read the
-# host's /etc/mime.types, which would make content types differ by machine.
-_MIME = mimetypes.MimeTypes()
 
 
 @dataclass(frozen=True)
@@ -143,70 +100,14 @@ class FileInfo:
 # --- pure helpers ----------------------------------------------------------------
 
 
-def safe_name(name: str) -> str:
-    """Return ``name`` reduced to a plain file name that stays inside a folder."""
-    # Clients send Windows paths too, so both separators strip directories.
-    base = name.replace("\\", "/").rsplit("/", 1)[-1]
-    # NFKC folds look-alikes (full-width letters) to ASCII before the
-    # allowlist turns everything else into "_".
-    base = unicodedata.normalize("NFKC", base)
-    base = _CONTROL_CHARS.sub("", base)
-    base = _UNSAFE_CHARS.sub("_", base)
-    base = re.sub(r"_{2,}", "_", base)
-    base = re.sub(r" {2,}", " ", base)
-    # Leading dots would make hidden files (and collide with upload temp
-    # files); trailing dots/spaces are stripped by some filesystems.
-    base = base.lstrip(". ").rstrip(". ")
-    if not base:
-        raise InvalidArgument("filename", f"{name!r} does not contain a usable file name")
-    return _capped(base, MAX_NAME_BYTES)
-
-
-def _capped(name: str, limit: int) -> str:
-    """Return ``name`` cut to ``limit`` bytes, keeping its extension when it has one."""
-    if len(name.encode()) <= limit:
-        return name
-    stem, ext = _split_extension(name)
-    if len(ext) >= limit // 2:
-        # An "extension" this long is not one worth keeping.
-        stem, ext = name, ""
-    return stem[: limit - len(ext)].rstrip(". ") + ext
-
-
-def _split_extension(name: str) -> tuple[str, str]:
-    stem, dot, ext = name.rpartition(".")
-    if not dot or not stem:
-        return name, ""
-    return stem, "." + ext
-
-
 def numbered_name(name: str, n: int) -> str:
     """Return the ``n``-th alternative for a taken ``name``: report.pdf -> report_n.pdf."""
     if n == 0:
         return name
-    stem, ext = _split_extension(name)
+    stem, ext = split_extension(name)
     suffix = f"_{n}"
     stem = stem[: MAX_NAME_BYTES - len(ext) - len(suffix)]
     return f"{stem}{suffix}{ext}"
-
-
-def has_executable_extension(name: str) -> bool:
-    return _split_extension(name.lower())[1] in EXECUTABLE_EXTENSIONS
-
-
-def has_executable_magic(head: bytes) -> bool:
-    return head.startswith(_EXECUTABLE_MAGICS)
-
-
-def content_type(name: str, head: bytes) -> str:
-    """Return the MIME type: a known content signature beats the extension."""
-    for signature, mime in _SIGNATURE_TYPES:
-        if head.startswith(signature):
-            return mime
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image/webp"
-    guessed, _ = _MIME.guess_type(name, strict=False)
-    return guessed or "application/octet-stream"
 
 
 def image_extension(data: bytes) -> str:
@@ -457,7 +358,7 @@ class FileStore:
         name = safe_name(filename)
         if has_executable_extension(name):
             raise InvalidArgument("filename", refused_as_program(
-                name, f"{_split_extension(name.lower())[1]} is the extension of one"))
+                name, f"{split_extension(name.lower())[1]} is the extension of one"))
         folder = self._created_dir(session_id)
         _inside(folder, name)
         return Upload(folder, name, self.max_bytes)

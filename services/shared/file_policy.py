@@ -1,0 +1,139 @@
+"""What a session keeps as a file, and how its files are named and linked.
+
+The SessionStore enforces these rules on every upload; the Agent checks a turn's inline
+attachments against the same rules before it creates or writes anything, so a refused file
+costs nothing. Pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from urllib.parse import quote, unquote
+
+from services.shared.errors import InvalidArgument
+
+MAX_NAME_BYTES = 255
+LINK_PREFIX = "palimpsest://sessions/"
+
+# Extensions of programs and scripts.  Rejected case-insensitively on the last
+# suffix only: "notes.sh.txt" is a text file by name, and the content check
+# still catches it if it starts with a shebang.
+EXECUTABLE_EXTENSIONS = frozenset(
+    {
+        ".sh", ".bash", ".zsh", ".ksh", ".csh", ".fish", ".command",
+        ".py", ".pyc", ".pyo", ".pyw", ".pyz",
+        ".exe", ".bat", ".cmd", ".com", ".ps1", ".psm1", ".msi", ".msp",
+        ".dll", ".so", ".dylib", ".bin", ".app", ".jar", ".vbs", ".vbe",
+        ".jse", ".wsf", ".wsh", ".scr", ".cpl", ".hta",
+        ".elf", ".run", ".out", ".pl", ".rb", ".php", ".lua", ".appimage",
+        ".deb", ".rpm", ".apk", ".pkg", ".dmg", ".gadget", ".reg", ".lnk",
+    }
+)
+
+# Magic numbers of native executables.  Mach-O is listed in both byte orders;
+# 0xCAFEBABE is the fat (universal) binary header and also a Java class file,
+# which is just as unwelcome.
+_EXECUTABLE_MAGICS = (
+    b"\x7fELF",
+    b"MZ",  # DOS/PE
+    b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe",  # Mach-O 32-bit
+    b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",  # Mach-O 64-bit
+    b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca",  # fat binary / Java class
+    b"#!",  # interpreter script
+)
+
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._ -]")
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def refused_as_program(name: str, why: str, *, by_name: bool = True) -> str:
+    """Why a file was refused, and what a session does take."""
+    other_name = f"attach it under a text name such as {name + '.txt'!r}, or " if by_name else ""
+    return (f"{name!r} is refused: a session keeps no programs or scripts, and {why}. Text, data, documents "
+            f"and images are accepted; to show the model code, {other_name}paste it into your message")
+
+
+def split_extension(name: str) -> tuple[str, str]:
+    stem, dot, ext = name.rpartition(".")
+    if not dot or not stem:
+        return name, ""
+    return stem, "." + ext
+
+
+def has_executable_extension(name: str) -> bool:
+    return split_extension(name.lower())[1] in EXECUTABLE_EXTENSIONS
+
+
+def has_executable_magic(head: bytes) -> bool:
+    return head.startswith(_EXECUTABLE_MAGICS)
+
+
+def safe_name(name: str) -> str:
+    """Return ``name`` reduced to a plain file name that stays inside a folder."""
+    # Clients send Windows paths too, so both separators strip directories.
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    # NFKC folds look-alikes (full-width letters) to ASCII before the
+    # allowlist turns everything else into "_".
+    base = unicodedata.normalize("NFKC", base)
+    base = _CONTROL_CHARS.sub("", base)
+    base = _UNSAFE_CHARS.sub("_", base)
+    base = re.sub(r"_{2,}", "_", base)
+    base = re.sub(r" {2,}", " ", base)
+    # Leading dots would make hidden files (and collide with upload temp
+    # files); trailing dots/spaces are stripped by some filesystems.
+    base = base.lstrip(". ").rstrip(". ")
+    if not base:
+        raise InvalidArgument("filename", f"{name!r} does not contain a usable file name")
+    return _capped(base, MAX_NAME_BYTES)
+
+
+def _capped(name: str, limit: int) -> str:
+    """Return ``name`` cut to ``limit`` bytes, keeping its extension when it has one."""
+    if len(name.encode()) <= limit:
+        return name
+    stem, ext = split_extension(name)
+    if len(ext) >= limit // 2:
+        # An "extension" this long is not one worth keeping.
+        stem, ext = name, ""
+    return stem[: limit - len(ext)].rstrip(". ") + ext
+
+
+def upload_name_problem(name: str) -> str:
+    """Why ``name`` cannot name a file sent with a turn ("" when it can). A turn's file names are
+    plain names: a folder part, a hidden name or a control character is refused, not quietly
+    dropped, so what the model is told is what the client sent."""
+    if not name.strip():
+        return "is required"
+    if len(name.encode()) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
+    if "/" in name or "\\" in name:
+        return f"{name!r} has a folder part; send the file's own name, without folders"
+    if name.startswith(".") or name in ("..", "."):
+        return f"{name!r} is hidden or not a file name; session files have visible names"
+    if _CONTROL_CHARS.search(name):
+        return f"{name!r} holds control characters"
+    if has_executable_extension(name):
+        return refused_as_program(name, f"{split_extension(name.lower())[1]} is the extension of one")
+    return ""
+
+
+def session_path(session_id: str, name: str) -> str:
+    """Where a session file is, as the model is told: the folder layout the file tools know."""
+    return f"session_files/{session_id}/{name}"
+
+
+def file_link(session_id: str, name: str) -> str:
+    """A session file's link: palimpsest://sessions/<id>/files/<name>; a client fetches it with
+    SessionStore.GetFile (`pal files get LINK`)."""
+    return f"{LINK_PREFIX}{session_id}/files/{quote(name)}"
+
+
+def parse_file_link(link: str) -> tuple[str, str] | None:
+    """(session id, file name) of a link made by :func:`file_link`; None for anything else."""
+    if not link.startswith(LINK_PREFIX):
+        return None
+    session_id, sep, name = link[len(LINK_PREFIX):].partition("/files/")
+    if not sep or not session_id or not name or "/" in session_id:
+        return None
+    return session_id, unquote(name)
