@@ -1,5 +1,6 @@
 """Images pasted into a turn: stored as session files, sent to the model while they fit, and
-named in a notice on the context copy of the message (the user's copy stays as typed)."""
+named in a notice on the context copy of the message (the user's copy stays as typed), beside the
+notice of the turn's uploaded files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.agent.attachments import uploads_notice
 from services.shared.errors import PalimpsestError
 from services.shared.image_tokens import image_tokens
 
@@ -90,22 +92,28 @@ async def _context_tokens(target: ImageTarget) -> int:
         return 0
 
 
-async def attach_images(target: ImageTarget, text: str, images: Sequence[bytes], hidden: bool) -> list[Message]:
-    """The message(s) to append for this input: one row, or a display row and a context row."""
+async def user_messages(target: ImageTarget, text: str, images: Sequence[bytes], hidden: bool,
+                        files: Sequence[str] = ()) -> list[Message]:
+    """The message(s) to append for this input: one row, or a display row (as typed, with the
+    turn's files) and a context row (with the notices saying where images and files are)."""
     images = list(images)
     if hidden:
         # Machine payloads: nothing is stored as files and nothing is displayed.
         return [Message(role="user", content=text, images=images, explicit_flags=True, is_context=True,
                         is_display=False)]
-    if not images:
+    if not images and not files:
         return [Message(role="user", content=text)]
     paths: list[str | None] = [await _store_image(target, data) for data in images] if target.stored else []
-    budget = int(IMAGE_BUDGET_SHARE * target.window) - await _context_tokens(target)
-    # Pillow reads every header: in a thread, so other sessions' streams do not wait on it.
-    sent = await asyncio.to_thread(images_within_budget, images, max(0, budget), target.image_fallback)
-    note = notice(paths, sent)
-    files = [p for p in paths if p]
-    shown = Message(role="user", content=text, files=files, explicit_flags=True, is_context=False, is_display=True)
-    context_copy = Message(role="user", content=f"{text}\n\n{note}" if note else text, images=images[:sent],
-                           files=files, explicit_flags=True, is_context=True, is_display=False)
+    sent = 0
+    if images:
+        budget = int(IMAGE_BUDGET_SHARE * target.window) - await _context_tokens(target)
+        # Pillow reads every header: in a thread, so other sessions' streams do not wait on it.
+        sent = await asyncio.to_thread(images_within_budget, images, max(0, budget), target.image_fallback)
+    notes = [note for note in (notice(paths, sent), uploads_notice(target.session_id, files)) if note]
+    attached = [*(p for p in paths if p), *files]
+    shown = Message(role="user", content=text, files=attached, explicit_flags=True, is_context=False,
+                    is_display=True)
+    context_copy = Message(role="user", content="\n\n".join([text, *notes]) if text.strip() else "\n\n".join(notes),
+                           images=images[:sent], files=attached, explicit_flags=True, is_context=True,
+                           is_display=False)
     return [shown, context_copy]

@@ -12,6 +12,7 @@ from contextlib import suppress
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
+from services.agent.attachments import check_request, store_attachments
 from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
@@ -40,20 +41,21 @@ WATCH_BUS_WAIT_S = 5.0
 
 
 def _validate_turn(request) -> None:
-    if not request.text.strip() and not request.images:
-        raise InvalidArgument("text", "a turn needs text or images")
+    if not (request.text.strip() or request.images or request.attachments or request.inline_attachments):
+        raise InvalidArgument("text", "a turn needs text, images or files")
     if len(request.text) > MAX_TEXT_CHARS:
         raise InvalidArgument("text", f"at most {MAX_TEXT_CHARS} characters")
     if request.hidden and request.images:
         raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
     refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
+    check_request(request)
 
 
 def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
     """The UpdateSession fields a turn writes before anything else: what it runs on, where that
     differs from what the session last ran on; the refs the request adds (a new session got them
-    at its creation, and adding them again changes nothing); the taint of pasted images (content
-    from outside, as a tool's output is), before they are stored."""
+    at its creation, and adding them again changes nothing); the taint of pasted images and
+    uploaded files (content from outside, as a tool's output is), before they are stored."""
     changes: dict = {}
     if profile.id != session.profile_id:
         changes["profile_id"] = profile.id
@@ -62,7 +64,7 @@ def session_changes(session: common_pb2.Session, profile: Profile, request) -> d
     stored = {(r.kind, r.uri, r.created_by) for r in session.external_refs}
     if any((r.kind, r.uri, r.created_by) not in stored for r in request.external_refs):
         changes["add_external_refs"] = list(request.external_refs)
-    if request.images and not session.untrusted_ingested:
+    if (request.images or request.attachments or request.inline_attachments) and not session.untrusted_ingested:
         changes["mark_untrusted_ingested"] = True
     return changes
 
@@ -127,8 +129,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self.deps.builder.invalidate()
             log.info("profiles reloaded from %s", fresh.path)
 
-    async def _open_turn(self, request, context) -> Turn:
-        """Everything that can fail with a plain status before the stream begins."""
+    async def _open_turn(self, request, context) -> tuple[Turn, TurnInput]:
+        """Everything that can fail with a plain status before the stream begins: the turn, and
+        what it answers."""
         _validate_turn(request)
         metadata = self._metadata(context)
         await self._reload_profiles()
@@ -150,6 +153,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session = (await self.deps.store.CreateSession(store_pb.CreateSessionRequest(
                 profile_id=profile.id, provider=PROVIDER, model=profile.model,
                 external_refs=request.external_refs))).session
+        files = await self._turn_files(request, session.id)
         settings = self.deps.settings
         conversation = StoredConversation(self.deps.store, session.id,
                                           vouching_metadata(settings.auth_enabled, settings.jwt_secret))
@@ -159,7 +163,20 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
-        return turn
+        return turn, TurnInput(request.text, list(request.images), request.hidden, files)
+
+    async def _turn_files(self, request, session_id: str) -> list[str]:
+        """The turn's files, stored before the stream begins so a refusal is the call's status. A
+        session made for this turn goes again when its files are refused: nothing stays of it."""
+        if not (request.attachments or request.inline_attachments):
+            return []
+        try:
+            return await store_attachments(self.deps.store, session_id, request)
+        except BaseException:
+            if not request.session_id:
+                with suppress(PalimpsestError):
+                    await self.deps.store.DeleteSession(store_pb.DeleteSessionRequest(session_id=session_id))
+            raise
 
     async def _drive(self, turn: Turn, turn_input: TurnInput):
         """Run the turn under the session lock; yields its events until stream_end."""
@@ -213,14 +230,14 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self.sessions.release(session_id)
 
     async def RunStream(self, request, context):
-        turn = await self._open_turn(request, context)
-        async for event in self._drive(turn, TurnInput(request.text, list(request.images), request.hidden)):
+        turn, turn_input = await self._open_turn(request, context)
+        async for event in self._drive(turn, turn_input):
             yield event
 
     async def Run(self, request, context):
-        turn = await self._open_turn(request, context)
+        turn, turn_input = await self._open_turn(request, context)
         text, reason = "", pb.STREAM_END_REASON_UNSPECIFIED
-        async for event in self._drive(turn, TurnInput(request.text, list(request.images), request.hidden)):
+        async for event in self._drive(turn, turn_input):
             if event.HasField("stream_end") and not event.is_subagent:
                 text, reason = event.stream_end.text, event.stream_end.reason
             elif event.HasField("error") and not event.is_subagent and event.error.code == "UNAVAILABLE":

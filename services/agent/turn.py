@@ -22,7 +22,7 @@ from services.agent import context_builder as cb
 from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
-from services.agent.images import ImageTarget, attach_images
+from services.agent.images import ImageTarget, user_messages
 from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
@@ -90,6 +90,8 @@ class TurnInput:
     text: str
     images: Sequence[bytes] = ()
     hidden: bool = False
+    # Stored names of the session files this turn carries (attachments, inline ones once stored).
+    files: Sequence[str] = ()
 
 
 class StalePrompt(Exception):
@@ -274,10 +276,11 @@ class Turn:
         if self.session_changes and self.stored:
             await self.conv.update(**self.session_changes)
         self.state.goal = turn_input.text
-        messages = await attach_images(ImageTarget(
+        messages = await user_messages(ImageTarget(
             session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,
             model=self.profile.model, window=self.window, settings=self.profile.compression_settings(),
-            image_fallback=self.settings.image_tokens_fallback), turn_input.text, turn_input.images, turn_input.hidden)
+            image_fallback=self.settings.image_tokens_fallback), turn_input.text, turn_input.images, turn_input.hidden,
+            turn_input.files)
         if self.stored and not turn_input.hidden:
             await self._name_session(turn_input.text)
         recalled = await self._recall(turn_input.text)
