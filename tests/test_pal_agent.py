@@ -17,6 +17,7 @@ import termios
 import uuid
 from dataclasses import replace
 
+import grpc
 import pytest
 from PIL import Image
 
@@ -234,12 +235,51 @@ async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, s
     files = {f.name: f for f in (await store.ListFiles(pb.ListFilesRequest(session_id=session_id))).files}
     assert "notes.txt" in files and "image_1.png" in files
     users = [m for m in await display(store, session_id) if m.role == "user"]
-    assert files["notes.txt"].path in users[0].content and "please read my notes" in users[0].content
+    assert users[0].content == "please read my notes" and list(users[0].files) == ["notes.txt"]
+    context = (await store.GetSession(pb.GetSessionRequest(session_id=session_id,
+                                                           view=pb.SESSION_VIEW_CONTEXT))).session.context
+    told = next(m.content for m in context if m.role == "user")
+    assert told == (f"please read my notes\n\n[Uploaded files on disk:\n"
+                    f"- notes.txt → session_files/{session_id}/notes.txt]")
     assert users[1].content == "what colour is this?" and len(users[1].files) == 1
     assert len(users[2].files) == 1  # the pasted (quoted) path was sent as an image too
     session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
     assert session.untrusted_ingested  # an upload is content from outside
     assert "Simulated answer to:" in ran.stdout
+
+
+async def test_run_and_continue_attach_files_the_model_is_told_about(env, store, tmp_path, ollama_sim):
+    report = tmp_path / "report.csv"
+    report.write_text("quarter,revenue\nQ1,10\n")
+    ran = await pal("run", "--attach", str(report), "--json", "what", "is", "in", "it?", env=env)
+    assert ran.code == 0, ran.stderr
+    session_id = sessions_of(ran.json_lines())[0]
+    assert f"attached {report} as report.csv" in ran.stderr
+    told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
+    assert told.endswith(f"[Uploaded files on disk:\n- report.csv → session_files/{session_id}/report.csv]")
+
+    again = await pal("continue", "--id", session_id, "--attach", str(report), "and now?", env=env)
+    assert again.code == 0, again.stderr
+    told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
+    assert told.endswith(f"- report_1.csv → session_files/{session_id}/report_1.csv]")  # the same name, numbered
+    names = [f.name for f in (await store.ListFiles(pb.ListFilesRequest(session_id=session_id))).files]
+    assert names == ["report.csv", "report_1.csv"]
+
+
+async def test_run_with_an_unreadable_or_refused_file_makes_no_session(env, store, tmp_path, ollama_sim):
+    missing = await pal("run", "--attach", str(tmp_path / "nope.txt"), "hello", env=env)
+    assert missing.code != 0 and "cannot read" in missing.stderr and "nope.txt" in missing.stderr
+    folder = await pal("run", "--attach", str(tmp_path), "hello", env=env)
+    assert folder.code != 0 and "cannot read" in folder.stderr
+    script = tmp_path / "notes.txt"
+    script.write_text("#!/bin/sh\necho hi\n")
+    refused = await pal("run", "--attach", str(script), "hello", env=env)
+    assert refused.code != 0 and "no programs or scripts" in refused.stderr
+    assert not ollama_sim.bodies()
+    made = (refused.stdout + refused.stderr).split("started session ")[1].split()[0]  # for the file, then removed again
+    with pytest.raises(grpc.aio.AioRpcError) as gone:
+        await store.GetSession(pb.GetSessionRequest(session_id=made))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_chat_commands_report_problems_without_leaving(env, tmp_path, pal_profiles):

@@ -8,7 +8,6 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,22 +17,21 @@ from rich.text import Text
 from clients.pal.app import App
 from clients.pal.commands import Subparsers
 from clients.pal.chat_input import image_paths_in, parse_command, read_message
-from clients.pal.errors import ServiceError
+from clients.pal.errors import CliError, ServiceError
 from clients.pal.render import ContextMeter, compressed_tokens, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
 from clients.pal.commands.turns import add_ref_flag
+from clients.pal.uploads import local_file, new_session, upload
 from clients.pal.views import message_view
 from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2, session_store_pb2 as pb
 
-# PutFile streams the file in pieces of this size; the store enforces its own size cap while receiving.
-UPLOAD_CHUNK = 256 * 1024
 # On resuming a session, this many of its newest messages are shown as a reminder.
 RESUME_MESSAGES = 6
 HELP = """\
 /new            start a new session with your next message
 /compact        compress this session's context now
 /profile [ID]   use another agent profile (no ID: list them)
-/attach FILE    upload a file to the session; your next message tells the model where it is
+/attach FILE    upload a file to the session; it goes with your next message, which tells the model where it is
 /image PATH     send an image with your next message (image paths typed in a message are sent too)
 /id             show the session id
 /exit           leave (also Ctrl-D; Ctrl-C stops a running turn, a second Ctrl-C leaves)
@@ -55,12 +53,6 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="", help="agent profile (default: the session's, else the Agent's default)")
     add_ref_flag(p, "add to the session (with your first message)")
     p.set_defaults(handler=chat)
-
-
-def _chunks(header: pb.PutFileHeader, data: bytes) -> Iterator[pb.PutFileRequest]:
-    yield pb.PutFileRequest(header=header)
-    for start in range(0, len(data), UPLOAD_CHUNK):
-        yield pb.PutFileRequest(chunk=data[start:start + UPLOAD_CHUNK])
 
 
 class PipedLines:
@@ -147,8 +139,8 @@ class Chat:
     refs: list[common_pb2.ExternalRef] = field(default_factory=list)
     meter: ContextMeter = field(default_factory=ContextMeter)
     images: list[bytes] = field(default_factory=list)
-    # Told to the model at the start of the next message (where attached files now live).
-    notes: list[str] = field(default_factory=list)
+    # Files uploaded with /attach, by stored name: they go with the next message.
+    attachments: list[str] = field(default_factory=list)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty())
     _piped: PipedLines | None = None
     _watch: SessionWatch | None = None
@@ -286,10 +278,10 @@ class Chat:
         for path in image_paths_in(text):
             images.append(path.read_bytes())
             self.say(f"sending image {path}")
-        body = "\n\n".join([*self.notes, text]) if self.notes else text
         request = agent_pb2.RunStreamRequest(session_id=self.session_id,
                                              profile_id=self.profile_id if self.profile_pending else "",
-                                             text=body, images=images, external_refs=self.refs)
+                                             text=text, images=images, external_refs=self.refs,
+                                             attachments=self.attachments)
         agent = self.app.conn.agent()
         renderer = renderer_for(self.app.out, self.meter)
         try:
@@ -305,7 +297,7 @@ class Chat:
         """What was sent is now in the session, even when the turn was stopped or cut off; the next
         message goes to the same session (a new one's id came with the turn's first event)."""
         self.images.clear()
-        self.notes.clear()
+        self.attachments.clear()
         self.profile_pending = False
         self.refs.clear()
         self.session_id = session_id or self.session_id
@@ -333,7 +325,7 @@ class Chat:
         if name in ("help", "?"):
             self.say(HELP, "")
         elif name == "new":
-            self.session_id, self.meter, self.images, self.notes = "", ContextMeter(), [], []
+            self.session_id, self.meter, self.images, self.attachments = "", ContextMeter(), [], []
             self.say("new session: your next message starts it")
         elif name == "compact":
             self.compact()
@@ -366,17 +358,13 @@ class Chat:
     def ensure_session(self) -> str:
         """Files belong to a session: create it now when the conversation has not started yet."""
         if not self.session_id:
-            profile = self.profile_id
-            if not profile:
-                profile = self.app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest()).default_profile_id
-            created = self.app.conn.store().CreateSession(pb.CreateSessionRequest(profile_id=profile or "default"))
-            self.session_id = created.session.id
+            self.session_id = new_session(self.app, self.profile_id)
             self.say(f"started session {self.session_id}")
         return self.session_id
 
     def _read(self, raw: str) -> tuple[Path, bytes] | None:
         if not raw:
-            self.say("which file? e.g. /attach notes.txt", "yellow")
+            self.say("which file? e.g. /image photo.png", "yellow")
             return None
         path = Path(raw.strip("'\"")).expanduser()
         try:
@@ -386,14 +374,17 @@ class Chat:
             return None
 
     def attach(self, raw: str) -> None:
-        read = self._read(raw)
-        if read is None:
+        if not raw:
+            self.say("which file? e.g. /attach notes.txt", "yellow")
             return
-        path, data = read
-        header = pb.PutFileHeader(session_id=self.ensure_session(), filename=path.name)
-        info = self.app.conn.store().PutFile(_chunks(header, data)).file
-        self.notes.append(f"[I attached the file {info.name} ({info.size:,} bytes) to this session as {info.path}]")
-        self.say(f"attached {path} as {info.path}; your next message tells the model about it")
+        try:
+            local = local_file(raw)
+        except CliError as err:
+            self.say(str(err), "yellow")
+            return
+        info = upload(self.app, self.ensure_session(), local)
+        self.attachments.append(info.name)
+        self.say(f"attached {raw.strip()} as {info.name} ({info.size:,} bytes); it goes with your next message")
 
     def add_image(self, raw: str) -> None:
         read = self._read(raw)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 from clients.pal.app import App
 from clients.pal.commands import Subparsers
 from clients.pal.errors import CliError
 from clients.pal.render import ContextMeter, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
+from clients.pal.uploads import local_file, new_session, upload
 from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.shared.errors import InvalidArgument
@@ -41,6 +43,8 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="", help="agent profile (default: the Agent's default)")
     p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
     add_ref_flag(p, "give the session")
+    p.add_argument("--attach", action="append", default=[], metavar="FILE",
+                   help="upload a file to the session and tell the model where it is (repeatable)")
     p.set_defaults(handler=run)
 
     p = sub.add_parser("continue", help="send a message to the most recent session, streamed", parents=[common])
@@ -49,6 +53,8 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="", help="the most recent session of this profile")
     p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
     add_ref_flag(p, "add to the session")
+    p.add_argument("--attach", action="append", default=[], metavar="FILE",
+                   help="upload a file to the session and tell the model where it is (repeatable)")
     p.set_defaults(handler=continue_)
 
 
@@ -102,15 +108,39 @@ def stream_one_turn(app: App, request: agent_pb2.RunStreamRequest) -> StreamResu
     return result
 
 
+def attach_all(app: App, session_id: str, locals_: list[tuple[Path, BinaryIO]]) -> list[str]:
+    """Upload the files to the session; their stored names, for the turn's `attachments`."""
+    names = []
+    for local in locals_:
+        info = upload(app, session_id, local)
+        app.out.note(f"attached {local[0]} as {info.name} ({info.size:,} bytes)")
+        names.append(info.name)
+    return names
+
+
 def run(app: App, args: argparse.Namespace) -> int:
-    request = agent_pb2.RunStreamRequest(profile_id=args.profile, text=message_text(args.text),
-                                         images=read_images(args.image), external_refs=args.refs)
+    text, images = message_text(args.text), read_images(args.image)
+    files = [local_file(raw) for raw in args.attach]  # every file readable before anything is made
+    session_id, names = "", []
+    if files:
+        # Files are uploaded to a session: it is made first, and removed again if one is refused.
+        session_id = new_session(app, args.profile)
+        app.out.note(f"started session {session_id} for the attached files")
+        try:
+            names = attach_all(app, session_id, files)
+        except CliError:
+            app.conn.store().DeleteSession(pb.DeleteSessionRequest(session_id=session_id))
+            raise
+    request = agent_pb2.RunStreamRequest(session_id=session_id, profile_id=args.profile, text=text, images=images,
+                                         external_refs=args.refs, attachments=names)
     return stream_one_turn(app, request).exit_code
 
 
 def continue_(app: App, args: argparse.Namespace) -> int:
     text = message_text(args.text)
     images = read_images(args.image)
+    files = [local_file(raw) for raw in args.attach]
     session_id = args.session_id or most_recent_session(app.conn.store(), args.profile)
-    request = agent_pb2.RunStreamRequest(session_id=session_id, text=text, images=images, external_refs=args.refs)
+    request = agent_pb2.RunStreamRequest(session_id=session_id, text=text, images=images, external_refs=args.refs,
+                                         attachments=attach_all(app, session_id, files))
     return stream_one_turn(app, request).exit_code
