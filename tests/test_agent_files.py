@@ -3,6 +3,7 @@ PostgreSQL and the Ollama simulator."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as 
 from services.agent.attachments import INLINE_MAX_BYTES, MAX_ATTACHMENTS
 from tests.conftest import _start_store, agent_settings, bearer
 from tests.test_store_sessions import expect_status, full, new_session
+from tests.waiting import until
 
 END = pb.StreamEndReason
 
@@ -165,3 +167,154 @@ async def test_a_session_made_for_a_turn_whose_file_the_store_refuses_is_removed
 async def _drain(call) -> None:
     async for _ in call:
         pass
+
+
+# -- share_file ------------------------------------------------------------------------------------
+from services.agent.local_files import Refused, open_shareable, read_chunk  # noqa: E402
+from services.agent.tools.base import ToolContext, TurnState  # noqa: E402
+from services.agent.tools.registry import BUILTIN, execute  # noqa: E402
+from services.agent.events import EventSink  # noqa: E402
+from services.agent.profiles import Profile  # noqa: E402
+from services.shared.channels import open_channel  # noqa: E402
+from services.shared.ollama import OllamaClient  # noqa: E402
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub  # noqa: E402
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    root = tmp_path / "workspace"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+async def tool_ctx(store_server, base_settings, ollama_sim, workspace, store):
+    """A ToolContext as a turn builds one: a new session, the store as the Agent reaches it, and
+    share_file allowed to read `workspace` only, up to 64 KB."""
+    settings = replace(base_settings, share_file_roots=(workspace,), share_file_max_bytes=64 * 1024)
+    session = await new_session(store, "small")
+    async with open_channel(store_server.address, settings, service="SessionStore") as channel:
+        client = OllamaClient(ollama_sim.url)
+        yield ToolContext(session_id=session.id, store=SessionStoreStub(channel), ollama=client, profile=Profile(),
+                          settings=settings, events=EventSink(session.id), state=TurnState(), window=8192)
+        await client.aclose()
+
+
+async def tool(tool_name: str, ctx: ToolContext, **args):
+    return await execute(BUILTIN[tool_name], args, ctx)
+
+
+def events_of(ctx: ToolContext) -> list[pb.AgentEvent]:
+    out = []
+    while not ctx.events.queue.empty():
+        out.append(ctx.events.queue.get_nowait())
+    return out
+
+
+async def test_share_file_copies_the_file_and_gives_its_link(tool_ctx, store, workspace):
+    (workspace / "out").mkdir()
+    source = workspace / "out" / "chart report.csv"
+    source.write_bytes(b"month,sales\njan,3\n" * 100)
+    result = await tool("share_file", tool_ctx, source=str(source))
+    link = f"palimpsest://sessions/{tool_ctx.session_id}/files/chart%20report.csv"
+    assert not result.is_error, result.content
+    assert link in result.content and result.files == ["chart report.csv"] and not result.untrusted
+    assert await file_bytes(store, tool_ctx.session_id, "chart report.csv") == source.read_bytes()
+    [event] = events_of(tool_ctx)
+    assert event.file_shared.link == link and event.file_shared.size == source.stat().st_size
+    assert event.file_shared.content_type == "text/csv" and not event.file_shared.viewer
+
+    renamed = await tool("share_file", tool_ctx, source=str(source), name="sales.csv")
+    assert renamed.files == ["sales.csv"]
+
+
+async def test_share_file_refuses_what_an_attacker_would_ask_for(tool_ctx, store, workspace, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the key")
+    (workspace / "link.txt").symlink_to(secret)
+    (workspace / "linked_dir").symlink_to(tmp_path)
+    os.link(secret, workspace / "hard.txt")
+    os.mkfifo(workspace / "pipe")
+    (workspace / "big.bin").write_bytes(b"\0" * (64 * 1024 + 1))
+    (workspace / "sub").mkdir()
+    refusals = {
+        "notes.txt": "not an absolute path",
+        f"{workspace}/../secret.txt": "'..'",
+        str(secret): "outside the folders",
+        str(workspace / "link.txt"): "symbolic link",
+        str(workspace / "linked_dir" / "secret.txt"): "outside the folders",
+        str(workspace / "hard.txt"): "hard links",
+        str(workspace / "pipe"): "not a regular file",
+        "/dev/zero": "not a regular file",
+        "/etc/passwd": "outside the folders",
+        str(workspace / "big.bin"): "SHARE_FILE_MAX_SIZE_MB",
+        str(workspace / "sub"): "is a folder",
+        str(workspace / "nope.txt"): "does not exist",
+    }
+    for source, words in refusals.items():
+        result = await tool("share_file", tool_ctx, source=source)
+        assert result.is_error and words in result.content, (source, result.content)
+    assert not (await store.ListFiles(store_pb.ListFilesRequest(session_id=tool_ctx.session_id))).files
+    assert not events_of(tool_ctx)
+
+
+async def test_share_file_keeps_the_stores_rules(tool_ctx, workspace):
+    (workspace / "run.sh").write_text("echo hi\n")
+    result = await tool("share_file", tool_ctx, source=str(workspace / "run.sh"))
+    assert result.is_error and "no programs or scripts" in result.content
+
+
+def test_a_file_that_changes_while_it_is_read_is_refused(workspace):
+    path = workspace / "growing.log"
+    path.write_bytes(b"x" * 10)
+    opened = open_shareable(str(path), [workspace], 1000)
+    try:
+        with path.open("ab") as f:
+            f.write(b"more")
+        with pytest.raises(Refused, match="grew"):
+            read_chunk(opened, 0)
+    finally:
+        opened.close()
+    opened = open_shareable(str(path), [workspace], 1000)
+    try:
+        os.truncate(path, 3)
+        assert read_chunk(opened, 0) == b"xxx"
+        with pytest.raises(Refused, match="changed"):
+            read_chunk(opened, 3)
+    finally:
+        opened.close()
+
+
+class ChangingUnderway:
+    """The store as the tool reaches it, but the file being shared grows after the upload's first
+    piece went out: a real change of the real file in the middle of a real PutFile."""
+
+    def __init__(self, store: SessionStoreStub, path) -> None:
+        self._store, self._path = store, path
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def PutFile(self, requests):
+        async def changing():
+            async for part in requests:
+                yield part
+                if part.HasField("chunk"):
+                    with self._path.open("ab") as f:
+                        f.write(b"appended while copying")
+        return self._store.PutFile(changing())
+
+
+async def test_a_file_changing_during_the_upload_leaves_nothing_in_the_session(tool_ctx, store, workspace,
+                                                                              base_settings):
+    path = workspace / "live.log"
+    path.write_bytes(b"x" * (3 << 20))  # three pieces of a megabyte
+    ctx = replace(tool_ctx, store=ChangingUnderway(tool_ctx.store, path),
+                  settings=replace(tool_ctx.settings, share_file_max_bytes=8 << 20))
+    result = await tool("share_file", ctx, source=str(path))
+    assert result.is_error and "while it was being copied" in result.content, result.content
+    assert not (await store.ListFiles(store_pb.ListFilesRequest(session_id=ctx.session_id))).files
+    folder = base_settings.files_root / ctx.session_id
+    # The store drops its partial copy when it sees the call cancelled, a moment after the Agent does.
+    assert await until(lambda: not folder.exists() or not any(p.name.startswith(".upload-")
+                                                              for p in folder.iterdir()))

@@ -83,6 +83,9 @@ class EventSink:
     def todo_updated(self, items: list[pb.TodoItem]) -> None:
         self.emit(todo_updated=pb.TodoUpdated(items=items))
 
+    def file_shared(self, shared: pb.FileShared) -> None:
+        self.emit(file_shared=shared)
+
     def error(self, code: str, message: str) -> None:
         self.emit(error=pb.ErrorEvent(code=code, message=message))
 

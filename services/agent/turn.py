@@ -632,7 +632,7 @@ class Turn:
                 # At once, not after the batch: a sub-agent spawned later in it is clamped.
                 await self.conv.mark_untrusted()
             result = Message(role="tool", name=call.name, tool_call_id=call.id, content=outcome.content,
-                             images=outcome.images, is_compression_critical=outcome.critical,
+                             images=outcome.images, files=outcome.files, is_compression_critical=outcome.critical,
                              elapsed_seconds=elapsed, metadata=tool_metadata(outcome))
             results.append(result)
             if "plan" in outcome.metadata:

@@ -39,6 +39,17 @@ def _env_float(name: str, default: float) -> float:
         raise SystemExit(f"{name} must be a number, got {raw!r}") from None
 
 
+def _share_file_roots(raw: str, data_dir: Path) -> tuple[Path, ...]:
+    """PALIMPSEST_SHARE_FILE_ROOTS: absolute folders, separated by the OS path separator."""
+    if not raw.strip():
+        return (data_dir / "workspace",)
+    roots = tuple(Path(p.strip()) for p in raw.split(os.pathsep) if p.strip())
+    relative = [str(p) for p in roots if not p.is_absolute()]
+    if relative:
+        raise SystemExit(f"PALIMPSEST_SHARE_FILE_ROOTS must list absolute folders, got {', '.join(relative)}")
+    return roots
+
+
 def _env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -105,6 +116,9 @@ class Settings:
     # Stop and WatchSession across Agent replicas, through the store's session bus (PostgreSQL
     # LISTEN/NOTIFY): every event of every turn is published once more, so off for one Agent.
     replica_events: bool = False
+    # share_file: the Agent's local folders files may be copied from, and its own size cap.
+    share_file_roots: tuple[Path, ...] = field(default_factory=lambda: (default_data_dir() / "workspace",))
+    share_file_max_bytes: int = 1024 * 1024 * 1024
     # SessionStore
     files_max_bytes: int = 200 * 1024 * 1024
     # One stored message (content, thinking, tool calls, images) at most: a read always holds a
@@ -178,6 +192,8 @@ class Settings:
             turn_claims=_env_bool("PALIMPSEST_TURN_CLAIMS", False),
             replica_events=_env_bool("PALIMPSEST_REPLICA_EVENTS", False),
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
+            share_file_roots=_share_file_roots(_env("PALIMPSEST_SHARE_FILE_ROOTS", ""), data_dir),
+            share_file_max_bytes=_env_int("SHARE_FILE_MAX_SIZE_MB", 1024) * 1024 * 1024,
             files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
             message_max_bytes=_env_int("PALIMPSEST_MESSAGE_MAX_MB", 16) * 1024 * 1024,
             hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),

@@ -26,6 +26,8 @@ class ToolResult:
     # Kept verbatim by the summarizer (up to its cap) instead of an 800-char preview.
     critical: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Session files the result offers (share_file, content_publish): kept on the stored result.
+    files: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 from google.protobuf import timestamp_pb2
 
 from services.agent.tools.base import ToolResult
+from services.shared.file_policy import parse_file_link
 from services.shared.structs import from_struct, to_struct  # noqa: F401 — the tools' one import site
 
 
@@ -59,3 +62,24 @@ def role_and_content(message: Any) -> tuple[str, str]:
     if isinstance(message, dict):
         return str(message.get("role") or ""), str(message.get("content") or "")
     return str(getattr(message, "role", "") or ""), str(getattr(message, "content", "") or "")
+
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
+
+
+def file_name(path: str, session_id: str) -> str:
+    """The stored name behind `path`: `image_2.png`, `session_files/<id>/report.pdf` (a notice's
+    path), an absolute path ending so, or a file link. A path into another session's folder is
+    refused rather than silently read from this one."""
+    text = path.strip().strip("'\"`")
+    linked = parse_file_link(text)
+    if linked is not None:
+        folder, name = linked
+    else:
+        pure = PureWindowsPath(text) if "\\" in text else PurePosixPath(text)
+        folder, name = pure.parent.name, pure.name
+    if not name or name in (".", ".."):
+        raise ToolInputError(f"'path' {path!r} does not name a file")
+    if _UUID.match(folder) and session_id and folder.lower() != session_id.lower():
+        raise ToolInputError(f"{path!r} belongs to another session; only this session's files can be used")
+    return name

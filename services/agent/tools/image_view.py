@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import re
-from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
-from services.agent.tools.common import ToolInputError, error, text_arg
+from services.agent.tools.common import ToolInputError, error, file_name, text_arg
 from services.shared.errors import InvalidArgument, NotFound, PalimpsestError
 from services.shared.image_tokens import image_size
-
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
-
-
-def file_name(path: str, session_id: str) -> str:
-    """The stored name behind `path`: `image_2.png`, `session_files/<id>/image_2.png` or an absolute
-    path from a notice. A path into another session's folder is refused rather than silently read
-    from this one."""
-    text = path.strip().strip("'\"`")
-    pure = PureWindowsPath(text) if "\\" in text else PurePosixPath(text)
-    name = pure.name
-    if not name or name in (".", ".."):
-        raise ToolInputError(f"'path' {path!r} does not name a file")
-    folder = pure.parent.name
-    if _UUID.match(folder) and session_id and folder.lower() != session_id.lower():
-        raise ToolInputError(f"{path!r} belongs to another session; only this session's images can be viewed")
-    return name
-
 
 async def _download(ctx: ToolContext, name: str) -> tuple[str, bytes]:
     content_type, data = "", bytearray()

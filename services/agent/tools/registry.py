@@ -20,6 +20,7 @@ from services.agent.tools.image_view import ImageViewTool
 from services.agent.tools.memory_search import MemorySearchTool
 from services.agent.tools.plan import PlanTool
 from services.agent.tools.session_search import SessionSearchTool
+from services.agent.tools.share_file import ShareFileTool
 from services.agent.tools.spawn_agent import SpawnAgentTool
 from services.agent.tools.switch_profile import SwitchProfileTool
 from services.agent.tools.todo import TodoTool
@@ -30,7 +31,7 @@ log = logging.getLogger("palimpsest.agent.tools")
 BUILTIN: dict[str, Tool] = {
     tool.name: tool
     for tool in (PlanTool(), TodoTool(), SpawnAgentTool(), MemorySearchTool(), SessionSearchTool(),
-                 ImageViewTool(), SwitchProfileTool())
+                 ImageViewTool(), SwitchProfileTool(), ShareFileTool())
 }
 
 # Error text from a failing tool is cut here: enough to act on, never a wall of traceback.
