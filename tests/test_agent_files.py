@@ -232,6 +232,8 @@ async def test_share_file_refuses_what_an_attacker_would_ask_for(tool_ctx, store
     secret = tmp_path / "secret.txt"
     secret.write_text("the key")
     (workspace / "link.txt").symlink_to(secret)
+    (workspace / "inner.txt").write_text("fine")
+    (workspace / "inner_link.txt").symlink_to(workspace / "inner.txt")
     (workspace / "linked_dir").symlink_to(tmp_path)
     os.link(secret, workspace / "hard.txt")
     os.mkfifo(workspace / "pipe")
@@ -241,11 +243,12 @@ async def test_share_file_refuses_what_an_attacker_would_ask_for(tool_ctx, store
         "notes.txt": "not an absolute path",
         f"{workspace}/../secret.txt": "'..'",
         str(secret): "outside the folders",
-        str(workspace / "link.txt"): "symbolic link",
+        str(workspace / "link.txt"): "resolves to",
+        str(workspace / "inner_link.txt"): "symbolic link",
         str(workspace / "linked_dir" / "secret.txt"): "outside the folders",
         str(workspace / "hard.txt"): "hard links",
         str(workspace / "pipe"): "not a regular file",
-        "/dev/zero": "not a regular file",
+        "/dev/zero": "outside the folders",
         "/etc/passwd": "outside the folders",
         str(workspace / "big.bin"): "SHARE_FILE_MAX_SIZE_MB",
         str(workspace / "sub"): "is a folder",
@@ -318,3 +321,111 @@ async def test_a_file_changing_during_the_upload_leaves_nothing_in_the_session(t
     # The store drops its partial copy when it sees the call cancelled, a moment after the Agent does.
     assert await until(lambda: not folder.exists() or not any(p.name.startswith(".upload-")
                                                               for p in folder.iterdir()))
+
+
+# -- content_publish ---------------------------------------------------------------------------------
+def png_bytes() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(out, "PNG")
+    return out.getvalue()
+
+
+TS_STREAM = (b"\x47\x40\x00\x10" + b"\xff" * 184) * 3  # three MPEG-TS packets, sync byte each 188
+
+
+@pytest.mark.parametrize("name, data, content_type, shown_as", [
+    ("page.html", b"<!DOCTYPE html><html><body>hi</body></html>", "text/html", "html"),
+    ("drawing.svg", b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"/>', "image/svg+xml", "svg"),
+    ("paper.pdf", b"%PDF-1.7\n...", "application/pdf", "pdf"),
+    ("picture.txt", png_bytes(), "image/png", "image"),  # a PNG saved as .txt still opens as an image
+    ("main.ts", b"export const answer: number = 42;\n", "text/plain", "text"),  # TypeScript, not a stream
+    ("clip.ts", TS_STREAM, "video/mp2t", "video"),
+    ("part.stl", b"solid cube\nfacet normal 0 0 1\nendsolid cube\n", "model/stl", "model"),
+    ("scene.glb", b"glTF\x02\x00\x00\x00" + b"\x00" * 16, "model/gltf-binary", "model"),
+    ("song.mp3", b"ID3\x04\x00" + b"\x00" * 20, "audio/mpeg", "audio"),
+    ("notes.md", b"# Notes\n", "text/markdown", "text"),
+])
+async def test_content_publish_registers_a_session_file_with_its_viewer(tool_ctx, store, name, data,
+                                                                         content_type, shown_as):
+    stored = await put_file(store, tool_ctx.session_id, name, data)
+    result = await tool("content_publish", tool_ctx, path=f"session_files/{tool_ctx.session_id}/{stored}",
+                        title="Look")
+    assert not result.is_error, result.content
+    assert result.files == [stored] and not result.untrusted
+    [event] = events_of(tool_ctx)
+    assert (event.file_shared.content_type, event.file_shared.viewer) == (content_type, shown_as)
+    assert event.file_shared.title == "Look" and event.file_shared.link.endswith(f"/files/{stored}")
+
+
+async def test_content_publish_refuses_what_it_cannot_show_or_cannot_find(tool_ctx, store):
+    await put_file(store, tool_ctx.session_id, "blob.dat", b"\x00\x01\x02\x03")
+    binary = await tool("content_publish", tool_ctx, path="blob.dat")
+    assert binary.is_error and "no inline view" in binary.content and "palimpsest://" in binary.content
+    missing = await tool("content_publish", tool_ctx, path="nope.html")
+    assert missing.is_error and "no file 'nope.html'" in missing.content and "blob.dat" in missing.content
+    other = await tool("content_publish", tool_ctx, path=f"session_files/{uuid.uuid4()}/blob.dat")
+    assert other.is_error and "another session" in other.content
+    escape = await tool("content_publish", tool_ctx, path="../../etc/passwd")
+    assert escape.is_error and "no file 'passwd'" in escape.content
+    assert not events_of(tool_ctx)
+
+
+# -- a simulated model using the tools through the Agent ------------------------------------------------
+@pytest.fixture(scope="module")
+async def files_agent(base_settings, store_server, compressor_server, ollama_sim, tmp_path_factory):
+    """An Agent whose default profile offers share_file and content_publish, sharing from a
+    workspace folder of its own."""
+    import json
+
+    from services.agent.app import start_agent
+
+    root = tmp_path_factory.mktemp("agent-workspace")
+    profiles = tmp_path_factory.mktemp("files-profiles") / "profiles.json"
+    profiles.write_text(json.dumps({"default": "files", "profiles": [
+        {"id": "files", "model": "qwen3.6", "context_window": 8192, "max_iterations": 4, "think_enabled": False,
+         "tools": {"agent": ["share_file", "content_publish"]}}]}))
+    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, str(profiles)),
+                       share_file_roots=(root,))
+    running = await start_agent(settings, port=0)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        yield agent_pb2_grpc.AgentStub(channel), root
+    await running.stop(0)
+
+
+async def test_a_model_shares_a_file_then_publishes_it_and_the_user_gets_both(files_agent, store, ollama_sim):
+    agent, root = files_agent
+    report = root / "report.html"
+    report.write_text("<!doctype html><title>Q3</title><p>revenue up</p>")
+    ollama_sim.script(
+        Reply(tool_calls=[("share_file", {"source": str(report)})]),
+        Reply(tool_calls=[("content_publish", {"path": "report.html", "title": "Q3 report"})]),
+        Reply(text="Here is the report."))
+    events = await run(agent, "make me the Q3 report")
+    session_id = events[0].session_id
+    assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED
+    shared = [e.file_shared for e in events if e.HasField("file_shared")]
+    link = f"palimpsest://sessions/{session_id}/files/report.html"
+    assert [(s.name, s.link, s.viewer, s.title) for s in shared] == [
+        ("report.html", link, "", ""), ("report.html", link, "html", "Q3 report")]
+    assert await file_bytes(store, session_id, "report.html") == report.read_bytes()
+
+    results = [m for m in (await full(store, session_id)).messages if m.role == "tool"]
+    assert [(m.name, list(m.files)) for m in results] == [("share_file", ["report.html"]),
+                                                          ("content_publish", ["report.html"])]
+    told = [m["content"] for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "tool"]
+    assert link in told[0] and "inline as html" in told[1]
+
+
+async def test_a_model_asking_for_a_secret_gets_a_refusal_it_can_read(files_agent, store, ollama_sim):
+    agent, _ = files_agent
+    ollama_sim.script(Reply(tool_calls=[("share_file", {"source": "/etc/shadow"})]), Reply(text="I cannot."))
+    events = await run(agent, "share /etc/shadow")
+    finished = [e.tool_finished for e in events if e.HasField("tool_finished")]
+    assert finished[0].is_error and "outside the folders" in finished[0].preview
+    assert not [e for e in events if e.HasField("file_shared")]
+    files = (await store.ListFiles(store_pb.ListFilesRequest(session_id=events[0].session_id))).files
+    assert not files

@@ -1,12 +1,14 @@
 """Reading a file of the Agent's own host for share_file, as an attacker would not like.
 
-A model's arguments are untrusted input (a prompt injection can ask for any path), so a path is
-opened only when it is absolute, holds no `..`, and its final part is not a symbolic link; what
-was opened is then judged by itself, not by its name: a regular file (no device, pipe, socket or
-folder), with one name only (a hard link can bring a file from anywhere into a folder), whose real
-path lies under one of the allowed roots, within the size cap. The copy is checked against the
-size and modification time seen at the open, so a file that changes while copied is refused, not
-shared half-written. Blocking calls: the tool runs them in a thread.
+A model's arguments are untrusted input (a prompt injection can ask for any path). A path must be
+absolute and hold no `..`; its real path must lie under one of the allowed roots and name a regular
+file, not a symbolic link, folder, device, pipe or socket — all judged before anything is opened,
+since opening a device can act. The file is then opened without following a final link and judged
+again by what was opened (the name may have been swapped meanwhile): a regular file with one name
+only (a hard link can bring a file from anywhere into a folder), really under a root, within the
+size cap. The copy is checked against the size and modification time seen at the open, so a file
+that changes while copied is refused, not shared half-written. Blocking calls: the tool runs them
+in a thread.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ def _inside(real: str, roots: Sequence[Path]) -> bool:
     return False
 
 
+def _check_kind(raw: str, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise Refused(f"{raw} is a symbolic link: share the file it points to, by its own path")
+    if stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{raw} is a folder: share its files one by one, or an archive of it")
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(f"{raw} is not a regular file (a device, pipe or socket)")
+
+
 def open_shareable(raw: str, roots: Sequence[Path], max_bytes: int) -> OpenedFile:
     """The file at `raw`, opened for reading, or Refused saying why it may not be shared."""
     if "\x00" in raw:
@@ -64,6 +75,22 @@ def open_shareable(raw: str, roots: Sequence[Path], max_bytes: int) -> OpenedFil
     if ".." in PurePosixPath(raw).parts:
         raise Refused(f"{raw!r} goes up with '..': give the file's own absolute path")
     allowed = ", ".join(str(r) for r in roots) or "none configured"
+
+    def outside(real: str) -> Refused:
+        where = f" (it resolves to {real})" if real != os.path.normpath(raw) else ""
+        return Refused(f"{raw}{where} is outside the folders files may be shared from: {allowed} "
+                       "(PALIMPSEST_SHARE_FILE_ROOTS)")
+
+    # Judged by name before anything is opened: opening a device can act (rewind a tape, arm a watchdog).
+    if not _inside(os.path.realpath(raw), roots):
+        raise outside(os.path.realpath(raw))
+    try:
+        named = os.lstat(raw)
+    except FileNotFoundError:
+        raise Refused(f"{raw} does not exist") from None
+    except OSError as exc:
+        raise Refused(f"{raw} cannot be read ({exc.strerror or exc})") from None
+    _check_kind(raw, named)
     try:
         fd = os.open(raw, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -75,16 +102,12 @@ def open_shareable(raw: str, roots: Sequence[Path], max_bytes: int) -> OpenedFil
             raise Refused(f"{raw} is a symbolic link: share the file it points to, by its own path") from None
         raise Refused(f"{raw} cannot be opened ({exc.strerror or exc})") from None
     try:
+        # Judged again by what was opened: the name may have been swapped since.
         st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise Refused(f"{raw} is a folder: share its files one by one, or an archive of it")
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{raw} is not a regular file (a device, pipe or socket)")
+        _check_kind(raw, st)
         real = _real_path(fd, raw)
         if not _inside(real, roots):
-            where = f" (it resolves to {real})" if real != os.path.normpath(raw) else ""
-            raise Refused(f"{raw}{where} is outside the folders files may be shared from: {allowed} "
-                          "(PALIMPSEST_SHARE_FILE_ROOTS)")
+            raise outside(real)
         if st.st_nlink > 1:
             raise Refused(f"{raw} has {st.st_nlink} names (hard links): copy it to a file of its own first")
         if st.st_size > max_bytes:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from services.agent.tools.base import Tool, ToolContext, ToolResult
+from services.agent.tools.content_publish import ContentPublishTool
 from services.agent.tools.image_view import ImageViewTool
 from services.agent.tools.memory_search import MemorySearchTool
 from services.agent.tools.plan import PlanTool
@@ -31,7 +32,7 @@ log = logging.getLogger("palimpsest.agent.tools")
 BUILTIN: dict[str, Tool] = {
     tool.name: tool
     for tool in (PlanTool(), TodoTool(), SpawnAgentTool(), MemorySearchTool(), SessionSearchTool(),
-                 ImageViewTool(), SwitchProfileTool(), ShareFileTool())
+                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool())
 }
 
 # Error text from a failing tool is cut here: enough to act on, never a wall of traceback.
