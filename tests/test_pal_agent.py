@@ -519,3 +519,26 @@ async def test_chat_hears_of_a_compression_after_the_answer(env, store, ollama_s
     finally:
         term.close()
     assert "Traceback" not in term.screen
+
+
+async def test_files_list_and_get_follow_a_link_without_clobbering(env, store, tmp_path):
+    session = await new_session(store, "newcomer")
+
+    async def parts():
+        yield pb.PutFileRequest(header=pb.PutFileHeader(session_id=session.id, filename="chart data.csv"))
+        yield pb.PutFileRequest(chunk=b"x,y\n1,2\n")
+
+    await store.PutFile(parts())
+    listed = await pal("files", "list", session.id, env=env)
+    assert listed.code == 0 and "chart data.csv" in listed.stdout and "text/csv" in listed.stdout
+
+    link = f"palimpsest://sessions/{session.id}/files/chart%20data.csv"
+    got = await pal("files", "get", link, "-o", str(tmp_path), env=env)
+    assert got.code == 0, got.stderr
+    assert (tmp_path / "chart data.csv").read_bytes() == b"x,y\n1,2\n"
+    again = await pal("files", "get", session.id, "chart data.csv", "-o", str(tmp_path / "chart data.csv"), env=env)
+    assert again.code != 0 and "already exists" in again.stderr and "--force" in again.stderr
+    piped = await pal("files", "get", link, "-o", "-", env=env)
+    assert piped.stdout == "x,y\n1,2\n"
+    missing = await pal("files", "get", session.id, "nope.csv", "-o", str(tmp_path), env=env)
+    assert missing.code != 0 and "nope.csv" in missing.stderr and not (tmp_path / "nope.csv").exists()

@@ -206,3 +206,15 @@ def test_the_most_recent_session_is_found_below_pinned_ones(rows, expected):
 def test_no_session_at_all_says_how_to_start_one():
     with pytest.raises(CliError, match="pal run"):
         most_recent_session(FakeStore([]))  # type: ignore[arg-type]
+
+
+def test_a_shared_file_is_one_line_with_the_command_that_fetches_it():
+    from clients.pal.render import file_line
+    from palimpsest.v1 import agent_pb2
+
+    link = "palimpsest://sessions/abc/files/report.html"
+    viewed = file_line(agent_pb2.FileShared(name="report.html", link=link, content_type="text/html", size=2048,
+                                            viewer="html", title="Q3"))
+    assert viewed.plain == f"📎 Q3 · report.html · text/html · 2,048 bytes · to view (html): pal files get {link}"
+    downloaded = file_line(agent_pb2.FileShared(name="a.zip", link=link, content_type="application/zip", size=1))
+    assert "to download: pal files get" in downloaded.plain

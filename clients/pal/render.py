@@ -149,6 +149,14 @@ def tool_card(started: agent_pb2.ToolStarted | None, finished: agent_pb2.ToolFin
     )
 
 
+def file_line(shared: agent_pb2.FileShared) -> Text:
+    """A file a tool offered: what it is, and the command that fetches it."""
+    what = f"{shared.title} · " if shared.title else ""
+    how = f"to view ({shared.viewer})" if shared.viewer else "to download"
+    return Text(f"📎 {what}{shared.name} · {shared.content_type} · {shared.size:,} bytes · {how}: "
+                f"pal files get {shared.link}", style="green")
+
+
 def compressed_tokens(event: compressor_pb2.ContextCompressed) -> int:
     """The prompt's size after a compression: the whole prompt from servers that say it."""
     return event.tokens_after or event.context_tokens
@@ -354,6 +362,9 @@ class LiveTurn:
                 self._todo = key
                 self._flush()
                 self._print(todo_card(list(event.todo_updated.items)))
+        elif kind == "file_shared":
+            self._flush()
+            self._print(file_line(event.file_shared), soft_wrap=True)
         elif kind == "error":
             self._flush()
             code = f"{event.error.code}: " if event.error.code else ""

@@ -69,9 +69,14 @@ def _signature_type(head: bytes) -> str | None:
     return None
 
 
+# Control bytes that text holds: tab, newlines, form feed, and ESC (colour codes in logs).
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\x1b")
+
+
 def _text_of(head: bytes) -> str | None:
-    """The head as text, or None when it is binary (a NUL, or bytes that are not UTF-8)."""
-    if not head or b"\x00" in head:
+    """The head as text, or None when it is binary (a control byte text never holds, or bytes
+    that are not UTF-8)."""
+    if not head or any((b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7f for b in head):
         return None
     for cut in range(4):  # the head may end inside a multi-byte character
         try:
