@@ -68,3 +68,27 @@ async def test_a_streamed_turn(agent_server, ollama_sim):
 async def test_health_check(agent_server):
     reply = json.loads(await grpcurl(agent_server.address, "grpc.health.v1.Health/Check"))
     assert reply["status"] == "SERVING"
+
+
+async def test_files_go_with_a_turn_as_the_readme_shows(store_server, agent_server, ollama_sim, profile):
+    import base64
+
+    data = base64.b64encode(b"buy milk\n").decode()
+    ollama_sim.script(Reply(text="inline read"))
+    out = await grpcurl("-d", json.dumps({"text": "what is in it?",
+                                          "inline_attachments": [{"filename": "notes.txt", "data": data}]}),
+                        agent_server.address, "palimpsest.v1.Agent/RunStream")
+    session_id = json.loads(out.split("\n}\n")[0] + "\n}")["session_id"]
+    told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
+    assert told.endswith(f"- notes.txt → session_files/{session_id}/notes.txt]")
+
+    # PutFile streams: grpcurl sends each JSON object given to -d as one message of the stream.
+    stored = json.loads(await grpcurl(
+        "-d", json.dumps({"header": {"session_id": session_id, "filename": "notes.txt"}}) + json.dumps({"chunk": data}),
+        store_server.address, "palimpsest.v1.SessionStore/PutFile"))
+    assert stored["file"]["name"] == "notes_1.txt"
+    ollama_sim.script(Reply(text="named read"))
+    await grpcurl("-d", json.dumps({"session_id": session_id, "text": "and this one?", "attachments": ["notes_1.txt"]}),
+                  agent_server.address, "palimpsest.v1.Agent/RunStream")
+    told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
+    assert told.endswith(f"- notes_1.txt → session_files/{session_id}/notes_1.txt]")
