@@ -1,34 +1,35 @@
-"""Files in the conversation: a turn's attachments, end to end through the Agent, the SessionStore on
-PostgreSQL and the Ollama simulator."""
+"""Files in the conversation: a turn's attachments and the upload policy, share_file and content_publish,
+against real files, the Agent, the SessionStore on PostgreSQL and the Ollama simulator."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import uuid
 from dataclasses import replace
 
 import grpc
 import pytest
+from PIL import Image
 
 from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.attachments import INLINE_MAX_BYTES, MAX_ATTACHMENTS
+from services.agent.events import EventSink
+from services.agent.local_files import Refused, open_shareable, read_chunk
+from services.agent.profiles import Profile
+from services.agent.tools.base import ToolContext, TurnState
+from services.agent.tools.registry import BUILTIN, execute
+from services.shared.channels import open_channel
+from services.shared.ollama import OllamaClient
 from tests.conftest import _start_store, agent_settings, bearer
 from tests.test_store_sessions import expect_status, full, new_session
 from tests.waiting import until
 
-END = pb.StreamEndReason
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
-
-
-async def run(agent, text="hello", **kw) -> list[pb.AgentEvent]:
-    return [e async for e in agent.RunStream(pb.RunStreamRequest(text=text, **kw))]
+from tests.test_agent import END, fresh_sim, run  # noqa: F401 — fresh_sim: the simulator cleared for each test
+from tests.test_agent_tools import drained
 
 
 def inline(name: str, data: bytes) -> pb.InlineAttachment:
@@ -170,14 +171,6 @@ async def _drain(call) -> None:
 
 
 # -- share_file ------------------------------------------------------------------------------------
-from services.agent.local_files import Refused, open_shareable, read_chunk  # noqa: E402
-from services.agent.tools.base import ToolContext, TurnState  # noqa: E402
-from services.agent.tools.registry import BUILTIN, execute  # noqa: E402
-from services.agent.events import EventSink  # noqa: E402
-from services.agent.profiles import Profile  # noqa: E402
-from services.shared.channels import open_channel  # noqa: E402
-from services.shared.ollama import OllamaClient  # noqa: E402
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub  # noqa: E402
 
 
 @pytest.fixture
@@ -205,10 +198,7 @@ async def tool(tool_name: str, ctx: ToolContext, **args):
 
 
 def events_of(ctx: ToolContext) -> list[pb.AgentEvent]:
-    out = []
-    while not ctx.events.queue.empty():
-        out.append(ctx.events.queue.get_nowait())
-    return out
+    return drained(ctx.events)
 
 
 async def test_share_file_copies_the_file_and_gives_its_link(tool_ctx, store, workspace):
@@ -325,10 +315,6 @@ async def test_a_file_changing_during_the_upload_leaves_nothing_in_the_session(t
 
 # -- content_publish ---------------------------------------------------------------------------------
 def png_bytes() -> bytes:
-    import io
-
-    from PIL import Image
-
     out = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 10, 10)).save(out, "PNG")
     return out.getvalue()
@@ -379,8 +365,6 @@ async def test_content_publish_refuses_what_it_cannot_show_or_cannot_find(tool_c
 async def files_agent(base_settings, store_server, compressor_server, ollama_sim, tmp_path_factory):
     """An Agent whose default profile offers share_file and content_publish, sharing from a
     workspace folder of its own."""
-    import json
-
     from services.agent.app import start_agent
 
     root = tmp_path_factory.mktemp("agent-workspace")
