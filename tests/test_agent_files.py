@@ -69,8 +69,10 @@ async def test_inline_files_start_a_session_and_the_model_is_told_where_they_are
     assert told == (f"summarize these\n\n[Uploaded files on disk:\n"
                     f"- notes.txt → session_files/{session_id}/notes.txt\n"
                     f"- data.csv → session_files/{session_id}/data.csv]")
-    shown = (await full(store, session_id)).messages[0]
+    session = await full(store, session_id)
+    shown = session.messages[0]
     assert shown.content == "summarize these" and list(shown.files) == ["notes.txt", "data.csv"]
+    assert session.untrusted_ingested
 
 
 async def test_files_uploaded_first_are_named_by_their_stored_names(agent, store, ollama_sim, profile):
@@ -397,7 +399,9 @@ async def test_a_model_shares_a_file_then_publishes_it_and_the_user_gets_both(fi
         ("report.html", link, "", ""), ("report.html", link, "html", "Q3 report")]
     assert await file_bytes(store, session_id, "report.html") == report.read_bytes()
 
-    results = [m for m in (await full(store, session_id)).messages if m.role == "tool"]
+    stored = await full(store, session_id)
+    assert stored.untrusted_ingested  # an upload is outside content, as the store rules
+    results = [m for m in stored.messages if m.role == "tool"]
     assert [(m.name, list(m.files)) for m in results] == [("share_file", ["report.html"]),
                                                           ("content_publish", ["report.html"])]
     told = [m["content"] for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "tool"]

@@ -154,6 +154,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 profile_id=profile.id, provider=PROVIDER, model=profile.model,
                 external_refs=request.external_refs))).session
         files = await self._turn_files(request, session.id)
+        if request.inline_attachments:  # storing them moved the session on (its taint): start from the store
+            session, warm = await whole_context(self.deps.store.GetSession, session.id), None
         settings = self.deps.settings
         conversation = StoredConversation(self.deps.store, session.id,
                                           vouching_metadata(settings.auth_enabled, settings.jwt_secret))

@@ -73,6 +73,11 @@ class ShareFileTool:
         except Refused as exc:
             return error(f"share_file: {exc}")
         try:
+            if ctx.update_session is not None and not ctx.untrusted:
+                # The store marks a session that takes an upload as holding outside content. Marked
+                # first through the turn, which holds the session's revision, the upload moves
+                # nothing on under it.
+                await ctx.update_session(mark_untrusted_ingested=True)
             info = await copy_to_session(ctx, opened, name)
         except Refused as exc:
             return error(f"share_file: {source}: {exc}")
