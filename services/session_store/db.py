@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from importlib import resources
@@ -29,21 +30,31 @@ async def fetch_one(conn: Connection, query: str, *args: Any) -> asyncpg.Record:
 
 
 async def commit_one(pool: asyncpg.Pool, query: str, *args: Any) -> asyncpg.Record:
-    """One statement that always returns a row, in autocommit: its answer once it has one. Handing
-    the connection back runs a reset query; when the server is going down that can fail after the
-    statement committed (asyncpg: "cannot switch to state …"), and the pool then drops the
-    connection on its own. Failing the call there would tell a writer its committed write failed."""
+    """One statement that always returns a row, in autocommit: its answer as soon as it has one.
+    The connection goes back to the pool after that, in the background: handing it back runs the
+    pool's reset query, one more round trip the caller need not wait for. When the server is going
+    down that reset can fail after the statement committed (asyncpg: "cannot switch to state …");
+    the pool then closes the connection, and the committed write's answer stands."""
     conn = await pool.acquire()
     try:
         row = await fetch_one(conn, query, *args)
     except BaseException:
         await pool.release(conn)
         raise
+    task = asyncio.get_running_loop().create_task(_release_quietly(pool, conn))
+    _releasing.add(task)  # held until done: the loop keeps only a weak reference to a task
+    task.add_done_callback(_releasing.discard)
+    return row
+
+
+_releasing: set[asyncio.Task] = set()
+
+
+async def _release_quietly(pool: asyncpg.Pool, conn: PoolConnectionProxy) -> None:
     try:
         await pool.release(conn)
-    except Exception as exc:  # the statement's answer stands; the pool has closed the connection
+    except Exception as exc:  # the pool has closed the connection
         log.info("a connection could not be reset after its statement committed (%s); closed", exc)
-    return row
 
 
 # Serializes migrations when several store replicas (or test workers) start at once.
