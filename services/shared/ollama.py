@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,16 +86,26 @@ def _error_for(status: int, body: str, model: str, host: str) -> PalimpsestError
     return Unavailable(f"Ollama at {host} answered {status}: {message}")
 
 
+# A model re-pulled under its name (another context length, new capabilities) is seen within this
+# long: cached facts older than it are read again in the background, never on a turn's path.
+FACTS_TTL_S = 60.0
+
+
 class OllamaClient:
-    def __init__(self, host: str, *, timeout: float = 600.0, connect_timeout: float = 5.0):
+    def __init__(self, host: str, *, timeout: float = 600.0, connect_timeout: float = 5.0,
+                 facts_ttl_s: float = FACTS_TTL_S):
         self.host = host.rstrip("/")
         self._http = httpx.AsyncClient(
             base_url=self.host, timeout=httpx.Timeout(timeout, connect=connect_timeout)
         )
-        self._facts: dict[str, ModelFacts] = {}
+        self._facts: dict[str, tuple[ModelFacts, float]] = {}  # by model: the facts, when read
         self._facts_lock = asyncio.Lock()
+        self._facts_ttl_s = facts_ttl_s
+        self._refreshing: dict[str, asyncio.Task] = {}
 
     async def aclose(self) -> None:
+        for task in self._refreshing.values():
+            task.cancel()
         await self._http.aclose()
 
     async def _post(self, path: str, body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -120,19 +131,36 @@ class OllamaClient:
         return response.json().get("version", "")
 
     async def model_facts(self, model: str) -> ModelFacts:
-        """Context length and capabilities from /api/show, cached per model."""
-        if model in self._facts:
-            return self._facts[model]
-        async with self._facts_lock:
-            if model not in self._facts:
-                data = await self._post("/api/show", {"model": model}, model)
-                info = data.get("model_info") or {}
-                arch = info.get("general.architecture", "")
-                length = info.get(f"{arch}.context_length") or next(
-                    (v for k, v in info.items() if k.endswith(".context_length")), 0
-                )
-                self._facts[model] = ModelFacts(model, int(length or 0), frozenset(data.get("capabilities") or ()))
-        return self._facts[model]
+        """Context length and capabilities from /api/show, cached per model; read again in the
+        background once older than the TTL (the cached facts answer meanwhile)."""
+        cached = self._facts.get(model)
+        if cached is None:
+            async with self._facts_lock:
+                if model not in self._facts:
+                    self._facts[model] = (await self._read_facts(model), time.monotonic())
+            return self._facts[model][0]
+        facts, read_at = cached
+        if time.monotonic() - read_at > self._facts_ttl_s and model not in self._refreshing:
+            task = asyncio.get_running_loop().create_task(self._refresh_facts(model))
+            self._refreshing[model] = task
+            task.add_done_callback(lambda _: self._refreshing.pop(model, None))
+        return facts
+
+    async def _refresh_facts(self, model: str) -> None:
+        try:
+            self._facts[model] = (await self._read_facts(model), time.monotonic())
+        except PalimpsestError as exc:  # the facts last read stay; tried again after the TTL
+            self._facts[model] = (self._facts[model][0], time.monotonic())
+            log.info("model facts of %s not read again: %s", model, exc)
+
+    async def _read_facts(self, model: str) -> ModelFacts:
+        data = await self._post("/api/show", {"model": model}, model)
+        info = data.get("model_info") or {}
+        arch = info.get("general.architecture", "")
+        length = info.get(f"{arch}.context_length") or next(
+            (v for k, v in info.items() if k.endswith(".context_length")), 0
+        )
+        return ModelFacts(model, int(length or 0), frozenset(data.get("capabilities") or ()))
 
     async def show(self, model: str, *, verbose: bool = False) -> dict[str, Any]:
         """/api/show; ``verbose`` fills the GGUF tokenizer arrays (about 13 MB for a 248k vocabulary)."""
