@@ -535,10 +535,16 @@ async def answer_while(agent, store, ollama_sim, session_id: str, meanwhile) -> 
         release.wait(30)  # the simulator's handler thread holds the answer until the other write is in
         return Reply(text="the held answer")
 
+    async def question_stored() -> bool:
+        return "a question" in [m.content for m in (await full(store, session_id)).messages]
+
     ollama_sim.set_responder(responder)
     try:
         turn = asyncio.ensure_future(run(agent, "a question", session_id=session_id))
         assert await asyncio.to_thread(asked.wait, 30)
+        # The question is stored while the model starts: the other write comes after it, so it
+        # meets the turn's answer (before, the turn would reload and ask the model again).
+        assert await until(question_stored)
         await meanwhile()
         release.set()
         return await turn

@@ -152,6 +152,17 @@ def _expected(request) -> int | None:
     return request.expected_revision if request.HasField("expected_revision") else None
 
 
+async def _begun(starting):
+    """An upload whose temp file a thread is creating: if the call is cancelled meanwhile, the thread
+    still finishes, and the upload it made is dropped then instead of left behind on disk."""
+    task = asyncio.ensure_future(starting)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda done: done.cancelled() or done.exception() or done.result().abort())
+        raise
+
+
 class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     def __init__(self, repo: SessionRepository, files: FileStore, settings: Settings,
                  memory_index: MemoryIndex | None = None, bus: SessionBus | None = None):
@@ -606,7 +617,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             return pb.PutFileResponse(file=_file_info(info), deduplicated=deduplicated)
         if not header.filename:
             raise InvalidArgument("header.filename", "required")
-        upload = await asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename)
+        upload = await _begun(asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename))
         written = 0
         try:
             async for part in request_iterator:
