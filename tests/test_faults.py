@@ -345,8 +345,10 @@ async def test_sigterm_on_the_store_refuses_new_calls_and_lets_the_one_in_flight
     assert len((await append).seqs) == 1
     assert await asyncio.to_thread(system.store.proc.wait, GRACE_S + 10) == 0
     await system.store.start()
+    # This channel may still be backing off from the refused connections of the restart: wait for it.
     stored = (await store.GetSession(store_pb.GetSessionRequest(session_id=session.id,
-                                                                view=store_pb.SESSION_VIEW_FULL))).session
+                                                                view=store_pb.SESSION_VIEW_FULL),
+                                     wait_for_ready=True, timeout=30)).session
     assert [m.content for m in stored.messages] == ["in flight"]
 
 
