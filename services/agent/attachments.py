@@ -76,14 +76,16 @@ async def store_attachments(store: SessionStoreStub, session_id: str,
                 raise NotFound(f"attachments[{i}]: session {session_id} has no file {name!r}; upload it with "
                                "PutFile first (ListFiles lists what it has)")
     for f in request.inline_attachments:
-        reply = await store.PutFile(_upload(session_id, f.filename, f.data))
+        header = store_pb.PutFileHeader(session_id=session_id, filename=f.filename)
+        reply = await store.PutFile(upload_requests(header, f.data))
         if reply.file.name not in names:
             names.append(reply.file.name)
     return names
 
 
-async def _upload(session_id: str, filename: str, data: bytes) -> AsyncIterator[store_pb.PutFileRequest]:
-    yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, filename=filename))
+async def upload_requests(header: store_pb.PutFileHeader, data: bytes) -> AsyncIterator[store_pb.PutFileRequest]:
+    """Bytes held in memory as PutFile's stream: the header, then pieces of UPLOAD_CHUNK."""
+    yield store_pb.PutFileRequest(header=header)
     for start in range(0, len(data), UPLOAD_CHUNK):
         yield store_pb.PutFileRequest(chunk=data[start:start + UPLOAD_CHUNK])
 

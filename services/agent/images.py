@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.agent.attachments import uploads_notice
+from services.agent.attachments import upload_requests, uploads_notice
 from services.shared.errors import PalimpsestError
 from services.shared.image_tokens import image_tokens
 
@@ -66,14 +66,9 @@ def notice(paths: Sequence[str | None], sent: int) -> str:
 
 
 async def _store_image(target: ImageTarget, data: bytes) -> str | None:
-    async def parts():
-        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=target.session_id,
-                                                                    kind=store_pb.FILE_KIND_IMAGE))
-        for i in range(0, len(data), 1 << 20):
-            yield store_pb.PutFileRequest(chunk=data[i:i + (1 << 20)])
-
+    header = store_pb.PutFileHeader(session_id=target.session_id, kind=store_pb.FILE_KIND_IMAGE)
     try:
-        reply = await target.store.PutFile(parts())
+        reply = await target.store.PutFile(upload_requests(header, data))
         return reply.file.path
     except PalimpsestError as exc:
         # A picture that cannot be stored never costs the turn.

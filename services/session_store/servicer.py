@@ -159,7 +159,11 @@ async def _begun(starting):
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        task.add_done_callback(lambda done: done.cancelled() or done.exception() or done.result().abort())
+        def drop(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is None:
+                done.result().abort()
+
+        task.add_done_callback(drop)
         raise
 
 
