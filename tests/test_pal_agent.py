@@ -7,6 +7,7 @@ import asyncio
 import codecs
 import fcntl
 import io
+import json
 import os
 import pty
 import re
@@ -23,6 +24,7 @@ from PIL import Image
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
 from ollama_sim import Reply
+from tests.relay import Relay
 from test_pal import CLOSED, PAL, chat_messages, new_session, pal, pal_env
 from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
 
@@ -83,7 +85,7 @@ async def test_run_json_prints_one_parseable_event_per_line(env):
     ran = await pal("run", "--json", "Say hello", env=env)
     assert ran.code == 0, ran.stderr
     events = ran.json_lines()
-    kinds = [next(k for k in e if k not in ("session_id", "seq", "is_subagent", "extra")) for e in events]
+    kinds = [next(k for k in e if k not in ("session_id", "seq", "is_subagent", "turn_id", "extra")) for e in events]
     assert {"model_info", "text_delta", "usage"} <= set(kinds)
     assert kinds[-1] == "stream_end" and events[-1]["stream_end"]["reason"] == COMPLETED
     assert events[-1]["stream_end"]["text"] == "Simulated answer to: Say hello"
@@ -542,3 +544,32 @@ async def test_files_list_and_get_follow_a_link_without_clobbering(env, store, t
     assert piped.stdout == "x,y\n1,2\n"
     missing = await pal("files", "get", session.id, "nope.csv", "-o", str(tmp_path), env=env)
     assert missing.code != 0 and "nope.csv" in missing.stderr and not (tmp_path / "nope.csv").exists()
+
+
+# -- a dropped connection -----------------------------------------------------------------------------
+async def test_run_resumes_the_turn_after_the_connection_to_the_agent_drops(agent_server, store_server,
+                                                                             compressor_server, store, ollama_sim):
+    """The network between pal and the Agent is cut mid-answer and comes back: pal picks the turn up
+    where its screen left off, and the answer is shown whole, each part once."""
+    host, port = agent_server.address.rsplit(":", 1)
+    relay = Relay((host, int(port)))
+    await relay.start()
+    answer = "".join(f"line {i}\n" for i in range(60))
+    ollama_sim.set_responder(lambda body: Reply(text=answer, chunk_delay=0.05))
+    env = pal_env(store=store_server.address, agent=f"127.0.0.1:{relay.port}", compressor=compressor_server.address)
+    proc = await start_pal("run", "--json", "count to sixty", env=env)
+    shown = ""
+    while shown.count("text_delta") < 5:  # a few words of the answer are on screen
+        shown += await read_until(proc.stdout, "text_delta")
+    await relay.cut()  # every connection reset, nothing listening for a moment
+    await relay.start()
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert "resuming the turn" in err.decode() and "Traceback" not in err.decode()
+    events = [json.loads(line) for line in (shown + out.decode()).splitlines() if line.strip()]
+    assert [int(e["seq"]) for e in events] == list(range(1, len(events) + 1))  # none missed, none twice
+    text = "".join(e["text_delta"]["text"] for e in events if "text_delta" in e)
+    assert text == answer and events[-1]["stream_end"]["reason"] == COMPLETED
+    session_id = events[0]["session_id"]
+    assert [m.content for m in await display(store, session_id)] == ["count to sixty", answer]

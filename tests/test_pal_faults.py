@@ -33,7 +33,7 @@ for _added in [h for h in logging.getLogger().handlers if h not in _ROOT_HANDLER
     logging.getLogger().removeHandler(_added)
 from grpc_health.v1 import health_pb2
 
-from clients.pal import cli, connection
+from clients.pal import cli, connection, streaming
 from clients.pal.commands.info import HEALTH_TIMEOUT_S
 from clients.pal.connection import UNARY_TIMEOUT_S
 from clients.pal.errors import EXIT_NOPERM, EXIT_TEMPFAIL, EXIT_UNAVAILABLE
@@ -46,6 +46,7 @@ STORE = store_pb.DESCRIPTOR.services_by_name["SessionStore"]
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 RUN_STREAM = AGENT.methods_by_name["RunStream"]
 STOP = AGENT.methods_by_name["Stop"]
+RESUME_STREAM = AGENT.methods_by_name["ResumeStream"]
 LIST_SESSIONS = STORE.methods_by_name["ListSessions"]
 CHECK = HEALTH.methods_by_name["Check"]
 LIST_PROFILES = AGENT.methods_by_name["ListProfiles"]
@@ -317,6 +318,92 @@ def test_chat_goes_on_in_the_same_session_after_a_turn_is_cut(pal):
     assert f"error: the turn was interrupted: lost the connection to the Agent at 127.0.0.1:50053: did it stop? " \
            f"· what the session kept: pal sessions show {SESSION}" in err
     assert "Traceback" not in err and code == 0
+
+
+# -- a stream cut mid-turn, resumed (events that name their turn: an Agent with ResumeStream) ----------
+TURN = "7d1e2f3a4b5c6d7e8f9a0b1c2d3e4f50"
+
+
+def turn_events(events: list[pb.AgentEvent]) -> list[pb.AgentEvent]:
+    for e in events:
+        e.turn_id = TURN
+    return events
+
+
+def rest_of_answer() -> list[pb.AgentEvent]:
+    return turn_events([event(4, text_delta=pb.TextDelta(text=", and its end.")),
+                        stream_end(5, text="The first half of the answer\nand a line still being written, and its end.")])
+
+
+@pytest.fixture
+def quick_resume(monkeypatch):
+    monkeypatch.setattr(streaming, "RESUME_WAITS_S", (0.0, 0.0, 0.0))
+
+
+def test_a_stream_cut_mid_turn_is_resumed_from_the_last_event_shown(pal, quick_resume):
+    def cut_then_resume(services: Services) -> None:
+        _, rpc = services.take_stream()
+        services.send(rpc, turn_events(answer_start()))
+        rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        request, resumed = services.take_stream(RESUME_STREAM)
+        assert (request.session_id, request.turn_id, request.after_seq) == (SESSION, TURN, 3)
+        services.send(resumed, rest_of_answer())
+        resumed.terminate((), grpc.StatusCode.OK, "")
+
+    code, out, err = pal("run", "--json", "write me an answer", server=cut_then_resume)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["seq"] for e in events] == ["1", "2", "3", "4", "5"]  # each shown once, in order
+    assert events[-1]["stream_end"]["text"].endswith("and its end.")
+    assert "resuming the turn" in err and "Traceback" not in err and code == 0
+
+
+def test_a_resume_that_cannot_reach_the_agent_tries_again_then_says_the_turn_was_interrupted(pal, quick_resume):
+    def cut_and_gone(services: Services) -> None:
+        _, rpc = services.take_stream()
+        services.send(rpc, turn_events(answer_start()))
+        rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        for _ in streaming.RESUME_WAITS_S:
+            _, resumed = services.take_stream(RESUME_STREAM)
+            resumed.terminate((), grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+
+    code, out, err = pal("run", "write me an answer", server=cut_and_gone)
+    assert "still being written" in out and "resuming the turn" in out
+    one_line(err, "interrupted", "lost the connection to the Agent", f"pal sessions show {SESSION}")
+    assert code == EXIT_UNAVAILABLE
+
+
+def test_a_turn_the_agent_no_longer_keeps_is_an_interrupted_turn_saying_why(pal, quick_resume):
+    def cut_and_forgotten(services: Services) -> None:
+        _, rpc = services.take_stream()
+        services.send(rpc, turn_events(answer_start()))
+        rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        _, resumed = services.take_stream(RESUME_STREAM)
+        resumed.terminate((), grpc.StatusCode.NOT_FOUND, f"turn {TURN} of session {SESSION} is not kept by this Agent")
+
+    code, out, err = pal("run", "write me an answer", server=cut_and_forgotten)
+    assert "resuming the turn" in out
+    one_line(err, "interrupted", "resuming it: ", "is not kept by this Agent", f"pal sessions show {SESSION}")
+    assert code == EXIT_UNAVAILABLE
+
+
+def test_ctrl_c_after_a_resume_stops_the_resumed_turn(pal, quick_resume, terminal):
+    def cut_resume_and_stop(services: Services) -> None:
+        _, rpc = services.take_stream()
+        services.send(rpc, turn_events(answer_start()))
+        rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        _, resumed = services.take_stream(RESUME_STREAM)
+        services.send(resumed, turn_events([event(4, text_delta=pb.TextDelta(text=" and more"))]))
+        assert terminal.shows("and more")  # rendered: pal waits for the next event
+        ctrl_c()
+        request, stop = services.take_unary(STOP)
+        assert request.session_id == SESSION
+        stop.terminate(pb.StopResponse(stopped=True), (), grpc.StatusCode.OK, "")
+        services.send(resumed, turn_events([stream_end(5, reason=pb.STREAM_END_REASON_STOPPED)]))
+        resumed.terminate((), grpc.StatusCode.OK, "")
+
+    code, _, err = pal("run", "write me an answer", server=cut_resume_and_stop, screen=terminal)
+    assert "stopping the turn" in terminal.getvalue()
+    assert "Traceback" not in err and code == 130
 
 
 # -- each failure status, in the user's words ---------------------------------------------------------

@@ -26,7 +26,7 @@ STREAM_END_REASON_CONTEXT_TOO_LARGE: StreamEndReason
 STREAM_END_REASON_ERROR: StreamEndReason
 
 class RunStreamRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class RunStreamRequest(_message.Message):
     EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
     ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
+    STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -43,10 +44,11 @@ class RunStreamRequest(_message.Message):
     external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
     attachments: _containers.RepeatedScalarFieldContainer[str]
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ...) -> None: ...
+    stop_on_disconnect: bool
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +57,7 @@ class RunRequest(_message.Message):
     EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
     ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
+    STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -63,7 +66,8 @@ class RunRequest(_message.Message):
     external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
     attachments: _containers.RepeatedScalarFieldContainer[str]
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ...) -> None: ...
+    stop_on_disconnect: bool
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ...) -> None: ...
 
 class InlineAttachment(_message.Message):
     __slots__ = ("filename", "data")
@@ -126,6 +130,16 @@ class WatchSessionRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ResumeStreamRequest(_message.Message):
+    __slots__ = ("session_id", "turn_id", "after_seq")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    turn_id: str
+    after_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., turn_id: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
 
 class StopRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -330,10 +344,11 @@ class ErrorEvent(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AgentEvent(_message.Message):
-    __slots__ = ("session_id", "seq", "is_subagent", "text_delta", "thinking_delta", "thinking_end", "tool_started", "tool_finished", "model_info", "usage", "compression_started", "context_compressed", "planning_status", "plan_ready", "todo_updated", "stream_end", "error", "turn_started", "session_renamed", "file_shared", "extra")
+    __slots__ = ("session_id", "seq", "is_subagent", "turn_id", "text_delta", "thinking_delta", "thinking_end", "tool_started", "tool_finished", "model_info", "usage", "compression_started", "context_compressed", "planning_status", "plan_ready", "todo_updated", "stream_end", "error", "turn_started", "session_renamed", "file_shared", "extra")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     IS_SUBAGENT_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
     THINKING_DELTA_FIELD_NUMBER: _ClassVar[int]
     THINKING_END_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +370,7 @@ class AgentEvent(_message.Message):
     session_id: str
     seq: int
     is_subagent: bool
+    turn_id: str
     text_delta: TextDelta
     thinking_delta: ThinkingDelta
     thinking_end: ThinkingEnd
@@ -373,4 +389,4 @@ class AgentEvent(_message.Message):
     session_renamed: SessionRenamed
     file_shared: FileShared
     extra: _struct_pb2.Struct
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., is_subagent: _Optional[bool] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., thinking_delta: _Optional[_Union[ThinkingDelta, _Mapping]] = ..., thinking_end: _Optional[_Union[ThinkingEnd, _Mapping]] = ..., tool_started: _Optional[_Union[ToolStarted, _Mapping]] = ..., tool_finished: _Optional[_Union[ToolFinished, _Mapping]] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., compression_started: _Optional[_Union[_compressor_pb2.CompressionStarted, _Mapping]] = ..., context_compressed: _Optional[_Union[_compressor_pb2.ContextCompressed, _Mapping]] = ..., planning_status: _Optional[_Union[PlanningStatus, _Mapping]] = ..., plan_ready: _Optional[_Union[PlanReady, _Mapping]] = ..., todo_updated: _Optional[_Union[TodoUpdated, _Mapping]] = ..., stream_end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStarted, _Mapping]] = ..., session_renamed: _Optional[_Union[SessionRenamed, _Mapping]] = ..., file_shared: _Optional[_Union[FileShared, _Mapping]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., is_subagent: _Optional[bool] = ..., turn_id: _Optional[str] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., thinking_delta: _Optional[_Union[ThinkingDelta, _Mapping]] = ..., thinking_end: _Optional[_Union[ThinkingEnd, _Mapping]] = ..., tool_started: _Optional[_Union[ToolStarted, _Mapping]] = ..., tool_finished: _Optional[_Union[ToolFinished, _Mapping]] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., compression_started: _Optional[_Union[_compressor_pb2.CompressionStarted, _Mapping]] = ..., context_compressed: _Optional[_Union[_compressor_pb2.ContextCompressed, _Mapping]] = ..., planning_status: _Optional[_Union[PlanningStatus, _Mapping]] = ..., plan_ready: _Optional[_Union[PlanReady, _Mapping]] = ..., todo_updated: _Optional[_Union[TodoUpdated, _Mapping]] = ..., stream_end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStarted, _Mapping]] = ..., session_renamed: _Optional[_Union[SessionRenamed, _Mapping]] = ..., file_shared: _Optional[_Union[FileShared, _Mapping]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...

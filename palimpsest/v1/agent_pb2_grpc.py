@@ -65,6 +65,11 @@ class AgentStub:
                 request_serializer=palimpsest_dot_v1_dot_agent__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_agent__pb2.AgentEvent.FromString,
                 _registered_method=True)
+        self.ResumeStream = channel.unary_stream(
+                '/palimpsest.v1.Agent/ResumeStream',
+                request_serializer=palimpsest_dot_v1_dot_agent__pb2.ResumeStreamRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_agent__pb2.AgentEvent.FromString,
+                _registered_method=True)
         self.ListProfiles = channel.unary_unary(
                 '/palimpsest.v1.Agent/ListProfiles',
                 request_serializer=palimpsest_dot_v1_dot_agent__pb2.ListProfilesRequest.SerializeToString,
@@ -77,7 +82,10 @@ class AgentServicer:
     """
 
     def RunStream(self, request, context):
-        """One turn; events stream as they happen. Cancelling the call stops the turn cooperatively.
+        """One turn; events stream as they happen. The turn outlives its call: once the first event is
+        sent (it names the session and the turn), a client that goes away leaves the turn running, and
+        ResumeStream picks it up again. Stop ends a turn (or stop_on_disconnect asks for the old way).
+        A call cancelled before its first event ends the turn it started.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,6 +128,18 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeStream(self, request, context):
+        """A turn's events after `after_seq`, as its own stream carried them, then live to its
+        stream_end: for a client whose RunStream (or an earlier ResumeStream) was cut. A turn's events
+        are kept while it runs and for PALIMPSEST_STREAM_KEEP_S after it ends (within
+        PALIMPSEST_STREAM_KEEP_MB for all turns). NOT_FOUND when none is kept; OUT_OF_RANGE naming
+        after_seq when the events after it are no longer all kept (the session's history has what
+        the turn stored). Any client that may read the session may resume its turns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListProfiles(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -157,6 +177,11 @@ def add_AgentServicer_to_server(servicer, server):
             'WatchSession': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchSession,
                     request_deserializer=palimpsest_dot_v1_dot_agent__pb2.WatchSessionRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_agent__pb2.AgentEvent.SerializeToString,
+            ),
+            'ResumeStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ResumeStream,
+                    request_deserializer=palimpsest_dot_v1_dot_agent__pb2.ResumeStreamRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_agent__pb2.AgentEvent.SerializeToString,
             ),
             'ListProfiles': grpc.unary_unary_rpc_method_handler(
@@ -327,6 +352,33 @@ class Agent:
             target,
             '/palimpsest.v1.Agent/WatchSession',
             palimpsest_dot_v1_dot_agent__pb2.WatchSessionRequest.SerializeToString,
+            palimpsest_dot_v1_dot_agent__pb2.AgentEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/palimpsest.v1.Agent/ResumeStream',
+            palimpsest_dot_v1_dot_agent__pb2.ResumeStreamRequest.SerializeToString,
             palimpsest_dot_v1_dot_agent__pb2.AgentEvent.FromString,
             options,
             channel_credentials,

@@ -21,11 +21,18 @@ class EventSink:
     _seq: list[int] = field(default_factory=lambda: [0])  # shared with sub-sinks: one numbering per turn
     # Copies every event to the session's watchers (WatchSession), when set.
     publish: Callable[[AgentEvent], None] | None = None
+    # Shared with sub-sinks: False once the turn's own stream has gone (its events then go only to
+    # watchers and the turn's log, for ResumeStream).
+    _streaming: list[bool] = field(default_factory=lambda: [True])
+    # The turn the events belong to (their seqs count within it): what a client resumes by.
+    turn_id: str = ""
 
     def emit(self, **kind) -> AgentEvent:
         self._seq[0] += 1
-        event = AgentEvent(session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent, **kind)
-        self.queue.put_nowait(event)
+        event = AgentEvent(session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent,
+                           turn_id=self.turn_id, **kind)
+        if self._streaming[0]:
+            self.queue.put_nowait(event)
         if self.publish is not None:
             self.publish(event)
         return event
@@ -33,13 +40,17 @@ class EventSink:
     def announce(self, **kind) -> AgentEvent:
         """An event for the session's watchers only: the turn's own stream does not carry it, and
         it takes no number of the turn's (seq 0)."""
-        event = AgentEvent(session_id=self.session_id, is_subagent=self.is_subagent, **kind)
+        event = AgentEvent(session_id=self.session_id, is_subagent=self.is_subagent, turn_id=self.turn_id, **kind)
         if self.publish is not None:
             self.publish(event)
         return event
 
     def for_subagent(self) -> "EventSink":
-        return EventSink(self.session_id, self.queue, True, self._seq, self.publish)
+        return EventSink(self.session_id, self.queue, True, self._seq, self.publish, self._streaming, self.turn_id)
+
+    def detach(self) -> None:
+        """The turn's own stream has gone: stop queueing for it (the turn runs on)."""
+        self._streaming[0] = False
 
     def text(self, text: str) -> None:
         self.emit(text_delta=pb.TextDelta(text=text))

@@ -19,6 +19,7 @@ from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
 from services.agent.turn import AgentDeps, Turn, TurnInput
+from services.agent.turn_logs import TurnLogs
 from services.agent.replica_bus import ReplicaBus
 from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
@@ -88,15 +89,24 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self.claims = TurnClaims(deps.store, deps.settings.turn_claim_ttl_s, self.replica) \
             if deps.settings.turn_claims else None
         self._watchers = SessionWatchers()  # WatchSession's clients, by session
+        # Each turn's events, for the client that lost its stream (ResumeStream).
+        self.turn_logs = TurnLogs(deps.settings.stream_keep_s, deps.settings.stream_keep_bytes)
         # Across replicas (when on): Stop and the watchers' events travel through the store.
-        self.bus = ReplicaBus(deps.store, self.replica, deliver=self._watchers.publish, stop_here=self.sessions.stop) \
+        self.bus = ReplicaBus(deps.store, self.replica, deliver=self._heard, stop_here=self.sessions.stop) \
             if deps.settings.replica_events else None
 
     def _publish(self, event: pb.AgentEvent) -> None:
-        """A turn's event to the session's watchers: here, and (bus on) on every other replica."""
+        """A turn's event to its log and the session's watchers: here, and (bus on) on every other
+        replica."""
+        self.turn_logs.record(event, local=True)
         self._watchers.publish(event)
         if self.bus is not None:
             self.bus.publish(event)
+
+    def _heard(self, event: pb.AgentEvent) -> None:
+        """Another replica's turn's event: to its log and this replica's watchers."""
+        self.turn_logs.record(event, local=False)
+        self._watchers.publish(event)
 
     def _metadata(self, context) -> tuple[tuple[str, str], ...]:
         identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
@@ -161,7 +171,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                                           vouching_metadata(settings.auth_enabled, settings.jwt_secret))
         conversation.adopt(session)
         conversation.from_cache = warm is not None
-        sink = EventSink(session.id, publish=self._publish)
+        sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
@@ -180,8 +190,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                     await self.deps.store.DeleteSession(store_pb.DeleteSessionRequest(session_id=session_id))
             raise
 
-    async def _drive(self, turn: Turn, turn_input: TurnInput):
-        """Run the turn under the session lock; yields its events until stream_end."""
+    async def _drive(self, turn: Turn, turn_input: TurnInput, stop_on_disconnect: bool):
+        """Run the turn under the session lock; yields its events until stream_end. A caller that
+        goes away once it has the first event (the session and turn to resume by) leaves the turn
+        running, unless it asked otherwise."""
         holder, elsewhere = await self._hold(turn.session_id)
         self.sessions.started(turn.session_id, turn)
         turn.sink.announce(turn_started=pb.TurnStarted(text=turn_input.text[:200]))
@@ -197,22 +209,26 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 await self.sessions.post_turn(turn.session_id, turn.post_turn())
                 await self._keep_warm(turn)
             finally:
+                self.turn_logs.ended(turn.sink.turn_id)
                 await self._let_go(turn.session_id, holder)
 
         task = asyncio.create_task(work())
         self.deps.post_turn_tasks.add(task)
         task.add_done_callback(self.deps.post_turn_tasks.discard)
-        finished = False
+        finished = sent = False
         try:
             while True:
                 event = await turn.sink.queue.get()
                 yield event
+                sent = True
                 if event.HasField("stream_end") and not event.is_subagent:
                     finished = True
                     return
         finally:
             if not finished:
-                turn.stop.set()  # the client went away: end the turn cooperatively
+                turn.sink.detach()
+                if stop_on_disconnect or not sent:
+                    turn.stop.set()  # end the turn cooperatively: partial text saved
 
     async def _hold(self, session_id: str) -> tuple[str, bool]:
         """The session to one turn: in this process, then (with claims on) across replicas. (The
@@ -233,13 +249,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     async def RunStream(self, request, context):
         turn, turn_input = await self._open_turn(request, context)
-        async for event in self._drive(turn, turn_input):
+        async for event in self._drive(turn, turn_input, request.stop_on_disconnect):
             yield event
 
     async def Run(self, request, context):
         turn, turn_input = await self._open_turn(request, context)
         text, reason = "", pb.STREAM_END_REASON_UNSPECIFIED
-        async for event in self._drive(turn, turn_input):
+        async for event in self._drive(turn, turn_input, request.stop_on_disconnect):
             if event.HasField("stream_end") and not event.is_subagent:
                 text, reason = event.stream_end.text, event.stream_end.reason
             elif event.HasField("error") and not event.is_subagent and event.error.code == "UNAVAILABLE":
@@ -280,7 +296,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session_id=request.session_id))).session
         profile = self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
         window = profile.window(self.deps.settings.ollama_num_ctx)
-        sink = EventSink(session.id, publish=self._publish)
+        sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
         self.sessions.forget_warm(session.id)
         holder, _ = await self._hold(session.id)
         try:
@@ -294,9 +310,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 raise FailedPrecondition(f"nothing to compact: {exc}") from None
             except Aborted as exc:  # the Compressor's commit lost to a turn's write
                 raise conflict(exc) from None
+            sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
         finally:
+            self.turn_logs.ended(sink.turn_id)
             await self._let_go(session.id, holder)
-        sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
         yield sink.queue.get_nowait()
 
     async def Stop(self, request, context):
@@ -331,6 +348,20 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 yield await queue.get()
         finally:
             self._watchers.unsubscribe(request.session_id, queue)
+
+    async def ResumeStream(self, request, context):
+        self._metadata(context)
+        if not request.session_id:
+            raise InvalidArgument("session_id", "required")
+        if request.after_seq < 0:
+            raise InvalidArgument("after_seq", "must not be negative")
+        # Who may read the session may resume its turns: the store answers for the caller.
+        await self.deps.store.GetSession(store_pb.GetSessionRequest(
+            session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+        log = self.turn_logs.find(request.session_id, request.turn_id)
+        log.check(request.after_seq)  # before the stream begins: a refusal is the call's status
+        async for event in log.follow(request.after_seq, silence_s=self.turn_logs.silence_s(log)):
+            yield event
 
     async def ListProfiles(self, request, context):
         self._metadata(context)

@@ -45,6 +45,16 @@ class FailedPrecondition(PalimpsestError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class OutOfRange(PalimpsestError):
+    """A position past what exists or is kept; the message names the field."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
 class Unavailable(PalimpsestError):
     """A dependency is down; the message carries its address."""
 

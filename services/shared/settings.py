@@ -116,6 +116,10 @@ class Settings:
     # Stop and WatchSession across Agent replicas, through the store's session bus (PostgreSQL
     # LISTEN/NOTIFY): every event of every turn is published once more, so off for one Agent.
     replica_events: bool = False
+    # A turn's events kept for ResumeStream: while it runs and this long after it ends, and all
+    # turns' together within stream_keep_bytes (ended turns go first).
+    stream_keep_s: float = 300.0
+    stream_keep_bytes: int = 64 * 1024 * 1024
     # share_file: the Agent's local folders files may be copied from, and its own size cap.
     share_file_roots: tuple[Path, ...] = field(default_factory=lambda: (default_data_dir() / "workspace",))
     share_file_max_bytes: int = 1024 * 1024 * 1024
@@ -191,6 +195,8 @@ class Settings:
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
             turn_claims=_env_bool("PALIMPSEST_TURN_CLAIMS", False),
             replica_events=_env_bool("PALIMPSEST_REPLICA_EVENTS", False),
+            stream_keep_s=_env_float("PALIMPSEST_STREAM_KEEP_S", 300.0),
+            stream_keep_bytes=_env_int("PALIMPSEST_STREAM_KEEP_MB", 64) * 1024 * 1024,
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
             share_file_roots=_share_file_roots(_env("PALIMPSEST_SHARE_FILE_ROOTS", ""), data_dir),
             share_file_max_bytes=_env_int("SHARE_FILE_MAX_SIZE_MB", 1024) * 1024 * 1024,

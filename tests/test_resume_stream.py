@@ -1,0 +1,210 @@
+"""Turns that outlive their client's connection: a client that goes away leaves the turn running,
+ResumeStream replays what it missed and follows the turn to its stream_end, on this Agent or (with
+the session bus) on another replica. Real Agents, the store on PostgreSQL, the simulator over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from ollama_sim import Reply
+from tests.conftest import agent_settings
+from tests.test_agent import end_of, text_of
+from tests.test_store_sessions import expect_status, full
+from tests.test_turn_claims import two_agents
+from tests.waiting import until
+
+END = pb.StreamEndReason
+WORDS = " ".join(f"w{i}" for i in range(60))
+
+
+@pytest.fixture(autouse=True)
+def fresh_sim(ollama_sim):
+    ollama_sim.clear()
+    ollama_sim.set_responder(None)
+    yield
+
+
+async def leave_after(agent, texts: int, **request) -> list[pb.AgentEvent]:
+    """A RunStream whose client goes away after `texts` text deltas: the events it had."""
+    call = agent.RunStream(pb.RunStreamRequest(**request))
+    seen: list[pb.AgentEvent] = []
+    async for event in call:
+        seen.append(event)
+        if sum(e.HasField("text_delta") for e in seen) == texts:
+            call.cancel()
+            break
+    return seen
+
+
+async def resume(agent, session_id: str, turn_id: str = "", after_seq: int = 0) -> list[pb.AgentEvent]:
+    return [e async for e in agent.ResumeStream(pb.ResumeStreamRequest(
+        session_id=session_id, turn_id=turn_id, after_seq=after_seq), timeout=60)]
+
+
+async def stored_answer(store, session_id: str) -> str:
+    async def answered() -> bool:
+        messages = (await full(store, session_id)).messages
+        return len(messages) == 2 and messages[-1].role == "assistant"
+
+    assert await until(answered, 60)
+    last = (await full(store, session_id)).messages[-1]
+    assert "partial" not in last.metadata or last.metadata["partial"] is False
+    return last.content
+
+
+def assert_continues(before: list[pb.AgentEvent], after: list[pb.AgentEvent]) -> None:
+    """The resumed events are exactly the ones missed: one turn, numbered on without a gap or a repeat."""
+    whole = before + after
+    assert [e.seq for e in whole] == list(range(1, len(whole) + 1))
+    assert len({e.turn_id for e in whole}) == 1 and whole[0].turn_id
+
+
+async def test_a_client_that_goes_away_leaves_the_turn_running_and_resumes_it(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text=WORDS, chunk_delay=0.02))
+    before = await leave_after(agent, 3, text="count for me")
+    session_id, turn_id = before[0].session_id, before[0].turn_id
+    after = await resume(agent, session_id, turn_id, before[-1].seq)
+    assert_continues(before, after)
+    assert end_of(after).reason == END.STREAM_END_REASON_COMPLETED
+    assert text_of(before + after) == WORDS == end_of(after).text
+    assert await stored_answer(store, session_id) == WORDS  # the whole answer, not a partial one
+    # Once more from the start, now that the turn has ended: the same events.
+    again = await resume(agent, session_id, after_seq=0)
+    assert [e.SerializeToString() for e in again] == [e.SerializeToString() for e in before + after]
+
+
+async def test_a_resume_after_the_end_replays_and_a_resume_at_the_end_is_empty(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text="short answer"))
+    events = [e async for e in agent.RunStream(pb.RunStreamRequest(text="hi"))]
+    session_id, turn_id = events[0].session_id, events[0].turn_id
+    assert await resume(agent, session_id, turn_id, events[-1].seq) == []
+    tail = await resume(agent, session_id, turn_id, events[-1].seq - 2)
+    assert tail == events[-2:]
+
+
+async def test_stop_ends_a_turn_whose_client_went_away(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text=WORDS, chunk_delay=0.2))
+    before = await leave_after(agent, 1, text="a slow one")
+    session_id = before[0].session_id
+    assert (await agent.Stop(pb.StopRequest(session_id=session_id))).stopped
+    after = await resume(agent, session_id, before[0].turn_id, before[-1].seq)
+    assert end_of(after).reason == END.STREAM_END_REASON_STOPPED
+    messages = (await full(store, session_id)).messages
+    assert messages[-1].metadata["partial"] is True and "w59" not in messages[-1].content
+
+
+async def test_stop_on_disconnect_stops_the_turn_and_keeps_partial_text(agent, store, ollama_sim):
+    ollama_sim.script(Reply(text=WORDS, chunk_delay=0.2))
+    before = await leave_after(agent, 1, text="count", stop_on_disconnect=True)
+    session_id = before[0].session_id
+
+    async def partial_saved() -> bool:
+        return len((await full(store, session_id)).messages) == 2
+
+    assert await until(partial_saved)
+    messages = (await full(store, session_id)).messages
+    assert messages[1].role == "assistant" and messages[1].metadata["partial"] is True
+    assert messages[1].content and "w59" not in messages[1].content
+    after = await resume(agent, session_id, before[0].turn_id, before[-1].seq)
+    assert end_of(after).reason == END.STREAM_END_REASON_STOPPED
+
+
+async def test_a_unary_run_whose_caller_gives_up_still_stores_its_answer(agent, store, ollama_sim):
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    ollama_sim.script(Reply(text=WORDS, chunk_delay=0.05))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await agent.Run(pb.RunRequest(session_id=session.id, text="take your time"), timeout=0.5)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert await stored_answer(store, session.id) == WORDS
+    assert end_of(await resume(agent, session.id)).text == WORDS
+
+
+async def test_resume_refuses_what_it_cannot_give_and_names_the_field(agent, store, ollama_sim):
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    for request, code, words in [
+        (pb.ResumeStreamRequest(), grpc.StatusCode.INVALID_ARGUMENT, "session_id"),
+        (pb.ResumeStreamRequest(session_id=session.id, after_seq=-1), grpc.StatusCode.INVALID_ARGUMENT, "after_seq"),
+        (pb.ResumeStreamRequest(session_id=session.id), grpc.StatusCode.NOT_FOUND, "no turn of session"),
+        (pb.ResumeStreamRequest(session_id="00000000-0000-4000-8000-000000000000"), grpc.StatusCode.NOT_FOUND, ""),
+    ]:
+        details = await expect_status(resume_call(agent, request), code)
+        assert words in details
+    ollama_sim.script(Reply(text="done"))
+    events = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="hi"))]
+    turn_id = events[0].turn_id
+    details = await expect_status(resume_call(agent, pb.ResumeStreamRequest(
+        session_id=session.id, turn_id=turn_id, after_seq=events[-1].seq + 1)), grpc.StatusCode.OUT_OF_RANGE)
+    assert details.startswith("after_seq") and f"at seq {events[-1].seq}" in details
+    # Another session's turn is not reached through this one.
+    other = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    await expect_status(resume_call(agent, pb.ResumeStreamRequest(session_id=other.id, turn_id=turn_id)),
+                        grpc.StatusCode.NOT_FOUND)
+
+
+async def resume_call(agent, request: pb.ResumeStreamRequest) -> list[pb.AgentEvent]:
+    return [e async for e in agent.ResumeStream(request, timeout=30)]
+
+
+@pytest.fixture(scope="module")
+async def forgetful_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    """Keeps no ended turn, and little of a running one (10 kB)."""
+    from services.agent.app import start_agent
+
+    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
+                                               profiles_file, stream_keep_s=0.0, stream_keep_bytes=10_000), port=0)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        yield agent_pb2_grpc.AgentStub(channel)
+    await running.stop(0)
+
+
+async def test_what_is_no_longer_kept_is_said_not_replayed_with_a_hole(forgetful_agent, store, ollama_sim):
+    words = " ".join(f"word{i}" for i in range(2000))  # far more than 10 kB of events
+    ollama_sim.script(Reply(text=words, chunk_delay=0.001))
+    before = await leave_after(forgetful_agent, 1, text="a long one")
+    session_id, turn_id = before[0].session_id, before[0].turn_id
+
+    async def trimmed() -> bool:
+        try:
+            await resume_call(forgetful_agent, pb.ResumeStreamRequest(session_id=session_id, turn_id=turn_id,
+                                                                      after_seq=before[-1].seq))
+        except grpc.aio.AioRpcError as err:
+            return err.code() in (grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND)
+        return False
+
+    # Whether the reader asks while the turn runs (trimmed: OUT_OF_RANGE naming after_seq) or after
+    # it ended (kept 0 s: NOT_FOUND), it is told, never handed a stream with a hole in it.
+    assert await until(trimmed, 60)
+    assert await stored_answer(store, session_id) == words
+    await expect_status(resume_call(forgetful_agent, pb.ResumeStreamRequest(session_id=session_id)),
+                        grpc.StatusCode.NOT_FOUND)
+
+
+async def test_a_turn_is_resumed_on_another_replica_through_the_session_bus(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
+    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
+                          replica_events=True) as agents:
+        session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+        watch = agents[1].WatchSession(pb.WatchSessionRequest(session_id=session.id))
+        await watch.initial_metadata()  # the second replica's bus listens: it hears the turn from its start
+        ollama_sim.script(Reply(text=WORDS, chunk_delay=0.05))
+        before = await leave_after(agents[0], 3, session_id=session.id, text="count on the first replica")
+        watch.cancel()
+
+        async def heard() -> bool:  # the bus carries events after a moment, at most once
+            try:
+                async for _ in agents[1].ResumeStream(pb.ResumeStreamRequest(
+                        session_id=session.id, turn_id=before[0].turn_id, after_seq=before[-1].seq), timeout=0.5):
+                    break
+            except grpc.aio.AioRpcError as err:
+                return err.code() != grpc.StatusCode.NOT_FOUND
+            return True
+
+        assert await until(heard)
+        after = await resume(agents[1], session.id, before[0].turn_id, before[-1].seq)
+        assert_continues(before, after)
+        assert text_of(before + after) == WORDS and end_of(after).reason == END.STREAM_END_REASON_COMPLETED
+        assert await stored_answer(store, session.id) == WORDS
