@@ -324,13 +324,15 @@ class Turn:
             self._partial: ChatResult | None = None  # from here on the reply is saved, never as a partial
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
             report = self._report(reply, check, built, through_seq)
+            # The meter first: it is the call's, known once its report is judged, and on its way to
+            # the client while the answer is stored (after the store, its write to the client was
+            # one more step between the last token and stream_end).
+            await self._record_usage(reply, check, built, through_seq, report)
             if not reply.tool_calls:
                 if not await self._store_answer(reply, report):
                     return self._end(END.STREAM_END_REASON_ERROR, reply.content)
-                await self._record_usage(reply, check, built, through_seq, report)
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
             calls = await self._save_tool_calls(reply, report)
-            await self._record_usage(reply, check, built, through_seq, report)
             await self._run_tools(calls)
             if self.stop.is_set():
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
@@ -568,7 +570,7 @@ class Turn:
 
     async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
                             through_seq: int, report: store_pb.ModelReport) -> None:
-        """The meter after a call. A stored session's report went with the append of the answer; a
+        """The meter after a call. A stored session's report goes with the append of the answer; a
         sub-agent's (nothing stored) still teaches the model's calibration through RecordBaseline."""
         reported = report.HasField("baseline")
         if not self.stored and reply.prompt_eval_count:
