@@ -10,7 +10,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from google.protobuf import struct_pb2
@@ -24,7 +23,7 @@ from services.agent.conversation import EphemeralConversation, StoredConversatio
 from services.agent.events import EventSink
 from services.agent.images import ImageTarget, user_messages
 from services.agent.profiles import Profile, ProfileRegistry
-from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
+from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, read_rest_in_background
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, confined, schema
 from services.agent.tools.registry import execute, tools_for
@@ -487,7 +486,8 @@ class Turn:
         stream = self.deps.ollama.chat_stream(self._request_body(built))
         chunks = guarded(stream, first_chunk_timeout=self.settings.stream_first_chunk_timeout,
                          chunk_timeout=self.settings.stream_chunk_timeout, stop=self.stop)
-        async with aclosing(chunks):  # an error in here closes the HTTP stream at once
+        done = False
+        try:
             async for chunk in chunks:
                 if storing is not None:
                     await storing
@@ -505,6 +505,14 @@ class Turn:
                     self.sink.text(message["content"])
                 reply.absorb(chunk)
                 self.result.text = reply.content
+                if chunk.get("done"):  # Ollama's last chunk: the reply is whole
+                    done = True
+                    break
+        finally:
+            if done:  # the response's end is read off the turn's path, so its connection is kept
+                read_rest_in_background(chunks)
+            else:  # an error in here closes the HTTP stream at once
+                await chunks.aclose()
         if storing is not None:  # a stream without a single chunk: the prompt must still not be stale
             await storing
             if storing.stale:
