@@ -39,7 +39,7 @@ from services.shared.auth import as_service
 from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError, Unavailable
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared import metrics
-from services.shared.reports import judge
+from services.shared.reports import counted_exactly, judge
 from services.shared.settings import Settings
 from services.shared.structs import to_struct
 
@@ -557,8 +557,12 @@ class Turn:
         self.prompt_cut = False
         if not reply.prompt_eval_count or not self.stored:
             return report  # (a sub-agent's report goes to RecordBaseline, which judges it: _record_usage)
+        # The prompt's characters only for a report of a prompt not counted exactly: summed over the
+        # whole prompt they stood between the model's last token and stream_end for nothing.
+        sent_chars, had_images = (0, False) if counted_exactly(check.method, check.shape) else \
+            (view_chars(built), any(m.images for m in built))
         verdict = judge(reply.prompt_eval_count, model=self.profile.model, method=check.method, shape=check.shape,
-                        window=self.window, sent_chars=view_chars(built), had_images=any(m.images for m in built))
+                        window=self.window, sent_chars=sent_chars, had_images=had_images)
         metrics.model_report(verdict, method=check.method, counted=check.tokens, reported=reply.prompt_eval_count)
         if verdict.problem:
             log.warning("the model's report for %s is not kept: %s", self.session_id or "-", verdict.problem)
