@@ -460,6 +460,30 @@ async def test_observations_are_listed_newest_first_per_model(store):
         observation=pb.Observation(model=model, chars=0, tokens=1))), grpc.StatusCode.INVALID_ARGUMENT)
 
 
+async def test_an_appended_report_records_its_observation_once(store, profile, database_url):
+    """The append function makes the observation's row once: each takes one id, every field kept."""
+    import asyncpg
+
+    model = f"model-{uuid.uuid4().hex[:8]}"
+    s = await new_session(store, profile)
+    shape = common_pb2.PromptShape(chars_latin=900, chars_space=150, messages=3)
+    for tokens in (300, 310):
+        report = pb.ModelReport(observation=pb.Observation(model=model, chars=1050, tokens=tokens, exact=shape))
+        await append(store, s.id, Message(role="assistant", content=f"answer {tokens}"), report=report)
+    listed = (await store.ListObservations(pb.ListObservationsRequest(model=model))).observations
+    assert [(o.chars, o.tokens, o.exact) for o in listed] == [(1050, 310, shape), (1050, 300, shape)]
+    conn = await asyncpg.connect(database_url)
+    try:
+        first, second = [r["id"] for r in await conn.fetch(
+            "SELECT id FROM calibration_observations WHERE model = $1 ORDER BY id", model)]
+        # Other writers' rows may come in between; ids drawn and never used may not.
+        between = await conn.fetchval("SELECT count(*) FROM calibration_observations WHERE id > $1 AND id < $2",
+                                      first, second)
+    finally:
+        await conn.close()
+    assert second - first - 1 == between
+
+
 async def test_baseline_round_trip_and_truncated_flag(store, profile):
     s = await new_session(store, profile)
     assert not (await store.GetBaseline(pb.GetBaselineRequest(session_id=s.id))).HasField("baseline")

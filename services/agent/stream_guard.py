@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import suppress
+from contextlib import aclosing, suppress
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -66,3 +66,23 @@ async def guarded(
         if aclose is not None:
             with suppress(Exception):
                 await aclose()
+
+
+# Streams being read to their end in the background, held until done (the loop keeps only a weak
+# reference to a task).
+_reading: set[asyncio.Task] = set()
+
+
+def read_rest_in_background(stream: AsyncGenerator[T, None]) -> None:
+    """Read what is left of ``stream`` (after Ollama's final chunk: the HTTP response's end) and
+    close it, off the caller's path. Read to its end, the response hands its connection back to
+    the pool for the next call; closed before that, the connection would be dropped."""
+    async def read() -> None:
+        with suppress(Exception):  # the reply is already whole: nothing here concerns it
+            async with aclosing(stream):
+                async for _ in stream:
+                    pass
+
+    task = asyncio.get_running_loop().create_task(read())
+    _reading.add(task)
+    task.add_done_callback(_reading.discard)

@@ -10,7 +10,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from google.protobuf import struct_pb2
@@ -24,7 +23,7 @@ from services.agent.conversation import EphemeralConversation, StoredConversatio
 from services.agent.events import EventSink
 from services.agent.images import ImageTarget, user_messages
 from services.agent.profiles import Profile, ProfileRegistry
-from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded
+from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, read_rest_in_background
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, confined, schema
 from services.agent.tools.registry import execute, tools_for
@@ -40,7 +39,7 @@ from services.shared.auth import as_service
 from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError, Unavailable
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared import metrics
-from services.shared.reports import judge
+from services.shared.reports import counted_exactly, judge
 from services.shared.settings import Settings
 from services.shared.structs import to_struct
 
@@ -324,13 +323,15 @@ class Turn:
             self._partial: ChatResult | None = None  # from here on the reply is saved, never as a partial
             through_seq = self.conv.through_seq  # the stored rows this prompt carries
             report = self._report(reply, check, built, through_seq)
+            # The meter first: it is the call's, known once its report is judged, and on its way to
+            # the client while the answer is stored (after the store, its write to the client was
+            # one more step between the last token and stream_end).
+            await self._record_usage(reply, check, built, through_seq, report)
             if not reply.tool_calls:
                 if not await self._store_answer(reply, report):
                     return self._end(END.STREAM_END_REASON_ERROR, reply.content)
-                await self._record_usage(reply, check, built, through_seq, report)
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
             calls = await self._save_tool_calls(reply, report)
-            await self._record_usage(reply, check, built, through_seq, report)
             await self._run_tools(calls)
             if self.stop.is_set():
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
@@ -485,7 +486,8 @@ class Turn:
         stream = self.deps.ollama.chat_stream(self._request_body(built))
         chunks = guarded(stream, first_chunk_timeout=self.settings.stream_first_chunk_timeout,
                          chunk_timeout=self.settings.stream_chunk_timeout, stop=self.stop)
-        async with aclosing(chunks):  # an error in here closes the HTTP stream at once
+        done = False
+        try:
             async for chunk in chunks:
                 if storing is not None:
                     await storing
@@ -503,6 +505,14 @@ class Turn:
                     self.sink.text(message["content"])
                 reply.absorb(chunk)
                 self.result.text = reply.content
+                if chunk.get("done"):  # Ollama's last chunk: the reply is whole
+                    done = True
+                    break
+        finally:
+            if done:  # the response's end is read off the turn's path, so its connection is kept
+                read_rest_in_background(chunks)
+            else:  # an error in here closes the HTTP stream at once
+                await chunks.aclose()
         if storing is not None:  # a stream without a single chunk: the prompt must still not be stale
             await storing
             if storing.stale:
@@ -547,8 +557,12 @@ class Turn:
         self.prompt_cut = False
         if not reply.prompt_eval_count or not self.stored:
             return report  # (a sub-agent's report goes to RecordBaseline, which judges it: _record_usage)
+        # The prompt's characters only for a report of a prompt not counted exactly: summed over the
+        # whole prompt they stood between the model's last token and stream_end for nothing.
+        sent_chars, had_images = (0, False) if counted_exactly(check.method, check.shape) else \
+            (view_chars(built), any(m.images for m in built))
         verdict = judge(reply.prompt_eval_count, model=self.profile.model, method=check.method, shape=check.shape,
-                        window=self.window, sent_chars=view_chars(built), had_images=any(m.images for m in built))
+                        window=self.window, sent_chars=sent_chars, had_images=had_images)
         metrics.model_report(verdict, method=check.method, counted=check.tokens, reported=reply.prompt_eval_count)
         if verdict.problem:
             log.warning("the model's report for %s is not kept: %s", self.session_id or "-", verdict.problem)
@@ -568,7 +582,7 @@ class Turn:
 
     async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
                             through_seq: int, report: store_pb.ModelReport) -> None:
-        """The meter after a call. A stored session's report went with the append of the answer; a
+        """The meter after a call. A stored session's report goes with the append of the answer; a
         sub-agent's (nothing stored) still teaches the model's calibration through RecordBaseline."""
         reported = report.HasField("baseline")
         if not self.stored and reply.prompt_eval_count:

@@ -56,11 +56,17 @@ class Verdict:
     observation: store_pb.Observation | None = None
 
 
+def counted_exactly(method: int, shape: common_pb2.PromptShape) -> bool:
+    """The prompt was counted by the model's own tokenizer: its report is judged against that count,
+    and the prompt's characters (``judge``'s ``sent_chars``, ``had_images``) play no part."""
+    return method == compressor_pb2.ESTIMATE_METHOD_EXACT and shape.content_tokens > 0
+
+
 def judge(reported: int, *, model: str, method: int, shape: common_pb2.PromptShape, window: int,
           sent_chars: int, had_images: bool) -> Verdict:
     """The verdict on a report of ``reported`` tokens for a prompt sized by ``method`` with ``shape``
     and sent with num_ctx ``window``."""
-    exact = method == compressor_pb2.ESTIMATE_METHOD_EXACT and shape.content_tokens > 0
+    exact = counted_exactly(method, shape)
     if window > 0 and reported > window:
         return Verdict(problem=f"prompt_eval_count: more than the window of {window} tokens")
     if exact and not plausible_report(reported, shape):

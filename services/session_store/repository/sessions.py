@@ -313,7 +313,7 @@ class Sessions:
         report: Report | None = None,
         expected_next_seq: int | None = None,
     ) -> AppendResult:
-        """One statement (the append_messages function of migrations 0013 and 0014): the checks, the
+        """One statement (the append_messages function of migrations 0013 to 0015): the checks, the
         rows, the counters, the report and the key in one round trip and its commit. An answer's
         append stands between the model's last token and the client's stream_end."""
         now = datetime.now(timezone.utc)
