@@ -5,6 +5,8 @@ the session bus) on another replica. Real Agents, the store on PostgreSQL, the s
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import grpc
 import pytest
@@ -208,3 +210,66 @@ async def test_a_turn_is_resumed_on_another_replica_through_the_session_bus(
         assert_continues(before, after)
         assert text_of(before + after) == WORDS and end_of(after).reason == END.STREAM_END_REASON_COMPLETED
         assert await stored_answer(store, session.id) == WORDS
+
+
+async def test_a_compactions_events_name_no_turn_it_ends_with_its_call(agent, store, ollama_sim):
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    for i in range(5):
+        ollama_sim.script(Reply(text=f"answer number {i} " + "filler " * 40))
+        turn = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text=f"question {i} " * 30))]
+    turn_id = turn[0].turn_id
+    events = [e async for e in agent.Compact(pb.CompactRequest(session_id=session.id))]
+    assert events and not any(e.turn_id for e in events)  # nothing to resume: ResumeStream would say so
+    assert (await resume(agent, session.id))[-1].turn_id == turn_id  # the latest turn is still the last turn
+
+
+@pytest.fixture
+async def killable_and_kept(base_settings, store_server, compressor_server, ollama_sim, profiles_file, tmp_path):
+    """Replica A, a real Agent process to kill with SIGKILL; replica B in this process. Session bus on."""
+    from services.agent.app import start_agent
+    from services.shared.ports import free_port
+    from tests.test_faults import Service
+
+    port = free_port()
+    env = {**os.environ, "PALIMPSEST_STORE_ADDR": store_server.address,
+           "PALIMPSEST_COMPRESSOR_ADDR": compressor_server.address, "OLLAMA_HOST": ollama_sim.url,
+           "PALIMPSEST_PROFILES": profiles_file, "PALIMPSEST_REPLICA_EVENTS": "1", "PALIMPSEST_SESSION_TITLES": "0",
+           "PALIMPSEST_DATA_DIR": str(tmp_path / "a"), "PALIMPSEST_AUTH_ENABLED": "0",
+           "PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{port}"}
+    a = Service("services.agent", port, env, tmp_path / "agent-a.log")
+    await a.start()
+    b = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
+                                         replica_events=True), port=0)
+    channels = [grpc.aio.insecure_channel(a.address), grpc.aio.insecure_channel(b.address)]
+    try:
+        yield a, [agent_pb2_grpc.AgentStub(c) for c in channels]
+    finally:
+        for channel in channels:
+            await channel.close()
+        a.stop_now()
+        await b.stop(0)
+
+
+async def test_a_turn_lost_with_its_killed_replica_is_not_found_on_the_other(killable_and_kept, store, ollama_sim):
+    """Replica B keeps A's turn from the bus while A says it runs it; once A is killed, a resume on
+    B replays what B heard and then says the turn is lost (NOT_FOUND), instead of waiting on it."""
+    a, (agent_a, agent_b) = killable_and_kept
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    watch = agent_b.WatchSession(pb.WatchSessionRequest(session_id=session.id))
+    await watch.initial_metadata()  # B's bus listens: it hears the turn from its start
+    ollama_sim.script(Reply(text=" ".join(f"w{i}" for i in range(400)), chunk_delay=0.1))
+    before = await leave_after(agent_a, 3, session_id=session.id, text="count slowly")
+    while (await asyncio.wait_for(watch.read(), 30)).seq < before[-1].seq:
+        pass  # B has heard as far as the client saw
+    watch.cancel()
+    a.proc.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(a.proc.wait, 30)
+    resumed: list[pb.AgentEvent] = []
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for event in agent_b.ResumeStream(pb.ResumeStreamRequest(
+                session_id=session.id, turn_id=before[0].turn_id, after_seq=before[-1].seq), timeout=60):
+            resumed.append(event)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND and "lost with that replica" in caught.value.details()
+    assert_continues(before, resumed)  # what B heard before A died, without a hole
+    await expect_status(resume_call(agent_b, pb.ResumeStreamRequest(session_id=session.id, turn_id=before[0].turn_id)),
+                        grpc.StatusCode.NOT_FOUND)

@@ -154,14 +154,16 @@ class StopResponse(_message.Message):
     def __init__(self, stopped: _Optional[bool] = ...) -> None: ...
 
 class ReplicaMessage(_message.Message):
-    __slots__ = ("event", "stop", "stopped")
+    __slots__ = ("event", "stop", "stopped", "alive")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
     event: AgentEvent
     stop: str
     stopped: str
-    def __init__(self, event: _Optional[_Union[AgentEvent, _Mapping]] = ..., stop: _Optional[str] = ..., stopped: _Optional[str] = ...) -> None: ...
+    alive: str
+    def __init__(self, event: _Optional[_Union[AgentEvent, _Mapping]] = ..., stop: _Optional[str] = ..., stopped: _Optional[str] = ..., alive: _Optional[str] = ...) -> None: ...
 
 class ListProfilesRequest(_message.Message):
     __slots__ = ()

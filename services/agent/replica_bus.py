@@ -23,6 +23,7 @@ from contextlib import suppress
 from google.protobuf.message import DecodeError
 
 from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from services.agent.turn_logs import ALIVE_EVERY_S
 from services.shared import tracing
 from services.shared.auth import as_service
 from services.shared.errors import PalimpsestError
@@ -61,13 +62,18 @@ def relayable(event: pb.AgentEvent) -> bytes | None:
 
 class ReplicaBus:
     def __init__(self, store, replica: str, *, deliver: Callable[[pb.AgentEvent], None],
-                 stop_here: Callable[[str], bool]):
+                 stop_here: Callable[[str], bool], running: Callable[[], list[tuple[str, str]]] = list,
+                 alive: Callable[[str], None] = lambda turn_id: None):
         """``deliver``: an event from another replica, to this replica's watchers. ``stop_here``:
-        stop the session's turn if this replica runs it (True then)."""
+        stop the session's turn if this replica runs it (True then). ``running``: (session id, turn
+        id) of the turns this replica runs, announced every ALIVE_EVERY_S; ``alive``: another
+        replica announced this turn."""
         self.store = store
         self.replica = replica
         self._deliver = deliver
         self._stop_here = stop_here
+        self._running = running
+        self._alive = alive
         self._outbox: deque[store_pb.SessionMessage] = deque()
         self._mail = asyncio.Event()
         self._sent = asyncio.Event()  # the outbox is empty and nothing is being sent
@@ -80,7 +86,8 @@ class ReplicaBus:
     def start(self) -> None:
         # The bus is the services' own (never a caller's credentials), and its listen no one's trace.
         with as_service(), tracing.untraced():
-            self._tasks = [asyncio.create_task(self._listen_forever()), asyncio.create_task(self._send_forever())]
+            self._tasks = [asyncio.create_task(self._listen_forever()), asyncio.create_task(self._send_forever()),
+                           asyncio.create_task(self._announce_forever())]
 
     async def close(self, flush_s: float = 0.0) -> None:
         """Stop listening and sending; the outbox (the stopped turns' last events) gets ``flush_s``."""
@@ -102,12 +109,22 @@ class ReplicaBus:
             log.warning("session %s: a %s event of more than %d bytes not sent to other replicas",
                         event.session_id, event.WhichOneof("event"), MAX_PAYLOAD_BYTES)
             return
+        self._post(event.session_id, payload)
+
+    async def _announce_forever(self) -> None:
+        """Say which turns run here, so replicas keeping their events know they are not lost."""
+        while True:
+            await asyncio.sleep(ALIVE_EVERY_S)  # a period, not a wait for something
+            for session_id, turn_id in self._running():
+                self._post(session_id, pb.ReplicaMessage(alive=turn_id).SerializeToString())
+
+    def _post(self, session_id: str, payload: bytes) -> None:
         if len(self._outbox) >= OUTBOX_MESSAGES:
             self._outbox.popleft()
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 log.warning("the store takes no events: %d dropped for other replicas' watchers", self.dropped)
-        self._outbox.append(self._message(event.session_id, payload))
+        self._outbox.append(self._message(session_id, payload))
         self._sent.clear()
         self._mail.set()
 
@@ -196,6 +213,8 @@ class ReplicaBus:
                 task = asyncio.create_task(self._answer_stop(message.session_id, parsed.stop))
                 self._tasks.append(task)
                 task.add_done_callback(self._tasks.remove)
+        elif kind == "alive":
+            self._alive(parsed.alive)
         elif kind == "stopped":
             answered = self._answers.get(parsed.stopped)
             if answered is not None and not answered.done():

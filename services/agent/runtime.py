@@ -91,6 +91,10 @@ class SessionRuntime(Generic[T]):
     def ended(self, session_id: str) -> None:
         self._running.pop(session_id, None)
 
+    def running(self) -> list[tuple[str, T]]:
+        """(session id, turn) of each turn running here."""
+        return list(self._running.items())
+
     def stop(self, session_id: str) -> bool:
         """Ask the session's running turn to stop; False when none runs here."""
         turn = self._running.get(session_id)

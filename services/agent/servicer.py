@@ -39,6 +39,8 @@ WARM_SESSIONS = 1000  # sessions whose last state is kept for their next turn
 # How long a WatchSession waits for the session bus to listen (reconnecting) before it starts anyway
 # with this replica's turns only.
 WATCH_BUS_WAIT_S = 5.0
+# How long a resume waits for another replica's turn to reach this one over the session bus.
+RESUME_CATCH_UP_S = 2.0
 
 
 def _validate_turn(request) -> None:
@@ -92,7 +94,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Each turn's events, for the client that lost its stream (ResumeStream).
         self.turn_logs = TurnLogs(deps.settings.stream_keep_s, deps.settings.stream_keep_bytes)
         # Across replicas (when on): Stop and the watchers' events travel through the store.
-        self.bus = ReplicaBus(deps.store, self.replica, deliver=self._heard, stop_here=self.sessions.stop) \
+        self.bus = ReplicaBus(deps.store, self.replica, deliver=self._heard, stop_here=self.sessions.stop,
+                              running=self._running_turns, alive=self.turn_logs.heard_alive) \
             if deps.settings.replica_events else None
 
     def _publish(self, event: pb.AgentEvent) -> None:
@@ -102,6 +105,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._watchers.publish(event)
         if self.bus is not None:
             self.bus.publish(event)
+
+    def _running_turns(self) -> list[tuple[str, str]]:
+        """(session id, turn id) of each turn this replica runs."""
+        return [(session_id, turn.sink.turn_id) for session_id, turn in self.sessions.running()]
 
     def _heard(self, event: pb.AgentEvent) -> None:
         """Another replica's turn's event: to its log and this replica's watchers."""
@@ -296,7 +303,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session_id=request.session_id))).session
         profile = self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
         window = profile.window(self.deps.settings.ollama_num_ctx)
-        sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
+        sink = EventSink(session.id, publish=self._publish)  # no turn_id: a compaction ends with its call
         self.sessions.forget_warm(session.id)
         holder, _ = await self._hold(session.id)
         try:
@@ -310,10 +317,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 raise FailedPrecondition(f"nothing to compact: {exc}") from None
             except Aborted as exc:  # the Compressor's commit lost to a turn's write
                 raise conflict(exc) from None
-            sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
         finally:
-            self.turn_logs.ended(sink.turn_id)
             await self._let_go(session.id, holder)
+        sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
         yield sink.queue.get_nowait()
 
     async def Stop(self, request, context):
@@ -358,9 +364,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Who may read the session may resume its turns: the store answers for the caller.
         await self.deps.store.GetSession(store_pb.GetSessionRequest(
             session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
-        log = self.turn_logs.find(request.session_id, request.turn_id)
-        log.check(request.after_seq)  # before the stream begins: a refusal is the call's status
-        async for event in log.follow(request.after_seq, silence_s=self.turn_logs.silence_s(log)):
+        # Checked before the stream begins, so a refusal is the call's status; a turn of another
+        # replica gets a moment to arrive, should the client have seen more of it there.
+        log = await self.turn_logs.open(request.session_id, request.turn_id, request.after_seq,
+                                        catch_up_s=RESUME_CATCH_UP_S if self.bus is not None else 0.0)
+        async for event in self.turn_logs.follow(log, request.after_seq):
             yield event
 
     async def ListProfiles(self, request, context):

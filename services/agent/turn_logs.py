@@ -3,12 +3,14 @@ and follows the turn live to its stream_end.
 
 - One log per turn: an unbroken run of its events by seq, ``first_seq`` to ``last_seq``. What a
   reader is given is always whole: a reader asking for events older than the run is told so
-  (``Gone``), never handed a stream with a hole in it. Events from another replica's turn come over
-  the session bus, at most once: one that skips a seq starts the run again from itself.
-- Kept while the turn runs and ``keep_s`` after it ends. A turn on another replica that sends
-  nothing for ``keep_s`` is taken for lost with its replica.
-- Every log together within ``budget_bytes``: ended turns go first, the oldest first; then the
-  largest running turn gives up its oldest events.
+  (OutOfRange), never handed a stream with a hole in it. Events from another replica's turn come
+  over the session bus, at most once: one that skips a seq starts the run again from itself.
+- Kept while the turn runs and ``keep_s`` after it ends. Another replica's running turn is kept
+  while that replica says it runs it (``heard_alive``, every ``ALIVE_EVERY_S``); silent for
+  ``LOST_AFTER_S``, the turn is taken for lost with its replica (NotFound).
+- Kept serialized (a parsed event costs ten times its bytes in memory), each counted at its bytes
+  plus what holding them costs, and every log together within ``budget_bytes``: ended turns go
+  first, the oldest first; then the largest running turn gives up its oldest events.
 """
 
 from __future__ import annotations
@@ -21,20 +23,38 @@ from collections.abc import AsyncIterator, Callable
 from palimpsest.v1 import agent_pb2 as pb
 from services.shared.errors import NotFound, OutOfRange, Unavailable
 
+# What one kept event costs beyond its bytes: the bytes object's header and its place in the list
+# (measured with tracemalloc: tests/test_turn_logs.py holds the budget to the memory).
+EVENT_OVERHEAD = 33 + 8
+# A replica announces the turns it runs this often (over the session bus); another replica's turn
+# not heard of for LOST_AFTER_S (three announcements missed) is lost with its replica.
+ALIVE_EVERY_S = 2.0
+LOST_AFTER_S = 3 * ALIVE_EVERY_S
+
+
+def _cost(payload: bytes) -> int:
+    return len(payload) + EVENT_OVERHEAD
+
+
+class Ahead(OutOfRange):
+    """A resume from a seq the turn has not reached (here): another replica may be ahead of this one."""
+
 
 class TurnLog:
     def __init__(self, session_id: str, turn_id: str, *, local: bool, first_seq: int, now: float):
         self.session_id = session_id
         self.turn_id = turn_id
         self.local = local  # run by this replica (else heard over the session bus)
-        # A list read from ``_start`` on (trimming the front is a step of the index, and a follower
-        # slices only what is new to it); compacted when half of it is dead.
-        self._events: list[pb.AgentEvent] = []
-        self._sizes: list[int] = []
+        # Serialized events, read from ``_start`` on (trimming the front is a step of the index, and a
+        # follower slices only what is new to it); compacted when half of it is dead.
+        self._events: list[bytes] = []
         self._start = 0
         self.first_seq = first_seq  # the seq of the oldest kept event; the next expected one while none is
         self.bytes = 0
         self.ended_at: float | None = None
+        # How it ended when not with its stream_end (its Agent stopping, its replica lost): what a
+        # reader that has everything is told instead of a quiet end.
+        self.failure: Exception | None = None
         self.heard_at = now
         self._more = asyncio.Event()
 
@@ -46,61 +66,69 @@ class TurnLog:
     def last_seq(self) -> int:
         return self.first_seq + self.kept - 1
 
-    def after(self, seq: int) -> list[pb.AgentEvent]:
-        return self._events[self._start + seq + 1 - self.first_seq:]
-
-    def _clear(self, next_seq: int) -> None:
-        self._events, self._sizes, self._start = [], [], 0
-        self.first_seq, self.bytes = next_seq, 0
-
     @property
     def ended(self) -> bool:
         return self.ended_at is not None
 
-    def _pulse(self) -> None:
+    def after(self, seq: int) -> list[bytes]:
+        return self._events[self._start + seq + 1 - self.first_seq:]
+
+    def _clear(self, next_seq: int) -> None:
+        self._events, self._start = [], 0
+        self.first_seq, self.bytes = next_seq, 0
+
+    def pulse(self) -> None:
         """Wake every reader waiting for more (each waits on the event it found)."""
         self._more.set()
         self._more = asyncio.Event()
 
-    def add(self, event: pb.AgentEvent, size: int, now: float) -> int:
+    async def more(self, timeout: float | None) -> None:
+        """Until the log changes, or ``timeout`` (asyncio.TimeoutError)."""
+        await asyncio.wait_for(self._more.wait(), timeout)
+
+    def add(self, event: pb.AgentEvent, payload: bytes, now: float) -> int:
         """Append; the bytes this log grew (or shrank, when a gap restarted it) by."""
-        grown = size
         if event.seq <= self.last_seq:
             return 0  # heard twice
+        grown = _cost(payload)
         if event.seq != self.last_seq + 1:  # the bus lost some: keep what is whole from here
             grown -= self.bytes
             self._clear(event.seq)
-        self._events.append(event)
-        self._sizes.append(size)
-        self.bytes += size
+        self._events.append(payload)
+        self.bytes += _cost(payload)
         self.heard_at = now
         if event.HasField("stream_end") and not event.is_subagent:
             self.ended_at = now
-        self._pulse()
+        self.pulse()
         return grown
 
     def drop_oldest(self) -> int:
         """The oldest event goes (readers still behind it are told they fell behind); its bytes."""
-        size = self._sizes[self._start]
+        size = _cost(self._events[self._start])
+        self._events[self._start] = b""  # its bytes go now, its slot at the next compaction
         self._start += 1
         self.first_seq += 1
         self.bytes -= size
         if self._start * 2 > len(self._events):
-            del self._events[:self._start], self._sizes[:self._start]
+            del self._events[:self._start]
             self._start = 0
-        self._pulse()
+        self.pulse()
         return size
 
-    def release(self) -> None:
+    def release(self, failure: Exception | None = None) -> None:
         """Forgotten: readers still following are told on their next look (behind what is kept,
-        or, having it all, at the end)."""
+        ``failure``, or, having it all, at the end)."""
         self._clear(self.last_seq + 1)
-        self._pulse()
+        if failure is not None and self.ended_at is None:
+            self.failure = failure
+            self.ended_at = 0.0
+        self.pulse()
 
-    def end(self, now: float) -> None:
+    def end(self, now: float, failure: Exception | None) -> None:
         if self.ended_at is None:
             self.ended_at = now
-            self._pulse()
+            self.failure = failure
+            self.pulse()
 
     def check(self, after_seq: int) -> None:
         """OutOfRange unless every event after ``after_seq`` is here or still to come."""
@@ -108,29 +136,7 @@ class TurnLog:
             raise OutOfRange("after_seq", f"events of turn {self.turn_id} are kept from seq {self.first_seq} on; "
                                           f"{after_seq + 1} is gone (the session's history has what the turn stored)")
         if after_seq > self.last_seq and (self.ended or self.kept):
-            raise OutOfRange("after_seq", f"turn {self.turn_id} is at seq {self.last_seq}")
-
-    async def follow(self, after_seq: int, *, silence_s: float | None) -> AsyncIterator[pb.AgentEvent]:
-        """The events after ``after_seq`` and then each as it comes, to the turn's end. A reader
-        that falls behind what is kept gets OutOfRange; ``silence_s``: how long the turn may send
-        nothing before it is taken for lost (None: never, the turn runs here)."""
-        seq = after_seq
-        while True:
-            more = self._more
-            self.check(seq)
-            for event in self.after(seq):  # a copy: whole, whatever is trimmed meanwhile
-                yield event
-                seq = event.seq
-            if self.ended and seq >= self.last_seq:
-                return
-            if seq < self.last_seq:
-                continue  # more arrived while the last one was being sent
-            try:
-                await asyncio.wait_for(more.wait(), silence_s)
-            except asyncio.TimeoutError:
-                raise Unavailable(f"turn {self.turn_id} runs on another Agent replica, which has sent nothing "
-                                  f"for {silence_s:g}s: it may have stopped; the session's history has "
-                                  "what the turn stored") from None
+            raise Ahead("after_seq", f"turn {self.turn_id} is at seq {self.last_seq}")
 
 
 class TurnLogs:
@@ -142,10 +148,13 @@ class TurnLogs:
         self._latest: dict[str, str] = {}  # session id -> its latest turn's id
         self._ended: OrderedDict[str, None] = OrderedDict()  # ended turns, in the order they ended
         self._remote_running: dict[str, TurnLog] = {}  # other replicas' turns not ended yet
+        self._news = asyncio.Event()  # pulsed on each event from another replica
         self.bytes = 0
 
-    def record(self, event: pb.AgentEvent, *, local: bool) -> None:
-        """A turn's event (seq 0 events are for watchers only, not a turn's stream)."""
+    # -- writing -------------------------------------------------------------------------------
+    def record(self, event: pb.AgentEvent, *, local: bool, payload: bytes | None = None) -> None:
+        """A turn's event (seq 0 events are for watchers only, not a turn's stream); ``payload``:
+        the event serialized, when the caller has it already."""
         if not event.turn_id or event.seq <= 0:
             return
         now = self.clock()
@@ -158,22 +167,34 @@ class TurnLogs:
             if not local:
                 self._remote_running[event.turn_id] = log
         was_ended = log.ended
-        self.bytes += log.add(event, event.ByteSize(), now)
+        self.bytes += log.add(event, payload if payload is not None else event.SerializeToString(), now)
         if log.ended and not was_ended:
             self._now_ended(log.turn_id)
+        if not local:
+            self._news.set()
+            self._news = asyncio.Event()
         self._within_budget()
 
     def ended(self, turn_id: str) -> None:
-        """This replica's turn is over (a turn that failed before its stream_end ends here too)."""
+        """This replica's turn is over; one that ended without its stream_end (its task cancelled: the
+        Agent is stopping) tells its readers so."""
         log = self._logs.get(turn_id)
         if log is not None and not log.ended:
-            log.end(self.clock())
+            log.end(self.clock(), Unavailable(f"turn {turn_id} ended without its stream_end: its Agent is "
+                                              "stopping; the session has what the turn stored"))
             self._now_ended(turn_id)
+
+    def heard_alive(self, turn_id: str) -> None:
+        """Another replica says it still runs this turn."""
+        log = self._remote_running.get(turn_id)
+        if log is not None:
+            log.heard_at = self.clock()
 
     def _now_ended(self, turn_id: str) -> None:
         self._ended[turn_id] = None
         self._remote_running.pop(turn_id, None)
 
+    # -- reading -------------------------------------------------------------------------------
     def find(self, session_id: str, turn_id: str = "") -> TurnLog:
         """The turn's log, or the session's latest turn's; NotFound when none is kept."""
         self._expire(self.clock())
@@ -185,9 +206,49 @@ class TurnLogs:
                            "ends; with several Agent replicas, PALIMPSEST_REPLICA_EVENTS lets each keep the others')")
         return log
 
-    def silence_s(self, log: TurnLog) -> float | None:
-        return None if log.local else self.keep_s
+    async def open(self, session_id: str, turn_id: str, after_seq: int, *, catch_up_s: float) -> TurnLog:
+        """The log a resume from ``after_seq`` reads, checked. ``catch_up_s``: how long to wait for
+        another replica's events to arrive here (the client may have seen them from there first)."""
+        deadline = self.clock() + catch_up_s
+        while True:
+            news = self._news
+            log = None
+            try:
+                log = self.find(session_id, turn_id)
+                log.check(after_seq)
+                return log
+            except (NotFound, Ahead):
+                left = deadline - self.clock()
+                if left <= 0 or (log is not None and log.local):  # this replica's own turn: nothing to wait for
+                    raise
+                try:
+                    await asyncio.wait_for(news.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
 
+    async def follow(self, log: TurnLog, after_seq: int) -> AsyncIterator[pb.AgentEvent]:
+        """The events after ``after_seq`` and then each as it comes, to the turn's end. A reader
+        that falls behind what is kept gets OutOfRange; a reader of another replica's turn whose
+        replica is lost, NotFound."""
+        seq = after_seq
+        while True:
+            log.check(seq)
+            for payload in log.after(seq):  # a copy: whole, whatever is trimmed meanwhile
+                event = pb.AgentEvent.FromString(payload)
+                yield event
+                seq = event.seq
+            if seq < log.last_seq:
+                continue  # more arrived while the last ones were being sent
+            if log.ended:
+                if log.failure is not None:
+                    raise log.failure
+                return
+            try:
+                await log.more(None if log.local else LOST_AFTER_S)
+            except asyncio.TimeoutError:
+                self._expire(self.clock())  # lost, if its replica has not said otherwise meanwhile
+
+    # -- forgetting ----------------------------------------------------------------------------
     def _expire(self, now: float) -> None:
         while self._ended:
             turn_id = next(iter(self._ended))
@@ -195,11 +256,16 @@ class TurnLogs:
             if log is not None and log.ended_at is not None and log.ended_at + self.keep_s > now:
                 break
             self._forget(turn_id)
-        for log in [log for log in self._remote_running.values() if log.heard_at + self.keep_s <= now]:
-            self._forget(log.turn_id)  # its replica went silent: lost with it
+        for log in [log for log in self._remote_running.values() if log.heard_at + LOST_AFTER_S <= now]:
+            self._forget(log.turn_id, NotFound(
+                f"turn {log.turn_id} runs on another Agent replica, not heard of for {now - log.heard_at:.0f}s: "
+                "it is lost with that replica; the session has what the turn stored"))
 
     def _within_budget(self) -> None:
-        while self.bytes > self.budget_bytes:
+        if self.bytes <= self.budget_bytes:
+            return
+        # Down to a sixteenth under the budget, so the next events do not each look for the largest.
+        while self.bytes > self.budget_bytes - self.budget_bytes // 16:
             if self._ended:
                 self._forget(next(iter(self._ended)))
                 continue
@@ -209,7 +275,7 @@ class TurnLogs:
                 return
             self.bytes -= largest.drop_oldest()
 
-    def _forget(self, turn_id: str) -> None:
+    def _forget(self, turn_id: str, failure: Exception | None = None) -> None:
         self._ended.pop(turn_id, None)
         self._remote_running.pop(turn_id, None)
         log = self._logs.pop(turn_id, None)
@@ -218,4 +284,4 @@ class TurnLogs:
         self.bytes -= log.bytes
         if self._latest.get(log.session_id) == turn_id:
             del self._latest[log.session_id]
-        log.release()
+        log.release(failure)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,14 @@ def _env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise SystemExit(f"{name} must be a number, got {raw!r}") from None
+
+
+def _env_at_least(name: str, default: float, least: float) -> float:
+    """A finite number, ``least`` or more."""
+    value = _env_float(name, default)
+    if not (math.isfinite(value) and value >= least):
+        raise SystemExit(f"{name} must be a number of at least {least:g}, got {os.environ.get(name)!r}")
+    return value
 
 
 def _share_file_roots(raw: str, data_dir: Path) -> tuple[Path, ...]:
@@ -195,8 +204,8 @@ class Settings:
             agent_warm_mb=_env_int("PALIMPSEST_AGENT_WARM_MB", 64),
             turn_claims=_env_bool("PALIMPSEST_TURN_CLAIMS", False),
             replica_events=_env_bool("PALIMPSEST_REPLICA_EVENTS", False),
-            stream_keep_s=_env_float("PALIMPSEST_STREAM_KEEP_S", 300.0),
-            stream_keep_bytes=_env_int("PALIMPSEST_STREAM_KEEP_MB", 64) * 1024 * 1024,
+            stream_keep_s=_env_at_least("PALIMPSEST_STREAM_KEEP_S", 300.0, 0),
+            stream_keep_bytes=int(_env_at_least("PALIMPSEST_STREAM_KEEP_MB", 64, 1) * 1024 * 1024),
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
             share_file_roots=_share_file_roots(_env("PALIMPSEST_SHARE_FILE_ROOTS", ""), data_dir),
             share_file_max_bytes=_env_int("SHARE_FILE_MAX_SIZE_MB", 1024) * 1024 * 1024,
