@@ -477,7 +477,11 @@ async def test_chat_in_a_terminal_streams_live_and_obeys_ctrl_c(env, ollama_sim)
         await term.expect("turn stopped")
         await term.expect("you›")
         term.type("\x03")  # Ctrl-C again: leave
-        assert await term.exit_code() == 0
+        try:
+            assert await term.exit_code() == 0
+        except TimeoutError:
+            raise AssertionError(f"pal did not leave on the second Ctrl-C; its screen ends:\n{term.screen[-1500:]}") \
+                from None
     finally:
         term.close()
     assert "Traceback" not in term.screen and "line 399" not in term.screen

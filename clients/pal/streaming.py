@@ -80,11 +80,14 @@ def stream_turn(
             # Nothing was stoppable by id (the turn had not started yet): cancelling the call stops it.
             cancel()
 
+    stoppers: list[threading.Thread] = []
+
     def on_sigint(signum: int, frame: FrameType | None) -> None:
         result.interrupts += 1
         target = renderer.outcome.session_id or session_id
         if result.interrupts == 1 and target:
-            threading.Thread(target=stop_turn, args=(target,), daemon=True).start()
+            stoppers.append(threading.Thread(target=stop_turn, args=(target,), daemon=True))
+            stoppers[-1].start()
         else:
             cancel()
 
@@ -129,6 +132,8 @@ def stream_turn(
                 renderer.note("■ turn stopped")
     finally:
         signal.signal(signal.SIGINT, previous)
+        for stopper in stoppers:  # its Stop answered (or timed out): no call left in flight behind the turn
+            stopper.join(STOP_TIMEOUT_S)
     if require_end and not result.interrupts and not renderer.outcome.ended:
         closed = ServiceError("the Agent closed the stream before the turn ended", grpc.StatusCode.UNKNOWN, "")
         raise closed.interrupted_turn(renderer.outcome.session_id or session_id)
