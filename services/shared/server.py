@@ -45,12 +45,21 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, *, deep_nul_check: bool = False, translate: Translate | None = None):
         self.deep = deep_nul_check
         self.translate = translate
+        # The guarded handler of each method, made once: a server's handlers do not change, and
+        # making it anew (four objects) was part of every call's way in.
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
+        guarded = self._guarded.get(method)
+        if guarded is None or guarded[0] is not handler:  # (kept per method: never more than the methods)
+            guarded = self._guarded[method] = (handler, self._guard(handler, method))
+        return guarded[1]
+
+    def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 _guard_unary(handler.unary_unary, method, self.deep, self.translate),
