@@ -252,12 +252,13 @@ async def test_a_resume_ahead_of_this_replicas_own_turn_is_refused_at_once():
 
 
 def test_the_budget_bounds_the_memory_the_kept_events_take():
-    """Counted bytes are what the logs hold: filling a 4 MB budget with small text deltas (the
-    commonest event, where per-event overhead weighs most) takes at most a little more than 4 MB."""
-    budget = 4 * 1024 * 1024
+    """Counted bytes are what the logs hold: filling a 1 MB budget (several times over) with small
+    text deltas (the commonest event, where per-event overhead weighs most) takes at most a little
+    more than 1 MB."""
+    budget = 1024 * 1024
     turns = TurnLogs(300, budget)
-    events = [pb.AgentEvent(session_id="12345678-1234-4234-8234-123456789012", turn_id=f"{i // 20_000:032x}",
-                            seq=i % 20_000 + 1, text_delta=pb.TextDelta(text=" word")) for i in range(100_000)]
+    events = [pb.AgentEvent(session_id="12345678-1234-4234-8234-123456789012", turn_id=f"{i // 5_000:032x}",
+                            seq=i % 5_000 + 1, text_delta=pb.TextDelta(text=" word")) for i in range(30_000)]
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]

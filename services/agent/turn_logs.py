@@ -243,10 +243,16 @@ class TurnLogs:
                 if log.failure is not None:
                     raise log.failure
                 return
+            if log.local:
+                await log.more(None)
+                continue
+            left = log.heard_at + LOST_AFTER_S - self.clock()  # until its replica is taken for lost
             try:
-                await log.more(None if log.local else LOST_AFTER_S)
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                await log.more(left)
             except asyncio.TimeoutError:
-                self._expire(self.clock())  # lost, if its replica has not said otherwise meanwhile
+                self._expire(self.clock())  # lost, unless its replica said otherwise meanwhile
 
     # -- forgetting ----------------------------------------------------------------------------
     def _expire(self, now: float) -> None:
