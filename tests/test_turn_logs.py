@@ -269,3 +269,32 @@ def test_the_budget_bounds_the_memory_the_kept_events_take():
         tracemalloc.stop()
     assert budget * 0.85 <= turns.bytes <= budget
     assert held <= budget * 1.25, f"the logs hold {held / 2**20:.1f} MB for a {budget / 2**20:.0f} MB budget"
+
+
+async def test_while_this_replica_hears_nothing_the_others_turns_are_not_taken_for_lost():
+    turns, clock = logs()
+    turns.record(text(1), local=False)
+    turns.set_hearing(False)  # this replica's listen dropped: the others' silence says nothing
+    clock.now += LOST_AFTER_S * 5
+    assert turns.find("s1").turn_id == "t1"
+    turns.set_hearing(True)  # back: the silence counts from now
+    clock.now += LOST_AFTER_S - 1
+    assert turns.find("s1").turn_id == "t1"
+    clock.now += 1
+    with pytest.raises(NotFound):
+        turns.find("s1")
+    with pytest.raises(NotFound, match="lost with that replica"):
+        await turns.open("s1", "t1", 0, catch_up_s=0)
+
+
+async def test_a_lost_turn_is_said_lost_at_once_even_to_a_reader_still_behind():
+    turns, clock = logs()
+    for seq in (1, 2, 3):
+        turns.record(text(seq), local=False)
+    log = turns.find("s1")
+    clock.now += LOST_AFTER_S
+    turns.record(text(1, turn="t2", session="s2"), local=False)  # news: the silent one is forgotten
+    with pytest.raises(NotFound, match="lost with that replica"):
+        await collect(turns, log, 1)  # behind (seq 2 and 3 unread): told why, not OUT_OF_RANGE
+    with pytest.raises(NotFound, match="lost with that replica"):  # no wait for news of it
+        await asyncio.wait_for(turns.open("s1", "t1", 0, catch_up_s=60), 5)

@@ -63,17 +63,19 @@ def relayable(event: pb.AgentEvent) -> bytes | None:
 class ReplicaBus:
     def __init__(self, store, replica: str, *, deliver: Callable[[pb.AgentEvent], None],
                  stop_here: Callable[[str], bool], running: Callable[[], list[tuple[str, str]]] = list,
-                 alive: Callable[[str], None] = lambda turn_id: None):
+                 alive: Callable[[str], None] = lambda turn_id: None,
+                 hearing: Callable[[bool], None] = lambda hearing: None):
         """``deliver``: an event from another replica, to this replica's watchers. ``stop_here``:
         stop the session's turn if this replica runs it (True then). ``running``: (session id, turn
         id) of the turns this replica runs, announced every ALIVE_EVERY_S; ``alive``: another
-        replica announced this turn."""
+        replica announced this turn; ``hearing``: whether this replica's listen is in place."""
         self.store = store
         self.replica = replica
         self._deliver = deliver
         self._stop_here = stop_here
         self._running = running
         self._alive = alive
+        self._hearing = hearing
         self._outbox: deque[store_pb.SessionMessage] = deque()
         self._mail = asyncio.Event()
         self._sent = asyncio.Event()  # the outbox is empty and nothing is being sent
@@ -186,6 +188,7 @@ class ReplicaBus:
                                                                     timeout=LISTEN_SPAN_S):
                     if not reply.messages:  # the first: in place from now on
                         self.listening.set()
+                        self._hearing(True)
                         wait = RELISTEN_FIRST_S
                     for message in reply.messages:
                         self._receive(message)
@@ -194,6 +197,7 @@ class ReplicaBus:
                         "session bus: listening again (%s)", exc)
             finally:
                 self.listening.clear()
+                self._hearing(False)
             await asyncio.sleep(wait)  # back-off between listens, while the store has none in place
             wait = min(wait * 2, RELISTEN_MOST_S)
 

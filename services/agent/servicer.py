@@ -95,7 +95,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self.turn_logs = TurnLogs(deps.settings.stream_keep_s, deps.settings.stream_keep_bytes)
         # Across replicas (when on): Stop and the watchers' events travel through the store.
         self.bus = ReplicaBus(deps.store, self.replica, deliver=self._heard, stop_here=self.sessions.stop,
-                              running=self._running_turns, alive=self.turn_logs.heard_alive) \
+                              running=self._running_turns, alive=self.turn_logs.heard_alive,
+                              hearing=self.turn_logs.set_hearing) \
             if deps.settings.replica_events else None
 
     def _publish(self, event: pb.AgentEvent) -> None:

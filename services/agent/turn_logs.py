@@ -30,6 +30,7 @@ EVENT_OVERHEAD = 33 + 8
 # not heard of for LOST_AFTER_S (three announcements missed) is lost with its replica.
 ALIVE_EVERY_S = 2.0
 LOST_AFTER_S = 3 * ALIVE_EVERY_S
+LOST_REMEMBERED = 1000  # lost turns whose resumes are told so at once, not after a wait for news
 
 
 def _cost(payload: bytes) -> int:
@@ -56,6 +57,7 @@ class TurnLog:
         # reader that has everything is told instead of a quiet end.
         self.failure: Exception | None = None
         self.heard_at = now
+        self.released = False  # forgotten by the logs: what it held is gone
         self._more = asyncio.Event()
 
     @property
@@ -119,6 +121,7 @@ class TurnLog:
         """Forgotten: readers still following are told on their next look (behind what is kept,
         ``failure``, or, having it all, at the end)."""
         self._clear(self.last_seq + 1)
+        self.released = True
         if failure is not None and self.ended_at is None:
             self.failure = failure
             self.ended_at = 0.0
@@ -149,6 +152,11 @@ class TurnLogs:
         self._ended: OrderedDict[str, None] = OrderedDict()  # ended turns, in the order they ended
         self._remote_running: dict[str, TurnLog] = {}  # other replicas' turns not ended yet
         self._news = asyncio.Event()  # pulsed on each event from another replica
+        # Other replicas' turns taken for lost lately, with what their resumes are told (at once).
+        self._lost: OrderedDict[str, NotFound] = OrderedDict()
+        # Whether this replica hears the others (its session bus listens): while it does not, their
+        # silence says nothing about their turns.
+        self.hearing = True
         self.bytes = 0
 
     # -- writing -------------------------------------------------------------------------------
@@ -184,6 +192,15 @@ class TurnLogs:
                                               "stopping; the session has what the turn stored"))
             self._now_ended(turn_id)
 
+    def set_hearing(self, hearing: bool) -> None:
+        """This replica's listen to the others is (again) in place, or not. Back in place, their
+        running turns count their silence from now: what was said meanwhile was not heard."""
+        if hearing and not self.hearing:
+            now = self.clock()
+            for log in self._remote_running.values():
+                log.heard_at = max(log.heard_at, now)
+        self.hearing = hearing
+
     def heard_alive(self, turn_id: str) -> None:
         """Another replica says it still runs this turn."""
         log = self._remote_running.get(turn_id)
@@ -213,6 +230,8 @@ class TurnLogs:
         while True:
             news = self._news
             log = None
+            if turn_id in self._lost:
+                raise self._lost[turn_id]
             try:
                 log = self.find(session_id, turn_id)
                 log.check(after_seq)
@@ -232,6 +251,8 @@ class TurnLogs:
         replica is lost, NotFound."""
         seq = after_seq
         while True:
+            if log.released and log.failure is not None:
+                raise log.failure  # lost with its replica: that, whatever was left to read
             log.check(seq)
             for payload in log.after(seq):  # a copy: whole, whatever is trimmed meanwhile
                 event = pb.AgentEvent.FromString(payload)
@@ -247,12 +268,13 @@ class TurnLogs:
                 await log.more(None)
                 continue
             left = log.heard_at + LOST_AFTER_S - self.clock()  # until its replica is taken for lost
+            if left <= 0 and self.hearing:
+                self._expire(self.clock())  # lost: the next look says so
+                continue
             try:
-                if left <= 0:
-                    raise asyncio.TimeoutError
-                await log.more(left)
+                await log.more(left if left > 0 else LOST_AFTER_S)  # (not hearing: look again later)
             except asyncio.TimeoutError:
-                self._expire(self.clock())  # lost, unless its replica said otherwise meanwhile
+                pass
 
     # -- forgetting ----------------------------------------------------------------------------
     def _expire(self, now: float) -> None:
@@ -262,10 +284,16 @@ class TurnLogs:
             if log is not None and log.ended_at is not None and log.ended_at + self.keep_s > now:
                 break
             self._forget(turn_id)
+        if not self.hearing:
+            return  # the others' silence is this replica's deafness
         for log in [log for log in self._remote_running.values() if log.heard_at + LOST_AFTER_S <= now]:
-            self._forget(log.turn_id, NotFound(
-                f"turn {log.turn_id} runs on another Agent replica, not heard of for {now - log.heard_at:.0f}s: "
-                "it is lost with that replica; the session has what the turn stored"))
+            lost = NotFound(f"turn {log.turn_id} runs on another Agent replica, not heard of for "
+                            f"{now - log.heard_at:.0f}s: it is lost with that replica; the session has what "
+                            "the turn stored")
+            self._lost[log.turn_id] = lost
+            if len(self._lost) > LOST_REMEMBERED:
+                self._lost.popitem(last=False)
+            self._forget(log.turn_id, lost)
 
     def _within_budget(self) -> None:
         if self.bytes <= self.budget_bytes:
