@@ -122,9 +122,8 @@ class TurnLog:
         ``failure``, or, having it all, at the end)."""
         self._clear(self.last_seq + 1)
         self.released = True
-        if failure is not None and self.ended_at is None:
-            self.failure = failure
-            self.ended_at = 0.0
+        if failure is not None:
+            self.end(0.0, failure)
         self.pulse()
 
     def end(self, now: float, failure: Exception | None) -> None:

@@ -45,13 +45,15 @@ class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStream
         self.seconds = seconds
         self.long_seconds = long_seconds
 
+    def timeout_for(self, method: str | bytes) -> float:
+        name = method.decode() if isinstance(method, bytes) else method
+        return self.long_seconds if name in LONG_CALLS else self.seconds
+
     def _with_deadline(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         if details.timeout is not None:
             return details
-        method = details.method.decode() if isinstance(details.method, bytes) else details.method
-        timeout = self.long_seconds if method in LONG_CALLS else self.seconds
-        return grpc.aio.ClientCallDetails(details.method, timeout, details.metadata, details.credentials,
-                                          details.wait_for_ready)
+        return grpc.aio.ClientCallDetails(details.method, self.timeout_for(details.method), details.metadata,
+                                          details.credentials, details.wait_for_ready)
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._with_deadline(client_call_details), request)
@@ -75,14 +77,17 @@ class ServiceCalls(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamCli
         self.address = address
         self.settings = settings
 
+    def with_credentials(self, metadata) -> grpc.aio.Metadata:
+        """``metadata`` with the served caller's credentials added, unless it carries its own."""
+        metadata = grpc.aio.Metadata(*(metadata or ()))
+        if "authorization" not in metadata:
+            for key, value in outgoing_credentials(self.settings.auth_enabled, self.settings.jwt_secret):
+                metadata.add(key, value)
+        return metadata
+
     def _with_credentials(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()))
-        if "authorization" in metadata:
-            return details
-        for key, value in outgoing_credentials(self.settings.auth_enabled, self.settings.jwt_secret):
-            metadata.add(key, value)
-        return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
-                                          details.wait_for_ready)
+        return grpc.aio.ClientCallDetails(details.method, details.timeout, self.with_credentials(details.metadata),
+                                          details.credentials, details.wait_for_ready)
 
     def error(self, exc: grpc.aio.AioRpcError) -> PalimpsestError:
         return from_rpc_error(exc, self.service, self.address)
@@ -168,18 +173,15 @@ class _DirectUnary:
     own for every call, about 0.2–0.4 ms a call on a 2-core machine (measured with a health check),
     and a turn's answer waits for one such call between the model's last token and stream_end."""
 
-    def __init__(self, inner, method: str, deadline: DefaultDeadline, calls: ServiceCalls | None):
+    def __init__(self, inner, method: str | bytes, deadline: DefaultDeadline, calls: ServiceCalls | None):
         self._inner = inner
-        self._timeout = deadline.long_seconds if method in LONG_CALLS else deadline.seconds
+        self._timeout = deadline.timeout_for(method)
         self._calls = calls
 
     def __call__(self, request, *, timeout=None, metadata=None, credentials=None, wait_for_ready=None,
                  compression=None):
         if self._calls is not None:
-            metadata = grpc.aio.Metadata(*(metadata or ()))
-            if "authorization" not in metadata:
-                for key, value in outgoing_credentials(self._calls.settings.auth_enabled, self._calls.settings.jwt_secret):
-                    metadata.add(key, value)
+            metadata = self._calls.with_credentials(metadata)
         call = self._inner(request, timeout=self._timeout if timeout is None else timeout, metadata=metadata,
                            credentials=credentials, wait_for_ready=wait_for_ready, compression=compression)
         return call if self._calls is None else _Answered(call, self._calls)
@@ -196,8 +198,7 @@ class _ServiceChannel:
 
     def unary_unary(self, method, request_serializer=None, response_deserializer=None, *args, **kwargs):
         inner = self._channel.unary_unary(method, request_serializer, response_deserializer, *args, **kwargs)
-        name = method.decode() if isinstance(method, bytes) else method
-        return _DirectUnary(inner, name, self._deadline, self._calls)
+        return _DirectUnary(inner, method, self._deadline, self._calls)
 
     def __getattr__(self, name):  # the other kinds of call, close, get_state, channel_ready, …
         return getattr(self._channel, name)
