@@ -14,7 +14,7 @@ import pytest
 from palimpsest.v1 import (agent_pb2, agent_pb2_grpc, common_pb2, compressor_pb2, compressor_pb2_grpc,
                            session_store_pb2 as pb)
 from tests.conftest import JWT_SECRET, bearer
-from tests.waiting import drain_call
+from tests.waiting import call_to_end, one_request
 
 # Client-streamed uploads are checked by their own tests; these run as a matrix.
 SKIP = {"PutFile"}
@@ -36,7 +36,7 @@ BAD_CREDENTIALS = {
 
 def methods(module, service: str):
     return [m for m in module.DESCRIPTOR.services_by_name[service].methods
-            if not m.client_streaming and m.name not in SKIP]
+            if one_request(m) and m.name not in SKIP]
 
 
 ALL = ([("store", m) for m in methods(pb, "SessionStore")]
@@ -63,11 +63,7 @@ def request_for(method, session_id: str):
 
 async def call(stub, method, request, metadata) -> grpc.StatusCode:
     try:
-        rpc = getattr(stub, method.name)(request, metadata=metadata, timeout=30)
-        if method.server_streaming:
-            await drain_call(rpc, method.name)
-        else:
-            await rpc
+        await call_to_end(stub, method, request, metadata=metadata, timeout=30)
         return grpc.StatusCode.OK
     except grpc.aio.AioRpcError as error:
         return error.code()

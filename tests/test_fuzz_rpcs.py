@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2
 from palimpsest.v1.common_pb2 import Message
-from tests.waiting import drain_call
+from tests.waiting import call_to_end, one_request
 
 UNACCEPTABLE = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # Uploads (client-streamed) and the one RPC whose valid input deletes other tests' data are left out.
@@ -84,7 +84,7 @@ def build(cls, values: dict):
 
 
 def callable_methods(service_descriptor):
-    return [m for m in service_descriptor.methods if not m.client_streaming and m.name not in SKIP]
+    return [m for m in service_descriptor.methods if one_request(m) and m.name not in SKIP]
 
 
 STORE_METHODS = callable_methods(session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"])
@@ -94,11 +94,7 @@ AGENT_METHODS = callable_methods(agent_pb2.DESCRIPTOR.services_by_name["Agent"])
 
 async def _call(stub, method, request) -> None:
     try:
-        call = getattr(stub, method.name)(request, timeout=20)
-        if method.server_streaming:
-            await drain_call(call, method.name)
-        else:
-            await call
+        await call_to_end(stub, method, request, timeout=20)
     except grpc.aio.AioRpcError as error:
         assert error.code() not in UNACCEPTABLE, f"{method.name}({request!r:.300}) → {error.code()}: {error.details()}"
 

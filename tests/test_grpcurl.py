@@ -52,9 +52,15 @@ async def test_a_session_round_trip(store_server, profile):
     session_id = created["session"]["id"]
     await grpcurl("-d", json.dumps({"session_id": session_id, "messages": [{"role": "user", "content": "hello"}]}),
                   store_server.address, "palimpsest.v1.SessionStore/AppendMessages")
+    # AppendStream: each JSON object given to -d is one append on the call, answered in order.
+    out = await grpcurl("-d", "".join(json.dumps({"session_id": session_id, "messages": [{"role": role, "content": text}]})
+                                      for role, text in (("user", "one"), ("assistant", "two"))),
+                        store_server.address, "palimpsest.v1.SessionStore/AppendStream")
+    answers = [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00") if chunk.strip()]
+    assert [a["seqs"] for a in answers] == [["2"], ["3"]]
     got = json.loads(await grpcurl("-d", json.dumps({"session_id": session_id, "view": "SESSION_VIEW_FULL"}),
                                    store_server.address, "palimpsest.v1.SessionStore/GetSession"))
-    assert got["session"]["messages"][0]["content"] == "hello"
+    assert [m["content"] for m in got["session"]["messages"]] == ["hello", "one", "two"]
 
 
 async def test_a_streamed_turn(agent_server, ollama_sim):

@@ -141,6 +141,9 @@ class Services:
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> _NotedStream:
         return _NotedStream(self.channel.unary_stream(method, *args, **kwargs), method, self.timeouts, self.read)
 
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:  # (pal makes no such call)
+        return self.channel.stream_stream(method, *args, **kwargs)
+
     def close(self) -> None:
         self.channel.close()
 

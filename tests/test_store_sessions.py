@@ -6,6 +6,7 @@ import asyncio
 import json
 import uuid
 
+import asyncpg
 import grpc
 import pytest
 from google.protobuf import struct_pb2
@@ -153,6 +154,82 @@ async def test_an_idempotency_key_belongs_to_its_session(store, profile):
     await append(store, one.id, Message(role="user", content="in one"), idempotency_key="same-key")
     await append(store, two.id, Message(role="user", content="in two"), idempotency_key="same-key")
     assert [m.content for m in (await full(store, two.id)).messages] == ["in two"]
+
+
+async def test_expired_keys_go_by_their_age_and_only_the_session_s_kept_keys_stay(store, profile, database_url):
+    s = await new_session(store, profile)
+    other = await new_session(store, profile)
+    await append(store, s.id, Message(role="user", content="recent"), idempotency_key="recent")
+    await append(store, other.id, Message(role="user", content="elsewhere"), idempotency_key="old")
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("INSERT INTO applied_appends (session_id, key, seqs, revision, applied_at)"
+                           " VALUES ($1, 'old', '{1}', 1, now() - interval '2 days')", uuid.UUID(s.id))
+        await conn.execute("UPDATE applied_appends SET applied_at = now() - interval '2 days' WHERE session_id = $1",
+                           uuid.UUID(other.id))
+        await append(store, s.id, Message(role="user", content="next"), idempotency_key="next")
+        kept = await conn.fetch("SELECT session_id::text AS session, key FROM applied_appends"
+                                " WHERE session_id = ANY($1::uuid[]) ORDER BY key", [s.id, other.id])
+        # The expired key of this session is gone; another session's keys wait for its own appends.
+        assert [(r["session"], r["key"]) for r in kept] == [(s.id, "next"), (other.id, "old"), (s.id, "recent")]
+        # Found by age: the delete reads the keys it removes, not every key the session kept (the
+        # primary key (session_id, key) alone made each append read the whole day's keys).
+        await conn.execute("INSERT INTO applied_appends (session_id, key, seqs, revision)"
+                           " SELECT $1, 'turn-' || g, '{1}', 1 FROM generate_series(1, 3000) g", uuid.UUID(s.id))
+        await conn.execute("ANALYZE applied_appends")
+        plan = await conn.fetchval("EXPLAIN (FORMAT JSON) DELETE FROM applied_appends a"
+                                   " WHERE a.session_id = $1 AND a.applied_at < now() - interval '1 day'",
+                                   uuid.UUID(s.id))
+        assert "applied_appends_session_age" in json.dumps(plan), plan
+    finally:
+        await conn.close()
+
+
+# -- the append stream ------------------------------------------------------------------------
+def appending(session_id: str, content: str, **kw) -> pb.AppendMessagesRequest:
+    return pb.AppendMessagesRequest(session_id=session_id, messages=[Message(role="user", content=content)], **kw)
+
+
+async def test_appends_on_one_stream_are_answered_in_order_as_append_messages_answers(store, profile):
+    s = await new_session(store, profile)
+    call = store.AppendStream()
+    answers: list[pb.AppendMessagesResponse] = []
+    revision = s.revision
+    for i in range(3):
+        await call.write(appending(s.id, f"message {i}", expected_revision=revision, idempotency_key=f"key-{i}"))
+        answers.append(await call.read())
+        revision = answers[-1].revision
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    assert [list(a.seqs) for a in answers] == [[1], [2], [3]]
+    assert [m.content for m in (await full(store, s.id)).messages] == ["message 0", "message 1", "message 2"]
+    # The stream's answer is the append's: a retry under its key, as a call of its own, gets it back.
+    again = await append(store, s.id, Message(role="user", content="message 2"),
+                         expected_revision=answers[1].revision, idempotency_key="key-2")
+    assert (list(again.seqs), again.revision) == (list(answers[2].seqs), answers[2].revision)
+
+
+@pytest.mark.parametrize("bad, code, words", [
+    (dict(expected_revision=0), grpc.StatusCode.ABORTED, ("revision",)),
+    (dict(content="a\x00b"), grpc.StatusCode.INVALID_ARGUMENT, ("content", "NUL")),
+    (dict(session_id="not-a-session"), grpc.StatusCode.INVALID_ARGUMENT, ("session_id",)),
+], ids=["stale", "nul", "bad id"])
+async def test_a_refused_append_ends_the_stream_with_its_status_and_changes_nothing(store, profile, bad, code,
+                                                                                    words):
+    s = await new_session(store, profile)
+    call = store.AppendStream()
+    await call.write(appending(s.id, "kept"))
+    await call.read()
+    fields = {"session_id": s.id, "content": "refused", **bad}
+    await call.write(appending(fields.pop("session_id"), fields.pop("content"), **fields))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call.read()
+    assert err.value.code() == code, err.value.details()
+    for word in words:
+        assert word in err.value.details()
+    session = await full(store, s.id)
+    assert [m.content for m in session.messages] == ["kept"] and session.next_seq == 2
 
 
 async def test_tool_call_secrets_are_redacted_and_json_stays_valid(store, profile):

@@ -37,3 +37,19 @@ async def drain_call(call, method_name: str) -> None:
         async for _ in call:  # ended already: its status, raised as the call's error
             pass
     call.cancel()
+
+
+def one_request(method) -> bool:
+    """A method a test can call with one request: all but client-streamed uploads (a bidirectional
+    method takes it as its only request)."""
+    return not method.client_streaming or method.server_streaming
+
+
+async def call_to_end(stub, method, request, **kwargs) -> None:
+    """Call ``method`` with ``request`` and run the call to its end; raises the call's error."""
+    fn = getattr(stub, method.name)
+    call = fn(iter([request]), **kwargs) if method.client_streaming else fn(request, **kwargs)
+    if method.server_streaming:
+        await drain_call(call, method.name)
+    else:
+        await call

@@ -71,6 +71,11 @@ class SessionStoreStub:
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.FromString,
                 _registered_method=True)
+        self.AppendStream = channel.stream_stream(
+                '/palimpsest.v1.SessionStore/AppendStream',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.FromString,
+                _registered_method=True)
         self.ClaimTurn = channel.unary_unary(
                 '/palimpsest.v1.SessionStore/ClaimTurn',
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ClaimTurnRequest.SerializeToString,
@@ -226,6 +231,15 @@ class SessionStoreServicer:
 
     def AppendMessages(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendStream(self, request_iterator, context):
+        """AppendMessages over one stream: each request is answered in order, as AppendMessages would
+        answer it; the first refused ends the stream with that status. A writer that appends more than
+        once (the Agent, over a turn) keeps one stream open and saves each append a call of its own.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -405,6 +419,11 @@ def add_SessionStoreServicer_to_server(servicer, server):
             ),
             'AppendMessages': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendMessages,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.SerializeToString,
+            ),
+            'AppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AppendStream,
                     request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.SerializeToString,
             ),
@@ -708,6 +727,33 @@ class SessionStore:
             request,
             target,
             '/palimpsest.v1.SessionStore/AppendMessages',
+            palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/palimpsest.v1.SessionStore/AppendStream',
             palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesRequest.SerializeToString,
             palimpsest_dot_v1_dot_session__store__pb2.AppendMessagesResponse.FromString,
             options,

@@ -293,6 +293,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                                          context_truncated=result.context_truncated,
                                          session_changed=result.session_changed)
 
+    async def AppendStream(self, request_iterator, context):
+        async for request in request_iterator:
+            yield await self.AppendMessages(request, context)
+
     async def ClaimTurn(self, request, context):
         identity = self._identity(context)
         session_id = parse_session_id(request.session_id)

@@ -11,9 +11,9 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -78,9 +78,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        if handler.stream_stream:
+        if handler.stream_stream:  # (each request checked as the servicer reads it)
             return grpc.stream_stream_rpc_method_handler(
-                _guard_stream(handler.stream_stream, method, None, self.translate),
+                _guard_stream(_checking_each(handler.stream_stream, self.deep), method, None, self.translate),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -107,6 +107,17 @@ def _refuse_bad_strings(request, deep: bool | None) -> None:
         too_long = first_too_long(request)
         if too_long:
             raise InvalidArgument(too_long[0], f"must be at most {too_long[1]} characters")
+
+
+def _checking_each(fn, deep: bool):
+    """A bidirectional method whose requests are refused, as a unary call's request is, when the
+    servicer reads one with a NUL or an over-long identifying string."""
+    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            _refuse_bad_strings(request, deep)
+            yield request
+
+    return lambda requests, context: fn(checked(requests), context)
 
 
 def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None):
