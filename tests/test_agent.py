@@ -685,11 +685,12 @@ async def test_a_watcher_sees_the_turn_and_the_compression_after_its_stream_end(
     assert not any(e.HasField("context_compressed") for e in events)
 
 
-async def test_a_plain_turn_makes_three_internal_calls_and_one_after_the_answer(agent, agent_server, ollama_sim,
-                                                                                 monkeypatch):
-    """A plain turn in a warm session: the size check and the user's message before the first
-    token, the answer with the call's report (baseline, observation, counts, meter) as one append
-    after it. Nothing after stream_end: no post-turn pass under the trigger, no reload to keep the
+async def test_a_plain_turn_makes_two_internal_calls_and_none_after_the_answer(agent, agent_server, ollama_sim,
+                                                                                store, monkeypatch):
+    """A plain turn in a warm session: the size check, and the append stream that stores the user's
+    message while it runs, both before the model is asked; the answer with the call's report
+    (baseline, observation, counts, meter) goes on that stream after the last token, without a call
+    of its own. Nothing after stream_end: no post-turn pass under the trigger, no reload to keep the
     session warm (12 internal calls before, 5 of them between the last token and stream_end)."""
     from services.shared import server as shared_server
 
@@ -705,13 +706,24 @@ async def test_a_plain_turn_makes_three_internal_calls_and_one_after_the_answer(
     session_id = first[0].session_id
     await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)  # warm now
     monkeypatch.setattr(shared_server.ErrorInterceptor, "intercept_service", recording)
-    ollama_sim.script(Reply(text="a plain answer"))
-    events = await run(agent, "and again", session_id=session_id)
+    calls_when_asked: list[int] = []
+
+    def answer(body) -> Reply:
+        calls_when_asked.append(len(calls))
+        return Reply(text="a plain answer")
+
+    ollama_sim.set_responder(answer)
+    try:
+        events = await run(agent, "and again", session_id=session_id)
+    finally:
+        ollama_sim.set_responder(None)
     await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
     assert end_of(events).reason == pb.STREAM_END_REASON_COMPLETED
     internal = [name for name in calls if not name.startswith("Agent.")]
-    assert sorted(internal) == ["Compressor.CheckContextSize", "SessionStore.AppendMessages",
-                                "SessionStore.AppendMessages"], internal
-    assert internal[-1] == "SessionStore.AppendMessages"  # the answer and its report: the only write after it
+    assert sorted(internal) == ["Compressor.CheckContextSize", "SessionStore.AppendStream"], internal
+    assert calls_when_asked == [len(calls)]  # no call made after the model was asked
+    stored = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
+                                                                view=store_pb.SESSION_VIEW_FULL))).session
+    assert [m.content for m in stored.messages[-2:]] == ["and again", "a plain answer"]
     usage = next(e.usage for e in events if e.HasField("usage"))
     assert usage.count_method == "reported"  # the report was kept, with the answer

@@ -8,6 +8,8 @@ import logging
 import uuid
 from collections.abc import Sequence
 
+import grpc
+
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable
@@ -24,6 +26,81 @@ def retry_delay(attempt: int) -> float:
     """Seconds before retry `attempt` (0-based) of a write that must land: soon at first (a store
     restarting is back in a second or two), then every 2 s, never hammering one that is down."""
     return min(2.0, 0.2 * 2 ** attempt)
+
+class AppendStream:
+    """A turn's appends over one SessionStore.AppendStream call. The first append opens it (the
+    user's message, stored while the prompt is sized, off the model's path); the answer's append
+    after the model's last token then travels on it without a call of its own (no new HTTP/2
+    stream, no server interceptors: measured ~0.5 ms of the ~3.5 between the last token and
+    stream_end). Called like the unary method it stands for. An append that fails or is not
+    answered within its timeout drops the stream (the next append opens another), so a retry under
+    the same idempotency key is as safe as over AppendMessages."""
+
+    def __init__(self, store: SessionStoreStub, metadata: tuple[tuple[str, str], ...]):
+        self._store = store
+        # Opened once with the services' vouch beside the caller's credentials: any append of the
+        # turn may carry a model report, and a stream's metadata is fixed when it opens.
+        self._metadata = metadata
+        self._call = None
+        self._closed = False  # after close(): each append a call of its own (the turn's later writes)
+        self._lock = asyncio.Lock()  # one append in flight: the answers come in order
+
+    async def __call__(self, request: store_pb.AppendMessagesRequest, *, metadata=None,
+                       timeout: float | None = None) -> store_pb.AppendMessagesResponse:
+        if self._closed:
+            return await self._store.AppendMessages(request, metadata=metadata, timeout=timeout)
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout):
+                    try:
+                        await self._open().write(request)
+                    except PalimpsestError:  # it ended while idle (a store restarted between appends): unsent
+                        self._drop()
+                        await self._open().write(request)
+                    reply = await self._open().read()
+            except TimeoutError:
+                self._drop()
+                raise Unavailable(f"the SessionStore did not answer an append within {timeout:g} s") from None
+            except BaseException:
+                self._drop()
+                raise
+            if reply is grpc.aio.EOF:  # (a store going away ends its streams)
+                self._drop()
+                raise Unavailable("the SessionStore ended the append stream")
+            return reply
+
+    @property
+    def open(self) -> bool:
+        """A call is open and, as far as this side knows, alive."""
+        return self._call is not None and not self._call.done()
+
+    def _open(self):
+        if self._call is None:
+            self._call = self._store.AppendStream(metadata=self._metadata or None)
+        return self._call
+
+    def _drop(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    async def close(self) -> None:
+        """The turn's model calls are over: the call ends (OK) once the store has read to its end;
+        a later append (the post-turn pass) is a call of its own."""
+        self._closed = True
+        async with self._lock:
+            call, self._call = self._call, None
+            if call is None:
+                return
+            try:
+                await call.done_writing()
+                await call.read()  # its end (EOF): the call is over on both sides
+            except PalimpsestError as exc:  # every append was answered: nothing is lost with it
+                log.debug("closing an append stream: %s", exc)
+            except BaseException:  # (cancelled on its way out: the call goes at once)
+                call.cancel()
+                raise
+
 
 def conflict(exc: Aborted) -> Aborted:
     """A revision conflict in our caller's terms: what it means for a turn."""
@@ -67,6 +144,7 @@ class StoredConversation:
         # ahead when only the session's other fields changed meanwhile (a rename, a pin, a taint).
         self.next_seq: int | None = None
         self.warm_worthy = True  # False once what we hold of the session could not be refreshed
+        self.appends = AppendStream(store, self.vouch)
 
     async def _call(self, method, request, timeout: float | None = None):
         # A model report rides with the caller's credentials (the interceptor's) and the services' vouch.
@@ -177,8 +255,12 @@ class StoredConversation:
 
     async def _append(self, request, retry_for: float, attempt_timeout: float):
         if retry_for > 0:
-            return await self._write_until(self.store.AppendMessages, request, retry_for, attempt_timeout)
-        return await self._write(self.store.AppendMessages, request)
+            return await self._write_until(self.appends, request, retry_for, attempt_timeout)
+        return await self._write(self.appends, request, attempt_timeout)
+
+    async def done_appending(self) -> None:
+        """The turn's own writes are over (its append stream ends)."""
+        await self.appends.close()
 
     def snapshot(self) -> common_pb2.Session | None:
         """The session as this conversation left it (CONTEXT view): what the Agent keeps warm for
@@ -251,6 +333,9 @@ class EphemeralConversation:
                      attempt_timeout: float = 30.0, report: store_pb.ModelReport | None = None) -> list[int]:
         self.context.extend(messages)
         return [0] * len(messages)
+
+    async def done_appending(self) -> None:
+        return None
 
     def snapshot(self) -> None:
         return None  # nothing is stored: nothing to keep warm

@@ -267,6 +267,7 @@ class Turn:
             return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
         finally:
             current_session.reset(token)
+            await self.conv.done_appending()
 
     async def _run(self, turn_input: TurnInput) -> TurnResult:
         self.sink.model_info(self.profile.model, self.window)

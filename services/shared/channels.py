@@ -3,13 +3,14 @@ credentials and the errors a failed call raises."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
 
 from services.shared.addresses import channel_target
 from services.shared.auth import outgoing_credentials
-from services.shared.errors import PalimpsestError, from_rpc_error
+from services.shared.errors import PalimpsestError, Unavailable, from_rpc_error
 from services.shared import tls, tracing
 from services.shared.server import channel_options, settings_tls
 from services.shared.settings import Settings
@@ -157,13 +158,22 @@ class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
         return await self.inner.intercept_stream_unary(continuation, client_call_details, request_iterator)
 
 
+class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await self.inner.intercept_stream_stream(continuation, client_call_details, request_iterator)
+
+
 def each_kind(*interceptors) -> list[grpc.aio.ClientInterceptor]:
     """The interceptors, once per kind of call each handles: a grpc.aio channel files an
     interceptor under the first kind it is an instance of only, so one class serving all kinds
     would silently skip the streams (server streams such as Compress, and PutFile, went without
     their default deadline that way)."""
     kinds = ((grpc.aio.UnaryUnaryClientInterceptor, _UnaryUnary), (grpc.aio.UnaryStreamClientInterceptor, _UnaryStream),
-             (grpc.aio.StreamUnaryClientInterceptor, _StreamUnary))
+             (grpc.aio.StreamUnaryClientInterceptor, _StreamUnary),
+             (grpc.aio.StreamStreamClientInterceptor, _StreamStream))
     return [adapter(i) for base, adapter in kinds for i in interceptors if isinstance(i, base)]
 
 
@@ -187,18 +197,71 @@ class _DirectUnary:
         return call if self._calls is None else _Answered(call, self._calls)
 
 
-class _ServiceChannel:
-    """A channel whose unary-unary calls go through _DirectUnary; every other kind of call, and
-    everything else, is the wrapped channel's (its interceptors handle the streams)."""
+class _DirectStream:
+    """A bidirectional method of a service's channel: the call carries the served caller's
+    credentials (as of its opening) and its reads and writes fail as ServiceCalls maps them. No
+    deadline: such a call lives as long as its writer keeps it, and bounds each exchange itself."""
 
-    def __init__(self, channel: grpc.aio.Channel, deadline: DefaultDeadline, calls: ServiceCalls | None):
+    def __init__(self, inner, calls: ServiceCalls | None):
+        self._inner = inner
+        self._calls = calls
+
+    def __call__(self, request_iterator=None, *, timeout=None, metadata=None, credentials=None, wait_for_ready=None,
+                 compression=None):
+        if self._calls is not None:
+            metadata = self._calls.with_credentials(metadata)
+        call = self._inner(request_iterator, timeout=timeout, metadata=metadata, credentials=credentials,
+                           wait_for_ready=wait_for_ready, compression=compression)
+        return call if self._calls is None else _MappedStream(call, self._calls)
+
+
+class _MappedStream:
+    """A bidirectional call whose reads and writes raise the PalimpsestError for a failed status."""
+
+    def __init__(self, call, calls: ServiceCalls):
+        self._call = call
+        self._calls = calls
+
+    async def read(self):
+        try:
+            return await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise self._calls.error(exc) from None
+
+    async def write(self, request) -> None:
+        try:
+            await self._call.write(request)
+        except grpc.aio.AioRpcError as exc:
+            raise self._calls.error(exc) from None
+        except asyncio.InvalidStateError:  # the call had ended already: its status says why
+            if await self.read() is grpc.aio.EOF:
+                raise Unavailable(f"{self._calls.service} at {self._calls.address} ended the call") from None
+            raise
+
+    def __getattr__(self, name):  # done_writing, cancel, done, code, …: the call's own
+        return getattr(self._call, name)
+
+
+class _ServiceChannel:
+    """A channel whose unary-unary calls go through _DirectUnary (unless ``direct_unary`` is off:
+    traced, they take the channel's interceptors) and whose bidirectional calls go through
+    _DirectStream; every other kind of call, and everything else, is the wrapped channel's (its
+    interceptors handle those streams)."""
+
+    def __init__(self, channel: grpc.aio.Channel, deadline: DefaultDeadline, calls: ServiceCalls | None,
+                 direct_unary: bool = True):
         self._channel = channel
         self._deadline = deadline
         self._calls = calls
+        self._direct_unary = direct_unary
 
     def unary_unary(self, method, request_serializer=None, response_deserializer=None, *args, **kwargs):
         inner = self._channel.unary_unary(method, request_serializer, response_deserializer, *args, **kwargs)
-        return _DirectUnary(inner, method, self._deadline, self._calls)
+        return _DirectUnary(inner, method, self._deadline, self._calls) if self._direct_unary else inner
+
+    def stream_stream(self, method, request_serializer=None, response_deserializer=None, *args, **kwargs):
+        inner = self._channel.stream_stream(method, request_serializer, response_deserializer, *args, **kwargs)
+        return _DirectStream(inner, self._calls)
 
     def __getattr__(self, name):  # the other kinds of call, close, get_state, channel_ready, …
         return getattr(self._channel, name)
@@ -230,4 +293,4 @@ def open_channel(addresses: str, settings: Settings, *, service: str = "") -> gr
                                           interceptors=interceptors)
     else:
         channel = grpc.aio.insecure_channel(channel_target(addresses), options=options, interceptors=interceptors)
-    return channel if traced else _ServiceChannel(channel, deadline, calls)  # type: ignore[return-value]
+    return _ServiceChannel(channel, deadline, calls, direct_unary=not traced)  # type: ignore[return-value]
