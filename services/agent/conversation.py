@@ -31,8 +31,8 @@ class AppendStream:
     """A turn's appends over one SessionStore.AppendStream call. The first append opens it (the
     user's message, stored while the prompt is sized, off the model's path); the answer's append
     after the model's last token then travels on it without a call of its own (no new HTTP/2
-    stream, no server interceptors: measured ~0.5 ms of the ~3.5 between the last token and
-    stream_end). Called like the unary method it stands for. An append that fails or is not
+    stream, no server interceptors: 0.55–0.65 ms less between the last token and stream_end, of
+    2.7–3.5 ms p50, measured side by side). Called like the unary method it stands for. An append that fails or is not
     answered within its timeout drops the stream (the next append opens another), so a retry under
     the same idempotency key is as safe as over AppendMessages."""
 
