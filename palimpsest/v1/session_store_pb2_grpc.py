@@ -239,6 +239,8 @@ class SessionStoreServicer:
         """AppendMessages over one stream: each request is answered in order, as AppendMessages would
         answer it; the first refused ends the stream with that status. A writer that appends more than
         once (the Agent, over a turn) keeps one stream open and saves each append a call of its own.
+        (Its requests are AppendMessages' own: one append is one append, whichever call carries it.)
+        buf:lint:ignore RPC_REQUEST_STANDARD_NAME
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
