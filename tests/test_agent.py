@@ -140,8 +140,10 @@ async def test_cancelling_before_the_first_token_leaves_no_empty_answer(agent, s
 async def impatient_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
     from services.agent.app import start_agent
 
+    # The first chunk waits longer than the next: a prefill slowed by a loaded machine must not
+    # pass for the stall after it that the between-chunk test makes.
     running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
-                                               profiles_file, stream_first_chunk_timeout=0.6,
+                                               profiles_file, stream_first_chunk_timeout=2.0,
                                                stream_chunk_timeout=0.6), port=0)
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield agent_pb2_grpc.AgentStub(channel)

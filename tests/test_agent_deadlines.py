@@ -103,7 +103,8 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
             # The turn ends at the deadline: a stream_end ERROR once it runs, or, while the Agent is
             # still loading the session, the call's own UNAVAILABLE naming the store.
             try:
-                hung = await asyncio.wait_for(turn(agent, first[0].session_id, "are you there?"), timeout=60)
+                # (20 s: the 2 s deadline of each write, and the turn's end not waiting on the store)
+                hung = await asyncio.wait_for(turn(agent, first[0].session_id, "are you there?"), timeout=20)
                 ends = [e.stream_end for e in hung if e.HasField("stream_end")]
                 assert ends and ends[0].reason == apb.STREAM_END_REASON_ERROR
                 # The model may have started on the prompt, but its answer to a message the store

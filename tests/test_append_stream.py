@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
+from dataclasses import replace
+
+import pytest
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.conversation import StoredConversation
+from services.shared.auth import serve_caller
 from services.shared.channels import open_channel
+from services.shared.errors import PermissionDenied, Unavailable
+from tests.conftest import JWT_SECRET, bearer
 from tests.relay import Relay
 from tests.test_store_sessions import full
 from tests.waiting import until
@@ -81,3 +87,75 @@ async def test_the_turns_end_ends_the_stream_and_a_later_append_is_a_call_of_its
         await conv.append([Message(role="assistant", content="after the turn")])  # (the post-turn pass)
         assert not conv.appends.open
         assert await stored(store, session_id) == ["in the turn", "after the turn"]
+
+
+async def test_the_turns_end_does_not_wait_on_a_store_that_hangs(base_settings, store_server, store, profile):
+    async with conversation_through_relay(base_settings, store_server, store, profile) as (relay, conv, session_id):
+        await conv.append([Message(role="user", content="a question")])
+        relay.freeze()  # the store's link dies after the turn's last answered append
+        async with asyncio.timeout(10):  # (it waited on keepalives, about 60 s, holding the session)
+            await conv.done_appending()
+        assert not conv.appends.open
+        relay.thaw()
+        assert await stored(store, session_id) == ["a question"]
+
+
+async def test_an_append_on_a_store_that_hangs_fails_at_its_timeout(base_settings, store_server, store, profile):
+    async with conversation_through_relay(base_settings, store_server, store, profile) as (relay, conv, session_id):
+        conv.timeout = conv.appends._timeout = 1.0  # (the Agent gives its PALIMPSEST_RPC_TIMEOUT_S)
+        relay.freeze()
+        with pytest.raises(Unavailable, match="did not answer an append within 1 s"):
+            async with asyncio.timeout(20):
+                await conv.append([Message(role="user", content="into the void")])
+        relay.thaw()
+        await conv.append([Message(role="user", content="once it is back")])
+        contents = await stored(store, session_id)
+        assert contents[-1] == "once it is back" and len(contents) <= 2
+
+
+async def test_an_append_for_another_caller_never_rides_on_the_stream_opened_for_the_first(
+        base_settings, store_server_auth, store_auth, profile):
+    alice, bob = bearer("stream-alice"), bearer("stream-bob")
+    session = (await store_auth.CreateSession(pb.CreateSessionRequest(profile_id=profile), metadata=alice)).session
+    settings = replace(base_settings, auth_enabled=True, jwt_secret=JWT_SECRET)
+    async with open_channel(store_server_auth.address, settings, service="SessionStore") as channel:
+        conv = StoredConversation(SessionStoreStub(channel), session.id)
+        serve_caller(alice)
+        await conv.load()
+        await conv.append([Message(role="user", content="alice's")])
+        assert conv.appends.open
+        serve_caller(bob)  # (the same task serving another caller: its appends carry bob's token)
+        with pytest.raises(PermissionDenied):
+            await conv.append([Message(role="user", content="bob's")])
+    contents = [m.content for m in (await store_auth.GetSession(pb.GetSessionRequest(
+        session_id=session.id, view=pb.SESSION_VIEW_FULL), metadata=alice)).session.messages]
+    assert contents == ["alice's"]
+
+
+async def test_a_stopping_store_ends_an_idle_append_stream_and_the_next_append_goes_elsewhere(
+        base_settings, database_url, store, profile):
+    """A turn's stream open on a replica that stops: the stop does not wait out its grace for it,
+    and the turn's next append lands on the replica that is left (the relay is the address both
+    stand behind, as a Kubernetes Service is)."""
+    from services.session_store.app import start_store
+
+    stopping = await start_store(base_settings, port=0, dsn=database_url)
+    staying = await start_store(base_settings, port=0, dsn=database_url)
+    session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
+    relay = Relay(("127.0.0.1", stopping.port))
+    await relay.start()
+    try:
+        async with open_channel(f"127.0.0.1:{relay.port}", base_settings, service="SessionStore") as channel:
+            conv = StoredConversation(SessionStoreStub(channel), session.id)
+            await conv.load()
+            await conv.append([Message(role="user", content="before the stop")])
+            relay.target = ("127.0.0.1", staying.port)  # new connections go to the replica that stays
+            async with asyncio.timeout(10):  # a grace of 60 s: only the stream's end can make it short
+                await stopping.stop(60)
+            assert await until(lambda: not conv.appends.open)
+            await conv.append([Message(role="assistant", content="after the stop")])
+        assert await stored(store, session.id) == ["before the stop", "after the stop"]
+    finally:
+        for running in (stopping, staying):
+            if not running.stopping:
+                await running.stop(0)

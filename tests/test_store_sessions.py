@@ -232,6 +232,24 @@ async def test_a_refused_append_ends_the_stream_with_its_status_and_changes_noth
     assert [m.content for m in session.messages] == ["kept"] and session.next_seq == 2
 
 
+async def test_an_append_stream_without_credentials_is_refused_before_any_append(store_auth):
+    call = store_auth.AppendStream()  # (held open until its first append, it cost the store memory per stream)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async with asyncio.timeout(20):
+            await call.read()
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_bytes_that_are_no_append_request_are_invalid_argument_not_internal(store_server, profile):
+    async with grpc.aio.insecure_channel(store_server.address) as channel:
+        call = channel.stream_stream("/palimpsest.v1.SessionStore/AppendStream")()
+        await call.write(b"\x0a\xff\xff\xff\xff\x0f")  # a string field whose length runs past the message
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert "request" in err.value.details()
+
+
 async def test_tool_call_secrets_are_redacted_and_json_stays_valid(store, profile):
     s = await new_session(store, profile)
     args = json.dumps({"url": "https://api.test", "api_key": "sk-abcdefghijklmnopqrstuvwxyz123456", "n": 3})

@@ -7,11 +7,13 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.shared.auth import serving_credentials
 from services.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable
 from services.shared.session_reads import whole_context
 from services.shared.structs import to_struct
@@ -27,57 +29,67 @@ def retry_delay(attempt: int) -> float:
     restarting is back in a second or two), then every 2 s, never hammering one that is down."""
     return min(2.0, 0.2 * 2 ** attempt)
 
-class AppendStream:
+class TurnAppends:
     """A turn's appends over one SessionStore.AppendStream call. The first append opens it (the
     user's message, stored while the prompt is sized, off the model's path); the answer's append
     after the model's last token then travels on it without a call of its own (no new HTTP/2
     stream, no server interceptors: 0.55–0.65 ms less between the last token and stream_end, of
-    2.7–3.5 ms p50, measured side by side). Called like the unary method it stands for. An append that fails or is not
-    answered within its timeout drops the stream (the next append opens another), so a retry under
-    the same idempotency key is as safe as over AppendMessages."""
+    2.7–3.5 ms p50, measured side by side). Called like the unary method it stands for, with
+    requests that carry an idempotency key (``StoredConversation.append``'s): a request whose stream
+    ended under it (a store replica stopping ends the streams between two appends) is sent once
+    more on a new stream, as gRPC retries a unary call refused UNAVAILABLE. An append that fails
+    otherwise or is not answered in time drops the stream; the caller's retry opens another."""
 
-    def __init__(self, store: SessionStoreStub, metadata: tuple[tuple[str, str], ...]):
+    # The turn's end waits this long for the store to close the call; then it goes regardless.
+    CLOSE_WAIT_S = 1.0
+
+    def __init__(self, store: SessionStoreStub, metadata: tuple[tuple[str, str], ...], timeout: float):
         self._store = store
         # Opened once with the services' vouch beside the caller's credentials: any append of the
         # turn may carry a model report, and a stream's metadata is fixed when it opens.
         self._metadata = metadata
-        self._call = None
+        self._timeout = timeout  # an append's own, unless its caller gives one
+        self._call: Any = None  # the open AppendStream call (its reads and writes raise PalimpsestErrors)
+        self._caller: object = None  # the served caller's credentials the call was opened with
         self._closed = False  # after close(): each append a call of its own (the turn's later writes)
         self._lock = asyncio.Lock()  # one append in flight: the answers come in order
-
-    async def __call__(self, request: store_pb.AppendMessagesRequest, *, metadata=None,
-                       timeout: float | None = None) -> store_pb.AppendMessagesResponse:
-        if self._closed:
-            return await self._store.AppendMessages(request, metadata=metadata, timeout=timeout)
-        async with self._lock:
-            try:
-                async with asyncio.timeout(timeout):
-                    try:
-                        await self._open().write(request)
-                    except PalimpsestError:  # it ended while idle (a store restarted between appends): unsent
-                        self._drop()
-                        await self._open().write(request)
-                    reply = await self._open().read()
-            except TimeoutError:
-                self._drop()
-                raise Unavailable(f"the SessionStore did not answer an append within {timeout:g} s") from None
-            except BaseException:
-                self._drop()
-                raise
-            if reply is grpc.aio.EOF:  # (a store going away ends its streams)
-                self._drop()
-                raise Unavailable("the SessionStore ended the append stream")
-            return reply
 
     @property
     def open(self) -> bool:
         """A call is open and, as far as this side knows, alive."""
         return self._call is not None and not self._call.done()
 
-    def _open(self):
+    async def __call__(self, request: store_pb.AppendMessagesRequest, *, metadata=None,
+                       timeout: float | None = None) -> store_pb.AppendMessagesResponse:
+        timeout = self._timeout if timeout is None else timeout
+        if self._closed or (self._call is not None and self._caller != serving_credentials()):
+            # (an append for another caller than the stream's, e.g. under as_service(): its own call)
+            return await self._store.AppendMessages(request, metadata=metadata, timeout=timeout)
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout):
+                    try:
+                        return await self._exchange(request)
+                    except Unavailable:  # the stream ended under the request: never served, or served once
+                        self._drop()
+                        return await self._exchange(request)
+            except TimeoutError:
+                self._drop()
+                raise Unavailable(f"the SessionStore did not answer an append within {timeout:g} s") from None
+            except BaseException:
+                self._drop()
+                raise
+
+    async def _exchange(self, request: store_pb.AppendMessagesRequest) -> store_pb.AppendMessagesResponse:
         if self._call is None:
             self._call = self._store.AppendStream(metadata=self._metadata or None)
-        return self._call
+            self._caller = serving_credentials()
+        call = self._call
+        await call.write(request)
+        reply = await call.read()
+        if reply is grpc.aio.EOF:
+            raise Unavailable("the SessionStore ended the append stream")
+        return reply
 
     def _drop(self) -> None:
         call, self._call = self._call, None
@@ -85,21 +97,25 @@ class AppendStream:
             call.cancel()
 
     async def close(self) -> None:
-        """The turn's model calls are over: the call ends (OK) once the store has read to its end;
-        a later append (the post-turn pass) is a call of its own."""
+        """The turn's model calls are over: the call ends (OK) once the store has read to its end,
+        or at once if that takes longer than CLOSE_WAIT_S (every append was answered: nothing is
+        lost with it). A later append (the post-turn pass) is a call of its own."""
         self._closed = True
-        async with self._lock:
-            call, self._call = self._call, None
-            if call is None:
-                return
-            try:
-                await call.done_writing()
-                await call.read()  # its end (EOF): the call is over on both sides
-            except PalimpsestError as exc:  # every append was answered: nothing is lost with it
-                log.debug("closing an append stream: %s", exc)
-            except BaseException:  # (cancelled on its way out: the call goes at once)
-                call.cancel()
-                raise
+        try:
+            async with self._lock:
+                call, self._call = self._call, None
+                if call is None:
+                    return
+                try:
+                    async with asyncio.timeout(self.CLOSE_WAIT_S):
+                        await call.done_writing()
+                        await call.read()  # its end (EOF): the call is over on both sides
+                except (PalimpsestError, TimeoutError) as exc:
+                    log.info("an append stream ended without its close: %s", exc or "not closed in time")
+                    call.cancel()
+        except asyncio.CancelledError:  # (cancelled on its way out: the call goes at once)
+            self._drop()
+            raise
 
 
 def conflict(exc: Aborted) -> Aborted:
@@ -128,10 +144,11 @@ class StoredConversation:
 
     ephemeral = False
 
-    def __init__(self, store: SessionStoreStub, session_id: str, vouch=()):
+    def __init__(self, store: SessionStoreStub, session_id: str, vouch=(), timeout: float = 30.0):
         self.store = store
         self.session_id = session_id
         self.vouch = tuple(vouch)  # the services' vouch for what only they may write (a model report)
+        self.timeout = timeout  # an attempt at a write, unless its caller gives one (PALIMPSEST_RPC_TIMEOUT_S)
         self.revision: int | None = None
         self.session: common_pb2.Session | None = None
         self.context: list[Message] = []
@@ -144,7 +161,7 @@ class StoredConversation:
         # ahead when only the session's other fields changed meanwhile (a rename, a pin, a taint).
         self.next_seq: int | None = None
         self.warm_worthy = True  # False once what we hold of the session could not be refreshed
-        self.appends = AppendStream(store, self.vouch)
+        self.appends = TurnAppends(store, self.vouch, timeout)
 
     async def _call(self, method, request, timeout: float | None = None):
         # A model report rides with the caller's credentials (the interceptor's) and the services' vouch.
@@ -198,13 +215,14 @@ class StoredConversation:
                 await asyncio.sleep(delay)
 
     async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
-                     attempt_timeout: float = 30.0, report: store_pb.ModelReport | None = None) -> list[int]:
+                     attempt_timeout: float | None = None, report: store_pb.ModelReport | None = None) -> list[int]:
         """Store messages after this session's last. Every attempt carries one idempotency key, so
         an attempt whose answer was lost is never stored twice; ``retry_for``: keep retrying that
         long while the store does not answer (the write of a turn's answer). ``report``: what the
         model reported for the call the messages answer, written in the same transaction."""
         messages = [storable(m) for m in messages]
         key = uuid.uuid4().hex
+        attempt_timeout = self.timeout if attempt_timeout is None else attempt_timeout
 
         def request() -> store_pb.AppendMessagesRequest:
             built = store_pb.AppendMessagesRequest(session_id=self.session_id, messages=messages,
@@ -253,7 +271,7 @@ class StoredConversation:
             return
         self.session = fresh
 
-    async def _append(self, request, retry_for: float, attempt_timeout: float):
+    async def _append(self, request, retry_for: float, attempt_timeout: float) -> store_pb.AppendMessagesResponse:
         if retry_for > 0:
             return await self._write_until(self.appends, request, retry_for, attempt_timeout)
         return await self._write(self.appends, request, attempt_timeout)
@@ -330,7 +348,7 @@ class EphemeralConversation:
         return self.context
 
     async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
-                     attempt_timeout: float = 30.0, report: store_pb.ModelReport | None = None) -> list[int]:
+                     attempt_timeout: float | None = None, report: store_pb.ModelReport | None = None) -> list[int]:
         self.context.extend(messages)
         return [0] * len(messages)
 

@@ -176,7 +176,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session, warm = await whole_context(self.deps.store.GetSession, session.id), None
         settings = self.deps.settings
         conversation = StoredConversation(self.deps.store, session.id,
-                                          vouching_metadata(settings.auth_enabled, settings.jwt_secret))
+                                          vouching_metadata(settings.auth_enabled, settings.jwt_secret),
+                                          timeout=settings.rpc_timeout_s)
         conversation.adopt(session)
         conversation.from_cache = warm is not None
         sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)

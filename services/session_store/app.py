@@ -108,10 +108,11 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
     )
     background.append(asyncio.create_task(watch_database(pool, running, db.where(url))))
 
-    async def end_listens(_grace: float) -> None:
+    async def end_streams(_grace: float) -> None:
+        servicer.stopping.set()  # append streams between two appends end: their writers append elsewhere
         await bus.stop()  # the Agents' listen streams never end by themselves: they listen elsewhere now
 
-    running.on_drain = end_listens
+    running.on_drain = end_streams
     running.servicer = servicer  # tests reach the bus through it
     return running
 

@@ -23,6 +23,8 @@ from services.session_store.redaction import redact_uri
 from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
 from services.shared.validation import first_nul
+from services.shared import metrics
+from services.shared.stopping import Stopping
 from services.session_store.repository import SessionRepository
 from services.session_store.repository.access import parse_session_id
 from services.session_store.repository.sessions import Report
@@ -40,6 +42,10 @@ MAX_MODEL_NAME = 200
 MAX_BUS_MESSAGES = 1000  # one PublishSessionMessages
 # How long a new ListenSessionMessages waits for this replica's listen connection (reconnecting).
 LISTEN_READY_S = 5.0
+APPEND_MESSAGES = "/palimpsest.v1.SessionStore/AppendMessages"
+# A stopping replica ends the append streams waiting for their writer's next append: the writer
+# sends it again on another (each append carries its idempotency key).
+STOPPING_APPENDS = "this store replica is stopping: append on another"
 
 _SORT_NAMES = {
     pb.SORT_BY_UNSPECIFIED: "last_active",
@@ -176,6 +182,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         self.settings = settings
         # The semantic tier of memory search; None (or not enabled): lexical only.
         self.memory_index = memory_index
+        self.stopping = Stopping()  # set by the server's drain: append streams waiting on their writer end
 
     def _chunks_committed(self) -> None:
         """New chunks (or a summary) are stored: the indexer embeds them in the background, after
@@ -294,8 +301,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                                          session_changed=result.session_changed)
 
     async def AppendStream(self, request_iterator, context):
-        async for request in request_iterator:
-            yield await self.AppendMessages(request, context)
+        self._identity(context)  # refused at once: a stream nobody may use is not held open for its first append
+        async for request in self.stopping.until(aiter(request_iterator), STOPPING_APPENDS):
+            with metrics.timed_as(APPEND_MESSAGES):  # each append as the call it stands for
+                answer = await self.AppendMessages(request, context)
+            yield answer
 
     async def ClaimTurn(self, request, context):
         identity = self._identity(context)

@@ -130,6 +130,12 @@ def as_service() -> Iterator[None]:
         _credentials.reset(token)
 
 
+def serving_credentials() -> tuple[tuple[str, str], ...] | None:
+    """Whose credentials calls made now carry: the served caller's (their metadata), or None
+    under ``as_service()``."""
+    return _credentials.get()
+
+
 def outgoing_credentials(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]:
     """What an outgoing call carries now: the served caller's credentials, or the services' own."""
     found = _credentials.get()

@@ -39,7 +39,8 @@ _SERVICE_CONFIG = {
 class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
                       grpc.aio.StreamUnaryClientInterceptor):
     """A deadline on every call whose caller sets none: one hung store or Compressor must never
-    hold a turn (and its session) forever. (Not the service config's `timeout`: gRPC 1.85 ended
+    hold a turn (and its session) forever. (Not on a bidirectional call, which lives as long as
+    its writer keeps it: the writer bounds each exchange, see _DirectStream.) (Not the service config's `timeout`: gRPC 1.85 ended
     calls after ~0.15 s of a configured 2 s, measured through a frozen connection.)"""
 
     def __init__(self, seconds: float, long_seconds: float):
@@ -71,7 +72,8 @@ class ServiceCalls(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamCli
     """Every call to ``service``: carries the credentials of the caller being served (or the
     services' own, under ``auth.as_service()``), and a failed call raises the PalimpsestError for its
     status, naming ``service`` and ``address`` when it is down — so no call site handles
-    AioRpcError or forgets a caller's token. A call that sets its own ``authorization`` keeps it."""
+    AioRpcError or forgets a caller's token. A call that sets its own ``authorization`` keeps it.
+    (A bidirectional call gets the same from _DirectStream.)"""
 
     def __init__(self, service: str, address: str, settings: Settings):
         self.service = service
@@ -234,9 +236,8 @@ class _MappedStream:
         except grpc.aio.AioRpcError as exc:
             raise self._calls.error(exc) from None
         except asyncio.InvalidStateError:  # the call had ended already: its status says why
-            if await self.read() is grpc.aio.EOF:
-                raise Unavailable(f"{self._calls.service} at {self._calls.address} ended the call") from None
-            raise
+            await self.read()  # (raises it, unless the call ended OK)
+            raise Unavailable(f"{self._calls.service} at {self._calls.address} ended the call") from None
 
     def __getattr__(self, name):  # done_writing, cancel, done, code, …: the call's own
         return getattr(self._call, name)

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from google.protobuf.message import Message as ProtoMessage
+from google.protobuf.message import DecodeError, Message as ProtoMessage
 
 from services.shared import tls, tracing
 from services.shared.auth import serve_caller
@@ -113,9 +113,12 @@ def _checking_each(fn, deep: bool):
     """A bidirectional method whose requests are refused, as a unary call's request is, when the
     servicer reads one with a NUL or an over-long identifying string."""
     async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for request in requests:
-            _refuse_bad_strings(request, deep)
-            yield request
+        try:
+            async for request in requests:
+                _refuse_bad_strings(request, deep)
+                yield request
+        except DecodeError:  # (a unary call's undecodable request never reaches the servicer)
+            raise InvalidArgument("request", "not a well-formed message of this method's request type") from None
 
     return lambda requests, context: fn(checked(requests), context)
 
