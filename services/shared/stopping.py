@@ -28,18 +28,20 @@ class Stopping:
         """The requests, until the client ends its side (the call then ends OK) or the server
         stops (it ends UNAVAILABLE, saying ``why``)."""
         stopped = asyncio.ensure_future(self._set.wait())
+        following: asyncio.Future | None = None
         try:
             while not self._set.is_set():
                 following = asyncio.ensure_future(anext(requests))
                 await asyncio.wait((following, stopped), return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
-                    following.cancel()
                     break
                 try:
                     request = following.result()
                 except StopAsyncIteration:
                     return
                 yield request
-        finally:
+        finally:  # (the call cancelled, or stopped: nothing is left waiting on its requests)
             stopped.cancel()
+            if following is not None:
+                following.cancel()
         raise Unavailable(why)
