@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from random import Random
 
 import pytest
 
@@ -15,7 +16,8 @@ from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.conversation import StoredConversation
 from services.shared.auth import serve_caller
 from services.shared.channels import open_channel
-from services.shared.errors import PermissionDenied, Unavailable
+from services.shared.errors import PalimpsestError, PermissionDenied, Unavailable
+from services.shared.stopping import Stopping
 from tests.conftest import JWT_SECRET, bearer
 from tests.relay import Relay
 from tests.test_store_sessions import full
@@ -159,3 +161,34 @@ async def test_a_stopping_store_ends_an_idle_append_stream_and_the_next_append_g
         for running in (stopping, staying):
             if not running.stopping:
                 await running.stop(0)
+
+
+async def test_answers_written_as_their_idle_streams_end_are_all_stored_once(base_settings, store_server, store,
+                                                                               profile):
+    """The replica a turn's stream is on stops just as the answer is written (its drain ends the
+    streams waiting between appends): gRPC can fail that write under any status, INTERNAL among
+    them, and the answer must still be sent again and stored, once (200 turns, the timing varied)."""
+    session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
+    servicer = store_server.servicer
+    failures: list[str] = []
+    random = Random(7)
+    async with open_channel(store_server.address, base_settings, service="SessionStore") as channel:
+        try:
+            for i in range(200):
+                conv = StoredConversation(SessionStoreStub(channel), session.id, timeout=5.0)  # each turn its own
+                await conv.load()
+                await conv.append([Message(role="user", content=f"question {i}")])  # opens the stream
+                ending, servicer.stopping = servicer.stopping, Stopping()  # (new streams: as on a replica that stays)
+                ending.set()
+                for _ in range(random.randrange(6)):  # (where the write falls against the stream's end)
+                    await asyncio.sleep(0)
+                try:
+                    await conv.append([Message(role="assistant", content=f"answer {i}")], retry_for=5.0)
+                except PalimpsestError as exc:
+                    failures.append(f"{i}: {exc.code.name}: {exc}")
+                await conv.done_appending()
+        finally:
+            servicer.stopping = Stopping()
+    assert not failures, failures[:5]
+    contents = await stored(store, session.id)
+    assert contents == [text for i in range(200) for text in (f"question {i}", f"answer {i}")]

@@ -62,15 +62,15 @@ class TurnAppends:
     async def __call__(self, request: store_pb.AppendMessagesRequest, *, metadata=None,
                        timeout: float | None = None) -> store_pb.AppendMessagesResponse:
         timeout = self._timeout if timeout is None else timeout
-        if self._closed or (self._call is not None and self._caller != serving_credentials()):
-            # (an append for another caller than the stream's, e.g. under as_service(): its own call)
-            return await self._store.AppendMessages(request, metadata=metadata, timeout=timeout)
         async with self._lock:
+            if self._closed or (self._call is not None and self._caller != serving_credentials()):
+                # (an append for another caller than the stream's, e.g. under as_service(): its own call)
+                return await self._store.AppendMessages(request, metadata=metadata, timeout=timeout)
             try:
                 async with asyncio.timeout(timeout):
                     try:
                         return await self._exchange(request)
-                    except Unavailable:  # the stream ended under the request: never served, or served once
+                    except Unavailable:  # the stream had ended, or ended under the request: once more
                         self._drop()
                         return await self._exchange(request)
             except TimeoutError:
@@ -81,11 +81,17 @@ class TurnAppends:
                 raise
 
     async def _exchange(self, request: store_pb.AppendMessagesRequest) -> store_pb.AppendMessagesResponse:
+        """One send and its answer. Unavailable when the request never left (the call had ended:
+        gRPC may report that under any status, INTERNAL among them) or the call ended before it
+        was answered (served once or not at all)."""
         if self._call is None:
             self._call = self._store.AppendStream(metadata=self._metadata or None)
             self._caller = serving_credentials()
         call = self._call
-        await call.write(request)
+        try:
+            await call.write(request)
+        except PalimpsestError as exc:
+            raise Unavailable(f"the SessionStore's append stream had ended ({exc})") from None
         reply = await call.read()
         if reply is grpc.aio.EOF:
             raise Unavailable("the SessionStore ended the append stream")

@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from palimpsest.v1 import agent_pb2, compressor_pb2
+from services.shared.errors import PalimpsestError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -177,8 +178,9 @@ def timed_as(method: str) -> Iterator[None]:
     started, code = time.perf_counter(), "OK"
     try:
         yield
-    except BaseException as exc:
-        code = "CANCELLED" if isinstance(exc, asyncio.CancelledError) else getattr(exc, "code", grpc.StatusCode.UNKNOWN).name
+    except BaseException as exc:  # (what the server's error guard will answer for it)
+        code = ("CANCELLED" if isinstance(exc, asyncio.CancelledError) else exc.code.name
+                if isinstance(exc, PalimpsestError) else "INTERNAL")
         raise
     finally:
         RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
