@@ -70,7 +70,11 @@ class TurnAppends:
                 async with asyncio.timeout(timeout):
                     try:
                         return await self._exchange(request)
-                    except Unavailable:  # the stream had ended, or ended under the request: once more
+                    except PalimpsestError as exc:
+                        # The stream had ended, or ended under the request (served once or not at
+                        # all; gRPC may say INTERNAL for a call ended under it): once more, same key.
+                        if not (isinstance(exc, Unavailable) or exc.code == grpc.StatusCode.INTERNAL):
+                            raise
                         self._drop()
                         return await self._exchange(request)
             except TimeoutError:
