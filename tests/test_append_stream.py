@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from random import Random
 
+import grpc
 import pytest
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
@@ -192,3 +193,20 @@ async def test_answers_written_as_their_idle_streams_end_are_all_stored_once(bas
     assert not failures, failures[:5]
     contents = await stored(store, session.id)
     assert contents == [text for i in range(200) for text in (f"question {i}", f"answer {i}")]
+
+
+async def test_a_stopping_store_ends_a_stream_waiting_for_its_next_append_unavailable(store_server, store, profile):
+    session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
+    servicer = store_server.servicer
+    call = store.AppendStream()
+    try:
+        await call.write(pb.AppendMessagesRequest(session_id=session.id, messages=[Message(role="user", content="x")]))
+        await call.read()
+        ending, servicer.stopping = servicer.stopping, Stopping()
+        ending.set()  # (what the store's drain does)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "stopping" in err.value.details()
+    finally:
+        servicer.stopping = Stopping()
+    assert await stored(store, session.id) == ["x"]
