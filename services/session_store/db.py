@@ -80,7 +80,18 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
                       command_timeout: float | None = None) -> asyncpg.Pool:
     """``command_timeout``: no statement may hold a request (and its pooled connection) longer."""
     return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
-                                     command_timeout=command_timeout)
+                                     command_timeout=command_timeout, reset=_end_transaction)
+
+
+async def _end_transaction(conn: Connection) -> None:
+    """What a connection handed back to the pool needs: no transaction left open. asyncpg's default
+    also unlocks advisory locks, closes cursors, unlistens and resets settings, one more round trip
+    on every release; nothing here leaves any of those on a pooled connection (the migrations unlock
+    theirs, the owner lock is the transaction's, the session bus listens on a connection of its own,
+    nothing SETs or opens a cursor). That round trip ran beside each answer on its way back (last
+    token → stream_end 0.3–0.6 ms lower without it, 3 of 3 alternating runs)."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
 
 
 # What a database that is down or unreachable raises, as opposed to a query that is wrong.
