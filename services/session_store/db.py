@@ -31,10 +31,10 @@ async def fetch_one(conn: Connection, query: str, *args: Any) -> asyncpg.Record:
 
 async def commit_one(pool: asyncpg.Pool, query: str, *args: Any) -> asyncpg.Record:
     """One statement that always returns a row, in autocommit: its answer as soon as it has one.
-    The connection goes back to the pool after that, in the background: handing it back runs the
-    pool's reset query, one more round trip the caller need not wait for. When the server is going
-    down that reset can fail after the statement committed (asyncpg: "cannot switch to state …");
-    the pool then closes the connection, and the committed write's answer stands."""
+    The connection goes back to the pool after that, in the background (the pool's reset, and
+    whatever waits on a connection, are not the caller's to wait for). When the server is going
+    down that can fail after the statement committed (asyncpg: "cannot switch to state …"); the
+    pool then closes the connection, and the committed write's answer stands."""
     conn = await pool.acquire()
     try:
         row = await fetch_one(conn, query, *args)
