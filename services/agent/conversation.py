@@ -29,6 +29,7 @@ def retry_delay(attempt: int) -> float:
     restarting is back in a second or two), then every 2 s, never hammering one that is down."""
     return min(2.0, 0.2 * 2 ** attempt)
 
+
 class TurnAppends:
     """A turn's appends over one SessionStore.AppendStream call. The first append opens it (the
     user's message, stored while the prompt is sized, off the model's path); the answer's append
@@ -43,12 +44,11 @@ class TurnAppends:
     # The turn's end waits this long for the store to close the call; then it goes regardless.
     CLOSE_WAIT_S = 1.0
 
-    def __init__(self, store: SessionStoreStub, metadata: tuple[tuple[str, str], ...], timeout: float):
+    def __init__(self, store: SessionStoreStub, metadata: tuple[tuple[str, str], ...]):
         self._store = store
         # Opened once with the services' vouch beside the caller's credentials: any append of the
         # turn may carry a model report, and a stream's metadata is fixed when it opens.
         self._metadata = metadata
-        self._timeout = timeout  # an append's own, unless its caller gives one
         self._call: Any = None  # the open AppendStream call (its reads and writes raise PalimpsestErrors)
         self._caller: object = None  # the served caller's credentials the call was opened with
         self._closed = False  # after close(): each append a call of its own (the turn's later writes)
@@ -60,8 +60,7 @@ class TurnAppends:
         return self._call is not None and not self._call.done()
 
     async def __call__(self, request: store_pb.AppendMessagesRequest, *, metadata=None,
-                       timeout: float | None = None) -> store_pb.AppendMessagesResponse:
-        timeout = self._timeout if timeout is None else timeout
+                       timeout: float) -> store_pb.AppendMessagesResponse:
         async with self._lock:
             if self._closed or (self._call is not None and self._caller != serving_credentials()):
                 # (an append for another caller than the stream's, e.g. under as_service(): its own call)
@@ -171,7 +170,7 @@ class StoredConversation:
         # ahead when only the session's other fields changed meanwhile (a rename, a pin, a taint).
         self.next_seq: int | None = None
         self.warm_worthy = True  # False once what we hold of the session could not be refreshed
-        self.appends = TurnAppends(store, self.vouch, timeout)
+        self.appends = TurnAppends(store, self.vouch)
 
     async def _call(self, method, request, timeout: float | None = None):
         # A model report rides with the caller's credentials (the interceptor's) and the services' vouch.

@@ -39,9 +39,10 @@ _SERVICE_CONFIG = {
 class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
                       grpc.aio.StreamUnaryClientInterceptor):
     """A deadline on every call whose caller sets none: one hung store or Compressor must never
-    hold a turn (and its session) forever. (Not on a bidirectional call, which lives as long as
-    its writer keeps it: the writer bounds each exchange, see _DirectStream.) (Not the service config's `timeout`: gRPC 1.85 ended
-    calls after ~0.15 s of a configured 2 s, measured through a frozen connection.)"""
+    hold a turn (and its session) forever. (Not the service config's `timeout`: gRPC 1.85 ended
+    calls after ~0.15 s of a configured 2 s, measured through a frozen connection.) Not on a
+    bidirectional call, which lives as long as its writer keeps it: the writer bounds each
+    exchange (see _DirectStream)."""
 
     def __init__(self, seconds: float, long_seconds: float):
         self.seconds = seconds
