@@ -9,7 +9,6 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import PurePath
 
 import grpc
 
@@ -30,6 +29,7 @@ from services.session_store.repository.access import parse_session_id
 from services.session_store.repository.sessions import Report
 from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from services.session_store.semantic import MemoryIndex
+from services.session_store.shared_view import scrubbed, shared_message
 from services.session_store.session_bus import MAX_PAYLOAD_BYTES, ListenerGone, SessionBus
 
 log = logging.getLogger("palimpsest.store")
@@ -471,9 +471,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         shared = await self.repo.shares.shared_session(request.token)
         page = await self.repo.sessions.history_page(None, shared["id"], request.before_seq, limit, archive_only=False,
                                             budget=self.settings.read_budget_bytes)
+        session_id = str(shared["id"])
+        # A page may hold 32 MB of text to scrub: off the event loop.
+        messages = await asyncio.to_thread(lambda: [shared_message(m, session_id) for m in page.messages])
         response = pb.GetSharedResponse(
-            name=shared["name"], profile_id=shared["profile_id"],
-            messages=[without_session_id(m, str(shared["id"])) for m in page.messages], has_more=page.has_more,
+            name=scrubbed(shared["name"], session_id), profile_id=shared["profile_id"], messages=messages,
+            has_more=page.has_more,
         )
         response.created_at.CopyFrom(convert.timestamp(shared["created_at"]))
         response.last_active.CopyFrom(convert.timestamp(shared["last_active"]))
@@ -674,21 +677,6 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.ListFilesResponse(files=[_file_info(f) for f in files])
 
 
-def without_session_id(message: common_pb2.Message, session_id: str) -> common_pb2.Message:
-    """A shared message that cannot lead back to its session: file paths (`<root>/<session>/<name>`)
-    become their names, and the session id is masked wherever the conversation quoted it. A share
-    is a read-only capability; the id would open the whole session where auth is off."""
-    copy = common_pb2.Message()
-    copy.CopyFrom(message)
-    del copy.files[:]
-    copy.files.extend(PurePath(path).name for path in message.files)
-    copy.content = copy.content.replace(session_id, SHARED_ID_MASK)
-    copy.thinking = copy.thinking.replace(session_id, SHARED_ID_MASK)
-    for call in copy.tool_calls:
-        call.arguments_json = call.arguments_json.replace(session_id, SHARED_ID_MASK)
-    return copy
-
-
 def checked_model(raw: str) -> str:
     """An `embed_model` field: empty (the store's), or an Ollama model name."""
     model = raw.strip()
@@ -698,7 +686,6 @@ def checked_model(raw: str) -> str:
     return model
 
 
-SHARED_ID_MASK = "[this session]"
 # A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
 MAX_CLEANUP_DAYS = 36_500
 
