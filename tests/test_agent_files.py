@@ -126,6 +126,9 @@ async def test_a_named_file_that_is_not_there_is_not_found_and_nothing_is_said(a
     ({"inline_attachments": [inline("notes.txt", b"#!/bin/sh\nrm -rf /")]}, "INVALID_ARGUMENT",
      ["inline_attachments[0].data", "no programs"]),
     ({"inline_attachments": [inline("a.txt", b"\x7fELF\x02\x01")]}, "INVALID_ARGUMENT", ["data", "executable"]),
+    ({"inline_attachments": [inline("app.js", b"alert(1)")]}, "INVALID_ARGUMENT", ["filename", "no programs"]),
+    ({"inline_attachments": [inline("m.dat", b"\x00asm\x01\x00\x00\x00")]}, "INVALID_ARGUMENT",
+     ["inline_attachments[0].data", "WebAssembly"]),
 ])
 async def test_the_upload_policy_refuses_naming_the_field_before_anything_is_made(agent, store, ollama_sim, kw,
                                                                                   code, words):

@@ -107,7 +107,9 @@ def test_numbered_name():
 
 @pytest.mark.parametrize(
     "name", ["run.sh", "RUN.SH", "x.py", "x.PyC", "setup.exe", "a.bat", "a.cmd", "a.ps1", "a.msi", "lib.so",
-             "lib.dylib", "a.dll", "a.jar", "a.vbs", "a.pl", "a.rb", "a.php", "a.bin", "a.run", "a.AppImage"],
+             "lib.dylib", "a.dll", "a.jar", "a.vbs", "a.pl", "a.rb", "a.php", "a.bin", "a.run", "a.AppImage",
+             "app.js", "a.MJS", "x.cgi", "a.pif", "a.msc", "a.desktop", "m.wasm", "doc.ps", "fig.eps", "a.chm",
+             "a.url", "A.class"],
 )
 def test_executable_by_extension(name):
     assert has_executable_extension(name)
@@ -116,7 +118,8 @@ def test_executable_by_extension(name):
 @pytest.mark.parametrize(
     "head",
     [b"\x7fELF\x02\x01\x01", b"MZ\x90\x00", b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf",
-     b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca", b"#!/bin/sh\n", b"#!"],
+     b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca", b"#!/bin/sh\n", b"#!",
+     b"\x00asm\x01\x00\x00\x00", b"dex\n035\x00", b"L\x00\x00\x00\x01\x14\x02\x00", b"%!PS-Adobe-3.0"],
 )
 def test_executable_by_content(head):
     assert has_executable_magic(head)
@@ -125,7 +128,8 @@ def test_executable_by_content(head):
 @pytest.mark.parametrize(
     "name, head",
     [("report.pdf", b"%PDF-1.7"), ("notes.txt", b"# heading"), ("data.csv", b"a,b\n"), ("x.sh.txt", b"echo"),
-     ("Makefile", b"all:"), ("photo.png", b"\x89PNG\r\n\x1a\n"), ("empty.txt", b"")],
+     ("Makefile", b"all:"), ("photo.png", b"\x89PNG\r\n\x1a\n"), ("empty.txt", b""), ("data.json", b'{"js": 1}'),
+     ("app.js.txt", b"%! not PostScript"), ("index.html", b"<!doctype html>"), ("dex.md", b"dex\nnotes")],
 )
 def test_not_executable(name, head):
     assert not has_executable_extension(name) and not has_executable_magic(head)

@@ -49,6 +49,7 @@ from services.shared.errors import (
 from services.shared.file_policy import (  # noqa: F401 — the rules the store enforces, re-exported
     EXECUTABLE_EXTENSIONS,
     MAX_NAME_BYTES,
+    PROGRAM_CONTENT,
     has_executable_extension,
     has_executable_magic,
     refused_as_program,
@@ -328,9 +329,7 @@ class Upload:
         self._head_checked = True
         if has_executable_magic(self._head):
             self.abort()
-            raise InvalidArgument("content", refused_as_program(self.name, "its content starts like one "
-                                                                       "(#! or a binary executable's header)",
-                                                                       by_name=False))
+            raise InvalidArgument("content", refused_as_program(self.name, PROGRAM_CONTENT, by_name=False))
 
     def _numbered_names(self) -> Iterator[str]:
         n = 0
