@@ -349,7 +349,22 @@ async def test_content_publish_registers_a_session_file_with_its_viewer(tool_ctx
     assert result.files == [stored] and not result.untrusted
     [event] = events_of(tool_ctx)
     assert (event.file_shared.content_type, event.file_shared.viewer) == (content_type, shown_as)
+    assert event.file_shared.sandbox == (shown_as in ("html", "svg"))
     assert event.file_shared.title == "Look" and event.file_shared.link.endswith(f"/files/{stored}")
+
+
+@pytest.mark.parametrize("name, data, shown_as", [
+    ("page.html", b"<!DOCTYPE html><script>fetch('/steal?'+document.cookie)</script>", "html"),
+    ("clean.html", b"<!DOCTYPE html><p>no script here</p>", "html"),
+    ("drawing.svg", b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)"/>', "svg"),
+])
+async def test_html_and_svg_are_published_for_a_sandbox_only(tool_ctx, store, name, data, shown_as):
+    """Any page or drawing can hold script, and a scan would miss some: each is shown sandboxed."""
+    stored = await put_file(store, tool_ctx.session_id, name, data)
+    result = await tool("content_publish", tool_ctx, path=stored)
+    [event] = events_of(tool_ctx)
+    assert (event.file_shared.viewer, event.file_shared.sandbox) == (shown_as, True)
+    assert result.metadata["sandbox"] is True and "in a sandbox" in result.content
 
 
 async def test_content_publish_refuses_what_it_cannot_show_or_cannot_find(tool_ctx, store):

@@ -314,20 +314,22 @@ class SessionRenamed(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class FileShared(_message.Message):
-    __slots__ = ("name", "link", "content_type", "size", "viewer", "title")
+    __slots__ = ("name", "link", "content_type", "size", "viewer", "title", "sandbox")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LINK_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     VIEWER_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
     name: str
     link: str
     content_type: str
     size: int
     viewer: str
     title: str
-    def __init__(self, name: _Optional[str] = ..., link: _Optional[str] = ..., content_type: _Optional[str] = ..., size: _Optional[int] = ..., viewer: _Optional[str] = ..., title: _Optional[str] = ...) -> None: ...
+    sandbox: bool
+    def __init__(self, name: _Optional[str] = ..., link: _Optional[str] = ..., content_type: _Optional[str] = ..., size: _Optional[int] = ..., viewer: _Optional[str] = ..., title: _Optional[str] = ..., sandbox: _Optional[bool] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
     __slots__ = ("reason", "text")

@@ -8,7 +8,7 @@ from typing import Any
 from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, file_name, shorten, text_arg
-from services.shared.content_types import viewer
+from services.shared.content_types import sandboxed, viewer
 from services.shared.file_policy import file_link
 
 MAX_TITLE = 200
@@ -53,10 +53,12 @@ class ContentPublishTool:
         if not shown_as:
             return error(f"content_publish: {name} is {info.content_type}, which has no inline view; "
                          f"the user can download it at {link}")
+        sandbox = sandboxed(shown_as)
         ctx.events.file_shared(agent_pb2.FileShared(name=name, link=link, content_type=info.content_type,
-                                                    size=info.size, viewer=shown_as, title=title))
+                                                    size=info.size, viewer=shown_as, title=title, sandbox=sandbox))
+        where = " in a sandbox (scripts in it do not run)" if sandbox else ""
         return ToolResult(content=f"Published {name} ({info.content_type}, {info.size:,} bytes): the user sees it "
-                                  f"inline as {shown_as}. Link: {link}",
+                                  f"inline as {shown_as}{where}. Link: {link}",
                           untrusted=False, files=[name],
                           metadata={"name": name, "link": link, "viewer": shown_as, "title": title,
-                                    "content_type": info.content_type})
+                                    "content_type": info.content_type, "sandbox": sandbox})
