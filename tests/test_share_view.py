@@ -88,11 +88,21 @@ async def test_a_share_shows_no_id_no_owner_no_host_path_and_no_other_session(sh
     await turn(agent, me, f"is {session_id} like my other one? my notes are in /home/{owner}/notes.txt",
                session_id=session_id)
 
+    # A compaction, then the model searches what it took out of the context: the session_search result
+    # is among the passages, and the summary may speak of it.
+    ollama_sim.script(Reply(text="The user compared this with 'Divorce papers 4711' (OTHER-SECRET-0042)."))
+    compacted = [e async for e in agent.Compact(pb.CompactRequest(session_id=session_id), metadata=me)]
+    assert any(e.HasField("context_compressed") for e in compacted), compacted
+    ollama_sim.script(Reply(tool_calls=[("memory_search", {"query": "lawyer's number OTHER-SECRET-0042"})]),
+                      Reply(text="Found it."))
+    await turn(agent, me, "what was that number again?", session_id=session_id)
+
     forbidden = [*spellings(session_id), *spellings(other.id), "Divorce papers 4711", "OTHER-SECRET-0042", owner,
                  str(root), str(base_settings.data_dir), str(base_settings.files_root)]
-    owners_view = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
-                                                                     view=store_pb.SESSION_VIEW_FULL),
-                                          metadata=me)).session.SerializeToString().lower()
+    owners = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_FULL),
+                                     metadata=me)).session
+    assert [m for m in owners.messages if m.is_compression and "OTHER-SECRET-0042" in m.content]  # the summary
+    owners_view = owners.SerializeToString().lower()
     # The owner's own history holds every one of them: the test below has something to find.
     assert [s for s in forbidden[:-2] if s.lower().encode() not in owners_view] == [uuid.UUID(session_id).hex,
                                                                                       uuid.UUID(other.id).hex]
@@ -111,9 +121,11 @@ async def test_a_share_shows_no_id_no_owner_no_host_path_and_no_other_session(sh
     assert list(results["share_file"].files) == ["report.html"]
     assert results["content_publish"].metadata["link"] == "palimpsest://sessions/[this session]/files/report.html"
     assert "report.html" in results["share_file"].content
-    for left_out in ("session_search", "spawn_agent"):
+    for left_out in ("session_search", "spawn_agent", "memory_search"):
         assert "left out of this share" in results[left_out].content and not results[left_out].metadata
-    answer = shared.messages[-1]
+    [marker] = [m for m in shared.messages if m.is_compression]
+    assert marker.content.startswith("Context compressed: ") and "\n" not in marker.content
+    [answer] = [m for m in shared.messages if m.content.startswith("I looked at")]
     assert answer.content == "I looked at [id] for you."
     assert answer.thinking == "[id] was read; this one is [this session]."
 

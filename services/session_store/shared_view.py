@@ -7,10 +7,12 @@ walk goes over the protobuf's fields, so a field added later is scrubbed too):
 - every id shaped like a session id (a UUID, with or without dashes) is masked: this session's
   reads ``[this session]``, any other ``[id]`` — where auth is off, an id opens its session;
 - every absolute path (``/home/alice/out/report.pdf``, also in ``file://`` URLs) keeps only its
-  file name (``…/report.pdf``; a folder's name goes too): paths name users, folders and the layout of the Agent's host;
-- results of tools that read the owner's other sessions (``session_search``, and ``spawn_agent``,
-  whose sub-agent may have) are replaced by a note that they were left out, with their calls'
-  arguments; a compression marker keeps its headline, not the summary of everything the model read.
+  file name (``…/report.pdf``; a folder's name goes too): paths name users, folders and the layout
+  of the Agent's host;
+- results of tools that may carry the owner's other sessions (``session_search``; ``spawn_agent``,
+  whose sub-agent may have read them; ``memory_search``, whose passages may quote such a result) are
+  replaced by a note that they were left out, with their calls' arguments;
+- a compression marker keeps its headline, not the summary of everything the model read.
 
 The assistant's own words stay (masked as above): what it wrote about a session it read is part of
 the conversation its owner chose to share.
@@ -31,8 +33,10 @@ from palimpsest.v1 import common_pb2
 
 THIS_SESSION = "[this session]"
 OTHER_ID = "[id]"
-# Tools whose results hold the owner's other sessions: their names, titles, ids and text.
-LEFT_OUT_TOOLS = frozenset({"session_search", "spawn_agent"})
+# Tools whose results may hold the owner's other sessions (names, titles, ids, text): session_search
+# reads them, a sub-agent may have, and memory_search returns this session's compressed-out history
+# verbatim, tool results the share leaves out among it (what else it holds, the share shows anyway).
+LEFT_OUT_TOOLS = frozenset({"session_search", "spawn_agent", "memory_search"})
 LEFT_OUT = "[{tool} result left out of this share: it may hold the owner's other sessions]"
 
 _HEX = "[0-9a-fA-F]"
