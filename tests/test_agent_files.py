@@ -293,14 +293,14 @@ class ChangingUnderway:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def PutFile(self, requests):
+    def PutFile(self, requests, **call):
         async def changing():
             async for part in requests:
                 yield part
                 if part.HasField("chunk"):
                     with self._path.open("ab") as f:
                         f.write(b"appended while copying")
-        return self._store.PutFile(changing())
+        return self._store.PutFile(changing(), **call)
 
 
 async def test_a_file_changing_during_the_upload_leaves_nothing_in_the_session(tool_ctx, store, workspace,
@@ -418,7 +418,7 @@ async def test_a_model_shares_a_file_then_publishes_it_and_the_user_gets_both(fi
     assert await file_bytes(store, session_id, "report.html") == report.read_bytes()
 
     stored = await full(store, session_id)
-    assert stored.untrusted_ingested  # an upload is outside content, as the store rules
+    assert not stored.untrusted_ingested  # the copy's content never reached the model (the tool vouches)
     results = [m for m in stored.messages if m.role == "tool"]
     assert [(m.name, list(m.files)) for m in results] == [("share_file", ["report.html"]),
                                                           ("content_publish", ["report.html"])]

@@ -456,14 +456,16 @@ class SearchMemoryResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., semantic: _Optional[bool] = ...) -> None: ...
 
 class PutFileHeader(_message.Message):
-    __slots__ = ("session_id", "filename", "kind")
+    __slots__ = ("session_id", "filename", "kind", "from_tool")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FILENAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    FROM_TOOL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     filename: str
     kind: FileKind
-    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ...) -> None: ...
+    from_tool: bool
+    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ..., from_tool: _Optional[bool] = ...) -> None: ...
 
 class PutFileRequest(_message.Message):
     __slots__ = ("header", "chunk")

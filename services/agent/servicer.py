@@ -293,8 +293,14 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             context_transfer=request.context_transfer, parent_session_id=request.parent_session_id,
             timeout_seconds=request.timeout_seconds or 300.0,
         )
+
+        async def taint_parent() -> None:  # (the parent's own turns read the flag from the store)
+            await self.deps.store.UpdateSession(store_pb.UpdateSessionRequest(
+                session_id=request.parent_session_id, mark_untrusted_ingested=True))
+
         result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
-                                    metadata=metadata, untrusted=untrusted, parent_profile=parent_profile)
+                                    metadata=metadata, untrusted=untrusted, parent_profile=parent_profile,
+                                    taint_parent=taint_parent if request.parent_session_id else None)
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):

@@ -40,6 +40,7 @@ async def run_subagent(
     depth: int = 1,
     parent_profile: Profile | None = None,
     session_writer=None,
+    taint_parent=None,
 ) -> TurnResult:
     """Run to completion or timeout; returns the text and how it ended."""
     profile = deps.profiles.get(request.profile_id or (parent_profile.id if parent_profile else ""))
@@ -53,7 +54,7 @@ async def run_subagent(
                     parent_session_id=request.parent_session_id,
                     system_prompt=_system_prompt(deps, request, profile, parent_profile),
                     max_iterations=request.max_iterations or 40, exclude_tools=tuple(request.exclude_tools),
-                    depth=depth, session_writer=session_writer))
+                    depth=depth, session_writer=session_writer, taint_parent=taint_parent))
     text = request.text
     if profile.subagent_planning_enabled:
         from services.agent.tools.plan import run_subagent_planning

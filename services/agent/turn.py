@@ -136,6 +136,9 @@ class SubagentOptions:
     exclude_tools: tuple[str, ...] = ()
     depth: int = 1
     session_writer: Callable[..., Awaitable[object]] | None = None
+    # Marks the parent's conversation as holding outside content: what a sub-agent takes in taints the
+    # whole conversation at once, not when its report comes back.
+    taint_parent: Callable[[], Awaitable[None]] | None = None
 
 
 def answer_message(reply: ChatResult, **fields) -> Message:
@@ -188,6 +191,7 @@ class Turn:
         self.parent_session_id = options.parent_session_id
         # A stored turn writes its own session; a sub-agent writes its parent's through the parent.
         self.session_writer = conversation.update if not conversation.ephemeral else options.session_writer
+        self.taint_parent = options.taint_parent
         # A sub-agent of a session that has taken in outside content runs clamped: its task may
         # carry instructions planted in that content, so it keeps only the confined tools.
         self.clamped = self.is_subagent and conversation.untrusted
@@ -643,9 +647,9 @@ class Turn:
                                        content="[not run: the turn was stopped]"))
                 continue
             outcome, elapsed = await self._run_tool(call)
-            if outcome.untrusted and not self.conv.untrusted:
-                # At once, not after the batch: a sub-agent spawned later in it is clamped.
-                await self.conv.mark_untrusted()
+            if outcome.untrusted:
+                # At once, not after the batch: the next call in it is judged tainted.
+                await self.taint()
             result = Message(role="tool", name=call.name, tool_call_id=call.id, content=outcome.content,
                              images=outcome.images, files=outcome.files, is_compression_critical=outcome.critical,
                              elapsed_seconds=elapsed, metadata=tool_metadata(outcome))
@@ -683,12 +687,21 @@ class Turn:
         self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)
         return outcome, elapsed
 
+    async def taint(self) -> None:
+        """Outside content is in the conversation: this run's and every parent's are marked."""
+        if self.conv.untrusted:
+            return
+        await self.conv.mark_untrusted()
+        if self.taint_parent is not None:
+            await self.taint_parent()
+
     async def _spawn(self, request: SpawnRequest) -> tuple[str, bool]:
         from services.agent.subagent import run_subagent
 
         result = await run_subagent(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
-                                    parent_profile=self.profile, session_writer=self.session_writer)
+                                    parent_profile=self.profile, session_writer=self.session_writer,
+                                    taint_parent=self.taint)
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------

@@ -615,9 +615,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(header.session_id, "header.session_id")
         session = await self.repo.sessions.get_session(identity, session_id)
         reply = await self._put_file(identity, session_id, header, request_iterator)
-        if not session["untrusted_ingested"]:
+        from_tool = header.from_tool and (identity.is_service or vouched_by_services(
+            context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret))
+        if not (session["untrusted_ingested"] or from_tool):
             # An upload or a pasted image is content from outside, as a tool's output is: the
-            # session's sub-agents are clamped and what is recalled from it is fenced from now on.
+            # session's sub-agents are clamped, what is recalled from it is fenced, and tools with
+            # effects outside the conversation are refused from now on.
             await self.repo.sessions.mark_untrusted(session_id)
         return reply
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, file_name, shorten, text_arg
 from services.shared.content_types import sandboxed, viewer
 from services.shared.file_policy import file_link
@@ -16,6 +16,7 @@ MAX_TITLE = 200
 
 class ContentPublishTool:
     name = "content_publish"
+    reach = Reach.OUTSIDE  # shown to whoever views the conversation
     description = (
         "Show the user a file that is already among this session's files, inline in the conversation: "
         "images, SVG, PDF, HTML pages, video, audio, 3D models (STL, glTF) and text or source files. "
