@@ -22,7 +22,7 @@ from services.shared.structs import from_struct
 from services.session_store.redaction import redact_uri
 from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
-from services.shared.validation import first_nul
+from services.shared.validation import first_nul, first_out_of_range
 from services.shared import metrics
 from services.shared.stopping import Stopping
 from services.session_store.repository import SessionRepository
@@ -120,22 +120,24 @@ def _validate_messages(messages, max_bytes: int) -> None:
     if not messages:
         raise InvalidArgument("messages", "at least one message is required")
     for i, m in enumerate(messages):
-        check_message_size(m, f"messages[{i}]", max_bytes)
-        if m.role not in convert.VALID_ROLES:
-            raise InvalidArgument(f"messages[{i}].role", f"must be one of system, user, assistant, tool; got {m.role!r}")
         if m.seq:
             raise InvalidArgument(f"messages[{i}].seq", "is assigned by the store; leave it 0")
-        if "\x00" in m.content:
-            raise InvalidArgument(f"messages[{i}].content", "must not contain NUL characters")
-        if not math.isfinite(m.elapsed_seconds):
-            raise InvalidArgument(f"messages[{i}].elapsed_seconds", "must be a finite number")
-        if m.HasField("created_at") and not MIN_TIMESTAMP <= m.created_at.seconds <= MAX_TIMESTAMP:
-            raise InvalidArgument(f"messages[{i}].created_at", "must be a date between years 1 and 9999")
-        if m.HasField("metadata"):
-            check_struct(m.metadata, f"messages[{i}].metadata")
+        check_message(m, f"messages[{i}]", max_bytes)
 
 
-MIN_TIMESTAMP, MAX_TIMESTAMP = -62135596800, 253402300799  # 0001-01-01 … 9999-12-31
+def check_message(m: common_pb2.Message, field: str, max_bytes: int) -> None:
+    """A message the store is to write (an append's, a compression's): what PostgreSQL could not
+    hold or a chat template could not read is refused, naming it (its times are the interceptor's:
+    validation.first_out_of_range)."""
+    check_message_size(m, field, max_bytes)
+    if m.role not in convert.VALID_ROLES:
+        raise InvalidArgument(f"{field}.role", f"must be one of system, user, assistant, tool; got {m.role!r}")
+    if "\x00" in m.content:
+        raise InvalidArgument(f"{field}.content", "must not contain NUL characters")
+    if not math.isfinite(m.elapsed_seconds):
+        raise InvalidArgument(f"{field}.elapsed_seconds", "must be a finite number")
+    if m.HasField("metadata"):
+        check_struct(m.metadata, f"{field}.metadata")
 
 
 def check_struct(struct, field: str) -> None:
@@ -391,13 +393,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("context_token_count", "must not be negative")
         for field in ("summary", "marker"):
             if request.HasField(field):
-                check_message_size(getattr(request, field), field, self.settings.message_max_bytes)
+                check_message(getattr(request, field), field, self.settings.message_max_bytes)
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
                 raise InvalidArgument(f"chunks[{i}].content", "required")
         demoted = set(request.demote_seqs)
         for i, replacement in enumerate(request.replacements):
-            check_message_size(replacement, f"replacements[{i}]", self.settings.message_max_bytes)
+            check_message(replacement, f"replacements[{i}]", self.settings.message_max_bytes)
             stands_for = replacement.replaces
             if stands_for.first != stands_for.last or stands_for.first not in demoted:
                 raise InvalidArgument(f"replacements[{i}].replaces", "must name one demoted row (first = last)")
@@ -609,6 +611,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         field = first_nul(header, deep=True, prefix="header.")
         if field:
             raise InvalidArgument(field, "must not contain NUL characters")
+        out_of_range = first_out_of_range(header, "header.")  # (a streamed request: the interceptor checks none)
+        if out_of_range:
+            raise InvalidArgument(*out_of_range)
         session_id = parse_session_id(header.session_id, "header.session_id")
         session = await self.repo.sessions.get_session(identity, session_id)
         reply = await self._put_file(identity, session_id, header, request_iterator)
