@@ -328,6 +328,21 @@ async def test_external_ref_uris_are_stored_redacted_and_deduplicated_as_stored(
     assert len(again.external_refs) == 1
 
 
+async def test_path_borne_secrets_in_ref_uris_are_stored_masked(store, profile):
+    sent = {
+        "https://shop.example.test/cart;jsessionid=5F4DCC3B5AA765D61D8327DEB882CF99?item=3":
+            "https://shop.example.test/cart;jsessionid=[REDACTED]?item=3",
+        "https://hooks.slack.com/services/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":
+            "https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/[REDACTED]",
+        "https://discord.com/api/webhooks/1187651234567890123/Zx9-AbCdEfGhIjKlMnOpQrStUvWxYz_0123456789":
+            "https://discord.com/api/webhooks/1187651234567890123/[REDACTED]",
+    }
+    refs = [common_pb2.ExternalRef(kind="hook", uri=uri, created_by="ops") for uri in sent]
+    session = await new_session(store, profile, external_refs=refs)
+    assert [r.uri for r in session.external_refs] == list(sent.values())
+    assert [r.uri for r in (await full(store, session.id)).external_refs] == list(sent.values())
+
+
 # -- list / search ------------------------------------------------------------------------------
 async def test_list_returns_summaries_with_counts_previews_and_paging(store, profile):
     ids = []
