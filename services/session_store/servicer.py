@@ -64,9 +64,9 @@ def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int 
     return value
 
 
-def _refs_from_proto(refs) -> list[ExternalRef]:
+def _refs_from_proto(refs, field: str = "external_refs") -> list[ExternalRef]:
     """A request's refs validated, as stored: URIs redacted."""
-    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs)]
+    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs, field=field)]
 
 
 def _refs_from_json(items) -> list[ExternalRef]:
@@ -360,9 +360,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             check_struct(request.metadata, "metadata")
             changes["metadata"] = from_struct(request.metadata)
         if request.add_external_refs:
-            new = _refs_from_proto(request.add_external_refs)
-            changes["external_refs"] = lambda current: [
-                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new)
+            new = _refs_from_proto(request.add_external_refs, "add_external_refs")
+            changes["external_refs"] = lambda current: [  # (merged under the session's lock)
+                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new,
+                                                                    field="add_external_refs")
             ]
         if request.mark_untrusted_ingested:
             changes["untrusted_ingested"] = True
