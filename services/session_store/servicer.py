@@ -22,6 +22,7 @@ from services.shared.structs import from_struct
 from services.session_store.redaction import redact_uri
 from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
+from services.shared.file_policy import unseen_character_problem
 from services.shared.validation import first_nul, first_out_of_range
 from services.shared import metrics
 from services.shared.stopping import Stopping
@@ -641,6 +642,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             return pb.PutFileResponse(file=_file_info(info), deduplicated=deduplicated)
         if not header.filename:
             raise InvalidArgument("header.filename", "required")
+        if problem := unseen_character_problem(header.filename):  # refused, not renamed quietly
+            raise InvalidArgument("header.filename", problem)
         upload = await _begun(asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename))
         written = 0
         try:
