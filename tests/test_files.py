@@ -19,6 +19,7 @@ from services.session_store.files import (
     safe_name,
 )
 from services.shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from services.shared.file_policy import unseen_character_problem
 
 SID = "0b7e5c1e-8f6a-4d2b-9c3e-1a2b3c4d5e6f"
 OTHER_SID = "11111111-2222-4333-8444-555555555555"
@@ -91,6 +92,22 @@ def test_safe_name_caps_at_255_bytes_keeping_extension():
 def test_safe_name_absurd_extension_is_not_kept():
     out = safe_name("a." + "e" * 400)
     assert len(out) == 255
+
+
+@pytest.mark.parametrize("name", ["report.pdf", "My Report (final).pdf", "naïve café.txt", "日本語のメモ.txt",
+                                  "a b.txt", "v1.2.tar.gz"])
+def test_names_that_show_what_they_are_pass(name):
+    assert unseen_character_problem(name) == ""
+
+
+@pytest.mark.parametrize("name, words", [
+    ("x.py\u200b", ["U+200B", "ZERO WIDTH SPACE"]), ("a\u200db.txt", ["U+200D"]), ("a\u2066b.txt", ["U+2066"]),
+    ("a\u00adb.txt", ["U+00AD", "SOFT HYPHEN"]), ("a\u3000b.txt", ["U+3000"]), ("a\x85b.txt", ["U+0085"]),
+    ("trailing.", ["dot"]), ("trailing ", ["space"]), (" leading", ["space"]),
+])
+def test_names_that_do_not_show_what_they_are_say_why(name, words):
+    problem = unseen_character_problem(name)
+    assert problem and all(word in problem for word in words), problem
 
 
 def test_numbered_name():

@@ -22,6 +22,10 @@ UNACCEPTABLE = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 SKIP = {"PutFile", "CleanupSessions"}
 
 _INT_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63), 10**12]
+# Times around what the store takes (1970 to 9999-12-31), year 1 and 2^40 seconds among them.
+_TIMESTAMPS = st.fixed_dictionaries({
+    "seconds": st.sampled_from([0, 1, 1_700_000_000, 253_402_214_400, 253_402_300_799, -62_135_596_800, 2**40, -1]),
+    "nanos": st.sampled_from([0, 999_999_999, -1, 10**9])})
 _TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["", "\x00", "a\x00b", "x" * 5000, str(uuid.uuid4()),
                                                           "00000000-0000-0000-0000-000000000000", "qwen3.6"]))
 
@@ -53,9 +57,12 @@ def messages(descriptor, session_ids: tuple[str, ...] = (), depth: int = 0):
     fields = {}
     for field in descriptor.fields:
         if field.message_type is not None:
-            if field.message_type.GetOptions().map_entry or field.message_type.full_name.startswith("google."):
+            if field.message_type.full_name == "google.protobuf.Timestamp":
+                value = _TIMESTAMPS
+            elif field.message_type.GetOptions().map_entry or field.message_type.full_name.startswith("google."):
                 continue
-            value = messages(field.message_type, session_ids, depth + 1)
+            else:
+                value = messages(field.message_type, session_ids, depth + 1)
         elif field.name == "session_id" and session_ids:
             value = st.one_of(st.sampled_from(session_ids), st.sampled_from(session_ids), _TEXT)
         else:

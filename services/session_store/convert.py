@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -13,6 +14,9 @@ from google.protobuf import timestamp_pb2
 from palimpsest.v1 import common_pb2
 from services.session_store.redaction import redact_arguments
 from services.shared.structs import from_struct, to_struct
+from services.shared.validation import EARLIEST, LATEST
+
+log = logging.getLogger("palimpsest.store")
 
 MESSAGE_COLUMNS = (
     "seq, role, content, thinking, tool_calls, tool_call_id, name, images, files, metadata, "
@@ -24,9 +28,31 @@ VALID_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 def timestamp(dt: datetime) -> timestamp_pb2.Timestamp:
+    """A stored time as a Timestamp, inside the range requests are held to (validation.EARLIEST to
+    LATEST), so whatever the store reads back it would also take. Rows written before that range
+    was enforced can hold year 1, which asyncpg stored as '-infinity' and reads back as a naive
+    datetime.min, or 'infinity': such a time reads as the nearest end of the range (the earliest is
+    the epoch, which clients take for unset) and is logged once, and no read of its session fails."""
+    if dt.tzinfo is None:  # only asyncpg's ±infinity: every column is timestamptz
+        dt = dt.replace(tzinfo=timezone.utc)
+    inside = min(max(dt, EARLIEST), LATEST)
+    if inside != dt:
+        _out_of_range_read(dt, inside)
     ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(dt.astimezone(timezone.utc))
+    ts.FromDatetime(inside)
     return ts
+
+
+_said_out_of_range = False
+
+
+def _out_of_range_read(stored: datetime, read: datetime) -> None:
+    global _said_out_of_range
+    if not _said_out_of_range:
+        _said_out_of_range = True
+        log.warning("a stored time, %s, is outside what the store takes (written before times were checked): "
+                    "read as %s; any more such times are read the same way without saying so",
+                    stored.isoformat(), read.isoformat())
 
 
 def to_datetime(ts: timestamp_pb2.Timestamp | None) -> datetime | None:
@@ -68,7 +94,7 @@ def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime
         message.elapsed_seconds,
         message.tool_call_count or len(message.tool_calls),
         message.token_count,
-        to_datetime(message.created_at) if message.HasField("created_at") else now,
+        to_datetime(message.created_at) or now,  # (unset, or the epoch: a zero Timestamp)
         list(message.breadcrumbs),
         replaces.first if replaces else None,
         replaces.last if replaces else None,

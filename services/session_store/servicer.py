@@ -21,7 +21,8 @@ from services.shared.structs import from_struct
 from services.session_store.redaction import redact_uri
 from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
-from services.shared.validation import first_nul
+from services.shared.file_policy import unseen_character_problem
+from services.shared.validation import first_nul, first_out_of_range
 from services.shared import metrics
 from services.shared.stopping import Stopping
 from services.session_store.repository import SessionRepository
@@ -64,9 +65,9 @@ def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int 
     return value
 
 
-def _refs_from_proto(refs) -> list[ExternalRef]:
+def _refs_from_proto(refs, field: str = "external_refs") -> list[ExternalRef]:
     """A request's refs validated, as stored: URIs redacted."""
-    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs)]
+    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs, field=field)]
 
 
 def _refs_from_json(items) -> list[ExternalRef]:
@@ -120,22 +121,24 @@ def _validate_messages(messages, max_bytes: int) -> None:
     if not messages:
         raise InvalidArgument("messages", "at least one message is required")
     for i, m in enumerate(messages):
-        check_message_size(m, f"messages[{i}]", max_bytes)
-        if m.role not in convert.VALID_ROLES:
-            raise InvalidArgument(f"messages[{i}].role", f"must be one of system, user, assistant, tool; got {m.role!r}")
         if m.seq:
             raise InvalidArgument(f"messages[{i}].seq", "is assigned by the store; leave it 0")
-        if "\x00" in m.content:
-            raise InvalidArgument(f"messages[{i}].content", "must not contain NUL characters")
-        if not math.isfinite(m.elapsed_seconds):
-            raise InvalidArgument(f"messages[{i}].elapsed_seconds", "must be a finite number")
-        if m.HasField("created_at") and not MIN_TIMESTAMP <= m.created_at.seconds <= MAX_TIMESTAMP:
-            raise InvalidArgument(f"messages[{i}].created_at", "must be a date between years 1 and 9999")
-        if m.HasField("metadata"):
-            check_struct(m.metadata, f"messages[{i}].metadata")
+        check_message(m, f"messages[{i}]", max_bytes)
 
 
-MIN_TIMESTAMP, MAX_TIMESTAMP = -62135596800, 253402300799  # 0001-01-01 … 9999-12-31
+def check_message(m: common_pb2.Message, field: str, max_bytes: int) -> None:
+    """A message the store is to write (an append's, a compression's): what PostgreSQL could not
+    hold or a chat template could not read is refused, naming it (its times are the interceptor's:
+    validation.first_out_of_range)."""
+    check_message_size(m, field, max_bytes)
+    if m.role not in convert.VALID_ROLES:
+        raise InvalidArgument(f"{field}.role", f"must be one of system, user, assistant, tool; got {m.role!r}")
+    if "\x00" in m.content:
+        raise InvalidArgument(f"{field}.content", "must not contain NUL characters")
+    if not math.isfinite(m.elapsed_seconds):
+        raise InvalidArgument(f"{field}.elapsed_seconds", "must be a finite number")
+    if m.HasField("metadata"):
+        check_struct(m.metadata, f"{field}.metadata")
 
 
 def check_struct(struct, field: str) -> None:
@@ -358,9 +361,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             check_struct(request.metadata, "metadata")
             changes["metadata"] = from_struct(request.metadata)
         if request.add_external_refs:
-            new = _refs_from_proto(request.add_external_refs)
-            changes["external_refs"] = lambda current: [
-                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new)
+            new = _refs_from_proto(request.add_external_refs, "add_external_refs")
+            changes["external_refs"] = lambda current: [  # (merged under the session's lock)
+                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new,
+                                                                    field="add_external_refs")
             ]
         if request.mark_untrusted_ingested:
             changes["untrusted_ingested"] = True
@@ -391,13 +395,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("context_token_count", "must not be negative")
         for field in ("summary", "marker"):
             if request.HasField(field):
-                check_message_size(getattr(request, field), field, self.settings.message_max_bytes)
+                check_message(getattr(request, field), field, self.settings.message_max_bytes)
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
                 raise InvalidArgument(f"chunks[{i}].content", "required")
         demoted = set(request.demote_seqs)
         for i, replacement in enumerate(request.replacements):
-            check_message_size(replacement, f"replacements[{i}]", self.settings.message_max_bytes)
+            check_message(replacement, f"replacements[{i}]", self.settings.message_max_bytes)
             stands_for = replacement.replaces
             if stands_for.first != stands_for.last or stands_for.first not in demoted:
                 raise InvalidArgument(f"replacements[{i}].replaces", "must name one demoted row (first = last)")
@@ -612,6 +616,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         field = first_nul(header, deep=True, prefix="header.")
         if field:
             raise InvalidArgument(field, "must not contain NUL characters")
+        out_of_range = first_out_of_range(header, "header.")  # (a streamed request: the interceptor checks none)
+        if out_of_range:
+            raise InvalidArgument(*out_of_range)
         session_id = parse_session_id(header.session_id, "header.session_id")
         session = await self.repo.sessions.get_session(identity, session_id)
         reply = await self._put_file(identity, session_id, header, request_iterator)
@@ -641,6 +648,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             return pb.PutFileResponse(file=_file_info(info), deduplicated=deduplicated)
         if not header.filename:
             raise InvalidArgument("header.filename", "required")
+        if problem := unseen_character_problem(header.filename):  # refused, not renamed quietly
+            raise InvalidArgument("header.filename", problem)
         upload = await _begun(asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename))
         written = 0
         try:

@@ -121,8 +121,25 @@ def upload_name_problem(name: str) -> str:
         return f"{name!r} is hidden or not a file name; session files have visible names"
     if _CONTROL_CHARS.search(name):
         return f"{name!r} holds control characters"
+    if problem := unseen_character_problem(name):
+        return problem
     if has_executable_extension(name):
         return refused_as_program(name, f"{split_extension(name.lower())[1]} is the extension of one")
+    return ""
+
+
+def unseen_character_problem(name: str) -> str:
+    """Why ``name`` would not show what it is ("" when it would): a character that shows as nothing
+    or as a space it is not (zero-width spaces and joiners, bidi controls, the BOM, line separators,
+    no-break spaces), or a space at either end or a dot at its end, which file systems drop.
+    Refused, never replaced: "x.py" and a zero-width space looks like x.py, and was stored as x.py_."""
+    for char in name:
+        category = unicodedata.category(char)
+        if category in ("Cc", "Cf", "Zl", "Zp") or (category == "Zs" and char != " "):
+            return (f"{name!r} holds U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
+                    "which does not show as what it is: name the file without it")
+    if name != name.strip(" ") or name.endswith("."):
+        return f"{name!r} begins or ends with a space, or ends with a dot, which file systems drop"
     return ""
 
 

@@ -26,7 +26,7 @@ from services.shared.auth import serve_caller
 from services.shared.errors import InvalidArgument, PalimpsestError
 from services.shared.metrics import MetricsEndpoint, MetricsInterceptor
 from services.shared.reflection import DocumentedPool
-from services.shared.validation import capped, first_nul, first_too_long
+from services.shared.validation import capped, first_nul, first_out_of_range, first_too_long
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.server")
@@ -40,7 +40,7 @@ Translate = Callable[[BaseException], "PalimpsestError | None"]
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Known errors become their status; anything else is logged once and answered as INTERNAL.
     A request with a NUL character in a string is refused first, naming the field (``deep``: in
-    nested messages too)."""
+    nested messages too), as is one with a time out of range or an undefined enum value."""
 
     def __init__(self, *, deep_nul_check: bool = False, translate: Translate | None = None):
         self.deep = deep_nul_check
@@ -98,8 +98,9 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
 
 
 def _refuse_bad_strings(request, deep: bool | None) -> None:
-    """NUL characters and over-long identifying strings; ``deep`` None: a streamed request (checked
-    by its servicer, if at all)."""
+    """NUL characters, over-long identifying strings, and (at any depth, whatever ``deep``) times
+    out of range and enum values the proto does not define; ``deep`` None: a streamed request
+    (checked by its servicer, if at all)."""
     if deep is not None and isinstance(request, ProtoMessage):
         field = first_nul(request, deep=deep)
         if field:
@@ -107,6 +108,9 @@ def _refuse_bad_strings(request, deep: bool | None) -> None:
         too_long = first_too_long(request)
         if too_long:
             raise InvalidArgument(too_long[0], f"must be at most {too_long[1]} characters")
+        out_of_range = first_out_of_range(request)
+        if out_of_range:
+            raise InvalidArgument(*out_of_range)
 
 
 def _checking_each(fn, deep: bool):
