@@ -199,18 +199,20 @@ class RawChunk(_message.Message):
     def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., turn_range: _Optional[_Union[SeqRange, _Mapping]] = ..., first_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
 
 class FileInfo(_message.Message):
-    __slots__ = ("name", "path", "size", "sha256", "content_type")
+    __slots__ = ("name", "path", "size", "sha256", "content_type", "outside_content")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_CONTENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     size: int
     sha256: str
     content_type: str
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ...) -> None: ...
+    outside_content: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ..., outside_content: _Optional[bool] = ...) -> None: ...
 
 class TokenCount(_message.Message):
     __slots__ = ("seq", "tokens", "content_md5")

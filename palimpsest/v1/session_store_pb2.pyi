@@ -456,16 +456,20 @@ class SearchMemoryResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., semantic: _Optional[bool] = ...) -> None: ...
 
 class PutFileHeader(_message.Message):
-    __slots__ = ("session_id", "filename", "kind", "from_tool")
+    __slots__ = ("session_id", "filename", "kind", "from_tool", "path", "outside_content")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FILENAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     FROM_TOOL_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_CONTENT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     filename: str
     kind: FileKind
     from_tool: bool
-    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ..., from_tool: _Optional[bool] = ...) -> None: ...
+    path: str
+    outside_content: bool
+    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ..., from_tool: _Optional[bool] = ..., path: _Optional[str] = ..., outside_content: _Optional[bool] = ...) -> None: ...
 
 class PutFileRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -510,6 +514,20 @@ class ListFilesResponse(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[_common_pb2.FileInfo]
     def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteFileRequest(_message.Message):
+    __slots__ = ("session_id", "name")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteFileResponse(_message.Message):
+    __slots__ = ("freed",)
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    freed: int
+    def __init__(self, freed: _Optional[int] = ...) -> None: ...
 
 class IndexChunksRequest(_message.Message):
     __slots__ = ("session_id", "chunks")

@@ -25,6 +25,7 @@ from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
+from services.shared.workspace_paths import BadPath, workspace_path
 from services.shared.external_refs import refs_from_proto
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.session_reads import whole_context
@@ -52,6 +53,15 @@ def _validate_turn(request) -> None:
         raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
     refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
     check_request(request)
+    turn_cwd(request.cwd)
+
+
+def turn_cwd(raw: str) -> str:
+    """A turn's working folder, as a workspace path ("" for the workspace itself)."""
+    try:
+        return workspace_path(raw, allow_root=True) if raw else ""
+    except BadPath as exc:
+        raise InvalidArgument("cwd", str(exc)) from None
 
 
 def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
@@ -184,7 +194,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
-        return turn, TurnInput(request.text, list(request.images), request.hidden, files)
+        return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd))
 
     async def _turn_files(self, request, session_id: str) -> list[str]:
         """The turn's files, stored before the stream begins so a refusal is the call's status. A

@@ -41,6 +41,7 @@ async def run_subagent(
     parent_profile: Profile | None = None,
     session_writer=None,
     taint_parent=None,
+    cwd: str = "",
 ) -> TurnResult:
     """Run to completion or timeout; returns the text and how it ended."""
     profile = deps.profiles.get(request.profile_id or (parent_profile.id if parent_profile else ""))
@@ -54,7 +55,7 @@ async def run_subagent(
                     parent_session_id=request.parent_session_id,
                     system_prompt=_system_prompt(deps, request, profile, parent_profile),
                     max_iterations=request.max_iterations or 40, exclude_tools=tuple(request.exclude_tools),
-                    depth=depth, session_writer=session_writer, taint_parent=taint_parent))
+                    depth=depth, session_writer=session_writer, taint_parent=taint_parent, cwd=cwd))
     text = request.text
     if profile.subagent_planning_enabled:
         from services.agent.tools.plan import run_subagent_planning
