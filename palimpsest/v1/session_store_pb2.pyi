@@ -244,7 +244,7 @@ class ClaimTurnResponse(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., holder: _Optional[str] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateSessionRequest(_message.Message):
-    __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "planning_log", "expected_revision")
+    __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "mark_sandboxed", "planning_log", "expected_revision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class UpdateSessionRequest(_message.Message):
     ADD_EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
     MARK_UNTRUSTED_INGESTED_FIELD_NUMBER: _ClassVar[int]
     MARK_EPISODE_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
+    MARK_SANDBOXED_FIELD_NUMBER: _ClassVar[int]
     PLANNING_LOG_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
@@ -269,9 +270,10 @@ class UpdateSessionRequest(_message.Message):
     add_external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
     mark_untrusted_ingested: bool
     mark_episode_untrusted: bool
+    mark_sandboxed: bool
     planning_log: _struct_pb2.Struct
     expected_revision: int
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., profile_id: _Optional[str] = ..., context_token_count: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., add_external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., mark_untrusted_ingested: _Optional[bool] = ..., mark_episode_untrusted: _Optional[bool] = ..., planning_log: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., profile_id: _Optional[str] = ..., context_token_count: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., add_external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., mark_untrusted_ingested: _Optional[bool] = ..., mark_episode_untrusted: _Optional[bool] = ..., mark_sandboxed: _Optional[bool] = ..., planning_log: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
 
 class UpdateSessionResponse(_message.Message):
     __slots__ = ("session",)

@@ -366,6 +366,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             changes["untrusted_ingested"] = True
         if request.mark_episode_untrusted:
             changes["episode_untrusted"] = True
+        if request.mark_sandboxed:
+            changes["sandboxed"] = True
         if request.HasField("planning_log"):
             check_struct(request.planning_log, "planning_log")
             changes["planning_log"] = from_struct(request.planning_log)
