@@ -290,12 +290,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("timeout_seconds", "must be a finite number of seconds, not negative")
         metadata = self._metadata(context)
         parent_profile = None
-        untrusted = False
+        untrusted = pinned = False
         if request.parent_session_id:
             parent = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
                 session_id=request.parent_session_id))).session
             parent_profile = self.deps.profiles.resumed(parent.profile_id, parent.provider, parent.model)
             untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
+            pinned = parent.sandboxed
         spawn = SpawnRequest(
             text=request.text, profile_id=request.profile_id, max_iterations=request.max_iterations or 40,
             exclude_tools=tuple(request.exclude_tools), briefing=request.briefing,
@@ -310,7 +311,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
         result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
                                     metadata=metadata, untrusted=untrusted, parent_profile=parent_profile,
-                                    taint_parent=taint_parent if request.parent_session_id else None)
+                                    taint_parent=taint_parent if request.parent_session_id else None,
+                                    sandbox_pinned=lambda: pinned)
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):

@@ -146,6 +146,8 @@ class SubagentOptions:
     # whole conversation at once, not when its report comes back.
     taint_parent: Callable[[], Awaitable[None]] | None = None
     cwd: str = ""  # the parent's working folder
+    # Whether the session's commands are pinned to the sandbox (the parent's session, as it is now).
+    sandbox_pinned: Callable[[], bool] | None = None
 
 
 def answer_message(reply: ChatResult, **fields) -> Message:
@@ -200,6 +202,7 @@ class Turn:
         self.session_writer = conversation.update if not conversation.ephemeral else options.session_writer
         self.taint_parent = options.taint_parent
         self.cwd = options.cwd
+        self._parent_pinned = options.sandbox_pinned
         self.key = uuid.uuid4().hex  # the run whose first file tool syncs the workspace
         # A sub-agent of a session that has taken in outside content runs clamped: its task may
         # carry instructions planted in that content, so it keeps only the confined tools.
@@ -626,6 +629,8 @@ class Turn:
             workspace=workspaces.get(session_id) if workspaces is not None and session_id else None,
             cwd=self.cwd,
             turn_key=self.key,
+            stop=self.stop,
+            sandbox_pinned=self.sandbox_pinned(),
             store=self.deps.store,
             ollama=self.deps.ollama,
             profile=self.profile,
@@ -702,6 +707,12 @@ class Turn:
         self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)
         return outcome, elapsed
 
+    def sandbox_pinned(self) -> bool:
+        """The session's commands run in the sandbox whatever the profile says (a sub-agent: its parent's)."""
+        if self._parent_pinned is not None:
+            return self._parent_pinned()
+        return bool(self.conv.session is not None and self.conv.session.sandboxed)
+
     async def taint(self) -> None:
         """Outside content is in the conversation: this run's and every parent's are marked."""
         if self.conv.untrusted:
@@ -716,7 +727,8 @@ class Turn:
         result = await run_subagent(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
                                     parent_profile=self.profile, session_writer=self.session_writer,
-                                    taint_parent=self.taint, cwd=self.cwd)
+                                    taint_parent=self.taint, cwd=self.cwd, parent_stop=self.stop,
+                                    sandbox_pinned=self.sandbox_pinned)
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------

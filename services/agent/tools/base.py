@@ -3,6 +3,7 @@ set a profile asks for, and users add their own through a profile's `custom_tool
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -90,6 +91,10 @@ class ToolContext:
     workspace: Workspace | None = None
     cwd: str = ""
     turn_key: str = ""
+    # Set when the turn is stopped: a long tool (a command) ends at once.
+    stop: asyncio.Event | None = None
+    # The session's commands are pinned to the sandbox (a sandboxed command ran in it before).
+    sandbox_pinned: bool = False
 
 
 class Reach(enum.Enum):
