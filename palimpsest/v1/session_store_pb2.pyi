@@ -244,7 +244,7 @@ class ClaimTurnResponse(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., holder: _Optional[str] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateSessionRequest(_message.Message):
-    __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "planning_log", "expected_revision")
+    __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "mark_sandboxed", "planning_log", "expected_revision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class UpdateSessionRequest(_message.Message):
     ADD_EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
     MARK_UNTRUSTED_INGESTED_FIELD_NUMBER: _ClassVar[int]
     MARK_EPISODE_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
+    MARK_SANDBOXED_FIELD_NUMBER: _ClassVar[int]
     PLANNING_LOG_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
@@ -269,9 +270,10 @@ class UpdateSessionRequest(_message.Message):
     add_external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
     mark_untrusted_ingested: bool
     mark_episode_untrusted: bool
+    mark_sandboxed: bool
     planning_log: _struct_pb2.Struct
     expected_revision: int
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., profile_id: _Optional[str] = ..., context_token_count: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., add_external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., mark_untrusted_ingested: _Optional[bool] = ..., mark_episode_untrusted: _Optional[bool] = ..., planning_log: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., profile_id: _Optional[str] = ..., context_token_count: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., add_external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., mark_untrusted_ingested: _Optional[bool] = ..., mark_episode_untrusted: _Optional[bool] = ..., mark_sandboxed: _Optional[bool] = ..., planning_log: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
 
 class UpdateSessionResponse(_message.Message):
     __slots__ = ("session",)
@@ -456,16 +458,20 @@ class SearchMemoryResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., semantic: _Optional[bool] = ...) -> None: ...
 
 class PutFileHeader(_message.Message):
-    __slots__ = ("session_id", "filename", "kind", "from_tool")
+    __slots__ = ("session_id", "filename", "kind", "from_tool", "path", "outside_content")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FILENAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     FROM_TOOL_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_CONTENT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     filename: str
     kind: FileKind
     from_tool: bool
-    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ..., from_tool: _Optional[bool] = ...) -> None: ...
+    path: str
+    outside_content: bool
+    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ..., from_tool: _Optional[bool] = ..., path: _Optional[str] = ..., outside_content: _Optional[bool] = ...) -> None: ...
 
 class PutFileRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -510,6 +516,20 @@ class ListFilesResponse(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[_common_pb2.FileInfo]
     def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteFileRequest(_message.Message):
+    __slots__ = ("session_id", "name")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteFileResponse(_message.Message):
+    __slots__ = ("freed",)
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    freed: int
+    def __init__(self, freed: _Optional[int] = ...) -> None: ...
 
 class IndexChunksRequest(_message.Message):
     __slots__ = ("session_id", "chunks")

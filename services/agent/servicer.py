@@ -25,6 +25,7 @@ from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
+from services.shared.workspace_paths import BadPath, workspace_path
 from services.shared.external_refs import refs_from_proto
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.session_reads import whole_context
@@ -52,6 +53,15 @@ def _validate_turn(request) -> None:
         raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
     refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
     check_request(request)
+    turn_cwd(request.cwd)
+
+
+def turn_cwd(raw: str) -> str:
+    """A turn's working folder, as a workspace path ("" for the workspace itself)."""
+    try:
+        return workspace_path(raw, allow_root=True) if raw else ""
+    except BadPath as exc:
+        raise InvalidArgument("cwd", str(exc)) from None
 
 
 def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
@@ -184,7 +194,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
-        return turn, TurnInput(request.text, list(request.images), request.hidden, files)
+        return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd))
 
     async def _turn_files(self, request, session_id: str) -> list[str]:
         """The turn's files, stored before the stream begins so a refusal is the call's status. A
@@ -280,12 +290,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("timeout_seconds", "must be a finite number of seconds, not negative")
         metadata = self._metadata(context)
         parent_profile = None
-        untrusted = False
+        untrusted = pinned = False
         if request.parent_session_id:
             parent = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
                 session_id=request.parent_session_id))).session
             parent_profile = self.deps.profiles.resumed(parent.profile_id, parent.provider, parent.model)
             untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
+            pinned = parent.sandboxed
         spawn = SpawnRequest(
             text=request.text, profile_id=request.profile_id, max_iterations=request.max_iterations or 40,
             exclude_tools=tuple(request.exclude_tools), briefing=request.briefing,
@@ -300,7 +311,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
         result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
                                     metadata=metadata, untrusted=untrusted, parent_profile=parent_profile,
-                                    taint_parent=taint_parent if request.parent_session_id else None)
+                                    taint_parent=taint_parent if request.parent_session_id else None,
+                                    sandbox_pinned=lambda: pinned)
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):

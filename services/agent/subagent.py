@@ -41,6 +41,9 @@ async def run_subagent(
     parent_profile: Profile | None = None,
     session_writer=None,
     taint_parent=None,
+    cwd: str = "",
+    parent_stop: asyncio.Event | None = None,
+    sandbox_pinned=None,
 ) -> TurnResult:
     """Run to completion or timeout; returns the text and how it ended."""
     profile = deps.profiles.get(request.profile_id or (parent_profile.id if parent_profile else ""))
@@ -54,7 +57,8 @@ async def run_subagent(
                     parent_session_id=request.parent_session_id,
                     system_prompt=_system_prompt(deps, request, profile, parent_profile),
                     max_iterations=request.max_iterations or 40, exclude_tools=tuple(request.exclude_tools),
-                    depth=depth, session_writer=session_writer, taint_parent=taint_parent))
+                    depth=depth, session_writer=session_writer, taint_parent=taint_parent, cwd=cwd,
+                    sandbox_pinned=sandbox_pinned))
     text = request.text
     if profile.subagent_planning_enabled:
         from services.agent.tools.plan import run_subagent_planning
@@ -63,6 +67,8 @@ async def run_subagent(
         if plan:
             text = f"{text}\n\n## Plan (ready — execute it now)\n{plan}"
     task = asyncio.create_task(turn.run(TurnInput(text=text)))
+    # The parent's Stop stops its sub-agent too (its command, its model call), not only after it.
+    relay = asyncio.create_task(_relay_stop(parent_stop, turn.stop)) if parent_stop is not None else None
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout=request.timeout_seconds or 300.0)
     except asyncio.TimeoutError:
@@ -74,6 +80,14 @@ async def run_subagent(
         turn.stop.set()
         await _finish(task, grace=0)
         raise
+    finally:
+        if relay is not None:
+            relay.cancel()
+
+
+async def _relay_stop(parent: asyncio.Event, child: asyncio.Event) -> None:
+    await parent.wait()
+    child.set()
 
 
 async def _finish(task: asyncio.Task, grace: float) -> None:

@@ -9,6 +9,7 @@ import contextvars
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, r
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, confined, schema
 from services.agent.tools.registry import execute, tools_for
+from services.agent.workspace import Workspaces
 from services.shared.context_view import (
     heuristic_tokens,
     heuristic_view,
@@ -82,6 +84,8 @@ class AgentDeps:
     profiles: ProfileRegistry
     builder: ContextBuilder
     post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
+    # The sessions' workspaces as this Agent mirrors them (None: no file tools, e.g. in unit tests).
+    workspaces: Workspaces | None = None
 
 
 @dataclass
@@ -91,6 +95,8 @@ class TurnInput:
     hidden: bool = False
     # Stored names of the session files this turn carries (attachments, inline ones once stored).
     files: Sequence[str] = ()
+    # The working folder in the session's workspace ("" is the workspace itself).
+    cwd: str = ""
 
 
 class StalePrompt(Exception):
@@ -139,6 +145,9 @@ class SubagentOptions:
     # Marks the parent's conversation as holding outside content: what a sub-agent takes in taints the
     # whole conversation at once, not when its report comes back.
     taint_parent: Callable[[], Awaitable[None]] | None = None
+    cwd: str = ""  # the parent's working folder
+    # Whether the session's commands are pinned to the sandbox (the parent's session, as it is now).
+    sandbox_pinned: Callable[[], bool] | None = None
 
 
 def answer_message(reply: ChatResult, **fields) -> Message:
@@ -192,6 +201,9 @@ class Turn:
         # A stored turn writes its own session; a sub-agent writes its parent's through the parent.
         self.session_writer = conversation.update if not conversation.ephemeral else options.session_writer
         self.taint_parent = options.taint_parent
+        self.cwd = options.cwd
+        self._parent_pinned = options.sandbox_pinned
+        self.key = uuid.uuid4().hex  # the run whose first file tool syncs the workspace
         # A sub-agent of a session that has taken in outside content runs clamped: its task may
         # carry instructions planted in that content, so it keeps only the confined tools.
         self.clamped = self.is_subagent and conversation.untrusted
@@ -275,6 +287,7 @@ class Turn:
 
     async def _run(self, turn_input: TurnInput) -> TurnResult:
         self.sink.model_info(self.profile.model, self.window)
+        self.cwd = turn_input.cwd or self.cwd
         if self.conv.session is None and self.stored:
             await self.conv.load()
         if self.session_changes and self.stored:
@@ -609,8 +622,15 @@ class Turn:
     # -- tools -----------------------------------------------------------------------------------
     def tool_context(self) -> ToolContext:
         """What this turn's tools (and a sub-agent's planner) see of it."""
+        session_id = self.session_id or self.parent_session_id
+        workspaces = self.deps.workspaces
         return ToolContext(
-            session_id=self.session_id or self.parent_session_id,
+            session_id=session_id,
+            workspace=workspaces.get(session_id) if workspaces is not None and session_id else None,
+            cwd=self.cwd,
+            turn_key=self.key,
+            stop=self.stop,
+            sandbox_pinned=self.sandbox_pinned(),
             store=self.deps.store,
             ollama=self.deps.ollama,
             profile=self.profile,
@@ -687,6 +707,12 @@ class Turn:
         self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)
         return outcome, elapsed
 
+    def sandbox_pinned(self) -> bool:
+        """The session's commands run in the sandbox whatever the profile says (a sub-agent: its parent's)."""
+        if self._parent_pinned is not None:
+            return self._parent_pinned()
+        return bool(self.conv.session is not None and self.conv.session.sandboxed)
+
     async def taint(self) -> None:
         """Outside content is in the conversation: this run's and every parent's are marked."""
         if self.conv.untrusted:
@@ -701,7 +727,8 @@ class Turn:
         result = await run_subagent(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
                                     parent_profile=self.profile, session_writer=self.session_writer,
-                                    taint_parent=self.taint)
+                                    taint_parent=self.taint, cwd=self.cwd, parent_stop=self.stop,
+                                    sandbox_pinned=self.sandbox_pinned)
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------

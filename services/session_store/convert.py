@@ -182,6 +182,7 @@ def session_from_row(row) -> common_pb2.Session:
         next_seq=row["next_seq"],
         untrusted_ingested=row["untrusted_ingested"],
         episode_untrusted=row["episode_untrusted"],
+        sandboxed=row.get("sandboxed", False),
         display_message_count=row["display_count"],
         external_refs=[external_ref_to_proto(r) for r in row["external_refs"] or []],
         planning_logs=[to_struct(log) for log in row["planning_logs"] or []],

@@ -370,6 +370,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             changes["untrusted_ingested"] = True
         if request.mark_episode_untrusted:
             changes["episode_untrusted"] = True
+        if request.mark_sandboxed:
+            changes["sandboxed"] = True
         if request.HasField("planning_log"):
             check_struct(request.planning_log, "planning_log")
             changes["planning_log"] = from_struct(request.planning_log)
@@ -621,9 +623,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument(*out_of_range)
         session_id = parse_session_id(header.session_id, "header.session_id")
         session = await self.repo.sessions.get_session(identity, session_id)
-        reply = await self._put_file(identity, session_id, header, request_iterator)
         from_tool = header.from_tool and (identity.is_service or vouched_by_services(
             context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret))
+        if header.path:
+            return await self._write_path(identity, session_id, header, request_iterator, from_tool=from_tool)
+        reply = await self._put_file(identity, session_id, header, request_iterator)
         if not (session["untrusted_ingested"] or from_tool):
             # An upload or a pasted image is content from outside, as a tool's output is: the
             # session's sub-agents are clamped, what is recalled from it is fenced, and tools with
@@ -665,6 +669,43 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise
         await self.repo.usage.add_file_bytes(session_id, info.size)
         return pb.PutFileResponse(file=_file_info(info))
+
+    async def _write_path(self, identity: Identity, session_id: uuid.UUID, header: pb.PutFileHeader,
+                          request_iterator: AsyncIterator[pb.PutFileRequest], *, from_tool: bool) -> pb.PutFileResponse:
+        """A workspace write: the file at ``header.path`` replaced whole. Only the services' tool
+        writes may keep source code, or count as the conversation's own content; a write by anyone
+        else is an upload (it taints the session)."""
+        if header.filename or header.kind != pb.FILE_KIND_UNSPECIFIED:
+            raise InvalidArgument("header.path", "a write at a path takes neither filename nor kind")
+        sid = str(session_id)
+        upload = await _begun(asyncio.to_thread(self.files.begin_write, sid, header.path,
+                                                own=from_tool and not header.outside_content,
+                                                scripts_allowed=from_tool))
+        try:
+            async for part in request_iterator:
+                if part.HasField("header"):
+                    raise InvalidArgument("header", "only the first message may carry a header")
+                await asyncio.to_thread(upload.write, part.chunk)
+            replaced = await asyncio.to_thread(self.files.size_of, sid, header.path)
+            await self.repo.usage.reserve_file_bytes(identity, session_id, max(0, upload.size - replaced))
+            info = await asyncio.to_thread(upload.commit)
+        except BaseException:
+            await asyncio.to_thread(upload.abort)
+            raise
+        await self.repo.usage.add_file_bytes(session_id, info.size - replaced)
+        if not from_tool:
+            await self.repo.sessions.mark_untrusted(session_id)  # (a no-op once marked)
+        return pb.PutFileResponse(file=_file_info(info))
+
+    async def DeleteFile(self, request, context):
+        identity = self._identity(context)
+        session_id = parse_session_id(request.session_id)
+        if not request.name:
+            raise InvalidArgument("name", "required")
+        await self.repo.sessions.get_session(identity, session_id)
+        freed = await asyncio.to_thread(self.files.delete_path, str(session_id), request.name)
+        await self.repo.usage.add_file_bytes(session_id, -freed)
+        return pb.DeleteFileResponse(freed=freed)
 
     async def GetFile(self, request, context):
         identity = self._identity(context)
@@ -714,7 +755,6 @@ def _observation(row) -> pb.Observation:
 def _file_info(info) -> common_pb2.FileInfo:
     # The path is the name within the session's folder: where the store keeps its files is its
     # own business (and the absolute path named the session id to anyone shown it).
-    return common_pb2.FileInfo(
-        name=info.name, path=info.name, size=info.size, sha256=info.sha256, content_type=info.content_type
-    )
+    return common_pb2.FileInfo(name=info.name, path=info.name, size=info.size, sha256=info.sha256,
+                               content_type=info.content_type, outside_content=info.outside_content)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from services.agent.tools.base import Tool, ToolContext, ToolResult, refusal
 from services.agent.tools.content_publish import ContentPublishTool
+from services.agent.tools.files import FILE_TOOLS
 from services.agent.tools.image_view import ImageViewTool
 from services.agent.tools.memory_search import MemorySearchTool
 from services.agent.tools.plan import PlanTool
@@ -33,7 +34,7 @@ log = logging.getLogger("palimpsest.agent.tools")
 BUILTIN: dict[str, Tool] = {
     tool.name: tool
     for tool in (PlanTool(), TodoTool(), SpawnAgentTool(), MemorySearchTool(), SessionSearchTool(),
-                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool())
+                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool(), *FILE_TOOLS)
 }
 
 # Error text from a failing tool is cut here: enough to act on, never a wall of traceback.

@@ -413,6 +413,8 @@ class Sessions:
                 sets["untrusted_ingested"] = True
             if changes.get("episode_untrusted"):
                 sets["episode_untrusted"] = True
+            if changes.get("sandboxed"):
+                sets["sandboxed"] = True
             if "planning_log" in changes:
                 sets["planning_logs"] = (list(current["planning_logs"]) + [changes["planning_log"]])[-PLANNING_LOG_CAP:]
             columns = list(sets)
