@@ -25,7 +25,7 @@ from services.compressor.token_estimate import (
     trigger_tokens,
 )
 from services.shared import metrics
-from services.shared.auth import as_service, identity_from_context
+from services.shared.auth import as_service, caller
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.context_view import message_budget
 from services.shared.ollama import OllamaClient
@@ -111,10 +111,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         """The most a prompt may be: the window less the room kept for the answer."""
         return window - output_reserve(window, knobs.output_reserve)
 
-    def _caller(self, context):
-        """The caller's identity: with auth on, every RPC needs valid credentials."""
-        return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
-
     async def _recent_observations(self, model: str) -> list[store_pb.Observation]:
         """The model's observations, read at most every OBSERVATIONS_TTL_S by this replica: a
         template fitted on reports a few seconds old differs by a token or two, which its margin
@@ -160,7 +156,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     # -- estimates ---------------------------------------------------------------------------
     async def EstimateTokens(self, request, context):
-        self._caller(context)
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
         incoming, schemas = list(request.incoming), list(request.tool_schemas)
@@ -236,7 +231,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def CheckContextSize(self, request, context):
         """The one question before every model call: the view to send, its size, and whether it
         fits, must be compressed first, or cannot be sent at all."""
-        self._caller(context)
         window = self._window(request.window)
         if not request.messages:
             raise InvalidArgument("messages", "the built context to check is required")
@@ -337,7 +331,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
-        self._caller(context).require_service("a model report")
+        caller().require_service("a model report")
         if not request.model:
             raise InvalidArgument("model", "required")
         if request.prompt_eval_count <= 0:
@@ -427,7 +421,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                        prompt_tokens)
 
     async def WouldCompress(self, request, context):
-        self._caller(context)
         window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         kept = pricing.estimate(plan.system + plan.to_keep)
@@ -450,7 +443,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         (hard truncation when the summarizer fails), and one CommitCompression writes the result.
         When even that drops nothing, ``compressed`` reports the context unchanged and nothing is committed.
         """
-        self._caller(context)  # who asks comes before what is asked
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
