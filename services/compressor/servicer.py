@@ -25,7 +25,7 @@ from services.compressor.token_estimate import (
     trigger_tokens,
 )
 from services.shared import metrics
-from services.shared.auth import as_service, caller
+from services.shared.auth import as_service, caller, vouching_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.context_view import message_budget
 from services.shared.ollama import OllamaClient
@@ -125,15 +125,19 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def _observations(self, model: str) -> list[store_pb.Observation]:
         if not model:
             return []
-        reply = await self.store.ListObservations(store_pb.ListObservationsRequest(model=model))
+        with as_service():  # every user's prompt sizes: the services' to read, nobody else's
+            reply = await self.store.ListObservations(store_pb.ListObservationsRequest(model=model))
         return list(reply.observations)
 
     async def _load(self, session_id: str, model: str, *, with_context: bool = True,
                     token_digest: str = "", view_budget: int = 0) -> SessionState:
         """Baseline and calibration in one read (with a digest, also the context's stored counts);
         the stored context itself only when the caller sent none and it cannot be summed."""
+        # The caller's credentials read the session; the services' vouch, beside them, the model's
+        # observations (every user's prompt sizes).
         loads = [self.store.GetBaseline(store_pb.GetBaselineRequest(
-            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget))]
+            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget),
+            metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret))]
         if with_context:
             loads.append(whole_context(self.store.GetSession, session_id))
         pricing, *rest = await asyncio.gather(*loads)

@@ -542,7 +542,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.RecordObservationResponse()
 
     async def ListObservations(self, request, context):
-        caller()
+        if not caller().is_service:
+            raise PermissionDenied(OBSERVATIONS_FOR_SERVICES)
         if not request.model:
             raise InvalidArgument("model", "required")
         limit = page_size(request.limit, "limit", default=8, maximum=100)
@@ -570,6 +571,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if request.view_budget < 0:
             raise InvalidArgument("view_budget", "must not be negative")
+        if request.model and not (identity.is_service or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+            raise PermissionDenied(f"model: {OBSERVATIONS_FOR_SERVICES}; leave it empty for the session's baseline")
         row, observations, tokens = await self.repo.calibration.get_baseline(identity, session_id, request.model,
                                                                  request.token_digest, request.view_budget)
         response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
@@ -693,6 +697,8 @@ def checked_model(raw: str) -> str:
 
 
 SHARED_ID_MASK = "[this session]"
+# Every user's prompt sizes and character mixes, by model: what the Compressor calibrates with.
+OBSERVATIONS_FOR_SERVICES = "calibration observations (every user's prompt sizes) are read by the Palimpsest services only"
 # A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
 MAX_CLEANUP_DAYS = 36_500
 
