@@ -4,8 +4,9 @@ service a fresh process per case; its resident memory (VmRSS) before, at its pea
 just before the requests) and once every request has been answered.
 
 The cases: no credentials on the store's AppendMessages and on the Agent's RunStream (the largest
-requests either takes); no credentials on GetShared (open by design: the share token is the
-credential); and a signed-in caller's oversized ListSessions (an RPC with a small request limit).
+requests either takes); no credentials on GetShared and on gRPC's health Check (open by design: the
+share token is the credential; probes call health without any); and a signed-in caller's oversized
+ListSessions (an RPC with a small request limit).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from bench import _common
 from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as store_pb
@@ -49,6 +51,7 @@ def cases() -> list[Case]:
         common_pb2.Message(role="user", content="x" * BODY)])
     turn = agent_pb2.RunStreamRequest(text="look at this", images=[b"\x89PNG\r\n\x1a\n" + bytes(BODY)])
     shared = store_pb.GetSharedRequest(token="t" * BODY)
+    health = health_pb2.HealthCheckRequest(service="s" * BODY)
     listing = store_pb.ListSessionsRequest(query="q" * BODY)
     return [
         Case("AppendMessages, no credentials", "store", "/palimpsest.v1.SessionStore/AppendMessages",
@@ -56,6 +59,8 @@ def cases() -> list[Case]:
         Case("RunStream, no credentials", "agent", "/palimpsest.v1.Agent/RunStream", turn.SerializeToString()),
         Case("GetShared (open by design), no credentials", "store", "/palimpsest.v1.SessionStore/GetShared",
              shared.SerializeToString()),
+        Case("Agent's health Check (open by design), no credentials", "agent", "/grpc.health.v1.Health/Check",
+             health.SerializeToString()),
         Case("ListSessions, signed in", "store", "/palimpsest.v1.SessionStore/ListSessions",
              listing.SerializeToString(), signed_in=True),
     ]
