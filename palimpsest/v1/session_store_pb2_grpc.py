@@ -356,7 +356,8 @@ class SessionStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListObservations(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every user's prompt sizes and character mixes: the services and admins only (PERMISSION_DENIED).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -25,12 +25,15 @@ from services.shared import tracing
 from services.shared.channels import open_channel
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import OllamaClient
-from services.shared.server import RunningServer, start_server
+from services.shared.server import RunningServer, method_paths, start_server
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.agent")
 
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
+# A turn's request carries its text, pasted images and inline files (a sub-agent's, the context
+# handed to it); every other request takes PALIMPSEST_MAX_SMALL_REQUEST_BYTES.
+LARGE_REQUESTS = method_paths(SERVICE_NAME, "RunStream", "Run", "RunEphemeral")
 # A health entry of its own: the Agent serves (and says why turns fail) even without Ollama.
 OLLAMA_HEALTH_NAME = "ollama"
 OLLAMA_CHECK_INTERVAL = 10.0
@@ -124,6 +127,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         port=port,
         host=host,
         on_stop=on_stop,
+        large_requests=LARGE_REQUESTS,
     )
     watcher.append(asyncio.create_task(watch_ollama(running, ollama, OLLAMA_CHECK_INTERVAL)))
     if servicer.bus is not None:

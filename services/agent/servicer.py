@@ -24,7 +24,7 @@ from services.agent.replica_bus import ReplicaBus
 from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
-from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
+from services.shared.auth import forwarded_metadata, vouching_metadata
 from services.shared.workspace_paths import BadPath, workspace_path
 from services.shared.external_refs import refs_from_proto
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
@@ -126,10 +126,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self.turn_logs.record(event, local=False)
         self._watchers.publish(event)
 
-    def _metadata(self, context) -> tuple[tuple[str, str], ...]:
-        identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
-        return forwarded_metadata(context)
-
     async def _keep_warm(self, turn: Turn) -> None:
         """After the turn and its post-turn pass, off the client's path: the session as it is now,
         as the turn left it unless the post-turn pass compressed it (then read back)."""
@@ -161,7 +157,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         """Everything that can fail with a plain status before the stream begins: the turn, and
         what it answers."""
         _validate_turn(request)
-        metadata = self._metadata(context)
+        metadata = forwarded_metadata(context)
         await self._reload_profiles()
         warm = None
         if request.session_id:
@@ -288,7 +284,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("max_iterations", "must not be negative")
         if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
             raise InvalidArgument("timeout_seconds", "must be a finite number of seconds, not negative")
-        metadata = self._metadata(context)
+        metadata = forwarded_metadata(context)
         parent_profile = None
         untrusted = pinned = False
         if request.parent_session_id:
@@ -316,7 +312,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):
-        self._metadata(context)  # who asks: refused here without valid credentials
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
@@ -343,7 +338,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         yield sink.queue.get_nowait()
 
     async def Stop(self, request, context):
-        self._metadata(context)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         # Only the session's owner (or an admin) may stop it, or learn whether a turn runs in it:
@@ -358,7 +352,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
 
     async def WatchSession(self, request, context):
-        self._metadata(context)  # who asks: refused here without valid credentials
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         # Who may read the session may watch it: the store answers for the caller.
@@ -376,7 +369,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self._watchers.unsubscribe(request.session_id, queue)
 
     async def ResumeStream(self, request, context):
-        self._metadata(context)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.after_seq < 0:
@@ -392,7 +384,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             yield event
 
     async def ListProfiles(self, request, context):
-        self._metadata(context)
         await self._reload_profiles()  # what the next turn would use, and why an edit was not taken
         default_window = self.deps.settings.ollama_num_ctx
         return pb.ListProfilesResponse(

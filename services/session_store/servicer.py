@@ -10,10 +10,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import grpc
-
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
-from services.shared.auth import Identity, identity_from_context, vouched_by_services
+from services.shared.auth import Identity, caller, vouched_by_services
 from services.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
 from services.shared.settings import Settings
 from services.session_store import convert
@@ -193,12 +191,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if self.memory_index is not None:
             self.memory_index.poke()
 
-    def _identity(self, context: grpc.aio.ServicerContext) -> Identity:
-        return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
-
     # -- sessions --------------------------------------------------------------------------
     async def CreateSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if not request.profile_id.strip():
             raise InvalidArgument("profile_id", "required")
         check_struct(request.metadata, "metadata")
@@ -215,7 +210,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.CreateSessionResponse(session=convert.session_from_row(row))
 
     async def GetSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.view not in pb.SessionView.values():
             raise InvalidArgument("view", f"unknown view {request.view}")
@@ -234,7 +229,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return response
 
     async def ListSessions(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if request.sort_by not in _SORT_NAMES:
             raise InvalidArgument("sort_by", f"unknown sort {request.sort_by}")
         if request.offset < 0:
@@ -262,7 +257,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
 
     async def SearchMatches(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if not request.query.strip():
             raise InvalidArgument("query", "required")
         if len(request.session_ids) > MAX_PAGE:
@@ -280,7 +275,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.GetArchivedMessagesResponse(**await self._page(request, context, archive_only=True))
 
     async def _page(self, request, context, *, archive_only: bool) -> dict:
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.before_seq < 0:
             raise InvalidArgument("before_seq", "must not be negative")
@@ -290,7 +285,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return {"messages": page.messages, "has_more": page.has_more}
 
     async def AppendMessages(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         _validate_messages(request.messages, self.settings.message_max_bytes)
         report = self._report(request.report, identity, context) if request.HasField("report") else None
@@ -304,14 +299,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                                          session_changed=result.session_changed)
 
     async def AppendStream(self, request_iterator, context):
-        self._identity(context)  # refused at once: a stream nobody may use is not held open for its first append
         async for request in self.stopping.until(aiter(request_iterator), STOPPING_APPENDS):
             with metrics.timed_as(APPEND_MESSAGES):  # each append as the call it stands for
                 answer = await self.AppendMessages(request, context)
             yield answer
 
     async def ClaimTurn(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.holder.strip() or len(request.holder) > 128:
             raise InvalidArgument("holder", "required, at most 128 characters")
@@ -347,7 +341,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                                                             for c in report.token_counts])
 
     async def UpdateSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         changes: dict = {}
         for field in ("name", "pinned", "profile_id", "context_token_count", "provider", "model"):
@@ -379,7 +373,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.UpdateSessionResponse(session=convert.session_from_row(row))
 
     async def SetContextFlag(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.seqs:
             raise InvalidArgument("seqs", "at least one seq is required")
@@ -389,7 +383,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.SetContextFlagResponse(updated=updated, revision=revision)
 
     async def CommitCompression(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.demote_seqs and not request.HasField("summary"):
             raise InvalidArgument("demote_seqs", "a compression must demote messages or add a summary")
@@ -424,7 +418,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.CommitCompressionResponse(**result)
 
     async def ArchiveOldMessages(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.below_seq <= 0:
             raise InvalidArgument("below_seq", "must be positive")
@@ -433,7 +427,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
 
     async def TrimSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.keep < 1:
             raise InvalidArgument("keep", f"must be at least 1, got {request.keep}")
@@ -441,7 +435,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.TrimSessionResponse(before=before, after=after, dropped=before - after)
 
     async def CleanupSessions(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if not request.HasField("older_than_days"):
             raise InvalidArgument("older_than_days", "required (0 deletes every session you can see)")
         if not 0 <= request.older_than_days <= MAX_CLEANUP_DAYS:
@@ -453,7 +447,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.CleanupSessionsResponse(deleted=len(ids), session_ids=ids)
 
     async def DeleteSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.delete_session(identity, session_id)
         await asyncio.to_thread(self.files.delete_session, str(session_id))
@@ -461,7 +455,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- shares ----------------------------------------------------------------------------
     async def CreateShare(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         token, created_at = await self.repo.shares.create_share(identity, session_id)
         response = pb.CreateShareResponse(token=token)
@@ -490,7 +484,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- raw chunks ------------------------------------------------------------------------
     async def SearchMemory(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.query.strip():
             raise InvalidArgument("query", "required")
@@ -503,7 +497,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows], semantic=semantic)
 
     async def IndexChunks(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
@@ -515,7 +509,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- messages between Agent replicas ---------------------------------------------------
     def _bus(self, context) -> SessionBus:
-        if not self._identity(context).is_service:
+        if not caller().is_service:
             raise PermissionDenied("the session bus carries every session's events: the Palimpsest services only")
         if self.bus is None:
             raise Unavailable("this store replica has no session bus")
@@ -552,12 +546,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(self, request, context):
-        self._identity(context).require_service("calibration")
+        caller().require_service("calibration")
         await self.repo.calibration.record_observation(*_checked_observation(request.observation, "observation"))
         return pb.RecordObservationResponse()
 
     async def ListObservations(self, request, context):
-        self._identity(context)
+        if not caller().is_service:
+            raise PermissionDenied(OBSERVATIONS_FOR_SERVICES)
         if not request.model:
             raise InvalidArgument("model", "required")
         limit = page_size(request.limit, "limit", default=8, maximum=100)
@@ -565,7 +560,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.ListObservationsResponse(observations=[_observation(r) for r in rows])
 
     async def SetBaseline(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         identity.require_service("a baseline")
         session_id = parse_session_id(request.session_id)
         baseline = None
@@ -581,10 +576,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.SetBaselineResponse()
 
     async def GetBaseline(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.view_budget < 0:
             raise InvalidArgument("view_budget", "must not be negative")
+        if request.model and not (identity.is_service or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+            raise PermissionDenied(f"model: {OBSERVATIONS_FOR_SERVICES}; leave it empty for the session's baseline")
         row, observations, tokens = await self.repo.calibration.get_baseline(identity, session_id, request.model,
                                                                  request.token_digest, request.view_budget)
         response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
@@ -597,7 +595,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return response
 
     async def SetTokenCounts(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         identity.require_service("a token count")
         session_id = parse_session_id(request.session_id)
         if not request.token_digest:
@@ -610,7 +608,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- files -----------------------------------------------------------------------------
     async def PutFile(self, request_iterator: AsyncIterator[pb.PutFileRequest], context):
-        identity = self._identity(context)
+        identity = caller()
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("header"):
             raise InvalidArgument("header", "the first message of a PutFile stream must carry the header")
@@ -698,7 +696,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.PutFileResponse(file=_file_info(info))
 
     async def DeleteFile(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.name:
             raise InvalidArgument("name", "required")
@@ -708,7 +706,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.DeleteFileResponse(freed=freed)
 
     async def GetFile(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.name:
             raise InvalidArgument("name", "required")
@@ -723,7 +721,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             yield pb.GetFileResponse(chunk=chunk)
 
     async def ListFiles(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.get_session(identity, session_id)
         files = await asyncio.to_thread(self.files.list_files, str(session_id))
@@ -739,6 +737,8 @@ def checked_model(raw: str) -> str:
     return model
 
 
+# Every user's prompt sizes and character mixes, by model: what the Compressor calibrates with.
+OBSERVATIONS_FOR_SERVICES = "calibration observations (every user's prompt sizes) are read by the Palimpsest services only"
 # A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
 MAX_CLEANUP_DAYS = 36_500
 
