@@ -19,10 +19,11 @@ import pytest
 from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
-from services.shared.auth import vouching_metadata
+from services.shared.auth import make_token, vouching_metadata
 from tests.conftest import JWT_SECRET, bearer
 from tests.test_store_sessions import expect_status, full
 from tests.waiting import until
+from test_pal import pal, pal_env
 
 OK, ERROR, REFUSED, STOPPED = (store_pb.TOOL_RUN_OUTCOME_OK, store_pb.TOOL_RUN_OUTCOME_ERROR,
                                store_pb.TOOL_RUN_OUTCOME_REFUSED, store_pb.TOOL_RUN_OUTCOME_STOPPED)
@@ -389,3 +390,43 @@ async def test_with_auth_on_the_agents_records_reach_the_owners_log(base_setting
         await compressor.stop(0)
     assert events[-1].stream_end.reason == pb.STREAM_END_REASON_COMPLETED
     assert [(r.tool, r.outcome) for r in await runs_of(store_auth, events[0].session_id, alice)] == [("echo", OK)]
+
+
+# -- pal audit ----------------------------------------------------------------------------------------------
+async def test_pal_audit_prints_the_log_as_a_table_and_as_json_lines(agent, store, ollama_sim, store_server):
+    ollama_sim.script(Reply(tool_calls=[("echo", {"text": "for pal"}), ("todo", {"action": "explode"})]),
+                      Reply(text="done"))
+    session_id = (await run(agent, "tools for pal"))[0].session_id
+    env = pal_env(store=store_server.address)
+    table = await pal("audit", session_id, env=env)
+    assert table.code == 0, table.stderr
+    header, echo, todo, why = [line for line in table.stdout.splitlines() if line.strip()][:4]
+    assert header.split() == ["#", "time", "tool", "outcome", "took", "in", "out", "arguments"]
+    assert echo.split()[:5] == ["1", *echo.split()[1:3], "echo", "ok"] and 'text="for pal"' in echo
+    assert todo.split()[3:5] == ["todo", "error"] and 'action="explode"' in todo
+    assert why.strip().startswith("Invalid arguments for todo")  # the failure, under its arguments
+    lines = (await pal("audit", session_id, "--json", env=env)).json_lines()
+    assert [(line["seq"], line["tool"], line["outcome"]) for line in lines] == [
+        ("1", "echo", "TOOL_RUN_OUTCOME_OK"), ("2", "todo", "TOOL_RUN_OUTCOME_ERROR")]
+    assert lines[0]["turn_id"] and lines[1]["error"].startswith("Invalid arguments for todo")
+    last = (await pal("audit", session_id, "--json", "--last", "1", env=env)).json_lines()
+    assert [line["tool"] for line in last] == ["todo"]
+
+
+async def test_pal_audit_without_an_id_reads_the_most_recent_session_and_refuses_others(store_server_auth,
+                                                                                       store_auth, user):
+    alice = bearer(user)
+    older, newest = await alices_session(store_auth, alice), await alices_session(store_auth, alice)
+    for session_id, tool in ((older, "older_tool"), (newest, "newest_tool")):
+        await store_auth.AppendMessages(store_pb.AppendMessagesRequest(
+            session_id=session_id, tool_runs=[run_record(tool)],
+            messages=[common_pb2.Message(role="user", content="hi")]), metadata=alice + VOUCH)
+    env = pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
+    ran = await pal("audit", "--json", env=env)
+    assert [line["tool"] for line in ran.json_lines()] == ["newest_tool"] and newest in ran.stderr
+    empty = await pal("audit", await alices_session(store_auth, alice), env=env)
+    assert empty.code == 0 and "no tool has run" in empty.stdout
+    bobs = await pal("audit", newest, env=pal_env(store=store_server_auth.address,
+                                                  PALIMPSEST_TOKEN=make_token(f"{user}-bob", JWT_SECRET)))
+    assert bobs.code == 77
+    bobs.assert_one_line_error()
