@@ -138,10 +138,13 @@ async def test_every_tool_run_of_a_turn_is_on_the_log_with_its_outcome(agent, st
     runs = await runs_of(store, session_id)
     assert [(r.seq, r.tool, r.outcome) for r in runs] == [(1, "echo", OK), (2, "todo", ERROR),
                                                          (3, "no_such_tool", ERROR)]
-    calls = stored_calls(await full(store, session_id))
-    results = {m.tool_call_id: m for m in (await full(store, session_id)).messages if m.role == "tool"}
+    session = await full(store, session_id)
+    calls = stored_calls(session)
+    results = {m.tool_call_id: m for m in session.messages if m.role == "tool"}
+    (asking,) = [m for m in session.messages if m.tool_calls]
     for r, (_, arguments) in zip(runs, asked):
         assert r.turn_id == turn_id and not r.is_subagent and r.call_id in calls
+        assert r.call_seq == asking.seq  # the stored message with the call, where the history shows it
         assert r.bytes_in == len(json.dumps(arguments).encode())  # as the model sent them
         assert r.bytes_out == len(results[r.call_id].content.encode()) and r.duration_seconds >= 0
         assert r.started_at.seconds > 0
@@ -179,7 +182,9 @@ async def test_a_sub_agents_runs_are_on_its_parent_sessions_log(agent, store, ol
     assert [(r.tool, r.is_subagent, r.outcome) for r in runs] == [("spawn_agent", False, OK), ("echo", True, OK)]
     assert {r.turn_id for r in runs} == {events[0].turn_id}
     assert runs[0].duration_seconds >= runs[1].duration_seconds
-    assert json.loads(runs[1].arguments_json) == {"text": "from the sub-agent"}
+    # A sub-agent's calls are not stored: its record carries their arguments itself.
+    assert json.loads(runs[1].arguments_json) == {"text": "from the sub-agent"} and runs[1].call_seq == 0
+    assert runs[0].call_seq > 0 and json.loads(runs[0].arguments_json) == {"task": "say hi"}
 
 
 async def test_a_call_the_taint_rule_refuses_is_recorded_refused(agent, store, ollama_sim):
@@ -312,6 +317,7 @@ async def test_runs_alone_change_nothing_but_the_log(store, profile):
     (dict(bytes_out=-1), "tool_runs[0].bytes_in"),
     (dict(call_id="x" * 201), "tool_runs[0].call_id"),
     (dict(arguments_json="a\x00b"), "tool_runs[0].arguments_json"),
+    (dict(call_seq=3), "tool_runs[0].call_seq"),  # a stored call's arguments come from its row, not beside it
 ])
 async def test_a_bad_record_is_invalid_naming_its_field_and_nothing_is_written(store, profile, bad, field):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id=profile))).session
@@ -323,6 +329,19 @@ async def test_a_bad_record_is_invalid_naming_its_field_and_nothing_is_written(s
     details = await expect_status(store.AppendMessages(request), grpc.StatusCode.INVALID_ARGUMENT)
     assert details.startswith(field.replace("[0]", "[1]")), details
     assert (await full(store, session.id)).display_message_count == 0 and not await runs_of(store, session.id)
+
+
+async def test_the_log_keeps_eight_thousand_characters_of_long_arguments_redacted_first(store, profile):
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id=profile))).session
+    arguments = json.dumps({"path": "big.txt", "content": "x" * 9_000 + " token=abcdef0123456789"})
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id,
+                                                              tool_runs=[run_record(arguments=arguments)]))
+    (record,) = await runs_of(store, session.id)
+    assert len(record.arguments_json) == 8_000 and record.arguments_json.endswith("…")
+    assert record.bytes_in == len(arguments)  # the whole size, as sent
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, tool_runs=[
+        run_record(arguments=json.dumps({"content": "y" * 7_900, "password": "hunter2"}))]))
+    assert (await runs_of(store, session.id))[-1].arguments_json.endswith('"password":"[REDACTED]"}')
 
 
 async def test_the_log_reads_in_pages_either_way(store, profile):

@@ -209,7 +209,7 @@ class AppendMessagesRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., report: _Optional[_Union[ModelReport, _Mapping]] = ..., expected_next_seq: _Optional[int] = ..., tool_runs: _Optional[_Iterable[_Union[ToolRun, _Mapping]]] = ...) -> None: ...
 
 class ToolRun(_message.Message):
-    __slots__ = ("seq", "turn_id", "call_id", "is_subagent", "tool", "arguments_json", "started_at", "duration_seconds", "outcome", "bytes_in", "bytes_out", "error")
+    __slots__ = ("seq", "turn_id", "call_id", "is_subagent", "tool", "arguments_json", "started_at", "duration_seconds", "outcome", "bytes_in", "bytes_out", "error", "call_seq")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +222,7 @@ class ToolRun(_message.Message):
     BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CALL_SEQ_FIELD_NUMBER: _ClassVar[int]
     seq: int
     turn_id: str
     call_id: str
@@ -234,7 +235,8 @@ class ToolRun(_message.Message):
     bytes_in: int
     bytes_out: int
     error: str
-    def __init__(self, seq: _Optional[int] = ..., turn_id: _Optional[str] = ..., call_id: _Optional[str] = ..., is_subagent: _Optional[bool] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., outcome: _Optional[_Union[ToolRunOutcome, str]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    call_seq: int
+    def __init__(self, seq: _Optional[int] = ..., turn_id: _Optional[str] = ..., call_id: _Optional[str] = ..., is_subagent: _Optional[bool] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., outcome: _Optional[_Union[ToolRunOutcome, str]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., error: _Optional[str] = ..., call_seq: _Optional[int] = ...) -> None: ...
 
 class ListToolRunsRequest(_message.Message):
     __slots__ = ("session_id", "before_seq", "after_seq", "limit")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
@@ -79,12 +79,28 @@ class ToolRunLog:
         self._recordings.append(recording)
         return recording
 
-    def unstored(self) -> list[store_pb.ToolRun]:
-        return [r.as_now() for r in self._recordings]
+    def unstored(self, call_seqs: Mapping[str, int] | None = None) -> list[store_pb.ToolRun]:
+        """The records not stored yet. With `call_seqs` (the seq of the stored message that carries
+        each of the session's tool calls, by call id), a run of a stored call names that message
+        instead of carrying its arguments again: the store takes them from it, redacted already, so
+        a turn's arguments travel and are redacted once. (A sub-agent's calls are not stored.)"""
+        runs = [r.as_now() for r in self._recordings]
+        if not call_seqs:
+            return runs
+        return [_by_reference(run, call_seqs.get(run.call_id, 0)) if not run.is_subagent else run for run in runs]
 
     def stored(self, count: int) -> None:
         """The first `count` records are in the store (or were given up on, with a log line)."""
         del self._recordings[:count]
+
+
+def _by_reference(run: store_pb.ToolRun, call_seq: int) -> store_pb.ToolRun:
+    if not call_seq:
+        return run
+    named = store_pb.ToolRun()
+    named.CopyFrom(run)
+    named.call_seq, named.arguments_json = call_seq, ""
+    return named
 
 
 AppendMethod = Callable[..., Awaitable[store_pb.AppendMessagesResponse]]

@@ -172,8 +172,10 @@ class StoredConversation:
         self.next_seq: int | None = None
         self.warm_worthy = True  # False once what we hold of the session could not be refreshed
         self.appends = TurnAppends(store, self.vouch)
-        # The turn's tool runs (its sub-agents' too) until an append carries them to the audit log.
+        # The turn's tool runs (its sub-agents' too) until an append carries them to the audit log,
+        # and the seq of the stored message that carries each tool call (its record names it).
         self.tool_runs = ToolRunLog()
+        self.call_seqs: dict[str, int] = {}
 
     async def _call(self, method, request, timeout: float | None = None):
         # A model report or tool runs ride with the caller's credentials (the interceptor's) and the
@@ -238,7 +240,7 @@ class StoredConversation:
         messages = [storable(m) for m in messages]
         key = uuid.uuid4().hex
         attempt_timeout = self.timeout if attempt_timeout is None else attempt_timeout
-        runs = self.tool_runs.unstored()
+        runs = self.tool_runs.unstored(self.call_seqs)
         carried = len(runs)
 
         def request() -> store_pb.AppendMessagesRequest:
@@ -273,6 +275,7 @@ class StoredConversation:
             copy.CopyFrom(message)
             copy.seq = seq
             stored.append(copy)
+            self.call_seqs.update((call.id, seq) for call in message.tool_calls)
         self.context.extend(m for m in stored if (m.is_context if m.explicit_flags else True))
         return list(reply.seqs)
 
@@ -298,7 +301,7 @@ class StoredConversation:
     async def done_appending(self) -> None:
         """The turn's own writes are over: the tool runs no append carried (a stop, a cancellation or
         a failure under its tools) go to the audit log, then its append stream ends."""
-        runs = self.tool_runs.unstored()
+        runs = self.tool_runs.unstored(self.call_seqs)
         if runs:
             await store_tool_runs(self.appends, self.session_id, runs, key=uuid.uuid4().hex, metadata=self.vouch,
                                   timeout=self.timeout)

@@ -370,6 +370,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 raise InvalidArgument(f"{field}.duration_seconds", "must be a finite number of seconds, not negative")
             if run.bytes_in < 0 or run.bytes_out < 0:
                 raise InvalidArgument(f"{field}.bytes_in", "bytes_in and bytes_out must not be negative")
+            if run.call_seq < 0 or (run.call_seq and run.arguments_json):
+                raise InvalidArgument(f"{field}.call_seq", "a stored message's seq, with no arguments_json beside it")
             if not (run.HasField("started_at") and MIN_TIMESTAMP <= run.started_at.seconds <= MAX_TIMESTAMP):
                 raise InvalidArgument(f"{field}.started_at", "required, a date between years 1 and 9999")
         return [convert.tool_run_row(run) for run in runs]

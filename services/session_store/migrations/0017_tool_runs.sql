@@ -10,6 +10,7 @@ CREATE TABLE tool_runs (
     is_subagent      boolean          NOT NULL DEFAULT false,
     tool             text             NOT NULL,
     arguments        text             NOT NULL DEFAULT '',  -- redacted as stored tool calls' are
+    call_seq         bigint           NOT NULL DEFAULT 0,   -- the stored message with the call (0: none)
     started_at       timestamptz      NOT NULL,
     duration_seconds double precision NOT NULL DEFAULT 0,
     outcome          text             NOT NULL CHECK (outcome IN ('ok', 'error', 'refused', 'stopped')),
@@ -21,8 +22,10 @@ CREATE TABLE tool_runs (
 );
 
 -- The append function (0015) writes the tool runs an append carries (p_tool_runs: a JSON array of
--- rows without session_id and seq; NULL: none), in its one statement. An append of tool runs alone
--- (no rows) writes only them: no revision, counter or activity moves, so a turn's warm copy of the
+-- rows without session_id and seq; NULL: none), in its one statement. A run whose call is stored
+-- (call_seq) takes its arguments from that row, already redacted: a turn's arguments travel and are
+-- redacted once. The log keeps at most 8,000 characters of them. An append of tool runs alone (no
+-- rows) writes only them: no revision, counter or activity moves, so a turn's warm copy of the
 -- session stays current. Otherwise as 0013 to 0015 describe.
 DROP FUNCTION append_messages(uuid, text, bigint, bigint, session_messages[], timestamptz, text, text, integer, text,
                               bigint, bigint, jsonb);
@@ -159,15 +162,24 @@ BEGIN
     IF p_tool_runs IS NOT NULL THEN
         -- Numbered after the session's last run: the session's row is locked, so two appends
         -- never take the same numbers.
-        INSERT INTO tool_runs (session_id, seq, turn_id, call_id, is_subagent, tool, arguments, started_at,
+        INSERT INTO tool_runs (session_id, seq, turn_id, call_id, is_subagent, tool, arguments, call_seq, started_at,
                                duration_seconds, outcome, bytes_in, bytes_out, error)
         SELECT p_session,
                coalesce((SELECT max(t.seq) FROM tool_runs t WHERE t.session_id = p_session), 0) + e.ordinality,
                e.run ->> 'turn_id', e.run ->> 'call_id', (e.run ->> 'is_subagent')::boolean, e.run ->> 'tool',
-               e.run ->> 'arguments', (e.run ->> 'started_at')::timestamptz,
+               CASE WHEN length(a.arguments) > 8000 THEN left(a.arguments, 7999) || '…' ELSE a.arguments END,
+               (e.run ->> 'call_seq')::bigint, (e.run ->> 'started_at')::timestamptz,
                (e.run ->> 'duration_seconds')::double precision, e.run ->> 'outcome',
                (e.run ->> 'bytes_in')::bigint, (e.run ->> 'bytes_out')::bigint, e.run ->> 'error'
-          FROM jsonb_array_elements(p_tool_runs) WITH ORDINALITY AS e(run, ordinality);
+          FROM jsonb_array_elements(p_tool_runs) WITH ORDINALITY AS e(run, ordinality)
+         CROSS JOIN LATERAL (
+               -- A stored call's arguments from its row (one primary-key lookup; the turn's own rows
+               -- are hot), else as sent.
+               SELECT CASE WHEN (e.run ->> 'call_seq')::bigint > 0 THEN coalesce((
+                          SELECT c ->> 'arguments' FROM session_messages m, jsonb_array_elements(m.tool_calls) c
+                           WHERE m.session_id = p_session AND m.seq = (e.run ->> 'call_seq')::bigint
+                             AND c ->> 'id' = e.run ->> 'call_id' LIMIT 1), '')
+                      ELSE e.run ->> 'arguments' END AS arguments) a;
     END IF;
 
     IF p_key <> '' THEN

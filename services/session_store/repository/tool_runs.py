@@ -11,8 +11,8 @@ import asyncpg
 from services.shared.auth import Identity
 from services.session_store.repository.access import readable
 
-_COLUMNS = ("seq, turn_id, call_id, is_subagent, tool, arguments, started_at, duration_seconds, outcome, bytes_in,"
-            " bytes_out, error")
+_COLUMNS = ("seq, turn_id, call_id, is_subagent, tool, arguments, call_seq, started_at, duration_seconds, outcome,"
+            " bytes_in, bytes_out, error")
 # One more row than the page, to know whether more remain; both walk the primary key.
 _NEWEST_BEFORE = f"SELECT {_COLUMNS} FROM tool_runs WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
 _OLDEST_AFTER = f"SELECT {_COLUMNS} FROM tool_runs WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
