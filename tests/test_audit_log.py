@@ -389,6 +389,29 @@ async def test_the_log_goes_with_cleanup_sessions(store_auth, user, database_url
     assert await rows_in_table(database_url, session_id) == 0
 
 
+async def test_a_store_of_the_release_before_still_appends_after_the_migration(database_url):
+    """0017 adds the append function that takes tool runs beside 0015's: a replica not yet replaced in
+    a rolling update calls the old one, and its appends still land."""
+    from datetime import datetime, timezone
+
+    from services.session_store import convert, db
+    from services.session_store.repository.sessions import _ROW_FIELDS
+    from test_store_migrations import empty_database
+
+    async with empty_database(database_url) as pool:
+        await db.migrate(pool)
+        session_id = uuid.uuid4()
+        await pool.execute("INSERT INTO sessions (id, owner, profile_id) VALUES ($1, 'o', 'p')", session_id)
+        now = datetime.now(timezone.utc)
+        rows = [dict(zip(_ROW_FIELDS, convert.message_row(session_id, 0, common_pb2.Message(role="user", content="hi"),
+                                                           now)))]
+        # The call of a store at 0016, with its thirteen arguments.
+        row = await pool.fetchrow("SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9,"
+                                  " $10, $11, $12, $13)", session_id, None, None, None, rows, now, "hi", "", 1, None,
+                                  None, 0, None)
+        assert (row["status"], list(row["seqs"])) == ("ok", [1])
+
+
 # -- with auth on, end to end ----------------------------------------------------------------------------
 async def test_with_auth_on_the_agents_records_reach_the_owners_log(base_settings, store_server_auth, store_auth,
                                                                    ollama_sim, tmp_path, user):

@@ -302,11 +302,13 @@ class StoredConversation:
         """The turn's own writes are over: the tool runs no append carried (a stop, a cancellation or
         a failure under its tools) go to the audit log, then its append stream ends."""
         runs = self.tool_runs.unstored(self.call_seqs)
-        if runs:
-            await store_tool_runs(self.appends, self.session_id, runs, key=uuid.uuid4().hex, metadata=self.vouch,
-                                  timeout=self.timeout)
-            self.tool_runs.stored(len(runs))
-        await self.appends.close()
+        try:
+            if runs:
+                await store_tool_runs(self.appends, self.session_id, runs, key=uuid.uuid4().hex,
+                                      metadata=self.vouch, timeout=self.timeout)
+                self.tool_runs.stored(len(runs))
+        finally:
+            await self.appends.close()
 
     def snapshot(self) -> common_pb2.Session | None:
         """The session as this conversation left it (CONTEXT view): what the Agent keeps warm for

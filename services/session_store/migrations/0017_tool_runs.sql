@@ -27,9 +27,8 @@ CREATE TABLE tool_runs (
 -- redacted once. The log keeps at most 8,000 characters of them. An append of tool runs alone (no
 -- rows) writes only them: no revision, counter or activity moves, so a turn's warm copy of the
 -- session stays current. Otherwise as 0013 to 0015 describe.
-DROP FUNCTION append_messages(uuid, text, bigint, bigint, session_messages[], timestamptz, text, text, integer, text,
-                              bigint, bigint, jsonb);
-
+-- It takes one more argument, so 0015's stays beside it: a store replica of the release before keeps
+-- appending (without tool runs) while a rolling update replaces it. The next change drops it.
 CREATE FUNCTION append_messages(
     p_session uuid, p_owner text, p_expected_revision bigint, p_expected_next_seq bigint,
     p_rows session_messages[], p_now timestamptz, p_preview text, p_key text, p_key_days integer,
