@@ -403,12 +403,12 @@ async def test_a_store_of_the_release_before_still_appends_after_the_migration(d
         session_id = uuid.uuid4()
         await pool.execute("INSERT INTO sessions (id, owner, profile_id) VALUES ($1, 'o', 'p')", session_id)
         now = datetime.now(timezone.utc)
-        rows = [dict(zip(_ROW_FIELDS, convert.message_row(session_id, 0, common_pb2.Message(role="user", content="hi"),
-                                                           now)))]
+        hello = common_pb2.Message(role="user", content="hi")
+        rows = [dict(zip(_ROW_FIELDS, convert.message_row(session_id, 0, hello, now)))]
         # The call of a store at 0016, with its thirteen arguments.
-        row = await pool.fetchrow("SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9,"
-                                  " $10, $11, $12, $13)", session_id, None, None, None, rows, now, "hi", "", 1, None,
-                                  None, 0, None)
+        row = await pool.fetchrow(
+            "SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9, $10, $11, $12, $13)",
+            session_id, None, None, None, rows, now, "hi", "", 1, None, None, 0, None)
         assert (row["status"], list(row["seqs"])) == ("ok", [1])
 
 
