@@ -151,6 +151,11 @@ class SessionStoreStub:
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileResponse.FromString,
                 _registered_method=True)
+        self.ListToolRuns = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/ListToolRuns',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.FromString,
+                _registered_method=True)
         self.IndexChunks = channel.unary_unary(
                 '/palimpsest.v1.SessionStore/IndexChunks',
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.IndexChunksRequest.SerializeToString,
@@ -342,6 +347,16 @@ class SessionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListToolRuns(self, request, context):
+        """A session's audit log: every tool run of its turns, its sub-agents' included, in the order the
+        Agent recorded them, a page at a time. Readable by whoever may read the session (its owner, an
+        admin), never through a share; deleted with the session. Only the services write it (see
+        AppendMessagesRequest.tool_runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def IndexChunks(self, request, context):
         """Internal, for the Compressor: raw chunks, calibration observations and real-token baselines.
         """
@@ -516,6 +531,11 @@ def add_SessionStoreServicer_to_server(servicer, server):
                     servicer.DeleteFile,
                     request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileResponse.SerializeToString,
+            ),
+            'ListToolRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListToolRuns,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.SerializeToString,
             ),
             'IndexChunks': grpc.unary_unary_rpc_method_handler(
                     servicer.IndexChunks,
@@ -1181,6 +1201,33 @@ class SessionStore:
             '/palimpsest.v1.SessionStore/DeleteFile',
             palimpsest_dot_v1_dot_session__store__pb2.DeleteFileRequest.SerializeToString,
             palimpsest_dot_v1_dot_session__store__pb2.DeleteFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListToolRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/ListToolRuns',
+            palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

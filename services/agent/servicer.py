@@ -13,6 +13,7 @@ from contextlib import suppress
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.attachments import check_request, store_attachments
+from services.agent.audit import ToolRunLog, store_tool_runs
 from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
@@ -305,10 +306,20 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             await self.deps.store.UpdateSession(store_pb.UpdateSessionRequest(
                 session_id=request.parent_session_id, mark_untrusted_ingested=True))
 
-        result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
-                                    metadata=metadata, untrusted=untrusted, parent_profile=parent_profile,
-                                    taint_parent=taint_parent if request.parent_session_id else None,
-                                    sandbox_pinned=lambda: pinned)
+        tool_runs = ToolRunLog()
+        try:
+            result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
+                                        metadata=metadata, untrusted=untrusted, parent_profile=parent_profile,
+                                        taint_parent=taint_parent if request.parent_session_id else None,
+                                        sandbox_pinned=lambda: pinned, tool_runs=tool_runs)
+        finally:
+            runs = tool_runs.unstored()
+            if runs and request.parent_session_id:  # audited under the session it worked for, in one write
+                settings = self.deps.settings
+                await store_tool_runs(self.deps.store.AppendMessages, request.parent_session_id, runs,
+                                      key=uuid.uuid4().hex, metadata=vouching_metadata(settings.auth_enabled,
+                                                                                       settings.jwt_secret),
+                                      timeout=settings.rpc_timeout_s)
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):

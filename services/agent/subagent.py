@@ -7,6 +7,7 @@ import logging
 from contextlib import suppress
 
 from palimpsest.v1 import common_pb2
+from services.agent.audit import ToolRunLog
 from services.agent.conversation import EphemeralConversation
 from services.agent.events import EventSink
 from services.agent.profiles import Profile
@@ -44,15 +45,18 @@ async def run_subagent(
     cwd: str = "",
     parent_stop: asyncio.Event | None = None,
     sandbox_pinned=None,
+    tool_runs: ToolRunLog | None = None,
 ) -> TurnResult:
-    """Run to completion or timeout; returns the text and how it ended."""
+    """Run to completion or timeout; returns the text and how it ended. Its tool runs go on
+    `tool_runs`: the parent turn's log (spawn_agent), or RunEphemeral's, written when it ends."""
     profile = deps.profiles.get(request.profile_id or (parent_profile.id if parent_profile else ""))
     facts = await deps.ollama.model_facts(profile.model)
     seed: list[Message] = []
     if request.context_transfer:
         seed = [Message(role="user", content=f"Context from the parent task:\n{request.context_transfer}"),
                 Message(role="assistant", content="Understood. I have the context.")]
-    turn = Turn(deps, EphemeralConversation(seed, untrusted=untrusted), profile, sink, metadata, facts=facts,
+    conversation = EphemeralConversation(seed, untrusted=untrusted, tool_runs=tool_runs)
+    turn = Turn(deps, conversation, profile, sink, metadata, facts=facts,
                 subagent=SubagentOptions(
                     parent_session_id=request.parent_session_id,
                     system_prompt=_system_prompt(deps, request, profile, parent_profile),

@@ -19,6 +19,7 @@ from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent import context_builder as cb
+from services.agent.audit import Recording
 from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
@@ -67,6 +68,9 @@ COUNT_METHODS = {
 # The answer was streamed but could not be stored: say so, and where its text still is.
 NOT_STORED = ("The answer above was not stored in the session: {cause}. Its full text is in this stream's "
               "stream_end; copy it from there, or ask again once the SessionStore is back.")
+# The result of a call a stop came before (every call gets one, so the context stays valid).
+NOT_RUN = ToolResult(content="[not run: the turn was stopped]", is_error=True, untrusted=False,
+                     metadata={"stopped": True})
 TOO_LARGE_ANSWER = (
     "This conversation no longer fits the model's context window (about {tokens} tokens of a "
     "{limit}-token budget), even after compression. Start a new session, or run /compact and try again."
@@ -663,8 +667,8 @@ class Turn:
         for call in calls:
             if self.stop.is_set():
                 # Every call gets a result, so the context stays valid for the next turn.
-                results.append(Message(role="tool", name=call.name, tool_call_id=call.id,
-                                       content="[not run: the turn was stopped]"))
+                results.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=NOT_RUN.content))
+                self._audit(call).end(NOT_RUN, 0.0)
                 continue
             outcome, elapsed = await self._run_tool(call)
             if outcome.untrusted:
@@ -681,15 +685,21 @@ class Turn:
             self.state.todo_changed = False
             self.sink.todo_updated(list(self.state.todo))
 
+    def _audit(self, call: common_pb2.ToolCall) -> Recording:
+        """The run of `call` on the session's audit log (a sub-agent's: its parent's), from now on."""
+        return self.conv.tool_runs.start(call, turn_id=self.sink.turn_id, is_subagent=self.is_subagent)
+
     async def _run_tool(self, call: common_pb2.ToolCall) -> tuple[ToolResult, float]:
-        """The tool's result and the seconds it ran."""
+        """The tool's result and the seconds it ran, recorded on the audit log (a run cut short too)."""
         self.sink.tool_started(call.id, call.name, call.arguments_json)
         started = time.monotonic()
+        audited = self._audit(call)
         tool = self.tools.get(call.name)
         if tool is None and call.name in self.clamped_out:
             outcome = ToolResult(content=f"{call.name} is not available to this sub-agent: the session it works for "
                                          "has taken in outside content, so its sub-agents keep only "
-                                         f"{', '.join(self.tools) or 'no tools'}.", is_error=True, untrusted=False)
+                                         f"{', '.join(self.tools) or 'no tools'}.", is_error=True, untrusted=False,
+                                 metadata={"refused": "untrusted content"})
         elif tool is None:
             outcome = ToolResult(content=f"Unknown tool {call.name!r}. Available: {', '.join(self.tools)}",
                                  is_error=True, untrusted=False)
@@ -704,6 +714,7 @@ class Turn:
             else:
                 outcome = await execute(tool, args, self.tool_context())
         elapsed = time.monotonic() - started
+        audited.end(outcome, elapsed)
         self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)
         return outcome, elapsed
 
@@ -728,7 +739,7 @@ class Turn:
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
                                     parent_profile=self.profile, session_writer=self.session_writer,
                                     taint_parent=self.taint, cwd=self.cwd, parent_stop=self.stop,
-                                    sandbox_pinned=self.sandbox_pinned)
+                                    sandbox_pinned=self.sandbox_pinned, tool_runs=self.conv.tool_runs)
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------

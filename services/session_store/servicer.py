@@ -38,6 +38,8 @@ DEFAULT_PAGE = 50
 FILE_CHUNK = 64 * 1024
 # Ollama's model names ("nomic-embed-text", "hf.co/org/repo:Q4_K_M") are far shorter.
 MAX_MODEL_NAME = 200
+# A tool's name, a turn's or a tool call's id (Ollama's are short; custom tools' names are identifiers).
+MAX_TOOL_NAME = 200
 MAX_BUS_MESSAGES = 1000  # one PublishSessionMessages
 # How long a new ListenSessionMessages waits for this replica's listen connection (reconnecting).
 LISTEN_READY_S = 5.0
@@ -287,13 +289,17 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
     async def AppendMessages(self, request, context):
         identity = caller()
         session_id = parse_session_id(request.session_id)
-        _validate_messages(request.messages, self.settings.message_max_bytes)
+        if request.messages or not request.tool_runs:  # (tool runs alone: the audit log only)
+            _validate_messages(request.messages, self.settings.message_max_bytes)
+        elif request.HasField("report"):
+            raise InvalidArgument("report", "a report goes with the messages it answers")
         report = self._report(request.report, identity, context) if request.HasField("report") else None
+        tool_runs = self._tool_runs(request.tool_runs, identity, context)
         if request.HasField("expected_next_seq") and request.expected_next_seq < 1:
             raise InvalidArgument("expected_next_seq", "a seq is at least 1")
         result = await self.repo.sessions.append_messages(
             identity, session_id, request.messages, _expected(request), request.idempotency_key, report,
-            request.expected_next_seq if request.HasField("expected_next_seq") else None)
+            request.expected_next_seq if request.HasField("expected_next_seq") else None, tool_runs)
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
                                          context_truncated=result.context_truncated,
                                          session_changed=result.session_changed)
@@ -339,6 +345,46 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             context_token_count=report.context_token_count if report.HasField("context_token_count") else None,
             token_digest=report.token_digest, token_counts=[(c.seq, c.tokens, c.content_md5)
                                                             for c in report.token_counts])
+
+    def _tool_runs(self, runs, identity: Identity, context) -> list[dict]:
+        """Audit records to write with an append, as the log keeps them: only from the services (a
+        user must not write their own trail), each checked field by field."""
+        if not runs:
+            return []
+        if not (identity.is_service or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+            raise PermissionDenied("tool runs (the session's audit log) are written by the Palimpsest services only")
+        for i, run in enumerate(runs):
+            field = f"tool_runs[{i}]"
+            if not run.tool.strip():
+                raise InvalidArgument(f"{field}.tool", "required")
+            for name in ("tool", "turn_id", "call_id"):
+                if len(getattr(run, name)) > MAX_TOOL_NAME:
+                    raise InvalidArgument(f"{field}.{name}", f"at most {MAX_TOOL_NAME} characters")
+            if run.outcome not in convert.OUTCOME_NAMES:
+                raise InvalidArgument(f"{field}.outcome", "must be OK, ERROR, REFUSED or STOPPED")
+            if not (math.isfinite(run.duration_seconds) and run.duration_seconds >= 0):
+                raise InvalidArgument(f"{field}.duration_seconds", "must be a finite number of seconds, not negative")
+            if run.bytes_in < 0 or run.bytes_out < 0:
+                raise InvalidArgument(f"{field}.bytes_in", "bytes_in and bytes_out must not be negative")
+            if run.call_seq < 0 or (run.call_seq and run.arguments_json):
+                raise InvalidArgument(f"{field}.call_seq", "a stored message's seq, with no arguments_json beside it")
+            if not run.HasField("started_at"):  # (its range is checked with every time of the request)
+                raise InvalidArgument(f"{field}.started_at", "required")
+        return [convert.tool_run_row(run) for run in runs]
+
+    async def ListToolRuns(self, request, context):
+        identity = caller()
+        session_id = parse_session_id(request.session_id)
+        if request.before_seq < 0:
+            raise InvalidArgument("before_seq", "must not be negative")
+        after = request.after_seq if request.HasField("after_seq") else None
+        if after is not None and (after < 0 or request.before_seq):
+            raise InvalidArgument("after_seq", "must not be negative, and not with before_seq (one direction a page)")
+        limit = page_size(request.limit, "limit")
+        rows, has_more = await self.repo.tool_runs.list_runs(identity, session_id, before_seq=request.before_seq,
+                                                             after_seq=after, limit=limit)
+        return pb.ListToolRunsResponse(runs=[convert.tool_run_from_row(r) for r in rows], has_more=has_more)
 
     async def UpdateSession(self, request, context):
         identity = caller()
