@@ -123,3 +123,17 @@ async def test_struct_values_must_be_camel_case_even_with_keep_case(node, store,
     # Back in Node: a Timestamp is {seconds, nanos} with int64 seconds as a string, and a oneof names its member.
     assert isinstance(result["created_at"]["seconds"], str) and isinstance(result["created_at"]["nanos"], int)
     assert result["metadata"]["fields"]["camel"] == {"stringValue": "kept", "kind": "stringValue"}
+
+
+async def test_a_node_client_offers_a_tool_and_answers_the_models_call(node, agent_server, store, store_server,
+                                                                       compressor_server, pal_profiles, ollama_sim):
+    from ollama_sim import Reply
+
+    ollama_sim.script(Reply(tool_calls=[("local_time", {"zone": "Europe/Paris"})]), Reply(text="It is noon."))
+    env = pal_env(store=store_server.address, agent=agent_server.address, compressor=compressor_server.address)
+    code, out, err = await run_node(node, "client-tools.js", "What time is it in Paris?", env=env)
+    assert code == 0, err
+    kinds = [json.loads(line)["kind"] for line in out.splitlines()]
+    assert kinds.index("tool_call_requested") < kinds.index("tool_finished") < kinds.index("stream_end")
+    told = [m["content"] for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "tool"]
+    assert len(told) == 1 and told[0].endswith("(Europe/Paris)")

@@ -25,8 +25,38 @@ STREAM_END_REASON_MAX_ITERATIONS: StreamEndReason
 STREAM_END_REASON_CONTEXT_TOO_LARGE: StreamEndReason
 STREAM_END_REASON_ERROR: StreamEndReason
 
+class ClientTool(_message.Message):
+    __slots__ = ("name", "description", "parameters_json", "read_only")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters_json: str
+    read_only: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., read_only: _Optional[bool] = ...) -> None: ...
+
+class SubmitToolResultRequest(_message.Message):
+    __slots__ = ("session_id", "turn_id", "call_id", "content", "is_error")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    turn_id: str
+    call_id: str
+    content: str
+    is_error: bool
+    def __init__(self, session_id: _Optional[str] = ..., turn_id: _Optional[str] = ..., call_id: _Optional[str] = ..., content: _Optional[str] = ..., is_error: _Optional[bool] = ...) -> None: ...
+
+class SubmitToolResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class RunStreamRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd", "client_tools", "client_tool_timeout_seconds")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +67,8 @@ class RunStreamRequest(_message.Message):
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_TOOL_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -47,10 +79,12 @@ class RunStreamRequest(_message.Message):
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
     stop_on_disconnect: bool
     cwd: str
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ...) -> None: ...
+    client_tools: _containers.RepeatedCompositeFieldContainer[ClientTool]
+    client_tool_timeout_seconds: int
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ..., client_tools: _Optional[_Iterable[_Union[ClientTool, _Mapping]]] = ..., client_tool_timeout_seconds: _Optional[int] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd", "client_tools", "client_tool_timeout_seconds")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +95,8 @@ class RunRequest(_message.Message):
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_TOOL_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -71,7 +107,9 @@ class RunRequest(_message.Message):
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
     stop_on_disconnect: bool
     cwd: str
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ...) -> None: ...
+    client_tools: _containers.RepeatedCompositeFieldContainer[ClientTool]
+    client_tool_timeout_seconds: int
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ..., client_tools: _Optional[_Iterable[_Union[ClientTool, _Mapping]]] = ..., client_tool_timeout_seconds: _Optional[int] = ...) -> None: ...
 
 class InlineAttachment(_message.Message):
     __slots__ = ("filename", "data")
@@ -158,16 +196,44 @@ class StopResponse(_message.Message):
     def __init__(self, stopped: _Optional[bool] = ...) -> None: ...
 
 class ReplicaMessage(_message.Message):
-    __slots__ = ("event", "stop", "stopped", "alive")
+    __slots__ = ("event", "stop", "stopped", "alive", "tool_answer", "tool_answered")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ANSWERED_FIELD_NUMBER: _ClassVar[int]
     event: AgentEvent
     stop: str
     stopped: str
     alive: str
-    def __init__(self, event: _Optional[_Union[AgentEvent, _Mapping]] = ..., stop: _Optional[str] = ..., stopped: _Optional[str] = ..., alive: _Optional[str] = ...) -> None: ...
+    tool_answer: ToolAnswer
+    tool_answered: ToolAnswered
+    def __init__(self, event: _Optional[_Union[AgentEvent, _Mapping]] = ..., stop: _Optional[str] = ..., stopped: _Optional[str] = ..., alive: _Optional[str] = ..., tool_answer: _Optional[_Union[ToolAnswer, _Mapping]] = ..., tool_answered: _Optional[_Union[ToolAnswered, _Mapping]] = ...) -> None: ...
+
+class ToolAnswer(_message.Message):
+    __slots__ = ("request_id", "turn_id", "call_id", "content", "is_error", "trusted")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TRUSTED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    turn_id: str
+    call_id: str
+    content: str
+    is_error: bool
+    trusted: bool
+    def __init__(self, request_id: _Optional[str] = ..., turn_id: _Optional[str] = ..., call_id: _Optional[str] = ..., content: _Optional[str] = ..., is_error: _Optional[bool] = ..., trusted: _Optional[bool] = ...) -> None: ...
+
+class ToolAnswered(_message.Message):
+    __slots__ = ("request_id", "outcome")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    outcome: str
+    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class ListProfilesRequest(_message.Message):
     __slots__ = ()
@@ -234,6 +300,18 @@ class ToolStarted(_message.Message):
     name: str
     arguments_json: str
     def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class ToolCallRequested(_message.Message):
+    __slots__ = ("call_id", "name", "arguments_json", "timeout_seconds")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    name: str
+    arguments_json: str
+    timeout_seconds: int
+    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
 
 class ToolFinished(_message.Message):
     __slots__ = ("call_id", "name", "preview", "is_error", "elapsed_seconds")
@@ -352,7 +430,7 @@ class ErrorEvent(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AgentEvent(_message.Message):
-    __slots__ = ("session_id", "seq", "is_subagent", "turn_id", "text_delta", "thinking_delta", "thinking_end", "tool_started", "tool_finished", "model_info", "usage", "compression_started", "context_compressed", "planning_status", "plan_ready", "todo_updated", "stream_end", "error", "turn_started", "session_renamed", "file_shared", "extra")
+    __slots__ = ("session_id", "seq", "is_subagent", "turn_id", "text_delta", "thinking_delta", "thinking_end", "tool_started", "tool_finished", "model_info", "usage", "compression_started", "context_compressed", "planning_status", "plan_ready", "todo_updated", "stream_end", "error", "turn_started", "session_renamed", "file_shared", "tool_call_requested", "extra")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     IS_SUBAGENT_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +452,7 @@ class AgentEvent(_message.Message):
     TURN_STARTED_FIELD_NUMBER: _ClassVar[int]
     SESSION_RENAMED_FIELD_NUMBER: _ClassVar[int]
     FILE_SHARED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     seq: int
@@ -396,5 +475,6 @@ class AgentEvent(_message.Message):
     turn_started: TurnStarted
     session_renamed: SessionRenamed
     file_shared: FileShared
+    tool_call_requested: ToolCallRequested
     extra: _struct_pb2.Struct
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., is_subagent: _Optional[bool] = ..., turn_id: _Optional[str] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., thinking_delta: _Optional[_Union[ThinkingDelta, _Mapping]] = ..., thinking_end: _Optional[_Union[ThinkingEnd, _Mapping]] = ..., tool_started: _Optional[_Union[ToolStarted, _Mapping]] = ..., tool_finished: _Optional[_Union[ToolFinished, _Mapping]] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., compression_started: _Optional[_Union[_compressor_pb2.CompressionStarted, _Mapping]] = ..., context_compressed: _Optional[_Union[_compressor_pb2.ContextCompressed, _Mapping]] = ..., planning_status: _Optional[_Union[PlanningStatus, _Mapping]] = ..., plan_ready: _Optional[_Union[PlanReady, _Mapping]] = ..., todo_updated: _Optional[_Union[TodoUpdated, _Mapping]] = ..., stream_end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStarted, _Mapping]] = ..., session_renamed: _Optional[_Union[SessionRenamed, _Mapping]] = ..., file_shared: _Optional[_Union[FileShared, _Mapping]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., is_subagent: _Optional[bool] = ..., turn_id: _Optional[str] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., thinking_delta: _Optional[_Union[ThinkingDelta, _Mapping]] = ..., thinking_end: _Optional[_Union[ThinkingEnd, _Mapping]] = ..., tool_started: _Optional[_Union[ToolStarted, _Mapping]] = ..., tool_finished: _Optional[_Union[ToolFinished, _Mapping]] = ..., model_info: _Optional[_Union[ModelInfo, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., compression_started: _Optional[_Union[_compressor_pb2.CompressionStarted, _Mapping]] = ..., context_compressed: _Optional[_Union[_compressor_pb2.ContextCompressed, _Mapping]] = ..., planning_status: _Optional[_Union[PlanningStatus, _Mapping]] = ..., plan_ready: _Optional[_Union[PlanReady, _Mapping]] = ..., todo_updated: _Optional[_Union[TodoUpdated, _Mapping]] = ..., stream_end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStarted, _Mapping]] = ..., session_renamed: _Optional[_Union[SessionRenamed, _Mapping]] = ..., file_shared: _Optional[_Union[FileShared, _Mapping]] = ..., tool_call_requested: _Optional[_Union[ToolCallRequested, _Mapping]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...

@@ -75,6 +75,11 @@ class AgentStub:
                 request_serializer=palimpsest_dot_v1_dot_agent__pb2.ListProfilesRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_agent__pb2.ListProfilesResponse.FromString,
                 _registered_method=True)
+        self.SubmitToolResult = channel.unary_unary(
+                '/palimpsest.v1.Agent/SubmitToolResult',
+                request_serializer=palimpsest_dot_v1_dot_agent__pb2.SubmitToolResultRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_agent__pb2.SubmitToolResultResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -146,6 +151,16 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitToolResult(self, request, context):
+        """The answer to a client tool's call (a `tool_call_requested` event of a running turn), from any
+        connection and any Agent replica (with PALIMPSEST_REPLICA_EVENTS, the session bus carries it to
+        the replica running the turn). Only who may read the session may answer. NOT_FOUND when no such
+        call waits; FAILED_PRECONDITION when it was answered already, timed out or was stopped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +203,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ListProfiles,
                     request_deserializer=palimpsest_dot_v1_dot_agent__pb2.ListProfilesRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_agent__pb2.ListProfilesResponse.SerializeToString,
+            ),
+            'SubmitToolResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitToolResult,
+                    request_deserializer=palimpsest_dot_v1_dot_agent__pb2.SubmitToolResultRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_agent__pb2.SubmitToolResultResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,6 +427,33 @@ class Agent:
             '/palimpsest.v1.Agent/ListProfiles',
             palimpsest_dot_v1_dot_agent__pb2.ListProfilesRequest.SerializeToString,
             palimpsest_dot_v1_dot_agent__pb2.ListProfilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitToolResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.Agent/SubmitToolResult',
+            palimpsest_dot_v1_dot_agent__pb2.SubmitToolResultRequest.SerializeToString,
+            palimpsest_dot_v1_dot_agent__pb2.SubmitToolResultResponse.FromString,
             options,
             channel_credentials,
             insecure,

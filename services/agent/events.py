@@ -64,6 +64,10 @@ class EventSink:
     def tool_started(self, call_id: str, name: str, arguments_json: str) -> None:
         self.emit(tool_started=pb.ToolStarted(call_id=call_id, name=name, arguments_json=arguments_json))
 
+    def tool_call_requested(self, call_id: str, name: str, arguments_json: str, timeout_seconds: int) -> None:
+        self.emit(tool_call_requested=pb.ToolCallRequested(call_id=call_id, name=name, arguments_json=arguments_json,
+                                                           timeout_seconds=timeout_seconds))
+
     def tool_finished(self, call_id: str, name: str, preview: str, is_error: bool, elapsed: float) -> None:
         self.emit(tool_finished=pb.ToolFinished(call_id=call_id, name=name, preview=preview, is_error=is_error,
                                                 elapsed_seconds=elapsed))

@@ -1,6 +1,6 @@
 """The Agent's side of the session bus (the store's PublishSessionMessages and
-ListenSessionMessages, over PostgreSQL LISTEN/NOTIFY): a `Stop` reaches the replica running the
-turn, and `WatchSession` sees the turns of every replica.
+ListenSessionMessages, over PostgreSQL LISTEN/NOTIFY): a `Stop` and a client tool's answer reach
+the replica running the turn, and `WatchSession` sees the turns of every replica.
 
 - Every event a turn publishes goes into an outbox that one task sends in batches: a turn only
   appends to a bounded queue, so a slow or absent store delays watchers, never a turn (when the
@@ -23,6 +23,7 @@ from contextlib import suppress
 from google.protobuf.message import DecodeError
 
 from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from services.agent.client_tools import Answer, Key, Outcome
 from services.agent.turn_logs import ALIVE_EVERY_S
 from services.shared import tracing
 from services.shared.auth import as_service
@@ -63,6 +64,7 @@ def relayable(event: pb.AgentEvent) -> bytes | None:
 class ReplicaBus:
     def __init__(self, store, replica: str, *, deliver: Callable[[pb.AgentEvent], None],
                  stop_here: Callable[[str], bool], running: Callable[[], list[tuple[str, str]]] = list,
+                 answer_here: Callable[[Key, Answer], Outcome] = lambda key, answer: "unknown",
                  alive: Callable[[str], None] = lambda turn_id: None,
                  hearing: Callable[[bool], None] = lambda hearing: None):
         """``deliver``: an event from another replica, to this replica's watchers. ``stop_here``:
@@ -73,6 +75,7 @@ class ReplicaBus:
         self.replica = replica
         self._deliver = deliver
         self._stop_here = stop_here
+        self._answer_here = answer_here
         self._running = running
         self._alive = alive
         self._hearing = hearing
@@ -80,7 +83,7 @@ class ReplicaBus:
         self._mail = asyncio.Event()
         self._sent = asyncio.Event()  # the outbox is empty and nothing is being sent
         self._sent.set()
-        self._answers: dict[str, asyncio.Future] = {}  # Stop requests sent, by id
+        self._answers: dict[str, asyncio.Future] = {}  # Stop requests and tool answers sent, by id
         self._tasks: list[asyncio.Task] = []
         self.listening = asyncio.Event()  # a listen is in place: what is published now arrives
         self.dropped = 0  # events the full outbox let go
@@ -150,20 +153,35 @@ class ReplicaBus:
     async def stop_elsewhere(self, session_id: str) -> bool:
         """Ask the replica running the session's turn to stop it; True once it says it did, False
         when no replica answers within STOP_REACH_S (no turn runs)."""
-        loop = asyncio.get_running_loop()
         request_id = secrets.token_hex(8)
+        return await self._ask(session_id, request_id, pb.ReplicaMessage(stop=request_id)) is True
+
+    async def answer_elsewhere(self, session_id: str, key: Key, answer: Answer) -> Outcome:
+        """Hand a client tool's answer to the replica whose turn waits for it; "unknown" when none
+        takes it within STOP_REACH_S."""
+        request_id = secrets.token_hex(8)
+        message = pb.ReplicaMessage(tool_answer=pb.ToolAnswer(
+            request_id=request_id, turn_id=key[1], call_id=key[2], content=answer.content, is_error=answer.is_error,
+            trusted=answer.trusted))
+        outcome = await self._ask(session_id, request_id, message)
+        return outcome if outcome in ("taken", "answered") else "unknown"
+
+    async def _ask(self, session_id: str, request_id: str, message: pb.ReplicaMessage) -> object:
+        """Send ``message`` until the replica it is for answers ``request_id`` (its answer), for at most
+        STOP_REACH_S (then None): a listen reopening in between misses a send."""
+        loop = asyncio.get_running_loop()
         answered: asyncio.Future = loop.create_future()
         self._answers[request_id] = answered
         deadline = loop.time() + STOP_REACH_S
         try:
             with as_service():
                 while (left := deadline - loop.time()) > 0:
-                    await self._send_now(session_id, pb.ReplicaMessage(stop=request_id))
+                    await self._send_now(session_id, message)
                     try:
                         return await asyncio.wait_for(asyncio.shield(answered), min(STOP_RESEND_S, left))
                     except asyncio.TimeoutError:
                         continue
-            return False
+            return None
         finally:
             del self._answers[request_id]
 
@@ -172,12 +190,17 @@ class ReplicaBus:
         await self.store.PublishSessionMessages(store_pb.PublishSessionMessagesRequest(
             messages=[self._message(session_id, message.SerializeToString())]))
 
-    async def _answer_stop(self, session_id: str, request_id: str) -> None:
+    async def _reply(self, session_id: str, message: pb.ReplicaMessage) -> None:
         try:
             with tracing.untraced():
-                await self._send_now(session_id, pb.ReplicaMessage(stopped=request_id))
+                await self._send_now(session_id, message)
         except PalimpsestError as exc:  # the asker sends its request again and we answer that
-            log.warning("session %s: the answer to a Stop from another replica not sent: %s", session_id, exc)
+            log.warning("session %s: an answer to another replica not sent: %s", session_id, exc)
+
+    def _reply_soon(self, session_id: str, message: pb.ReplicaMessage) -> None:
+        task = asyncio.create_task(self._reply(session_id, message))
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
 
     # -- in ----------------------------------------------------------------------------------
     async def _listen_forever(self) -> None:
@@ -214,12 +237,22 @@ class ReplicaBus:
             self._deliver(parsed.event)
         elif kind == "stop":
             if self._stop_here(message.session_id):
-                task = asyncio.create_task(self._answer_stop(message.session_id, parsed.stop))
-                self._tasks.append(task)
-                task.add_done_callback(self._tasks.remove)
+                self._reply_soon(message.session_id, pb.ReplicaMessage(stopped=parsed.stop))
+        elif kind == "tool_answer":
+            got = parsed.tool_answer
+            outcome = self._answer_here((message.session_id, got.turn_id, got.call_id),
+                                        Answer(got.content, got.is_error, got.trusted))
+            if outcome != "unknown":  # (the replica running the turn answers; the others keep quiet)
+                self._reply_soon(message.session_id, pb.ReplicaMessage(tool_answered=pb.ToolAnswered(
+                    request_id=got.request_id, outcome=outcome)))
         elif kind == "alive":
             self._alive(parsed.alive)
         elif kind == "stopped":
-            answered = self._answers.get(parsed.stopped)
-            if answered is not None and not answered.done():
-                answered.set_result(True)
+            self._answered(parsed.stopped, True)
+        elif kind == "tool_answered":
+            self._answered(parsed.tool_answered.request_id, parsed.tool_answered.outcome)
+
+    def _answered(self, request_id: str, result: object) -> None:
+        answered = self._answers.get(request_id)
+        if answered is not None and not answered.done():
+            answered.set_result(result)

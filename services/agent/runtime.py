@@ -91,6 +91,9 @@ class SessionRuntime(Generic[T]):
     def ended(self, session_id: str) -> None:
         self._running.pop(session_id, None)
 
+    def running_turn(self, session_id: str) -> T | None:
+        return self._running.get(session_id)
+
     def running(self) -> list[tuple[str, T]]:
         """(session id, turn) of each turn running here."""
         return list(self._running.items())

@@ -14,6 +14,7 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compresso
 from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.attachments import check_request, store_attachments
 from services.agent.audit import ToolRunLog, store_tool_runs
+from services.agent.client_tools import MAX_ANSWER_BYTES, Answer, ClientTool, client_tools_from_proto
 from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
@@ -24,11 +25,20 @@ from services.agent.turn_logs import TurnLogs
 from services.agent.replica_bus import ReplicaBus
 from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
+from services.agent.tools.registry import BUILTIN, tools_for
 from services.agent.watchers import SessionWatchers
-from services.shared.auth import forwarded_metadata, vouching_metadata
+from services.shared.auth import SERVICE_ROLE, caller, forwarded_metadata, vouching_metadata
 from services.shared.workspace_paths import BadPath, workspace_path
 from services.shared.external_refs import refs_from_proto
-from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
+from services.shared.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PalimpsestError,
+    ResourceExhausted,
+    Unavailable,
+)
 from services.shared.session_reads import whole_context
 
 log = logging.getLogger("palimpsest.agent")
@@ -55,6 +65,19 @@ def _validate_turn(request) -> None:
     refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
     check_request(request)
     turn_cwd(request.cwd)
+
+
+def turn_client_tools(request, profile: Profile, settings) -> tuple[list[ClientTool], int]:
+    """The client's tools for the turn, and how long one call waits for its answer."""
+    wait = request.client_tool_timeout_seconds
+    if not 0 <= wait <= settings.client_tool_max_timeout_s:
+        raise InvalidArgument("client_tool_timeout_seconds",
+                              f"0 (the default, {settings.client_tool_timeout_s} s) to "
+                              f"{settings.client_tool_max_timeout_s} s (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S)")
+    if not request.client_tools:
+        return [], wait
+    taken = {*BUILTIN, *tools_for((), profile.custom_tools)}  # built-ins, and the profile's custom tools
+    return client_tools_from_proto(request.client_tools, taken), wait
 
 
 def turn_cwd(raw: str) -> str:
@@ -106,6 +129,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self.turn_logs = TurnLogs(deps.settings.stream_keep_s, deps.settings.stream_keep_bytes)
         # Across replicas (when on): Stop and the watchers' events travel through the store.
         self.bus = ReplicaBus(deps.store, self.replica, deliver=self._heard, stop_here=self.sessions.stop,
+                              answer_here=deps.client_calls.answer,
                               running=self._running_turns, alive=self.turn_logs.heard_alive,
                               hearing=self.turn_logs.set_hearing) \
             if deps.settings.replica_events else None
@@ -169,6 +193,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                        else self.deps.profiles.resumed(session.profile_id, session.provider, session.model))
         else:
             profile = self.deps.profiles.get(request.profile_id)
+        client_tools, client_wait = turn_client_tools(request, profile, self.deps.settings)
         try:
             facts = await self.deps.ollama.model_facts(profile.model)
         except Unavailable as exc:
@@ -191,7 +216,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
-        return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd))
+        return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd),
+                               client_tools=client_tools, client_tool_timeout_s=client_wait)
 
     async def _turn_files(self, request, session_id: str) -> list[str]:
         """The turn's files, stored before the stream begins so a refusal is the call's status. A
@@ -403,6 +429,35 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             profiles_error=self.deps.profiles.error,
             ollama_host=self.deps.ollama.host,
         )
+
+    async def SubmitToolResult(self, request, context):
+        for name in ("session_id", "turn_id", "call_id"):
+            if not getattr(request, name):
+                raise InvalidArgument(name, "required: as the tool_call_requested event named it")
+        if len(request.content.encode()) > MAX_ANSWER_BYTES:
+            raise ResourceExhausted(f"content: at most {MAX_ANSWER_BYTES} bytes (a larger result belongs in a "
+                                    "session file the model can read)")
+        me = caller()
+        # Who may read the session may answer its client's tools: the turn running here knows its
+        # session's owner; for any other, the store answers for the caller (one round trip more).
+        turn = self.sessions.running_turn(request.session_id)
+        here = turn is not None and turn.sink.turn_id == request.turn_id and turn.conv.session is not None
+        if not (here and me.can_access(turn.conv.session.owner or None)):
+            await self.deps.store.GetSession(store_pb.GetSessionRequest(
+                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+        answer = Answer(request.content, request.is_error,
+                        trusted=self.deps.settings.auth_enabled and me.role == SERVICE_ROLE)
+        key = (request.session_id, request.turn_id, request.call_id)
+        outcome = self.deps.client_calls.answer(key, answer)
+        if outcome == "unknown" and self.bus is not None:  # the turn may run on another replica
+            outcome = await self.bus.answer_elsewhere(request.session_id, key, answer)
+        if outcome == "answered":
+            raise FailedPrecondition(f"call {request.call_id} of turn {request.turn_id} no longer waits: it was "
+                                     "answered already, timed out, or its turn was stopped")
+        if outcome == "unknown":
+            raise NotFound(f"no call {request.call_id} of turn {request.turn_id} waits for an answer in session "
+                           f"{request.session_id}")
+        return pb.SubmitToolResultResponse()
 
     async def finish_turns(self, grace: float) -> None:
         """On SIGTERM: turns under way get the grace period, less a margin, to finish; those still

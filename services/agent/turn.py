@@ -29,6 +29,7 @@ from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, r
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, confined, schema
 from services.agent.tools.registry import execute, tools_for
+from services.agent.client_tools import ClientTool, PendingCalls
 from services.agent.workspace import Workspaces
 from services.shared.context_view import (
     heuristic_tokens,
@@ -90,6 +91,8 @@ class AgentDeps:
     post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
     # The sessions' workspaces as this Agent mirrors them (None: no file tools, e.g. in unit tests).
     workspaces: Workspaces | None = None
+    # Client tools' calls waiting for their answers on this replica.
+    client_calls: PendingCalls = field(default_factory=PendingCalls)
 
 
 @dataclass
@@ -101,6 +104,9 @@ class TurnInput:
     files: Sequence[str] = ()
     # The working folder in the session's workspace ("" is the workspace itself).
     cwd: str = ""
+    # Tools the client offers for this turn (checked), and how long one call waits for its answer.
+    client_tools: Sequence[ClientTool] = ()
+    client_tool_timeout_s: int = 0
 
 
 class StalePrompt(Exception):
@@ -208,6 +214,8 @@ class Turn:
         self.cwd = options.cwd
         self._parent_pinned = options.sandbox_pinned
         self.key = uuid.uuid4().hex  # the run whose first file tool syncs the workspace
+        self.client_tools: list[ClientTool] = []
+        self.client_tool_timeout_s = deps.settings.client_tool_timeout_s
         # A sub-agent of a session that has taken in outside content runs clamped: its task may
         # carry instructions planted in that content, so it keeps only the confined tools.
         self.clamped = self.is_subagent and conversation.untrusted
@@ -249,6 +257,7 @@ class Turn:
         if self.depth >= MAX_SPAWN_DEPTH:
             excluded.add("spawn_agent")
         self.tools = tools_for(names, self.profile.custom_tools, excluded)
+        self.tools.update((tool.name, tool) for tool in self.client_tools)  # the turn's own, after the profile's
         if self.clamped:
             self.clamped_out = [name for name, tool in self.tools.items() if not confined(tool)]
             self.tools = {name: tool for name, tool in self.tools.items() if confined(tool)}
@@ -292,6 +301,10 @@ class Turn:
     async def _run(self, turn_input: TurnInput) -> TurnResult:
         self.sink.model_info(self.profile.model, self.window)
         self.cwd = turn_input.cwd or self.cwd
+        if turn_input.client_tools:
+            self.client_tools = list(turn_input.client_tools)
+            self.client_tool_timeout_s = turn_input.client_tool_timeout_s or self.client_tool_timeout_s
+            self._load_tools()
         if self.conv.session is None and self.stored:
             await self.conv.load()
         if self.session_changes and self.stored:
@@ -624,8 +637,8 @@ class Turn:
                         "reported" if reported else COUNT_METHODS.get(check.method, "heuristic"))
 
     # -- tools -----------------------------------------------------------------------------------
-    def tool_context(self) -> ToolContext:
-        """What this turn's tools (and a sub-agent's planner) see of it."""
+    def tool_context(self, call_id: str = "") -> ToolContext:
+        """What this turn's tools (and a sub-agent's planner) see of it, for the call ``call_id``."""
         session_id = self.session_id or self.parent_session_id
         workspaces = self.deps.workspaces
         return ToolContext(
@@ -635,6 +648,10 @@ class Turn:
             turn_key=self.key,
             stop=self.stop,
             sandbox_pinned=self.sandbox_pinned(),
+            call_id=call_id,
+            turn_id=self.sink.turn_id,
+            client_calls=self.deps.client_calls,
+            client_tool_timeout_s=self.client_tool_timeout_s,
             store=self.deps.store,
             ollama=self.deps.ollama,
             profile=self.profile,
@@ -712,7 +729,7 @@ class Turn:
                 outcome = ToolResult(content=f"Arguments for {call.name} must be a JSON object", is_error=True,
                                      untrusted=False)
             else:
-                outcome = await execute(tool, args, self.tool_context())
+                outcome = await execute(tool, args, self.tool_context(call.id))
         elapsed = time.monotonic() - started
         audited.end(outcome, elapsed)
         self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)

@@ -108,6 +108,10 @@ class Settings:
     db_command_timeout_s: float = 30.0
     # How long the Agent keeps retrying the write that stores a turn's answer (the store restarting).
     reply_write_deadline_s: float = 30.0
+    # How long a turn waits for a client's answer to one of its tools' calls (a request may ask for
+    # another wait, up to the maximum).
+    client_tool_timeout_s: int = 300
+    client_tool_max_timeout_s: int = 3600
     session_titles: bool = True
     # Prometheus /metrics on this port, on the host the service listens on (None: off; 0: a free port).
     metrics_port: int | None = None
@@ -198,6 +202,8 @@ class Settings:
             compress_timeout_s=_env_float("PALIMPSEST_COMPRESS_TIMEOUT_S", 600.0),
             db_command_timeout_s=_env_float("PALIMPSEST_DB_COMMAND_TIMEOUT_S", 30.0),
             reply_write_deadline_s=_env_float("PALIMPSEST_REPLY_WRITE_DEADLINE_S", 30.0),
+            client_tool_timeout_s=_env_int("PALIMPSEST_CLIENT_TOOL_TIMEOUT_S", 300),
+            client_tool_max_timeout_s=_env_int("PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S", 3600),
             session_titles=_env_bool("PALIMPSEST_SESSION_TITLES", True),
             metrics_port=_env_optional_int("PALIMPSEST_METRICS_PORT"),
             otlp_endpoint=(_env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or _env("OTEL_EXPORTER_OTLP_ENDPOINT", "")).strip(),

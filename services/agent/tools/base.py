@@ -17,6 +17,7 @@ from services.shared.ollama import OllamaClient
 from services.shared.settings import Settings
 
 if TYPE_CHECKING:
+    from services.agent.client_tools import PendingCalls
     from services.agent.workspace import Workspace
 
 
@@ -95,6 +96,11 @@ class ToolContext:
     stop: asyncio.Event | None = None
     # The session's commands are pinned to the sandbox (a sandboxed command ran in it before).
     sandbox_pinned: bool = False
+    # The call being run, its turn (as events name them), and where a client's tool waits for its answer.
+    call_id: str = ""
+    turn_id: str = ""
+    client_calls: PendingCalls | None = None
+    client_tool_timeout_s: int = 300
 
 
 class Reach(enum.Enum):
