@@ -11,7 +11,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from palimpsest.v1 import common_pb2
+from palimpsest.v1 import common_pb2, session_store_pb2
 from services.session_store.redaction import redact_arguments
 from services.shared.structs import from_struct, to_struct
 from services.shared.validation import EARLIEST, LATEST
@@ -229,6 +229,27 @@ def chunk_from_row(row) -> common_pb2.RawChunk:
     if row["last_at"]:
         chunk.last_at.CopyFrom(timestamp(row["last_at"]))
     return chunk
+
+
+_MEMORY_ACTIONS = {"add": session_store_pb2.MEMORY_ACTION_ADD, "replace": session_store_pb2.MEMORY_ACTION_REPLACE,
+                   "remove": session_store_pb2.MEMORY_ACTION_REMOVE}
+
+
+def memory_entry(row) -> session_store_pb2.MemoryEntry:
+    entry = session_store_pb2.MemoryEntry(id=row["id"], text=row["text"],
+                                          session_id=str(row["session_id"]) if row["session_id"] else "")
+    entry.created_at.CopyFrom(timestamp(row["created_at"]))
+    entry.updated_at.CopyFrom(timestamp(row["updated_at"]))
+    return entry
+
+
+def pending_memory_write(row) -> session_store_pb2.PendingMemoryWrite:
+    held = session_store_pb2.PendingMemoryWrite(
+        id=row["id"], action=_MEMORY_ACTIONS[row["action"]],
+        entry_id=row["entry_id"] or 0, old_text=row["old_text"], text=row["text"],
+        session_id=str(row["session_id"]) if row["session_id"] else "")
+    held.created_at.CopyFrom(timestamp(row["created_at"]))
+    return held
 
 
 def dumps(data: Any) -> str:
