@@ -13,9 +13,13 @@ import pytest
 
 from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
-from services.agent.context_builder import MEMORY_HEADING
+from services.agent.context_builder import MEMORY_HEADING, memory_message
 from services.agent.tools.base import ToolContext, TurnState, confined, refusal
 from services.agent.tools.memory import MemoryTool
+from services.agent.tools.registry import BUILTIN, execute
+from services.agent.tools.scratchpad import MAX_NOTES, NOTE_CHARS
+from services.shared.context_view import heuristic_tokens
+from services.shared.settings import Settings
 from tests.conftest import bearer, three_services
 from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test starts from the simulator's echo
 
@@ -183,13 +187,51 @@ async def test_a_clamped_sub_agent_cannot_write_memory(services, ollama_sim, use
     assert not memory.entries and not memory.pending
 
 
+def bare_ctx(session_id: str = "", *, untrusted: bool = False, subagent: bool = False) -> ToolContext:
+    """A tool context with nothing behind it: for what a tool decides before it calls anything."""
+    return ToolContext(session_id=session_id, store=None, ollama=None, profile=None, settings=None,  # type: ignore[arg-type]
+                       events=None, state=TurnState(), window=8192, untrusted=untrusted,  # type: ignore[arg-type]
+                       is_subagent=subagent)
+
+
+def test_the_memory_message_keeps_to_its_token_budget():
+    entries = [f"fact {n}: " + "x" * 80 for n in range(40)]
+    text = memory_message(entries, 300)
+    assert text.startswith(MEMORY_HEADING + "\n- fact 0: ") and heuristic_tokens(len(text)) <= 300
+    shown = text.count("- fact ")
+    assert 0 < shown < 40 and text.splitlines()[-1] == f"- ({40 - shown} more not shown: past the 300-token budget " \
+        "of this message)"
+    assert memory_message(entries[:2], 300) == remembered(*entries[:2])
+    assert memory_message([], 300) == ""
+    # A memory as full as the default caps allow is shown whole by the default budget.
+    settings = Settings()
+    full = ["y" * (settings.memory_max_chars // settings.memory_max_entries)] * settings.memory_max_entries
+    assert "not shown" not in memory_message(full, settings.memory_prompt_tokens)
+
+
+async def test_the_scratchpad_is_capped_and_cleared():
+    ctx = bare_ctx()  # no session: the turn's own notes
+
+    async def scratch(**args):
+        return await execute(BUILTIN["scratchpad"], args, ctx)
+
+    for n in range(MAX_NOTES):
+        assert not (await scratch(action="add", note=f"note {n}")).is_error
+    full = await scratch(action="add", note="one more")
+    assert full.is_error and f"full ({MAX_NOTES} notes)" in full.content
+    long = await scratch(action="add", note="z" * (NOTE_CHARS + 1))
+    assert long.is_error and f"at most {NOTE_CHARS:,} characters" in long.content
+    wrong = await scratch(action="add", note="x", kind="idea")
+    assert wrong.is_error and "kind" in wrong.content
+    assert (await scratch(action="clear")).content == "The scratchpad is empty."
+    assert (await scratch(action="list")).content == "The scratchpad is empty."
+
+
 def test_the_taint_rule_holds_a_conversations_write_and_refuses_a_sub_agents():
     tool = MemoryTool()
 
     def ctx(untrusted: bool, subagent: bool) -> ToolContext:
-        return ToolContext(session_id="s", store=None, ollama=None, profile=None, settings=None,  # type: ignore[arg-type]
-                           events=None, state=TurnState(), window=8192, untrusted=untrusted,  # type: ignore[arg-type]
-                           is_subagent=subagent)
+        return bare_ctx("s", untrusted=untrusted, subagent=subagent)
 
     add = {"action": "add", "text": "x"}
     assert refusal(tool, add, ctx(True, False)) == ""  # held by the tool itself, not refused

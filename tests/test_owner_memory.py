@@ -267,3 +267,37 @@ async def test_memory_rpcs_never_answer_internal(memory_store, user, method):
     session = (await me.CreateSession(pb.CreateSessionRequest(profile_id="p"))).session
     await me.add("Prefers tea")
     await asyncio.to_thread(_fuzz(method, (session.id,)), loop=asyncio.get_running_loop(), stub=me)
+
+
+# -- pal memory ----------------------------------------------------------------------------------
+async def test_pal_memory_views_edits_and_settles_held_writes(store_server_auth, store_auth, user):
+    from services.shared.auth import make_token
+    from tests.conftest import JWT_SECRET
+    from tests.test_pal import pal, pal_env
+
+    env = pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
+    added = await pal("memory", "add", "Prefers", "tea", env=env)
+    assert added.code == 0 and "remembered entry 1: Prefers tea" in added.stdout, added.stderr
+    assert "next compaction" in added.stdout
+    edited = await pal("memory", "edit", "1", "Prefers green tea", "--revision", "1", "--json", env=env)
+    assert edited.json()["entry"]["text"] == "Prefers green tea" and edited.json()["revision"] == "2"
+    (await pal("memory", "add", "stale", "--revision", "1", env=env)).assert_one_line_error("revision 2")
+
+    me = As(store_auth, user)
+    first = (await me.add("Likes green", hold=True)).held
+    second = (await me.EditMemory(pb.EditMemoryRequest(action=REMOVE, entry_id=1, hold=True))).held
+    shown = await pal("memory", env=env)
+    assert "revision 2" in shown.stdout and "Prefers green tea" in shown.stdout and "you" in shown.stdout
+    listed = await pal("memory", "pending", "--json", env=env)
+    assert [(w["id"], w["action"]) for w in listed.json_lines()] == [
+        (str(first.id), "MEMORY_ACTION_ADD"), (str(second.id), "MEMORY_ACTION_REMOVE")]
+    assert "was: Prefers green tea" in (await pal("memory", "pending", env=env)).stdout
+    assert (await pal("memory", "approve", str(first.id), env=env)).code == 0
+    assert (await pal("memory", "reject", str(second.id), env=env)).code == 0
+    (await pal("memory", "approve", str(second.id), env=env)).assert_one_line_error("not found")
+    assert await me.texts() == ["Prefers green tea", "Likes green"]
+    assert (await pal("memory", "remove", "1", env=env)).code == 0
+    assert [e["text"] for e in (await pal("memory", "--json", env=env)).json()["entries"]] == ["Likes green"]
+    stranger = await pal("memory", "--json", env=pal_env(
+        store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user + "-other", JWT_SECRET)))
+    assert stranger.json().get("entries", []) == []

@@ -88,16 +88,16 @@ def memory_message(entries: Sequence[str], max_tokens: int) -> str:
     no tokenizer; 1.8 chars a token over-counts prose); "" when there are none."""
     if not entries:
         return ""
-    lines = [MEMORY_HEADING]
-    for n, text in enumerate(entries):
-        line = "- " + "\n  ".join(text.splitlines())
-        left = len(entries) - n - 1
-        after = [*lines, line] + ([_left_out(left, max_tokens)] if left else [])
-        if heuristic_tokens(len("\n".join(after))) > max_tokens:
-            lines.append(_left_out(len(entries) - n, max_tokens))
-            break
-        lines.append(line)
-    return "\n".join(lines) if len(lines) > 1 else ""
+    items = ["- " + "\n  ".join(text.splitlines()) for text in entries]
+    whole = "\n".join([MEMORY_HEADING, *items])
+    if heuristic_tokens(len(whole)) <= max_tokens:
+        return whole
+    lines = [MEMORY_HEADING]  # the oldest that fit, and a line saying how many did not
+    for n, item in enumerate(items):
+        if heuristic_tokens(len("\n".join([*lines, item, _left_out(len(items) - n - 1, max_tokens)]))) > max_tokens:
+            return "\n".join([*lines, _left_out(len(items) - n, max_tokens)])
+        lines.append(item)
+    return whole  # (not reached: the whole did not fit)
 
 
 def _left_out(count: int, max_tokens: int) -> str:
