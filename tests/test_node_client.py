@@ -123,3 +123,27 @@ async def test_struct_values_must_be_camel_case_even_with_keep_case(node, store,
     # Back in Node: a Timestamp is {seconds, nanos} with int64 seconds as a string, and a oneof names its member.
     assert isinstance(result["created_at"]["seconds"], str) and isinstance(result["created_at"]["nanos"], int)
     assert result["metadata"]["fields"]["camel"] == {"stringValue": "kept", "kind": "stringValue"}
+
+
+MEMORY_SCRIPT = """
+const { sessionStore, call } = require('./index');
+const store = sessionStore();
+(async () => {
+  const added = await call(store, 'EditMemory', { action: 'MEMORY_ACTION_ADD', text: 'Prefers metric units' });
+  await call(store, 'EditMemory', { action: 'MEMORY_ACTION_REPLACE', entry_id: added.entry.id,
+                                    text: 'Prefers SI units', expected_revision: added.revision });
+  const memory = await call(store, 'GetMemory', {});
+  console.log(JSON.stringify({ revision: memory.revision, entries: memory.entries.map((e) => e.text) }));
+  store.close();
+})().catch((err) => { console.error(err.message); process.exit(1); });
+"""
+
+
+async def test_the_client_reads_and_edits_the_callers_memory(node, store_server_auth, user):
+    from conftest import JWT_SECRET
+    from services.shared.auth import make_token
+
+    env = pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
+    code, out, err = await run_node(node, "-e", MEMORY_SCRIPT, env=env)
+    assert code == 0, err
+    assert json.loads(out) == {"revision": "2", "entries": ["Prefers SI units"]}

