@@ -89,7 +89,8 @@ async def run(args) -> str:
     turns_a = 24 if args.quick else 60
     b_from = turns_a // 3
     profile = {"id": "mem", "model": "qwen3.6", "context_window": WINDOW, "think_enabled": False,
-               "memory_recall_enabled": False, "max_iterations": 6}
+               "memory_recall_enabled": False, "max_iterations": 6,
+               "tools": {"agent": ["plan", "todo", "scratchpad", "memory_search", "session_search", "memory"]}}
     recorded = Run()
     ids: dict[str, str] = {}
     async with system(args.server, "agent_memory", [profile]) as (sim, store, agent, _):

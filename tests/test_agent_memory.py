@@ -6,6 +6,7 @@ the one owner's memory would reach every other test's sessions."""
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import replace
 
 import grpc
@@ -27,10 +28,22 @@ END = pb.StreamEndReason
 SUMMARY = "- the user asked about units\nKEYS: units"
 
 
+# The default tools and the two this file is about (a profile names them: they are not in the default set).
+TOOLS = ["plan", "todo", "scratchpad", "spawn_agent", "memory_search", "session_search", "image_view", "memory"]
+
+
 @pytest.fixture(scope="module")
-async def services(base_settings, database_url, ollama_sim, profiles_file):
+def memory_profiles(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("memory") / "profiles.json"
+    path.write_text(json.dumps({"default": "small", "profiles": [
+        {"id": "small", "model": "qwen3.6", "context_window": 8192, "max_iterations": 8, "tools": {"agent": TOOLS}}]}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+async def services(base_settings, database_url, ollama_sim, memory_profiles):
     async with three_services(replace(base_settings, auth_enabled=True), database_url, ollama_sim,
-                              profiles_file) as (store, _, agent):
+                              memory_profiles) as (store, _, agent):
         async with grpc.aio.insecure_channel(store.address) as to_store, \
                 grpc.aio.insecure_channel(agent.address) as to_agent:
             yield session_store_pb2_grpc.SessionStoreStub(to_store), agent_pb2_grpc.AgentStub(to_agent)

@@ -18,7 +18,7 @@ from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test star
 from tests.test_resume import turn
 from tests.test_store_sessions import full
 
-CLAMPED_TOOLS = {"plan", "todo", "scratchpad", "memory_search", "image_view"}
+CLAMPED_TOOLS = {"plan", "todo", "memory_search", "image_view"}
 
 
 async def new_session(store, *, tainted: bool = False) -> common_pb2.Session:

@@ -26,8 +26,7 @@ DEFAULT_PERSONA = (
 # The one provider this Agent runs models on; stored with each session as what it ran on.
 PROVIDER = "ollama"
 
-DEFAULT_TOOLS = ("plan", "todo", "scratchpad", "spawn_agent", "memory_search", "session_search", "image_view",
-                 "switch_profile", "memory")
+DEFAULT_TOOLS = ("plan", "todo", "spawn_agent", "memory_search", "session_search", "image_view", "switch_profile")
 
 
 @dataclass(frozen=True)

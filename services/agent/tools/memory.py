@@ -57,18 +57,17 @@ class MemoryTool:
     # call says how far it reaches (reach_of).
     reach = Reach.OUTSIDE
     description = (
-        "What you remember about the user across sessions: durable facts and preferences, shown to you at the "
-        "start of every session under 'What I remember about the user'. view lists the entries with their ids; "
-        "add stores `text` as a new entry; replace gives an entry (by `id`, or `old_text` it contains) the new "
-        "`text`; remove drops one. One short fact per entry; never secrets or passwords."
+        "Durable facts about the user you keep across sessions (each session starts with them). view: the "
+        "entries and ids; add: `text`; replace: the entry by `id` (or `old_text` it contains) gets `text`; "
+        "remove: by `id` or `old_text`. One short fact per entry, no secrets."
     )
     parameters = {
         "type": "object",
         "properties": {
             "action": {"type": "string", "enum": list(ACTIONS)},
-            "text": {"type": "string", "description": "add, replace: the entry's text"},
-            "id": {"type": "integer", "description": "replace, remove: the entry's id (view shows them)"},
-            "old_text": {"type": "string", "description": "replace, remove: part of the entry's text, instead of id"},
+            "text": {"type": "string"},
+            "id": {"type": "integer"},
+            "old_text": {"type": "string"},
         },
         "required": ["action"],
     }

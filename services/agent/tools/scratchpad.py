@@ -61,16 +61,14 @@ async def save_notes(ctx: ToolContext, notes: list[dict[str, str]]) -> None:
 class ScratchpadTool:
     name = "scratchpad"
     reach = Reach.SESSION  # its own session (a sub-agent: its parent's) and the model only
-    description = (
-        "Note what you find and what fails while you work: add a `note` (kind finding or error), list, or clear. "
-        "A re-plan (plan with a reason) reads these notes with the todo."
-    )
+    description = ("Notes of what you found and what failed, which a re-plan (plan with a reason) reads: add a "
+                   "`note` (`kind` finding or error), list, clear.")
     parameters = {
         "type": "object",
         "properties": {
             "action": {"type": "string", "enum": ["add", "list", "clear"]},
-            "note": {"type": "string", "description": "add: what you found, or what failed and why"},
-            "kind": {"type": "string", "enum": list(KINDS), "description": "add: finding (the default) or error"},
+            "note": {"type": "string"},
+            "kind": {"type": "string", "enum": list(KINDS)},
         },
         "required": ["action"],
     }
