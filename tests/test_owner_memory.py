@@ -20,7 +20,6 @@ import pytest
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
 from services.session_store.repository.owner_memory import Entry, MemoryCaps, check_caps, find_entry
 from services.shared.errors import InvalidArgument, NotFound, ResourceExhausted
-from services.shared.owner_memory import SNAPSHOT_KEY, snapshot_entries, snapshot_revision
 from tests.conftest import bearer
 from tests.test_fuzz_rpcs import _fuzz
 from tests.test_store_sessions import expect_status
@@ -202,7 +201,7 @@ async def test_another_user_can_neither_read_nor_edit_someones_memory(memory_sto
     assert [p.id for p in (await alice.GetMemory(pb.GetMemoryRequest())).pending] == [held.id]
     # Nor does a session of Bob's take Alice's memory.
     bobs = (await bob.CreateSession(pb.CreateSessionRequest(profile_id="p"))).session
-    assert snapshot_entries(bobs.metadata) == ["Bob's own"]
+    assert list(bobs.memory.entries) == ["Bob's own"]
 
 
 async def test_two_writers_at_once_both_land_one_revision_each(memory_store, user):
@@ -215,23 +214,19 @@ async def test_two_writers_at_once_both_land_one_revision_each(memory_store, use
 async def test_a_session_takes_the_memory_at_its_creation_and_again_at_each_compression(memory_store, user):
     me = As(memory_store, user)
     await me.add("Prefers tea")
-    session = (await me.CreateSession(pb.CreateSessionRequest(profile_id="p", metadata={SNAPSHOT_KEY: "mine"}))).session
-    assert snapshot_entries(session.metadata) == ["Prefers tea"] and snapshot_revision(session.metadata) == 1
+    session = (await me.CreateSession(pb.CreateSessionRequest(profile_id="p", metadata={"source": "test"}))).session
+    assert (list(session.memory.entries), session.memory.revision) == (["Prefers tea"], 1)
+    assert dict(session.metadata) == {"source": "test"}  # the client's own, as it gave it
     await me.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
         Message(role="user", content="hello"), Message(role="assistant", content="hi")]))
     await me.add("Lives in Lyon")
     kept = (await me.GetSession(pb.GetSessionRequest(session_id=session.id))).session
-    assert snapshot_entries(kept.metadata) == ["Prefers tea"]  # a change waits for the next compression
+    assert list(kept.memory.entries) == ["Prefers tea"]  # a change waits for the next compression
 
     await me.CommitCompression(pb.CommitCompressionRequest(session_id=session.id, demote_seqs=[1],
                                                            summary=Message(role="user", content="[Summary] hello")))
     after = (await me.GetSession(pb.GetSessionRequest(session_id=session.id))).session
-    assert snapshot_entries(after.metadata) == ["Prefers tea", "Lives in Lyon"]
-    assert snapshot_revision(after.metadata) == 2
-    # The snapshot is the store's: a client cannot write it.
-    await expect_status(me.UpdateSession(pb.UpdateSessionRequest(session_id=session.id, metadata={
-        SNAPSHOT_KEY: {"revision": 9, "entries": ["planted"]}})), grpc.StatusCode.INVALID_ARGUMENT,
-        f"metadata.{SNAPSHOT_KEY}")
+    assert (list(after.memory.entries), after.memory.revision) == (["Prefers tea", "Lives in Lyon"], 2)
 
 
 async def test_with_auth_off_the_memory_is_the_one_owner_anonymous(base_settings, database_url):
@@ -248,7 +243,7 @@ async def test_with_auth_off_the_memory_is_the_one_owner_anonymous(base_settings
                 store = session_store_pb2_grpc.SessionStoreStub(channel)
                 await store.EditMemory(pb.EditMemoryRequest(action=ADD, text="Prefers tea"))
                 session = (await store.CreateSession(pb.CreateSessionRequest(profile_id="p"))).session
-                assert snapshot_entries(session.metadata) == ["Prefers tea"]
+                assert list(session.memory.entries) == ["Prefers tea"]
             private = await asyncpg.connect(dsn)
             rows = await private.fetch("SELECT owner, text FROM owner_memory_entries")
             await private.close()

@@ -36,7 +36,6 @@ from services.shared.context_view import (
     view_chars,
 )
 from services.shared.auth import as_service
-from services.shared.owner_memory import snapshot_entries
 from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError, Unavailable
 from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
 from services.shared import metrics
@@ -399,7 +398,7 @@ class Turn:
         session = self.conv.session
         if session is None:
             return ""
-        return cb.memory_message(snapshot_entries(session.metadata), self.settings.memory_prompt_tokens)
+        return cb.memory_message(session.memory.entries, self.settings.memory_prompt_tokens)
 
     def _notes(self, iteration: int, stalled: int) -> list[str]:
         """What this call is reminded of. Each note is stored where it is given (see note_messages):

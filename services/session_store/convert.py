@@ -13,6 +13,7 @@ from google.protobuf import timestamp_pb2
 
 from palimpsest.v1 import common_pb2, session_store_pb2
 from services.session_store.redaction import redact_arguments
+from services.shared.owner_memory import snapshot_proto
 from services.shared.structs import from_struct, to_struct
 from services.shared.validation import EARLIEST, LATEST
 
@@ -190,6 +191,8 @@ def session_from_row(row) -> common_pb2.Session:
     session.last_active.CopyFrom(timestamp(row["last_active"]))
     if row["metadata"]:
         session.metadata.update(row["metadata"])
+    if row["memory_snapshot"] is not None:
+        session.memory.CopyFrom(snapshot_proto(row["memory_snapshot"]))
     return session
 
 

@@ -28,7 +28,6 @@ from services.shared.stopping import Stopping
 from services.session_store.repository import SessionRepository
 from services.session_store.repository.access import parse_session_id
 from services.session_store.repository.owner_memory import MemoryEdit, checked_text
-from services.shared.owner_memory import SNAPSHOT_KEY
 from services.session_store.repository.sessions import Report
 from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from services.session_store.semantic import MemoryIndex
@@ -361,9 +360,6 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("context_token_count", "must not be negative")
         if request.HasField("metadata"):
             check_struct(request.metadata, "metadata")
-            if SNAPSHOT_KEY in request.metadata:
-                raise InvalidArgument(f"metadata.{SNAPSHOT_KEY}", "is written by the store (the owner's memory "
-                                                                  "as the session holds it): edit it with EditMemory")
             changes["metadata"] = from_struct(request.metadata)
         if request.add_external_refs:
             new = _refs_from_proto(request.add_external_refs, "add_external_refs")

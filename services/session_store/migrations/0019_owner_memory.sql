@@ -1,6 +1,6 @@
 -- What the agent remembers about each owner across sessions: a few entries of text every session of
--- the owner receives in its prompt (a snapshot taken when the session is created and at each
--- compression, kept in the session's metadata), and the writes held for the owner's approval.
+-- the owner receives in its prompt (a snapshot taken when the session is created and at each of its
+-- compressions, kept on the session), and the writes held for the owner's approval.
 CREATE TABLE IF NOT EXISTS owner_memory (
     owner      text        PRIMARY KEY,
     revision   bigint      NOT NULL DEFAULT 0,  -- applied changes; an edit naming another is ABORTED
@@ -30,3 +30,6 @@ CREATE TABLE IF NOT EXISTS owner_memory_pending (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (owner, id)
 );
+
+-- The snapshot a session's prompts carry ({"revision", "entries"}); NULL: none taken yet.
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS memory_snapshot jsonb;

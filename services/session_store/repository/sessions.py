@@ -19,7 +19,6 @@ import asyncpg
 from palimpsest.v1 import common_pb2
 from services.shared.auth import Identity
 from services.shared.errors import NotFound
-from services.shared.owner_memory import SNAPSHOT_KEY
 from services.session_store import convert
 from services.session_store.convert import INSERT_COLUMNS
 from services.session_store.db import Connection, commit_one, fetch_one
@@ -153,12 +152,12 @@ class Sessions:
         owner = identity.owner_for_new_session
         async with self.pool.acquire() as conn, conn.transaction():
             await self.usage.check_session_count(conn, owner)
-            # The owner's memory as the session's prompt will carry it until its first compression.
-            metadata = {**metadata, SNAPSHOT_KEY: await memory_snapshot(conn, owner)}
+            # The owner's memory as the session's prompts carry it until its first compression.
+            memory = await memory_snapshot(conn, owner)
             return await fetch_one(conn,
-                "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
-                uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata,
+                "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata,"
+                " memory_snapshot) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
+                uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata, memory,
             )
 
     async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
@@ -502,7 +501,7 @@ class Sessions:
                        context_token_count = $4, display_count = display_count + $5,
                        hot_count = hot_count + $6, hot_bytes = hot_bytes + added.bytes,
                        message_bytes = message_bytes + added.bytes,
-                       metadata = metadata || jsonb_build_object('{SNAPSHOT_KEY}', $8::jsonb)
+                       memory_snapshot = $8
                   FROM (SELECT {new_rows_bytes("$7")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
