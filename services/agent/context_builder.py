@@ -95,9 +95,9 @@ def memory_message(entries: Sequence[str], max_tokens: int) -> str:
     lines = [MEMORY_HEADING]  # the oldest that fit, and a line saying how many did not
     for n, item in enumerate(items):
         if heuristic_tokens(len("\n".join([*lines, item, _left_out(len(items) - n - 1, max_tokens)]))) > max_tokens:
-            return "\n".join([*lines, _left_out(len(items) - n, max_tokens)])
+            break
         lines.append(item)
-    return whole  # (not reached: the whole did not fit)
+    return "\n".join([*lines, _left_out(len(items) - len(lines) + 1, max_tokens)])
 
 
 def _left_out(count: int, max_tokens: int) -> str:
