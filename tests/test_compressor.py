@@ -159,6 +159,28 @@ async def test_session_estimates_use_the_baseline_plus_the_delta(compressor, sto
     assert reply.baseline_tokens == 3000 and 150 < reply.delta_tokens < 300
 
 
+async def test_the_memory_message_is_paid_in_the_baseline_like_the_system_prompt(compressor, store, profile):
+    """The prompt a baseline measured began with the system prompt and the memory message (neither
+    stored, both unchanged until a compression drops the baseline): the delta counts neither again."""
+    session_id = await session_with(store, profile, turns(2))
+    model = f"delta-{uuid.uuid4().hex[:6]}"  # no calibration line: other tests calibrate qwen3.6
+    await compressor.RecordBaseline(pb.RecordBaselineRequest(
+        session_id=session_id, model=model, prompt_eval_count=3000, sent_tokens=3000, through_seq=4))
+    context = list((await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context)
+    system = Message(role="system", content="You are Palimpsest.")
+    memory = Message(role="system", content="## What I remember about the user\n- " + "Prefers tea. " * 40)
+    incoming = Message(role="user", content="b" * 180)
+
+    async def tokens(*head: Message) -> int:
+        reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
+            session_id=session_id, model=model, window=WINDOW, messages=[*head, *context, incoming]))
+        assert reply.method == pb.ESTIMATE_METHOD_BASELINE_DELTA
+        return reply.tokens
+
+    assert await tokens(system, memory) == await tokens(system) > 3000
+
+
 async def test_estimates_count_the_truncated_view_not_a_megabyte(compressor):
     huge = Message(role="tool", name="read_log", content="log line\n" * 120_000)
     reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(model="m", messages=[huge], window=WINDOW))

@@ -137,3 +137,27 @@ async def test_a_node_client_offers_a_tool_and_answers_the_models_call(node, age
     assert kinds.index("tool_call_requested") < kinds.index("tool_finished") < kinds.index("stream_end")
     told = [m["content"] for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "tool"]
     assert len(told) == 1 and told[0].endswith("(Europe/Paris)")
+
+
+MEMORY_SCRIPT = """
+const { sessionStore, call } = require('./index');
+const store = sessionStore();
+(async () => {
+  const added = await call(store, 'EditMemory', { action: 'MEMORY_ACTION_ADD', text: 'Prefers metric units' });
+  await call(store, 'EditMemory', { action: 'MEMORY_ACTION_REPLACE', entry_id: added.entry.id,
+                                    text: 'Prefers SI units', expected_revision: added.revision });
+  const memory = await call(store, 'GetMemory', {});
+  console.log(JSON.stringify({ revision: memory.revision, entries: memory.entries.map((e) => e.text) }));
+  store.close();
+})().catch((err) => { console.error(err.message); process.exit(1); });
+"""
+
+
+async def test_the_client_reads_and_edits_the_callers_memory(node, store_server_auth, user):
+    from conftest import JWT_SECRET
+    from services.shared.auth import make_token
+
+    env = pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
+    code, out, err = await run_node(node, "-e", MEMORY_SCRIPT, env=env)
+    assert code == 0, err
+    assert json.loads(out) == {"revision": "2", "entries": ["Prefers SI units"]}

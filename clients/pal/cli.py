@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from clients.pal.app import App
-from clients.pal.commands import audit, chat, files, info, sessions, turns
+from clients.pal.commands import audit, chat, files, info, memory, sessions, turns
 from clients.pal.connection import Connection
 from clients.pal.errors import CliError
 from clients.pal.output import Output
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.register(sub, common)
     files.register(sub, common)
     audit.register(sub, common)
+    memory.register(sub, common)
     info.register(sub, common)
     return parser
 

@@ -99,7 +99,7 @@ class ExternalRef(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., uri: _Optional[str] = ..., created_by: _Optional[str] = ..., read_only: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "context_token_count", "revision", "metadata", "external_refs", "untrusted_ingested", "episode_untrusted", "planning_logs", "display_message_count", "messages", "context", "next_seq", "sandboxed")
+    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "context_token_count", "revision", "metadata", "external_refs", "untrusted_ingested", "episode_untrusted", "planning_logs", "display_message_count", "messages", "context", "next_seq", "sandboxed", "memory")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class Session(_message.Message):
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     SANDBOXED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     id: str
     profile_id: str
     owner: str
@@ -142,7 +143,16 @@ class Session(_message.Message):
     context: _containers.RepeatedCompositeFieldContainer[Message]
     next_seq: int
     sandboxed: bool
-    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., external_refs: _Optional[_Iterable[_Union[ExternalRef, _Mapping]]] = ..., untrusted_ingested: _Optional[bool] = ..., episode_untrusted: _Optional[bool] = ..., planning_logs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., display_message_count: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_seq: _Optional[int] = ..., sandboxed: _Optional[bool] = ...) -> None: ...
+    memory: MemorySnapshot
+    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., external_refs: _Optional[_Iterable[_Union[ExternalRef, _Mapping]]] = ..., untrusted_ingested: _Optional[bool] = ..., episode_untrusted: _Optional[bool] = ..., planning_logs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., display_message_count: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_seq: _Optional[int] = ..., sandboxed: _Optional[bool] = ..., memory: _Optional[_Union[MemorySnapshot, _Mapping]] = ...) -> None: ...
+
+class MemorySnapshot(_message.Message):
+    __slots__ = ("revision", "entries")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    entries: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, revision: _Optional[int] = ..., entries: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionSummary(_message.Message):
     __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "display_message_count", "preview", "context_token_count", "revision", "untrusted_ingested")

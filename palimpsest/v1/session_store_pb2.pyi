@@ -40,6 +40,13 @@ class FileKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FILE_KIND_UNSPECIFIED: _ClassVar[FileKind]
     FILE_KIND_IMAGE: _ClassVar[FileKind]
+
+class MemoryAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMORY_ACTION_UNSPECIFIED: _ClassVar[MemoryAction]
+    MEMORY_ACTION_ADD: _ClassVar[MemoryAction]
+    MEMORY_ACTION_REPLACE: _ClassVar[MemoryAction]
+    MEMORY_ACTION_REMOVE: _ClassVar[MemoryAction]
 SESSION_VIEW_UNSPECIFIED: SessionView
 SESSION_VIEW_SUMMARY: SessionView
 SESSION_VIEW_DISPLAY: SessionView
@@ -57,6 +64,10 @@ TOOL_RUN_OUTCOME_REFUSED: ToolRunOutcome
 TOOL_RUN_OUTCOME_STOPPED: ToolRunOutcome
 FILE_KIND_UNSPECIFIED: FileKind
 FILE_KIND_IMAGE: FileKind
+MEMORY_ACTION_UNSPECIFIED: MemoryAction
+MEMORY_ACTION_ADD: MemoryAction
+MEMORY_ACTION_REPLACE: MemoryAction
+MEMORY_ACTION_REMOVE: MemoryAction
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("profile_id", "name", "provider", "model", "external_refs", "metadata")
@@ -595,6 +606,112 @@ class DeleteFileResponse(_message.Message):
     FREED_FIELD_NUMBER: _ClassVar[int]
     freed: int
     def __init__(self, freed: _Optional[int] = ...) -> None: ...
+
+class MemoryEntry(_message.Message):
+    __slots__ = ("id", "text", "created_at", "updated_at", "session_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    text: str
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    session_id: str
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class PendingMemoryWrite(_message.Message):
+    __slots__ = ("id", "action", "entry_id", "old_text", "text", "session_id", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    OLD_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    action: MemoryAction
+    entry_id: int
+    old_text: str
+    text: str
+    session_id: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[int] = ..., action: _Optional[_Union[MemoryAction, str]] = ..., entry_id: _Optional[int] = ..., old_text: _Optional[str] = ..., text: _Optional[str] = ..., session_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetMemoryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetMemoryResponse(_message.Message):
+    __slots__ = ("revision", "entries", "pending", "max_entries", "max_chars", "chars")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHARS_FIELD_NUMBER: _ClassVar[int]
+    CHARS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    entries: _containers.RepeatedCompositeFieldContainer[MemoryEntry]
+    pending: _containers.RepeatedCompositeFieldContainer[PendingMemoryWrite]
+    max_entries: int
+    max_chars: int
+    chars: int
+    def __init__(self, revision: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[MemoryEntry, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingMemoryWrite, _Mapping]]] = ..., max_entries: _Optional[int] = ..., max_chars: _Optional[int] = ..., chars: _Optional[int] = ...) -> None: ...
+
+class EditMemoryRequest(_message.Message):
+    __slots__ = ("action", "text", "entry_id", "old_text", "expected_revision", "session_id", "hold")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    OLD_TEXT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
+    action: MemoryAction
+    text: str
+    entry_id: int
+    old_text: str
+    expected_revision: int
+    session_id: str
+    hold: bool
+    def __init__(self, action: _Optional[_Union[MemoryAction, str]] = ..., text: _Optional[str] = ..., entry_id: _Optional[int] = ..., old_text: _Optional[str] = ..., expected_revision: _Optional[int] = ..., session_id: _Optional[str] = ..., hold: _Optional[bool] = ...) -> None: ...
+
+class EditMemoryResponse(_message.Message):
+    __slots__ = ("revision", "entry", "held")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    entry: MemoryEntry
+    held: PendingMemoryWrite
+    def __init__(self, revision: _Optional[int] = ..., entry: _Optional[_Union[MemoryEntry, _Mapping]] = ..., held: _Optional[_Union[PendingMemoryWrite, _Mapping]] = ...) -> None: ...
+
+class ApproveMemoryWriteRequest(_message.Message):
+    __slots__ = ("id", "expected_revision")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    expected_revision: int
+    def __init__(self, id: _Optional[int] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+
+class ApproveMemoryWriteResponse(_message.Message):
+    __slots__ = ("revision", "entry")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    entry: MemoryEntry
+    def __init__(self, revision: _Optional[int] = ..., entry: _Optional[_Union[MemoryEntry, _Mapping]] = ...) -> None: ...
+
+class RejectMemoryWriteRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    def __init__(self, id: _Optional[int] = ...) -> None: ...
+
+class RejectMemoryWriteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class IndexChunksRequest(_message.Message):
     __slots__ = ("session_id", "chunks")

@@ -156,6 +156,26 @@ class SessionStoreStub:
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.FromString,
                 _registered_method=True)
+        self.GetMemory = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/GetMemory',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.GetMemoryRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.GetMemoryResponse.FromString,
+                _registered_method=True)
+        self.EditMemory = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/EditMemory',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.EditMemoryRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.EditMemoryResponse.FromString,
+                _registered_method=True)
+        self.ApproveMemoryWrite = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/ApproveMemoryWrite',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ApproveMemoryWriteRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ApproveMemoryWriteResponse.FromString,
+                _registered_method=True)
+        self.RejectMemoryWrite = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/RejectMemoryWrite',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.RejectMemoryWriteRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.RejectMemoryWriteResponse.FromString,
+                _registered_method=True)
         self.IndexChunks = channel.unary_unary(
                 '/palimpsest.v1.SessionStore/IndexChunks',
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.IndexChunksRequest.SerializeToString,
@@ -357,6 +377,38 @@ class SessionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMemory(self, request, context):
+        """What the agent remembers about the caller across sessions: a few entries of text that every
+        session of theirs receives in its prompt (a snapshot taken when the session is created and at
+        each of its compressions). Each caller reads and edits their own only; with auth off, the one
+        owner `anonymous`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EditMemory(self, request, context):
+        """Add, replace or remove one entry; a write from a tainted conversation (`hold`, or a `session_id`
+        that has taken in outside content) is held for the owner's approval instead of applied.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveMemoryWrite(self, request, context):
+        """A held write, applied as it would have been (the caps and the entry it names checked now).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RejectMemoryWrite(self, request, context):
+        """A held write, dropped: it never reaches the memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def IndexChunks(self, request, context):
         """Internal, for the Compressor: raw chunks, calibration observations and real-token baselines.
         """
@@ -536,6 +588,26 @@ def add_SessionStoreServicer_to_server(servicer, server):
                     servicer.ListToolRuns,
                     request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.SerializeToString,
+            ),
+            'GetMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMemory,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.GetMemoryRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.GetMemoryResponse.SerializeToString,
+            ),
+            'EditMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.EditMemory,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.EditMemoryRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.EditMemoryResponse.SerializeToString,
+            ),
+            'ApproveMemoryWrite': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveMemoryWrite,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ApproveMemoryWriteRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.ApproveMemoryWriteResponse.SerializeToString,
+            ),
+            'RejectMemoryWrite': grpc.unary_unary_rpc_method_handler(
+                    servicer.RejectMemoryWrite,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.RejectMemoryWriteRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.RejectMemoryWriteResponse.SerializeToString,
             ),
             'IndexChunks': grpc.unary_unary_rpc_method_handler(
                     servicer.IndexChunks,
@@ -1228,6 +1300,114 @@ class SessionStore:
             '/palimpsest.v1.SessionStore/ListToolRuns',
             palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.SerializeToString,
             palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/GetMemory',
+            palimpsest_dot_v1_dot_session__store__pb2.GetMemoryRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.GetMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EditMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/EditMemory',
+            palimpsest_dot_v1_dot_session__store__pb2.EditMemoryRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.EditMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveMemoryWrite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/ApproveMemoryWrite',
+            palimpsest_dot_v1_dot_session__store__pb2.ApproveMemoryWriteRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.ApproveMemoryWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RejectMemoryWrite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/RejectMemoryWrite',
+            palimpsest_dot_v1_dot_session__store__pb2.RejectMemoryWriteRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.RejectMemoryWriteResponse.FromString,
             options,
             channel_credentials,
             insecure,

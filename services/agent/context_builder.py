@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from palimpsest.v1 import common_pb2, compressor_pb2
 from services.agent.profiles import Profile
 from services.agent.untrusted import fence, fence_overhead
-from services.shared.context_view import TASK_NOTE, with_content
+from services.shared.context_view import TASK_NOTE, heuristic_tokens, with_content
 
 Message = common_pb2.Message
 
@@ -69,10 +69,39 @@ class ContextBuilder:
                 del self._system_prompts[key]
 
     @staticmethod
-    def build(system_prompt: str, context: Sequence[Message]) -> list[Message]:
+    def build(system_prompt: str, context: Sequence[Message], memory: str = "") -> list[Message]:
         """The messages of one call, uncut (the size check says what to cut): the system prompt,
-        then the context as stored (task notes and recalled excerpts where they were given)."""
-        return [Message(role="system", content=system_prompt), *(m for m in context if reaches_model(m))]
+        the memory message when there is one, then the context as stored (task notes and recalled
+        excerpts where they were given)."""
+        head = [Message(role="system", content=system_prompt)]
+        if memory:
+            head.append(Message(role="system", content=memory))
+        return [*head, *(m for m in context if reaches_model(m))]
+
+
+MEMORY_HEADING = "## What I remember about the user"
+
+
+def memory_message(entries: Sequence[str], max_tokens: int) -> str:
+    """What the session holds of its owner's memory, as the model reads it: the entries oldest
+    first under the heading, as many as fit ``max_tokens`` at the heuristic rate (the Agent holds
+    no tokenizer; 1.8 chars a token over-counts prose); "" when there are none."""
+    if not entries:
+        return ""
+    items = ["- " + "\n  ".join(text.splitlines()) for text in entries]
+    whole = "\n".join([MEMORY_HEADING, *items])
+    if heuristic_tokens(len(whole)) <= max_tokens:
+        return whole
+    lines = [MEMORY_HEADING]  # the oldest that fit, and a line saying how many did not
+    for n, item in enumerate(items):
+        if heuristic_tokens(len("\n".join([*lines, item, _left_out(len(items) - n - 1, max_tokens)]))) > max_tokens:
+            break
+        lines.append(item)
+    return "\n".join([*lines, _left_out(len(items) - len(lines) + 1, max_tokens)])
+
+
+def _left_out(count: int, max_tokens: int) -> str:
+    return f"- ({count} more not shown: past the {max_tokens:,}-token budget of this message)"
 
 
 def iteration_budget_note(iteration: int, max_iterations: int) -> str:

@@ -419,7 +419,16 @@ class Turn:
         return cb.ContextBuilder.build(
             self._system_prompt(),
             [*self.conv.context, *(m for m in pending if not m.explicit_flags or m.is_context)],
+            self._memory_message(),
         )
+
+    def _memory_message(self) -> str:
+        """The owner's memory as the session holds it: taken when the session was made and at each
+        compression, so between two compressions every prompt begins alike (a sub-agent: none)."""
+        session = self.conv.session
+        if session is None:
+            return ""
+        return cb.memory_message(session.memory.entries, self.settings.memory_prompt_tokens)
 
     def _notes(self, iteration: int, stalled: int) -> list[str]:
         """What this call is reminded of. Each note is stored where it is given (see note_messages):

@@ -222,10 +222,11 @@ class Pricing:
         if not self.has_baseline:
             return self.full([*messages, *incoming]), self.method
         assert self.baseline is not None  # has_baseline
-        # The prompt the baseline measured began with the system prompt (no seq), so it is paid
-        # for; stored rows after the baseline and anything else not stored yet are the delta.
+        # The prompt the baseline measured began with the system prompt and the memory message (no
+        # seq; both unchanged since, or a compression dropped the baseline), so they are paid for;
+        # stored rows after the baseline and anything else not stored yet are the delta.
         body = list(messages)
-        if body and body[0].seq == 0 and body[0].role == "system":
+        while body and body[0].seq == 0 and body[0].role == "system":
             body = body[1:]
         stored = [m for m in body if m.seq > 0]
         unstored = [m for m in body if m.seq == 0]

@@ -12,7 +12,7 @@ from services.shared.server import RunningServer, method_paths, start_server
 from services.shared.settings import Settings
 from services.session_store import db, share_links
 from services.session_store.files import FileStore
-from services.session_store.repository import HotWindow, Quotas, SessionRepository
+from services.session_store.repository import HotWindow, MemoryCaps, Quotas, SessionRepository
 from services.session_store.repository.vectors import MemoryVectors
 from services.session_store.semantic import Embedder, MemoryIndex
 from services.session_store.servicer import SessionStoreServicer
@@ -76,7 +76,9 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
     metrics.watch_pool(pool)
     share_key = await asyncio.to_thread(share_links.load_key, settings.share_key, settings.data_dir)
     repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
-                             share_key=share_key, quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes))
+                             share_key=share_key, quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes),
+                             memory_caps=MemoryCaps(settings.memory_max_entries, settings.memory_max_chars,
+                                                    settings.memory_max_pending))
     files = FileStore(settings.files_root, max_bytes=settings.files_max_bytes)
     ollama = OllamaClient(settings.ollama_host)
     memory_index = MemoryIndex(MemoryVectors(pool), Embedder(ollama, retry_s=settings.embed_retry_s),

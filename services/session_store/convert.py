@@ -13,6 +13,7 @@ from google.protobuf import timestamp_pb2
 
 from palimpsest.v1 import common_pb2, session_store_pb2
 from services.session_store.redaction import redact_arguments, redact_text
+from services.shared.owner_memory import snapshot_proto
 from services.shared.structs import from_struct, to_struct
 from services.shared.validation import EARLIEST, LATEST
 
@@ -191,6 +192,8 @@ def session_from_row(row) -> common_pb2.Session:
     session.last_active.CopyFrom(timestamp(row["last_active"]))
     if row["metadata"]:
         session.metadata.update(row["metadata"])
+    if row["memory_snapshot"] is not None:
+        session.memory.CopyFrom(snapshot_proto(row["memory_snapshot"]))
     return session
 
 
@@ -274,6 +277,27 @@ def tool_run_from_row(row) -> session_store_pb2.ToolRun:
         outcome=_OUTCOMES[row["outcome"]], bytes_in=row["bytes_in"], bytes_out=row["bytes_out"], error=row["error"])
     run.started_at.CopyFrom(timestamp(row["started_at"]))
     return run
+
+
+_MEMORY_ACTIONS = {"add": session_store_pb2.MEMORY_ACTION_ADD, "replace": session_store_pb2.MEMORY_ACTION_REPLACE,
+                   "remove": session_store_pb2.MEMORY_ACTION_REMOVE}
+
+
+def memory_entry(row) -> session_store_pb2.MemoryEntry:
+    entry = session_store_pb2.MemoryEntry(id=row["id"], text=row["text"],
+                                          session_id=str(row["session_id"]) if row["session_id"] else "")
+    entry.created_at.CopyFrom(timestamp(row["created_at"]))
+    entry.updated_at.CopyFrom(timestamp(row["updated_at"]))
+    return entry
+
+
+def pending_memory_write(row) -> session_store_pb2.PendingMemoryWrite:
+    held = session_store_pb2.PendingMemoryWrite(
+        id=row["id"], action=_MEMORY_ACTIONS[row["action"]],
+        entry_id=row["entry_id"] or 0, old_text=row["old_text"], text=row["text"],
+        session_id=str(row["session_id"]) if row["session_id"] else "")
+    held.created_at.CopyFrom(timestamp(row["created_at"]))
+    return held
 
 
 def dumps(data: Any) -> str:

@@ -25,6 +25,7 @@ from services.shared import metrics
 from services.shared.stopping import Stopping
 from services.session_store.repository import SessionRepository
 from services.session_store.repository.access import parse_session_id
+from services.session_store.repository.owner_memory import MemoryEdit, checked_text
 from services.session_store.repository.sessions import Report
 from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from services.session_store.semantic import MemoryIndex
@@ -772,6 +773,64 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await self.repo.sessions.get_session(identity, session_id)
         files = await asyncio.to_thread(self.files.list_files, str(session_id))
         return pb.ListFilesResponse(files=[_file_info(f) for f in files])
+
+
+    # -- what the agent remembers about the caller -------------------------------------------
+    async def GetMemory(self, request, context):
+        owner = self._identity(context).sub
+        memory = await self.repo.owner_memory.read(owner)
+        caps = self.repo.owner_memory.caps
+        return pb.GetMemoryResponse(
+            revision=memory.revision, entries=[convert.memory_entry(r) for r in memory.entries],
+            pending=[convert.pending_memory_write(r) for r in memory.pending],
+            max_entries=caps.max_entries, max_chars=caps.max_chars, chars=sum(len(r["text"]) for r in memory.entries))
+
+    async def EditMemory(self, request, context):
+        identity = self._identity(context)
+        action = MEMORY_ACTIONS.get(request.action)
+        if action is None:
+            raise InvalidArgument("action", "MEMORY_ACTION_ADD, MEMORY_ACTION_REPLACE or MEMORY_ACTION_REMOVE")
+        text = checked_text(request.text) if action != "remove" else ""
+        if action != "add" and request.entry_id < 0:
+            raise InvalidArgument("entry_id", "must not be negative")
+        session_id, hold = None, request.hold
+        if request.session_id:
+            session_id = parse_session_id(request.session_id)
+            # A write from a conversation that has taken in outside content waits for the owner,
+            # whoever asks for it: an order planted in that content reads like the user's own.
+            hold = hold or (await self.repo.sessions.get_session(identity, session_id))["untrusted_ingested"]
+        result = await self.repo.owner_memory.edit(
+            identity.sub, MemoryEdit(action, text, request.entry_id, request.old_text),
+            expected_revision=_expected(request), session_id=session_id, hold=hold)
+        response = pb.EditMemoryResponse(revision=result.revision)
+        if result.entry is not None:
+            response.entry.CopyFrom(convert.memory_entry(result.entry))
+        if result.held is not None:
+            response.held.CopyFrom(convert.pending_memory_write(result.held))
+        return response
+
+    async def ApproveMemoryWrite(self, request, context):
+        owner = self._identity(context).sub
+        result = await self.repo.owner_memory.approve(owner, _held_id(request.id), _expected(request))
+        response = pb.ApproveMemoryWriteResponse(revision=result.revision)
+        if result.entry is not None:
+            response.entry.CopyFrom(convert.memory_entry(result.entry))
+        return response
+
+    async def RejectMemoryWrite(self, request, context):
+        owner = self._identity(context).sub
+        await self.repo.owner_memory.reject(owner, _held_id(request.id))
+        return pb.RejectMemoryWriteResponse()
+
+
+MEMORY_ACTIONS = {pb.MEMORY_ACTION_ADD: "add", pb.MEMORY_ACTION_REPLACE: "replace",
+                  pb.MEMORY_ACTION_REMOVE: "remove"}
+
+
+def _held_id(value: int) -> int:
+    if value <= 0:
+        raise InvalidArgument("id", "required: the held write's id (GetMemory lists them under pending)")
+    return value
 
 
 def checked_model(raw: str) -> str:

@@ -150,6 +150,14 @@ class Settings:
     # Per owner (0: no limit): sessions, and bytes of messages and files over all of them.
     owner_max_sessions: int = 10_000
     owner_max_bytes: int = 10 * 1024 * 1024 * 1024
+    # What the agent remembers about each owner: at most this many entries and characters in all,
+    # and this many writes of tainted conversations waiting for the owner's approval.
+    memory_max_entries: int = 40
+    memory_max_chars: int = 2_000
+    memory_max_pending: int = 20
+    # The memory message in the prompt at most this many tokens (at the heuristic 1.8 chars a token,
+    # which a full memory of the default caps stays under).
+    memory_prompt_tokens: int = 1_200
     # Share links are derived from this key; empty: the key in <data_dir>/share.key, made once.
     share_key: str = ""
     # Memory search by meaning (the store embeds chunks with Ollama's /api/embed; "" turns it off).
@@ -231,6 +239,10 @@ class Settings:
             embed_min_similarity=_env_float("PALIMPSEST_EMBED_MIN_SIMILARITY", 0.5),
             owner_max_sessions=_env_int("PALIMPSEST_OWNER_MAX_SESSIONS", 10_000),
             owner_max_bytes=_env_int("PALIMPSEST_OWNER_MAX_MB", 10 * 1024) * 1024 * 1024,
+            memory_max_entries=_env_int("PALIMPSEST_MEMORY_MAX_ENTRIES", 40),
+            memory_max_chars=_env_int("PALIMPSEST_MEMORY_MAX_CHARS", 2_000),
+            memory_max_pending=_env_int("PALIMPSEST_MEMORY_MAX_PENDING", 20),
+            memory_prompt_tokens=_env_int("PALIMPSEST_MEMORY_PROMPT_TOKENS", 1_200),
             compression_enabled=_env_bool("CONTEXT_COMPRESSION_ENABLED", True),
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),

@@ -61,6 +61,8 @@ class TurnState:
     todo_progress: int = 0  # bumped whenever an item moves forward: the anti-stall signal
     switched_profile: str = ""
     goal: str = ""
+    # The scratchpad's notes when there is no session to keep them in (a sub-agent of none).
+    scratchpad: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass

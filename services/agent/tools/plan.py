@@ -21,6 +21,7 @@ from typing import Any
 
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import role_and_content, shorten, text_arg
+from services.agent.tools.scratchpad import load_notes
 from services.agent.tools.todo import load_todo, render as render_todo, replace_todo
 
 log = logging.getLogger("palimpsest.agent.plan")
@@ -217,11 +218,15 @@ def request_limit(window_tokens: int) -> int:
     return max(4_000, min(REQUEST_WINDOW_CHARS, 2 * window_tokens)) if window_tokens else REQUEST_WINDOW_CHARS
 
 
-def revision_brief(reason: str, updated_goal: str, todo_text: str) -> str:
+def revision_brief(reason: str, updated_goal: str, todo_text: str, notes: Sequence[dict[str, str]] = ()) -> str:
+    """What a re-plan is told besides the conversation: why, the goal if it moved, the todo, and
+    the scratchpad's findings and errors."""
     parts = [f"Why the plan must change: {reason}"]
     if updated_goal:
         parts.append(f"Updated goal: {updated_goal}")
     parts.append(f"Progress so far:\n{todo_text}")
+    if notes:
+        parts.append("Scratchpad findings and errors:\n" + "\n".join(f"- [{n['kind']}] {n['text']}" for n in notes))
     return "\n".join(parts)
 
 
@@ -286,7 +291,7 @@ def planning_tools(tool_schemas: Sequence[dict[str, Any]]) -> tuple[list[tuple[s
         name = fn.get("name", "")
         if name == "spawn_agent":
             can_delegate = True
-        if name and name not in ("plan", "todo", "spawn_agent"):
+        if name and name not in ("plan", "todo", "scratchpad", "spawn_agent"):
             about = (fn.get("description") or "").split(". ")[0]
             tools.append((name, shorten(about, 140)))
     return tools, can_delegate
@@ -351,7 +356,7 @@ async def build_plan(ctx: ToolContext, *, task: str = "", reason: str = "", upda
     A sub-agent may be answered DIRECT (no plan, nothing changed)."""
     revision = ""
     if reason:
-        revision = revision_brief(reason, updated_goal, render_todo(await load_todo(ctx)))
+        revision = revision_brief(reason, updated_goal, render_todo(await load_todo(ctx)), await load_notes(ctx))
     request = windowed_request(ctx.conversation, task, request_limit(ctx.window))
     think = await _think_flag(ctx)
 
@@ -394,7 +399,8 @@ class PlanTool:
     reach = Reach.SESSION  # its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Make a step-by-step plan before a non-trivial, multi-step task; it also fills the todo list. "
-        "Call it again with a `reason` to revise the plan when it no longer fits."
+        "Call it again with a `reason` to revise the plan when it no longer fits (the todo and the scratchpad go "
+        "with it)."
     )
     parameters = {
         "type": "object",

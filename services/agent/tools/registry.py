@@ -20,8 +20,10 @@ from services.agent.tools.base import Tool, ToolContext, ToolResult, refusal
 from services.agent.tools.content_publish import ContentPublishTool
 from services.agent.tools.files import FILE_TOOLS
 from services.agent.tools.image_view import ImageViewTool
+from services.agent.tools.memory import MemoryTool
 from services.agent.tools.memory_search import MemorySearchTool
 from services.agent.tools.plan import PlanTool
+from services.agent.tools.scratchpad import ScratchpadTool
 from services.agent.tools.session_search import SessionSearchTool
 from services.agent.tools.share_file import ShareFileTool
 from services.agent.tools.spawn_agent import SpawnAgentTool
@@ -34,7 +36,8 @@ log = logging.getLogger("palimpsest.agent.tools")
 BUILTIN: dict[str, Tool] = {
     tool.name: tool
     for tool in (PlanTool(), TodoTool(), SpawnAgentTool(), MemorySearchTool(), SessionSearchTool(),
-                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool(), *FILE_TOOLS)
+                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool(), MemoryTool(),
+                 ScratchpadTool(), *FILE_TOOLS)
 }
 
 # Custom tools already warned about for saying nothing of their reach (once each per process).

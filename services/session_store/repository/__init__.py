@@ -3,6 +3,8 @@ parameters are always bound.
 
 - sessions: sessions, session_messages, session_messages_archive, applied_appends
 - memory: memory_chunks (recall)
+- owner_memory: owner_memory, owner_memory_entries, owner_memory_pending (what the agent remembers
+  about each owner, and the writes held for their approval)
 - shares: session_shares
 - calibration: calibration_observations, session_baselines
 - usage: the per-owner quotas over the sessions' byte counters
@@ -18,22 +20,24 @@ import asyncpg
 
 from services.session_store.repository.calibration import Calibration
 from services.session_store.repository.memory import MemoryChunks
+from services.session_store.repository.owner_memory import MemoryCaps, OwnerMemory
 from services.session_store.repository.sessions import HotWindow, Sessions
 from services.session_store.repository.shares import Shares
 from services.session_store.repository.tool_runs import ToolRuns
 from services.session_store.repository.usage import OwnerUsage, Quotas
 
-__all__ = ["HotWindow", "Quotas", "SessionRepository"]
+__all__ = ["HotWindow", "MemoryCaps", "Quotas", "SessionRepository"]
 
 
 class SessionRepository:
     """The parts over one pool; the servicer calls each part for its own tables."""
 
     def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes,
-                 quotas: Quotas = Quotas(0, 0)):
+                 quotas: Quotas = Quotas(0, 0), memory_caps: MemoryCaps = MemoryCaps(0, 0, 0)):
         self.usage = OwnerUsage(pool, quotas)
         self.sessions = Sessions(pool, hot_window=hot_window, usage=self.usage)
         self.memory = MemoryChunks(pool)
         self.shares = Shares(pool, share_key)
         self.calibration = Calibration(pool)
         self.tool_runs = ToolRuns(pool)
+        self.owner_memory = OwnerMemory(pool, memory_caps)

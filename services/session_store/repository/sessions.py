@@ -27,6 +27,7 @@ from services.session_store.repository.access import (
 )
 from services.session_store.repository.calibration import EXACT_FIELDS, forget_baseline
 from services.session_store.repository.memory import insert_chunks
+from services.session_store.repository.owner_memory import memory_snapshot
 from services.session_store.repository.vectors import SESSIONS_NEAR_SQL
 from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
 from services.session_store.repository.usage import OwnerUsage
@@ -151,10 +152,12 @@ class Sessions:
         owner = identity.owner_for_new_session
         async with self.pool.acquire() as conn, conn.transaction():
             await self.usage.check_session_count(conn, owner)
+            # The owner's memory as the session's prompts carry it until its first compression.
+            memory = await memory_snapshot(conn, owner)
             return await fetch_one(conn,
-                "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
-                uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata,
+                "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata,"
+                " memory_snapshot) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
+                uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata, memory,
             )
 
     async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
@@ -493,17 +496,21 @@ class Sessions:
             next_seq = locked["next_seq"] + len(added)
             await conn.executemany(_INSERT_SQL, [convert.message_row(session_id, s, m, now) for s, m in added])
             result["chunks_indexed"] = await insert_chunks(conn, session_id, chunks)
+            # The prompt is rewritten here anyway: the owner's memory as it is now joins it, the one
+            # moment a change of memory can reach a running session without costing Ollama its prefix.
+            memory = await memory_snapshot(conn, locked["owner"])
             updated = await fetch_one(conn,
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        context_token_count = $4, display_count = display_count + $5,
                        hot_count = hot_count + $6, hot_bytes = hot_bytes + added.bytes,
-                       message_bytes = message_bytes + added.bytes
+                       message_bytes = message_bytes + added.bytes,
+                       memory_snapshot = $8
                   FROM (SELECT {new_rows_bytes("$7")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
                 session_id, next_seq, now, context_token_count, 1 if marker is not None else 0,
-                len(added), locked["next_seq"],
+                len(added), locked["next_seq"], memory,
             )
             result["revision"] = updated["revision"]
             # The context just shrank: the last real prompt size no longer describes it.
