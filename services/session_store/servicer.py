@@ -777,7 +777,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- what the agent remembers about the caller -------------------------------------------
     async def GetMemory(self, request, context):
-        owner = self._identity(context).sub
+        owner = caller().sub
         memory = await self.repo.owner_memory.read(owner)
         caps = self.repo.owner_memory.caps
         return pb.GetMemoryResponse(
@@ -786,7 +786,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             max_entries=caps.max_entries, max_chars=caps.max_chars, chars=sum(len(r["text"]) for r in memory.entries))
 
     async def EditMemory(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         action = MEMORY_ACTIONS.get(request.action)
         if action is None:
             raise InvalidArgument("action", "MEMORY_ACTION_ADD, MEMORY_ACTION_REPLACE or MEMORY_ACTION_REMOVE")
@@ -810,7 +810,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return response
 
     async def ApproveMemoryWrite(self, request, context):
-        owner = self._identity(context).sub
+        owner = caller().sub
         result = await self.repo.owner_memory.approve(owner, _held_id(request.id), _expected(request))
         response = pb.ApproveMemoryWriteResponse(revision=result.revision)
         if result.entry is not None:
@@ -818,7 +818,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return response
 
     async def RejectMemoryWrite(self, request, context):
-        owner = self._identity(context).sub
+        owner = caller().sub
         await self.repo.owner_memory.reject(owner, _held_id(request.id))
         return pb.RejectMemoryWriteResponse()
 
