@@ -22,6 +22,7 @@ from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
 from services.agent.images import ImageTarget, user_messages
+from services.agent.mcp_servers.manager import McpManager, named
 from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, read_rest_in_background
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
@@ -82,6 +83,7 @@ class AgentDeps:
     profiles: ProfileRegistry
     builder: ContextBuilder
     post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
+    mcp: McpManager | None = None  # the profiles' MCP servers (None: the Agent connects to none)
 
 
 @dataclass
@@ -232,10 +234,23 @@ class Turn:
         excluded = set(self.exclude_tools)
         if self.depth >= MAX_SPAWN_DEPTH:
             excluded.add("spawn_agent")
-        self.tools = tools_for(names, self.profile.custom_tools, excluded)
+        # The profile's MCP tools as their servers list them now, kept for the whole turn (the tool
+        # block leads the prompt Ollama reuses); a sub-agent gets those its tools list names.
+        mcp = self.deps.mcp.tools_for(self.profile) if self.deps.mcp is not None else {}
+        self.tools = tools_for(names, self.profile.custom_tools, excluded,
+                               mcp=named(mcp, names) if self.is_subagent else mcp)
         if self.clamped:
             self.clamped_out = [name for name, tool in self.tools.items() if not confined(tool)]
             self.tools = {name: tool for name, tool in self.tools.items() if confined(tool)}
+
+    async def _settle_mcp(self) -> bool:
+        """Whether the profile has MCP servers; those still on their first try to connect (the Agent
+        just started, or the profiles file just added them) are waited for, each at most its
+        timeout, so that their tools are in the tool set loaded next."""
+        if self.deps.mcp is None or not self.profile.mcp_servers:
+            return False
+        await self.deps.mcp.settle(self.profile)
+        return True
 
     def _system_prompt(self) -> str:
         if self.system_prompt_override is not None:
@@ -275,6 +290,8 @@ class Turn:
 
     async def _run(self, turn_input: TurnInput) -> TurnResult:
         self.sink.model_info(self.profile.model, self.window)
+        if await self._settle_mcp():
+            self._load_tools()  # the servers' tools as of the turn's start, not of its request
         if self.conv.session is None and self.stored:
             await self.conv.load()
         if self.session_changes and self.stored:
@@ -413,6 +430,7 @@ class Turn:
         self.facts = await self.deps.ollama.model_facts(self.profile.model)  # its capabilities, not the last's
         self.deps.builder.invalidate(profile_id)
         self.window = self.profile.window(self.settings.ollama_num_ctx)
+        await self._settle_mcp()
         self._load_tools()
         self.sink.model_info(self.profile.model, self.window)
 

@@ -56,6 +56,8 @@ class TurnState:
     todo_progress: int = 0  # bumped whenever an item moves forward: the anti-stall signal
     switched_profile: str = ""
     goal: str = ""
+    # The session's episode_untrusted is set (an MCP result came in): written once per turn at most.
+    episode_untrusted: bool = False
 
 
 @dataclass
