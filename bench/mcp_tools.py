@@ -84,4 +84,5 @@ async def run(args) -> str:
     return table(["transport", "SDK direct p50 ms", "p90", "through execute p50 ms", "p90", "added p50 ms",
                   "added per call, p50 ms"], rows) + (
         f"\n\n{calls} calls of a read-only tool (`lookup`) each way, alternating, on one connection to one server "
-        "process (tests/mcp_server.py). \"Added\" is the difference of the p50s, and the p50 of each pair's difference.")
+        "process (tests/mcp_server.py). \"Added\" is the difference of the p50s, and the p50 of each pair's "
+        "difference.")

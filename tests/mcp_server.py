@@ -1,6 +1,6 @@
 """A real MCP server for the tests, made with the SDK's MCPServer: run by the Agent as a stdio process
-(`python -m tests.mcp_server stdio`) or by a test as a streamable-HTTP one (`… http`, which prints its
-port on its first line). Its tools play what servers do: answer, show a picture, hang, change their
+(`python -m tests.mcp_server stdio`) or by a test as a streamable-HTTP one (`… http [port]`, which
+prints its port on its first line). Its tools play what servers do: answer, show a picture, hang, change their
 list, flood notifications, carry a schema Ollama would refuse.
 
 With MCP_TEST_DOWN_FILE set, the server exits at once while that file exists (a server that keeps
@@ -61,6 +61,12 @@ def picture(caption: str) -> list:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def header(ctx: Context, name: str) -> str:
+    """The value of one of the request's HTTP headers."""
+    return (ctx.headers or {}).get(name.lower(), "(none)")
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def whoami() -> str:
     """The server's process id and the names of its environment variables."""
     return f"pid {os.getpid()}\nenv {' '.join(sorted(os.environ))}"
@@ -104,7 +110,9 @@ async def grow(ctx: Context) -> str:
 
     if server._tool_manager.get_tool("added") is None:
         server.add_tool(added, annotations=ToolAnnotations(read_only_hint=True))
-    await ctx.notify_tools_changed()
+    await ctx.notify_tools_changed()  # to 2026-07-28 clients' subscriptions/listen streams
+    if not str(ctx.session.protocol_version or "").startswith("2026"):  # and on an older connection itself
+        await ctx.session.send_tool_list_changed()
     return "grown"
 
 
@@ -131,7 +139,8 @@ def main() -> None:
         import uvicorn
 
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a server started again on its port
+        sock.bind(("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0))
         sock.listen(128)  # before the port is told: a client may connect at once
         print(sock.getsockname()[1], flush=True)
         config = uvicorn.Config(server.streamable_http_app(), log_level="warning")

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 from dataclasses import replace
@@ -75,15 +76,17 @@ async def agent_with(base_settings, store_server, compressor_server, ollama_sim,
         await running.stop(0)
 
 
+def start_http_server(port: int = 0) -> tuple[subprocess.Popen, int]:
+    """The test server over streamable HTTP, a process of the test's own, and its port."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", "http", str(port)], stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(CHECKOUT)}, text=True)
+    return proc, int(proc.stdout.readline())  # type: ignore[union-attr]
+
+
 @pytest.fixture(scope="module")
 def http_server():
-    """The test server over streamable HTTP, a process of the test's own: its URL."""
-    import subprocess
-
-    proc = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", "http"], stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(CHECKOUT)}, text=True)
+    proc, port = start_http_server()
     try:
-        port = int(proc.stdout.readline())
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.kill()
@@ -182,10 +185,12 @@ async def test_the_model_calls_an_mcp_tool_and_reads_its_text_and_image(mcp_agen
 
 async def test_an_http_servers_tools_are_called_in_a_turn(mcp_agent, ollama_sim):
     agent, _, _ = mcp_agent
-    ollama_sim.script(calls(("mcp__web__lookup", {"query": "tides"})), Reply(text="ok"))
+    ollama_sim.script(calls(("mcp__web__lookup", {"query": "tides"}),
+                            ("mcp__web__header", {"name": "X-Palimpsest-Test"})), Reply(text="ok"))
     events = await run(agent, "look it up", profile_id="web")
-    [done] = finished(events)
+    done, header = finished(events)
     assert not done.is_error and done.preview == "found: tides"
+    assert header.preview == "1"  # the entry's headers go with every request
     web = await server_state(agent, "web", "web")
     assert web.state == READY and web.target.startswith("http: http://127.0.0.1:") and web.target.endswith("/mcp")
 
@@ -352,6 +357,30 @@ async def test_a_killed_server_is_a_tool_error_then_restarted(mcp_agent, ollama_
     assert not back.is_error and int(back.preview.split()[1]) != pid
 
 
+async def test_an_http_server_that_goes_away_is_a_tool_error_then_reached_again(
+        base_settings, store_server, compressor_server, ollama_sim, tmp_path):
+    proc, port = start_http_server()
+    web = {"name": "web", "url": f"http://127.0.0.1:{port}/mcp"}
+    try:
+        async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
+                              [profile("web", [web])]) as (agent, _):
+            assert await until(lambda: _state_is(agent, "web", "web", READY))
+            proc.kill()
+            proc.wait()
+            assert await until(lambda: _state_is(agent, "web", "web", FAILED))
+            ollama_sim.script(calls(("mcp__web__lookup", {"query": "x"})), Reply(text="it is away"))
+            events = await run(agent, "look")
+            assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED
+            assert "MCP server web is not available" in finished(events)[0].preview
+            proc, _ = start_http_server(port)  # back on its address
+            assert await until(lambda: _state_is(agent, "web", "web", READY), timeout=90)
+            ollama_sim.script(calls(("mcp__web__lookup", {"query": "y"})), Reply(text="back"))
+            assert finished(await run(agent, "look again"))[0].preview == "found: y"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 async def _state_is(agent, profile_id: str, name: str, state: int) -> bool:
     return (await server_state(agent, profile_id, name)).state == state
 
@@ -368,8 +397,15 @@ async def test_a_name_collision_with_a_custom_tool_is_a_configuration_error(mcp_
 
 
 # -- the tool list changes -----------------------------------------------------------------------
+@pytest.mark.parametrize("era", ["2026-07-28", "2025-11-25"])
 async def test_list_changed_adds_a_tool_for_the_next_turn_not_the_running_one(
-        base_settings, store_server, compressor_server, ollama_sim, tmp_path):
+        era, base_settings, store_server, compressor_server, ollama_sim, tmp_path, monkeypatch):
+    if era != "2026-07-28":  # the handshake of older servers: the notification comes on the connection itself
+        from mcp import Client
+
+        from services.agent.mcp_servers import connection
+
+        monkeypatch.setattr(connection, "Client", lambda *a, **kw: Client(*a, **{**kw, "mode": "legacy"}))
     async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
                           [profile("grow", [stdio_server("echo", tmp_path)])]) as (agent, _):
         ollama_sim.script(calls(("mcp__echo__grow", {})), Reply(text="grown"))
@@ -418,6 +454,29 @@ async def test_the_agents_stop_leaves_no_server_process(base_settings, store_ser
     for gone in (pid, int(mute.read_text())):
         with pytest.raises(ProcessLookupError):
             os.kill(gone, 0)
+
+
+async def test_an_edit_of_the_profiles_file_starts_and_stops_servers(base_settings, store_server, compressor_server,
+                                                                     ollama_sim, tmp_path):
+    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
+                          [profile("plain", [])]) as (agent, _):
+        assert (await statuses(agent))["plain"] == {}
+        path = tmp_path / "profiles.json"
+        path.write_text(json.dumps({"profiles": [profile("plain", [stdio_server("echo", tmp_path)])]}))
+        assert await until(lambda: _state_is(agent, "plain", "echo", READY))  # ListProfiles reads the edit
+        ollama_sim.script(calls(("mcp__echo__whoami", {})), Reply(text="ok"))
+        pid = int(finished(await run(agent, "who"))[0].preview.split()[1])
+        path.write_text(json.dumps({"profiles": [profile("plain", [], name="Plain again")]}))
+        assert (await statuses(agent))["plain"] == {}
+        assert await until(lambda: not _alive(pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # -- visibility ----------------------------------------------------------------------------------
@@ -528,7 +587,8 @@ def test_schemas_are_projected_onto_what_ollama_takes():
 @pytest.mark.parametrize("schema", [
     [], {"type": "string"}, {"type": "object", "properties": []}, {"type": "object", "required": "city"},
     {"type": "object", "properties": {"x": {"type": 5}}}, {"type": "object", "properties": {"x": "string"}},
-    {"type": "object", "properties": {"x": {"enum": "a"}}}, {"type": "object", "properties": {"x": {"$ref": "#/$defs/Nope"}}},
+    {"type": "object", "properties": {"x": {"enum": "a"}}},
+    {"type": "object", "properties": {"x": {"$ref": "#/$defs/Nope"}}},
     {"type": "object", "properties": {"x": {"$ref": "https://example.test/schema"}}},
     {"type": "object", "$defs": {"L": {"type": "object", "properties": {"next": {"$ref": "#/$defs/L"}}}},
      "properties": {"x": {"$ref": "#/$defs/L"}}},
@@ -573,8 +633,9 @@ def test_results_keep_text_images_and_resource_text_within_caps():
         "hello", "[image 1 attached: 6×4 image/png]", "[an image (image/png) that could not be read was left out]",
         "[resource file:///a.txt]", "A", "[resource file:///b.bin (binary) is binary: left out]",
         "[audio (audio/wav) left out: the model cannot hear]"]
-    many = convert(types.CallToolResult(content=[types.ImageContent(type="image", data=picture, mime_type="image/png")] * 6
-                                        + [types.TextContent(type="text", text="x" * (MAX_TEXT_CHARS + 10))]))
+    image = types.ImageContent(type="image", data=picture, mime_type="image/png")
+    long_text = types.TextContent(type="text", text="x" * (MAX_TEXT_CHARS + 10))
+    many = convert(types.CallToolResult(content=[image] * 6 + [long_text]))
     assert len(many.images) == 4 and many.text.count("[an image left out: at most 4 images and 8 MB per result]") == 2
     assert len(many.text) < MAX_TEXT_CHARS + 100 and many.metadata["cut_from_chars"] > MAX_TEXT_CHARS
     structured = convert(types.CallToolResult(content=[], structured_content={"answer": 42}))

@@ -92,8 +92,8 @@ def parse_servers(raw: Any, profile_id: str) -> tuple[McpServerConfig, ...]:
     for index, entry in enumerate(raw):
         server = _parse_entry(entry, f"mcp_servers[{index}]", profile_id)
         if any(s.name == server.name for s in servers):
-            raise InvalidArgument(f"mcp_servers[{index}].name",
-                                  f"{server.name!r} is named twice (profile {profile_id!r}); names are unique per profile")
+            raise InvalidArgument(f"mcp_servers[{index}].name", f"{server.name!r} is named twice (profile "
+                                                                f"{profile_id!r}); names are unique per profile")
         servers.append(server)
     return tuple(servers)
 
