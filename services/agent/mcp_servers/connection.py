@@ -20,11 +20,11 @@ from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import httpx2
 import mcp.types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
@@ -206,7 +206,10 @@ class McpConnection:
             # variables (HOME, LOGNAME, PATH, SHELL, TERM, USER): none of the Agent's own settings.
             return StdioServerParameters(command=config.command[0], args=list(config.command[1:]),
                                          env=dict(config.env))
-        http = await stack.enter_async_context(create_mcp_http_client(headers=dict(config.headers)))
+        # The SDK's way to send headers: a client of our own. No read timeout: the listen stream may stay
+        # quiet for hours, and every call has its own deadline.
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=dict(config.headers), timeout=httpx2.Timeout(MIN_CONNECT_S, read=None)))
         return streamable_http_client(config.url, http_client=http)
 
     # -- the tool list ---------------------------------------------------------------------------
