@@ -66,9 +66,7 @@ async def test_inline_files_start_a_session_and_the_model_is_told_where_they_are
     assert await file_bytes(store, session_id, "data.csv") == b"a,b\n1,2\n"
 
     told = last_user_message(ollama_sim)["content"]
-    assert told == (f"summarize these\n\n[Uploaded files on disk:\n"
-                    f"- notes.txt → session_files/{session_id}/notes.txt\n"
-                    f"- data.csv → session_files/{session_id}/data.csv]")
+    assert told == "summarize these\n\n[Files for this message, in the workspace:\n- notes.txt\n- data.csv]"
     session = await full(store, session_id)
     shown = session.messages[0]
     assert shown.content == "summarize these" and list(shown.files) == ["notes.txt", "data.csv"]
@@ -84,15 +82,14 @@ async def test_files_uploaded_first_are_named_by_their_stored_names(agent, store
     events = await run(agent, "compare them", session_id=session.id, attachments=[second, first, second])
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED
     told = last_user_message(ollama_sim)["content"]
-    assert told.endswith(f"- report_1.pdf → session_files/{session.id}/report_1.pdf\n"
-                         f"- report.pdf → session_files/{session.id}/report.pdf]")
+    assert told.endswith("- report_1.pdf\n- report.pdf]")
 
 
 async def test_a_turn_of_files_alone_needs_no_text(agent, store, ollama_sim):
     ollama_sim.script(Reply(text="got it"))
     events = await run(agent, "", inline_attachments=[inline("todo.md", b"# todo\n")])
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED
-    assert last_user_message(ollama_sim)["content"].startswith("[Uploaded files on disk:\n- todo.md → ")
+    assert last_user_message(ollama_sim)["content"].startswith("[Files for this message, in the workspace:\n- todo.md]")
 
 
 async def test_a_named_file_that_is_not_there_is_not_found_and_nothing_is_said(agent, store, ollama_sim):
@@ -382,7 +379,7 @@ async def test_content_publish_refuses_what_it_cannot_show_or_cannot_find(tool_c
     other = await tool("content_publish", tool_ctx, path=f"session_files/{uuid.uuid4()}/blob.dat")
     assert other.is_error and "another session" in other.content
     escape = await tool("content_publish", tool_ctx, path="../../etc/passwd")
-    assert escape.is_error and "no file 'passwd'" in escape.content
+    assert escape.is_error and "leads out of the workspace" in escape.content
     assert not events_of(tool_ctx)
 
 

@@ -220,7 +220,8 @@ def test_every_built_in_says_how_far_it_reaches():
     assert reaches == {
         "plan": Reach.SESSION, "todo": Reach.SESSION, "memory_search": Reach.SESSION, "image_view": Reach.SESSION,
         "spawn_agent": Reach.ENGINE, "session_search": Reach.ENGINE, "switch_profile": Reach.ENGINE,
-        "share_file": Reach.OUTSIDE, "content_publish": Reach.OUTSIDE}
+        "share_file": Reach.OUTSIDE, "content_publish": Reach.OUTSIDE,
+        **{name: Reach.SESSION for name in ("read_file", "write_file", "edit_file", "list_files", "grep")}}
     assert reach_of(NoteTool()) is Reach.OUTSIDE and reach_of(ScratchTool()) is Reach.SESSION
 
     class Old(NoteTool):

@@ -37,7 +37,7 @@ STREAM_END_REASON_CONTEXT_TOO_LARGE: StreamEndReason
 STREAM_END_REASON_ERROR: StreamEndReason
 
 class RunStreamRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class RunStreamRequest(_message.Message):
     ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -56,10 +57,11 @@ class RunStreamRequest(_message.Message):
     attachments: _containers.RepeatedScalarFieldContainer[str]
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
     stop_on_disconnect: bool
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ...) -> None: ...
+    cwd: str
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +71,7 @@ class RunRequest(_message.Message):
     ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -78,7 +81,8 @@ class RunRequest(_message.Message):
     attachments: _containers.RepeatedScalarFieldContainer[str]
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
     stop_on_disconnect: bool
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ...) -> None: ...
+    cwd: str
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ...) -> None: ...
 
 class InlineAttachment(_message.Message):
     __slots__ = ("filename", "data")

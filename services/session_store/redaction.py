@@ -1,8 +1,10 @@
 """Secret redaction applied at the SessionStore's save boundary.
 
 What is redacted, and only that: the arguments of the tool calls in a saved message
-(``redact_arguments``, from ``convert.tool_calls_json``) and the URIs of external refs
-(``redact_uri``). Message content, thinking and tool results are stored as sent.
+(``redact_arguments``, from ``convert.tool_calls_json``), the arguments and error text of the audit
+log's tool runs (``convert.tool_run_row``: the same rules, so a run's arguments read as its stored
+call's) and the URIs of external refs (``redact_uri``). Message content, thinking and tool results
+are stored as sent.
 
 * ``redact_arguments`` tool-call arguments, kept valid JSON when they were JSON
 * ``redact_uri``       external-ref URIs (userinfo password, secret query params)

@@ -3,10 +3,11 @@ set a profile asks for, and users add their own through a profile's `custom_tool
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from palimpsest.v1 import agent_pb2
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
@@ -14,6 +15,9 @@ from services.agent.events import EventSink
 from services.agent.profiles import Profile
 from services.shared.ollama import OllamaClient
 from services.shared.settings import Settings
+
+if TYPE_CHECKING:
+    from services.agent.workspace import Workspace
 
 
 @dataclass
@@ -84,6 +88,15 @@ class ToolContext:
     # The conversation so far, for tools that need it (plan).
     conversation: list[Any] = field(default_factory=list)
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)
+    # The session's workspace (None: a run without a session), the folder relative paths start from,
+    # and the key of the run whose first file tool syncs the workspace from the store.
+    workspace: Workspace | None = None
+    cwd: str = ""
+    turn_key: str = ""
+    # Set when the turn is stopped: a long tool (a command) ends at once.
+    stop: asyncio.Event | None = None
+    # The session's commands are pinned to the sandbox (a sandboxed command ran in it before).
+    sandbox_pinned: bool = False
 
 
 class Reach(enum.Enum):

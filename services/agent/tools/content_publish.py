@@ -34,7 +34,7 @@ class ContentPublishTool:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            name = file_name(text_arg(args, "path", required=True), ctx.session_id)
+            name = file_name(text_arg(args, "path", required=True), ctx.session_id, ctx.cwd)
             title = text_arg(args, "title")
         except ToolInputError as exc:
             return error(f"content_publish: {exc}")

@@ -44,7 +44,7 @@ class ImageViewTool:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            name = file_name(text_arg(args, "path", required=True), ctx.session_id)
+            name = file_name(text_arg(args, "path", required=True), ctx.session_id, ctx.cwd)
         except ToolInputError as exc:
             return error(f"image_view: {exc}")
         if not ctx.session_id:
