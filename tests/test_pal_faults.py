@@ -504,6 +504,8 @@ def test_health_prints_a_serving_status_it_does_not_know_as_its_number(pal):
             rpc.terminate(health_pb2.HealthCheckResponse(status=7), (), grpc.StatusCode.OK, "")
         _, rpc = services.take_unary(LIST_PROFILES)
         rpc.terminate(pb.ListProfilesResponse(ollama_host="http://gpu-box:11434"), (), grpc.StatusCode.OK, "")
+        _, rpc = services.take_unary(CHECK)  # the Agent's `mcp` entry: none, no profile names a server
+        rpc.terminate(health_pb2.HealthCheckResponse(), (), grpc.StatusCode.NOT_FOUND, "unknown service")
 
     code, out, err = pal("health", "--json", server=newer_health)
     rows = json.loads(out)["services"]

@@ -171,6 +171,35 @@ def profiles_table(response: agent_pb2.ListProfilesResponse) -> Table:
     return table
 
 
+def mcp_state(server: agent_pb2.McpServerStatus) -> str:
+    """An MCP server's state in words: ready, connecting, or failed with why and when it is tried again."""
+    if server.state == agent_pb2.MCP_SERVER_STATE_READY:
+        return "ready"
+    if server.state == agent_pb2.MCP_SERVER_STATE_FAILED:
+        again = f", restarting in {max(1, round(server.retry_in_seconds))} s" if server.retry_in_seconds else ""
+        return f"failed: {server.error}{again}"
+    return "connecting"
+
+
+def mcp_servers_view(response: agent_pb2.ListProfilesResponse) -> RenderableType | None:
+    """Each profile's MCP servers, their state and the tools they give the model; None when no
+    profile names one."""
+    lines: list[RenderableType] = []
+    for p in response.profiles:
+        for server in p.mcp_servers:
+            line = Text(f"{p.id} · ", style="dim")
+            line.append(server.name, style="cyan")
+            line.append(f" ({server.target}): ", style="dim")
+            line.append(mcp_state(server), style="green" if server.state == agent_pb2.MCP_SERVER_STATE_READY
+                        else "yellow" if server.state == agent_pb2.MCP_SERVER_STATE_CONNECTING else "red")
+            lines.append(line)
+            if server.tools:
+                lines.append(Text(f"    {len(server.tools)} tool(s): {', '.join(server.tools)}", style="dim"))
+            for skipped in server.skipped_tools:
+                lines.append(Text(f"    left out: {skipped}", style="yellow"))
+    return Group(Text(""), Text("MCP servers", style="bold"), *lines) if lines else None
+
+
 def health_table(rows: list[dict[str, str]]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("service", "address", "status", "detail"):

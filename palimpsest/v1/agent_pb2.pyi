@@ -10,6 +10,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class McpServerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MCP_SERVER_STATE_UNSPECIFIED: _ClassVar[McpServerState]
+    MCP_SERVER_STATE_CONNECTING: _ClassVar[McpServerState]
+    MCP_SERVER_STATE_READY: _ClassVar[McpServerState]
+    MCP_SERVER_STATE_FAILED: _ClassVar[McpServerState]
+
 class StreamEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STREAM_END_REASON_UNSPECIFIED: _ClassVar[StreamEndReason]
@@ -18,6 +25,10 @@ class StreamEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STREAM_END_REASON_MAX_ITERATIONS: _ClassVar[StreamEndReason]
     STREAM_END_REASON_CONTEXT_TOO_LARGE: _ClassVar[StreamEndReason]
     STREAM_END_REASON_ERROR: _ClassVar[StreamEndReason]
+MCP_SERVER_STATE_UNSPECIFIED: McpServerState
+MCP_SERVER_STATE_CONNECTING: McpServerState
+MCP_SERVER_STATE_READY: McpServerState
+MCP_SERVER_STATE_FAILED: McpServerState
 STREAM_END_REASON_UNSPECIFIED: StreamEndReason
 STREAM_END_REASON_COMPLETED: StreamEndReason
 STREAM_END_REASON_STOPPED: StreamEndReason
@@ -240,7 +251,7 @@ class ListProfilesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("id", "name", "model", "context_window", "max_iterations", "think_enabled", "agent_tools", "subagent_tools", "compression", "description")
+    __slots__ = ("id", "name", "model", "context_window", "max_iterations", "think_enabled", "agent_tools", "subagent_tools", "compression", "description", "mcp_servers")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +262,7 @@ class Profile(_message.Message):
     SUBAGENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    MCP_SERVERS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     model: str
@@ -261,7 +273,26 @@ class Profile(_message.Message):
     subagent_tools: _containers.RepeatedScalarFieldContainer[str]
     compression: _compressor_pb2.CompressionSettings
     description: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., model: _Optional[str] = ..., context_window: _Optional[int] = ..., max_iterations: _Optional[int] = ..., think_enabled: _Optional[bool] = ..., agent_tools: _Optional[_Iterable[str]] = ..., subagent_tools: _Optional[_Iterable[str]] = ..., compression: _Optional[_Union[_compressor_pb2.CompressionSettings, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+    mcp_servers: _containers.RepeatedCompositeFieldContainer[McpServerStatus]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., model: _Optional[str] = ..., context_window: _Optional[int] = ..., max_iterations: _Optional[int] = ..., think_enabled: _Optional[bool] = ..., agent_tools: _Optional[_Iterable[str]] = ..., subagent_tools: _Optional[_Iterable[str]] = ..., compression: _Optional[_Union[_compressor_pb2.CompressionSettings, _Mapping]] = ..., description: _Optional[str] = ..., mcp_servers: _Optional[_Iterable[_Union[McpServerStatus, _Mapping]]] = ...) -> None: ...
+
+class McpServerStatus(_message.Message):
+    __slots__ = ("name", "target", "state", "error", "retry_in_seconds", "tools", "skipped_tools")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RETRY_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target: str
+    state: McpServerState
+    error: str
+    retry_in_seconds: float
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    skipped_tools: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., state: _Optional[_Union[McpServerState, str]] = ..., error: _Optional[str] = ..., retry_in_seconds: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., skipped_tools: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListProfilesResponse(_message.Message):
     __slots__ = ("profiles", "default_profile_id", "profiles_error", "ollama_host")

@@ -17,6 +17,7 @@ from palimpsest.v1 import agent_pb2, agent_pb2_grpc
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.context_builder import ContextBuilder
+from services.agent.mcp_servers.manager import McpManager
 from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry, ProfilesFileError
 from services.agent.servicer import STOP_MARGIN_S, AgentServicer
 from services.agent.turn import AgentDeps
@@ -37,6 +38,9 @@ LARGE_REQUESTS = method_paths(SERVICE_NAME, "RunStream", "Run", "RunEphemeral")
 # A health entry of its own: the Agent serves (and says why turns fail) even without Ollama.
 OLLAMA_HEALTH_NAME = "ollama"
 OLLAMA_CHECK_INTERVAL = 10.0
+# Whether every MCP server of the profiles is ready; turns run either way (a server that is down
+# is a tool error), so this entry is the servers' own.
+MCP_HEALTH_NAME = "mcp"
 
 
 async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: float) -> None:
@@ -80,6 +84,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+async def watch_mcp(running: RunningServer, mcp: McpManager) -> None:
+    """The `mcp` health entry follows the servers' state (present once a profile names a server)."""
+    while True:
+        await mcp.changed.wait()
+        mcp.changed.clear()
+        if mcp.configured:
+            serving = not mcp.not_ready()
+            await running.health.set(MCP_HEALTH_NAME, health_pb2.HealthCheckResponse.SERVING if serving
+                                     else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
 def load_profiles(path: str) -> ProfileRegistry:
     try:
         return ProfileRegistry.load(path)
@@ -93,6 +108,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     store_channel = open_channel(settings.store_addr, settings, service="SessionStore")
     compressor_channel = open_channel(settings.compressor_addr, settings, service="Compressor")
     ollama = OllamaClient(settings.ollama_host)
+    mcp = McpManager()
     store = SessionStoreStub(store_channel)
     mirrors = workspace_root(settings.data_dir)
     deps = AgentDeps(
@@ -102,6 +118,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         settings=settings,
         profiles=profiles,
         builder=ContextBuilder(DEFAULT_PERSONA),
+        mcp=mcp,
         workspaces=Workspaces(store, settings, mirrors),
     )
     servicer = AgentServicer(deps)
@@ -113,6 +130,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
             with suppress(asyncio.CancelledError):
                 await task
         await servicer.drain(min(STOP_MARGIN_S, settings.grace_seconds / 2))
+        await mcp.close()  # after the turns: their last calls had their chance
         if servicer.bus is not None:
             await servicer.bus.close(flush_s=STOP_MARGIN_S)
         await ollama.aclose()
@@ -130,6 +148,8 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         large_requests=LARGE_REQUESTS,
     )
     watcher.append(asyncio.create_task(watch_ollama(running, ollama, OLLAMA_CHECK_INTERVAL)))
+    watcher.append(asyncio.create_task(watch_mcp(running, mcp)))
+    await mcp.sync(profiles)  # connecting in the background: the Agent serves meanwhile
     if servicer.bus is not None:
         servicer.bus.start()
     running.servicer = servicer  # tests reach running turns through it

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator, SchemaError
 
 from palimpsest.v1 import agent_pb2 as pb
+from services.agent.mcp_servers.config import is_mcp_name
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.shared.errors import InvalidArgument, ResourceExhausted
 
@@ -57,7 +58,7 @@ def client_tools_from_proto(tools: Sequence[pb.ClientTool], taken: Collection[st
         field = f"client_tools[{i}]"
         if not _NAME.fullmatch(tool.name):
             raise InvalidArgument(f"{field}.name", "1 to 64 letters, digits, '_' or '-'")
-        if tool.name in taken or tool.name.startswith("mcp__"):
+        if tool.name in taken or is_mcp_name(tool.name):
             raise InvalidArgument(f"{field}.name", f"{tool.name!r} is the name of one of the turn's own tools")
         if tool.name in seen:
             raise InvalidArgument(f"{field}.name", f"{tool.name!r} is declared twice")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from palimpsest.v1 import agent_pb2, compressor_pb2
+from services.agent.mcp_servers.config import McpServerConfig, check_tool_names, parse_servers
 from services.shared.errors import FailedPrecondition, InvalidArgument, NotFound
 
 log = logging.getLogger("palimpsest.agent")
@@ -75,6 +76,8 @@ class Profile:
     critical_tools: tuple[str, ...] = ()
     # Extra tools: "module:attribute" paths to Tool classes or instances users provide.
     custom_tools: tuple[str, ...] = ()
+    # MCP servers whose tools this profile offers as mcp__<server>__<tool> (README: MCP servers).
+    mcp_servers: tuple[McpServerConfig, ...] = ()
     # compression_prompt_file's text, read once when the profile is made: compression_settings() is
     # asked on every size check, on the event loop, and a file gone since must not fail those checks.
     compression_prompt: str = field(default="", init=False, repr=False, compare=False)
@@ -151,9 +154,16 @@ def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Prof
     unknown = set(data) - set(_FIELDS)
     if unknown:
         raise InvalidArgument("profiles", f"unknown profile field(s): {', '.join(sorted(unknown))}")
+    profile_id = str(data.get("id", (base or Profile()).id))
+    if "mcp_servers" in data:
+        data["mcp_servers"] = parse_servers(data["mcp_servers"], profile_id)
     for name in _TUPLES & set(data):
         data[name] = tuple(data[name])
-    return replace(base or Profile(), **data)
+    profile = replace(base or Profile(), **data)
+    for attr, key in (("agent_tools", "tools.agent"), ("subagent_tools", "tools.subagent"),
+                      ("critical_tools", "critical_tools")):
+        check_tool_names(getattr(profile, attr), profile.mcp_servers, key, profile_id)
+    return profile
 
 
 class ProfilesFileError(ValueError):

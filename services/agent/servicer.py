@@ -176,6 +176,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 log.error("PALIMPSEST_PROFILES: %s; keeping the profiles last read", fresh.error)
                 return
             self.deps.builder.invalidate()
+            if self.deps.mcp is not None:  # servers added start connecting, servers removed stop
+                await self.deps.mcp.sync(fresh)
             log.info("profiles reloaded from %s", fresh.path)
 
     async def _open_turn(self, request, context) -> tuple[Turn, TurnInput]:
@@ -423,8 +425,14 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def ListProfiles(self, request, context):
         await self._reload_profiles()  # what the next turn would use, and why an edit was not taken
         default_window = self.deps.settings.ollama_num_ctx
+        profiles = []
+        for profile in self.deps.profiles.profiles.values():
+            listed = profile.to_proto(default_window)
+            if self.deps.mcp is not None:
+                listed.mcp_servers.extend(self.deps.mcp.statuses(profile))
+            profiles.append(listed)
         return pb.ListProfilesResponse(
-            profiles=[p.to_proto(default_window) for p in self.deps.profiles.profiles.values()],
+            profiles=profiles,
             default_profile_id=self.deps.profiles.default_id,
             profiles_error=self.deps.profiles.error,
             ollama_host=self.deps.ollama.host,

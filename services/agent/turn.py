@@ -24,6 +24,7 @@ from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
 from services.agent.images import ImageTarget, user_messages
+from services.agent.mcp_servers.manager import McpManager, named
 from services.agent.profiles import Profile, ProfileRegistry
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, read_rest_in_background
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
@@ -89,6 +90,7 @@ class AgentDeps:
     profiles: ProfileRegistry
     builder: ContextBuilder
     post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
+    mcp: McpManager | None = None  # the profiles' MCP servers (None: the Agent connects to none)
     # The sessions' workspaces as this Agent mirrors them (None: no file tools, e.g. in unit tests).
     workspaces: Workspaces | None = None
     # Client tools' calls waiting for their answers on this replica.
@@ -256,11 +258,24 @@ class Turn:
         excluded = set(self.exclude_tools)
         if self.depth >= MAX_SPAWN_DEPTH:
             excluded.add("spawn_agent")
-        self.tools = tools_for(names, self.profile.custom_tools, excluded)
+        # The profile's MCP tools as their servers list them now, kept for the whole turn (the tool
+        # block leads the prompt Ollama reuses); a sub-agent gets those its tools list names.
+        mcp = self.deps.mcp.tools_for(self.profile) if self.deps.mcp is not None else {}
+        self.tools = tools_for(names, self.profile.custom_tools, excluded,
+                               mcp=named(mcp, names) if self.is_subagent else mcp)
         self.tools.update((tool.name, tool) for tool in self.client_tools)  # the turn's own, after the profile's
         if self.clamped:
             self.clamped_out = [name for name, tool in self.tools.items() if not confined(tool)]
             self.tools = {name: tool for name, tool in self.tools.items() if confined(tool)}
+
+    async def _settle_mcp(self) -> bool:
+        """Whether the profile has MCP servers; those still on their first try to connect (the Agent
+        just started, or the profiles file just added them) are waited for, each at most its
+        timeout, so that their tools are in the tool set loaded next."""
+        if self.deps.mcp is None or not self.profile.mcp_servers:
+            return False
+        await self.deps.mcp.settle(self.profile)
+        return True
 
     def _system_prompt(self) -> str:
         if self.system_prompt_override is not None:
@@ -301,9 +316,12 @@ class Turn:
     async def _run(self, turn_input: TurnInput) -> TurnResult:
         self.sink.model_info(self.profile.model, self.window)
         self.cwd = turn_input.cwd or self.cwd
+        reload = await self._settle_mcp()  # the servers' tools as of the turn's start, not of its request
         if turn_input.client_tools:
             self.client_tools = list(turn_input.client_tools)
             self.client_tool_timeout_s = turn_input.client_tool_timeout_s or self.client_tool_timeout_s
+            reload = True
+        if reload:
             self._load_tools()
         if self.conv.session is None and self.stored:
             await self.conv.load()
@@ -452,6 +470,7 @@ class Turn:
         self.facts = await self.deps.ollama.model_facts(self.profile.model)  # its capabilities, not the last's
         self.deps.builder.invalidate(profile_id)
         self.window = self.profile.window(self.settings.ollama_num_ctx)
+        await self._settle_mcp()
         self._load_tools()
         self.sink.model_info(self.profile.model, self.window)
 

@@ -11,7 +11,7 @@ from clients.pal.app import App
 from clients.pal.commands import Subparsers
 from clients.pal.connection import AGENT, COMPRESSOR, ENDPOINTS
 from clients.pal.errors import ServiceError
-from clients.pal.views import context_view, health_table, profiles_table
+from clients.pal.views import context_view, health_table, mcp_servers_view, mcp_state, profiles_table
 from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
 from services.shared.addresses import replicas
 
@@ -24,6 +24,8 @@ SERVICE_NAMES = {
 }
 # The Agent keeps a health entry of this name for Ollama: it serves turns' errors even without it.
 OLLAMA_HEALTH_ENTRY = "ollama"
+# And one for its MCP servers, once a profile names one: a server that is down costs its tools only.
+MCP_HEALTH_ENTRY = "mcp"
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -55,6 +57,9 @@ def profiles(app: App, args: argparse.Namespace) -> int:
         app.out.emit(response)
     else:
         app.out.console.print(profiles_table(response))
+        servers = mcp_servers_view(response)
+        if servers is not None:
+            app.out.console.print(servers)
     if response.profiles_error:
         # On stderr in both modes: the listing is right (what the next turn uses), the file is not.
         app.out.errors.print(f"the profiles file's last edit is not in use: {response.profiles_error} "
@@ -85,12 +90,31 @@ def _check(stub: object, service: str) -> tuple[str, str]:
     return "UNKNOWN", "no health status registered"
 
 
+def _listed_profiles(app: App) -> agent_pb2.ListProfilesResponse | None:
+    try:
+        return app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest(), timeout=HEALTH_TIMEOUT_S)
+    except ServiceError:
+        return None
+
+
 def _ollama_host(app: App) -> str:
     """The Agent's OLLAMA_HOST (ListProfiles says it); "" from an Agent that does not."""
+    listed = _listed_profiles(app)
+    return listed.ollama_host if listed is not None else ""
+
+
+def _mcp_row(app: App, stub: object, agent_address: str) -> dict[str, str] | None:
+    """The Agent's MCP servers (its `mcp` health entry), with those not ready named; None when it keeps
+    no such entry (no profile names a server)."""
     try:
-        return app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest(), timeout=HEALTH_TIMEOUT_S).ollama_host
+        status = _status(stub, MCP_HEALTH_ENTRY)
     except ServiceError:
-        return ""
+        return None
+    listed = _listed_profiles(app)
+    servers = {s.name: s for p in (listed.profiles if listed is not None else ()) for s in p.mcp_servers}
+    down = [f"{name}: {mcp_state(s)}" for name, s in servers.items() if s.state != agent_pb2.MCP_SERVER_STATE_READY]
+    return {"service": "MCP", "address": f"via the Agent at {agent_address}", "status": status,
+            "error": "; ".join(down) if status != "SERVING" else ""}
 
 
 def _ollama_row(app: App, stub: object, agent_address: str) -> dict[str, str] | None:
@@ -118,8 +142,12 @@ def health(app: App, args: argparse.Namespace) -> int:
                 ollama = _ollama_row(app, stub, address)
                 if ollama is not None:
                     rows.append(ollama)
-    healthy = all(row["status"] == "SERVING" for row in rows)
-    services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] != "Ollama")
+                mcp = _mcp_row(app, stub, address)
+                if mcp is not None:
+                    rows.append(mcp)
+    # An MCP server that is down costs the model its tools, not a turn: it does not fail the check.
+    healthy = all(row["status"] == "SERVING" for row in rows if row["service"] != "MCP")
+    services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] not in ("Ollama", "MCP"))
     if app.out.json:
         app.out.emit({"healthy": healthy, "services_serving": services_serving, "services": rows})
     else:

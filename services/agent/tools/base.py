@@ -63,6 +63,8 @@ class TurnState:
     goal: str = ""
     # The scratchpad's notes when there is no session to keep them in (a sub-agent of none).
     scratchpad: list[dict[str, str]] = field(default_factory=list)
+    # The session's episode_untrusted is set (an MCP result came in): written once per turn at most.
+    episode_untrusted: bool = False
 
 
 @dataclass

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from services.agent.mcp_servers.config import PREFIX as MCP_PREFIX, is_mcp_name
 from services.agent.tools.base import Tool, ToolContext, ToolResult, refusal
 from services.agent.tools.content_publish import ContentPublishTool
 from services.agent.tools.files import FILE_TOOLS
@@ -70,15 +71,21 @@ def load_custom(path: str) -> Tool:
                                               "parameters and an async run(args, ctx)")
     if not isinstance(obj.name, str) or not obj.name or not isinstance(obj.parameters, dict):
         raise InvalidArgument("custom_tools", f"{path!r} needs a non-empty name and a JSON-schema dict parameters")
+    if is_mcp_name(obj.name):
+        raise InvalidArgument("custom_tools", f"{path!r} is named {obj.name!r}: names starting with {MCP_PREFIX} "
+                                              "are the MCP servers' tools")
     return obj
 
 
-def tools_for(names: Iterable[str], custom: Iterable[str] = (), exclude: Iterable[str] = ()) -> dict[str, Tool]:
-    """The tools a profile asks for, in its order, then its custom tools, minus `exclude`.
+def tools_for(names: Iterable[str], custom: Iterable[str] = (), exclude: Iterable[str] = (),
+              mcp: dict[str, Tool] | None = None) -> dict[str, Tool]:
+    """The tools a profile asks for, in its order, then its custom tools, then `mcp` (the MCP tools
+    it offers), minus `exclude`.
 
     Custom tools are always included (they are the profile's extras) and may also be named in
     `names`; a custom tool with a built-in's name replaces the built-in. Unknown names are a
-    configuration error: InvalidArgument("tools", …)."""
+    configuration error: InvalidArgument("tools", …); MCP names (mcp__…) are not, as a server's
+    tools come and go (the profile's check made sure they name one of its servers)."""
     extras: dict[str, Tool] = {}
     for path in custom:
         tool = load_custom(path)
@@ -88,6 +95,8 @@ def tools_for(names: Iterable[str], custom: Iterable[str] = (), exclude: Iterabl
     chosen: dict[str, Tool] = {}
     unknown = []
     for name in names:
+        if is_mcp_name(name):
+            continue  # offered through `mcp`
         if name not in available:
             unknown.append(name)
         elif name not in excluded:
@@ -95,7 +104,7 @@ def tools_for(names: Iterable[str], custom: Iterable[str] = (), exclude: Iterabl
     if unknown:
         raise InvalidArgument("tools", f"unknown tool(s) {', '.join(map(repr, unknown))}; "
                                        f"known: {', '.join(available)}")
-    for name, tool in extras.items():
+    for name, tool in (*extras.items(), *(mcp or {}).items()):
         if name not in excluded:
             chosen.setdefault(name, tool)
     return chosen
