@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from palimpsest.v1 import agent_pb2, compressor_pb2
+from services.agent.sandbox import COMMAND_TOOL
+from services.agent.sandbox.policy import SandboxPolicy, effective_policy, policy_from_config
 from services.shared.errors import FailedPrecondition, InvalidArgument, NotFound
 
 log = logging.getLogger("palimpsest.agent")
@@ -75,6 +77,8 @@ class Profile:
     critical_tools: tuple[str, ...] = ()
     # Extra tools: "module:attribute" paths to Tool classes or instances users provide.
     custom_tools: tuple[str, ...] = ()
+    # How run_command runs: `"sandbox": {"enabled": true, "network": false, "wall_seconds": …}`.
+    sandbox: SandboxPolicy = SandboxPolicy()
     # compression_prompt_file's text, read once when the profile is made: compression_settings() is
     # asked on every size check, on the event loop, and a file gone since must not fail those checks.
     compression_prompt: str = field(default="", init=False, repr=False, compare=False)
@@ -153,6 +157,11 @@ def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Prof
         raise InvalidArgument("profiles", f"unknown profile field(s): {', '.join(sorted(unknown))}")
     for name in _TUPLES & set(data):
         data[name] = tuple(data[name])
+    if "sandbox" in data:
+        try:
+            data["sandbox"] = policy_from_config(data["sandbox"])
+        except ValueError as exc:
+            raise InvalidArgument("profiles", f"profile {data.get('id', (base or Profile()).id)!r}: {exc}") from None
     return replace(base or Profile(), **data)
 
 
@@ -232,6 +241,13 @@ class ProfileRegistry:
                 f"provider: the session last ran on {provider!r}, and this Agent runs {PROVIDER} models only; "
                 "pass profile_id to continue it on one of the Agent's profiles")
         return self.for_session(profile_id).on_model(model)
+
+    def sandboxed_profiles(self, operator_mode: str) -> list[str]:
+        """The profiles whose commands run sandboxed (they offer run_command, to the agent or its
+        sub-agents, and the sandbox is on for them): those that fail when it cannot start."""
+        return [p.id for p in self.profiles.values()
+                if COMMAND_TOOL in (*p.agent_tools, *p.tools_for_subagent)
+                and effective_policy(p.sandbox, pinned=False, operator_mode=operator_mode).sandboxed]
 
     def changed(self) -> bool:
         """Whether the file differs from what was read (its mtime or size): one stat, cheap enough
