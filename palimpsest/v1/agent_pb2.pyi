@@ -194,16 +194,18 @@ class Profile(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., model: _Optional[str] = ..., context_window: _Optional[int] = ..., max_iterations: _Optional[int] = ..., think_enabled: _Optional[bool] = ..., agent_tools: _Optional[_Iterable[str]] = ..., subagent_tools: _Optional[_Iterable[str]] = ..., compression: _Optional[_Union[_compressor_pb2.CompressionSettings, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
 
 class ListProfilesResponse(_message.Message):
-    __slots__ = ("profiles", "default_profile_id", "profiles_error", "ollama_host")
+    __slots__ = ("profiles", "default_profile_id", "profiles_error", "ollama_host", "sandbox_unavailable")
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILES_ERROR_FIELD_NUMBER: _ClassVar[int]
     OLLAMA_HOST_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     profiles: _containers.RepeatedCompositeFieldContainer[Profile]
     default_profile_id: str
     profiles_error: str
     ollama_host: str
-    def __init__(self, profiles: _Optional[_Iterable[_Union[Profile, _Mapping]]] = ..., default_profile_id: _Optional[str] = ..., profiles_error: _Optional[str] = ..., ollama_host: _Optional[str] = ...) -> None: ...
+    sandbox_unavailable: str
+    def __init__(self, profiles: _Optional[_Iterable[_Union[Profile, _Mapping]]] = ..., default_profile_id: _Optional[str] = ..., profiles_error: _Optional[str] = ..., ollama_host: _Optional[str] = ..., sandbox_unavailable: _Optional[str] = ...) -> None: ...
 
 class TextDelta(_message.Message):
     __slots__ = ("text",)

@@ -24,6 +24,10 @@ SERVICE_NAMES = {
 }
 # The Agent keeps a health entry of this name for Ollama: it serves turns' errors even without it.
 OLLAMA_HEALTH_ENTRY = "ollama"
+# And one for the commands' sandbox: NOT_SERVING when a profile runs commands sandboxed and it cannot start.
+SANDBOX_HEALTH_ENTRY = "sandbox"
+# Rows of what the Agent depends on, beside the three services.
+DEPENDENCIES = ("Ollama", "Sandbox")
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -85,26 +89,41 @@ def _check(stub: object, service: str) -> tuple[str, str]:
     return "UNKNOWN", "no health status registered"
 
 
-def _ollama_host(app: App) -> str:
-    """The Agent's OLLAMA_HOST (ListProfiles says it); "" from an Agent that does not."""
+def _agent_facts(app: App) -> agent_pb2.ListProfilesResponse:
+    """What the Agent says of its setup (ListProfiles: OLLAMA_HOST, why the sandbox cannot start);
+    empty from an Agent that does not answer it."""
     try:
-        return app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest(), timeout=HEALTH_TIMEOUT_S).ollama_host
+        return app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest(), timeout=HEALTH_TIMEOUT_S)
     except ServiceError:
-        return ""
+        return agent_pb2.ListProfilesResponse()
 
 
-def _ollama_row(app: App, stub: object, agent_address: str) -> dict[str, str] | None:
+def _ollama_row(stub: object, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str] | None:
     """The Agent's own view of Ollama (its `ollama` health entry); None when it keeps none."""
     try:
         status = _status(stub, OLLAMA_HEALTH_ENTRY)
     except ServiceError:
         return None
-    host = _ollama_host(app)
+    host = facts.ollama_host
     where = f"OLLAMA_HOST={host}" if host else "its OLLAMA_HOST"
     detail = "" if status == "SERVING" else (
         f"the Agent cannot reach Ollama at {where}: start it (ollama serve) and pull the profile's model")
     return {"service": "Ollama", "address": host or f"via the Agent at {agent_address}", "status": status,
             "error": detail}
+
+
+def _sandbox_row(stub: object, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str] | None:
+    """Whether the Agent's commands can run sandboxed (its `sandbox` entry); None when it keeps none."""
+    try:
+        status = _status(stub, SANDBOX_HEALTH_ENTRY)
+    except ServiceError:
+        return None
+    why = facts.sandbox_unavailable
+    if status == "SERVING":
+        detail = f"unavailable, but no profile runs commands sandboxed: {why}" if why else ""
+    else:
+        detail = f"commands of sandboxed profiles fail: {why}" if why else "commands of sandboxed profiles fail"
+    return {"service": "Sandbox", "address": f"on the Agent at {agent_address}", "status": status, "error": detail}
 
 
 def health(app: App, args: argparse.Namespace) -> int:
@@ -115,18 +134,23 @@ def health(app: App, args: argparse.Namespace) -> int:
             status, detail = _check(stub, SERVICE_NAMES[endpoint.name])
             rows.append({"service": endpoint.name, "address": address, "status": status, "error": detail})
             if endpoint is AGENT and status != "UNREACHABLE":
-                ollama = _ollama_row(app, stub, address)
-                if ollama is not None:
-                    rows.append(ollama)
+                facts = _agent_facts(app)
+                rows += [row for row in (_ollama_row(stub, address, facts), _sandbox_row(stub, address, facts))
+                         if row is not None]
     healthy = all(row["status"] == "SERVING" for row in rows)
-    services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] != "Ollama")
+    services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] not in DEPENDENCIES)
     if app.out.json:
         app.out.emit({"healthy": healthy, "services_serving": services_serving, "services": rows})
     else:
         app.out.console.print(health_table(rows))
         if services_serving and not healthy:
             # Exit 1 all the same: a turn would fail. But the system itself is up, and that is news too.
-            app.out.console.print("The three services are fine (SERVING); only Ollama is missing, so turns fail "
-                                  "until it runs. Sessions, search and shares work meanwhile.", style="yellow",
-                                  markup=False, soft_wrap=True)
+            missing = [row["service"] for row in rows if row["service"] in DEPENDENCIES and row["status"] != "SERVING"]
+            if missing == ["Sandbox"]:
+                news = ("The three services are fine (SERVING); only the sandbox cannot start, so commands of "
+                        "sandboxed profiles fail until it is fixed (see its row). Everything else works.")
+            else:
+                news = ("The three services are fine (SERVING); only Ollama is missing, so turns fail until it runs. "
+                        "Sessions, search and shares work meanwhile.")
+            app.out.console.print(news, style="yellow", markup=False, soft_wrap=True)
     return 0 if healthy else 1
