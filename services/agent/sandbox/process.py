@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from services.agent.sandbox.launch import ENVIRONMENT, ETC_FILES, bwrap_argv, host_layout, shell_argv
+from services.agent.sandbox.launch import ENVIRONMENT, ETC_FILES, as_user, bwrap_argv, host_layout, shell_argv
 from services.agent.sandbox.owner import RunAs, SandboxError
 from services.agent.sandbox.policy import SandboxPolicy
 from services.agent.sandbox.result import CommandResult, StopReason, StreamCapture
@@ -53,7 +53,7 @@ class Run:
         # The processes limit counts every process of the user: right for a pool uid, but an Agent
         # running as itself would count its own threads and every other command's processes.
         argv = shell_argv(self.command, self.policy, host_layout(), processes=self.who.switched)
-        popen = self._spawn(argv, cwd=str(folder), pass_fds=())
+        popen = self._spawn(argv, cwd=str(folder), pass_fds=(), no_new_privs=True)
 
         async def kill_tree() -> None:
             _kill_group(popen.pid)
@@ -80,7 +80,7 @@ class Run:
                 passed.append(read_end)
             argv = bwrap_argv(bwrap, self.command, self.policy, host_layout(), cwd=relative,
                               workspace_fd=passed[0], status_fd=status_w, etc_fds=etc_fds)
-            popen = self._spawn(argv, cwd="/", pass_fds=tuple(passed))
+            popen = self._spawn(argv, cwd="/", pass_fds=tuple(passed), no_new_privs=False)  # bwrap sets it
         except BaseException:
             if status_fd >= 0:
                 os.close(status_fd)
@@ -104,16 +104,16 @@ class Run:
         finally:
             sandbox.close()
 
-    def _spawn(self, argv: list[str], *, cwd: str, pass_fds: tuple[int, ...]) -> subprocess.Popen:
-        switched = dict(user=self.who.uid, group=self.who.gid, extra_groups=[]) if self.who.switched else {}
+    def _spawn(self, argv: list[str], *, cwd: str, pass_fds: tuple[int, ...], no_new_privs: bool) -> subprocess.Popen:
         try:
+            argv = as_user(argv, host_layout(), uid=self.who.uid if self.who.switched else None,
+                           no_new_privs=no_new_privs)
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=dict(ENVIRONMENT), cwd=cwd, start_new_session=True, pass_fds=pass_fds,
-                                    **switched)  # type: ignore[call-overload]
-        except PermissionError as exc:
-            raise SandboxError(f"cannot start the command as uid {self.who.uid}: {exc.strerror}") from None
+                                    env=dict(ENVIRONMENT), cwd=cwd, start_new_session=True, pass_fds=pass_fds)
         except FileNotFoundError as exc:
-            raise SandboxError(f"cannot start the command: {exc.filename or argv[0]} is missing") from None
+            missing = exc.filename or str(exc) or argv[0]
+            hint = " (util-linux)" if "setpriv" in missing else ""
+            raise SandboxError(f"cannot start the command: {missing}{hint} is not installed") from None
 
     def _count(self, capture: StreamCapture, chunk: bytes) -> None:
         capture.feed(chunk)
