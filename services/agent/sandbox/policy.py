@@ -35,7 +35,7 @@ class SandboxPolicy:
     file_size_mb: int = 1024
     open_files: int = 1024
     # What the result keeps of each stream: its first and last half of this.
-    keep_bytes: int = 16 * 1024
+    keep_bytes: int = 8 * 1024
 
     @property
     def output_limit_bytes(self) -> int:

@@ -126,9 +126,14 @@ class Run:
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert popen.stdout is not None and popen.stderr is not None
+        try:
+            exit_watch = _ExitWatch(popen)  # the child is not reaped until it reports: its pid is its own
+        except OSError:  # no descriptor left for its pidfd: the command must not run unwatched
+            _kill_group(popen.pid)
+            popen.wait()
+            raise
         pipes = [_PipeReader(popen.stdout, lambda chunk: self._count(self.stdout, chunk)),
                  _PipeReader(popen.stderr, lambda chunk: self._count(self.stderr, chunk))]
-        exit_watch = _ExitWatch(popen)  # the child is not reaped until it reports: its pid is its own
         waits: list[asyncio.Task[bool]] = [asyncio.create_task(self.over_limit.wait())]
         if self.stop is not None:
             waits.append(asyncio.create_task(self.stop.wait()))
