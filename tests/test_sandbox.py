@@ -340,7 +340,8 @@ async def test_gigabytes_of_output_are_cut_at_the_limit_and_never_held(host, san
 
 @BOTH
 async def test_a_busy_loop_is_stopped_at_its_cpu_limit(host, sandboxed):
-    result = await run_command("while :; do :; done", workspace=host["workspace"], policy=policy(sandboxed, cpu_seconds=1))
+    result = await run_command("while :; do :; done", workspace=host["workspace"],
+                               policy=policy(sandboxed, cpu_seconds=1))
     assert result.killed_for == "cpu" and result.exit_code == 128 + signal.SIGXCPU
     assert "CPU time limit (1 s)" in result.render()
 

@@ -117,11 +117,12 @@ def shell_argv(command: str, policy: SandboxPolicy, layout: HostLayout, *, proce
 def bwrap_argv(bwrap: str, command: str, policy: SandboxPolicy, layout: HostLayout, *, cwd: str,
                workspace_fd: int, status_fd: int, etc_fds: dict[str, int]) -> list[str]:
     """bubblewrap's arguments: every namespace new (the network's too unless the policy opens it),
-    the system read-only, a minimal /etc, fresh /proc, /dev and /tmp, the workspace read-write
-    (bound from an open descriptor: the unprivileged bwrap never needs to reach its host path), and
-    the root left read-only. ``cwd`` is relative to the workspace, already checked."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--as-pid-1",
-            "--cap-drop", "ALL", "--hostname", HOSTNAME]
+    the system read-only, a minimal /etc, fresh /proc, /dev and /tmp, the workspace read-write (from
+    an open descriptor, whose path bwrap still resolves: owner.unreachable_folder), and the root left
+    read-only. The command's shell is the sandbox's pid 1 (limits_prefix). ``cwd`` is relative to the
+    workspace, already checked."""
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--as-pid-1", "--cap-drop", "ALL", "--hostname", HOSTNAME]
     if policy.network:
         argv.append("--share-net")
     argv += ["--ro-bind", "/usr", "/usr"]

@@ -58,7 +58,8 @@ def policy_from_config(raw: Any, where: str = "sandbox") -> SandboxPolicy:
             if not isinstance(value, bool):
                 raise ValueError(f"{where}.{key} must be true or false, got {value!r}")
         elif attr == "wall_seconds":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > 0):
                 raise ValueError(f"{where}.{key} must be a number of seconds above 0, got {value!r}")
             value = float(value)
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -210,10 +210,10 @@ def describe_end(reason: StopReason | None, exit_code: int | None, policy: Sandb
     if reason is None:
         return "the sandbox could not set the command's limits" if exit_code == LIMITS_FAILED else ""
     return {
-        "wall_time": f"killed at the time limit ({policy.wall_seconds:g} s)",
-        "output": f"killed after {output_bytes:,} bytes of output (the limit is {policy.output_kb:,} KB)",
-        "stop": "killed: the turn was stopped",
-        "cpu": f"stopped at the CPU time limit ({policy.cpu_seconds} s)",
+        "wall_time": f"the time limit ({policy.wall_seconds:g} s) was reached",
+        "output": f"{output_bytes:,} bytes of output passed the limit ({policy.output_kb:,} KB)",
+        "stop": "the turn was stopped",
+        "cpu": f"the CPU time limit ({policy.cpu_seconds} s) was reached",
         "file_size": f"a file reached the size limit ({policy.file_size_mb} MB)",
         "memory": f"it seems to have run out of memory (the limit is {policy.memory_mb} MB of address space a process)",
         "processes": f"it seems to have reached the processes limit ({policy.processes} processes and threads)",
