@@ -98,12 +98,23 @@ def _agent_facts(app: App) -> agent_pb2.ListProfilesResponse:
         return agent_pb2.ListProfilesResponse()
 
 
-def _ollama_row(stub: object, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str] | None:
-    """The Agent's own view of Ollama (its `ollama` health entry); None when it keeps none."""
-    try:
-        status = _status(stub, OLLAMA_HEALTH_ENTRY)
-    except ServiceError:
-        return None
+def _dependency_rows(app: App, stub: object, agent_address: str) -> list[dict[str, str]]:
+    """The Agent's own view of Ollama and of its sandbox (its `ollama` and `sandbox` health entries),
+    for each it keeps; ListProfiles, once, for what they name."""
+    rows = []
+    facts: agent_pb2.ListProfilesResponse | None = None
+    for entry in (OLLAMA_HEALTH_ENTRY, SANDBOX_HEALTH_ENTRY):
+        try:
+            status = _status(stub, entry)
+        except ServiceError:
+            continue
+        facts = facts or _agent_facts(app)
+        rows.append(_ollama_row(status, agent_address, facts) if entry == OLLAMA_HEALTH_ENTRY
+                    else _sandbox_row(status, agent_address, facts))
+    return rows
+
+
+def _ollama_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
     host = facts.ollama_host
     where = f"OLLAMA_HOST={host}" if host else "its OLLAMA_HOST"
     detail = "" if status == "SERVING" else (
@@ -112,12 +123,7 @@ def _ollama_row(stub: object, agent_address: str, facts: agent_pb2.ListProfilesR
             "error": detail}
 
 
-def _sandbox_row(stub: object, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str] | None:
-    """Whether the Agent's commands can run sandboxed (its `sandbox` entry); None when it keeps none."""
-    try:
-        status = _status(stub, SANDBOX_HEALTH_ENTRY)
-    except ServiceError:
-        return None
+def _sandbox_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
     why = facts.sandbox_unavailable
     if status == "SERVING":
         detail = f"unavailable, but no profile runs commands sandboxed: {why}" if why else ""
@@ -134,9 +140,7 @@ def health(app: App, args: argparse.Namespace) -> int:
             status, detail = _check(stub, SERVICE_NAMES[endpoint.name])
             rows.append({"service": endpoint.name, "address": address, "status": status, "error": detail})
             if endpoint is AGENT and status != "UNREACHABLE":
-                facts = _agent_facts(app)
-                rows += [row for row in (_ollama_row(stub, address, facts), _sandbox_row(stub, address, facts))
-                         if row is not None]
+                rows += _dependency_rows(app, stub, address)
     healthy = all(row["status"] == "SERVING" for row in rows)
     services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] not in DEPENDENCIES)
     if app.out.json:

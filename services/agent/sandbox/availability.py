@@ -4,6 +4,7 @@ naming the fix when they cannot."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 import time
@@ -13,6 +14,8 @@ from pathlib import Path
 from services.agent.sandbox.owner import SandboxError, run_as
 from services.agent.sandbox.policy import SandboxPolicy
 from services.agent.sandbox.process import Run
+
+log = logging.getLogger("palimpsest.agent")
 
 # A failed probe is tried again after this long, so installing bubblewrap needs no restart.
 RETRY_S = 30.0
@@ -58,7 +61,8 @@ async def _check() -> SandboxStatus:
             result = await Run("true", _POLICY, who, None).sandboxed(bwrap, workspace, "")
     except SandboxError as exc:
         return SandboxStatus(False, str(exc), bwrap)
-    except OSError as exc:  # no temporary folder, no pipes: the check itself could not run
+    except Exception as exc:  # the check itself failed (no temporary folder, no pipes): said, never fatal
+        log.exception("the sandbox check failed")
         return SandboxStatus(False, f"the sandbox check could not run: {exc}", bwrap)
     finally:
         await asyncio.to_thread(shutil.rmtree, workspace, True)
