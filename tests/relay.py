@@ -20,6 +20,7 @@ class Relay:
         self.flowing.set()
         self.answering = asyncio.Event()
         self.answering.set()
+        self.forwarded = 0  # bytes passed on from clients to the target
 
     def freeze(self) -> None:
         self.flowing.clear()
@@ -57,6 +58,8 @@ class Relay:
                     for gate in gates:
                         await gate.wait()
                     dst.write(data)
+                    if dst is up_writer:
+                        self.forwarded += len(data)
                     await dst.drain()
             dst.transport.abort()
 

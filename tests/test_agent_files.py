@@ -66,9 +66,7 @@ async def test_inline_files_start_a_session_and_the_model_is_told_where_they_are
     assert await file_bytes(store, session_id, "data.csv") == b"a,b\n1,2\n"
 
     told = last_user_message(ollama_sim)["content"]
-    assert told == (f"summarize these\n\n[Uploaded files on disk:\n"
-                    f"- notes.txt → session_files/{session_id}/notes.txt\n"
-                    f"- data.csv → session_files/{session_id}/data.csv]")
+    assert told == "summarize these\n\n[Files for this message, in the workspace:\n- notes.txt\n- data.csv]"
     session = await full(store, session_id)
     shown = session.messages[0]
     assert shown.content == "summarize these" and list(shown.files) == ["notes.txt", "data.csv"]
@@ -84,15 +82,14 @@ async def test_files_uploaded_first_are_named_by_their_stored_names(agent, store
     events = await run(agent, "compare them", session_id=session.id, attachments=[second, first, second])
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED
     told = last_user_message(ollama_sim)["content"]
-    assert told.endswith(f"- report_1.pdf → session_files/{session.id}/report_1.pdf\n"
-                         f"- report.pdf → session_files/{session.id}/report.pdf]")
+    assert told.endswith("- report_1.pdf\n- report.pdf]")
 
 
 async def test_a_turn_of_files_alone_needs_no_text(agent, store, ollama_sim):
     ollama_sim.script(Reply(text="got it"))
     events = await run(agent, "", inline_attachments=[inline("todo.md", b"# todo\n")])
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED
-    assert last_user_message(ollama_sim)["content"].startswith("[Uploaded files on disk:\n- todo.md → ")
+    assert last_user_message(ollama_sim)["content"].startswith("[Files for this message, in the workspace:\n- todo.md]")
 
 
 async def test_a_named_file_that_is_not_there_is_not_found_and_nothing_is_said(agent, store, ollama_sim):
@@ -120,12 +117,21 @@ async def test_a_named_file_that_is_not_there_is_not_found_and_nothing_is_said(a
     ({"inline_attachments": [inline("..", b"x")]}, "INVALID_ARGUMENT", ["filename"]),
     ({"inline_attachments": [inline("", b"x")]}, "INVALID_ARGUMENT", ["inline_attachments[0].filename", "required"]),
     ({"inline_attachments": [inline("a\x07b.txt", b"x")]}, "INVALID_ARGUMENT", ["filename", "control"]),
+    ({"inline_attachments": [inline("x.py\u200b", b"print(1)")]}, "INVALID_ARGUMENT",
+     ["inline_attachments[0].filename", "U+200B", "ZERO WIDTH SPACE"]),
+    ({"inline_attachments": [inline("ok.txt", b"x"), inline("invoice\u202efdp.exe", b"x")]}, "INVALID_ARGUMENT",
+     ["inline_attachments[1].filename", "U+202E"]),
+    ({"inline_attachments": [inline("notes.txt.", b"x")]}, "INVALID_ARGUMENT", ["inline_attachments[0].filename",
+                                                                                 "ends with a dot"]),
     ({"inline_attachments": [inline("x" * 252 + ".txt", b"x")]}, "INVALID_ARGUMENT", ["filename", "255"]),
     ({"inline_attachments": [inline("deploy.sh", b"echo hi")]}, "INVALID_ARGUMENT",
      ["inline_attachments[0].filename", "no programs", "'deploy.sh.txt'"]),
     ({"inline_attachments": [inline("notes.txt", b"#!/bin/sh\nrm -rf /")]}, "INVALID_ARGUMENT",
      ["inline_attachments[0].data", "no programs"]),
     ({"inline_attachments": [inline("a.txt", b"\x7fELF\x02\x01")]}, "INVALID_ARGUMENT", ["data", "executable"]),
+    ({"inline_attachments": [inline("app.js", b"alert(1)")]}, "INVALID_ARGUMENT", ["filename", "no programs"]),
+    ({"inline_attachments": [inline("m.dat", b"\x00asm\x01\x00\x00\x00")]}, "INVALID_ARGUMENT",
+     ["inline_attachments[0].data", "WebAssembly"]),
 ])
 async def test_the_upload_policy_refuses_naming_the_field_before_anything_is_made(agent, store, ollama_sim, kw,
                                                                                   code, words):
@@ -290,14 +296,14 @@ class ChangingUnderway:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def PutFile(self, requests):
+    def PutFile(self, requests, **call):
         async def changing():
             async for part in requests:
                 yield part
                 if part.HasField("chunk"):
                     with self._path.open("ab") as f:
                         f.write(b"appended while copying")
-        return self._store.PutFile(changing())
+        return self._store.PutFile(changing(), **call)
 
 
 async def test_a_file_changing_during_the_upload_leaves_nothing_in_the_session(tool_ctx, store, workspace,
@@ -346,7 +352,22 @@ async def test_content_publish_registers_a_session_file_with_its_viewer(tool_ctx
     assert result.files == [stored] and not result.untrusted
     [event] = events_of(tool_ctx)
     assert (event.file_shared.content_type, event.file_shared.viewer) == (content_type, shown_as)
+    assert event.file_shared.sandbox == (shown_as in ("html", "svg"))
     assert event.file_shared.title == "Look" and event.file_shared.link.endswith(f"/files/{stored}")
+
+
+@pytest.mark.parametrize("name, data, shown_as", [
+    ("page.html", b"<!DOCTYPE html><script>fetch('/steal?'+document.cookie)</script>", "html"),
+    ("clean.html", b"<!DOCTYPE html><p>no script here</p>", "html"),
+    ("drawing.svg", b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)"/>', "svg"),
+])
+async def test_html_and_svg_are_published_for_a_sandbox_only(tool_ctx, store, name, data, shown_as):
+    """Any page or drawing can hold script, and a scan would miss some: each is shown sandboxed."""
+    stored = await put_file(store, tool_ctx.session_id, name, data)
+    result = await tool("content_publish", tool_ctx, path=stored)
+    [event] = events_of(tool_ctx)
+    assert (event.file_shared.viewer, event.file_shared.sandbox) == (shown_as, True)
+    assert result.metadata["sandbox"] is True and "in a sandbox" in result.content
 
 
 async def test_content_publish_refuses_what_it_cannot_show_or_cannot_find(tool_ctx, store):
@@ -358,7 +379,7 @@ async def test_content_publish_refuses_what_it_cannot_show_or_cannot_find(tool_c
     other = await tool("content_publish", tool_ctx, path=f"session_files/{uuid.uuid4()}/blob.dat")
     assert other.is_error and "another session" in other.content
     escape = await tool("content_publish", tool_ctx, path="../../etc/passwd")
-    assert escape.is_error and "no file 'passwd'" in escape.content
+    assert escape.is_error and "leads out of the workspace" in escape.content
     assert not events_of(tool_ctx)
 
 
@@ -400,7 +421,7 @@ async def test_a_model_shares_a_file_then_publishes_it_and_the_user_gets_both(fi
     assert await file_bytes(store, session_id, "report.html") == report.read_bytes()
 
     stored = await full(store, session_id)
-    assert stored.untrusted_ingested  # an upload is outside content, as the store rules
+    assert not stored.untrusted_ingested  # the copy's content never reached the model (the tool vouches)
     results = [m for m in stored.messages if m.role == "tool"]
     assert [(m.name, list(m.files)) for m in results] == [("share_file", ["report.html"]),
                                                           ("content_publish", ["report.html"])]

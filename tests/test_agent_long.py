@@ -28,6 +28,7 @@ class BigOutputTool:
     """Stands in for file and shell tools: returns a large JSON, log or code blob."""
 
     name = "fetch_report"
+    reach = "engine"  # it reads, and acts on nothing outside: a tainted conversation may still call it
     description = "Fetch a report of the given kind (json, log or code) for a topic."
     parameters = {
         "type": "object",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.shared.content_types import content_type, viewer
+from services.shared.content_types import content_type, sandboxed, viewer
 from services.shared.file_policy import file_link, parse_file_link, upload_name_problem
 
 TS_PACKETS = (b"\x47\x40\x00\x10" + b"\xff" * 184) * 2
@@ -49,6 +49,7 @@ def test_the_bytes_decide_then_the_name(name, head, expected):
 ])
 def test_each_type_has_its_viewer_or_none(mime, shown_as):
     assert viewer(mime) == shown_as
+    assert sandboxed(shown_as) == (mime in ("text/html", "image/svg+xml"))  # what may run script
 
 
 def test_a_link_names_its_session_and_file_and_reads_back():

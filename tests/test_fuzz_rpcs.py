@@ -1,6 +1,7 @@
 """Every RPC of the three services (client-streamed uploads aside), fed requests generated from their
-proto descriptors (so a new field or RPC is covered without new code): whatever the input, the answer
-is a status a caller can act on — never INTERNAL or UNKNOWN."""
+proto descriptors (so a new field or RPC is covered without new code), and every RPC fed raw bytes
+(most of which do not decode): whatever the input, the answer is a status a caller can act on —
+never INTERNAL or UNKNOWN."""
 
 from __future__ import annotations
 
@@ -15,13 +16,17 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2
 from palimpsest.v1.common_pb2 import Message
-from tests.waiting import call_to_end, one_request
+from tests.waiting import call_to_end, one_request, raw_call_to_end
 
 UNACCEPTABLE = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # Uploads (client-streamed) and the one RPC whose valid input deletes other tests' data are left out.
 SKIP = {"PutFile", "CleanupSessions"}
 
 _INT_EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63), 10**12]
+# Times around what the store takes (1970 to 9999-12-31), year 1 and 2^40 seconds among them.
+_TIMESTAMPS = st.fixed_dictionaries({
+    "seconds": st.sampled_from([0, 1, 1_700_000_000, 253_402_214_400, 253_402_300_799, -62_135_596_800, 2**40, -1]),
+    "nanos": st.sampled_from([0, 999_999_999, -1, 10**9])})
 _TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["", "\x00", "a\x00b", "x" * 5000, str(uuid.uuid4()),
                                                           "00000000-0000-0000-0000-000000000000", "qwen3.6"]))
 
@@ -53,9 +58,12 @@ def messages(descriptor, session_ids: tuple[str, ...] = (), depth: int = 0):
     fields = {}
     for field in descriptor.fields:
         if field.message_type is not None:
-            if field.message_type.GetOptions().map_entry or field.message_type.full_name.startswith("google."):
+            if field.message_type.full_name == "google.protobuf.Timestamp":
+                value = _TIMESTAMPS
+            elif field.message_type.GetOptions().map_entry or field.message_type.full_name.startswith("google."):
                 continue
-            value = messages(field.message_type, session_ids, depth + 1)
+            else:
+                value = messages(field.message_type, session_ids, depth + 1)
         elif field.name == "session_id" and session_ids:
             value = st.one_of(st.sampled_from(session_ids), st.sampled_from(session_ids), _TEXT)
         else:
@@ -140,3 +148,33 @@ async def test_compressor_rpcs_never_answer_internal(store, compressor, profile,
 async def test_agent_rpcs_never_answer_internal(store, agent, profile, method):
     ids = await _sessions(store, profile)
     await asyncio.to_thread(_fuzz(method, ids), loop=asyncio.get_running_loop(), stub=agent)
+
+
+# Raw requests: random bytes (most do not decode; the rest decode to odd messages) and bytes that
+# never decode. Client-streamed uploads too: the bytes are their one message.
+_RAW = st.one_of(st.binary(max_size=64), st.sampled_from([b"\xff" * 8, b"\x0a\x05ab", b"\x0f", b"\x12\x02\xc3\x28"]))
+RAW_METHODS = [(name, m) for name, service in (("store", session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"]),
+                                               ("compressor", compressor_pb2.DESCRIPTOR.services_by_name["Compressor"]),
+                                               ("agent", agent_pb2.DESCRIPTOR.services_by_name["Agent"]))
+               for m in service.methods if m.name != "CleanupSessions"]
+
+
+async def _raw(channel, method, body: bytes) -> None:
+    try:
+        await raw_call_to_end(channel, method, body, timeout=20)
+    except grpc.aio.AioRpcError as error:
+        assert error.code() not in UNACCEPTABLE, f"{method.name}({body!r}) → {error.code()}: {error.details()}"
+
+
+@pytest.mark.parametrize("service, method", RAW_METHODS, ids=lambda v: v if isinstance(v, str) else v.name)
+async def test_raw_bytes_never_answer_internal(store_server, compressor_server, agent_server, service, method):
+    address = {"store": store_server, "compressor": compressor_server, "agent": agent_server}[service].address
+
+    @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "25")), deadline=None,
+              derandomize=bool(os.environ.get("CI")), suppress_health_check=list(HealthCheck))
+    @given(body=_RAW)
+    def run(body, loop, channel):
+        asyncio.run_coroutine_threadsafe(_raw(channel, method, body), loop).result(60)
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        await asyncio.to_thread(run, loop=asyncio.get_running_loop(), channel=channel)

@@ -86,7 +86,7 @@ async def test_files_go_with_a_turn_as_the_readme_shows(store_server, agent_serv
                         agent_server.address, "palimpsest.v1.Agent/RunStream")
     session_id = json.loads(out.split("\n}\n")[0] + "\n}")["session_id"]
     told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
-    assert told.endswith(f"- notes.txt → session_files/{session_id}/notes.txt]")
+    assert told.endswith("[Files for this message, in the workspace:\n- notes.txt]")
 
     # PutFile streams: grpcurl sends each JSON object given to -d as one message of the stream.
     stored = json.loads(await grpcurl(
@@ -97,4 +97,4 @@ async def test_files_go_with_a_turn_as_the_readme_shows(store_server, agent_serv
     await grpcurl("-d", json.dumps({"session_id": session_id, "text": "and this one?", "attachments": ["notes_1.txt"]}),
                   agent_server.address, "palimpsest.v1.Agent/RunStream")
     told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
-    assert told.endswith(f"- notes_1.txt → session_files/{session_id}/notes_1.txt]")
+    assert told.endswith("[Files for this message, in the workspace:\n- notes_1.txt]")

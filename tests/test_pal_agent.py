@@ -276,8 +276,7 @@ async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, s
     context = (await store.GetSession(pb.GetSessionRequest(session_id=session_id,
                                                            view=pb.SESSION_VIEW_CONTEXT))).session.context
     told = next(m.content for m in context if m.role == "user")
-    assert told == (f"please read my notes\n\n[Uploaded files on disk:\n"
-                    f"- notes.txt → session_files/{session_id}/notes.txt]")
+    assert told == "please read my notes\n\n[Files for this message, in the workspace:\n- notes.txt]"
     assert users[1].content == "what colour is this?" and len(users[1].files) == 1
     assert len(users[2].files) == 1  # the pasted (quoted) path was sent as an image too
     session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session
@@ -293,12 +292,12 @@ async def test_run_and_continue_attach_files_the_model_is_told_about(env, store,
     session_id = sessions_of(ran.json_lines())[0]
     assert f"attached {report} as report.csv" in ran.stderr
     told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
-    assert told.endswith(f"[Uploaded files on disk:\n- report.csv → session_files/{session_id}/report.csv]")
+    assert told.endswith("[Files for this message, in the workspace:\n- report.csv]")
 
     again = await pal("continue", "--id", session_id, "--attach", str(report), "and now?", env=env)
     assert again.code == 0, again.stderr
     told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
-    assert told.endswith(f"- report_1.csv → session_files/{session_id}/report_1.csv]")  # the same name, numbered
+    assert told.endswith("\n- report_1.csv]")  # the same name, numbered
     names = [f.name for f in (await store.ListFiles(pb.ListFilesRequest(session_id=session_id))).files]
     assert names == ["report.csv", "report_1.csv"]
 

@@ -214,7 +214,8 @@ def test_a_shared_file_is_one_line_with_the_command_that_fetches_it():
 
     link = "palimpsest://sessions/abc/files/report.html"
     viewed = file_line(agent_pb2.FileShared(name="report.html", link=link, content_type="text/html", size=2048,
-                                            viewer="html", title="Q3"))
-    assert viewed.plain == f"📎 Q3 · report.html · text/html · 2,048 bytes · to view (html): pal files get {link}"
+                                            viewer="html", title="Q3", sandbox=True))
+    assert viewed.plain == (f"📎 Q3 · report.html · text/html · 2,048 bytes · to view (html, sandboxed): "
+                            f"pal files get {link}")
     downloaded = file_line(agent_pb2.FileShared(name="a.zip", link=link, content_type="application/zip", size=1))
     assert "to download: pal files get" in downloaded.plain

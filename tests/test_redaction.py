@@ -182,7 +182,9 @@ def test_redact_arguments_is_idempotent(arguments):
     assert redact_arguments(once) == once
 
 
-@pytest.mark.parametrize("uri", ["https://u:p@x.test/?sig=abc&a=1", "s3://bucket/key?X-Amz-Signature=f00"])
+@pytest.mark.parametrize("uri", ["https://u:p@x.test/?sig=abc&a=1", "s3://bucket/key?X-Amz-Signature=f00",
+                                 "https://x.test/cart;jsessionid=5F4DCC3B5AA7?i=3",
+                                 "https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/W3bh00kS3cr3t"])
 def test_redact_uri_is_idempotent(uri):
     once = redact_uri(uri)
     assert redact_uri(once) == once
@@ -332,6 +334,26 @@ def test_not_secret_key_names(key):
         ("https://x.test/a?Signature=abc", f"https://x.test/a?Signature={MASK}"),
         ("s3://bucket/path/to/key", "s3://bucket/path/to/key"),
         ("https://hooks.slack.test/xoxb-1234567890-abcdefghij", f"https://hooks.slack.test/{MASK}"),
+        # secrets in the path: session ids as path parameters, webhook URLs, tokens as segments
+        ("https://shop.example.test/cart;jsessionid=5F4DCC3B5AA765D61D8327DEB882CF99?item=3",
+         f"https://shop.example.test/cart;jsessionid={MASK}?item=3"),
+        ("https://app.example.test/a;JSESSIONID=0a1b2c.node7/b;v=2", f"https://app.example.test/a;JSESSIONID={MASK}/b;v=2"),
+        ("https://x.test/a;sessionid=abc123;lang=en", f"https://x.test/a;sessionid={MASK};lang=en"),
+        ("https://x.test/a?PHPSESSID=9f8e7d6c5b&page=2", f"https://x.test/a?PHPSESSID={MASK}&page=2"),
+        ("https://x.test/docs;v=1.2/page;rev=3", "https://x.test/docs;v=1.2/page;rev=3"),
+        ("https://hooks.slack.com/services/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",
+         f"https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/{MASK}"),
+        ("https://hooks.slack.com/workflows/T024BE7LD/A05QX2B3C4D/481234567890123456/Zq8vR2mK9pL4",
+         f"https://hooks.slack.com/workflows/T024BE7LD/A05QX2B3C4D/481234567890123456/{MASK}"),
+        ("https://discord.com/api/webhooks/1187651234567890123/Zx9-AbCdEfGhIjKl_MnOp?wait=true",
+         f"https://discord.com/api/webhooks/1187651234567890123/{MASK}?wait=true"),
+        ("https://discordapp.com/api/v10/webhooks/1187651234567890123/Zx9-AbCdEf",
+         f"https://discordapp.com/api/v10/webhooks/1187651234567890123/{MASK}"),
+        ("https://api.telegram.org/bot6123456789:AAHfiqksKZ8WmR2zSjiQ7_v4TMAKdiHm9T0/sendMessage",
+         f"https://api.telegram.org/bot6123456789:{MASK}/sendMessage"),
+        ("https://github.com/acme/app/tree/ghp_R2d2C3poBB8LukeSkywalker0123456789/src",
+         f"https://github.com/acme/app/tree/{MASK}/src"),
+        ("https://discord.com/channels/1187651234567890123/22", "https://discord.com/channels/1187651234567890123/22"),
     ],
 )
 def test_redact_uri(uri, expected):
@@ -371,6 +393,16 @@ def test_adversarial_input_is_fast(text):
 
     started = time.process_time()
     redact_text(text)
+    assert time.process_time() - started < 2.0
+
+
+@pytest.mark.parametrize("uri", ["https://hooks.slack.com/services/" + "a/" * 100_000,
+                                 "https://x.test/" + ";jsessionid=a" * 100_000, "https://discord.com/" + "/" * 200_000])
+def test_adversarial_uris_are_fast(uri):
+    import time
+
+    started = time.process_time()
+    redact_uri(uri)
     assert time.process_time() - started < 2.0
 
 

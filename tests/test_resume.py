@@ -15,6 +15,7 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, common_pb2, session_store_pb2 as store_pb
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.shared.errors import FailedPrecondition
+from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
 from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test starts from the simulator's echo
 from tests.test_store_sessions import expect_status, full
 
@@ -156,6 +157,42 @@ async def test_a_bad_ref_is_refused_naming_it_and_nothing_is_stored_or_run(agent
     assert not ollama_sim.bodies()
     found = await store.ListSessions(store_pb.ListSessionsRequest(query=marker))
     assert found.total == 0
+
+
+async def test_a_turn_with_too_many_refs_is_refused_before_it_begins(agent, store, ollama_sim):
+    many = [ref("ci-run", f"https://ci.example.test/runs/{i}") for i in range(5_000)]  # what the probe sent
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    continued = agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go", external_refs=many))
+    await expect_status(_drain(continued), grpc.StatusCode.RESOURCE_EXHAUSTED, "external_refs", "5,000",
+                        f"at most {MAX_REFS_PER_REQUEST}")
+    marker = f"never-run-{uuid.uuid4().hex}"
+    await expect_status(agent.Run(pb.RunRequest(text=marker, external_refs=many[:MAX_REFS_PER_REQUEST + 1])),
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, "external_refs")
+    after = await full(store, session.id)
+    assert not after.messages and not after.external_refs and after.revision == session.revision
+    assert not ollama_sim.bodies()
+    assert (await store.ListSessions(store_pb.ListSessionsRequest(query=marker))).total == 0
+    events = await turn(agent, "go", session_id=session.id, external_refs=many[:MAX_REFS_PER_REQUEST])
+    assert len((await full(store, events[0].session_id)).external_refs) == MAX_REFS_PER_REQUEST
+
+
+async def test_a_turn_that_would_take_its_session_past_the_ref_cap_stores_nothing(agent, store, ollama_sim):
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    for start in range(0, MAX_REFS_PER_SESSION, MAX_REFS_PER_REQUEST):
+        await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session.id, add_external_refs=[
+            ref("ci-run", f"https://ci.example.test/runs/{i}") for i in range(start, start + MAX_REFS_PER_REQUEST)]))
+    full_up = await full(store, session.id)
+    one_more = [ref("ci-run", "https://ci.example.test/new")]
+    events = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go",
+                                                                   external_refs=one_more))]
+    errors = [e.error for e in events if e.HasField("error")]
+    assert [e.code for e in errors] == ["RESOURCE_EXHAUSTED"] and "external_refs" in errors[0].message, errors
+    assert [e.stream_end.reason for e in events if e.HasField("stream_end")] == [pb.STREAM_END_REASON_ERROR]
+    after = await full(store, session.id)
+    assert len(after.external_refs) == MAX_REFS_PER_SESSION and not after.messages
+    assert after.revision == full_up.revision and not ollama_sim.bodies()
+    # a ref it already holds adds nothing, so that turn runs
+    await turn(agent, "go", session_id=session.id, external_refs=[ref("ci-run", "https://ci.example.test/runs/7")])
 
 
 async def test_a_ref_is_never_opened(agent, store):

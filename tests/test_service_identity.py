@@ -58,11 +58,34 @@ async def test_a_user_cannot_write_calibration_baselines_or_counts(store_auth, u
         session_id=session_id, baseline=pb.Baseline(tokens=9999, through_seq=1)), metadata=alice))
     await denied(store_auth.SetTokenCounts(pb.SetTokenCountsRequest(
         session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=1)]), metadata=alice))
-    listed = await store_auth.ListObservations(pb.ListObservationsRequest(model=model), metadata=alice)
+    listed = await store_auth.ListObservations(pb.ListObservationsRequest(model=model), metadata=SERVICE)
     assert not listed.observations
     await store_auth.RecordObservation(pb.RecordObservationRequest(observation=lie), metadata=SERVICE)
     assert len((await store_auth.ListObservations(pb.ListObservationsRequest(model=model),
-                                                 metadata=alice)).observations) == 1
+                                                 metadata=SERVICE)).observations) == 1
+
+
+async def test_only_the_services_and_admins_read_every_users_prompt_sizes(store_auth, user):
+    """A model's calibration observations are every tenant's prompt sizes and character mixes: a
+    user reads none of them, by ListObservations or through GetBaseline's `model`, even on their
+    own session; the services (and their vouch beside a user's credentials) and admins do."""
+    from services.shared.auth import vouching_metadata
+
+    alice = bearer(user)
+    model = f"sizes-{uuid.uuid4().hex[:6]}"
+    session_id = await alices_session(store_auth, alice)
+    await store_auth.RecordObservation(pb.RecordObservationRequest(
+        observation=pb.Observation(model=model, chars=1234, tokens=400)), metadata=SERVICE)
+    await denied(store_auth.ListObservations(pb.ListObservationsRequest(model=model), metadata=alice))
+    await denied(store_auth.GetBaseline(pb.GetBaselineRequest(session_id=session_id, model=model), metadata=alice))
+    assert not (await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=session_id),
+                                             metadata=alice)).observations  # the baseline alone stays hers
+    for reader in (SERVICE, bearer(f"{user}-admin", role="admin"), alice + vouching_metadata(True, JWT_SECRET)):
+        assert [o.chars for o in (await store_auth.GetBaseline(pb.GetBaselineRequest(
+            session_id=session_id, model=model), metadata=reader)).observations] == [1234]
+    for reader in (SERVICE, bearer(f"{user}-admin", role="admin")):
+        assert [o.chars for o in (await store_auth.ListObservations(pb.ListObservationsRequest(model=model),
+                                                                   metadata=reader)).observations] == [1234]
 
 
 async def test_only_the_services_report_to_the_compressor(compressor_auth, store_auth, user):
@@ -237,7 +260,7 @@ async def test_a_report_rides_on_an_append_only_when_the_services_vouch_for_it(s
     baseline = (await store_auth.GetBaseline(pb.GetBaselineRequest(session_id=session_id), metadata=SERVICE)).baseline
     assert (baseline.tokens, baseline.through_seq, baseline.model) == (4321, 1, model)
     assert len((await store_auth.ListObservations(pb.ListObservationsRequest(model=model),
-                                                 metadata=alice)).observations) == 1
+                                                 metadata=SERVICE)).observations) == 1
     session = (await store_auth.GetSession(pb.GetSessionRequest(session_id=session_id), metadata=alice)).session
     assert session.context_token_count == 4321
     # A report that proves a cut flags the session, and the append says so.

@@ -87,6 +87,33 @@ async def test_executables_are_rejected_by_extension_and_content(store, profile)
     assert not (await store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files
 
 
+@pytest.mark.parametrize("name, data, field", [
+    ("app.js", b"alert(1)", "filename"), ("x.cgi", b"echo", "filename"), ("a.pif", b"MZ", "filename"),
+    ("a.msc", b"<?xml?>", "filename"), ("go.desktop", b"[Desktop Entry]\nExec=sh", "filename"),
+    ("m.wasm", b"\x00asm", "filename"), ("doc.ps", b"%!PS", "filename"),
+    ("module.dat", b"\x00asm\x01\x00\x00\x00" + b"\x00" * 40, "content"),
+    ("page.txt", b"%!PS-Adobe-3.0\n/Helvetica findfont", "content"),
+    ("link.bin.txt", b"L\x00\x00\x00\x01\x14\x02\x00" + b"\x00" * 40, "content"),
+])
+async def test_scripts_and_programs_of_every_platform_are_refused(store, profile, name, data, field):
+    s = await new_session(store, profile)
+    await expect_status(put(store, s.id, data, name), grpc.StatusCode.INVALID_ARGUMENT, field, "no programs")
+    assert not (await store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files
+
+
+@pytest.mark.parametrize("name", [
+    "x.py\u200b",  # shows as x.py; was stored as x.py_
+    "report\u202efdp.exe",  # a right-to-left override: shows as report‮exe.pdf
+    "\ufeffnotes.txt", "a\u00a0b.txt", "line\u2028two.txt", "tab\there.txt",
+    "notes.txt.", "notes.txt ", " notes.txt",
+])
+async def test_a_name_that_does_not_show_what_it_is_is_refused_not_renamed(store, profile, name):
+    s = await new_session(store, profile)
+    await expect_status(put(store, s.id, b"some notes", name), grpc.StatusCode.INVALID_ARGUMENT, "header.filename")
+    assert not (await store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files
+    assert not (await full(store, s.id)).untrusted_ingested  # nothing was taken in
+
+
 async def test_size_cap_is_enforced_while_streaming(small_store, profile):
     s = await new_session(small_store, profile)
     assert (await put(small_store, s.id, b"x" * 1000, "exact.bin.txt")).file.size == 1000

@@ -21,7 +21,7 @@ PREVIOUS_RELEASE_STARTUP_DDL = (
 )
 PREVIOUS_RELEASE = 8
 TABLES = {"schema_migrations", "sessions", "session_messages", "session_messages_archive", "memory_chunks",
-          "session_shares", "calibration_observations", "session_baselines", "applied_appends"}
+          "session_shares", "calibration_observations", "session_baselines", "applied_appends", "tool_runs"}
 # Made only where pgvector is available (0011); without it memory search is lexical.
 VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors"}
 TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm",

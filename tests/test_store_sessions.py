@@ -12,6 +12,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
 
 Message = common_pb2.Message
 
@@ -326,6 +327,47 @@ async def test_external_ref_uris_are_stored_redacted_and_deduplicated_as_stored(
     assert [r.uri for r in s.external_refs] == ["https://bot:[REDACTED]@ci.test/run?token=[REDACTED]&id=7"]
     again = (await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, add_external_refs=[secret]))).session
     assert len(again.external_refs) == 1
+
+
+async def test_path_borne_secrets_in_ref_uris_are_stored_masked(store, profile):
+    sent = {
+        "https://shop.example.test/cart;jsessionid=5F4DCC3B5AA765D61D8327DEB882CF99?item=3":
+            "https://shop.example.test/cart;jsessionid=[REDACTED]?item=3",
+        "https://hooks.slack.com/services/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":
+            "https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/[REDACTED]",
+        "https://discord.com/api/webhooks/1187651234567890123/Zx9-AbCdEfGhIjKlMnOpQrStUvWxYz_0123456789":
+            "https://discord.com/api/webhooks/1187651234567890123/[REDACTED]",
+    }
+    refs = [common_pb2.ExternalRef(kind="hook", uri=uri, created_by="ops") for uri in sent]
+    session = await new_session(store, profile, external_refs=refs)
+    assert [r.uri for r in session.external_refs] == list(sent.values())
+    assert [r.uri for r in (await full(store, session.id)).external_refs] == list(sent.values())
+
+
+async def test_refs_are_capped_per_request_and_per_session_and_a_refusal_stores_nothing(store, profile):
+    def refs(first: int, count: int) -> list[common_pb2.ExternalRef]:
+        return [common_pb2.ExternalRef(kind="ci-run", uri=f"https://ci.test/runs/{i}", created_by="ci")
+                for i in range(first, first + count)]
+
+    await expect_status(new_session(store, profile, external_refs=refs(0, 5_000)),
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, "external_refs", f"at most {MAX_REFS_PER_REQUEST}")
+    assert (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile))).total == 0
+    s = await new_session(store, profile, external_refs=refs(0, MAX_REFS_PER_REQUEST))
+    await expect_status(store.UpdateSession(pb.UpdateSessionRequest(
+        session_id=s.id, add_external_refs=refs(0, MAX_REFS_PER_REQUEST + 1))),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "add_external_refs")
+    for first in range(MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION, MAX_REFS_PER_REQUEST):
+        await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id,
+                                                          add_external_refs=refs(first, MAX_REFS_PER_REQUEST)))
+    at_cap = await full(store, s.id)
+    assert len(at_cap.external_refs) == MAX_REFS_PER_SESSION
+    await expect_status(store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, add_external_refs=[
+        *refs(0, 5), *refs(MAX_REFS_PER_SESSION, 1)])), grpc.StatusCode.RESOURCE_EXHAUSTED, "add_external_refs",
+        f"{MAX_REFS_PER_SESSION:,}")
+    after = await full(store, s.id)
+    assert len(after.external_refs) == MAX_REFS_PER_SESSION and after.revision == at_cap.revision
+    # refs it already holds add nothing: taken
+    await store.UpdateSession(pb.UpdateSessionRequest(session_id=s.id, add_external_refs=refs(0, 5)))
 
 
 # -- list / search ------------------------------------------------------------------------------

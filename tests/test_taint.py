@@ -73,6 +73,28 @@ async def test_an_upload_taints_the_session_once(store):
     assert (await full(store, session.id)).revision == first.revision  # sticky: written the once
 
 
+async def test_only_the_services_may_store_a_tools_file_without_tainting(store_auth, user):
+    from services.shared.auth import vouching_metadata
+    from tests.conftest import JWT_SECRET, bearer
+
+    async def upload(session_id: str, metadata) -> None:
+        async def parts():
+            yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, filename="out.txt",
+                                                                        from_tool=True))
+            yield store_pb.PutFileRequest(chunk=b"written by a tool")
+        await store_auth.PutFile(parts(), metadata=metadata)
+
+    async def tainted_after(metadata) -> bool:
+        session = (await store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id="small"),
+                                                  metadata=bearer(user))).session
+        await upload(session.id, metadata)
+        got = await store_auth.GetSession(store_pb.GetSessionRequest(session_id=session.id), metadata=bearer(user))
+        return got.session.untrusted_ingested
+
+    assert await tainted_after(bearer(user))  # a user saying so is an upload like any other
+    assert not await tainted_after(bearer(user) + vouching_metadata(True, JWT_SECRET))
+
+
 # -- the clamp -----------------------------------------------------------------------------------
 def spawn_then_try(tool_call) -> list[Reply]:
     """The parent spawns a sub-agent, which tries `tool_call` and then reports."""

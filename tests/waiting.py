@@ -53,3 +53,19 @@ async def call_to_end(stub, method, request, **kwargs) -> None:
         await drain_call(call, method.name)
     else:
         await call
+
+
+async def raw_call_to_end(channel, method, body: bytes, **kwargs) -> None:
+    """``body`` sent as ``method``'s request (a stream's one message), bytes as they are, and the
+    call run to its end as ``call_to_end`` runs it; raises the call's error."""
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    if method.client_streaming:
+        streaming = channel.stream_stream if method.server_streaming else channel.stream_unary
+        call = streaming(path)(iter([body]), **kwargs)
+    else:
+        unary = channel.unary_stream if method.server_streaming else channel.unary_unary
+        call = unary(path)(body, **kwargs)
+    if method.server_streaming:
+        await drain_call(call, method.name)
+    else:
+        await call

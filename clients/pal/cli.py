@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from clients.pal.app import App
-from clients.pal.commands import chat, files, info, sessions, turns
+from clients.pal.commands import audit, chat, files, info, sessions, turns
 from clients.pal.connection import Connection
 from clients.pal.errors import CliError
 from clients.pal.output import Output
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     turns.register(sub, common)
     sessions.register(sub, common)
     files.register(sub, common)
+    audit.register(sub, common)
     info.register(sub, common)
     return parser
 

@@ -152,7 +152,7 @@ def tool_card(started: agent_pb2.ToolStarted | None, finished: agent_pb2.ToolFin
 def file_line(shared: agent_pb2.FileShared) -> Text:
     """A file a tool offered: what it is, and the command that fetches it."""
     what = f"{shared.title} · " if shared.title else ""
-    how = f"to view ({shared.viewer})" if shared.viewer else "to download"
+    how = f"to view ({shared.viewer}{', sandboxed' if shared.sandbox else ''})" if shared.viewer else "to download"
     return Text(f"📎 {what}{shared.name} · {shared.content_type} · {shared.size:,} bytes · {how}: "
                 f"pal files get {shared.link}", style="green")
 

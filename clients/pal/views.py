@@ -179,3 +179,46 @@ def health_table(rows: list[dict[str, str]]) -> Table:
         style = "green" if row["status"] == "SERVING" else "red"
         table.add_row(row["service"], row["address"], Text(row["status"], style=style), row.get("error", ""))
     return table
+
+
+OUTCOME_STYLES = {"ok": "green", "error": "red", "refused": "yellow", "stopped": "magenta"}
+
+
+def byte_size(count: int) -> str:
+    """`812 B`, `3.4 KB`, `1.2 MB`."""
+    if count < 1024:
+        return f"{count:,} B"
+    if count < 1024 * 1024:
+        return f"{count / 1024:,.1f} KB"
+    return f"{count / 1024 / 1024:,.1f} MB"
+
+
+def duration(seconds: float) -> str:
+    """`12 ms` under a second, `3.4 s` from there."""
+    if seconds < 0.001:
+        return "<1 ms"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def tool_runs_table(runs: Iterable[session_store_pb2.ToolRun]) -> Table:
+    """A session's audit log, oldest first: a sub-agent's runs marked ↳, a failure's reason under its arguments."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("#", style="dim", justify="right")
+    table.add_column("time", style="dim", no_wrap=True)
+    table.add_column("tool", style="cyan", no_wrap=True)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("took", justify="right", no_wrap=True)
+    table.add_column("in", justify="right", no_wrap=True)
+    table.add_column("out", justify="right", no_wrap=True)
+    table.add_column("arguments", overflow="fold")
+    for run in runs:
+        outcome = session_store_pb2.ToolRunOutcome.Name(run.outcome).removeprefix("TOOL_RUN_OUTCOME_").lower() \
+            if run.outcome in session_store_pb2.ToolRunOutcome.values() else str(run.outcome)
+        detail = Text(arguments_line(run.arguments_json))
+        if run.error:
+            detail.append("\n" + shorten(" ".join(run.error.split()), 160), style=OUTCOME_STYLES.get(outcome, "red"))
+        when = run.started_at.ToDatetime(tzinfo=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(str(run.seq), when, ("↳ " if run.is_subagent else "") + run.tool,
+                      Text(outcome, style=OUTCOME_STYLES.get(outcome, "")), duration(run.duration_seconds),
+                      byte_size(run.bytes_in), byte_size(run.bytes_out), detail)
+    return table

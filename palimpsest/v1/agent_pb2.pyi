@@ -26,7 +26,7 @@ STREAM_END_REASON_CONTEXT_TOO_LARGE: StreamEndReason
 STREAM_END_REASON_ERROR: StreamEndReason
 
 class RunStreamRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class RunStreamRequest(_message.Message):
     ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -45,10 +46,11 @@ class RunStreamRequest(_message.Message):
     attachments: _containers.RepeatedScalarFieldContainer[str]
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
     stop_on_disconnect: bool
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ...) -> None: ...
+    cwd: str
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect")
+    __slots__ = ("session_id", "profile_id", "text", "images", "hidden", "external_refs", "attachments", "inline_attachments", "stop_on_disconnect", "cwd")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +60,7 @@ class RunRequest(_message.Message):
     ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     INLINE_ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_DISCONNECT_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     profile_id: str
     text: str
@@ -67,7 +70,8 @@ class RunRequest(_message.Message):
     attachments: _containers.RepeatedScalarFieldContainer[str]
     inline_attachments: _containers.RepeatedCompositeFieldContainer[InlineAttachment]
     stop_on_disconnect: bool
-    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ...) -> None: ...
+    cwd: str
+    def __init__(self, session_id: _Optional[str] = ..., profile_id: _Optional[str] = ..., text: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., hidden: _Optional[bool] = ..., external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., attachments: _Optional[_Iterable[str]] = ..., inline_attachments: _Optional[_Iterable[_Union[InlineAttachment, _Mapping]]] = ..., stop_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ...) -> None: ...
 
 class InlineAttachment(_message.Message):
     __slots__ = ("filename", "data")
@@ -316,20 +320,22 @@ class SessionRenamed(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class FileShared(_message.Message):
-    __slots__ = ("name", "link", "content_type", "size", "viewer", "title")
+    __slots__ = ("name", "link", "content_type", "size", "viewer", "title", "sandbox")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LINK_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     VIEWER_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
     name: str
     link: str
     content_type: str
     size: int
     viewer: str
     title: str
-    def __init__(self, name: _Optional[str] = ..., link: _Optional[str] = ..., content_type: _Optional[str] = ..., size: _Optional[int] = ..., viewer: _Optional[str] = ..., title: _Optional[str] = ...) -> None: ...
+    sandbox: bool
+    def __init__(self, name: _Optional[str] = ..., link: _Optional[str] = ..., content_type: _Optional[str] = ..., size: _Optional[int] = ..., viewer: _Optional[str] = ..., title: _Optional[str] = ..., sandbox: _Optional[bool] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
     __slots__ = ("reason", "text")

@@ -99,7 +99,7 @@ class ExternalRef(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., uri: _Optional[str] = ..., created_by: _Optional[str] = ..., read_only: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "context_token_count", "revision", "metadata", "external_refs", "untrusted_ingested", "episode_untrusted", "planning_logs", "display_message_count", "messages", "context", "next_seq")
+    __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "context_token_count", "revision", "metadata", "external_refs", "untrusted_ingested", "episode_untrusted", "planning_logs", "display_message_count", "messages", "context", "next_seq", "sandboxed")
     ID_FIELD_NUMBER: _ClassVar[int]
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class Session(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SANDBOXED_FIELD_NUMBER: _ClassVar[int]
     id: str
     profile_id: str
     owner: str
@@ -140,7 +141,8 @@ class Session(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     context: _containers.RepeatedCompositeFieldContainer[Message]
     next_seq: int
-    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., external_refs: _Optional[_Iterable[_Union[ExternalRef, _Mapping]]] = ..., untrusted_ingested: _Optional[bool] = ..., episode_untrusted: _Optional[bool] = ..., planning_logs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., display_message_count: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_seq: _Optional[int] = ...) -> None: ...
+    sandboxed: bool
+    def __init__(self, id: _Optional[str] = ..., profile_id: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_active: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., context_token_count: _Optional[int] = ..., revision: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., external_refs: _Optional[_Iterable[_Union[ExternalRef, _Mapping]]] = ..., untrusted_ingested: _Optional[bool] = ..., episode_untrusted: _Optional[bool] = ..., planning_logs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., display_message_count: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_seq: _Optional[int] = ..., sandboxed: _Optional[bool] = ...) -> None: ...
 
 class SessionSummary(_message.Message):
     __slots__ = ("id", "profile_id", "owner", "name", "pinned", "provider", "model", "created_at", "last_active", "display_message_count", "preview", "context_token_count", "revision", "untrusted_ingested")
@@ -199,18 +201,20 @@ class RawChunk(_message.Message):
     def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., turn_range: _Optional[_Union[SeqRange, _Mapping]] = ..., first_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breadcrumbs: _Optional[_Iterable[str]] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
 
 class FileInfo(_message.Message):
-    __slots__ = ("name", "path", "size", "sha256", "content_type")
+    __slots__ = ("name", "path", "size", "sha256", "content_type", "outside_content")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_CONTENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     size: int
     sha256: str
     content_type: str
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ...) -> None: ...
+    outside_content: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ..., outside_content: _Optional[bool] = ...) -> None: ...
 
 class TokenCount(_message.Message):
     __slots__ = ("seq", "tokens", "content_md5")

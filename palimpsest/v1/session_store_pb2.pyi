@@ -28,6 +28,14 @@ class SortBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SORT_BY_NAME: _ClassVar[SortBy]
     SORT_BY_MESSAGE_COUNT: _ClassVar[SortBy]
 
+class ToolRunOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_RUN_OUTCOME_UNSPECIFIED: _ClassVar[ToolRunOutcome]
+    TOOL_RUN_OUTCOME_OK: _ClassVar[ToolRunOutcome]
+    TOOL_RUN_OUTCOME_ERROR: _ClassVar[ToolRunOutcome]
+    TOOL_RUN_OUTCOME_REFUSED: _ClassVar[ToolRunOutcome]
+    TOOL_RUN_OUTCOME_STOPPED: _ClassVar[ToolRunOutcome]
+
 class FileKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FILE_KIND_UNSPECIFIED: _ClassVar[FileKind]
@@ -42,6 +50,11 @@ SORT_BY_LAST_ACTIVE: SortBy
 SORT_BY_CREATED_AT: SortBy
 SORT_BY_NAME: SortBy
 SORT_BY_MESSAGE_COUNT: SortBy
+TOOL_RUN_OUTCOME_UNSPECIFIED: ToolRunOutcome
+TOOL_RUN_OUTCOME_OK: ToolRunOutcome
+TOOL_RUN_OUTCOME_ERROR: ToolRunOutcome
+TOOL_RUN_OUTCOME_REFUSED: ToolRunOutcome
+TOOL_RUN_OUTCOME_STOPPED: ToolRunOutcome
 FILE_KIND_UNSPECIFIED: FileKind
 FILE_KIND_IMAGE: FileKind
 
@@ -178,20 +191,72 @@ class GetArchivedMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class AppendMessagesRequest(_message.Message):
-    __slots__ = ("session_id", "messages", "expected_revision", "idempotency_key", "report", "expected_next_seq")
+    __slots__ = ("session_id", "messages", "expected_revision", "idempotency_key", "report", "expected_next_seq", "tool_runs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RUNS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     expected_revision: int
     idempotency_key: str
     report: ModelReport
     expected_next_seq: int
-    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., report: _Optional[_Union[ModelReport, _Mapping]] = ..., expected_next_seq: _Optional[int] = ...) -> None: ...
+    tool_runs: _containers.RepeatedCompositeFieldContainer[ToolRun]
+    def __init__(self, session_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., expected_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., report: _Optional[_Union[ModelReport, _Mapping]] = ..., expected_next_seq: _Optional[int] = ..., tool_runs: _Optional[_Iterable[_Union[ToolRun, _Mapping]]] = ...) -> None: ...
+
+class ToolRun(_message.Message):
+    __slots__ = ("seq", "turn_id", "call_id", "is_subagent", "tool", "arguments_json", "started_at", "duration_seconds", "outcome", "bytes_in", "bytes_out", "error", "call_seq")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_SUBAGENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CALL_SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    turn_id: str
+    call_id: str
+    is_subagent: bool
+    tool: str
+    arguments_json: str
+    started_at: _timestamp_pb2.Timestamp
+    duration_seconds: float
+    outcome: ToolRunOutcome
+    bytes_in: int
+    bytes_out: int
+    error: str
+    call_seq: int
+    def __init__(self, seq: _Optional[int] = ..., turn_id: _Optional[str] = ..., call_id: _Optional[str] = ..., is_subagent: _Optional[bool] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration_seconds: _Optional[float] = ..., outcome: _Optional[_Union[ToolRunOutcome, str]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., error: _Optional[str] = ..., call_seq: _Optional[int] = ...) -> None: ...
+
+class ListToolRunsRequest(_message.Message):
+    __slots__ = ("session_id", "before_seq", "after_seq", "limit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    before_seq: int
+    after_seq: int
+    limit: int
+    def __init__(self, session_id: _Optional[str] = ..., before_seq: _Optional[int] = ..., after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListToolRunsResponse(_message.Message):
+    __slots__ = ("runs", "has_more")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[ToolRun]
+    has_more: bool
+    def __init__(self, runs: _Optional[_Iterable[_Union[ToolRun, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class ModelReport(_message.Message):
     __slots__ = ("baseline", "prompt_cut", "observation", "context_token_count", "token_digest", "token_counts")
@@ -244,7 +309,7 @@ class ClaimTurnResponse(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., holder: _Optional[str] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateSessionRequest(_message.Message):
-    __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "planning_log", "expected_revision")
+    __slots__ = ("session_id", "name", "pinned", "profile_id", "context_token_count", "metadata", "provider", "model", "add_external_refs", "mark_untrusted_ingested", "mark_episode_untrusted", "mark_sandboxed", "planning_log", "expected_revision")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +321,7 @@ class UpdateSessionRequest(_message.Message):
     ADD_EXTERNAL_REFS_FIELD_NUMBER: _ClassVar[int]
     MARK_UNTRUSTED_INGESTED_FIELD_NUMBER: _ClassVar[int]
     MARK_EPISODE_UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
+    MARK_SANDBOXED_FIELD_NUMBER: _ClassVar[int]
     PLANNING_LOG_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
@@ -269,9 +335,10 @@ class UpdateSessionRequest(_message.Message):
     add_external_refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.ExternalRef]
     mark_untrusted_ingested: bool
     mark_episode_untrusted: bool
+    mark_sandboxed: bool
     planning_log: _struct_pb2.Struct
     expected_revision: int
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., profile_id: _Optional[str] = ..., context_token_count: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., add_external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., mark_untrusted_ingested: _Optional[bool] = ..., mark_episode_untrusted: _Optional[bool] = ..., planning_log: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., pinned: _Optional[bool] = ..., profile_id: _Optional[str] = ..., context_token_count: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., add_external_refs: _Optional[_Iterable[_Union[_common_pb2.ExternalRef, _Mapping]]] = ..., mark_untrusted_ingested: _Optional[bool] = ..., mark_episode_untrusted: _Optional[bool] = ..., mark_sandboxed: _Optional[bool] = ..., planning_log: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., expected_revision: _Optional[int] = ...) -> None: ...
 
 class UpdateSessionResponse(_message.Message):
     __slots__ = ("session",)
@@ -456,14 +523,20 @@ class SearchMemoryResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.RawChunk, _Mapping]]] = ..., semantic: _Optional[bool] = ...) -> None: ...
 
 class PutFileHeader(_message.Message):
-    __slots__ = ("session_id", "filename", "kind")
+    __slots__ = ("session_id", "filename", "kind", "from_tool", "path", "outside_content")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FILENAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    FROM_TOOL_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_CONTENT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     filename: str
     kind: FileKind
-    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ...) -> None: ...
+    from_tool: bool
+    path: str
+    outside_content: bool
+    def __init__(self, session_id: _Optional[str] = ..., filename: _Optional[str] = ..., kind: _Optional[_Union[FileKind, str]] = ..., from_tool: _Optional[bool] = ..., path: _Optional[str] = ..., outside_content: _Optional[bool] = ...) -> None: ...
 
 class PutFileRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -508,6 +581,20 @@ class ListFilesResponse(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[_common_pb2.FileInfo]
     def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteFileRequest(_message.Message):
+    __slots__ = ("session_id", "name")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeleteFileResponse(_message.Message):
+    __slots__ = ("freed",)
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    freed: int
+    def __init__(self, freed: _Optional[int] = ...) -> None: ...
 
 class IndexChunksRequest(_message.Message):
     __slots__ = ("session_id", "chunks")

@@ -146,6 +146,16 @@ class SessionStoreStub:
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListFilesRequest.SerializeToString,
                 response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListFilesResponse.FromString,
                 _registered_method=True)
+        self.DeleteFile = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/DeleteFile',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileResponse.FromString,
+                _registered_method=True)
+        self.ListToolRuns = channel.unary_unary(
+                '/palimpsest.v1.SessionStore/ListToolRuns',
+                request_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.SerializeToString,
+                response_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.FromString,
+                _registered_method=True)
         self.IndexChunks = channel.unary_unary(
                 '/palimpsest.v1.SessionStore/IndexChunks',
                 request_serializer=palimpsest_dot_v1_dot_session__store__pb2.IndexChunksRequest.SerializeToString,
@@ -330,6 +340,23 @@ class SessionStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteFile(self, request, context):
+        """Removes one file of the session's workspace (the Agent's commands delete files too).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListToolRuns(self, request, context):
+        """A session's audit log: every tool run of its turns, its sub-agents' included, in the order the
+        Agent recorded them, a page at a time. Readable by whoever may read the session (its owner, an
+        admin), never through a share; deleted with the session. Only the services write it (see
+        AppendMessagesRequest.tool_runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def IndexChunks(self, request, context):
         """Internal, for the Compressor: raw chunks, calibration observations and real-token baselines.
         """
@@ -344,7 +371,8 @@ class SessionStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListObservations(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every user's prompt sizes and character mixes: the services and admins only (PERMISSION_DENIED).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -498,6 +526,16 @@ def add_SessionStoreServicer_to_server(servicer, server):
                     servicer.ListFiles,
                     request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListFilesRequest.FromString,
                     response_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListFilesResponse.SerializeToString,
+            ),
+            'DeleteFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteFile,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.DeleteFileResponse.SerializeToString,
+            ),
+            'ListToolRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListToolRuns,
+                    request_deserializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.FromString,
+                    response_serializer=palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.SerializeToString,
             ),
             'IndexChunks': grpc.unary_unary_rpc_method_handler(
                     servicer.IndexChunks,
@@ -1136,6 +1174,60 @@ class SessionStore:
             '/palimpsest.v1.SessionStore/ListFiles',
             palimpsest_dot_v1_dot_session__store__pb2.ListFilesRequest.SerializeToString,
             palimpsest_dot_v1_dot_session__store__pb2.ListFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/DeleteFile',
+            palimpsest_dot_v1_dot_session__store__pb2.DeleteFileRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.DeleteFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListToolRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palimpsest.v1.SessionStore/ListToolRuns',
+            palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsRequest.SerializeToString,
+            palimpsest_dot_v1_dot_session__store__pb2.ListToolRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import tempfile
 from contextlib import suppress
+from pathlib import Path
 
 from grpc_health.v1 import health_pb2
 
@@ -17,16 +21,20 @@ from services.agent.context_builder import ContextBuilder
 from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry, ProfilesFileError
 from services.agent.servicer import STOP_MARGIN_S, AgentServicer
 from services.agent.turn import AgentDeps
+from services.agent.workspace import Workspaces
 from services.shared import tracing
 from services.shared.channels import open_channel
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import OllamaClient
-from services.shared.server import RunningServer, start_server
+from services.shared.server import RunningServer, method_paths, start_server
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.agent")
 
 SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
+# A turn's request carries its text, pasted images and inline files (a sub-agent's, the context
+# handed to it); every other request takes PALIMPSEST_MAX_SMALL_REQUEST_BYTES.
+LARGE_REQUESTS = method_paths(SERVICE_NAME, "RunStream", "Run", "RunEphemeral")
 # A health entry of its own: the Agent serves (and says why turns fail) even without Ollama.
 OLLAMA_HEALTH_NAME = "ollama"
 OLLAMA_CHECK_INTERVAL = 10.0
@@ -73,6 +81,30 @@ async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: f
         await asyncio.sleep(interval)
 
 
+def workspace_root(data_dir: Path) -> Path:
+    """This Agent's own folder for its mirrors of the sessions' workspaces (a cache: the store has
+    every file). Agents sharing a data folder each get one; those of Agents no longer running go."""
+    base = data_dir / "workspaces"
+    base.mkdir(parents=True, exist_ok=True)
+    for old in base.glob("agent-*-*"):
+        pid = old.name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    root = Path(tempfile.mkdtemp(prefix=f"agent-{os.getpid()}-", dir=base))
+    root.chmod(0o711)  # a command's sandbox user reaches its own workspace below, and lists nothing here
+    return root
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def load_profiles(path: str) -> ProfileRegistry:
     try:
         return ProfileRegistry.load(path)
@@ -86,13 +118,16 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     store_channel = open_channel(settings.store_addr, settings, service="SessionStore")
     compressor_channel = open_channel(settings.compressor_addr, settings, service="Compressor")
     ollama = OllamaClient(settings.ollama_host)
+    store = SessionStoreStub(store_channel)
+    mirrors = workspace_root(settings.data_dir)
     deps = AgentDeps(
-        store=SessionStoreStub(store_channel),
+        store=store,
         compressor=CompressorStub(compressor_channel),
         ollama=ollama,
         settings=settings,
         profiles=profiles,
         builder=ContextBuilder(DEFAULT_PERSONA),
+        workspaces=Workspaces(store, settings, mirrors),
     )
     servicer = AgentServicer(deps)
     watcher: list[asyncio.Task] = []
@@ -106,6 +141,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         if servicer.bus is not None:
             await servicer.bus.close(flush_s=STOP_MARGIN_S)
         await ollama.aclose()
+        await asyncio.to_thread(shutil.rmtree, mirrors, True)
         await store_channel.close()
         await compressor_channel.close()
 
@@ -116,6 +152,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
         port=port,
         host=host,
         on_stop=on_stop,
+        large_requests=LARGE_REQUESTS,
     )
     watcher.append(asyncio.create_task(watch_ollama(running, ollama, OLLAMA_CHECK_INTERVAL)))
     said = await check_sandbox(running, deps)  # before the first call: at start, in the log and in health

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.shared.errors import InvalidArgument, NotFound, ResourceExhausted
-from services.shared.file_policy import has_executable_magic, refused_as_program, safe_name, session_path, \
+from services.shared.file_policy import PROGRAM_CONTENT, has_executable_magic, refused_as_program, safe_name, \
     upload_name_problem
 
 # A turn names at most this many files: more is a folder, better zipped or uploaded and listed.
@@ -50,8 +50,8 @@ def check_request(request: agent_pb2.RunStreamRequest | agent_pb2.RunRequest) ->
         if problem:
             raise InvalidArgument(f"inline_attachments[{i}].filename", problem)
         if has_executable_magic(f.data[:8]):
-            raise InvalidArgument(f"inline_attachments[{i}].data", refused_as_program(
-                f.filename, "its content starts like one (#! or a binary executable's header)", by_name=False))
+            raise InvalidArgument(f"inline_attachments[{i}].data",
+                                  refused_as_program(f.filename, PROGRAM_CONTENT, by_name=False))
 
 
 def _is_stored_name(name: str) -> bool:
@@ -91,8 +91,9 @@ async def upload_requests(header: store_pb.PutFileHeader, data: bytes) -> AsyncI
 
 
 def uploads_notice(session_id: str, names: Sequence[str]) -> str:
-    """Where the turn's files are, appended to the message the model sees."""
+    """Where the turn's files are, appended to the message the model sees: their workspace paths,
+    which the file tools take as they are."""
     if not names:
         return ""
-    lines = "\n".join(f"- {name} → {session_path(session_id, name)}" for name in names)
-    return f"[Uploaded files on disk:\n{lines}]"
+    lines = "\n".join(f"- {name}" for name in names)
+    return f"[Files for this message, in the workspace:\n{lines}]"

@@ -13,6 +13,7 @@ import grpc
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.agent.audit import ToolRunLog, store_tool_runs
 from services.shared.auth import serving_credentials
 from services.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable
 from services.shared.session_reads import whole_context
@@ -171,10 +172,16 @@ class StoredConversation:
         self.next_seq: int | None = None
         self.warm_worthy = True  # False once what we hold of the session could not be refreshed
         self.appends = TurnAppends(store, self.vouch)
+        # The turn's tool runs (its sub-agents' too) until an append carries them to the audit log,
+        # and the seq of the stored message that carries each tool call (its record names it).
+        self.tool_runs = ToolRunLog()
+        self.call_seqs: dict[str, int] = {}
 
     async def _call(self, method, request, timeout: float | None = None):
-        # A model report rides with the caller's credentials (the interceptor's) and the services' vouch.
-        metadata = self.vouch if getattr(request, "report", None) is not None and request.HasField("report") else ()
+        # A model report or tool runs ride with the caller's credentials (the interceptor's) and the
+        # services' vouch.
+        metadata = self.vouch if isinstance(request, store_pb.AppendMessagesRequest) and (
+            request.HasField("report") or request.tool_runs) else ()
         try:
             return await method(request, metadata=metadata or None, timeout=timeout)
         except Aborted as exc:
@@ -228,14 +235,18 @@ class StoredConversation:
         """Store messages after this session's last. Every attempt carries one idempotency key, so
         an attempt whose answer was lost is never stored twice; ``retry_for``: keep retrying that
         long while the store does not answer (the write of a turn's answer). ``report``: what the
-        model reported for the call the messages answer, written in the same transaction."""
+        model reported for the call the messages answer, written in the same transaction, as are the
+        tool runs the turn's log holds (the audit log's records of the runs these messages answer)."""
         messages = [storable(m) for m in messages]
         key = uuid.uuid4().hex
         attempt_timeout = self.timeout if attempt_timeout is None else attempt_timeout
+        runs = self.tool_runs.unstored(self.call_seqs)
+        carried = len(runs)
 
         def request() -> store_pb.AppendMessagesRequest:
             built = store_pb.AppendMessagesRequest(session_id=self.session_id, messages=messages,
-                                                   expected_revision=self.revision, idempotency_key=key, report=report)
+                                                   expected_revision=self.revision, idempotency_key=key, report=report,
+                                                   tool_runs=runs)
             if self.next_seq is not None:
                 built.expected_next_seq = self.next_seq
             return built
@@ -243,13 +254,14 @@ class StoredConversation:
         try:
             reply = await self._append(request, retry_for, attempt_timeout)
         except (PermissionDenied, InvalidArgument) as exc:
-            if report is None:
+            if report is None and not runs:
                 raise
-            # A report the store will not take never costs the answer: stored without it.
-            log.warning("session %s: the model report was refused (%s); the messages are stored without it",
-                        self.session_id, exc)
-            report = None
+            # A report or records the store will not take never cost the answer: stored without them.
+            log.warning("session %s: the model report or the tool runs' records were refused (%s); the messages "
+                        "are stored without them", self.session_id, exc)
+            report, runs = None, []
             reply = await self._append(request, retry_for, attempt_timeout)
+        self.tool_runs.stored(carried)
         if report is not None:
             self.flagged_cut = reply.context_truncated
         self.revision = reply.revision
@@ -263,6 +275,7 @@ class StoredConversation:
             copy.CopyFrom(message)
             copy.seq = seq
             stored.append(copy)
+            self.call_seqs.update((call.id, seq) for call in message.tool_calls)
         self.context.extend(m for m in stored if (m.is_context if m.explicit_flags else True))
         return list(reply.seqs)
 
@@ -286,8 +299,16 @@ class StoredConversation:
         return await self._write(self.appends, request, attempt_timeout)
 
     async def done_appending(self) -> None:
-        """The turn's own writes are over (its append stream ends)."""
-        await self.appends.close()
+        """The turn's own writes are over: the tool runs no append carried (a stop, a cancellation or
+        a failure under its tools) go to the audit log, then its append stream ends."""
+        runs = self.tool_runs.unstored(self.call_seqs)
+        try:
+            if runs:
+                await store_tool_runs(self.appends, self.session_id, runs, key=uuid.uuid4().hex,
+                                      metadata=self.vouch, timeout=self.timeout)
+                self.tool_runs.stored(len(runs))
+        finally:
+            await self.appends.close()
 
     def snapshot(self) -> common_pb2.Session | None:
         """The session as this conversation left it (CONTEXT view): what the Agent keeps warm for
@@ -348,10 +369,13 @@ class EphemeralConversation:
     session = None
     reloads = 0
 
-    def __init__(self, messages: Sequence[Message] = (), untrusted: bool = False):
+    def __init__(self, messages: Sequence[Message] = (), untrusted: bool = False, tool_runs: ToolRunLog | None = None):
         self.context: list[Message] = list(messages)
         self._untrusted = untrusted
         self.revision = None
+        # The parent turn's log (a spawned sub-agent's runs are audited under the parent session), or
+        # one of its own that RunEphemeral writes at its end.
+        self.tool_runs = tool_runs if tool_runs is not None else ToolRunLog()
 
     async def load(self) -> list[Message]:
         return self.context

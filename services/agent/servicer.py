@@ -14,6 +14,7 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compresso
 from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent import sandbox
 from services.agent.attachments import check_request, store_attachments
+from services.agent.audit import ToolRunLog, store_tool_runs
 from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
@@ -25,7 +26,8 @@ from services.agent.replica_bus import ReplicaBus
 from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
 from services.agent.watchers import SessionWatchers
-from services.shared.auth import forwarded_metadata, identity_from_context, vouching_metadata
+from services.shared.auth import forwarded_metadata, vouching_metadata
+from services.shared.workspace_paths import BadPath, workspace_path
 from services.shared.external_refs import refs_from_proto
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.session_reads import whole_context
@@ -53,6 +55,15 @@ def _validate_turn(request) -> None:
         raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
     refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
     check_request(request)
+    turn_cwd(request.cwd)
+
+
+def turn_cwd(raw: str) -> str:
+    """A turn's working folder, as a workspace path ("" for the workspace itself)."""
+    try:
+        return workspace_path(raw, allow_root=True) if raw else ""
+    except BadPath as exc:
+        raise InvalidArgument("cwd", str(exc)) from None
 
 
 def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
@@ -117,10 +128,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self.turn_logs.record(event, local=False)
         self._watchers.publish(event)
 
-    def _metadata(self, context) -> tuple[tuple[str, str], ...]:
-        identity_from_context(context, enabled=self.deps.settings.auth_enabled, secret=self.deps.settings.jwt_secret)
-        return forwarded_metadata(context)
-
     async def _keep_warm(self, turn: Turn) -> None:
         """After the turn and its post-turn pass, off the client's path: the session as it is now,
         as the turn left it unless the post-turn pass compressed it (then read back)."""
@@ -152,7 +159,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         """Everything that can fail with a plain status before the stream begins: the turn, and
         what it answers."""
         _validate_turn(request)
-        metadata = self._metadata(context)
+        metadata = forwarded_metadata(context)
         await self._reload_profiles()
         warm = None
         if request.session_id:
@@ -185,7 +192,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
-        return turn, TurnInput(request.text, list(request.images), request.hidden, files)
+        return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd))
 
     async def _turn_files(self, request, session_id: str) -> list[str]:
         """The turn's files, stored before the stream begins so a refusal is the call's status. A
@@ -279,14 +286,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("max_iterations", "must not be negative")
         if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
             raise InvalidArgument("timeout_seconds", "must be a finite number of seconds, not negative")
-        metadata = self._metadata(context)
+        metadata = forwarded_metadata(context)
         parent_profile = None
-        untrusted = False
+        untrusted = pinned = False
         if request.parent_session_id:
             parent = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
                 session_id=request.parent_session_id))).session
             parent_profile = self.deps.profiles.resumed(parent.profile_id, parent.provider, parent.model)
             untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
+            pinned = parent.sandboxed
         spawn = SpawnRequest(
             text=request.text, profile_id=request.profile_id, max_iterations=request.max_iterations or 40,
             exclude_tools=tuple(request.exclude_tools), briefing=request.briefing,
@@ -294,12 +302,28 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             context_transfer=request.context_transfer, parent_session_id=request.parent_session_id,
             timeout_seconds=request.timeout_seconds or 300.0,
         )
-        result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
-                                    metadata=metadata, untrusted=untrusted, parent_profile=parent_profile)
+
+        async def taint_parent() -> None:  # (the parent's own turns read the flag from the store)
+            await self.deps.store.UpdateSession(store_pb.UpdateSessionRequest(
+                session_id=request.parent_session_id, mark_untrusted_ingested=True))
+
+        tool_runs = ToolRunLog()
+        try:
+            result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
+                                        metadata=metadata, untrusted=untrusted, parent_profile=parent_profile,
+                                        taint_parent=taint_parent if request.parent_session_id else None,
+                                        sandbox_pinned=lambda: pinned, tool_runs=tool_runs)
+        finally:
+            runs = tool_runs.unstored()
+            if runs and request.parent_session_id:  # audited under the session it worked for, in one write
+                settings = self.deps.settings
+                await store_tool_runs(self.deps.store.AppendMessages, request.parent_session_id, runs,
+                                      key=uuid.uuid4().hex, metadata=vouching_metadata(settings.auth_enabled,
+                                                                                       settings.jwt_secret),
+                                      timeout=settings.rpc_timeout_s)
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):
-        self._metadata(context)  # who asks: refused here without valid credentials
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
@@ -326,7 +350,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         yield sink.queue.get_nowait()
 
     async def Stop(self, request, context):
-        self._metadata(context)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         # Only the session's owner (or an admin) may stop it, or learn whether a turn runs in it:
@@ -341,7 +364,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
 
     async def WatchSession(self, request, context):
-        self._metadata(context)  # who asks: refused here without valid credentials
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         # Who may read the session may watch it: the store answers for the caller.
@@ -359,7 +381,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self._watchers.unsubscribe(request.session_id, queue)
 
     async def ResumeStream(self, request, context):
-        self._metadata(context)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.after_seq < 0:
@@ -375,7 +396,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             yield event
 
     async def ListProfiles(self, request, context):
-        self._metadata(context)
         await self._reload_profiles()  # what the next turn would use, and why an edit was not taken
         default_window = self.deps.settings.ollama_num_ctx
         return pb.ListProfilesResponse(

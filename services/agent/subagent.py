@@ -7,6 +7,7 @@ import logging
 from contextlib import suppress
 
 from palimpsest.v1 import common_pb2
+from services.agent.audit import ToolRunLog
 from services.agent.conversation import EphemeralConversation
 from services.agent.events import EventSink
 from services.agent.profiles import Profile
@@ -40,20 +41,28 @@ async def run_subagent(
     depth: int = 1,
     parent_profile: Profile | None = None,
     session_writer=None,
+    taint_parent=None,
+    cwd: str = "",
+    parent_stop: asyncio.Event | None = None,
+    sandbox_pinned=None,
+    tool_runs: ToolRunLog | None = None,
 ) -> TurnResult:
-    """Run to completion or timeout; returns the text and how it ended."""
+    """Run to completion or timeout; returns the text and how it ended. Its tool runs go on
+    `tool_runs`: the parent turn's log (spawn_agent), or RunEphemeral's, written when it ends."""
     profile = deps.profiles.get(request.profile_id or (parent_profile.id if parent_profile else ""))
     facts = await deps.ollama.model_facts(profile.model)
     seed: list[Message] = []
     if request.context_transfer:
         seed = [Message(role="user", content=f"Context from the parent task:\n{request.context_transfer}"),
                 Message(role="assistant", content="Understood. I have the context.")]
-    turn = Turn(deps, EphemeralConversation(seed, untrusted=untrusted), profile, sink, metadata, facts=facts,
+    conversation = EphemeralConversation(seed, untrusted=untrusted, tool_runs=tool_runs)
+    turn = Turn(deps, conversation, profile, sink, metadata, facts=facts,
                 subagent=SubagentOptions(
                     parent_session_id=request.parent_session_id,
                     system_prompt=_system_prompt(deps, request, profile, parent_profile),
                     max_iterations=request.max_iterations or 40, exclude_tools=tuple(request.exclude_tools),
-                    depth=depth, session_writer=session_writer))
+                    depth=depth, session_writer=session_writer, taint_parent=taint_parent, cwd=cwd,
+                    sandbox_pinned=sandbox_pinned))
     text = request.text
     if profile.subagent_planning_enabled:
         from services.agent.tools.plan import run_subagent_planning
@@ -62,6 +71,8 @@ async def run_subagent(
         if plan:
             text = f"{text}\n\n## Plan (ready — execute it now)\n{plan}"
     task = asyncio.create_task(turn.run(TurnInput(text=text)))
+    # The parent's Stop stops its sub-agent too (its command, its model call), not only after it.
+    relay = asyncio.create_task(_relay_stop(parent_stop, turn.stop)) if parent_stop is not None else None
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout=request.timeout_seconds or 300.0)
     except asyncio.TimeoutError:
@@ -73,6 +84,14 @@ async def run_subagent(
         turn.stop.set()
         await _finish(task, grace=0)
         raise
+    finally:
+        if relay is not None:
+            relay.cancel()
+
+
+async def _relay_stop(parent: asyncio.Event, child: asyncio.Event) -> None:
+    await parent.wait()
+    child.set()
 
 
 async def _finish(task: asyncio.Task, grace: float) -> None:

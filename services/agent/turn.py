@@ -9,6 +9,7 @@ import contextvars
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent import context_builder as cb
+from services.agent.audit import Recording
 from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
@@ -27,6 +29,7 @@ from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, r
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, confined, schema
 from services.agent.tools.registry import execute, tools_for
+from services.agent.workspace import Workspaces
 from services.shared.context_view import (
     heuristic_tokens,
     heuristic_view,
@@ -65,6 +68,9 @@ COUNT_METHODS = {
 # The answer was streamed but could not be stored: say so, and where its text still is.
 NOT_STORED = ("The answer above was not stored in the session: {cause}. Its full text is in this stream's "
               "stream_end; copy it from there, or ask again once the SessionStore is back.")
+# The result of a call a stop came before (every call gets one, so the context stays valid).
+NOT_RUN = ToolResult(content="[not run: the turn was stopped]", is_error=True, untrusted=False,
+                     metadata={"stopped": True})
 TOO_LARGE_ANSWER = (
     "This conversation no longer fits the model's context window (about {tokens} tokens of a "
     "{limit}-token budget), even after compression. Start a new session, or run /compact and try again."
@@ -82,6 +88,8 @@ class AgentDeps:
     profiles: ProfileRegistry
     builder: ContextBuilder
     post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
+    # The sessions' workspaces as this Agent mirrors them (None: no file tools, e.g. in unit tests).
+    workspaces: Workspaces | None = None
 
 
 @dataclass
@@ -91,6 +99,8 @@ class TurnInput:
     hidden: bool = False
     # Stored names of the session files this turn carries (attachments, inline ones once stored).
     files: Sequence[str] = ()
+    # The working folder in the session's workspace ("" is the workspace itself).
+    cwd: str = ""
 
 
 class StalePrompt(Exception):
@@ -136,6 +146,12 @@ class SubagentOptions:
     exclude_tools: tuple[str, ...] = ()
     depth: int = 1
     session_writer: Callable[..., Awaitable[object]] | None = None
+    # Marks the parent's conversation as holding outside content: what a sub-agent takes in taints the
+    # whole conversation at once, not when its report comes back.
+    taint_parent: Callable[[], Awaitable[None]] | None = None
+    cwd: str = ""  # the parent's working folder
+    # Whether the session's commands are pinned to the sandbox (the parent's session, as it is now).
+    sandbox_pinned: Callable[[], bool] | None = None
 
 
 def answer_message(reply: ChatResult, **fields) -> Message:
@@ -188,6 +204,10 @@ class Turn:
         self.parent_session_id = options.parent_session_id
         # A stored turn writes its own session; a sub-agent writes its parent's through the parent.
         self.session_writer = conversation.update if not conversation.ephemeral else options.session_writer
+        self.taint_parent = options.taint_parent
+        self.cwd = options.cwd
+        self._parent_pinned = options.sandbox_pinned
+        self.key = uuid.uuid4().hex  # the run whose first file tool syncs the workspace
         # A sub-agent of a session that has taken in outside content runs clamped: its task may
         # carry instructions planted in that content, so it keeps only the confined tools.
         self.clamped = self.is_subagent and conversation.untrusted
@@ -271,6 +291,7 @@ class Turn:
 
     async def _run(self, turn_input: TurnInput) -> TurnResult:
         self.sink.model_info(self.profile.model, self.window)
+        self.cwd = turn_input.cwd or self.cwd
         if self.conv.session is None and self.stored:
             await self.conv.load()
         if self.session_changes and self.stored:
@@ -605,8 +626,15 @@ class Turn:
     # -- tools -----------------------------------------------------------------------------------
     def tool_context(self) -> ToolContext:
         """What this turn's tools (and a sub-agent's planner) see of it."""
+        session_id = self.session_id or self.parent_session_id
+        workspaces = self.deps.workspaces
         return ToolContext(
-            session_id=self.session_id or self.parent_session_id,
+            session_id=session_id,
+            workspace=workspaces.get(session_id) if workspaces is not None and session_id else None,
+            cwd=self.cwd,
+            turn_key=self.key,
+            stop=self.stop,
+            sandbox_pinned=self.sandbox_pinned(),
             store=self.deps.store,
             ollama=self.deps.ollama,
             profile=self.profile,
@@ -639,13 +667,13 @@ class Turn:
         for call in calls:
             if self.stop.is_set():
                 # Every call gets a result, so the context stays valid for the next turn.
-                results.append(Message(role="tool", name=call.name, tool_call_id=call.id,
-                                       content="[not run: the turn was stopped]"))
+                results.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=NOT_RUN.content))
+                self._audit(call).end(NOT_RUN, 0.0)
                 continue
             outcome, elapsed = await self._run_tool(call)
-            if outcome.untrusted and not self.conv.untrusted:
-                # At once, not after the batch: a sub-agent spawned later in it is clamped.
-                await self.conv.mark_untrusted()
+            if outcome.untrusted:
+                # At once, not after the batch: the next call in it is judged tainted.
+                await self.taint()
             result = Message(role="tool", name=call.name, tool_call_id=call.id, content=outcome.content,
                              images=outcome.images, files=outcome.files, is_compression_critical=outcome.critical,
                              elapsed_seconds=elapsed, metadata=tool_metadata(outcome))
@@ -657,15 +685,21 @@ class Turn:
             self.state.todo_changed = False
             self.sink.todo_updated(list(self.state.todo))
 
+    def _audit(self, call: common_pb2.ToolCall) -> Recording:
+        """The run of `call` on the session's audit log (a sub-agent's: its parent's), from now on."""
+        return self.conv.tool_runs.start(call, turn_id=self.sink.turn_id, is_subagent=self.is_subagent)
+
     async def _run_tool(self, call: common_pb2.ToolCall) -> tuple[ToolResult, float]:
-        """The tool's result and the seconds it ran."""
+        """The tool's result and the seconds it ran, recorded on the audit log (a run cut short too)."""
         self.sink.tool_started(call.id, call.name, call.arguments_json)
         started = time.monotonic()
+        audited = self._audit(call)
         tool = self.tools.get(call.name)
         if tool is None and call.name in self.clamped_out:
             outcome = ToolResult(content=f"{call.name} is not available to this sub-agent: the session it works for "
                                          "has taken in outside content, so its sub-agents keep only "
-                                         f"{', '.join(self.tools) or 'no tools'}.", is_error=True, untrusted=False)
+                                         f"{', '.join(self.tools) or 'no tools'}.", is_error=True, untrusted=False,
+                                 metadata={"refused": "untrusted content"})
         elif tool is None:
             outcome = ToolResult(content=f"Unknown tool {call.name!r}. Available: {', '.join(self.tools)}",
                                  is_error=True, untrusted=False)
@@ -680,15 +714,32 @@ class Turn:
             else:
                 outcome = await execute(tool, args, self.tool_context())
         elapsed = time.monotonic() - started
+        audited.end(outcome, elapsed)
         self.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)
         return outcome, elapsed
+
+    def sandbox_pinned(self) -> bool:
+        """The session's commands run in the sandbox whatever the profile says (a sub-agent: its parent's)."""
+        if self._parent_pinned is not None:
+            return self._parent_pinned()
+        return bool(self.conv.session is not None and self.conv.session.sandboxed)
+
+    async def taint(self) -> None:
+        """Outside content is in the conversation: this run's and every parent's are marked."""
+        if self.conv.untrusted:
+            return
+        await self.conv.mark_untrusted()
+        if self.taint_parent is not None:
+            await self.taint_parent()
 
     async def _spawn(self, request: SpawnRequest) -> tuple[str, bool]:
         from services.agent.subagent import run_subagent
 
         result = await run_subagent(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
-                                    parent_profile=self.profile, session_writer=self.session_writer)
+                                    parent_profile=self.profile, session_writer=self.session_writer,
+                                    taint_parent=self.taint, cwd=self.cwd, parent_stop=self.stop,
+                                    sandbox_pinned=self.sandbox_pinned, tool_runs=self.conv.tool_runs)
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------

@@ -7,10 +7,13 @@ from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor.servicer import CompressorServicer
 from services.shared.channels import open_channel
 from services.shared.ollama import OllamaClient
-from services.shared.server import RunningServer, start_server
+from services.shared.server import RunningServer, method_paths, start_server
 from services.shared.settings import Settings
 
 SERVICE_NAME = compressor_pb2.DESCRIPTOR.services_by_name["Compressor"].full_name
+# The requests that carry the messages to price (a whole context); every other request takes
+# PALIMPSEST_MAX_SMALL_REQUEST_BYTES.
+LARGE_REQUESTS = method_paths(SERVICE_NAME, "EstimateTokens", "CheckContextSize")
 
 
 async def start_compressor(settings: Settings, *, port: int, host: str = "127.0.0.1") -> RunningServer:
@@ -29,6 +32,7 @@ async def start_compressor(settings: Settings, *, port: int, host: str = "127.0.
         port=port,
         host=host,
         on_stop=on_stop,
+        large_requests=LARGE_REQUESTS,
     )
     running.servicer = servicer  # tests reach its tokenizers through it
     return running

@@ -170,7 +170,7 @@ def render_verbatim(message: Message) -> str:
 
 
 def _created_at(message: Message) -> datetime | None:
-    if not message.HasField("created_at"):
+    if not (message.created_at.seconds or message.created_at.nanos):  # unset, or the epoch (the store's "unknown")
         return None
     return message.created_at.ToDatetime(tzinfo=timezone.utc)
 

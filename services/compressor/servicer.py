@@ -25,7 +25,7 @@ from services.compressor.token_estimate import (
     trigger_tokens,
 )
 from services.shared import metrics
-from services.shared.auth import as_service, identity_from_context
+from services.shared.auth import as_service, caller, vouching_metadata
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.context_view import message_budget
 from services.shared.ollama import OllamaClient
@@ -111,10 +111,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         """The most a prompt may be: the window less the room kept for the answer."""
         return window - output_reserve(window, knobs.output_reserve)
 
-    def _caller(self, context):
-        """The caller's identity: with auth on, every RPC needs valid credentials."""
-        return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
-
     async def _recent_observations(self, model: str) -> list[store_pb.Observation]:
         """The model's observations, read at most every OBSERVATIONS_TTL_S by this replica: a
         template fitted on reports a few seconds old differs by a token or two, which its margin
@@ -129,15 +125,19 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def _observations(self, model: str) -> list[store_pb.Observation]:
         if not model:
             return []
-        reply = await self.store.ListObservations(store_pb.ListObservationsRequest(model=model))
+        with as_service():  # every user's prompt sizes: the services' to read, nobody else's
+            reply = await self.store.ListObservations(store_pb.ListObservationsRequest(model=model))
         return list(reply.observations)
 
     async def _load(self, session_id: str, model: str, *, with_context: bool = True,
                     token_digest: str = "", view_budget: int = 0) -> SessionState:
         """Baseline and calibration in one read (with a digest, also the context's stored counts);
         the stored context itself only when the caller sent none and it cannot be summed."""
+        # The caller's credentials read the session; the services' vouch, beside them, the model's
+        # observations (every user's prompt sizes).
         loads = [self.store.GetBaseline(store_pb.GetBaselineRequest(
-            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget))]
+            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget),
+            metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret))]
         if with_context:
             loads.append(whole_context(self.store.GetSession, session_id))
         pricing, *rest = await asyncio.gather(*loads)
@@ -160,7 +160,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     # -- estimates ---------------------------------------------------------------------------
     async def EstimateTokens(self, request, context):
-        self._caller(context)
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
         incoming, schemas = list(request.incoming), list(request.tool_schemas)
@@ -236,7 +235,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
     async def CheckContextSize(self, request, context):
         """The one question before every model call: the view to send, its size, and whether it
         fits, must be compressed first, or cannot be sent at all."""
-        self._caller(context)
         window = self._window(request.window)
         if not request.messages:
             raise InvalidArgument("messages", "the built context to check is required")
@@ -337,7 +335,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
-        self._caller(context).require_service("a model report")
+        caller().require_service("a model report")
         if not request.model:
             raise InvalidArgument("model", "required")
         if request.prompt_eval_count <= 0:
@@ -427,7 +425,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                                        prompt_tokens)
 
     async def WouldCompress(self, request, context):
-        self._caller(context)
         window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
         plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
         kept = pricing.estimate(plan.system + plan.to_keep)
@@ -450,7 +447,6 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         (hard truncation when the summarizer fails), and one CommitCompression writes the result.
         When even that drops nothing, ``compressed`` reports the context unchanged and nothing is committed.
         """
-        self._caller(context)  # who asks comes before what is asked
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)

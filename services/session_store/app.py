@@ -8,7 +8,7 @@ from contextlib import suppress
 
 from palimpsest.v1 import session_store_pb2, session_store_pb2_grpc
 from services.shared import metrics, tracing
-from services.shared.server import RunningServer, start_server
+from services.shared.server import RunningServer, method_paths, start_server
 from services.shared.settings import Settings
 from services.session_store import db, share_links
 from services.session_store.files import FileStore
@@ -22,6 +22,12 @@ from services.shared.ollama import OllamaClient
 log = logging.getLogger("palimpsest.store")
 
 SERVICE_NAME = session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"].full_name
+# The share token is the credential.
+OPEN_METHODS = method_paths(SERVICE_NAME, "GetShared")
+# Requests that carry a conversation's content (messages, raw history, files, a batch of events);
+# every other request takes PALIMPSEST_MAX_SMALL_REQUEST_BYTES.
+LARGE_REQUESTS = method_paths(SERVICE_NAME, "AppendMessages", "AppendStream", "CommitCompression", "IndexChunks",
+                              "PutFile", "PublishSessionMessages")
 
 
 def database(settings: Settings):
@@ -104,6 +110,8 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
         host=host,
         on_stop=on_stop,
         deep_nul_check=True,  # every string of a request may end up in PostgreSQL
+        open_methods=OPEN_METHODS,
+        large_requests=LARGE_REQUESTS,
         translate=db.database_down(url),
     )
     background.append(asyncio.create_task(watch_database(pool, running, db.where(url))))

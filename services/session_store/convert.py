@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -10,9 +11,12 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from palimpsest.v1 import common_pb2
-from services.session_store.redaction import redact_arguments
+from palimpsest.v1 import common_pb2, session_store_pb2
+from services.session_store.redaction import redact_arguments, redact_text
 from services.shared.structs import from_struct, to_struct
+from services.shared.validation import EARLIEST, LATEST
+
+log = logging.getLogger("palimpsest.store")
 
 MESSAGE_COLUMNS = (
     "seq, role, content, thinking, tool_calls, tool_call_id, name, images, files, metadata, "
@@ -24,9 +28,31 @@ VALID_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 def timestamp(dt: datetime) -> timestamp_pb2.Timestamp:
+    """A stored time as a Timestamp, inside the range requests are held to (validation.EARLIEST to
+    LATEST), so whatever the store reads back it would also take. Rows written before that range
+    was enforced can hold year 1, which asyncpg stored as '-infinity' and reads back as a naive
+    datetime.min, or 'infinity': such a time reads as the nearest end of the range (the earliest is
+    the epoch, which clients take for unset) and is logged once, and no read of its session fails."""
+    if dt.tzinfo is None:  # only asyncpg's ±infinity: every column is timestamptz
+        dt = dt.replace(tzinfo=timezone.utc)
+    inside = min(max(dt, EARLIEST), LATEST)
+    if inside != dt:
+        _out_of_range_read(dt, inside)
     ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(dt.astimezone(timezone.utc))
+    ts.FromDatetime(inside)
     return ts
+
+
+_said_out_of_range = False
+
+
+def _out_of_range_read(stored: datetime, read: datetime) -> None:
+    global _said_out_of_range
+    if not _said_out_of_range:
+        _said_out_of_range = True
+        log.warning("a stored time, %s, is outside what the store takes (written before times were checked): "
+                    "read as %s; any more such times are read the same way without saying so",
+                    stored.isoformat(), read.isoformat())
 
 
 def to_datetime(ts: timestamp_pb2.Timestamp | None) -> datetime | None:
@@ -68,7 +94,7 @@ def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime
         message.elapsed_seconds,
         message.tool_call_count or len(message.tool_calls),
         message.token_count,
-        to_datetime(message.created_at) if message.HasField("created_at") else now,
+        to_datetime(message.created_at) or now,  # (unset, or the epoch: a zero Timestamp)
         list(message.breadcrumbs),
         replaces.first if replaces else None,
         replaces.last if replaces else None,
@@ -156,6 +182,7 @@ def session_from_row(row) -> common_pb2.Session:
         next_seq=row["next_seq"],
         untrusted_ingested=row["untrusted_ingested"],
         episode_untrusted=row["episode_untrusted"],
+        sandboxed=row.get("sandboxed", False),
         display_message_count=row["display_count"],
         external_refs=[external_ref_to_proto(r) for r in row["external_refs"] or []],
         planning_logs=[to_struct(log) for log in row["planning_logs"] or []],
@@ -203,6 +230,50 @@ def chunk_from_row(row) -> common_pb2.RawChunk:
     if row["last_at"]:
         chunk.last_at.CopyFrom(timestamp(row["last_at"]))
     return chunk
+
+
+# How the log names a run's outcome (the table's CHECK lists the same words).
+OUTCOME_NAMES = {
+    session_store_pb2.TOOL_RUN_OUTCOME_OK: "ok",
+    session_store_pb2.TOOL_RUN_OUTCOME_ERROR: "error",
+    session_store_pb2.TOOL_RUN_OUTCOME_REFUSED: "refused",
+    session_store_pb2.TOOL_RUN_OUTCOME_STOPPED: "stopped",
+}
+_OUTCOMES = {name: value for value, name in OUTCOME_NAMES.items()}
+# What the log keeps of a run's error: enough to audit; the whole text is in the stored result.
+# (Of its arguments the append function keeps 8,000 characters, cut after redaction.)
+TOOL_RUN_ERROR_CHARS = 500
+
+
+def tool_run_row(run: session_store_pb2.ToolRun) -> dict[str, Any]:
+    """A tool run as the append function writes it (migration 0017): arguments redacted as stored
+    tool calls' are (a stored call's come from its row, redacted already), the error text by the
+    same rules and cut to what the log keeps."""
+    error = redact_text(run.error)
+    return {
+        "turn_id": run.turn_id,
+        "call_id": run.call_id,
+        "is_subagent": run.is_subagent,
+        "tool": run.tool,
+        "arguments": "" if run.call_seq else redact_arguments(run.arguments_json),
+        "call_seq": run.call_seq,
+        "started_at": run.started_at.ToDatetime(tzinfo=timezone.utc).isoformat(),
+        "duration_seconds": run.duration_seconds,
+        "outcome": OUTCOME_NAMES[run.outcome],
+        "bytes_in": run.bytes_in,
+        "bytes_out": run.bytes_out,
+        "error": error if len(error) <= TOOL_RUN_ERROR_CHARS else error[:TOOL_RUN_ERROR_CHARS - 1] + "…",
+    }
+
+
+def tool_run_from_row(row) -> session_store_pb2.ToolRun:
+    run = session_store_pb2.ToolRun(
+        seq=row["seq"], turn_id=row["turn_id"], call_id=row["call_id"], is_subagent=row["is_subagent"],
+        tool=row["tool"], arguments_json=row["arguments"], call_seq=row["call_seq"],
+        duration_seconds=row["duration_seconds"],
+        outcome=_OUTCOMES[row["outcome"]], bytes_in=row["bytes_in"], bytes_out=row["bytes_out"], error=row["error"])
+    run.started_at.CopyFrom(timestamp(row["started_at"]))
+    return run
 
 
 def dumps(data: Any) -> str:

@@ -19,6 +19,13 @@ Naming choices:
 * Each file's SHA-256 is computed once, while it is uploaded (or at the first
   read of a file stored before digests were kept), and kept in the hidden
   ``.sha256/`` folder beside it: listing a folder reads no file in full.
+* The session folder is also the session's workspace: the Agent's tools write
+  files at paths (``src/app.py``, :mod:`services.shared.workspace_paths`),
+  replacing what is there atomically (a reader sees the old file or the new
+  one, never half of each). Beside its digest a tool's file keeps whether its
+  content is the conversation's own; anything else (an upload, a file stored
+  before this was kept, one changed behind the store's back) counts as outside
+  content.
 
 Final names are claimed with ``os.link`` (fails instead of clobbering), so two
 concurrent uploads of ``report.pdf`` end up as ``report.pdf`` and
@@ -40,6 +47,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from services.shared.content_types import SNIFF_BYTES, content_type
+from services.shared.workspace_paths import RESERVED_NAMES, RESERVED_PREFIXES, is_workspace_path
 from services.shared.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -49,6 +57,7 @@ from services.shared.errors import (
 from services.shared.file_policy import (  # noqa: F401 — the rules the store enforces, re-exported
     EXECUTABLE_EXTENSIONS,
     MAX_NAME_BYTES,
+    PROGRAM_CONTENT,
     has_executable_extension,
     has_executable_magic,
     refused_as_program,
@@ -67,6 +76,8 @@ MAX_NAME_ATTEMPTS = 10_000
 
 # Where each stored file's digest is kept, under the file's own name.
 DIGEST_DIR = ".sha256"
+# The digest's third word when the file's content is the conversation's own (a tool wrote it).
+OWN = "own"
 
 # Pillow format name -> stored extension.  An allowlist: Pillow recognises
 # some formats by very weak signatures, and a "pasted image" in an exotic
@@ -90,11 +101,12 @@ _IMAGE_NAME = re.compile(r"image_([1-9][0-9]*)\.[a-z0-9]+")
 
 @dataclass(frozen=True)
 class FileInfo:
-    name: str
+    name: str  # its workspace path: the name itself for a file at the top
     path: Path
     size: int
     sha256: str
     content_type: str
+    outside_content: bool = True  # not known to be the conversation's own
 
 
 # --- pure helpers ----------------------------------------------------------------
@@ -152,31 +164,39 @@ def _stamp(path: Path) -> str:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def _keep_digest(path: Path, digest: str, stamp: str) -> None:
-    """Keep ``digest`` beside the file, replaced atomically so a reader sees the old or the new
-    one. A failure (a full disk) costs only hashing the file again at the next read."""
+def _keep_digest(path: Path, digest: str, stamp: str, own: bool = False) -> None:
+    """Keep ``digest`` beside the file (and whether its content is the conversation's own),
+    replaced atomically so a reader sees the old or the new one. A failure (a full disk) costs only
+    hashing the file again at the next read, which then counts it as outside content."""
     folder = path.parent / DIGEST_DIR
     temp = None
     try:
         folder.mkdir(exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=".", dir=folder)  # a stored name never starts with "."
+        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)  # never a stored name
         with os.fdopen(fd, "w") as f:
-            f.write(f"{digest} {stamp}\n")
+            f.write(f"{digest} {stamp}{' ' + OWN if own else ''}\n")
         os.replace(temp, folder / path.name)
     except OSError:
         if temp is not None:
             Path(temp).unlink(missing_ok=True)
 
 
+def _kept(path: Path) -> tuple[str, bool] | None:
+    """(digest, own) kept for the file as it is now; None when none is kept or the file changed."""
+    stamp = _stamp(path)
+    try:
+        digest, kept_stamp, *rest = (path.parent / DIGEST_DIR / path.name).read_text().split()
+    except (OSError, ValueError):  # none kept yet (a file from before digests were kept), or torn
+        return None
+    return (digest, rest == [OWN]) if kept_stamp == stamp else None
+
+
 def _digest_of(path: Path) -> str:
     """The file's SHA-256: the kept one while the file is unchanged, else hashed (and kept)."""
+    kept = _kept(path)
+    if kept is not None:
+        return kept[0]
     stamp = _stamp(path)  # before hashing: a change during the hash makes the kept one stale, not wrong
-    try:
-        digest, kept_stamp = (path.parent / DIGEST_DIR / path.name).read_text().split()
-        if kept_stamp == stamp:
-            return digest
-    except (OSError, ValueError):  # none kept yet (a file from before digests were kept), or torn
-        pass
     digest = _sha256_of(path)
     _keep_digest(path, digest, stamp)
     return digest
@@ -219,13 +239,18 @@ def _claim_name(temp: Path, folder: Path, candidates: Iterator[str]) -> Path:
 
 
 def _inside(folder: Path, name: str) -> Path:
-    """Return ``folder / name``, refusing anything that resolves elsewhere."""
+    """Return ``folder / name`` (a workspace path), refusing anything that resolves elsewhere."""
     path = folder / name
-    if path.resolve().parent != folder.resolve():
-        # safe_name already makes this impossible; this guards against a
-        # future change (or a planted symlink) breaking that assumption.
+    resolved, root = path.resolve(), folder.resolve()
+    if resolved == root or not resolved.is_relative_to(root) or resolved.relative_to(root).as_posix() != name:
+        # The path rules already make this impossible; this guards against a future change (or
+        # a planted symlink) breaking that assumption.
         raise InvalidArgument("filename", f"{name!r} escapes the session folder")
     return path
+
+
+def _reserved(name: str) -> bool:
+    return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
 
 
 # --- uploads -----------------------------------------------------------------------
@@ -241,14 +266,23 @@ class Upload:
         max_bytes: int,
         *,
         final_names: Callable[[], Iterator[str]] | None = None,
+        replace: bool = False,
+        own: bool = False,
+        scripts_allowed: bool = False,
     ) -> None:
         self.folder = folder
         self.name = name
         self.max_bytes = max_bytes
+        # A tool's write: put at `name` whatever is there (one write wins whole), its digest kept
+        # with whether the content is the conversation's own (`own`).
+        self.replace = replace
+        self.own = own
+        self.scripts_allowed = scripts_allowed
         # Called at commit time, not now, so the free names are computed as
         # late as possible; the default numbers duplicates of `name`.
         self._final_names = final_names or self._numbered_names
-        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".part", dir=folder)
+        # Beside its final place: the rename that publishes it never crosses a filesystem.
+        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".part", dir=(folder / name).parent)
         self.temp_path = Path(temp)
         self._file: BinaryIO | None = os.fdopen(fd, "wb")
         self._size = 0
@@ -288,18 +322,26 @@ class Upload:
             os.fsync(file.fileno())
             file.close()
             self._file = None
-            final = _claim_name(self.temp_path, self.folder, self._final_names())
+            digest = self._sha256.hexdigest()
+            if self.replace:
+                final = _inside(self.folder, self.name)
+                # The digest first, under the new file's stamp (a rename keeps it): a crash between
+                # the two leaves a digest no file matches, which only costs hashing it again.
+                _keep_digest(final, digest, _stamp(self.temp_path), self.own)
+                os.replace(self.temp_path, final)
+            else:
+                final = _claim_name(self.temp_path, self.folder, self._final_names())
+                _keep_digest(final, digest, _stamp(final))
         except BaseException:
             self.abort()
             raise
-        digest = self._sha256.hexdigest()
-        _keep_digest(final, digest, _stamp(final))
         return FileInfo(
-            name=final.name,
+            name=final.relative_to(self.folder).as_posix(),
             path=final,
             size=self._size,
             sha256=digest,
             content_type=content_type(final.name, self._head),
+            outside_content=not self.own,
         )
 
     def abort(self) -> None:
@@ -326,11 +368,9 @@ class Upload:
 
     def _check_head(self) -> None:
         self._head_checked = True
-        if has_executable_magic(self._head):
+        if has_executable_magic(self._head) and not (self.scripts_allowed and self._head.startswith(b"#!")):
             self.abort()
-            raise InvalidArgument("content", refused_as_program(self.name, "its content starts like one "
-                                                                       "(#! or a binary executable's header)",
-                                                                       by_name=False))
+            raise InvalidArgument("content", refused_as_program(self.name, PROGRAM_CONTENT, by_name=False))
 
     def _numbered_names(self) -> Iterator[str]:
         n = 0
@@ -362,6 +402,54 @@ class FileStore:
         folder = self._created_dir(session_id)
         _inside(folder, name)
         return Upload(folder, name, self.max_bytes)
+
+    def begin_write(self, session_id: str, path: str, *, own: bool, scripts_allowed: bool) -> Upload:
+        """Start a write of a workspace ``path`` (folders made as needed) that replaces what is
+        there when committed. ``scripts_allowed``: the Agent's tools write source code (a script
+        by name or by its #! line); native programs are refused whoever writes."""
+        if not is_workspace_path(path):
+            raise InvalidArgument("header.path", f"{path!r} is not a workspace path (relative, e.g. 'src/app.py')")
+        if not scripts_allowed and has_executable_extension(path):
+            raise InvalidArgument("header.path", refused_as_program(
+                path, f"{split_extension(path.lower())[1]} is the extension of one"))
+        folder = self._created_dir(session_id)
+        target = _inside(folder, path)
+        if target.is_dir():
+            raise FailedPrecondition(f"{path!r} is a folder in the workspace, not a file")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise FailedPrecondition(f"a folder of {path!r} is a file in the workspace") from None
+        _inside(folder, path)  # again, now that its folders exist
+        return Upload(folder, path, self.max_bytes, replace=True, own=own, scripts_allowed=scripts_allowed)
+
+    def size_of(self, session_id: str, path: str) -> int:
+        """The bytes of the file at ``path`` (0 when there is none)."""
+        try:
+            return self._existing_file(session_id, path).stat().st_size
+        except (NotFound, InvalidArgument):
+            return 0
+
+    def delete_path(self, session_id: str, path: str) -> int:
+        """Remove the file at workspace ``path`` (and folders it leaves empty); the bytes freed.
+        NotFound when there is no such file."""
+        folder = self.session_dir(session_id)
+        target = self._existing_file(session_id, path)
+        size = target.stat().st_size
+        target.unlink()
+        (target.parent / DIGEST_DIR / target.name).unlink(missing_ok=True)
+        parent = target.parent
+        while parent != folder:
+            try:
+                (parent / DIGEST_DIR).rmdir()
+            except OSError:
+                pass
+            try:
+                parent.rmdir()
+            except OSError:
+                break  # not empty: something else lives there
+            parent = parent.parent
+        return size
 
     def save(self, session_id: str, filename: str, data: bytes) -> FileInfo:
         """Store a whole file in one call (an upload with a single chunk)."""
@@ -413,23 +501,23 @@ class FileStore:
 
     def file_info(self, session_id: str, name: str) -> FileInfo:
         """One stored file's info; NotFound when it does not exist."""
-        return self._info(self._existing_file(session_id, name))
+        return self._info(self._existing_file(session_id, name), name)
 
     def file_names(self, session_id: str) -> set[str]:
-        """Names of a session's stored files, without reading them."""
+        """Workspace paths of a session's stored files, without reading them."""
         folder = self.session_dir(session_id)
-        return {p.name for p in self._stored_files(folder)} if folder.is_dir() else set()
+        return {rel for rel, _ in self._walk(folder)} if folder.is_dir() else set()
 
     def session_folders(self) -> list[str]:
         """Ids of the sessions that have a folder here."""
         return self._session_folders()
 
     def list_files(self, session_id: str) -> list[FileInfo]:
-        """Return the stored files of a session sorted by name ([] if none)."""
+        """Return the stored files of a session, every folder's included, sorted by path ([] if none)."""
         folder = self.session_dir(session_id)
         if not folder.is_dir():
             return []
-        return [self._info(path) for path in sorted(self._stored_files(folder), key=lambda p: p.name)]
+        return [self._info(path, rel) for rel, path in sorted(self._walk(folder))]
 
     def delete_session(self, session_id: str) -> bool:
         """Remove a session's folder; return whether there was one."""
@@ -468,12 +556,12 @@ class FileStore:
 
     def _existing_file(self, session_id: str, name: str) -> Path:
         folder = self.session_dir(session_id)
-        if not name or safe_name(name) != name:
-            # Only names safe_name produces can be stored, so anything else
-            # (paths, temp files, "..") is a malformed request, not a miss.
+        if not name or not is_workspace_path(name):
+            # Only workspace paths can be stored, so anything else (temp files, "..", absolute
+            # paths) is a malformed request, not a miss.
             raise InvalidArgument("filename", f"{name!r} is not a stored file name")
         path = _inside(folder, name)
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():
             raise NotFound(f"file {name!r} not found in session {session_id}")
         return path
 
@@ -488,18 +576,34 @@ class FileStore:
 
     @staticmethod
     def _stored_files(folder: Path) -> Iterator[Path]:
+        """The files at the top of ``folder`` (the uploads' level)."""
         for entry in os.scandir(folder):
-            if not entry.name.startswith(".") and entry.is_file(follow_symlinks=False):
+            if not _reserved(entry.name) and entry.is_file(follow_symlinks=False):
                 yield Path(entry.path)
 
     @staticmethod
-    def _info(path: Path) -> FileInfo:
+    def _walk(folder: Path, prefix: str = "") -> Iterator[tuple[str, Path]]:
+        """(workspace path, file) of every stored file under ``folder``; links are not followed."""
+        for entry in os.scandir(folder):
+            if _reserved(entry.name):
+                continue
+            rel = f"{prefix}{entry.name}"
+            if entry.is_dir(follow_symlinks=False):
+                yield from FileStore._walk(Path(entry.path), rel + "/")
+            elif entry.is_file(follow_symlinks=False):
+                yield rel, Path(entry.path)
+
+    @staticmethod
+    def _info(path: Path, name: str | None = None) -> FileInfo:
+        digest = _digest_of(path)
+        kept = _kept(path)
         return FileInfo(
-            name=path.name,
+            name=name or path.name,
             path=path,
             size=path.stat().st_size,
-            sha256=_digest_of(path),
+            sha256=digest,
             content_type=content_type(path.name, _head_of(path)),
+            outside_content=not (kept is not None and kept[1]),
         )
 
     def _same_image(self, folder: Path, data: bytes) -> FileInfo | None:

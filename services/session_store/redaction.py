@@ -1,8 +1,10 @@
 """Secret redaction applied at the SessionStore's save boundary.
 
 What is redacted, and only that: the arguments of the tool calls in a saved message
-(``redact_arguments``, from ``convert.tool_calls_json``) and the URIs of external refs
-(``redact_uri``). Message content, thinking and tool results are stored as sent.
+(``redact_arguments``, from ``convert.tool_calls_json``), the arguments and error text of the audit
+log's tool runs (``convert.tool_run_row``: the same rules, so a run's arguments read as its stored
+call's) and the URIs of external refs (``redact_uri``). Message content, thinking and tool results
+are stored as sent.
 
 * ``redact_arguments`` tool-call arguments, kept valid JSON when they were JSON
 * ``redact_uri``       external-ref URIs (userinfo password, secret query params)
@@ -344,20 +346,35 @@ def _unique_key(key: str, taken: dict[str, Any]) -> str:
 # --- external-ref URIs -----------------------------------------------------------
 
 # Query/fragment parameter names (normalised like is_secret_key) whose value is a
-# credential: OAuth tokens, presigned-URL signatures, plain keys.
+# credential: OAuth tokens, presigned-URL signatures, plain keys, session ids.
 _SECRET_URI_PARAMS = frozenset(
     {
         "token", "accesstoken", "idtoken", "refreshtoken", "authtoken", "key", "apikey",
         "signature", "sig", "password", "pass", "passwd", "pwd", "secret", "clientsecret",
         "code", "auth", "xamzsignature", "xamzcredential", "xamzsecuritytoken",
         "xgoogsignature", "xgoogcredential", "sessiontoken", "jwt",
+        "jsessionid", "phpsessid", "aspnetsessionid",  # (sessionid: is_secret_key)
     }
 )
 _PARAM = re.compile(r"(?P<key>[^&;=#]+)=(?P<value>[^&;#]*)")
+# A path segment's own parameters, as servlet containers put the session there: /cart;jsessionid=…
+_PATH_PARAM = re.compile(r";(?P<key>[^/;=]+)=(?P<value>[^/;]*)")
+
+# Webhook URLs whose path is the credential: whoever has the URL can post. The ids before the
+# secret stay, so a reader still tells one hook from another.
+_PATH_SECRETS = re.compile(
+    # Slack: /services/T…/B…/<secret> (and the /workflows/ and /triggers/ forms)
+    r"(?P<slack>//hooks\.slack\.com/(?:services|workflows|triggers)/(?:[^/?#]+/)+)[^/?#]+"
+    # Discord: /api/webhooks/<id>/<token>
+    r"|(?P<discord>//(?:(?:ptb|canary)\.)?discord(?:app)?\.com/api(?:/v\d+)?/webhooks/\d+/)[^/?#]+"
+    # Telegram bots: /bot<id>:<token>/<method>
+    r"|(?P<telegram>//api\.telegram\.org/(?:file/)?bot\d+:)[^/?#]+",
+    re.IGNORECASE,
+)
 
 
 def redact_uri(uri: str) -> str:
-    """Return ``uri`` with its userinfo password and secret parameters masked.
+    """Return ``uri`` with its userinfo password, secret parameters and path-borne secrets masked.
 
     The URI is never parsed for resolution -- only split textually -- so the
     stored value keeps the caller's exact spelling everywhere else.
@@ -365,19 +382,17 @@ def redact_uri(uri: str) -> str:
     uri = _URL_PASSWORD.sub(lambda m: m["prefix"] + MASK, uri)
     base, hash_sign, fragment = uri.partition("#")
     path, question, query = base.partition("?")
-    redacted = path + question + _redacted_params(query)
+    path = _PATH_SECRETS.sub(lambda m: next(kept for kept in m.groups() if kept) + MASK, path)
+    redacted = _PATH_PARAM.sub(_masked_param, path) + question + _PARAM.sub(_masked_param, query)
     if hash_sign:
         # OAuth implicit flow puts access_token in the fragment.
-        redacted += hash_sign + _redacted_params(fragment)
-    # Known token formats can also sit in a path segment (webhook URLs).
+        redacted += hash_sign + _PARAM.sub(_masked_param, fragment)
+    # Known token formats can also sit in a path segment (GitHub and Slack tokens).
     return redact_text(redacted)
 
 
-def _redacted_params(params: str) -> str:
-    def mask(match: re.Match[str]) -> str:
-        name = re.sub(r"[\s_\-.]|%2[dD]|%5[fF]", "", match["key"]).lower()
-        if name in _SECRET_URI_PARAMS or is_secret_key(name):
-            return f"{match['key']}={MASK}" if match["value"] else match[0]
-        return match[0]
-
-    return _PARAM.sub(mask, params)
+def _masked_param(match: re.Match[str]) -> str:
+    name = re.sub(r"[\s_\-.]|%2[dD]|%5[fF]", "", match["key"]).lower()
+    if match["value"] and (name in _SECRET_URI_PARAMS or is_secret_key(name)):
+        return match[0][: match.start("value") - match.start()] + MASK
+    return match[0]

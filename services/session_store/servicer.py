@@ -9,12 +9,9 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import PurePath
-
-import grpc
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
-from services.shared.auth import Identity, identity_from_context, vouched_by_services
+from services.shared.auth import Identity, caller, vouched_by_services
 from services.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
 from services.shared.settings import Settings
 from services.session_store import convert
@@ -22,7 +19,8 @@ from services.shared.structs import from_struct
 from services.session_store.redaction import redact_uri
 from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
-from services.shared.validation import first_nul
+from services.shared.file_policy import unseen_character_problem
+from services.shared.validation import first_nul, first_out_of_range
 from services.shared import metrics
 from services.shared.stopping import Stopping
 from services.session_store.repository import SessionRepository
@@ -30,6 +28,7 @@ from services.session_store.repository.access import parse_session_id
 from services.session_store.repository.sessions import Report
 from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from services.session_store.semantic import MemoryIndex
+from services.session_store.shared_view import scrubbed, shared_message
 from services.session_store.session_bus import MAX_PAYLOAD_BYTES, ListenerGone, SessionBus
 
 log = logging.getLogger("palimpsest.store")
@@ -39,6 +38,8 @@ DEFAULT_PAGE = 50
 FILE_CHUNK = 64 * 1024
 # Ollama's model names ("nomic-embed-text", "hf.co/org/repo:Q4_K_M") are far shorter.
 MAX_MODEL_NAME = 200
+# A tool's name, a turn's or a tool call's id (Ollama's are short; custom tools' names are identifiers).
+MAX_TOOL_NAME = 200
 MAX_BUS_MESSAGES = 1000  # one PublishSessionMessages
 # How long a new ListenSessionMessages waits for this replica's listen connection (reconnecting).
 LISTEN_READY_S = 5.0
@@ -64,9 +65,9 @@ def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int 
     return value
 
 
-def _refs_from_proto(refs) -> list[ExternalRef]:
+def _refs_from_proto(refs, field: str = "external_refs") -> list[ExternalRef]:
     """A request's refs validated, as stored: URIs redacted."""
-    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs)]
+    return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs, field=field)]
 
 
 def _refs_from_json(items) -> list[ExternalRef]:
@@ -120,22 +121,24 @@ def _validate_messages(messages, max_bytes: int) -> None:
     if not messages:
         raise InvalidArgument("messages", "at least one message is required")
     for i, m in enumerate(messages):
-        check_message_size(m, f"messages[{i}]", max_bytes)
-        if m.role not in convert.VALID_ROLES:
-            raise InvalidArgument(f"messages[{i}].role", f"must be one of system, user, assistant, tool; got {m.role!r}")
         if m.seq:
             raise InvalidArgument(f"messages[{i}].seq", "is assigned by the store; leave it 0")
-        if "\x00" in m.content:
-            raise InvalidArgument(f"messages[{i}].content", "must not contain NUL characters")
-        if not math.isfinite(m.elapsed_seconds):
-            raise InvalidArgument(f"messages[{i}].elapsed_seconds", "must be a finite number")
-        if m.HasField("created_at") and not MIN_TIMESTAMP <= m.created_at.seconds <= MAX_TIMESTAMP:
-            raise InvalidArgument(f"messages[{i}].created_at", "must be a date between years 1 and 9999")
-        if m.HasField("metadata"):
-            check_struct(m.metadata, f"messages[{i}].metadata")
+        check_message(m, f"messages[{i}]", max_bytes)
 
 
-MIN_TIMESTAMP, MAX_TIMESTAMP = -62135596800, 253402300799  # 0001-01-01 … 9999-12-31
+def check_message(m: common_pb2.Message, field: str, max_bytes: int) -> None:
+    """A message the store is to write (an append's, a compression's): what PostgreSQL could not
+    hold or a chat template could not read is refused, naming it (its times are the interceptor's:
+    validation.first_out_of_range)."""
+    check_message_size(m, field, max_bytes)
+    if m.role not in convert.VALID_ROLES:
+        raise InvalidArgument(f"{field}.role", f"must be one of system, user, assistant, tool; got {m.role!r}")
+    if "\x00" in m.content:
+        raise InvalidArgument(f"{field}.content", "must not contain NUL characters")
+    if not math.isfinite(m.elapsed_seconds):
+        raise InvalidArgument(f"{field}.elapsed_seconds", "must be a finite number")
+    if m.HasField("metadata"):
+        check_struct(m.metadata, f"{field}.metadata")
 
 
 def check_struct(struct, field: str) -> None:
@@ -190,12 +193,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if self.memory_index is not None:
             self.memory_index.poke()
 
-    def _identity(self, context: grpc.aio.ServicerContext) -> Identity:
-        return identity_from_context(context, enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)
-
     # -- sessions --------------------------------------------------------------------------
     async def CreateSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if not request.profile_id.strip():
             raise InvalidArgument("profile_id", "required")
         check_struct(request.metadata, "metadata")
@@ -212,7 +212,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.CreateSessionResponse(session=convert.session_from_row(row))
 
     async def GetSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.view not in pb.SessionView.values():
             raise InvalidArgument("view", f"unknown view {request.view}")
@@ -231,7 +231,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return response
 
     async def ListSessions(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if request.sort_by not in _SORT_NAMES:
             raise InvalidArgument("sort_by", f"unknown sort {request.sort_by}")
         if request.offset < 0:
@@ -259,7 +259,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
 
     async def SearchMatches(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if not request.query.strip():
             raise InvalidArgument("query", "required")
         if len(request.session_ids) > MAX_PAGE:
@@ -277,7 +277,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.GetArchivedMessagesResponse(**await self._page(request, context, archive_only=True))
 
     async def _page(self, request, context, *, archive_only: bool) -> dict:
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.before_seq < 0:
             raise InvalidArgument("before_seq", "must not be negative")
@@ -287,28 +287,31 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return {"messages": page.messages, "has_more": page.has_more}
 
     async def AppendMessages(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
-        _validate_messages(request.messages, self.settings.message_max_bytes)
+        if request.messages or not request.tool_runs:  # (tool runs alone: the audit log only)
+            _validate_messages(request.messages, self.settings.message_max_bytes)
+        elif request.HasField("report"):
+            raise InvalidArgument("report", "a report goes with the messages it answers")
         report = self._report(request.report, identity, context) if request.HasField("report") else None
+        tool_runs = self._tool_runs(request.tool_runs, identity, context)
         if request.HasField("expected_next_seq") and request.expected_next_seq < 1:
             raise InvalidArgument("expected_next_seq", "a seq is at least 1")
         result = await self.repo.sessions.append_messages(
             identity, session_id, request.messages, _expected(request), request.idempotency_key, report,
-            request.expected_next_seq if request.HasField("expected_next_seq") else None)
+            request.expected_next_seq if request.HasField("expected_next_seq") else None, tool_runs)
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
                                          context_truncated=result.context_truncated,
                                          session_changed=result.session_changed)
 
     async def AppendStream(self, request_iterator, context):
-        self._identity(context)  # refused at once: a stream nobody may use is not held open for its first append
         async for request in self.stopping.until(aiter(request_iterator), STOPPING_APPENDS):
             with metrics.timed_as(APPEND_MESSAGES):  # each append as the call it stands for
                 answer = await self.AppendMessages(request, context)
             yield answer
 
     async def ClaimTurn(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.holder.strip() or len(request.holder) > 128:
             raise InvalidArgument("holder", "required, at most 128 characters")
@@ -343,8 +346,48 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             token_digest=report.token_digest, token_counts=[(c.seq, c.tokens, c.content_md5)
                                                             for c in report.token_counts])
 
+    def _tool_runs(self, runs, identity: Identity, context) -> list[dict]:
+        """Audit records to write with an append, as the log keeps them: only from the services (a
+        user must not write their own trail), each checked field by field."""
+        if not runs:
+            return []
+        if not (identity.is_service or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+            raise PermissionDenied("tool runs (the session's audit log) are written by the Palimpsest services only")
+        for i, run in enumerate(runs):
+            field = f"tool_runs[{i}]"
+            if not run.tool.strip():
+                raise InvalidArgument(f"{field}.tool", "required")
+            for name in ("tool", "turn_id", "call_id"):
+                if len(getattr(run, name)) > MAX_TOOL_NAME:
+                    raise InvalidArgument(f"{field}.{name}", f"at most {MAX_TOOL_NAME} characters")
+            if run.outcome not in convert.OUTCOME_NAMES:
+                raise InvalidArgument(f"{field}.outcome", "must be OK, ERROR, REFUSED or STOPPED")
+            if not (math.isfinite(run.duration_seconds) and run.duration_seconds >= 0):
+                raise InvalidArgument(f"{field}.duration_seconds", "must be a finite number of seconds, not negative")
+            if run.bytes_in < 0 or run.bytes_out < 0:
+                raise InvalidArgument(f"{field}.bytes_in", "bytes_in and bytes_out must not be negative")
+            if run.call_seq < 0 or (run.call_seq and run.arguments_json):
+                raise InvalidArgument(f"{field}.call_seq", "a stored message's seq, with no arguments_json beside it")
+            if not run.HasField("started_at"):  # (its range is checked with every time of the request)
+                raise InvalidArgument(f"{field}.started_at", "required")
+        return [convert.tool_run_row(run) for run in runs]
+
+    async def ListToolRuns(self, request, context):
+        identity = caller()
+        session_id = parse_session_id(request.session_id)
+        if request.before_seq < 0:
+            raise InvalidArgument("before_seq", "must not be negative")
+        after = request.after_seq if request.HasField("after_seq") else None
+        if after is not None and (after < 0 or request.before_seq):
+            raise InvalidArgument("after_seq", "must not be negative, and not with before_seq (one direction a page)")
+        limit = page_size(request.limit, "limit")
+        rows, has_more = await self.repo.tool_runs.list_runs(identity, session_id, before_seq=request.before_seq,
+                                                             after_seq=after, limit=limit)
+        return pb.ListToolRunsResponse(runs=[convert.tool_run_from_row(r) for r in rows], has_more=has_more)
+
     async def UpdateSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         changes: dict = {}
         for field in ("name", "pinned", "profile_id", "context_token_count", "provider", "model"):
@@ -358,14 +401,17 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             check_struct(request.metadata, "metadata")
             changes["metadata"] = from_struct(request.metadata)
         if request.add_external_refs:
-            new = _refs_from_proto(request.add_external_refs)
-            changes["external_refs"] = lambda current: [
-                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new)
+            new = _refs_from_proto(request.add_external_refs, "add_external_refs")
+            changes["external_refs"] = lambda current: [  # (merged under the session's lock)
+                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new,
+                                                                    field="add_external_refs")
             ]
         if request.mark_untrusted_ingested:
             changes["untrusted_ingested"] = True
         if request.mark_episode_untrusted:
             changes["episode_untrusted"] = True
+        if request.mark_sandboxed:
+            changes["sandboxed"] = True
         if request.HasField("planning_log"):
             check_struct(request.planning_log, "planning_log")
             changes["planning_log"] = from_struct(request.planning_log)
@@ -373,7 +419,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.UpdateSessionResponse(session=convert.session_from_row(row))
 
     async def SetContextFlag(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.seqs:
             raise InvalidArgument("seqs", "at least one seq is required")
@@ -383,7 +429,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.SetContextFlagResponse(updated=updated, revision=revision)
 
     async def CommitCompression(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.demote_seqs and not request.HasField("summary"):
             raise InvalidArgument("demote_seqs", "a compression must demote messages or add a summary")
@@ -391,13 +437,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("context_token_count", "must not be negative")
         for field in ("summary", "marker"):
             if request.HasField(field):
-                check_message_size(getattr(request, field), field, self.settings.message_max_bytes)
+                check_message(getattr(request, field), field, self.settings.message_max_bytes)
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
                 raise InvalidArgument(f"chunks[{i}].content", "required")
         demoted = set(request.demote_seqs)
         for i, replacement in enumerate(request.replacements):
-            check_message_size(replacement, f"replacements[{i}]", self.settings.message_max_bytes)
+            check_message(replacement, f"replacements[{i}]", self.settings.message_max_bytes)
             stands_for = replacement.replaces
             if stands_for.first != stands_for.last or stands_for.first not in demoted:
                 raise InvalidArgument(f"replacements[{i}].replaces", "must name one demoted row (first = last)")
@@ -418,7 +464,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.CommitCompressionResponse(**result)
 
     async def ArchiveOldMessages(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.below_seq <= 0:
             raise InvalidArgument("below_seq", "must be positive")
@@ -427,7 +473,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
 
     async def TrimSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.keep < 1:
             raise InvalidArgument("keep", f"must be at least 1, got {request.keep}")
@@ -435,7 +481,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.TrimSessionResponse(before=before, after=after, dropped=before - after)
 
     async def CleanupSessions(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         if not request.HasField("older_than_days"):
             raise InvalidArgument("older_than_days", "required (0 deletes every session you can see)")
         if not 0 <= request.older_than_days <= MAX_CLEANUP_DAYS:
@@ -447,7 +493,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.CleanupSessionsResponse(deleted=len(ids), session_ids=ids)
 
     async def DeleteSession(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.delete_session(identity, session_id)
         await asyncio.to_thread(self.files.delete_session, str(session_id))
@@ -455,7 +501,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- shares ----------------------------------------------------------------------------
     async def CreateShare(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         token, created_at = await self.repo.shares.create_share(identity, session_id)
         response = pb.CreateShareResponse(token=token)
@@ -471,9 +517,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         shared = await self.repo.shares.shared_session(request.token)
         page = await self.repo.sessions.history_page(None, shared["id"], request.before_seq, limit, archive_only=False,
                                             budget=self.settings.read_budget_bytes)
+        session_id = str(shared["id"])
+        # A page may hold 32 MB of text to scrub: off the event loop.
+        messages = await asyncio.to_thread(lambda: [shared_message(m, session_id) for m in page.messages])
         response = pb.GetSharedResponse(
-            name=shared["name"], profile_id=shared["profile_id"],
-            messages=[without_session_id(m, str(shared["id"])) for m in page.messages], has_more=page.has_more,
+            name=scrubbed(shared["name"], session_id), profile_id=shared["profile_id"], messages=messages,
+            has_more=page.has_more,
         )
         response.created_at.CopyFrom(convert.timestamp(shared["created_at"]))
         response.last_active.CopyFrom(convert.timestamp(shared["last_active"]))
@@ -481,7 +530,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- raw chunks ------------------------------------------------------------------------
     async def SearchMemory(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.query.strip():
             raise InvalidArgument("query", "required")
@@ -494,7 +543,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows], semantic=semantic)
 
     async def IndexChunks(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         for i, chunk in enumerate(request.chunks):
             if not chunk.content:
@@ -506,7 +555,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- messages between Agent replicas ---------------------------------------------------
     def _bus(self, context) -> SessionBus:
-        if not self._identity(context).is_service:
+        if not caller().is_service:
             raise PermissionDenied("the session bus carries every session's events: the Palimpsest services only")
         if self.bus is None:
             raise Unavailable("this store replica has no session bus")
@@ -543,12 +592,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(self, request, context):
-        self._identity(context).require_service("calibration")
+        caller().require_service("calibration")
         await self.repo.calibration.record_observation(*_checked_observation(request.observation, "observation"))
         return pb.RecordObservationResponse()
 
     async def ListObservations(self, request, context):
-        self._identity(context)
+        if not caller().is_service:
+            raise PermissionDenied(OBSERVATIONS_FOR_SERVICES)
         if not request.model:
             raise InvalidArgument("model", "required")
         limit = page_size(request.limit, "limit", default=8, maximum=100)
@@ -556,7 +606,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.ListObservationsResponse(observations=[_observation(r) for r in rows])
 
     async def SetBaseline(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         identity.require_service("a baseline")
         session_id = parse_session_id(request.session_id)
         baseline = None
@@ -572,10 +622,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.SetBaselineResponse()
 
     async def GetBaseline(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.view_budget < 0:
             raise InvalidArgument("view_budget", "must not be negative")
+        if request.model and not (identity.is_service or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+            raise PermissionDenied(f"model: {OBSERVATIONS_FOR_SERVICES}; leave it empty for the session's baseline")
         row, observations, tokens = await self.repo.calibration.get_baseline(identity, session_id, request.model,
                                                                  request.token_digest, request.view_budget)
         response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
@@ -588,7 +641,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return response
 
     async def SetTokenCounts(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         identity.require_service("a token count")
         session_id = parse_session_id(request.session_id)
         if not request.token_digest:
@@ -601,7 +654,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
 
     # -- files -----------------------------------------------------------------------------
     async def PutFile(self, request_iterator: AsyncIterator[pb.PutFileRequest], context):
-        identity = self._identity(context)
+        identity = caller()
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("header"):
             raise InvalidArgument("header", "the first message of a PutFile stream must carry the header")
@@ -609,12 +662,20 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         field = first_nul(header, deep=True, prefix="header.")
         if field:
             raise InvalidArgument(field, "must not contain NUL characters")
+        out_of_range = first_out_of_range(header, "header.")  # (a streamed request: the interceptor checks none)
+        if out_of_range:
+            raise InvalidArgument(*out_of_range)
         session_id = parse_session_id(header.session_id, "header.session_id")
         session = await self.repo.sessions.get_session(identity, session_id)
+        from_tool = header.from_tool and (identity.is_service or vouched_by_services(
+            context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret))
+        if header.path:
+            return await self._write_path(identity, session_id, header, request_iterator, from_tool=from_tool)
         reply = await self._put_file(identity, session_id, header, request_iterator)
-        if not session["untrusted_ingested"]:
+        if not (session["untrusted_ingested"] or from_tool):
             # An upload or a pasted image is content from outside, as a tool's output is: the
-            # session's sub-agents are clamped and what is recalled from it is fenced from now on.
+            # session's sub-agents are clamped, what is recalled from it is fenced, and tools with
+            # effects outside the conversation are refused from now on.
             await self.repo.sessions.mark_untrusted(session_id)
         return reply
 
@@ -635,6 +696,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             return pb.PutFileResponse(file=_file_info(info), deduplicated=deduplicated)
         if not header.filename:
             raise InvalidArgument("header.filename", "required")
+        if problem := unseen_character_problem(header.filename):  # refused, not renamed quietly
+            raise InvalidArgument("header.filename", problem)
         upload = await _begun(asyncio.to_thread(self.files.begin_upload, str(session_id), header.filename))
         written = 0
         try:
@@ -651,8 +714,45 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await self.repo.usage.add_file_bytes(session_id, info.size)
         return pb.PutFileResponse(file=_file_info(info))
 
+    async def _write_path(self, identity: Identity, session_id: uuid.UUID, header: pb.PutFileHeader,
+                          request_iterator: AsyncIterator[pb.PutFileRequest], *, from_tool: bool) -> pb.PutFileResponse:
+        """A workspace write: the file at ``header.path`` replaced whole. Only the services' tool
+        writes may keep source code, or count as the conversation's own content; a write by anyone
+        else is an upload (it taints the session)."""
+        if header.filename or header.kind != pb.FILE_KIND_UNSPECIFIED:
+            raise InvalidArgument("header.path", "a write at a path takes neither filename nor kind")
+        sid = str(session_id)
+        upload = await _begun(asyncio.to_thread(self.files.begin_write, sid, header.path,
+                                                own=from_tool and not header.outside_content,
+                                                scripts_allowed=from_tool))
+        try:
+            async for part in request_iterator:
+                if part.HasField("header"):
+                    raise InvalidArgument("header", "only the first message may carry a header")
+                await asyncio.to_thread(upload.write, part.chunk)
+            replaced = await asyncio.to_thread(self.files.size_of, sid, header.path)
+            await self.repo.usage.reserve_file_bytes(identity, session_id, max(0, upload.size - replaced))
+            info = await asyncio.to_thread(upload.commit)
+        except BaseException:
+            await asyncio.to_thread(upload.abort)
+            raise
+        await self.repo.usage.add_file_bytes(session_id, info.size - replaced)
+        if not from_tool:
+            await self.repo.sessions.mark_untrusted(session_id)  # (a no-op once marked)
+        return pb.PutFileResponse(file=_file_info(info))
+
+    async def DeleteFile(self, request, context):
+        identity = caller()
+        session_id = parse_session_id(request.session_id)
+        if not request.name:
+            raise InvalidArgument("name", "required")
+        await self.repo.sessions.get_session(identity, session_id)
+        freed = await asyncio.to_thread(self.files.delete_path, str(session_id), request.name)
+        await self.repo.usage.add_file_bytes(session_id, -freed)
+        return pb.DeleteFileResponse(freed=freed)
+
     async def GetFile(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.name:
             raise InvalidArgument("name", "required")
@@ -667,26 +767,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             yield pb.GetFileResponse(chunk=chunk)
 
     async def ListFiles(self, request, context):
-        identity = self._identity(context)
+        identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.get_session(identity, session_id)
         files = await asyncio.to_thread(self.files.list_files, str(session_id))
         return pb.ListFilesResponse(files=[_file_info(f) for f in files])
-
-
-def without_session_id(message: common_pb2.Message, session_id: str) -> common_pb2.Message:
-    """A shared message that cannot lead back to its session: file paths (`<root>/<session>/<name>`)
-    become their names, and the session id is masked wherever the conversation quoted it. A share
-    is a read-only capability; the id would open the whole session where auth is off."""
-    copy = common_pb2.Message()
-    copy.CopyFrom(message)
-    del copy.files[:]
-    copy.files.extend(PurePath(path).name for path in message.files)
-    copy.content = copy.content.replace(session_id, SHARED_ID_MASK)
-    copy.thinking = copy.thinking.replace(session_id, SHARED_ID_MASK)
-    for call in copy.tool_calls:
-        call.arguments_json = call.arguments_json.replace(session_id, SHARED_ID_MASK)
-    return copy
 
 
 def checked_model(raw: str) -> str:
@@ -698,7 +783,8 @@ def checked_model(raw: str) -> str:
     return model
 
 
-SHARED_ID_MASK = "[this session]"
+# Every user's prompt sizes and character mixes, by model: what the Compressor calibrates with.
+OBSERVATIONS_FOR_SERVICES = "calibration observations (every user's prompt sizes) are read by the Palimpsest services only"
 # A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
 MAX_CLEANUP_DAYS = 36_500
 
@@ -715,7 +801,6 @@ def _observation(row) -> pb.Observation:
 def _file_info(info) -> common_pb2.FileInfo:
     # The path is the name within the session's folder: where the store keeps its files is its
     # own business (and the absolute path named the session id to anyone shown it).
-    return common_pb2.FileInfo(
-        name=info.name, path=info.name, size=info.size, sha256=info.sha256, content_type=info.content_type
-    )
+    return common_pb2.FileInfo(name=info.name, path=info.name, size=info.size, sha256=info.sha256,
+                               content_type=info.content_type, outside_content=info.outside_content)
 

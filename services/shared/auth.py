@@ -89,8 +89,23 @@ def identity_from_metadata(metadata, *, enabled: bool, secret: str) -> Identity:
     return Identity(sub=sub, role=str(claims.get("role") or "user"))
 
 
-def identity_from_context(context: grpc.aio.ServicerContext, *, enabled: bool, secret: str) -> Identity:
-    return identity_from_metadata(context.invocation_metadata(), enabled=enabled, secret=secret)
+# Who the call being served is, verified by the server's interceptor before it read the request
+# (services/shared/server.py): servicers ask ``caller()`` and the token is decoded once per call.
+_served: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("palimpsest_identity", default=None)
+
+
+def serve_identity(identity: Identity) -> None:
+    """The verified caller of the call being served (in its task, and the tasks it starts)."""
+    _served.set(identity)
+
+
+def caller() -> Identity:
+    """The caller of the call being served; refused when none was verified (a method the server
+    lets in without credentials, such as GetShared, has no caller)."""
+    identity = _served.get()
+    if identity is None:
+        raise Unauthenticated("this call carries no verified credentials")
+    return identity
 
 
 def forwarded_metadata(context: grpc.aio.ServicerContext | None) -> tuple[tuple[str, str], ...]:

@@ -1,7 +1,8 @@
 """What a session file is, from its first bytes and its name, and how a client can show it.
 
 The store types every file it keeps with :func:`content_type` (``FileInfo.content_type``), and
-``content_publish`` picks the inline viewer with :func:`viewer`. The bytes decide over the name: a
+``content_publish`` picks the inline viewer with :func:`viewer` and says with :func:`sandboxed`
+whether a client must show it where no script runs. The bytes decide over the name: a
 PNG saved as ``notes.txt`` is an image, and a ``.ts`` file that is not an MPEG transport stream is
 TypeScript, i.e. text. Pure functions over a file's head; no file is read here.
 
@@ -131,3 +132,14 @@ def viewer(mime: str) -> str:
     if mime.startswith("text/") or mime in _TEXT_BASED:
         return "text"
     return ""
+
+
+# HTML and SVG can run script (a <script>, an on* handler, a javascript: link, a foreignObject): a
+# client shows every one in a sandbox, rather than trust a scan of the file to find them all.
+SANDBOXED_VIEWERS = frozenset({"html", "svg"})
+
+
+def sandboxed(shown_as: str) -> bool:
+    """Whether a client must show this viewer's files only where no script runs and nothing is
+    fetched (FileShared.sandbox)."""
+    return shown_as in SANDBOXED_VIEWERS

@@ -14,14 +14,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from palimpsest.v1 import common_pb2
-from services.shared.errors import InvalidArgument
+from services.shared.errors import InvalidArgument, ResourceExhausted
+from services.shared.validation import timestamp_problem
 
 KIND_MAX_CHARS = 64
 URI_MAX_CHARS = 2048
 CREATED_BY_MAX_CHARS = 128
+# A turn points at a few things (a CI run, a dashboard, a ticket); a session's refs come back with
+# every read of it, so thousands of them would weigh on each turn (a ref is up to ~2.3 KB).
+MAX_REFS_PER_REQUEST = 100
+MAX_REFS_PER_SESSION = 1_000
 CLI_CREATED_BY = "cli"
 FLAG_NAME = "--ref"  # pal run/continue/chat
 
@@ -72,15 +77,22 @@ def _validated(ref: ExternalRef, prefix: str, now: datetime | None) -> ExternalR
     return replace(ref, created_at=_utc(ref.created_at, now))
 
 
-def refs_from_proto(refs: Iterable[common_pb2.ExternalRef], *,
+def refs_from_proto(refs: Sequence[common_pb2.ExternalRef], *, field: str = "external_refs",
                     now: datetime | None = None) -> list[ExternalRef]:
-    """The refs of a request, each validated (errors name ``external_refs[<index>]``)."""
+    """The refs of a request, each validated (errors name ``<field>[<index>]``), at most
+    MAX_REFS_PER_REQUEST of them."""
+    if len(refs) > MAX_REFS_PER_REQUEST:
+        raise ResourceExhausted(f"{field}: {len(refs):,} refs in one request; at most {MAX_REFS_PER_REQUEST}")
     validated = []
     for i, ref in enumerate(refs):
+        prefix = f"{field}[{i}]"
+        problem = timestamp_problem(ref.created_at)
+        if problem:
+            raise InvalidArgument(f"{prefix}.created_at", problem)
         stamped = ref.HasField("created_at") and (ref.created_at.seconds or ref.created_at.nanos)
         created = ref.created_at.ToDatetime(tzinfo=timezone.utc) if stamped else None  # the epoch: unset
-        validated.append(validate_ref(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), i,
-                                      now=now))
+        validated.append(_validated(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), prefix,
+                                    now))
     return validated
 
 
@@ -134,21 +146,31 @@ def _utc(created_at: datetime | None, now: datetime | None) -> datetime:
     return created_at.astimezone(timezone.utc)
 
 
-def merge_refs(existing: Iterable[ExternalRef], new: Iterable[ExternalRef]) -> list[ExternalRef]:
+def merge_refs(existing: Iterable[ExternalRef], new: Iterable[ExternalRef], *,
+               field: str = "external_refs") -> list[ExternalRef]:
     """Return ``existing`` followed by the refs of ``new`` not already present.
 
     Merging only ever adds: a continue that omits a ref does not drop it.  The
     first occurrence of a (kind, uri, created_by) wins, so an existing ref keeps
-    its original created_at and read_only flag.
+    its original created_at and read_only flag.  Refs that would take the
+    session past MAX_REFS_PER_SESSION are refused (see check_room).
     """
-    seen: set[tuple[str, str, str]] = set()
-    merged: list[ExternalRef] = []
-    for ref in [*existing, *new]:
-        key = ref.dedupe_key()
-        if key not in seen:
-            seen.add(key)
-            merged.append(ref)
-    return merged
+    merged: dict[tuple[str, str, str], ExternalRef] = {}
+    for ref in existing:
+        merged.setdefault(ref.dedupe_key(), ref)
+    stored = len(merged)
+    for ref in new:
+        merged.setdefault(ref.dedupe_key(), ref)
+    check_room(stored, len(merged) - stored, field)
+    return list(merged.values())
+
+
+def check_room(stored: int, adding: int, field: str = "external_refs") -> None:
+    """Refuse ``adding`` new refs to a session holding ``stored`` when that passes
+    MAX_REFS_PER_SESSION; a session already past it (refs stored before the cap) keeps them."""
+    if adding and stored + adding > MAX_REFS_PER_SESSION:
+        raise ResourceExhausted(f"{field}: the session holds {stored:,} refs and this adds {adding:,}; a session "
+                                f"keeps at most {MAX_REFS_PER_SESSION:,} (refs are never removed)")
 
 
 def parse_ref_flag(text: str, *, now: datetime | None = None) -> ExternalRef:

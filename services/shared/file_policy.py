@@ -16,22 +16,24 @@ from services.shared.errors import InvalidArgument
 MAX_NAME_BYTES = 255
 LINK_PREFIX = "palimpsest://sessions/"
 
-# Extensions of programs and scripts.  Rejected case-insensitively on the last
-# suffix only: "notes.sh.txt" is a text file by name, and the content check
-# still catches it if it starts with a shebang.
+# Extensions of programs and scripts: what an OS, a shell, a desktop or a common viewer runs when
+# the file is opened (Windows' blocked-attachment list, Unix launchers, interpreters, packages).
+# Rejected case-insensitively on the last suffix only: "notes.sh.txt" is a text file by name, and
+# the content check still catches it if it starts with a shebang.
 EXECUTABLE_EXTENSIONS = frozenset(
     {
-        ".sh", ".bash", ".zsh", ".ksh", ".csh", ".fish", ".command",
-        ".py", ".pyc", ".pyo", ".pyw", ".pyz",
-        ".exe", ".bat", ".cmd", ".com", ".ps1", ".psm1", ".msi", ".msp",
-        ".dll", ".so", ".dylib", ".bin", ".app", ".jar", ".vbs", ".vbe",
-        ".jse", ".wsf", ".wsh", ".scr", ".cpl", ".hta",
-        ".elf", ".run", ".out", ".pl", ".rb", ".php", ".lua", ".appimage",
-        ".deb", ".rpm", ".apk", ".pkg", ".dmg", ".gadget", ".reg", ".lnk",
+        ".sh", ".bash", ".zsh", ".ksh", ".csh", ".fish", ".command", ".desktop", ".cgi",
+        ".py", ".pyc", ".pyo", ".pyw", ".pyz", ".pl", ".rb", ".php", ".lua", ".tcl",
+        ".js", ".mjs", ".cjs", ".jse", ".vbs", ".vbe", ".vb", ".wsf", ".wsh", ".ws", ".wsc", ".sct",
+        ".ps1", ".psm1", ".psd1", ".ps1xml", ".psc1", ".msh", ".ps", ".eps",  # PowerShell; PostScript
+        ".exe", ".bat", ".cmd", ".com", ".pif", ".scr", ".cpl", ".msc", ".hta", ".chm", ".inf", ".reg",
+        ".lnk", ".url", ".scf", ".msi", ".msp", ".mst", ".msix", ".appx", ".application", ".gadget",
+        ".dll", ".so", ".dylib", ".bin", ".app", ".jar", ".class", ".jnlp", ".wasm", ".dex", ".apk",
+        ".elf", ".run", ".out", ".appimage", ".deb", ".rpm", ".pkg", ".dmg", ".xll",
     }
 )
 
-# Magic numbers of native executables.  Mach-O is listed in both byte orders;
+# Magic numbers of programs.  Mach-O is listed in both byte orders;
 # 0xCAFEBABE is the fat (universal) binary header and also a Java class file,
 # which is just as unwelcome.
 _EXECUTABLE_MAGICS = (
@@ -41,7 +43,13 @@ _EXECUTABLE_MAGICS = (
     b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",  # Mach-O 64-bit
     b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca",  # fat binary / Java class
     b"#!",  # interpreter script
+    b"\x00asm",  # WebAssembly
+    b"dex\n0",  # Android (Dalvik) bytecode, "dex\n035\0" and later
+    b"L\x00\x00\x00\x01\x14\x02\x00",  # Windows shortcut (.lnk)
+    b"%!PS",  # PostScript: a program its viewers run
 )
+PROGRAM_CONTENT = ("its content starts like one (#!, or the header of an executable, WebAssembly, "
+                   "PostScript or a shortcut)")
 
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._ -]")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -113,8 +121,25 @@ def upload_name_problem(name: str) -> str:
         return f"{name!r} is hidden or not a file name; session files have visible names"
     if _CONTROL_CHARS.search(name):
         return f"{name!r} holds control characters"
+    if problem := unseen_character_problem(name):
+        return problem
     if has_executable_extension(name):
         return refused_as_program(name, f"{split_extension(name.lower())[1]} is the extension of one")
+    return ""
+
+
+def unseen_character_problem(name: str) -> str:
+    """Why ``name`` would not show what it is ("" when it would): a character that shows as nothing
+    or as a space it is not (zero-width spaces and joiners, bidi controls, the BOM, line separators,
+    no-break spaces), or a space at either end or a dot at its end, which file systems drop.
+    Refused, never replaced: "x.py" and a zero-width space looks like x.py, and was stored as x.py_."""
+    for char in name:
+        category = unicodedata.category(char)
+        if category in ("Cc", "Cf", "Zl", "Zp") or (category == "Zs" and char != " "):
+            return (f"{name!r} holds U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
+                    "which does not show as what it is: name the file without it")
+    if name != name.strip(" ") or name.endswith("."):
+        return f"{name!r} begins or ends with a space, or ends with a dot, which file systems drop"
     return ""
 
 

@@ -1,6 +1,7 @@
 """One server bootstrap for all three services: grpc.aio, health, reflection, graceful stop,
-and one interceptor that turns known errors into their status code (and hands the caller's
-credentials on to the calls each RPC makes: see ``auth.serve_caller``)."""
+and one interceptor that checks each call's credentials before its request is read, refuses a
+request by size before it is decoded, turns known errors into their status code (and hands the
+caller's credentials on to the calls each RPC makes: see ``auth.serve_caller``)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from grpc_reflection.v1alpha import reflection
 from google.protobuf.message import DecodeError, Message as ProtoMessage
 
 from services.shared import tls, tracing
-from services.shared.auth import serve_caller
-from services.shared.errors import InvalidArgument, PalimpsestError
+from services.shared.auth import Identity, identity_from_metadata, serve_caller, serve_identity
+from services.shared.errors import InvalidArgument, PalimpsestError, ResourceExhausted, Unauthenticated
 from services.shared.metrics import MetricsEndpoint, MetricsInterceptor
 from services.shared.reflection import DocumentedPool
-from services.shared.validation import capped, first_nul, first_too_long
+from services.shared.validation import capped, first_nul, first_out_of_range, first_too_long
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.server")
@@ -37,12 +38,53 @@ T = TypeVar("T")
 Translate = Callable[[BaseException], "PalimpsestError | None"]
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Known errors become their status; anything else is logged once and answered as INTERNAL.
-    A request with a NUL character in a string is refused first, naming the field (``deep``: in
-    nested messages too)."""
+def method_paths(service: str, *names: str) -> frozenset[str]:
+    """``/package.Service/Method`` of each of the service's methods named."""
+    return frozenset(f"/{service}/{name}" for name in names)
 
-    def __init__(self, *, deep_nul_check: bool = False, translate: Translate | None = None):
+
+@dataclass(frozen=True)
+class Admission:
+    """What a call must bring before its request is read: valid credentials for every method of the
+    server's own services but the open ones (health and reflection are not the services' own),
+    and a request within its method's limit."""
+
+    authenticate: Callable[[Any], Identity]  # from the call's metadata; raises Unauthenticated
+    services: tuple[str, ...]  # "/package.Service/" of each
+    open_methods: frozenset[str]
+    # Methods whose requests carry a conversation's content take the large limit, the rest the small.
+    large_requests: frozenset[str]
+    large_limit: tuple[int, str]  # (bytes, the setting that sets it)
+    small_limit: tuple[int, str]
+
+    @classmethod
+    def of(cls, settings: Settings, services: Iterable[str], open_methods: Iterable[str] = (),
+           large_requests: Iterable[str] = ()) -> Admission:
+        return cls(
+            lambda metadata: identity_from_metadata(metadata, enabled=settings.auth_enabled,
+                                                    secret=settings.jwt_secret),
+            tuple(f"/{name}/" for name in services), frozenset(open_methods), frozenset(large_requests),
+            (settings.max_message_bytes, "PALIMPSEST_MAX_MESSAGE_BYTES"),
+            (min(settings.max_small_request_bytes, settings.max_message_bytes), "PALIMPSEST_MAX_SMALL_REQUEST_BYTES"),
+        )
+
+    def needs_credentials(self, method: str) -> bool:
+        return method.startswith(self.services) and method not in self.open_methods
+
+    def limit(self, method: str) -> tuple[int, str]:
+        return self.large_limit if method in self.large_requests else self.small_limit
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Every call's way in. Its credentials first, from its metadata, before any of its request is
+    received: without valid ones it is answered UNAUTHENTICATED and its request is never read (see
+    ``_refusal``). Its request is refused by size before it is decoded, and as INVALID_ARGUMENT
+    when it does not decode; a request with a NUL character in a string is refused next, naming
+    the field (``deep``: in nested messages too). Known errors become their status; anything else
+    is logged once and answered as INTERNAL."""
+
+    def __init__(self, admission: Admission, *, deep_nul_check: bool = False, translate: Translate | None = None):
+        self.admission = admission
         self.deep = deep_nul_check
         self.translate = translate
         # The guarded handler of each method, made once: a server's handlers do not change, and
@@ -54,37 +96,79 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
+        if self.admission.needs_credentials(method):
+            try:  # (this runs in the call's own task: the servicer finds its caller there)
+                serve_identity(self.admission.authenticate(handler_call_details.invocation_metadata))
+            except Unauthenticated as refused:
+                return _refusal(refused)
         guarded = self._guarded.get(method)
         if guarded is None or guarded[0] is not handler:  # (kept per method: never more than the methods)
             guarded = self._guarded[method] = (handler, self._guard(handler, method))
         return guarded[1]
 
     def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        read = _reading(handler.request_deserializer, method, *self.admission.limit(method))
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 _guard_unary(handler.unary_unary, method, self.deep, self.translate),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=read,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 _guard_stream(handler.unary_stream, method, self.deep, self.translate),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=read,
                 response_serializer=handler.response_serializer,
             )
-        if handler.stream_unary:
+        if handler.stream_unary:  # (each request checked as the servicer reads it)
             return grpc.stream_unary_rpc_method_handler(
-                _guard_unary(handler.stream_unary, method, None, self.translate),
-                request_deserializer=handler.request_deserializer,
+                _guard_unary(_checking_each(handler.stream_unary, None), method, None, self.translate),
+                request_deserializer=read,
                 response_serializer=handler.response_serializer,
             )
-        if handler.stream_stream:  # (each request checked as the servicer reads it)
+        if handler.stream_stream:  # (the same)
             return grpc.stream_stream_rpc_method_handler(
                 _guard_stream(_checking_each(handler.stream_stream, self.deep), method, None, self.translate),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=read,
                 response_serializer=handler.response_serializer,
             )
         return handler
+
+
+def _refusal(error: PalimpsestError) -> grpc.RpcMethodHandler:
+    """A handler that answers ``error`` without reading the request. gRPC receives a unary request
+    whole before its handler runs; here nothing asks for it, so HTTP/2 flow control holds the
+    sender to a window's worth, dropped when the call ends."""
+    async def refuse(_requests, context):
+        await context.abort(error.code, capped(str(error)))
+
+    return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A request refused before it was decoded; its handler's guard answers with ``error``."""
+
+    error: PalimpsestError
+
+
+def _reading(deserialize: Callable[[bytes], Any] | None, method: str, limit: int,
+             setting: str) -> Callable[[bytes], Any]:
+    """The method's request deserializer, refusing a request over the method's limit before it is
+    decoded, and one that does not decode. (gRPC would log a deserializer's exception as the
+    servicer's, with its traceback, and answer UNKNOWN.)"""
+    def read(data: bytes):
+        if len(data) > limit:
+            return Refused(ResourceExhausted(f"request: {len(data):,} bytes; {method} takes at most {limit:,} "
+                                             f"({setting})"))
+        if deserialize is None:
+            return data
+        try:
+            return deserialize(data)
+        except DecodeError:
+            return Refused(InvalidArgument("request", "not a well-formed message of this method's request type"))
+
+    return read
 
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str,
@@ -97,9 +181,12 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
 
 
-def _refuse_bad_strings(request, deep: bool | None) -> None:
-    """NUL characters and over-long identifying strings; ``deep`` None: a streamed request (checked
-    by its servicer, if at all)."""
+def _refuse_bad_request(request, deep: bool | None) -> None:
+    """A request refused before it was decoded; NUL characters, over-long identifying strings, and
+    (at any depth, whatever ``deep``) times out of range and enum values the proto does not define
+    (``deep`` None: a streamed request, whose strings its servicer checks, if at all)."""
+    if isinstance(request, Refused):
+        raise request.error
     if deep is not None and isinstance(request, ProtoMessage):
         field = first_nul(request, deep=deep)
         if field:
@@ -107,18 +194,19 @@ def _refuse_bad_strings(request, deep: bool | None) -> None:
         too_long = first_too_long(request)
         if too_long:
             raise InvalidArgument(too_long[0], f"must be at most {too_long[1]} characters")
+        out_of_range = first_out_of_range(request)
+        if out_of_range:
+            raise InvalidArgument(*out_of_range)
 
 
-def _checking_each(fn, deep: bool):
-    """A bidirectional method whose requests are refused, as a unary call's request is, when the
-    servicer reads one with a NUL or an over-long identifying string."""
+def _checking_each(fn, deep: bool | None):
+    """A client-streaming method whose requests are refused, as a unary call's request is, when the
+    servicer reads one that was refused before decoding or (``deep`` not None) one with a NUL or an
+    over-long identifying string."""
     async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        try:
-            async for request in requests:
-                _refuse_bad_strings(request, deep)
-                yield request
-        except DecodeError:  # (a unary call's undecodable request never reaches the servicer)
-            raise InvalidArgument("request", "not a well-formed message of this method's request type") from None
+        async for request in requests:
+            _refuse_bad_request(request, deep)
+            yield request
 
     return lambda requests, context: fn(checked(requests), context)
 
@@ -127,7 +215,7 @@ def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None
     async def guarded(request, context):
         serve_caller(context.invocation_metadata())  # every call made downstream carries them on
         try:
-            _refuse_bad_strings(request, deep)
+            _refuse_bad_request(request, deep)
             return await fn(request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
@@ -141,7 +229,7 @@ def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | Non
     async def guarded(request, context):
         serve_caller(context.invocation_metadata())  # (in the RPC's own task, which drives this generator)
         try:
-            _refuse_bad_strings(request, deep)
+            _refuse_bad_request(request, deep)
             result = fn(request, context)
             if inspect.isasyncgen(result):
                 async for item in result:
@@ -248,22 +336,27 @@ async def start_server(
     on_stop: Callable[[], Awaitable[None]] | None = None,
     deep_nul_check: bool = False,
     translate: Translate | None = None,
+    open_methods: Iterable[str] = (),
+    large_requests: Iterable[str] = (),
 ) -> RunningServer:
     """Start a server with the given servicers on host:port (0 picks a free port). ``deep_nul_check``:
-    refuse NUL characters in nested messages too (the store, which keeps every string)."""
+    refuse NUL characters in nested messages too (the store, which keeps every string).
+    ``open_methods``: the services' methods called without credentials; ``large_requests``: those
+    whose requests may be as large as PALIMPSEST_MAX_MESSAGE_BYTES (see ``Admission``)."""
     credentials = settings_tls(lambda: tls.server_credentials(settings.tls_cert, settings.tls_key,
                                                                settings.tls_client_ca))
+    names = tuple(service_names)
     # Outermost first: the metrics and the RPC's span see the status the ErrorInterceptor gave.
     interceptors: list[grpc.aio.ServerInterceptor] = [
         *([MetricsInterceptor()] if settings.metrics_port is not None else []),
         *tracing.server_interceptors(),
-        ErrorInterceptor(deep_nul_check=deep_nul_check, translate=translate),
+        ErrorInterceptor(Admission.of(settings, names, open_methods, large_requests),
+                         deep_nul_check=deep_nul_check, translate=translate),
     ]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = tuple(service_names)
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
                                         # reflection only asks the pool for files and symbols: a stand-in
                                         # that adds the comments is all it needs

@@ -104,6 +104,9 @@ class Settings:
     stream_chunk_timeout: float = 60.0
     # gRPC transport
     max_message_bytes: int = 64 * 1024 * 1024
+    # The request limit of every RPC that carries no conversation content (the others take
+    # max_message_bytes): gRPC's own default; such a request holds a few kilobytes.
+    max_small_request_bytes: int = 4 * 1024 * 1024
     keepalive_time_ms: int = 30_000
     keepalive_timeout_ms: int = 10_000
     grace_seconds: float = 5.0
@@ -200,6 +203,7 @@ class Settings:
             stream_first_chunk_timeout=_env_float("LLM_STREAM_FIRST_CHUNK_TIMEOUT", 90.0),
             stream_chunk_timeout=_env_float("LLM_STREAM_CHUNK_TIMEOUT", 60.0),
             max_message_bytes=_env_int("PALIMPSEST_MAX_MESSAGE_BYTES", 64 * 1024 * 1024),
+            max_small_request_bytes=_env_int("PALIMPSEST_MAX_SMALL_REQUEST_BYTES", 4 * 1024 * 1024),
             keepalive_time_ms=_env_int("PALIMPSEST_KEEPALIVE_TIME_MS", 30_000),
             keepalive_timeout_ms=_env_int("PALIMPSEST_KEEPALIVE_TIMEOUT_MS", 10_000),
             grace_seconds=_env_float("PALIMPSEST_GRACE_SECONDS", 5.0),

@@ -3,9 +3,11 @@ set a profile asks for, and users add their own through a profile's `custom_tool
 
 from __future__ import annotations
 
+import asyncio
+import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from palimpsest.v1 import agent_pb2
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
@@ -13,6 +15,9 @@ from services.agent.events import EventSink
 from services.agent.profiles import Profile
 from services.shared.ollama import OllamaClient
 from services.shared.settings import Settings
+
+if TYPE_CHECKING:
+    from services.agent.workspace import Workspace
 
 
 @dataclass
@@ -71,7 +76,8 @@ class ToolContext:
     state: TurnState
     window: int
     is_subagent: bool = False
-    untrusted: bool = False  # the session has ingested untrusted content
+    # The conversation has taken in outside content (a sub-agent's: its own run's, or its parent's).
+    untrusted: bool = False
     # Writes UpdateSession fields to `session_id` through the running turn, carrying its revision, so
     # a tool's write never looks like another writer's (None: nothing may be written).
     update_session: Callable[..., Awaitable[Any]] | None = None
@@ -80,14 +86,31 @@ class ToolContext:
     # The conversation so far, for tools that need it (plan).
     conversation: list[Any] = field(default_factory=list)
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)
+    # The session's workspace (None: a run without a session), the folder relative paths start from,
+    # and the key of the run whose first file tool syncs the workspace from the store.
+    workspace: Workspace | None = None
+    cwd: str = ""
+    turn_key: str = ""
+    # Set when the turn is stopped: a long tool (a command) ends at once.
+    stop: asyncio.Event | None = None
+    # The session's commands are pinned to the sandbox (a sandboxed command ran in it before).
+    sandbox_pinned: bool = False
+
+
+class Reach(enum.Enum):
+    """How far a tool's effects go: what the taint rule weighs before it runs."""
+
+    SESSION = "session"  # the session it works for and the model: its files, todo, plan, memory
+    ENGINE = "engine"  # other sessions, sub-agents, profiles: nothing outside Palimpsest
+    OUTSIDE = "outside"  # beyond the conversation: host files, publishing, the network, the owner's memory
 
 
 @runtime_checkable
 class Tool(Protocol):
-    """A tool may also say ``confined = True``: it reaches nothing beyond the session it works for
-    and the model (no other session, no sub-agent, no profile switch, nothing outside the engine).
-    Only confined tools are left to a clamped sub-agent (one of a session that has taken in outside
-    content); a tool that does not say so is taken as unconfined."""
+    """A tool may also say how far it reaches, ``reach = Reach.SESSION`` (or ``"session"``,
+    ``"engine"``, ``"outside"``; ``confined = True`` is the older word for "session"), or answer per
+    call with ``reach_of(args, ctx) -> Reach``. A tool that does not say is taken to act outside the
+    conversation, so a tainted conversation refuses it (see ``refusal``)."""
 
     name: str
     description: str
@@ -96,8 +119,44 @@ class Tool(Protocol):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
 
 
+def reach_of(tool: Tool, args: dict[str, Any] | None = None, ctx: ToolContext | None = None) -> Reach:
+    """How far this call of ``tool`` reaches (without a call: how far the tool can reach at most)."""
+    per_call = getattr(tool, "reach_of", None)
+    if callable(per_call) and args is not None and ctx is not None:
+        return Reach(per_call(args, ctx))
+    declared = getattr(tool, "reach", None)
+    if declared is not None:
+        try:
+            return Reach(declared.value if isinstance(declared, Reach) else declared)
+        except ValueError:
+            return Reach.OUTSIDE
+    return Reach.SESSION if getattr(tool, "confined", False) is True else Reach.OUTSIDE
+
+
 def confined(tool: Tool) -> bool:
-    return getattr(tool, "confined", False) is True
+    """The tool reaches nothing beyond the session it works for and the model."""
+    return reach_of(tool) is Reach.SESSION
+
+
+TAINT_REFUSAL = (
+    "{tool} was not run: this conversation has taken in content from outside (a tool's output, a file or "
+    "an image), which may carry instructions someone planted, so tools whose effects reach {where} are "
+    "refused in it. Tell the user what you wanted to do and why; they can do it themselves, or in a new "
+    "session."
+)
+
+
+def refusal(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> str:
+    """Why the taint rule refuses this call ("" when it may run). In a tainted conversation no tool
+    acts outside it; a sub-agent of one keeps only what stays in its session (the clamp)."""
+    if not ctx.untrusted:
+        return ""
+    reach = reach_of(tool, args, ctx)
+    if reach is Reach.OUTSIDE:
+        return TAINT_REFUSAL.format(tool=tool.name, where="outside it")
+    if reach is Reach.ENGINE and ctx.is_subagent:
+        return TAINT_REFUSAL.format(tool=tool.name, where="beyond its session (for a sub-agent)")
+    return ""
 
 
 def schema(tool: Tool) -> dict[str, Any]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from datetime import UTC
-from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 from google.protobuf import timestamp_pb2
 
 from services.agent.tools.base import ToolResult
 from services.shared.file_policy import parse_file_link
+from services.shared.workspace_paths import BadPath, workspace_path
 from services.shared.structs import from_struct, to_struct  # noqa: F401 — the tools' one import site
 
 
@@ -67,19 +67,22 @@ def role_and_content(message: Any) -> tuple[str, str]:
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 
 
-def file_name(path: str, session_id: str) -> str:
-    """The stored name behind `path`: `image_2.png`, `session_files/<id>/report.pdf` (a notice's
-    path), an absolute path ending so, or a file link. A path into another session's folder is
-    refused rather than silently read from this one."""
+_STORE_LAYOUT = re.compile(r"(?:^|/)session_files/([^/]+)/(.+)$")
+
+
+def file_name(path: str, session_id: str, cwd: str = "") -> str:
+    """The workspace path behind `path`: a workspace path (`image_2.png`, `src/app.py`, resolved from
+    ``cwd``; `/workspace/…` as commands see it), an older notice's `session_files/<id>/report.pdf`, or
+    a file link. A path into another session's files is refused rather than read from this one."""
     text = path.strip().strip("'\"`")
     linked = parse_file_link(text)
-    if linked is not None:
-        folder, name = linked
-    else:
-        pure = PureWindowsPath(text) if "\\" in text else PurePosixPath(text)
-        folder, name = pure.parent.name, pure.name
-    if not name or name in (".", ".."):
-        raise ToolInputError(f"'path' {path!r} does not name a file")
-    if _UUID.match(folder) and session_id and folder.lower() != session_id.lower():
-        raise ToolInputError(f"{path!r} belongs to another session; only this session's files can be used")
-    return name
+    layout = _STORE_LAYOUT.search(text) if linked is None else None
+    if linked is not None or layout is not None:
+        folder, text = linked if linked is not None else (layout[1], layout[2])  # type: ignore[index]
+        cwd = ""
+        if _UUID.match(folder) and session_id and folder.lower() != session_id.lower():
+            raise ToolInputError(f"{path!r} belongs to another session; only this session's files can be used")
+    try:
+        return workspace_path(text, cwd)
+    except BadPath as exc:
+        raise ToolInputError(f"'path': {exc}") from None

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, file_name, shorten, text_arg
-from services.shared.content_types import viewer
+from services.shared.content_types import sandboxed, viewer
 from services.shared.file_policy import file_link
 
 MAX_TITLE = 200
@@ -16,6 +16,7 @@ MAX_TITLE = 200
 
 class ContentPublishTool:
     name = "content_publish"
+    reach = Reach.OUTSIDE  # shown to whoever views the conversation
     description = (
         "Show the user a file that is already among this session's files, inline in the conversation: "
         "images, SVG, PDF, HTML pages, video, audio, 3D models (STL, glTF) and text or source files. "
@@ -33,7 +34,7 @@ class ContentPublishTool:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            name = file_name(text_arg(args, "path", required=True), ctx.session_id)
+            name = file_name(text_arg(args, "path", required=True), ctx.session_id, ctx.cwd)
             title = text_arg(args, "title")
         except ToolInputError as exc:
             return error(f"content_publish: {exc}")
@@ -53,10 +54,12 @@ class ContentPublishTool:
         if not shown_as:
             return error(f"content_publish: {name} is {info.content_type}, which has no inline view; "
                          f"the user can download it at {link}")
+        sandbox = sandboxed(shown_as)
         ctx.events.file_shared(agent_pb2.FileShared(name=name, link=link, content_type=info.content_type,
-                                                    size=info.size, viewer=shown_as, title=title))
+                                                    size=info.size, viewer=shown_as, title=title, sandbox=sandbox))
+        where = " in a sandbox (scripts in it do not run)" if sandbox else ""
         return ToolResult(content=f"Published {name} ({info.content_type}, {info.size:,} bytes): the user sees it "
-                                  f"inline as {shown_as}. Link: {link}",
+                                  f"inline as {shown_as}{where}. Link: {link}",
                           untrusted=False, files=[name],
                           metadata={"name": name, "link": link, "viewer": shown_as, "title": title,
-                                    "content_type": info.content_type})
+                                    "content_type": info.content_type, "sandbox": sandbox})

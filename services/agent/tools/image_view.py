@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, file_name, text_arg
 from services.shared.errors import InvalidArgument, NotFound, PalimpsestError
 from services.shared.image_tokens import image_size
@@ -31,7 +31,7 @@ async def _image_names(ctx: ToolContext) -> list[str]:
 
 class ImageViewTool:
     name = "image_view"
-    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
+    reach = Reach.SESSION  # its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Look at an image stored with this session, e.g. one the user pasted earlier. Give its name "
         "(image_2.png) or the path from a notice; the image is attached to the result for you to see."
@@ -44,7 +44,7 @@ class ImageViewTool:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
-            name = file_name(text_arg(args, "path", required=True), ctx.session_id)
+            name = file_name(text_arg(args, "path", required=True), ctx.session_id, ctx.cwd)
         except ToolInputError as exc:
             return error(f"image_view: {exc}")
         if not ctx.session_id:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
 from services.agent.untrusted import fence
 
@@ -47,7 +47,7 @@ def render_chunks(query: str, chunks: list[common_pb2.RawChunk], untrusted: bool
 
 class MemorySearchTool:
     name = "memory_search"
-    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
+    reach = Reach.SESSION  # its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Search this conversation's earlier history that was compressed out of your context, and get the "
         "original passages back verbatim. Use it when a summary mentions something you need in detail."

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import role_and_content, shorten, text_arg
 from services.agent.tools.todo import load_todo, render as render_todo, replace_todo
 
@@ -391,7 +391,7 @@ async def build_plan(ctx: ToolContext, *, task: str = "", reason: str = "", upda
 
 class PlanTool:
     name = "plan"
-    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
+    reach = Reach.SESSION  # its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Make a step-by-step plan before a non-trivial, multi-step task; it also fills the todo list. "
         "Call it again with a `reason` to revise the plan when it no longer fits."

@@ -1,8 +1,9 @@
 """The tool registry: the built-in tools, users' custom tools, and `execute`, the one way a tool runs.
 
 `execute` is the boundary between the model and the tools: arguments the model got wrong come back
-as an error result it can read and correct, and a tool that fails becomes an error result plus a
-log line. Nothing a model sends can raise out of it (cancellation excepted: Stop must work).
+as an error result it can read and correct, a call the taint rule forbids (``base.refusal``) is
+answered with why, and a tool that fails becomes an error result plus a log line. Nothing a model
+sends can raise out of it (cancellation excepted: Stop must work).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from services.agent.tools.base import Tool, ToolContext, ToolResult
+from services.agent.tools.base import Tool, ToolContext, ToolResult, refusal
 from services.agent.tools.content_publish import ContentPublishTool
+from services.agent.tools.files import FILE_TOOLS
 from services.agent.tools.image_view import ImageViewTool
 from services.agent.tools.memory_search import MemorySearchTool
 from services.agent.tools.plan import PlanTool
@@ -32,8 +34,11 @@ log = logging.getLogger("palimpsest.agent.tools")
 BUILTIN: dict[str, Tool] = {
     tool.name: tool
     for tool in (PlanTool(), TodoTool(), SpawnAgentTool(), MemorySearchTool(), SessionSearchTool(),
-                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool())
+                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool(), *FILE_TOOLS)
 }
+
+# Custom tools already warned about for saying nothing of their reach (once each per process).
+_SILENT_REACH: set[str] = set()
 
 # Error text from a failing tool is cut here: enough to act on, never a wall of traceback.
 ERROR_CHARS = 1_000
@@ -203,6 +208,15 @@ async def execute(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         properties = ", ".join((tool.parameters or {}).get("properties") or {}) or "none"
         return ToolResult(content=f"Invalid arguments for {tool.name}: {problem}. Parameters: {properties}.",
                           is_error=True, untrusted=False)
+    refused = refusal(tool, checked, ctx)
+    if refused:  # judged on every call: the conversation may have been tainted earlier in this batch
+        log.info("tool %s refused in a tainted conversation (session %s)", tool.name, ctx.session_id or "-")
+        if not hasattr(tool, "reach") and not hasattr(tool, "reach_of") and tool.name not in _SILENT_REACH:
+            _SILENT_REACH.add(tool.name)
+            log.warning("custom tool %s says nothing of its reach, so it counts as acting outside the "
+                        "conversation and is refused once outside content is in it; if it only reads, or acts "
+                        "on nothing outside Palimpsest, give it reach = \"engine\" (or \"session\")", tool.name)
+        return ToolResult(content=refused, is_error=True, untrusted=False, metadata={"refused": "untrusted content"})
     try:
         result = await tool.run(checked, ctx)
     except asyncio.CancelledError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
 from services.agent.untrusted import fence
 from services.shared.errors import InvalidArgument, NotFound, PermissionDenied
@@ -72,6 +72,7 @@ def render_history(session: common_pb2.Session, start: int = 0, budget: int = GE
 
 class SessionSearchTool:
     name = "session_search"
+    reach = Reach.ENGINE  # other sessions of the owner: nothing outside Palimpsest
     description = (
         "Recall the user's past sessions. action=list: recent sessions. action=search with `query`: sessions "
         "whose messages mention it, or whose summaries are about it in other words, with a snippet. action=find with `query`: sessions whose name or task "

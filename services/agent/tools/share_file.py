@@ -9,8 +9,9 @@ from typing import Any
 
 from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as store_pb
 from services.agent.local_files import OpenedFile, Refused, open_shareable, read_chunk
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, text_arg
+from services.shared.auth import vouching_metadata
 from services.shared.errors import PalimpsestError
 from services.shared.file_policy import file_link
 
@@ -21,7 +22,8 @@ async def copy_to_session(ctx: ToolContext, opened: OpenedFile, name: str) -> co
     changed: list[Refused] = []
 
     async def parts() -> AsyncIterator[store_pb.PutFileRequest]:
-        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=ctx.session_id, filename=name))
+        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=ctx.session_id, filename=name,
+                                                                    from_tool=True))
         copied = 0
         while True:
             try:
@@ -35,7 +37,10 @@ async def copy_to_session(ctx: ToolContext, opened: OpenedFile, name: str) -> co
             yield store_pb.PutFileRequest(chunk=chunk)
 
     try:
-        return (await ctx.store.PutFile(parts())).file
+        # The services' vouch: the copy's content reaches the model only through a later tool result
+        # (which taints then), so storing it leaves the conversation as trusted as it was.
+        return (await ctx.store.PutFile(parts(), metadata=vouching_metadata(ctx.settings.auth_enabled,
+                                                                             ctx.settings.jwt_secret))).file
     except (asyncio.CancelledError, PalimpsestError):
         if changed:  # our own cancellation, not a Stop
             raise changed[0] from None
@@ -44,6 +49,7 @@ async def copy_to_session(ctx: ToolContext, opened: OpenedFile, name: str) -> co
 
 class ShareFileTool:
     name = "share_file"
+    reach = Reach.OUTSIDE  # a file of the Agent's host, made downloadable
     description = (
         "Give the user a file from this machine: copies it into this session's files and returns a "
         "download link. `source` must be an absolute path to a regular file in a folder files may be "
@@ -73,11 +79,6 @@ class ShareFileTool:
         except Refused as exc:
             return error(f"share_file: {exc}")
         try:
-            if ctx.update_session is not None and not ctx.untrusted:
-                # The store marks a session that takes an upload as holding outside content. Marked
-                # first through the turn, which holds the session's revision, the upload moves
-                # nothing on under it.
-                await ctx.update_session(mark_untrusted_ingested=True)
             info = await copy_to_session(ctx, opened, name)
         except Refused as exc:
             return error(f"share_file: {source}: {exc}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult
+from services.agent.tools.base import Reach, SpawnRequest, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, text_arg
 
 DEFAULT_MAX_ITERATIONS = 40
@@ -48,6 +48,7 @@ def spawn_request(args: dict[str, Any], parent_session_id: str) -> SpawnRequest:
 
 class SpawnAgentTool:
     name = "spawn_agent"
+    reach = Reach.ENGINE  # a sub-agent of this session: nothing outside Palimpsest
     description = (
         "Delegate a bounded subtask (three or more tool calls) to a sub-agent that works in its own "
         "temporary context and returns its final answer. Give it everything it needs in `task` and `briefing`: "

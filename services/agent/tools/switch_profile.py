@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, text_arg
 
 log = logging.getLogger("palimpsest.agent.tools")
@@ -34,6 +34,7 @@ async def configured_profiles(ctx: ToolContext) -> dict[str, Profile] | None:
 
 class SwitchProfileTool:
     name = "switch_profile"
+    reach = Reach.ENGINE  # the session's profile: nothing outside Palimpsest
     description = (
         "Switch this conversation to another agent profile (its model, instructions and tools apply from your "
         "next step on). Use it when the user asks for it or the task clearly needs that profile."

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
+from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, from_struct, text_arg
 
 TodoItem = agent_pb2.TodoItem
@@ -115,7 +115,7 @@ def _new_items(raw: Any, start: int, validation_required: bool) -> list[TodoItem
 
 class TodoTool:
     name = "todo"
-    confined = True  # works on its own session and the model only: a clamped sub-agent keeps it
+    reach = Reach.SESSION  # its own session and the model only: a clamped sub-agent keeps it
     description = (
         "Keep the todo list current: set (replace with items), add (append items), update (one item's status "
         "by id; say how you checked it in validation when marking done), list."

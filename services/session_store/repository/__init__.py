@@ -6,6 +6,7 @@ parameters are always bound.
 - shares: session_shares
 - calibration: calibration_observations, session_baselines
 - usage: the per-owner quotas over the sessions' byte counters
+- tool_runs: tool_runs (a session's audit log; written by the append function)
 - access: the ownership and revision checks every part shares
 
 The schema itself lives in migrations/ only (applied by db.migrate).
@@ -19,6 +20,7 @@ from services.session_store.repository.calibration import Calibration
 from services.session_store.repository.memory import MemoryChunks
 from services.session_store.repository.sessions import HotWindow, Sessions
 from services.session_store.repository.shares import Shares
+from services.session_store.repository.tool_runs import ToolRuns
 from services.session_store.repository.usage import OwnerUsage, Quotas
 
 __all__ = ["HotWindow", "Quotas", "SessionRepository"]
@@ -34,3 +36,4 @@ class SessionRepository:
         self.memory = MemoryChunks(pool)
         self.shares = Shares(pool, share_key)
         self.calibration = Calibration(pool)
+        self.tool_runs = ToolRuns(pool)

@@ -49,7 +49,7 @@ _INSERT_SQL = (
 )
 _ROW_FIELDS = [c.strip() for c in INSERT_COLUMNS.split(",")]
 _APPEND_SQL = ("SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9, $10, $11, $12,"
-               " $13)")
+               " $13, $14)")
 
 
 def snippet_around(content: str, query: str, radius: int = 60) -> str:
@@ -312,10 +312,12 @@ class Sessions:
         idempotency_key: str = "",
         report: Report | None = None,
         expected_next_seq: int | None = None,
+        tool_runs: Sequence[dict[str, Any]] = (),
     ) -> AppendResult:
-        """One statement (the append_messages function of migrations 0013 to 0015): the checks, the
-        rows, the counters, the report and the key in one round trip and its commit. An answer's
-        append stands between the model's last token and the client's stream_end."""
+        """One statement (the append_messages function of migrations 0013 to 0017): the checks, the
+        rows, the counters, the report, the tool runs (``convert.tool_run_row``s, for the audit log)
+        and the key in one round trip and its commit. An answer's append stands between the model's
+        last token and the client's stream_end. Tool runs alone (no messages) change nothing else."""
         now = datetime.now(timezone.utc)
         rows = [dict(zip(_ROW_FIELDS, convert.message_row(session_id, 0, m, now))) for m in messages]
         preview = next((m.content for m in messages if m.role == "user" and m.content), "")[:PREVIEW_CHARS]
@@ -326,7 +328,7 @@ class Sessions:
             allowance = await self.usage.allowance(self.pool, quota_owner) if quota_owner is not None else None
             row = await commit_one(self.pool, _APPEND_SQL, session_id, _only_owner(identity), expected_revision,
                                    expected_next_seq, rows, now, preview, idempotency_key, APPEND_KEY_DAYS, quota_owner, allowance,
-                                   adding, _report_json(report))
+                                   adding, _report_json(report), list(tool_runs) or None)
             if row["status"] != "quota_owner":
                 break
             quota_owner = row["owner"]  # another owner's session (an admin's write): their allowance
@@ -413,6 +415,8 @@ class Sessions:
                 sets["untrusted_ingested"] = True
             if changes.get("episode_untrusted"):
                 sets["episode_untrusted"] = True
+            if changes.get("sandboxed"):
+                sets["sandboxed"] = True
             if "planning_log" in changes:
                 sets["planning_logs"] = (list(current["planning_logs"]) + [changes["planning_log"]])[-PLANNING_LOG_CAP:]
             columns = list(sets)
