@@ -163,7 +163,8 @@ async def test_health_is_green_when_everything_runs(env):
     ran = await pal("health", "--json", env=env)
     assert ran.code == 0, ran.stdout
     status = {row["service"]: row["status"] for row in ran.json()["services"]}
-    assert status == {"SessionStore": "SERVING", "Compressor": "SERVING", "Agent": "SERVING", "Ollama": "SERVING"}
+    assert status == {"SessionStore": "SERVING", "Compressor": "SERVING", "Agent": "SERVING", "Ollama": "SERVING",
+                      "Sandbox": "SERVING"}
 
 
 async def test_ollama_missing_is_reported_by_health_and_by_a_turn(base_settings, store_server, compressor_server,
@@ -184,6 +185,40 @@ async def test_ollama_missing_is_reported_by_health_and_by_a_turn(base_settings,
         assert CLOSED in line and "ollama pull qwen3.6" in line
     finally:
         await agent.stop(0)
+
+
+async def test_a_sandbox_that_cannot_start_is_said_at_start_and_by_health(base_settings, store_server, ollama_sim,
+                                                                          compressor_server, tmp_path, monkeypatch,
+                                                                          caplog):
+    from services.agent.app import start_agent
+    from services.agent.sandbox import availability
+
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps({"profiles": [
+        {"id": "coder", "tools": {"agent": ["todo", "run_command"]}},
+        {"id": "chat", "tools": {"agent": ["todo"]}},
+        {"id": "trusted", "tools": {"agent": ["run_command"]}, "sandbox": {"enabled": False}}]}))
+    monkeypatch.setenv("PATH", str(tmp_path))  # the Agent's host has no bubblewrap
+    availability.forget()
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
+                       compressor_addr=compressor_server.address, profiles_path=str(profiles))
+    try:
+        agent = await start_agent(settings, port=0)
+        try:
+            said = [r.getMessage() for r in caplog.records if "sandbox" in r.getMessage()]
+            assert len(said) == 1 and "apt-get install bubblewrap" in said[0] and "coder" in said[0]
+            assert "chat" not in said[0] and "trusted" not in said[0]
+            env = pal_env(store=store_server.address, agent=agent.address, compressor=compressor_server.address)
+            health = await pal("health", "--json", env=env)
+            assert health.code == 1 and health.json()["services_serving"] is True
+            row = next(row for row in health.json()["services"] if row["service"] == "Sandbox")
+            assert row["status"] == "NOT_SERVING" and "apt-get install bubblewrap" in row["error"]
+            shown = await pal("health", env=env)
+            assert "only the sandbox cannot start" in shown.stdout
+        finally:
+            await agent.stop(0)
+    finally:
+        availability.forget()  # the next test's Agent finds bubblewrap again
 
 
 async def test_agent_down_is_one_line_naming_its_address(store_server):

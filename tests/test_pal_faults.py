@@ -497,20 +497,23 @@ def test_json_skips_unknown_event_kinds_and_keeps_unknown_enum_numbers(pal):
 
 def test_health_prints_a_serving_status_it_does_not_know_as_its_number(pal):
     def newer_health(services: Services) -> None:
-        # SessionStore, Compressor, Agent, then the Agent's Ollama entry, and (Ollama not SERVING)
-        # the OLLAMA_HOST the Agent names in ListProfiles.
+        # SessionStore, Compressor, Agent, then the Agent's Ollama entry, the OLLAMA_HOST the Agent
+        # names in ListProfiles, its sandbox entry and its MCP entry.
         for _ in range(4):
             _, rpc = services.take_unary(CHECK)
             rpc.terminate(health_pb2.HealthCheckResponse(status=7), (), grpc.StatusCode.OK, "")
         _, rpc = services.take_unary(LIST_PROFILES)
         rpc.terminate(pb.ListProfilesResponse(ollama_host="http://gpu-box:11434"), (), grpc.StatusCode.OK, "")
+        _, rpc = services.take_unary(CHECK)
+        rpc.terminate(health_pb2.HealthCheckResponse(status=7), (), grpc.StatusCode.OK, "")
         _, rpc = services.take_unary(CHECK)  # the Agent's `mcp` entry: none, no profile names a server
         rpc.terminate(health_pb2.HealthCheckResponse(), (), grpc.StatusCode.NOT_FOUND, "unknown service")
 
     code, out, err = pal("health", "--json", server=newer_health)
     rows = json.loads(out)["services"]
-    assert [row["status"] for row in rows] == ["7", "7", "7", "7"]
-    assert rows[-1]["address"] == "http://gpu-box:11434"
+    assert [row["status"] for row in rows] == ["7", "7", "7", "7", "7"]
+    assert [row["service"] for row in rows[-2:]] == ["Ollama", "Sandbox"]
+    assert rows[-2]["address"] == "http://gpu-box:11434"
     assert "Traceback" not in err and code == 1  # not SERVING is not healthy
 
 

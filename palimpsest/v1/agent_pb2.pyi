@@ -295,16 +295,18 @@ class McpServerStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., state: _Optional[_Union[McpServerState, str]] = ..., error: _Optional[str] = ..., retry_in_seconds: _Optional[float] = ..., tools: _Optional[_Iterable[str]] = ..., skipped_tools: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListProfilesResponse(_message.Message):
-    __slots__ = ("profiles", "default_profile_id", "profiles_error", "ollama_host")
+    __slots__ = ("profiles", "default_profile_id", "profiles_error", "ollama_host", "sandbox_unavailable")
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     PROFILES_ERROR_FIELD_NUMBER: _ClassVar[int]
     OLLAMA_HOST_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     profiles: _containers.RepeatedCompositeFieldContainer[Profile]
     default_profile_id: str
     profiles_error: str
     ollama_host: str
-    def __init__(self, profiles: _Optional[_Iterable[_Union[Profile, _Mapping]]] = ..., default_profile_id: _Optional[str] = ..., profiles_error: _Optional[str] = ..., ollama_host: _Optional[str] = ...) -> None: ...
+    sandbox_unavailable: str
+    def __init__(self, profiles: _Optional[_Iterable[_Union[Profile, _Mapping]]] = ..., default_profile_id: _Optional[str] = ..., profiles_error: _Optional[str] = ..., ollama_host: _Optional[str] = ..., sandbox_unavailable: _Optional[str] = ...) -> None: ...
 
 class TextDelta(_message.Message):
     __slots__ = ("text",)

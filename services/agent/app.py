@@ -1,5 +1,5 @@
 """Wiring of the Agent: channels to the store and the Compressor replicas, the Ollama client,
-profiles, and a health entry that says whether Ollama answers."""
+profiles, and health entries that say whether Ollama answers and whether commands can be sandboxed."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2
 from palimpsest.v1 import agent_pb2, agent_pb2_grpc
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from services.agent import sandbox
 from services.agent.context_builder import ContextBuilder
 from services.agent.mcp_servers.manager import McpManager
 from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry, ProfilesFileError
@@ -41,6 +42,30 @@ OLLAMA_CHECK_INTERVAL = 10.0
 # Whether every MCP server of the profiles is ready; turns run either way (a server that is down
 # is a tool error), so this entry is the servers' own.
 MCP_HEALTH_NAME = "mcp"
+# Whether commands can run sandboxed where a profile asks for it (probe: cached, retried every 30 s).
+SANDBOX_HEALTH_NAME = "sandbox"
+
+
+async def check_sandbox(running: RunningServer, deps: AgentDeps, said: str = "") -> str:
+    """Set the `sandbox` health entry: NOT_SERVING while a profile (or PALIMPSEST_SANDBOX=required)
+    runs commands sandboxed and the sandbox cannot start here, with one log line naming the fix when
+    that begins. Returns the reason logged ("" when nothing is wrong), passed back in next time."""
+    status = await sandbox.probe()
+    needing = deps.profiles.sandboxed_profiles(deps.settings.sandbox_mode)
+    if deps.settings.sandbox_mode == "required":
+        needing = needing or ["every profile (PALIMPSEST_SANDBOX=required)"]
+    broken = not status.available and bool(needing)
+    if broken and said != status.reason:
+        log.warning("sandbox unavailable: %s; commands of %s fail until it is fixed", status.reason, ", ".join(needing))
+    await running.health.set(SANDBOX_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING if broken
+                             else health_pb2.HealthCheckResponse.SERVING)
+    return status.reason if broken else ""
+
+
+async def watch_sandbox(running: RunningServer, deps: AgentDeps, said: str, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        said = await check_sandbox(running, deps, said)
 
 
 async def watch_ollama(running: RunningServer, ollama: OllamaClient, interval: float) -> None:
@@ -150,6 +175,8 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     watcher.append(asyncio.create_task(watch_ollama(running, ollama, OLLAMA_CHECK_INTERVAL)))
     watcher.append(asyncio.create_task(watch_mcp(running, mcp)))
     await mcp.sync(profiles)  # connecting in the background: the Agent serves meanwhile
+    said = await check_sandbox(running, deps)  # before the first call: at start, in the log and in health
+    watcher.append(asyncio.create_task(watch_sandbox(running, deps, said, OLLAMA_CHECK_INTERVAL)))
     if servicer.bus is not None:
         servicer.bus.start()
     running.servicer = servicer  # tests reach running turns through it

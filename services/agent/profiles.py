@@ -15,6 +15,8 @@ from typing import Any
 
 from palimpsest.v1 import agent_pb2, compressor_pb2
 from services.agent.mcp_servers.config import McpServerConfig, check_tool_names, parse_servers
+from services.agent.sandbox import COMMAND_TOOL
+from services.agent.sandbox.policy import SandboxPolicy, effective_policy, policy_from_config
 from services.shared.errors import FailedPrecondition, InvalidArgument, NotFound
 
 log = logging.getLogger("palimpsest.agent")
@@ -78,6 +80,8 @@ class Profile:
     custom_tools: tuple[str, ...] = ()
     # MCP servers whose tools this profile offers as mcp__<server>__<tool> (README: MCP servers).
     mcp_servers: tuple[McpServerConfig, ...] = ()
+    # How run_command runs: `"sandbox": {"enabled": true, "network": false, "wall_seconds": …}`.
+    sandbox: SandboxPolicy = SandboxPolicy()
     # compression_prompt_file's text, read once when the profile is made: compression_settings() is
     # asked on every size check, on the event loop, and a file gone since must not fail those checks.
     compression_prompt: str = field(default="", init=False, repr=False, compare=False)
@@ -159,6 +163,11 @@ def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Prof
         data["mcp_servers"] = parse_servers(data["mcp_servers"], profile_id)
     for name in _TUPLES & set(data):
         data[name] = tuple(data[name])
+    if "sandbox" in data:
+        try:
+            data["sandbox"] = policy_from_config(data["sandbox"])
+        except ValueError as exc:
+            raise InvalidArgument("profiles", f"profile {data.get('id', (base or Profile()).id)!r}: {exc}") from None
     profile = replace(base or Profile(), **data)
     for attr, key in (("agent_tools", "tools.agent"), ("subagent_tools", "tools.subagent"),
                       ("critical_tools", "critical_tools")):
@@ -242,6 +251,13 @@ class ProfileRegistry:
                 f"provider: the session last ran on {provider!r}, and this Agent runs {PROVIDER} models only; "
                 "pass profile_id to continue it on one of the Agent's profiles")
         return self.for_session(profile_id).on_model(model)
+
+    def sandboxed_profiles(self, operator_mode: str) -> list[str]:
+        """The profiles whose commands run sandboxed (they offer run_command, to the agent or its
+        sub-agents, and the sandbox is on for them): those that fail when it cannot start."""
+        return [p.id for p in self.profiles.values()
+                if COMMAND_TOOL in (*p.agent_tools, *p.tools_for_subagent)
+                and effective_policy(p.sandbox, pinned=False, operator_mode=operator_mode).sandboxed]
 
     def changed(self) -> bool:
         """Whether the file differs from what was read (its mtime or size): one stat, cheap enough

@@ -12,6 +12,7 @@ from contextlib import suppress
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
+from services.agent import sandbox
 from services.agent.attachments import check_request, store_attachments
 from services.agent.audit import ToolRunLog, store_tool_runs
 from services.agent.client_tools import MAX_ANSWER_BYTES, Answer, ClientTool, client_tools_from_proto
@@ -436,6 +437,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             default_profile_id=self.deps.profiles.default_id,
             profiles_error=self.deps.profiles.error,
             ollama_host=self.deps.ollama.host,
+            sandbox_unavailable=(await sandbox.probe()).reason,
         )
 
     async def SubmitToolResult(self, request, context):

@@ -59,6 +59,17 @@ def _share_file_roots(raw: str, data_dir: Path) -> tuple[Path, ...]:
     return roots
 
 
+# PALIMPSEST_SANDBOX: what the operator says of commands' sandbox (services/agent/sandbox/policy.py).
+SANDBOX_MODES = ("auto", "off", "required")
+
+
+def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip().lower() or default
+    if raw not in choices:
+        raise SystemExit(f"{name} must be one of {', '.join(choices)}, got {os.environ.get(name)!r}")
+    return raw
+
+
 def _env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -139,6 +150,9 @@ class Settings:
     # share_file: the Agent's local folders files may be copied from, and its own size cap.
     share_file_roots: tuple[Path, ...] = field(default_factory=lambda: (default_data_dir() / "workspace",))
     share_file_max_bytes: int = 1024 * 1024 * 1024
+    # Commands: "auto" (each profile's "sandbox" decides), "off" (never sandboxed: lifts sessions'
+    # sandbox pins), "required" (always sandboxed, whatever the profile says).
+    sandbox_mode: str = "auto"
     # SessionStore
     files_max_bytes: int = 200 * 1024 * 1024
     # One stored message (content, thinking, tool calls, images) at most: a read always holds a
@@ -227,6 +241,7 @@ class Settings:
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
             share_file_roots=_share_file_roots(_env("PALIMPSEST_SHARE_FILE_ROOTS", ""), data_dir),
             share_file_max_bytes=_env_int("SHARE_FILE_MAX_SIZE_MB", 1024) * 1024 * 1024,
+            sandbox_mode=_env_choice("PALIMPSEST_SANDBOX", "auto", SANDBOX_MODES),
             files_max_bytes=_env_int("PALIMPSEST_FILES_MAX_MB", 200) * 1024 * 1024,
             message_max_bytes=_env_int("PALIMPSEST_MESSAGE_MAX_MB", 16) * 1024 * 1024,
             hot_window_messages=_env_int("PALIMPSEST_HOT_WINDOW_MESSAGES", 2000),

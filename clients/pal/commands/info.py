@@ -26,6 +26,11 @@ SERVICE_NAMES = {
 OLLAMA_HEALTH_ENTRY = "ollama"
 # And one for its MCP servers, once a profile names one: a server that is down costs its tools only.
 MCP_HEALTH_ENTRY = "mcp"
+# And one for the commands' sandbox: NOT_SERVING when a profile runs commands sandboxed and it cannot start.
+SANDBOX_HEALTH_ENTRY = "sandbox"
+# Rows of what the Agent depends on, beside the three services; an MCP server that is down costs the
+# model its tools, not a turn, so its row never fails the check.
+DEPENDENCIES = ("Ollama", "Sandbox", "MCP")
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -90,45 +95,55 @@ def _check(stub: object, service: str) -> tuple[str, str]:
     return "UNKNOWN", "no health status registered"
 
 
-def _listed_profiles(app: App) -> agent_pb2.ListProfilesResponse | None:
+def _agent_facts(app: App) -> agent_pb2.ListProfilesResponse:
+    """What the Agent says of its setup (ListProfiles: OLLAMA_HOST, why the sandbox cannot start);
+    empty from an Agent that does not answer it."""
     try:
         return app.conn.agent().ListProfiles(agent_pb2.ListProfilesRequest(), timeout=HEALTH_TIMEOUT_S)
     except ServiceError:
-        return None
+        return agent_pb2.ListProfilesResponse()
 
 
-def _ollama_host(app: App) -> str:
-    """The Agent's OLLAMA_HOST (ListProfiles says it); "" from an Agent that does not."""
-    listed = _listed_profiles(app)
-    return listed.ollama_host if listed is not None else ""
+def _dependency_rows(app: App, stub: object, agent_address: str) -> list[dict[str, str]]:
+    """The Agent's own view of Ollama and of its sandbox (its `ollama` and `sandbox` health entries),
+    for each it keeps; ListProfiles, once, for what they name."""
+    rows = []
+    facts: agent_pb2.ListProfilesResponse | None = None
+    for entry, row in ((OLLAMA_HEALTH_ENTRY, _ollama_row), (SANDBOX_HEALTH_ENTRY, _sandbox_row),
+                       (MCP_HEALTH_ENTRY, _mcp_row)):
+        try:
+            status = _status(stub, entry)
+        except ServiceError:
+            continue
+        facts = facts or _agent_facts(app)
+        rows.append(row(status, agent_address, facts))
+    return rows
 
 
-def _mcp_row(app: App, stub: object, agent_address: str) -> dict[str, str] | None:
-    """The Agent's MCP servers (its `mcp` health entry), with those not ready named; None when it keeps
-    no such entry (no profile names a server)."""
-    try:
-        status = _status(stub, MCP_HEALTH_ENTRY)
-    except ServiceError:
-        return None
-    listed = _listed_profiles(app)
-    servers = {s.name: s for p in (listed.profiles if listed is not None else ()) for s in p.mcp_servers}
-    down = [f"{name}: {mcp_state(s)}" for name, s in servers.items() if s.state != agent_pb2.MCP_SERVER_STATE_READY]
-    return {"service": "MCP", "address": f"via the Agent at {agent_address}", "status": status,
-            "error": "; ".join(down) if status != "SERVING" else ""}
-
-
-def _ollama_row(app: App, stub: object, agent_address: str) -> dict[str, str] | None:
-    """The Agent's own view of Ollama (its `ollama` health entry); None when it keeps none."""
-    try:
-        status = _status(stub, OLLAMA_HEALTH_ENTRY)
-    except ServiceError:
-        return None
-    host = _ollama_host(app)
+def _ollama_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
+    host = facts.ollama_host
     where = f"OLLAMA_HOST={host}" if host else "its OLLAMA_HOST"
     detail = "" if status == "SERVING" else (
         f"the Agent cannot reach Ollama at {where}: start it (ollama serve) and pull the profile's model")
     return {"service": "Ollama", "address": host or f"via the Agent at {agent_address}", "status": status,
             "error": detail}
+
+
+def _mcp_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
+    """The Agent's MCP servers (its `mcp` health entry), with those not ready named."""
+    servers = {s.name: s for p in facts.profiles for s in p.mcp_servers}
+    down = [f"{name}: {mcp_state(s)}" for name, s in servers.items() if s.state != agent_pb2.MCP_SERVER_STATE_READY]
+    return {"service": "MCP", "address": f"via the Agent at {agent_address}", "status": status,
+            "error": "; ".join(down) if status != "SERVING" else ""}
+
+
+def _sandbox_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
+    why = facts.sandbox_unavailable
+    if status == "SERVING":
+        detail = f"unavailable, but no profile runs commands sandboxed: {why}" if why else ""
+    else:
+        detail = f"commands of sandboxed profiles fail: {why}" if why else "commands of sandboxed profiles fail"
+    return {"service": "Sandbox", "address": f"on the Agent at {agent_address}", "status": status, "error": detail}
 
 
 def health(app: App, args: argparse.Namespace) -> int:
@@ -139,22 +154,22 @@ def health(app: App, args: argparse.Namespace) -> int:
             status, detail = _check(stub, SERVICE_NAMES[endpoint.name])
             rows.append({"service": endpoint.name, "address": address, "status": status, "error": detail})
             if endpoint is AGENT and status != "UNREACHABLE":
-                ollama = _ollama_row(app, stub, address)
-                if ollama is not None:
-                    rows.append(ollama)
-                mcp = _mcp_row(app, stub, address)
-                if mcp is not None:
-                    rows.append(mcp)
-    # An MCP server that is down costs the model its tools, not a turn: it does not fail the check.
+                rows += _dependency_rows(app, stub, address)
     healthy = all(row["status"] == "SERVING" for row in rows if row["service"] != "MCP")
-    services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] not in ("Ollama", "MCP"))
+    services_serving = all(row["status"] == "SERVING" for row in rows if row["service"] not in DEPENDENCIES)
     if app.out.json:
         app.out.emit({"healthy": healthy, "services_serving": services_serving, "services": rows})
     else:
         app.out.console.print(health_table(rows))
         if services_serving and not healthy:
             # Exit 1 all the same: a turn would fail. But the system itself is up, and that is news too.
-            app.out.console.print("The three services are fine (SERVING); only Ollama is missing, so turns fail "
-                                  "until it runs. Sessions, search and shares work meanwhile.", style="yellow",
-                                  markup=False, soft_wrap=True)
+            missing = [row["service"] for row in rows
+                       if row["service"] in DEPENDENCIES and row["service"] != "MCP" and row["status"] != "SERVING"]
+            if missing == ["Sandbox"]:
+                news = ("The three services are fine (SERVING); only the sandbox cannot start, so commands of "
+                        "sandboxed profiles fail until it is fixed (see its row). Everything else works.")
+            else:
+                news = ("The three services are fine (SERVING); only Ollama is missing, so turns fail until it runs. "
+                        "Sessions, search and shares work meanwhile.")
+            app.out.console.print(news, style="yellow", markup=False, soft_wrap=True)
     return 0 if healthy else 1
