@@ -24,6 +24,7 @@ from services.agent.tools.image_view import ImageViewTool
 from services.agent.tools.memory import MemoryTool
 from services.agent.tools.memory_search import MemorySearchTool
 from services.agent.tools.plan import PlanTool
+from services.agent.tools.run_command import RunCommandTool
 from services.agent.tools.scratchpad import ScratchpadTool
 from services.agent.tools.session_search import SessionSearchTool
 from services.agent.tools.share_file import ShareFileTool
@@ -38,7 +39,7 @@ BUILTIN: dict[str, Tool] = {
     tool.name: tool
     for tool in (PlanTool(), TodoTool(), SpawnAgentTool(), MemorySearchTool(), SessionSearchTool(),
                  ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool(), MemoryTool(),
-                 ScratchpadTool(), *FILE_TOOLS)
+                 ScratchpadTool(), *FILE_TOOLS, RunCommandTool())
 }
 
 # Custom tools already warned about for saying nothing of their reach (once each per process).
