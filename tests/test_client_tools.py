@@ -146,13 +146,13 @@ async def test_after_a_dropped_stream_the_resume_shows_the_request_and_a_new_con
      "client_tools[0].parameters_json"),
     (pb.ClientTool(name="ok", description="x" * 5000), "client_tools[0].description"),
 ])
-async def test_a_bad_declaration_is_refused_naming_the_field_and_nothing_is_made(agent, store, ollama_sim, user,
+async def test_a_bad_declaration_is_refused_naming_the_field_and_nothing_is_made(auth_agent, store_auth, ollama_sim,
                                                                                  tool, field):
-    before = (await store.ListSessions(store_pb.ListSessionsRequest(page_size=1))).total
-    call = agent.RunStream(pb.RunStreamRequest(text="hi", client_tools=[tool]))
+    me = bearer(f"decl-{uuid.uuid4().hex[:8]}")
+    call = auth_agent.RunStream(pb.RunStreamRequest(text="hi", client_tools=[tool]), metadata=me)
     await expect_status(_drain(call), grpc.StatusCode.INVALID_ARGUMENT, field)
     assert not ollama_sim.bodies()
-    assert (await store.ListSessions(store_pb.ListSessionsRequest(page_size=1))).total == before
+    assert (await store_auth.ListSessions(store_pb.ListSessionsRequest(page_size=1), metadata=me)).total == 0
 
 
 async def test_a_name_declared_twice_or_a_wait_past_the_maximum_is_refused(agent, ollama_sim):

@@ -222,6 +222,7 @@ def test_every_built_in_says_how_far_it_reaches():
         "spawn_agent": Reach.ENGINE, "session_search": Reach.ENGINE, "switch_profile": Reach.ENGINE,
         "share_file": Reach.OUTSIDE, "content_publish": Reach.OUTSIDE, "scratchpad": Reach.SESSION,
         "memory": Reach.OUTSIDE,  # (memory at its farthest: each call says less, see test_agent_memory)
+        "run_command": Reach.OUTSIDE,  # (at its farthest: without the network a call reaches the session only)
         **{name: Reach.SESSION for name in ("read_file", "write_file", "edit_file", "list_files", "grep")}}
     assert reach_of(NoteTool()) is Reach.OUTSIDE and reach_of(ScratchTool()) is Reach.SESSION
 
