@@ -118,7 +118,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 _guard_stream(handler.unary_stream, method, self.deep, self.translate),
                 request_deserializer=read,
-                response_serializer=handler.response_serializer,
+                response_serializer=_sending_bytes_as_they_are(handler.response_serializer),
             )
         if handler.stream_unary:  # (each request checked as the servicer reads it)
             return grpc.stream_unary_rpc_method_handler(
@@ -130,7 +130,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.stream_stream_rpc_method_handler(
                 _guard_stream(_checking_each(handler.stream_stream, self.deep), method, None, self.translate),
                 request_deserializer=read,
-                response_serializer=handler.response_serializer,
+                response_serializer=_sending_bytes_as_they_are(handler.response_serializer),
             )
         return handler
 
@@ -169,6 +169,14 @@ def _reading(deserialize: Callable[[bytes], Any] | None, method: str, limit: int
             return Refused(InvalidArgument("request", "not a well-formed message of this method's request type"))
 
     return read
+
+
+def _sending_bytes_as_they_are(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A stream's response serializer that sends a message the servicer hands over already
+    serialized (bytes: the Agent's events, kept serialized and sent to many readers) as it is."""
+    if serialize is None:
+        return None
+    return lambda message: message if isinstance(message, bytes) else serialize(message)
 
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str,
