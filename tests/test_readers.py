@@ -1,9 +1,12 @@
 """What readers may cost the Agent: a client that never reads its turn's stream holds nothing but
 the turn's kept events (bounded); the streams that follow a session (WatchSession, ResumeStream)
-are capped per user and per session. Real Agents, the store on PostgreSQL, the simulator over HTTP."""
+are capped per user and per session; a client that leaves is no error. Real Agents, the store on
+PostgreSQL, the simulator over HTTP, a real gRPC server for the leaving clients."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import uuid
 from dataclasses import replace
@@ -142,3 +145,50 @@ async def test_streams_following_sessions_are_capped_per_user_and_per_session_na
     for call in open_calls:
         assert not call.done()
         call.cancel()
+
+
+# -- clients that leave ----------------------------------------------------------------------------
+async def test_a_client_that_left_while_it_was_answered_is_no_error(base_settings, caplog):
+    """gRPC refuses a send on a call whose client has gone (ExecuteBatchError); a servicer that
+    meets it, and gRPC's own log of it, say at most a debug line."""
+    from grpc._cython.cygrpc import ExecuteBatchError
+
+    from services.shared.server import start_server
+
+    started, refused = asyncio.Event(), asyncio.Event()
+
+    async def answer_after_the_client_left(request, context):
+        started.set()
+        try:
+            await asyncio.Event().wait()  # until the client leaves (the call is cancelled)
+        except asyncio.CancelledError:
+            pass
+        try:
+            await context.send_initial_metadata(())  # on a call that is over: gRPC refuses it
+        finally:
+            refused.set()
+        yield b""
+
+    handler = grpc.method_handlers_generic_handler("test.Leaving", {
+        "Watch": grpc.unary_stream_rpc_method_handler(answer_after_the_client_left)})
+    running = await start_server(lambda server: server.add_generic_rpc_handlers((handler,)), [],
+                                 settings=base_settings, port=0)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="palimpsest.server"), \
+                caplog.at_level(logging.DEBUG, logger="grpc._cython.cygrpc"):
+            async with grpc.aio.insecure_channel(running.address) as channel:
+                call = channel.unary_stream("/test.Leaving/Watch")(b"")
+                await asyncio.wait_for(started.wait(), 30)
+                call.cancel()
+                await asyncio.wait_for(refused.wait(), 30)
+            try:  # gRPC's own log line for such a refusal, as its aio server writes it
+                raise ExecuteBatchError('Failed "execute_batch"')
+            except ExecuteBatchError:
+                logging.getLogger("grpc._cython.cygrpc").exception(
+                    "ExecuteBatchError raised in core by servicer method [/test.Leaving/Watch]")
+    finally:
+        await running.stop(0)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [r.getMessage() for r in errors]
+    left = [r for r in caplog.records if "client left" in r.getMessage()]
+    assert {r.name for r in left} == {"palimpsest.server", "grpc._cython.cygrpc"}, left
