@@ -14,7 +14,7 @@ what a client missed and follows the turn live to its stream_end.
   events, never its newest (a reader keeping up gets it, however large).
 - Readers read through a cursor, one event at a time, and hold nothing of their own: a reader that
   stops reading costs no memory, and one that falls behind what is kept is told so (Behind). An
-  ended turn still being read outlives ``keep_s`` until its readers are done (not the budget).
+  ended turn still being read outlives ``keep_s`` until its readers are done (within the budget).
 """
 
 from __future__ import annotations
@@ -150,9 +150,10 @@ class TurnLog:
         """Behind unless the event after ``seq`` (what a reader has read to) is kept or still to come."""
         if seq + 1 < self.first_seq:
             raise Behind(f"this stream fell behind turn {self.turn_id}: its events are kept from seq {self.first_seq} "
-                         f"on (PALIMPSEST_STREAM_KEEP_MB) and the stream had read to seq {seq}. The turn goes on and "
-                         f"stores its answer: ResumeStream with after_seq {self.first_seq - 1} follows the rest, and "
-                         "the session's history has it whole")
+                         f"on (older ones went to stay within PALIMPSEST_STREAM_KEEP_MB, or were lost on the session "
+                         f"bus) and the stream had read to seq {seq}. The turn goes on and stores its answer: "
+                         f"ResumeStream with after_seq {self.first_seq - 1} follows the rest, and the session's "
+                         "history has it whole")
 
     def check(self, after_seq: int) -> None:
         """OutOfRange unless every event after ``after_seq`` is here or still to come."""
