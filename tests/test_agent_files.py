@@ -17,7 +17,6 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.attachments import INLINE_MAX_BYTES, MAX_ATTACHMENTS
-from services.agent.events import EventSink
 from services.agent.local_files import Refused, open_shareable, read_chunk
 from services.agent.profiles import Profile
 from services.agent.tools.base import ToolContext, TurnState
@@ -29,7 +28,7 @@ from tests.test_store_sessions import expect_status, full, new_session
 from tests.waiting import until
 
 from tests.test_agent import END, fresh_sim, run  # noqa: F401 — fresh_sim: the simulator cleared for each test
-from tests.test_agent_tools import drained
+from tests.test_agent_tools import drained, recording_sink
 
 
 def inline(name: str, data: bytes) -> pb.InlineAttachment:
@@ -197,7 +196,7 @@ async def tool_ctx(store_server, base_settings, ollama_sim, workspace, store):
     async with open_channel(store_server.address, settings, service="SessionStore") as channel:
         client = OllamaClient(ollama_sim.url)
         yield ToolContext(session_id=session.id, store=SessionStoreStub(channel), ollama=client, profile=Profile(),
-                          settings=settings, events=EventSink(session.id), state=TurnState(), window=8192)
+                          settings=settings, events=recording_sink(session.id), state=TurnState(), window=8192)
         await client.aclose()
 
 

@@ -82,16 +82,21 @@ def make_ctx(agent_store, ollama, base_settings):
         if session_id:  # the loop's writer: the turn's own conversation, revision and all
             kw.setdefault("update_session", StoredConversation(kw["store"], session_id).update)
         return ToolContext(session_id=session_id, ollama=ollama, profile=profile or Profile(),
-                           events=EventSink(session_id), state=state or TurnState(), **kw)
+                           events=recording_sink(session_id), state=state or TurnState(), **kw)
 
     return make
 
 
+def recording_sink(session_id: str) -> EventSink:
+    """A sink that keeps what it publishes in its ``published`` list (a turn's goes to its log)."""
+    published: list = []
+    sink = EventSink(session_id, publish=published.append)
+    sink.published = published
+    return sink
+
+
 def drained(sink: EventSink) -> list:
-    events = []
-    while not sink.queue.empty():
-        events.append(sink.queue.get_nowait())
-    return events
+    return sink.published
 
 
 async def call(name: str, ctx: ToolContext, **args: Any) -> ToolResult:

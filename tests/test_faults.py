@@ -416,6 +416,33 @@ async def test_the_compressor_going_away_under_load_fails_no_turn(system, client
     await a_turn_works(agent, store)
 
 
+async def test_a_frozen_compressor_costs_one_turn_its_deadline_and_is_used_again_once_it_thaws(system, clients):
+    """SIGSTOP: the Compressor's connections stay open and nothing answers. The first turn waits
+    one deadline (PALIMPSEST_RPC_TIMEOUT_S, 5 s here) for its size check; the turns after it go on
+    without the Compressor at once, their error event saying it is not called; after SIGCONT a
+    health check finds it back and turns use it again."""
+    from services.agent.compressor_breaker import NOT_CALLED
+
+    agent, store = clients
+    system.compressor.proc.send_signal(signal.SIGSTOP)
+    try:
+        first = (await Load(agent, [6], tag="frozen0x").finished())[0]
+        later = [(await Load(agent, [6], tag=f"frozen{i}x").finished())[0] for i in range(1, 4)]
+    finally:
+        system.compressor.proc.send_signal(signal.SIGCONT)
+    for outcome in (first, *later):
+        assert outcome.completed and (await stored_answers(store, outcome))[0] == 1, outcome
+    assert [e.code for e in first.errors] == ["UNAVAILABLE"] and NOT_CALLED not in first.errors[0].message
+    assert all([e.code for e in o.errors] == ["UNAVAILABLE"] and NOT_CALLED in o.errors[0].message for o in later), \
+        [o.errors for o in later]
+
+    async def used_again() -> bool:
+        outcome = (await Load(agent, [3], tag="thawedx").finished())[0]
+        return outcome.completed and not outcome.errors
+
+    assert await until(used_again, TURN_DEADLINE_S)
+
+
 def stop_database(pg) -> None:
     """pg_ctl stop, failing loudly (EmbeddedPostgres.stop stays quiet: it runs at exits)."""
     pg._run("pg_ctl", "-D", str(pg.pgdata), "-w", "-m", "fast", "stop")

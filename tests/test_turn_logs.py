@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from palimpsest.v1 import agent_pb2 as pb
-from services.agent.turn_logs import EVENT_OVERHEAD, LOST_AFTER_S, TurnLogs
+from services.agent.turn_logs import EVENT_OVERHEAD, LOST_AFTER_S, Behind, TurnLogs
 from services.shared.errors import NotFound, OutOfRange, Unavailable
 
 
@@ -41,7 +41,7 @@ def logs(keep_s: float = 60.0, budget: int = 1 << 20) -> tuple[TurnLogs, Clock]:
 
 
 async def collect(turns: TurnLogs, log, after_seq: int) -> list[int]:
-    return [e.seq async for e in turns.follow(log, after_seq)]
+    return [pb.AgentEvent.FromString(payload).seq async for payload in turns.follow(log, after_seq)]
 
 
 async def test_a_reader_gets_what_it_missed_then_follows_live_to_stream_end():
@@ -163,8 +163,8 @@ async def test_a_reader_that_falls_behind_the_budget_is_told_not_given_a_hole():
     stalled = asyncio.Event()
 
     async def slow_reader() -> None:
-        async for event in turns.follow(log, 0):
-            seen.append(event.seq)
+        async for payload in turns.follow(log, 0):
+            seen.append(pb.AgentEvent.FromString(payload).seq)
             if len(seen) == 2:  # a client that stops reading after its second event
                 stalled.set()
                 await asyncio.Event().wait()
@@ -176,7 +176,7 @@ async def test_a_reader_that_falls_behind_the_budget_is_told_not_given_a_hole():
         turns.record(text(seq, "x" * 100), local=True)
     reader.cancel()
     assert seen == [1, 2]
-    with pytest.raises(OutOfRange, match="after_seq"):
+    with pytest.raises(Behind, match="fell behind turn t1: its events are kept from seq"):
         await collect(turns, log, 2)  # picking up again from where it stopped: gone, and said so
 
 

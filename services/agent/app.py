@@ -10,13 +10,15 @@ import shutil
 import tempfile
 from contextlib import suppress
 from pathlib import Path
+from typing import cast
 
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from palimpsest.v1 import agent_pb2, agent_pb2_grpc
+from palimpsest.v1 import agent_pb2, agent_pb2_grpc, compressor_pb2
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent import sandbox
+from services.agent.compressor_breaker import GuardedCompressor
 from services.agent.context_builder import ContextBuilder
 from services.agent.mcp_servers.manager import McpManager
 from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry, ProfilesFileError
@@ -36,6 +38,7 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
 # A turn's request carries its text, pasted images and inline files (a sub-agent's, the context
 # handed to it); every other request takes PALIMPSEST_MAX_SMALL_REQUEST_BYTES.
 LARGE_REQUESTS = method_paths(SERVICE_NAME, "RunStream", "Run", "RunEphemeral")
+COMPRESSOR_SERVICE = compressor_pb2.DESCRIPTOR.services_by_name["Compressor"].full_name
 # A health entry of its own: the Agent serves (and says why turns fail) even without Ollama.
 OLLAMA_HEALTH_NAME = "ollama"
 OLLAMA_CHECK_INTERVAL = 10.0
@@ -120,6 +123,15 @@ async def watch_mcp(running: RunningServer, mcp: McpManager) -> None:
                                      else health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
+async def compressor_serving(channel, timeout: float) -> bool:
+    """The breaker's probe: does the Compressor answer, and say it serves?"""
+    with tracing.untraced():
+        # (types-grpcio-health-checking declares HealthStub without the methods its __init__ sets)
+        reply = await health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
+            health_pb2.HealthCheckRequest(service=COMPRESSOR_SERVICE), timeout=timeout)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
 def load_profiles(path: str) -> ProfileRegistry:
     try:
         return ProfileRegistry.load(path)
@@ -136,9 +148,12 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     mcp = McpManager()
     store = SessionStoreStub(store_channel)
     mirrors = workspace_root(settings.data_dir)
+    compressor = GuardedCompressor(CompressorStub(compressor_channel), settings.compressor_addr,
+                                   retry_s=settings.compressor_retry_s,
+                                   probe=lambda: compressor_serving(compressor_channel, settings.rpc_timeout_s))
     deps = AgentDeps(
         store=store,
-        compressor=CompressorStub(compressor_channel),
+        compressor=cast(CompressorStub, compressor),
         ollama=ollama,
         settings=settings,
         profiles=profiles,
@@ -160,6 +175,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
             await servicer.bus.close(flush_s=STOP_MARGIN_S)
         await ollama.aclose()
         await asyncio.to_thread(shutil.rmtree, mirrors, True)
+        await compressor.aclose()
         await store_channel.close()
         await compressor_channel.close()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -13,17 +12,14 @@ AgentEvent = pb.AgentEvent
 
 @dataclass
 class EventSink:
-    """Where a turn puts its events; RunStream drains it. Sub-agents share their parent's sink."""
+    """Where a turn puts its events: ``publish`` hands each to the turn's kept log (which its
+    RunStream reads), the session's watchers and the other replicas. Sub-agents share their
+    parent's. With no ``publish`` (RunEphemeral) events go nowhere: only the result is answered."""
 
     session_id: str = ""
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     is_subagent: bool = False
     _seq: list[int] = field(default_factory=lambda: [0])  # shared with sub-sinks: one numbering per turn
-    # Copies every event to the session's watchers (WatchSession), when set.
     publish: Callable[[AgentEvent], None] | None = None
-    # Shared with sub-sinks: False once the turn's own stream has gone (its events then go only to
-    # watchers and the turn's log, for ResumeStream).
-    _streaming: list[bool] = field(default_factory=lambda: [True])
     # The turn the events belong to (their seqs count within it): what a client resumes by.
     turn_id: str = ""
 
@@ -31,8 +27,6 @@ class EventSink:
         self._seq[0] += 1
         event = AgentEvent(session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent,
                            turn_id=self.turn_id, **kind)
-        if self._streaming[0]:
-            self.queue.put_nowait(event)
         if self.publish is not None:
             self.publish(event)
         return event
@@ -46,11 +40,7 @@ class EventSink:
         return event
 
     def for_subagent(self) -> "EventSink":
-        return EventSink(self.session_id, self.queue, True, self._seq, self.publish, self._streaming, self.turn_id)
-
-    def detach(self) -> None:
-        """The turn's own stream has gone: stop queueing for it (the turn runs on)."""
-        self._streaming[0] = False
+        return EventSink(self.session_id, True, self._seq, self.publish, self.turn_id)
 
     def text(self, text: str) -> None:
         self.emit(text_delta=pb.TextDelta(text=text))
@@ -81,13 +71,14 @@ class EventSink:
                                  prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                  count_method=count_method))
 
-    def compression(self, event: compressor_pb2.CompressionEvent, *, watchers_only: bool = False) -> None:
+    def compression(self, event: compressor_pb2.CompressionEvent, *, watchers_only: bool = False) -> AgentEvent | None:
         """A Compressor event as the turn's own (or, after its stream_end, the watchers' only)."""
         send = self.announce if watchers_only else self.emit
         if event.HasField("started"):
-            send(compression_started=event.started)
-        elif event.HasField("compressed"):
-            send(context_compressed=event.compressed)
+            return send(compression_started=event.started)
+        if event.HasField("compressed"):
+            return send(context_compressed=event.compressed)
+        return None
 
     def planning_status(self, status: str) -> None:
         self.emit(planning_status=pb.PlanningStatus(status=status))
@@ -104,5 +95,5 @@ class EventSink:
     def error(self, code: str, message: str) -> None:
         self.emit(error=pb.ErrorEvent(code=code, message=message))
 
-    def stream_end(self, reason: pb.StreamEndReason, text: str) -> None:
-        self.emit(stream_end=pb.StreamEnd(reason=reason, text=text))
+    def stream_end(self, reason: pb.StreamEndReason, text: str) -> AgentEvent:
+        return self.emit(stream_end=pb.StreamEnd(reason=reason, text=text))

@@ -1,6 +1,6 @@
-"""The Agent gRPC servicer. A turn runs as its own task and streams through a queue, so a client
-that goes away (or calls Stop) ends it cooperatively: partial text saved, every tool call
-answered, the session loadable."""
+"""The Agent gRPC servicer. A turn runs as its own task and its RunStream reads the turn's kept
+events (turn_logs), so a client that reads slowly or goes away costs the turn nothing, and Stop
+ends it cooperatively: partial text saved, every tool call answered, the session loadable."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import logging
 import math
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import suppress
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
@@ -125,7 +126,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Across replicas (when on): the store says whose turn it is.
         self.claims = TurnClaims(deps.store, deps.settings.turn_claim_ttl_s, self.replica) \
             if deps.settings.turn_claims else None
-        self._watchers = SessionWatchers()  # WatchSession's clients, by session
+        # WatchSession's clients by session, and every stream that follows a session, counted.
+        self._watchers = SessionWatchers(deps.settings.watchers_per_user, deps.settings.watchers_per_session)
         # Each turn's events, for the client that lost its stream (ResumeStream).
         self.turn_logs = TurnLogs(deps.settings.stream_keep_s, deps.settings.stream_keep_bytes)
         # Across replicas (when on): Stop and the watchers' events travel through the store.
@@ -136,10 +138,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             if deps.settings.replica_events else None
 
     def _publish(self, event: pb.AgentEvent) -> None:
-        """A turn's event to its log and the session's watchers: here, and (bus on) on every other
-        replica."""
-        self.turn_logs.record(event, local=True)
-        self._watchers.publish(event)
+        """A turn's event to its log and the session's watchers (serialized once for all of them):
+        here, and (bus on) on every other replica."""
+        payload = event.SerializeToString()
+        self.turn_logs.record(event, local=True, payload=payload)
+        self._watchers.publish(event.session_id, payload)
         if self.bus is not None:
             self.bus.publish(event)
 
@@ -149,8 +152,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     def _heard(self, event: pb.AgentEvent) -> None:
         """Another replica's turn's event: to its log and this replica's watchers."""
-        self.turn_logs.record(event, local=False)
-        self._watchers.publish(event)
+        payload = event.SerializeToString()
+        self.turn_logs.record(event, local=False, payload=payload)
+        self._watchers.publish(event.session_id, payload)
 
     async def _keep_warm(self, turn: Turn) -> None:
         """After the turn and its post-turn pass, off the client's path: the session as it is now,
@@ -235,12 +239,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                     await self.deps.store.DeleteSession(store_pb.DeleteSessionRequest(session_id=session_id))
             raise
 
-    async def _drive(self, turn: Turn, turn_input: TurnInput, stop_on_disconnect: bool):
-        """Run the turn under the session lock; yields its events until stream_end. A caller that
-        goes away once it has the first event (the session and turn to resume by) leaves the turn
-        running, unless it asked otherwise."""
+    async def _drive(self, turn: Turn, turn_input: TurnInput, stop_on_disconnect: bool) -> AsyncIterator[bytes]:
+        """Run the turn under the session lock; yields its events (serialized, as its log keeps
+        them) until stream_end. A caller that goes away once it has the first event (the session
+        and turn to resume by) leaves the turn running, unless it asked otherwise."""
         holder, elsewhere = await self._hold(turn.session_id)
         self.sessions.started(turn.session_id, turn)
+        kept = self.turn_logs.begin(turn.session_id, turn.sink.turn_id)
         turn.sink.announce(turn_started=pb.TurnStarted(text=turn_input.text[:200]))
 
         async def work() -> None:
@@ -262,18 +267,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         task.add_done_callback(self.deps.post_turn_tasks.discard)
         finished = sent = False
         try:
-            while True:
-                event = await turn.sink.queue.get()
-                yield event
+            # The turn's own stream reads its kept log: a client slower than the turn holds nothing
+            # of its own, and one past what is kept is told so (the turn goes on).
+            async for payload in self.turn_logs.follow(kept, 0):
+                yield payload
                 sent = True
-                if event.HasField("stream_end") and not event.is_subagent:
-                    finished = True
-                    return
+            finished = True
         finally:
-            if not finished:
-                turn.sink.detach()
-                if stop_on_disconnect or not sent:
-                    turn.stop.set()  # end the turn cooperatively: partial text saved
+            if not finished and (stop_on_disconnect or not sent):
+                turn.stop.set()  # end the turn cooperatively: partial text saved
 
     async def _hold(self, session_id: str) -> tuple[str, bool]:
         """The session to one turn: in this process, then (with claims on) across replicas. (The
@@ -300,7 +302,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def Run(self, request, context):
         turn, turn_input = await self._open_turn(request, context)
         text, reason = "", pb.STREAM_END_REASON_UNSPECIFIED
-        async for event in self._drive(turn, turn_input, request.stop_on_disconnect):
+        async for payload in self._drive(turn, turn_input, request.stop_on_disconnect):
+            event = pb.AgentEvent.FromString(payload)
             if event.HasField("stream_end") and not event.is_subagent:
                 text, reason = event.stream_end.text, event.stream_end.reason
             elif event.HasField("error") and not event.is_subagent and event.error.code == "UNAVAILABLE":
@@ -366,16 +369,16 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                         session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model=profile.model,
                         window=window, settings=profile.compression_settings())):
-                    sink.compression(event)
-                    yield sink.queue.get_nowait()
+                    emitted = sink.compression(event)
+                    if emitted is not None:
+                        yield emitted
             except FailedPrecondition as exc:
                 raise FailedPrecondition(f"nothing to compact: {exc}") from None
             except Aborted as exc:  # the Compressor's commit lost to a turn's write
                 raise conflict(exc) from None
         finally:
             await self._let_go(session.id, holder)
-        sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
-        yield sink.queue.get_nowait()
+        yield sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
 
     async def Stop(self, request, context):
         if not request.session_id:
@@ -392,36 +395,37 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
 
     async def WatchSession(self, request, context):
+        who = caller()  # (verified by the server's interceptor)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
-        # Who may read the session may watch it: the store answers for the caller.
-        await self.deps.store.GetSession(store_pb.GetSessionRequest(
-            session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
-        queue = self._watchers.subscribe(request.session_id)
-        try:
+        # Counted first (a refusal costs nothing more), and in place before the watch is confirmed.
+        with self._watchers.watching(request.session_id, who.sub) as watch:
+            # Who may read the session may watch it: the store answers for the caller.
+            await self.deps.store.GetSession(store_pb.GetSessionRequest(
+                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
             if self.bus is not None:  # other replicas' turns reach this one only while the bus listens
                 with suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.bus.listening.wait(), WATCH_BUS_WAIT_S)
             await context.send_initial_metadata(())  # the watch is in place: nothing from now on is missed
             while True:
-                yield await queue.get()
-        finally:
-            self._watchers.unsubscribe(request.session_id, queue)
+                yield await watch.next()
 
     async def ResumeStream(self, request, context):
+        who = caller()  # (verified by the server's interceptor)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.after_seq < 0:
             raise InvalidArgument("after_seq", "must not be negative")
-        # Who may read the session may resume its turns: the store answers for the caller.
-        await self.deps.store.GetSession(store_pb.GetSessionRequest(
-            session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
-        # Checked before the stream begins, so a refusal is the call's status; a turn of another
-        # replica gets a moment to arrive, should the client have seen more of it there.
-        log = await self.turn_logs.open(request.session_id, request.turn_id, request.after_seq,
-                                        catch_up_s=RESUME_CATCH_UP_S if self.bus is not None else 0.0)
-        async for event in self.turn_logs.follow(log, request.after_seq):
-            yield event
+        with self._watchers.following(request.session_id, who.sub):
+            # Who may read the session may resume its turns: the store answers for the caller.
+            await self.deps.store.GetSession(store_pb.GetSessionRequest(
+                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+            # Checked before the stream begins, so a refusal is the call's status; a turn of another
+            # replica gets a moment to arrive, should the client have seen more of it there.
+            log = await self.turn_logs.open(request.session_id, request.turn_id, request.after_seq,
+                                            catch_up_s=RESUME_CATCH_UP_S if self.bus is not None else 0.0)
+            async for payload in self.turn_logs.follow(log, request.after_seq):
+                yield payload
 
     async def ListProfiles(self, request, context):
         await self._reload_profiles()  # what the next turn would use, and why an edit was not taken

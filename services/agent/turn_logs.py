@@ -1,5 +1,5 @@
-"""A turn's events, kept for the client that lost its stream: ResumeStream replays what it missed
-and follows the turn live to its stream_end.
+"""A turn's events, kept: the turn's own RunStream reads them from here, and ResumeStream replays
+what a client missed and follows the turn live to its stream_end.
 
 - One log per turn: an unbroken run of its events by seq, ``first_seq`` to ``last_seq``. What a
   reader is given is always whole: a reader asking for events older than the run is told so
@@ -10,7 +10,11 @@ and follows the turn live to its stream_end.
   ``LOST_AFTER_S``, the turn is taken for lost with its replica (NotFound).
 - Kept serialized (a parsed event costs ten times its bytes in memory), each counted at its bytes
   plus what holding them costs, and every log together within ``budget_bytes``: ended turns go
-  first, the oldest first; then the largest running turn gives up its oldest events.
+  first, the oldest first (those still being read last); then the largest turn gives up its oldest
+  events, never its newest (a reader keeping up gets it, however large).
+- Readers read through a cursor, one event at a time, and hold nothing of their own: a reader that
+  stops reading costs no memory, and one that falls behind what is kept is told so (Behind). An
+  ended turn still being read outlives ``keep_s`` until its readers are done (within the budget).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
+import grpc
+
 from palimpsest.v1 import agent_pb2 as pb
-from services.shared.errors import NotFound, OutOfRange, Unavailable
+from services.shared.errors import NotFound, OutOfRange, PalimpsestError, Unavailable
 
 # What one kept event costs beyond its bytes: the bytes object's header and its place in the list
 # (measured with tracemalloc: tests/test_turn_logs.py holds the budget to the memory).
@@ -41,6 +47,12 @@ class Ahead(OutOfRange):
     """A resume from a seq the turn has not reached (here): another replica may be ahead of this one."""
 
 
+class Behind(PalimpsestError):
+    """A reader slower than its turn, now past what is kept."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
 class TurnLog:
     def __init__(self, session_id: str, turn_id: str, *, local: bool, first_seq: int, now: float):
         self.session_id = session_id
@@ -58,6 +70,7 @@ class TurnLog:
         self.failure: Exception | None = None
         self.heard_at = now
         self.released = False  # forgotten by the logs: what it held is gone
+        self.readers = 0  # following it now
         self._more = asyncio.Event()
 
     @property
@@ -72,8 +85,9 @@ class TurnLog:
     def ended(self) -> bool:
         return self.ended_at is not None
 
-    def after(self, seq: int) -> list[bytes]:
-        return self._events[self._start + seq + 1 - self.first_seq:]
+    def event(self, seq: int) -> bytes:
+        """The kept event ``seq`` (first_seq ≤ seq ≤ last_seq)."""
+        return self._events[self._start + seq - self.first_seq]
 
     def _clear(self, next_seq: int) -> None:
         self._events, self._start = [], 0
@@ -132,6 +146,15 @@ class TurnLog:
             self.failure = failure
             self.pulse()
 
+    def check_reader(self, seq: int) -> None:
+        """Behind unless the event after ``seq`` (what a reader has read to) is kept or still to come."""
+        if seq + 1 < self.first_seq:
+            raise Behind(f"this stream fell behind turn {self.turn_id}: its events are kept from seq {self.first_seq} "
+                         f"on (older ones went to stay within PALIMPSEST_STREAM_KEEP_MB, or were lost on the session "
+                         f"bus) and the stream had read to seq {seq}. The turn goes on and stores its answer: "
+                         f"ResumeStream with after_seq {self.first_seq - 1} follows the rest, and the session's "
+                         "history has it whole")
+
     def check(self, after_seq: int) -> None:
         """OutOfRange unless every event after ``after_seq`` is here or still to come."""
         if after_seq + 1 < self.first_seq:
@@ -159,6 +182,14 @@ class TurnLogs:
         self.bytes = 0
 
     # -- writing -------------------------------------------------------------------------------
+    def begin(self, session_id: str, turn_id: str) -> TurnLog:
+        """A turn of this replica, before its first event: the log its RunStream reads."""
+        now = self.clock()
+        self._expire(now)
+        log = self._logs[turn_id] = TurnLog(session_id, turn_id, local=True, first_seq=1, now=now)
+        self._latest[session_id] = turn_id
+        return log
+
     def record(self, event: pb.AgentEvent, *, local: bool, payload: bytes | None = None) -> None:
         """A turn's event (seq 0 events are for watchers only, not a turn's stream); ``payload``:
         the event serialized, when the caller has it already."""
@@ -244,44 +275,49 @@ class TurnLogs:
                 except asyncio.TimeoutError:
                     pass
 
-    async def follow(self, log: TurnLog, after_seq: int) -> AsyncIterator[pb.AgentEvent]:
-        """The events after ``after_seq`` and then each as it comes, to the turn's end. A reader
-        that falls behind what is kept gets OutOfRange; a reader of another replica's turn whose
-        replica is lost, NotFound."""
+    async def follow(self, log: TurnLog, after_seq: int) -> AsyncIterator[bytes]:
+        """The events after ``after_seq`` and then each as it comes, to the turn's end, serialized
+        and one at a time (a reader that stops holds one event). A reader that falls behind what
+        is kept gets Behind; a reader of another replica's turn whose replica is lost, NotFound."""
         seq = after_seq
-        while True:
-            if log.released and log.failure is not None:
-                raise log.failure  # lost with its replica: that, whatever was left to read
-            log.check(seq)
-            for payload in log.after(seq):  # a copy: whole, whatever is trimmed meanwhile
-                event = pb.AgentEvent.FromString(payload)
-                yield event
-                seq = event.seq
-            if seq < log.last_seq:
-                continue  # more arrived while the last ones were being sent
-            if log.ended:
-                if log.failure is not None:
-                    raise log.failure
-                return
-            if log.local:
-                await log.more(None)
-                continue
-            left = log.heard_at + LOST_AFTER_S - self.clock()  # until its replica is taken for lost
-            if left <= 0 and self.hearing:
-                self._expire(self.clock())  # lost: the next look says so
-                continue
-            try:
-                await log.more(left if left > 0 else LOST_AFTER_S)  # (not hearing: look again later)
-            except asyncio.TimeoutError:
-                pass
+        log.readers += 1
+        try:
+            while True:
+                if log.released and log.failure is not None:
+                    raise log.failure  # lost with its replica: that, whatever was left to read
+                log.check_reader(seq)
+                if seq < log.last_seq:
+                    seq += 1
+                    yield log.event(seq)
+                    continue
+                if log.ended:
+                    if log.failure is not None:
+                        raise log.failure
+                    return
+                if log.local:
+                    await log.more(None)
+                    continue
+                left = log.heard_at + LOST_AFTER_S - self.clock()  # until its replica is taken for lost
+                if left <= 0 and self.hearing:
+                    self._expire(self.clock())  # lost: the next look says so
+                    continue
+                try:
+                    await log.more(left if left > 0 else LOST_AFTER_S)  # (not hearing: look again later)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            log.readers -= 1
 
     # -- forgetting ----------------------------------------------------------------------------
     def _expire(self, now: float) -> None:
-        while self._ended:
-            turn_id = next(iter(self._ended))
+        expired = []
+        for turn_id in self._ended:  # in the order they ended
             log = self._logs.get(turn_id)
             if log is not None and log.ended_at is not None and log.ended_at + self.keep_s > now:
                 break
+            if log is None or not log.readers:  # (one still read goes once its readers are done)
+                expired.append(turn_id)
+        for turn_id in expired:
             self._forget(turn_id)
         if not self.hearing:
             return  # the others' silence is this replica's deafness
@@ -298,15 +334,23 @@ class TurnLogs:
         if self.bytes <= self.budget_bytes:
             return
         # Down to a sixteenth under the budget, so the next events do not each look for the largest.
-        while self.bytes > self.budget_bytes - self.budget_bytes // 16:
-            if self._ended:
-                self._forget(next(iter(self._ended)))
-                continue
-            largest = max((log for log in self._logs.values() if log.kept), key=lambda log: log.bytes,
+        floor = self.budget_bytes - self.budget_bytes // 16
+        # Ended turns no one reads go first, the oldest first; then the largest turn gives up its
+        # oldest events, never its newest (a reader keeping up gets it, however large); then ended
+        # turns still being read (by readers far behind: they are told so).
+        unread = [turn_id for turn_id in self._ended if not getattr(self._logs.get(turn_id), "readers", 0)]
+        for turn_id in unread:
+            if self.bytes <= floor:
+                return
+            self._forget(turn_id)
+        while self.bytes > floor:
+            largest = max((log for log in self._logs.values() if log.kept > 1), key=lambda log: log.bytes,
                           default=None)
             if largest is None:
-                return
+                break
             self.bytes -= largest.drop_oldest()
+        while self.bytes > floor and self._ended:
+            self._forget(next(iter(self._ended)))
 
     def _forget(self, turn_id: str, failure: Exception | None = None) -> None:
         self._ended.pop(turn_id, None)

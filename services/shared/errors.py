@@ -61,13 +61,22 @@ class Unavailable(PalimpsestError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
-_BY_CODE: dict[grpc.StatusCode, type[PalimpsestError]] = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Aborted,
-                                      ResourceExhausted, FailedPrecondition, Unavailable)}
-
-
 # How our services say that a dependency is down ("SessionStore at … is not answering", and the same of
 # PostgreSQL and Ollama). A status carrying it was answered by the service called, about one of its own.
 NOT_ANSWERING = "is not answering"
+
+
+class NotAnswering(Unavailable):
+    """The service called did not answer at all (its deadline passed, or it could not be reached),
+    as opposed to a status it sent."""
+
+    def __init__(self, service: str, address: str, details: str):
+        super().__init__(f"{service} at {address} {NOT_ANSWERING}: {details}")
+        self.details = details
+
+
+_BY_CODE: dict[grpc.StatusCode, type[PalimpsestError]] = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Aborted,
+                                      ResourceExhausted, FailedPrecondition, Unavailable)}
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError, service: str, address: str) -> PalimpsestError:
@@ -76,7 +85,7 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, service: str, address: str) -> Pal
         if NOT_ANSWERING in (exc.details() or ""):
             # Not "<service> is not answering": it answered, naming the dependency that is down.
             return Unavailable(f"{exc.details()} (said the {service} at {address})")
-        return Unavailable(f"{service} at {address} {NOT_ANSWERING}: {exc.details()}")
+        return NotAnswering(service, address, exc.details() or exc.code().name)
     cls = _BY_CODE.get(exc.code())
     if cls is InvalidArgument:
         return InvalidArgument("request", exc.details() or "")

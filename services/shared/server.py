@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+# gRPC's refusal of a send on a call that is over: not exported, and without type stubs.
+from grpc._cython.cygrpc import ExecuteBatchError  # type: ignore[import-not-found]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -118,7 +120,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 _guard_stream(handler.unary_stream, method, self.deep, self.translate),
                 request_deserializer=read,
-                response_serializer=handler.response_serializer,
+                response_serializer=_sending_bytes_as_they_are(handler.response_serializer),
             )
         if handler.stream_unary:  # (each request checked as the servicer reads it)
             return grpc.stream_unary_rpc_method_handler(
@@ -130,7 +132,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.stream_stream_rpc_method_handler(
                 _guard_stream(_checking_each(handler.stream_stream, self.deep), method, None, self.translate),
                 request_deserializer=read,
-                response_serializer=handler.response_serializer,
+                response_serializer=_sending_bytes_as_they_are(handler.response_serializer),
             )
         return handler
 
@@ -171,14 +173,49 @@ def _reading(deserialize: Callable[[bytes], Any] | None, method: str, limit: int
     return read
 
 
+def _sending_bytes_as_they_are(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A stream's response serializer that sends a message the servicer hands over already
+    serialized (bytes: the Agent's events, kept serialized and sent to many readers) as it is."""
+    if serialize is None:
+        return None
+    return lambda message: message if isinstance(message, bytes) else serialize(message)
+
+
+def _client_left(method: str) -> asyncio.CancelledError:
+    """gRPC refused to send on a call that is over: its client left (or its deadline passed). That
+    is the call being cancelled, not a failure of ours: a debug line, no traceback."""
+    log.debug("%s: the call ended under an answer (its client left)", method)
+    return asyncio.CancelledError()
+
+
+class ClientLeftFilter(logging.Filter):
+    """gRPC's aio server logs a send refused on a call whose client has just left as an ERROR with a
+    traceback when it sees the refusal before the call's end (a race in grpcio): that is a client
+    leaving, a debug line at most."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ExecuteBatchError):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            record.msg, record.args = f"{record.getMessage()}: its client left", None
+            record.exc_info, record.exc_text = None, None
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+CLIENT_LEFT_FILTER = ClientLeftFilter()
+
+
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str,
                      translate: Translate | None = None) -> None:
     if translate is not None and not isinstance(exc, PalimpsestError):
         exc = translate(exc) or exc
-    if isinstance(exc, PalimpsestError):
-        await context.abort(exc.code, capped(str(exc)))
-    log.exception("unexpected error in %s", method, exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+    try:
+        if isinstance(exc, PalimpsestError):
+            await context.abort(exc.code, capped(str(exc)))
+        log.exception("unexpected error in %s", method, exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+    except ExecuteBatchError:
+        raise _client_left(method) from None
 
 
 def _refuse_bad_request(request, deep: bool | None) -> None:
@@ -219,6 +256,8 @@ def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None
             return await fn(request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
+        except ExecuteBatchError:
+            raise _client_left(method) from None
         except Exception as exc:  # noqa: BLE001 — this is the one place that maps them all
             await _abort_for(exc, context, method, translate)
 
@@ -238,6 +277,8 @@ def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | Non
                 await result
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
+        except ExecuteBatchError:
+            raise _client_left(method) from None
         except Exception as exc:  # noqa: BLE001
             await _abort_for(exc, context, method, translate)
 
@@ -353,6 +394,7 @@ async def start_server(
         ErrorInterceptor(Admission.of(settings, names, open_methods, large_requests),
                          deep_nul_check=deep_nul_check, translate=translate),
     ]
+    logging.getLogger("grpc._cython.cygrpc").addFilter(CLIENT_LEFT_FILTER)  # (added once, however many servers)
     server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()

@@ -48,6 +48,14 @@ def _env_at_least(name: str, default: float, least: float) -> float:
     return value
 
 
+def _env_count(name: str, default: int) -> int:
+    """A whole number, 0 or more."""
+    value = _env_int(name, default)
+    if value < 0:
+        raise SystemExit(f"{name} must be 0 or more, got {value}")
+    return value
+
+
 def _share_file_roots(raw: str, data_dir: Path) -> tuple[Path, ...]:
     """PALIMPSEST_SHARE_FILE_ROOTS: absolute folders, separated by the OS path separator."""
     if not raw.strip():
@@ -147,6 +155,13 @@ class Settings:
     # turns' together within stream_keep_bytes (ended turns go first).
     stream_keep_s: float = 300.0
     stream_keep_bytes: int = 64 * 1024 * 1024
+    # Streams that follow a session (WatchSession, ResumeStream) one Agent serves at once, per user
+    # and per session (0: no limit): each is a write per event of every turn it follows.
+    watchers_per_user: int = 48
+    watchers_per_session: int = 24
+    # After the Compressor left a call unanswered, turns go on without it while one health check
+    # at a time asks it again, this often, until it answers.
+    compressor_retry_s: float = 2.0
     # share_file: the Agent's local folders files may be copied from, and its own size cap.
     share_file_roots: tuple[Path, ...] = field(default_factory=lambda: (default_data_dir() / "workspace",))
     share_file_max_bytes: int = 1024 * 1024 * 1024
@@ -238,6 +253,9 @@ class Settings:
             replica_events=_env_bool("PALIMPSEST_REPLICA_EVENTS", False),
             stream_keep_s=_env_at_least("PALIMPSEST_STREAM_KEEP_S", 300.0, 0),
             stream_keep_bytes=int(_env_at_least("PALIMPSEST_STREAM_KEEP_MB", 64, 1) * 1024 * 1024),
+            watchers_per_user=_env_count("PALIMPSEST_WATCHERS_PER_USER", 48),
+            watchers_per_session=_env_count("PALIMPSEST_WATCHERS_PER_SESSION", 24),
+            compressor_retry_s=_env_at_least("PALIMPSEST_COMPRESSOR_RETRY_S", 2.0, 0.1),
             turn_claim_ttl_s=_env_int("PALIMPSEST_TURN_CLAIM_TTL_S", 30),
             share_file_roots=_share_file_roots(_env("PALIMPSEST_SHARE_FILE_ROOTS", ""), data_dir),
             share_file_max_bytes=_env_int("SHARE_FILE_MAX_SIZE_MB", 1024) * 1024 * 1024,
