@@ -424,6 +424,13 @@ async def test_a_frozen_compressor_costs_one_turn_its_deadline_and_is_used_again
     from services.agent.compressor_breaker import NOT_CALLED
 
     agent, store = clients
+
+    async def used_again() -> bool:
+        outcome = (await Load(agent, [3], tag="thawedx").finished())[0]
+        return outcome.completed and not outcome.errors
+
+    # An earlier test's Compressor kill may have left the breaker open: start from one in use.
+    assert await until(used_again, TURN_DEADLINE_S)
     system.compressor.proc.send_signal(signal.SIGSTOP)
     try:
         first = (await Load(agent, [6], tag="frozen0x").finished())[0]
@@ -435,11 +442,6 @@ async def test_a_frozen_compressor_costs_one_turn_its_deadline_and_is_used_again
     assert [e.code for e in first.errors] == ["UNAVAILABLE"] and NOT_CALLED not in first.errors[0].message
     assert all([e.code for e in o.errors] == ["UNAVAILABLE"] and NOT_CALLED in o.errors[0].message for o in later), \
         [o.errors for o in later]
-
-    async def used_again() -> bool:
-        outcome = (await Load(agent, [3], tag="thawedx").finished())[0]
-        return outcome.completed and not outcome.errors
-
     assert await until(used_again, TURN_DEADLINE_S)
 
 

@@ -422,7 +422,9 @@ async def test_user_namespaces_unavailable_are_said_with_the_fix(tmp_path):
     # An Agent where no user namespace can be made: itself inside a sandbox that forbids them.
     script = "import asyncio; from services.agent.sandbox import probe; print(asyncio.run(probe()).reason)"
     ran = subprocess.run(["bwrap", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/", "--dev", "/dev",
-                          "--proc", "/proc", "--tmpfs", "/tmp", "--uid", "1000", "--gid", "1000",
+                          # (a scratch tmpfs beside the host's /tmp, where the checkout may be)
+                          "--proc", "/proc", "--tmpfs", "/var/tmp", "--setenv", "TMPDIR", "/var/tmp",
+                          "--uid", "1000", "--gid", "1000",
                           "--chdir", os.getcwd(), "--", sys.executable, "-c", script],
                          capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
