@@ -17,9 +17,10 @@ replica of several opens it until a probe (which may reach another replica) find
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from palimpsest.v1 import compressor_pb2
@@ -83,27 +84,22 @@ class GuardedCompressor:
     async def _unary(self, method, request, **kwargs):
         self._refuse_while_open()
         call = method(request, **kwargs)
-        self._in_flight.add(call)
-        try:
+        with self._watching(call):
             return await call
-        except NotAnswering as exc:
-            self._open(exc)
-            raise
-        except asyncio.CancelledError:
-            if call in self._given_up and not _being_cancelled():
-                raise self._given_up_error() from None
-            raise
-        finally:
-            self._in_flight.discard(call)
-            self._given_up.discard(call)
 
     async def _stream(self, method, request, **kwargs) -> AsyncIterator[Any]:
         self._refuse_while_open()
         call = method(request, **kwargs)
-        self._in_flight.add(call)
-        try:
+        with self._watching(call):
             async for reply in call:
                 yield reply
+
+    @contextlib.contextmanager
+    def _watching(self, call) -> Iterator[None]:
+        """A call in flight: its silence opens the breaker, and it is given up when another's does."""
+        self._in_flight.add(call)
+        try:
+            yield
         except NotAnswering as exc:
             self._open(exc)
             raise
