@@ -592,13 +592,15 @@ class FileStore:
 
     @staticmethod
     def _info(path: Path, name: str | None = None) -> FileInfo:
-        digest = _digest_of(path)
+        # One stat and one read of the kept digest: a listing of a 10,000-file workspace does this
+        # for every file, on every turn that uses a file tool.
+        size = path.stat().st_size
         kept = _kept(path)
         return FileInfo(
             name=name or path.name,
             path=path,
-            size=path.stat().st_size,
-            sha256=digest,
+            size=size,
+            sha256=kept[0] if kept is not None else _digest_of(path),
             content_type=content_type(path.name, _head_of(path)),
             outside_content=not (kept is not None and kept[1]),
         )
