@@ -94,6 +94,9 @@ class Workspace:
         self.files: dict[str, Entry] = {}
         self.lock = asyncio.Lock()
         self._synced_for = ""  # the turn the mirror was last synced for
+        # The store's changes token the mirror was last synced whole at: a turn on a workspace
+        # nobody changed since costs one small call, not a listing of every file.
+        self._token = ""
 
     @property
     def _vouch(self) -> tuple[tuple[str, str], ...]:
@@ -112,7 +115,12 @@ class Workspace:
     async def sync(self) -> None:
         """One ListFiles, one thread hop to stat the whole mirror, downloads of what differs (a few
         at once): a turn on a large workspace that changed little pays for little more than the listing."""
-        listed = (await self.store.ListFiles(store_pb.ListFilesRequest(session_id=self.session_id))).files
+        reply = await self.store.ListFiles(store_pb.ListFilesRequest(session_id=self.session_id,
+                                                                    unless_token=self._token))
+        if reply.unchanged:  # nothing written or deleted since the mirror was last synced whole
+            return
+        self._token = ""  # until this sync has completed
+        listed = reply.files
         remote = {f.name: f for f in listed}
         first = not self._synced_for
         await asyncio.to_thread(self.folder.mkdir, parents=True, exist_ok=True)
@@ -129,6 +137,7 @@ class Workspace:
         await asyncio.gather(*(download(info) for info in stale))
         if first or gone or stale:  # leftovers of an earlier process, files the store no longer has
             await asyncio.to_thread(self._prune)
+        self._token = reply.token
 
     def _stale(self, listed) -> list[common_pb2.FileInfo]:
         """The store's files whose mirror copy is missing or not the one the store has."""
