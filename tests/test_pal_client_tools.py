@@ -18,6 +18,7 @@ from clients.pal.errors import CliError
 from ollama_sim import Reply
 from tests.relay import Relay
 from tests.test_store_sessions import full
+from tests.waiting import until
 from test_pal import pal, pal_env
 from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
 from test_pal_agent import COMPLETED, read_until, start_pal
@@ -128,6 +129,34 @@ async def test_the_answer_gets_through_when_the_connection_drops_while_the_tool_
     assert sum("tool_call_requested" in e for e in events) == 1
     assert events[-1]["stream_end"]["reason"] == COMPLETED
     assert tool_results(ollama_sim) == ["warm\n"]
+
+
+async def test_an_answer_whose_acknowledgement_was_lost_is_not_reported_undelivered(
+        agent_server, store_server, compressor_server, ollama_sim, tmp_path):
+    """The answer reaches the Agent but the connection dies before its acknowledgement comes back: pal
+    sends it again, is told the call no longer waits, and knows that means the first one arrived."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    waits = f"import sys; sys.stdin.read(); print(open({str(gate)!r}).read())"
+    tools = tools_file(tmp_path, tool("slow_lookup", waits))
+    ollama_sim.script(Reply(tool_calls=[("slow_lookup", {})]), Reply(text="Done."))
+    host, port = agent_server.address.rsplit(":", 1)
+    relay = Relay((host, int(port)))
+    await relay.start()
+    env = pal_env(store=store_server.address, agent=f"127.0.0.1:{relay.port}", compressor=compressor_server.address)
+    proc = await start_pal("run", "--json", "--client-tools", tools, "look it up", env=env)
+    await read_until(proc.stdout, "tool_call_requested")
+    relay.hold_answers()  # what pal sends arrives; nothing comes back
+    await asyncio.to_thread(gate.write_text, "found")
+    assert await until(lambda: tool_results(ollama_sim) == ["found\n"], timeout=30)  # the Agent took the answer
+    await relay.cut()
+    relay.thaw()
+    await relay.start()
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert "not delivered" not in err.decode() and "⇠ slow_lookup answered" in err.decode()
+    assert json.loads(out.decode().splitlines()[-1])["stream_end"]["reason"] == COMPLETED
 
 
 async def test_ctrl_c_stops_the_turn_and_kills_the_command_still_running(env, ollama_sim, tmp_path):

@@ -46,6 +46,8 @@ STDERR_TAIL = 2 * 1024
 PIPE_DRAIN_S = 5.0
 # A tool's answer retried while the Agent is unreachable (its stream is being resumed too).
 SUBMIT_WAITS_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+# An answer is sent again on these: the Agent was out of reach, or the answer's acknowledgement was.
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Enough of a command line to recognise it in the line that says it runs.
 COMMAND_CHARS = 100
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -285,12 +287,12 @@ class ClientToolRunner:
         request = agent_pb2.SubmitToolResultRequest(session_id=event.session_id, turn_id=event.turn_id,
                                                     call_id=asked.call_id, content=outcome.content,
                                                     is_error=outcome.is_error)
-        refused = self._submit(request)
         what = "failed" if outcome.is_error else f"{len(outcome.content.encode()):,} bytes"
+        # Said before the answer goes, so it comes before the tool's card, which follows the answer.
+        self.say(f"⇠ {asked.name} answered ({what}, {outcome.elapsed_s:.1f} s)")
+        refused = self._submit(request)
         if refused:
-            self.say(f"⇠ {asked.name} ({what}, {outcome.elapsed_s:.1f} s) not delivered: {refused}")
-        else:
-            self.say(f"⇠ {asked.name} answered ({what}, {outcome.elapsed_s:.1f} s)")
+            self.say(f"⇠ {asked.name}: the answer was not delivered: {refused}")
 
     def _track(self, proc: subprocess.Popen[bytes]) -> None:
         with self._lock:
@@ -300,12 +302,16 @@ class ClientToolRunner:
 
     def _submit(self, request: agent_pb2.SubmitToolResultRequest) -> str:
         """Deliver the answer, trying again while the Agent is unreachable; why it was refused, or ""."""
-        for wait in (*SUBMIT_WAITS_S, None):
+        for attempt, wait in enumerate((*SUBMIT_WAITS_S, None)):
             try:
                 self.agent.SubmitToolResult(request)
                 return ""
             except ServiceError as err:
-                if err.code != grpc.StatusCode.UNAVAILABLE or wait is None or self._closing.wait(wait):
+                if attempt and err.code == grpc.StatusCode.FAILED_PRECONDITION:
+                    # The call no longer waits: an earlier try arrived and only its acknowledgement was
+                    # lost (the Agent's own deadline is 30 s past the tool's, and a Stop ends the stream).
+                    return ""
+                if err.code not in _RETRIED or wait is None or self._closing.wait(wait):
                     return str(err)
         return ""
 
