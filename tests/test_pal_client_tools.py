@@ -85,6 +85,11 @@ async def test_run_answers_the_models_calls_with_local_commands(env, store, olla
     got = await full(store, session_id)
     assert [m.content for m in got.messages if m.role == "tool"] == [weather, broken, hangs]
 
+    ollama_sim.script(Reply(tool_calls=[("get_weather", {"city": "Nice"})]), Reply(text="Sunny in Nice too."))
+    more = await pal("continue", "--id", session_id, "--client-tools", tools, "and Nice?", env=env)
+    assert more.code == 0, more.stderr
+    assert tool_results(ollama_sim)[-1] == "sunny in Nice\n"
+
 
 async def test_chat_offers_the_tools_with_every_message(env, ollama_sim, tmp_path):
     tools = tools_file(tmp_path, tool("get_weather", WEATHER))
