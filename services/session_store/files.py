@@ -250,17 +250,20 @@ def _inside(folder: Path, name: str) -> Path:
 def _mark_changed(folder: Path) -> None:
     """A new changes token for ``folder``, written after each change to its files: a reader that
     read the old one before listing sees that it must list again. One write wins whole (a rename);
-    two writers leave either token, both new."""
-    temp = folder / f"{TEMP_PREFIX}{uuid.uuid4().hex}.changes"
+    two writers leave either token, both new. Kept among the top level's digests (no file may
+    take its name, so no digest either)."""
+    kept = folder / DIGEST_DIR
+    kept.mkdir(exist_ok=True)
+    temp = kept / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
     temp.write_text(uuid.uuid4().hex)
-    os.replace(temp, folder / CHANGES_NAME)
+    os.replace(temp, kept / CHANGES_NAME)
 
 
 def _changes_token(folder: Path) -> str:
     """The folder's changes token, made on first need (a folder from before tokens were kept)."""
     for _ in range(2):
         try:
-            return (folder / CHANGES_NAME).read_text().strip()
+            return (folder / DIGEST_DIR / CHANGES_NAME).read_text().strip()
         except FileNotFoundError:
             _mark_changed(folder)
     return ""
