@@ -34,7 +34,9 @@ _QWEN2 = (_CONTRACTIONS
 _QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # CJK ideographs, the block before them and Hangul: DeepSeek's tokenizers keep such runs whole.
-_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# llama.cpp matches patterns written with literal ranges against a text whose non-ASCII spaces
+# became \v, so a space inside a range (U+2009, U+3000) never matches it: ``&&[^\s]`` says so.
+_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff&&[^\\s]]+"
 # The Latin, Greek, Cyrillic, Armenian, Georgian, Cherokee ... letters DeepSeek LLM groups into words.
 _DEEPSEEK_LETTERS = (
     "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
@@ -66,6 +68,33 @@ _define("qwen35", _QWEN35)
 _define("gpt-2 mpt", _GPT2)
 _define("starcoder refact command-r smollm", r"\p{N}", _GPT2)
 _define("falcon", r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]")
-_define("deepseek-llm", "[\r\n]", rf"\s?[{_DEEPSEEK_LETTERS}]+", "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
-        r"\s+$", _DEEPSEEK_CJK, r"\p{N}+")
+_DEEPSEEK_PUNCTUATION = "[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002&&[^\\s]]+"
+_define("deepseek-llm", "[\r\n]", rf"\s?[{_DEEPSEEK_LETTERS}]+", r"\s?" + _DEEPSEEK_PUNCTUATION, r"\s+$",
+        _DEEPSEEK_CJK, r"\p{N}+")
 _define("deepseek-coder", "[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, r"\p{N}")
+# DeepSeek V3/R1: up to three digits, CJK and kana runs, then words with a leading punctuation mark.
+_define("deepseek-v3", r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Upper-case runs and lower-case runs apart (CamelCase). llama.cpp writes "upper" as a letter that
+# is not a-z and "lower" as one that is not A-Z, so every other script's letter is both, and this
+# pattern says the same rather than tiktoken's \p{Lu}/\p{Ll}.
+_UPPER, _LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
+_CASED_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_define("tekken",
+        rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*|\p{{N}}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+", ignore_merges=True)
+_define("gpt-4o llama4",
+        rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CASED_CONTRACTIONS}"
+        rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CASED_CONTRACTIONS}"
+        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_define("chatglm-bpe", _LLAMA3)
+_define("glm4", _LLAMA3, ignore_merges=True)
+_define("falcon3 pixtral lfm2", _LLAMA3, ignore_merges=True)
+_define("stablelm2", _QWEN2)
+_define("olmo exaone4", _GPT2)
+_define("exaone codeshell", r"\p{N}", _GPT2)
+# No tokenizer.ggml.pre: llama.cpp's own default (punctuation runs, GPT-2's words, digit runs cut
+# into threes). Old conversions (GPT-NeoX, Aquila) have none, and llama.cpp warns about them.
+DEFAULT_RULE = SplitRule((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"))
+SPLIT_RULES["default"] = DEFAULT_RULE

@@ -24,6 +24,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from services.compressor.special_tokens import matched_tokens
 from services.compressor.split_patterns import SPLIT_RULES, SplitRule
 
 PREFIX = "tokenizer.ggml."
@@ -49,6 +50,7 @@ class GgufVocabulary:
     merges: Sequence[str]
     scores: Sequence[float]
     add_space_prefix: bool
+    model_name: str = ""  # general.name: llama.cpp gives Phi-3's special tokens an rstrip by it
 
     @classmethod
     def from_model_info(cls, info: Mapping[str, Any]) -> "GgufVocabulary":
@@ -68,6 +70,7 @@ class GgufVocabulary:
             scores=info.get(PREFIX + "scores") or [],
             # llama.cpp's default: SentencePiece vocabularies prefix a space unless told not to.
             add_space_prefix=bool(info.get(PREFIX + "add_space_prefix", kind == "llama")),
+            model_name=str(info.get("general.name") or ""),
         )
 
 
@@ -109,12 +112,8 @@ def _pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def split_rule(pre: str) -> SplitRule:
-    """The split llama.cpp applies for ``pre``; a vocabulary without one is refused: llama.cpp
-    then splits by a default of its own, which no model family Ollama serves relies on."""
-    if not pre:
-        raise UnsupportedVocabulary("a byte-level BPE vocabulary without tokenizer.ggml.pre (llama.cpp's default "
-                                    "split is not reproduced)")
-    rule = SPLIT_RULES.get(pre)
+    """The split llama.cpp applies for ``pre``: none named means llama.cpp's default, not GPT-2's."""
+    rule = SPLIT_RULES.get(pre or "default")
     if rule is None:
         raise UnsupportedVocabulary(f"pre-tokenizer {pre!r} is not supported")
     return rule
@@ -183,11 +182,12 @@ def _sentencepiece_bpe(vocab: GgufVocabulary) -> Tokenizer:
 
 
 def _add_special_tokens(tokenizer: Tokenizer, vocab: GgufVocabulary) -> None:
-    """Control tokens are matched in text as one token each (the chat template's markers, and a
-    user who pastes one); user-defined tokens too, but as ordinary text."""
-    control = [t for t, kind in zip(vocab.tokens, vocab.token_types) if kind == CONTROL and t]
-    user = [t for t, kind in zip(vocab.tokens, vocab.token_types) if kind == USER_DEFINED and t]
-    if control:
-        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    """The tokens llama.cpp matches whole in a prompt (see special_tokens) are one token each:
+    control ones as special tokens, user-defined ones as ordinary text."""
+    matched = matched_tokens(vocab.tokens, vocab.token_types, vocab.model_name)
+    special = [AddedToken(m.text, special=True, normalized=False, rstrip=m.rstrip) for m in matched if m.special]
+    user = [AddedToken(m.text, special=False, normalized=False, rstrip=m.rstrip) for m in matched if not m.special]
+    if special:
+        tokenizer.add_special_tokens(special)
     if user:
-        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+        tokenizer.add_tokens(user)
