@@ -63,8 +63,12 @@ def _define(names: str, *patterns: str, ignore_merges: bool = False) -> None:
 
 _define("llama3 llama-v3 llama-bpe", _LLAMA3, ignore_merges=True)
 _define("smaug-bpe dbrx", _LLAMA3)
-_define("qwen2 deepseek-r1-qwen", _QWEN2)
-_define("qwen35", _QWEN35)
+# llama.cpp does not skip merges for Qwen's names, but on Qwen's vocabularies skipping changes no
+# count (none of 2,082 texts of vocabulary words, nor the varied texts, measured against llama.cpp),
+# while on the Ollama simulator's Qwen 3.6 vocabulary, whose merges are derived from tiktoken ranks,
+# only skipping counts what tiktoken counts.
+_define("qwen2 deepseek-r1-qwen", _QWEN2, ignore_merges=True)
+_define("qwen35", _QWEN35, ignore_merges=True)
 _define("gpt-2 mpt", _GPT2)
 _define("starcoder refact command-r smollm", r"\p{N}", _GPT2)
 _define("falcon", r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]")
