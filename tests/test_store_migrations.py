@@ -24,7 +24,8 @@ TABLES = {"schema_migrations", "sessions", "session_messages", "session_messages
           "session_shares", "calibration_observations", "session_baselines", "applied_appends", "tool_runs",
           "owner_memory", "owner_memory_entries", "owner_memory_pending"}
 # Made only where pgvector is available (0011); without it memory search is lexical.
-VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors"}
+VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors", "message_vectors",
+                 "message_vector_marks"}
 TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm",
                    "memory_chunks_content_trgm"}
 
