@@ -292,6 +292,35 @@ async def test_pasted_images_are_stored_and_those_past_the_budget_named(agent, s
     assert session.messages[0].content == "look at these"  # the user's copy has no notice
 
 
+async def test_trim_keeps_the_messages_the_user_sees_and_no_stale_note(agent, store, ollama_sim):
+    todo = ("todo", {"action": "set", "items": [{"text": "a"}]})
+    ollama_sim.script(Reply(text="Hi."), Reply(tool_calls=[todo]), Reply(tool_calls=[todo]), Reply(text="Done."))
+    session_id = (await run(agent, "hello"))[0].session_id
+    await run(agent, "plan it", session_id=session_id)
+    stored = await full(store, session_id)
+    # Task notes ("[Iteration 2 of 40 …]") are stored, hidden, before the second and third calls.
+    assert any(m.content.startswith("[Iteration") for m in stored.context)
+    assert [m.role for m in stored.messages] == ["user", "assistant", "user", "assistant", "tool", "assistant", "tool",
+                                                 "assistant"]
+
+    trimmed = await store.TrimSession(store_pb.TrimSessionRequest(session_id=session_id, keep=5))
+    assert (trimmed.before, trimmed.after, trimmed.dropped) == (8, 5, 3)
+    kept = await full(store, session_id)
+    assert list(kept.messages) == list(stored.messages[3:]) and kept.display_message_count == 5
+    # The kept part begins with what the user sees, not a note of a turn long gone; and the Agent's
+    # warm copy of the session (appends pass while no message was added) is not what it sends next.
+    assert kept.context[0].role == "assistant" and not kept.context[0].content.startswith("[Iteration")
+
+    ollama_sim.script(Reply(text="Still here."))
+    await run(agent, "and now?", session_id=session_id)
+    sent = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] != "system"]
+    assert sent[0]["role"] == "assistant" and not any(m["content"].startswith("[Iteration 2") for m in sent)
+
+    # Keeping 4 would start at a tool result whose call is cut: it goes, and the count says 3.
+    again = await store.TrimSession(store_pb.TrimSessionRequest(session_id=session_id, keep=4))
+    assert again.after == len((await full(store, session_id)).messages) == 3
+
+
 async def test_hidden_turns_store_no_files_and_show_nothing(agent, store):
     events = await run(agent, '{"form": "submitted"}', hidden=True)
     session_id = events[0].session_id

@@ -757,3 +757,17 @@ async def test_an_append_after_a_change_that_added_no_message_goes_ahead_and_say
     await expect_status(store.AppendMessages(pb.AppendMessagesRequest(
         session_id=s.id, messages=[Message(role="user", content="x")], expected_next_seq=0)),
         grpc.StatusCode.INVALID_ARGUMENT, "expected_next_seq")
+
+
+def test_trim_counts_what_the_user_sees_and_keeps_no_engine_row_for_a_prompt():
+    from services.session_store.repository.trim import TrimRow, kept_seqs
+
+    note = TrimRow(1, "system", is_display=False)  # a task note, stored first by an Agent turn
+    rows = [note, TrimRow(2, "user", True), TrimRow(3, "system", False), TrimRow(4, "assistant", True),
+            TrimRow(5, "system", False), TrimRow(6, "user", True), TrimRow(7, "assistant", True)]
+    assert kept_seqs(rows, 2) == {6, 7}
+    assert kept_seqs(rows, 3) == {4, 5, 6, 7}  # hidden rows after the oldest kept message stay with it
+    marker = TrimRow(1, "system", is_display=True, is_compression=True)
+    assert kept_seqs([marker, *rows[1:]], 1) == {7}
+    prompt = TrimRow(1, "system", is_display=True)  # a client's own system prompt: kept, counted
+    assert kept_seqs([prompt, *rows[1:]], 2) == {1, 7}

@@ -30,6 +30,7 @@ from services.session_store.repository.memory import insert_chunks
 from services.session_store.repository.owner_memory import memory_snapshot
 from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
 from services.session_store.repository.session_matches import matched_sql, matching_words, snippet_around
+from services.session_store.repository.trim import TrimRow, displayed, kept_seqs
 from services.session_store.repository.usage import OwnerUsage
 
 log = logging.getLogger("palimpsest.store.sessions")
@@ -586,31 +587,18 @@ class Sessions:
         return moved
 
     async def trim_session(self, identity: Identity, session_id: uuid.UUID, keep: int) -> tuple[int, int]:
-        """Keep the newest `keep` messages, the first system message counting as one of them."""
+        """Keep the newest `keep` displayed messages, a stored system prompt counting as one
+        (trim.kept_seqs); returns the displayed messages before and after."""
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_session(conn, session_id, identity, None)
-            rows = await conn.fetch(
-                "SELECT seq, role FROM session_messages WHERE session_id = $1"
-                " UNION ALL SELECT seq, role FROM session_messages_archive WHERE session_id = $1 ORDER BY seq",
+            rows = [TrimRow(r["seq"], r["role"], r["is_display"], r["is_compression"]) for r in await conn.fetch(
+                "SELECT seq, role, is_display, is_compression FROM session_messages WHERE session_id = $1"
+                " UNION ALL SELECT seq, role, is_display, is_compression FROM session_messages_archive"
+                " WHERE session_id = $1 ORDER BY seq",
                 session_id,
-            )
-            before = len(rows)
-            first_system = next((r["seq"] for r in rows if r["role"] == "system"), None)
-            kept = set()
-            if first_system is not None:
-                kept.add(first_system)
-            for row in reversed(rows):
-                if len(kept) >= keep:
-                    break
-                kept.add(row["seq"])
-            # A tool result whose call was cut would be an orphan no chat template accepts: it goes too.
-            for row in rows:
-                if row["seq"] == first_system or row["seq"] not in kept:
-                    continue
-                if row["role"] != "tool":
-                    break
-                kept.discard(row["seq"])
-            drop = [r["seq"] for r in rows if r["seq"] not in kept]
+            )]
+            kept = kept_seqs(rows, keep)
+            drop = [r.seq for r in rows if r.seq not in kept]
             if drop:
                 for table in ("session_messages", "session_messages_archive"):
                     await conn.execute(
@@ -624,13 +612,17 @@ class Sessions:
                 # The last real prompt size described rows that are gone.
                 await forget_baseline(conn, session_id)
         self.usage.forget()
-        return before, before - len(drop)
+        return displayed(rows), displayed(rows, kept)
 
     @staticmethod
     async def _recount(conn: Connection, session_id: uuid.UUID) -> None:
+        # next_seq moves on (one seq never used): messages went, and a writer holding the session from
+        # before (an Agent's warm copy) must not append through expected_next_seq as if only a name
+        # or a pin had changed; its append is ABORTED and it reads the session again.
         await conn.execute(
             f"""
             UPDATE sessions s SET revision = revision + 1, last_active = now(), context_token_count = 0,
+                   next_seq = next_seq + 1,
                    display_count = (SELECT count(*) FROM ({BOTH_TABLES.format(where="is_display")}) d),
                    hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
                    hot_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0)
