@@ -245,6 +245,20 @@ async def test_compress_summarizes_old_turns_and_leaves_the_display_alone(compre
     assert any("question 0" in c.content for c in found.chunks)
 
 
+async def test_memory_search_off_compresses_without_indexing_what_it_drops(compressor, store, profile):
+    from services.agent.profiles import Profile
+
+    session_id = await session_with(store, profile, turns(12))
+    off = Profile(memory_search_enabled=False).compression_settings()
+    assert off.HasField("index_memory") and not Profile().compression_settings().HasField("index_memory")
+    events = await compress(compressor, session_id, settings=off)
+    assert events[-1].compressed.messages_after < events[-1].compressed.messages_before
+    found = await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query="service-0 question 0"))
+    assert list(found.chunks) == []  # compressed, and nothing indexed
+    # The display history still holds every message.
+    assert any("question 0" in m.content for m in (await full(store, session_id)).messages)
+
+
 async def test_summarizer_failing_twice_hard_truncates_and_the_session_survives(compressor, store, profile, ollama_sim):
     session_id = await session_with(store, profile, turns(12))
     ollama_sim.script(Reply(http_status=500, error="boom"), Reply(http_status=500, error="boom again"))
