@@ -254,6 +254,17 @@ async def test_run_ephemeral_persists_nothing(agent, store, ollama_sim):
     assert (await store.ListSessions(store_pb.ListSessionsRequest(query=marker))).total == 0
 
 
+async def test_a_sub_agent_past_its_timeout_stops_by_its_event_and_returns_what_it_has(agent, ollama_sim, caplog):
+    caplog.set_level("WARNING", logger="palimpsest.agent.subagent")
+    ollama_sim.script(Reply(text="partial " * 400, chunk_delay=0.05))  # about 20 s of streaming
+    reply = await agent.RunEphemeral(pb.RunEphemeralRequest(text="write at length", profile_id="tiny",
+                                                            timeout_seconds=1))
+    assert not reply.completed_normally
+    assert reply.text.startswith("partial") and reply.text.count("partial") < 400  # cut where it stopped
+    assert "sub-agent timed out" in caplog.text
+    assert "sub-agent cancelled" not in caplog.text  # the cooperative stop ended it, no task.cancel()
+
+
 async def test_compact_with_nothing_to_compact_is_a_failed_precondition(agent):
     events = await run(agent, "short")
     await expect_status(_collect(agent.Compact(pb.CompactRequest(session_id=events[0].session_id))),
