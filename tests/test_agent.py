@@ -444,13 +444,35 @@ async def test_sub_agent_events_are_forwarded_and_its_state_never_leaks(agent, a
     tool = [e.tool_finished for e in events if e.HasField("tool_finished") and not e.is_subagent][0]
     assert tool.name == "spawn_agent" and "3 files" in tool.preview
 
-    # The seed's ContextVar rule: after a sub-agent, the parent's session is the current one again.
+
+async def test_a_turn_awaited_in_its_callers_task_gives_the_callers_session_back(agent_server, ollama_sim):
+    """003's ContextVar rule: a turn sets the current session and resets it when it ends, so what
+    runs next in the caller's task (and any task it starts) never sees the turn's id. Awaited
+    directly, not through run_subagent's task, whose copied context would hide a missing reset."""
+    from services.agent.conversation import EphemeralConversation
+    from services.agent.events import EventSink
+    from services.agent.turn import SubagentOptions, Turn, TurnInput, current_session
+
+    deps = agent_server.servicer.deps
+    profile = deps.profiles.get("tiny")
+    turn = Turn(deps, EphemeralConversation([]), profile, EventSink(is_subagent=True), (),
+                facts=await deps.ollama.model_facts(profile.model),
+                subagent=SubagentOptions(parent_session_id="the-parent", system_prompt="be brief"))
+    seen_inside: list[str] = []
+    original = turn._run
+
+    async def watching(turn_input):
+        seen_inside.append(current_session.get())
+        return await original(turn_input)
+
+    turn._run = watching  # type: ignore[method-assign]
     token = current_session.set("parent-session")
     try:
         ollama_sim.script(Reply(text="done"))
-        result = await run_subagent(agent_server.servicer.deps, SpawnRequest(text="tiny job", profile_id="tiny"),
-                                    sink=EventSink(is_subagent=True), metadata=())
-        assert result.completed_normally and current_session.get() == "parent-session"
+        result = await turn.run(TurnInput(text="tiny job"))
+        assert result.completed_normally and seen_inside == ["subagent-of-the-parent"]
+        assert current_session.get() == "parent-session"
+        assert await asyncio.create_task(asyncio.sleep(0, current_session.get())) == "parent-session"
     finally:
         current_session.reset(token)
 
