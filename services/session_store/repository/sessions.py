@@ -247,16 +247,24 @@ class Sessions:
         whole = f"${len(params)}"
         params.append([like_pattern(w) for w in matching_words(query)])
         words = f"${len(params)}::text[]"
-        held = f"content ILIKE {whole} OR content ILIKE ANY({words})"
+        patterns = [whole]
+        for word in matching_words(query):
+            params.append(like_pattern(word))
+            patterns.append(f"${len(params)}")
+        # One arm per table and pattern, each on its trigram index (an OR of patterns used none).
+        arms = " UNION ".join(
+            f"SELECT session_id, seq FROM {table} WHERE session_id = ANY($1) AND is_display AND content ILIKE {p}"
+            for p in patterns for table in ("session_messages", "session_messages_archive"))
         rows = await self.pool.fetch(
             f"""
             WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {callers}),
             hits AS (
-                SELECT session_id, seq, content FROM session_messages
-                 WHERE session_id = ANY($1) AND is_display AND ({held})
-                UNION ALL
-                SELECT session_id, seq, content FROM session_messages_archive
-                 WHERE session_id = ANY($1) AND is_display AND ({held})
+                -- the matching rows' text by key: reading the pages' whole history would cost more
+                SELECT k.session_id, k.seq, coalesce(
+                           (SELECT content FROM session_messages WHERE session_id = k.session_id AND seq = k.seq),
+                           (SELECT content FROM session_messages_archive
+                             WHERE session_id = k.session_id AND seq = k.seq)) AS content
+                  FROM ({arms}) k
             ),
             scored AS (
                 SELECT h.*, (CASE WHEN content ILIKE {whole} THEN 100 ELSE 0 END

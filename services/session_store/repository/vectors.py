@@ -84,12 +84,14 @@ _STORE_SUMMARIES_SQL = """
 # index would need one fixed dimension, and the space's is a setting (bench/store_search.py
 # measures the scan at 10,000 sessions).
 SESSIONS_NEAR_SQL = (
-    "SELECT session_id, 1 - min(distance) AS similarity FROM ("
-    "SELECT session_id, embedding <=> {v}::vector AS distance FROM summary_vectors"
+    "SELECT session_id, max(similarity) AS similarity FROM ("
+    "SELECT session_id, 1 - (embedding <=> {v}::vector) AS similarity FROM summary_vectors"
     " WHERE model = {m} AND vector_dims(embedding) = {d}"
-    " UNION ALL SELECT session_id, embedding <=> {v}::vector FROM message_vectors"
+    " UNION ALL SELECT session_id, 1 - (embedding <=> {v}::vector) FROM message_vectors"
     " WHERE model = {m} AND vector_dims(embedding) = {d}) near"
-    " GROUP BY session_id HAVING 1 - min(distance) >= {f}"
+    # The floor on each vector before grouping: grouped first (min distance, then HAVING), the
+    # same scan took 1.0 s instead of 0.09 s over 100,000 vectors of 256 dimensions.
+    " WHERE similarity >= {f} GROUP BY session_id"
 )
 
 # The sessions whose messages are not all embedded in the space yet ($1 the model, $2 at most this
