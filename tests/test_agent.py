@@ -12,7 +12,7 @@ import grpc
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from ollama_sim.prompt import count_text_tokens
 from tests.conftest import agent_settings
@@ -330,6 +330,40 @@ async def test_trim_keeps_the_messages_the_user_sees_and_no_stale_note(agent, st
     # Keeping 4 would start at a tool result whose call is cut: it goes, and the count says 3.
     again = await store.TrimSession(store_pb.TrimSessionRequest(session_id=session_id, keep=4))
     assert again.after == len((await full(store, session_id)).messages) == 3
+
+
+async def test_only_allowlisted_system_records_reach_the_model(agent, store, ollama_sim):
+    """000's allowlist (_LLM_SYSTEM_SOURCES): of the stored system messages, task notes and the
+    Synapse event record reach the model; any other record (a marker, a client's note, an unknown
+    source) shows in the transcript and never reaches it."""
+    from services.agent.context_builder import LLM_SYSTEM_SOURCES
+
+    assert LLM_SYSTEM_SOURCES == {"task_note", "synapse_event"}
+
+    def record(text: str, source: str = "", **flags) -> common_pb2.Message:
+        message = common_pb2.Message(role="system", content=text, explicit_flags=True, is_context=True,
+                                     is_display=True, **flags)
+        if source:
+            message.metadata["source"] = source
+        return message
+
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
+        common_pb2.Message(role="user", content="earlier question"),
+        common_pb2.Message(role="assistant", content="earlier answer"),
+        record("EVENT: a deploy finished on the CI platform", "synapse_event"),
+        record("NOTE: keep going", "task_note"),
+        record("AUDIT: an operator looked at this session", "operator_audit"),
+        record("PLAIN: a record with no source"),
+        record("MARKER: Context compressed: 9 -> 3 messages", is_compression=True),
+    ]))
+    ollama_sim.script(Reply(text="ok"))
+    await run(agent, "what happened?", session_id=session.id)
+    sent = " ".join(m["content"] for m in ollama_sim.bodies()[-1]["messages"])
+    assert "EVENT: a deploy finished" in sent and "NOTE: keep going" in sent
+    assert not any(text in sent for text in ("AUDIT:", "PLAIN:", "MARKER:"))
+    shown = [m.content for m in (await full(store, session.id)).messages]
+    assert any(c.startswith("AUDIT:") for c in shown)  # in the transcript all the same
 
 
 async def test_hidden_turns_store_no_files_and_show_nothing(agent, store):
