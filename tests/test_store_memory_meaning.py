@@ -365,6 +365,44 @@ async def test_sessions_never_compressed_are_found_by_the_meaning_of_their_messa
     assert ids["incident"] not in [s.id for s in gone.sessions]
 
 
+async def test_an_append_wakes_the_indexer_for_messages_only():
+    """Appends come several a turn: their poke must not ask the chunks' question, which reads
+    every chunk; a compression's poke (or a failed pass) asks everything."""
+    from services.session_store.semantic import Embedder, MemoryIndex
+
+    asked: list[str] = []
+
+    class Vectors:
+        async def spaces(self):
+            return ["m"]
+
+        async def pending(self, model, limit):
+            asked.append("chunks")
+            return []
+
+        async def pending_summaries(self, model, limit):
+            asked.append("summaries")
+            return []
+
+        async def pending_messages(self, model, limit):
+            asked.append("messages")
+            return []
+
+        store = store_summaries = store_messages = None  # nothing pending: never called
+
+    index = MemoryIndex(Vectors(), Embedder(None, retry_s=1.0), model="m", query_timeout_s=1.0,  # type: ignore[arg-type]
+                        min_similarity=0.5)
+    assert await index._index_pending(everything=False) is None and asked == ["messages"]
+    asked.clear()
+    assert await index._index_pending() is None and asked == ["chunks", "summaries", "messages"]
+    index.enabled = True
+    index._everything = False
+    index.poke(messages_only=True)
+    assert not index._everything
+    index.poke()
+    assert index._everything
+
+
 def test_a_message_batch_marks_how_far_each_session_is_embedded():
     a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     rows = [

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -114,6 +114,9 @@ class MemoryIndex:
         self._dimensions: dict[str, int] = {}
         self._touched: dict[str, float] = {}
         self._wake = asyncio.Event()
+        # A poke for new messages only (an append) looks for nothing else: the pending chunks'
+        # question reads every chunk, and appends come several a turn.
+        self._everything = True
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -139,9 +142,11 @@ class MemoryIndex:
             with suppress(asyncio.CancelledError):
                 await self._task
 
-    def poke(self) -> None:
-        """New chunks were committed (or a space changed): index what is pending."""
+    def poke(self, *, messages_only: bool = False) -> None:
+        """New chunks were committed (or a space changed): index what is pending. `messages_only`:
+        only messages were appended."""
         if self.enabled:
+            self._everything = self._everything or not messages_only
             self._wake.set()
 
     # -- search ------------------------------------------------------------------------------
@@ -203,28 +208,33 @@ class MemoryIndex:
     async def _run(self) -> None:
         while True:
             self._wake.clear()
+            everything, self._everything = self._everything, False
             try:
-                wait = await self._index_pending()
+                wait = await self._index_pending(everything)
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:  # the database away
                 log.warning("memory indexing failed (%s): retrying in %g s", exc, self.embedder.retry_s)
                 wait = self.embedder.retry_s
             except Exception:  # noqa: BLE001 — anything else must not end indexing for the process's life
                 log.exception("memory indexing failed: retrying in %g s", self.embedder.retry_s)
                 wait = self.embedder.retry_s
+            if wait is not None:
+                self._everything = True  # what failed is tried again, all of it
             if wait is None:
                 await self._wake.wait()
             else:
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
 
-    async def _index_pending(self) -> float | None:
-        """Embed every pending chunk, summary and message of every space; returns when to try again
-        (None: when poked)."""
+    async def _index_pending(self, everything: bool = True) -> float | None:
+        """Embed every pending chunk, summary and message of every space (only messages unless
+        `everything`); returns when to try again (None: when poked)."""
         retry: float | None = None
+        kinds: list[tuple[Callable[[str], Awaitable[tuple[Any, list[str]] | None]],
+                          Callable[[str, Any, Sequence[Sequence[float]]], Awaitable[None]]]] = [
+            (self._pending_chunks, self.vectors.store), (self._pending_summaries, self.vectors.store_summaries),
+            (self._pending_messages, self._store_messages)]
         for model in await self.vectors.spaces():
-            for pending, store in ((self._pending_chunks, self.vectors.store),
-                                   (self._pending_summaries, self.vectors.store_summaries),
-                                   (self._pending_messages, self._store_messages)):
+            for pending, store in kinds if everything else kinds[-1:]:
                 while batch := await pending(model):
                     keys, texts = batch
                     vectors = await self.embedder.embed(model, texts, timeout=INDEX_TIMEOUT_S) if texts else []

@@ -190,7 +190,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         self.stopping = Stopping()  # set by the server's drain: append streams waiting on their writer end
 
     def _chunks_committed(self) -> None:
-        """New chunks (or a summary, or messages) are stored: the indexer embeds them in the background, after
+        """New chunks (or a summary) are stored: the indexer embeds them in the background, after
         the commit, so an embedder that is down or slow never fails or slows the write."""
         if self.memory_index is not None:
             self.memory_index.poke()
@@ -302,8 +302,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         result = await self.repo.sessions.append_messages(
             identity, session_id, request.messages, _expected(request), request.idempotency_key, report,
             request.expected_next_seq if request.HasField("expected_next_seq") else None, tool_runs)
-        if request.messages:
-            self._chunks_committed()  # messages are embedded for session search too
+        if request.messages and self.memory_index is not None:
+            self.memory_index.poke(messages_only=True)  # embedded for session search
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
                                          context_truncated=result.context_truncated,
                                          session_changed=result.session_changed)
