@@ -27,9 +27,9 @@ def system_prompt(rows: Sequence[TrimRow]) -> int | None:
     """The seq of the session's stored system prompt: its first row, when that is a displayed
     system message and not a compression's marker."""
     first = rows[0] if rows else None
-    if first is not None and first.role == "system" and first.is_display and not first.is_compression:
-        return first.seq
-    return None
+    if first is None or first.role != "system" or not first.is_display or first.is_compression:
+        return None
+    return first.seq
 
 
 def kept_seqs(rows: Sequence[TrimRow], keep: int) -> set[int]:
