@@ -57,7 +57,7 @@ COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod
 COMPRESSION_METHOD_PRUNE: CompressionMethod
 
 class CompressionSettings(_message.Message):
-    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results", "min_freed")
+    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results", "min_freed", "index_memory")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_RECENT_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class CompressionSettings(_message.Message):
     SUMMARIZER_WINDOW_FIELD_NUMBER: _ClassVar[int]
     PRUNE_TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     MIN_FREED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MEMORY_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     target: float
     keep_recent: int
@@ -82,7 +83,8 @@ class CompressionSettings(_message.Message):
     summarizer_window: int
     prune_tool_results: bool
     min_freed: float
-    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ..., min_freed: _Optional[float] = ...) -> None: ...
+    index_memory: bool
+    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ..., min_freed: _Optional[float] = ..., index_memory: _Optional[bool] = ...) -> None: ...
 
 class ViewCut(_message.Message):
     __slots__ = ("index", "content")

@@ -27,6 +27,7 @@ class SortBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SORT_BY_CREATED_AT: _ClassVar[SortBy]
     SORT_BY_NAME: _ClassVar[SortBy]
     SORT_BY_MESSAGE_COUNT: _ClassVar[SortBy]
+    SORT_BY_RELEVANCE: _ClassVar[SortBy]
 
 class ToolRunOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ SORT_BY_LAST_ACTIVE: SortBy
 SORT_BY_CREATED_AT: SortBy
 SORT_BY_NAME: SortBy
 SORT_BY_MESSAGE_COUNT: SortBy
+SORT_BY_RELEVANCE: SortBy
 TOOL_RUN_OUTCOME_UNSPECIFIED: ToolRunOutcome
 TOOL_RUN_OUTCOME_OK: ToolRunOutcome
 TOOL_RUN_OUTCOME_ERROR: ToolRunOutcome

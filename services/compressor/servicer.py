@@ -491,7 +491,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 max_context_tokens=window, method=outcome.method))
             return
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
-        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting)
+        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting,
+                                         index_memory=knobs.index_memory)
         result = await self.store.CommitCompression(commit)
         pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
                                 accounting, window)
