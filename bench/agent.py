@@ -235,7 +235,8 @@ class _CutAlarms(logging.Handler):
             self.reports.append(int(record.args[0]))
 
 
-async def _long_path(server, quick: bool, path: str, version: str = VERSION, stats: dict | None = None) -> list:
+async def _long_path(server, quick: bool, path: str, version: str = VERSION, stats: dict | None = None,
+                     tool: str = "bench.agent:DenseOutputTool") -> list:
     from services.compressor.token_estimate import output_reserve
     from ollama_sim.models import default_models
     from services.shared.settings import Settings
@@ -246,8 +247,7 @@ async def _long_path(server, quick: bool, path: str, version: str = VERSION, sta
     spec = default_models()["qwen3.6"]
     spec = spec if path == "exact" else replace(spec, vocabulary=None)
     profile = {"id": "long", "model": model, "context_window": WINDOW, "max_iterations": 6,
-               "custom_tools": ["bench.agent:DenseOutputTool"],
-               "agent_tools": ["todo", "memory_search", "fetch_report"]}
+               "custom_tools": [tool], "agent_tools": ["todo", "memory_search", "fetch_report"]}
     compress_turns: list[int] = []
     before_first_token = after_end = 0.0
     too_large = lost = 0
