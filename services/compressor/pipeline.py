@@ -15,10 +15,10 @@ from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
 from services.compressor.planner import (
-    Plan, apply_plan, freed_tokens, kept_always, plan_compression, split_turns, widen_kept,
+    Plan, apply_plan, freed_tokens, plan_compression,
 )
 from services.compressor.pricing import Knobs, Pricing
-from services.compressor.pruning import Pruning, plan_pruning
+from services.compressor.pruning import Pruning
 from services.compressor.token_estimate import trigger_tokens
 from services.compressor.summary_format import (
     META_SUMMARY_PROMPT,
@@ -233,56 +233,6 @@ class Summarizer:
         formatted = await self._input(messages, prompt, num_ctx, facts.vision, pricing)
         text = await self._call(prompt, formatted, num_ctx, pricing)
         return split_keys_line(text)
-
-
-async def summarize_or_truncate(
-    context: list[Message], plan: Plan, pricing: Pricing, knobs: Knobs, summarizer: Summarizer, window: int,
-) -> Outcome:
-    last_error: Exception | None = None
-    for attempt in range(1, SUMMARY_ATTEMPTS + 1):
-        if attempt > 1:  # the retry keeps more verbatim and summarizes less
-            plan = widen_kept(plan)
-        try:
-            text, keys = await summarizer.summarize([m for m in plan.to_summarize if not is_transient(m)], pricing)
-            break
-        except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
-            last_error = exc
-            log.warning("summarizer attempt %d/%d failed (%d messages to summarize): %s", attempt, SUMMARY_ATTEMPTS,
-                        len(plan.to_summarize), exc)
-    else:
-        return await asyncio.to_thread(truncate_outcome, context, pricing, window, last_error)
-    dropped_text = entity_source([m for m in plan.to_summarize if not m.is_summary])
-    crumbs = merge_breadcrumbs(keys, await asyncio.to_thread(extract_entities, dropped_text))
-    replaced = plan.replaced_range
-    assert replaced is not None  # a plan that summarizes has messages to summarize
-    first, last = replaced
-    covered = common_pb2.SeqRange(first=first, last=last)
-    summary = Message(
-        role="user",
-        content=f"[Summary of the earlier conversation, messages {covered.first}–{covered.last}]\n{text}",
-        is_summary=True,
-        is_context=True,
-        is_display=False,
-        explicit_flags=True,
-        breadcrumbs=crumbs,
-        replaces=covered,
-    )
-    return Outcome(pb.COMPRESSION_METHOD_SUMMARY, list(plan.to_summarize), apply_plan(plan, summary), summary, crumbs)
-
-
-def pruned_to_target(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
-                     current: int) -> Outcome | None:
-    """The cheap stage: old tool results pruned to previews, when that alone brings the prompt
-    (``current`` tokens) down to the target, as a summary would (no summary, no LLM call); else None.
-    Every result but the newest turn's: pruning only what aged out of the kept turns freed a result
-    or two, and the next tool output filled the room again (re-fires every few turns)."""
-    newest = split_turns([m for m in context if not kept_always(m)])[-1:]
-    pruning = plan_pruning(context, [m for turn in newest for m in turn], knobs.critical_tools)
-    if not pruning.pruned:
-        return None
-    outcome = prune_outcome(context, pruning)
-    freed = pricing.estimate(context) - pricing.estimate(outcome.new_context)
-    return outcome if current - freed <= effective_target(knobs, window) * window else None
 
 
 def prune_outcome(context: list[Message], pruning: Pruning) -> Outcome:

@@ -1,0 +1,144 @@
+"""A compression's two stages, sharing the work: pruning first (old tool results and call
+arguments, older iterations of the current turn), then a summary of only what remains over the
+target. Pruning that frees a few thousand tokens used to be thrown away whenever it did not
+reach the target alone, and the summary then evicted (and the model re-read) more than it needed.
+
+Pure: the servicer decides from a ``Staged`` and commits the ``Outcome`` it becomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from palimpsest.v1 import common_pb2, compressor_pb2 as pb
+from services.compressor import pipeline
+from services.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
+from services.compressor.planner import Plan, widen_kept
+from services.compressor.pricing import Knobs, Pricing
+from services.compressor.pruning import PRUNED_FROM, Pruning, plan_pruning, protected
+from services.shared.context_view import is_transient
+
+log = logging.getLogger("palimpsest.compressor")
+
+Message = common_pb2.Message
+
+NO_PRUNING = Pruning(pruned=[], previews=[])
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What pruning replaces, and the summary plan over the context it leaves."""
+
+    pruning: Pruning
+    context: list[Message]  # after pruning: each preview stands with its original's seq
+    freed: int  # tokens pruning frees of the context
+    plan: Plan  # over ``context``
+    reaches_target: bool  # pruning alone brings the prompt to the target
+    pruned_stage: bool  # whether pruning was allowed (not for a forced compaction)
+
+
+def standing(preview: Message) -> Message:
+    """A preview as it stands in the context while planning: with its original's seq, so the plan's
+    order, ranges and kept set name the rows they will be."""
+    out = Message()
+    out.CopyFrom(preview)
+    out.seq = preview.replaces.first
+    return out
+
+
+def stage(context: list[Message], pricing: Pricing, knobs: Knobs, window: int, keep_recent_messages: int,
+          prompt_tokens: int, prune: bool) -> Staged:
+    """Prune (when ``prune``), then plan the summary over what is left, at the prompt's size less
+    what pruning freed."""
+    pruning = plan_pruning(context, protected(context), knobs.critical_tools) if prune else NO_PRUNING
+    if not pruning.pruned:
+        plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens)
+        return Staged(pruning, context, 0, plan, False, prune)
+    by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
+    pruned = [by_seq.get(m.seq, m) for m in context]
+    freed = pricing.estimate(pruning.pruned) - pricing.estimate(list(by_seq.values()))
+    after = max(0, prompt_tokens - freed)
+    reaches = after <= pipeline.effective_target(knobs, window) * window
+    plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after)
+    return Staged(pruning, pruned, freed, plan, reaches, prune)
+
+
+def decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:
+    """("prune", "summary" or "none", the tokens it is expected to free). Pruning alone when it
+    reaches the target, or when no summary is worth its LLM call but pruning frees enough; else
+    the summary (after the pruning) when it is worth running."""
+    if staged.reaches_target:
+        return "prune", staged.freed
+    worth, frees = pipeline.worth_running(staged.plan, staged.context, pricing, knobs, window, any_gain)
+    if worth:
+        return "summary", staged.freed + frees
+    if staged.freed > 0 and (any_gain or staged.freed >= max(1, knobs.min_freed * window)):
+        return "prune", staged.freed
+    return "none", max(frees, staged.freed)
+
+
+def originals(context: list[Message]) -> dict[int, Message]:
+    return {m.seq: m for m in context}
+
+
+def summary_outcome(context: list[Message], staged: Staged, plan: Plan, summary: Message,
+                    crumbs: list[str]) -> pipeline.Outcome:
+    """The outcome of a summary over the pruned context: what was summarized is demoted as it is
+    stored (the originals of its previews), and the pruned rows the kept region still holds are
+    replaced by their previews."""
+    rows = originals(context)
+    fresh = {m.seq for m in staged.pruning.pruned}
+    summarized = [rows.get(m.seq, m) if m.seq in fresh else m for m in plan.to_summarize]
+    kept_previews = [m for m in plan.to_keep if m.seq in fresh and PRUNED_FROM in m.metadata]
+    replacements = []
+    for m in kept_previews:
+        out = Message()
+        out.CopyFrom(m)
+        out.ClearField("seq")
+        replacements.append(out)
+    demoted = summarized + [rows[m.seq] for m in kept_previews]
+    return pipeline.Outcome(pb.COMPRESSION_METHOD_SUMMARY, demoted, pipeline.apply_plan(plan, summary), summary,
+                            crumbs, replacements)
+
+
+def summarized_originals(context: list[Message], staged: Staged, plan: Plan) -> list[Message]:
+    """What a plan over the pruned context summarizes, as stored (a pruned result whole, so the
+    summarizer sees its usual preview of it rather than the pruning note)."""
+    rows = originals(context)
+    fresh = {m.seq for m in staged.pruning.pruned}
+    return [rows.get(m.seq, m) if m.seq in fresh else m for m in plan.to_summarize]
+
+
+async def summarize_or_truncate(context: list[Message], staged: Staged, pricing: Pricing, knobs: Knobs,
+                                summarizer: pipeline.Summarizer, window: int) -> pipeline.Outcome:
+    """The summary of what remains over the target after pruning (one retry that summarizes
+    less), or the hard-truncate fallback when the summarizer fails twice."""
+    plan = staged.plan
+    last_error: Exception | None = None
+    for attempt in range(1, pipeline.SUMMARY_ATTEMPTS + 1):
+        if attempt > 1:  # the retry keeps more verbatim and summarizes less
+            plan = widen_kept(plan)
+        summarized = summarized_originals(context, staged, plan)
+        try:
+            text, keys = await summarizer.summarize([m for m in summarized if not is_transient(m)], pricing)
+            break
+        except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
+            last_error = exc
+            log.warning("summarizer attempt %d/%d failed (%d messages to summarize): %s", attempt,
+                        pipeline.SUMMARY_ATTEMPTS, len(plan.to_summarize), exc)
+    else:
+        return await asyncio.to_thread(pipeline.truncate_outcome, context, pricing, window, last_error)
+    dropped_text = entity_source([m for m in summarized if not m.is_summary])
+    crumbs = merge_breadcrumbs(keys, await asyncio.to_thread(extract_entities, dropped_text))
+    replaced = plan.replaced_range
+    assert replaced is not None  # a plan that summarizes has messages to summarize
+    covered = common_pb2.SeqRange(first=replaced[0], last=replaced[1])
+    summary = Message(
+        role="user",
+        content=f"[Summary of the earlier conversation, messages {covered.first}–{covered.last}]\n{text}",
+        is_summary=True, is_context=True, is_display=False, explicit_flags=True, breadcrumbs=crumbs,
+        replaces=covered,
+    )
+    return summary_outcome(context, staged, plan, summary, crumbs)
