@@ -114,7 +114,7 @@ def user_text(turn: int) -> str:
     """A turn's request: short, medium or long (a pasted log, code or CJK text)."""
     rng = random.Random(10_000 + turn)
     head = f"turn {turn}: please handle marker-{turn}"
-    size = rng.choices([0, rng.randint(200, 700), rng.randint(1_200, 3_000)], weights=[5, 3, 2])[0]
+    size = rng.choices([rng.randint(0, 80), rng.randint(200, 600), rng.randint(1_200, 2_500)], weights=[14, 5, 1])[0]
     return head if not size else f"{head}\n{_text(rng, size)}"
 
 
@@ -155,8 +155,8 @@ class Model:
             return Reply(tool_calls=[("fetch_report", {"kind": kind_of(turn, done), "topic": f"marker-{turn}",
                                                        "call": done})])
         rng = random.Random(20_000 + turn)
-        size = rng.choices([rng.randint(60, 200), rng.randint(300, 900), rng.randint(1_200, 2_500)],
-                           weights=[4, 4, 2])[0]
+        size = rng.choices([rng.randint(100, 400), rng.randint(400, 1_000), rng.randint(1_200, 2_000)],
+                           weights=[5, 4, 1])[0]
         return Reply(text=f"Answer for turn {turn}: noted marker-{turn}. " + _text(rng, size))
 
 
