@@ -307,8 +307,8 @@ async def run(args) -> str:
             "the calibrated one (it does not). Every third turn calls a tool whose output is 1,500–3,000 tokens "
             "of dense server log, JSON with random ids, code or a CJK table; every twelfth turn loops through "
             "three such calls; every fifteenth reads a 5,000-character config the tool marks critical. Requests "
-            "are a line, a paragraph or a pasted 1,200–3,000 characters; answers 60–2,500 characters of prose, "
-            "CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Summary tokens*: what the "
+            "are a line (70%), a paragraph of 200–600 characters (25%) or a pasted 1,200–2,500 (5%); answers "
+            "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Summary tokens*: what the "
             "simulated summarizer generated, per 100 turns (it writes what the request asks for, "
             f"{DEFAULT_SUMMARY_TOKENS} tokens when it names no length, never past `num_predict`).\n\n"
             + _common.table(["run", "turns", "compressions", "by method", "LLM summaries / 100 turns",
