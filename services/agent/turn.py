@@ -440,6 +440,11 @@ class Turn:
             self._memory_message(),
         )
 
+    def _prompt_head(self) -> list[Message]:
+        """What every prompt of this session puts before its context (the Compressor begins a
+        summary with it, so Ollama reuses what it evaluated for the last call)."""
+        return cb.ContextBuilder.build(self._system_prompt(), [], self._memory_message())
+
     def _memory_message(self) -> str:
         """The owner's memory as the session holds it: taken when the session was made and at each
         compression, so between two compressions every prompt begins alike (a sub-agent: none)."""
@@ -795,7 +800,8 @@ class Turn:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=reason, model=self.profile.model, window=self.window,
                     keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings(),
-                    current_tokens=current_tokens, expected_revision=self.conv.revision)):
+                    current_tokens=current_tokens, expected_revision=self.conv.revision,
+                    prompt_head=self._prompt_head(), tool_schemas=self._tool_schemas_json())):
                 self.sink.compression(event)
                 if event.HasField("compressed"):
                     committed = event.compressed.revision
@@ -833,7 +839,8 @@ class Turn:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.profile.model,
                     window=self.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
-                    current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings())):
+                    current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings(),
+                    prompt_head=self._prompt_head(), tool_schemas=self._tool_schemas_json())):
                 self.sink.compression(event, watchers_only=True)  # after stream_end: for the session's watchers
                 self.compressed_after = self.compressed_after or event.HasField("compressed")
         except FailedPrecondition:  # nothing to compress

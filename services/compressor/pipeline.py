@@ -20,20 +20,7 @@ from services.compressor.planner import (
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import Pruning
 from services.compressor.token_estimate import trigger_tokens
-from services.compressor.summary_format import (
-    META_SUMMARY_PROMPT,
-    SUMMARY_PROMPT,
-    SummaryInput,
-    format_for_summary,
-    needs_meta_summary,
-    split_keys_line,
-    split_summaries,
-    summary_messages,
-)
-from services.compressor.summary_window import num_predict, summary_num_ctx
-from services.shared import metrics
-from services.shared.context_view import is_transient, to_ollama_messages
-from services.shared.ollama import OllamaClient
+from services.shared.context_view import is_transient
 
 log = logging.getLogger("palimpsest.compressor")
 
@@ -167,72 +154,6 @@ def account(outcome: Outcome, context: list[Message], pricing: Pricing, knobs: K
     after = tokens + outside
     return Accounting(tokens, max(current, pricing.estimate(context)), after, target,
                       shortfall(after, target, tokens - summary, summary, outside))
-
-
-class Summarizer:
-    """Writes summaries through Ollama with think=False, per the resolved knobs, in one num_ctx per
-    model: the conversation's window for its own model, the configured one for a summarizer model."""
-
-    def __init__(self, ollama: OllamaClient, knobs: Knobs, model: str, window: int):
-        self.ollama = ollama
-        self.knobs = knobs
-        self.model = knobs.summarizer_model or model
-        self.same_model = self.model == model
-        self.window = window
-
-    def _pricing(self, pricing: Pricing) -> Pricing:
-        # The session's calibration line describes its model's tokenizer; another model's prompt is
-        # priced at chars / 1.8 rather than at a rate that may be too low for it.
-        return pricing if self.same_model else Pricing.build([], self.window, self.knobs)
-
-    async def _input(self, messages: list[Message], prompt: str, num_ctx: int, vision: bool,
-                     pricing: Pricing) -> SummaryInput:
-        formatted = await asyncio.to_thread(  # prices the input repeatedly while cutting it: off the loop
-            format_for_summary, messages, critical_tools=self.knobs.critical_tools, vision=vision, window=num_ctx,
-            image_fallback=self.knobs.image_fallback, prompt=prompt,
-            summary_max_tokens=self.knobs.summary_max_tokens, estimate=pricing.estimate)
-        if formatted.omitted_chars or formatted.omitted_images:
-            log.info("summary input for %s cut to its num_ctx %d: %d chars and %d image(s) left out", self.model,
-                     num_ctx, formatted.omitted_chars, formatted.omitted_images)
-        return formatted
-
-    async def _call(self, prompt: str, formatted: SummaryInput, num_ctx: int, pricing: Pricing) -> str:
-        messages = summary_messages(prompt, formatted.text, formatted.images)
-        predict = num_predict(num_ctx, pricing.estimate(messages), self.knobs.summary_max_tokens)
-        if predict <= 0:
-            raise ValueError(f"no room for a summary in num_ctx {num_ctx}")
-        facts = await self.ollama.model_facts(self.model)
-        body = OllamaClient.chat_body(
-            self.model,
-            to_ollama_messages(messages),
-            num_ctx=num_ctx,
-            think=False if facts.thinking else None,
-            stream=False,
-            options={"temperature": self.knobs.summary_temperature, "num_predict": predict},
-        )
-        with metrics.summary_call():
-            result = await self.ollama.chat(body)
-        if not result.content.strip():
-            raise ValueError("the summarizer returned an empty summary")
-        return result.content.strip()
-
-    async def summarize(self, messages: list[Message], pricing: Pricing) -> tuple[str, list[str]]:
-        facts = await self.ollama.model_facts(self.model)
-        num_ctx = summary_num_ctx(same_model=self.same_model, conversation_window=self.window,
-                                  summarizer_window=self.knobs.summarizer_window,
-                                  context_length=facts.context_length)
-        pricing = self._pricing(pricing)
-        if needs_meta_summary(messages):
-            # Old summaries first condensed into one, so they do not crowd out the new history.
-            summaries, rest = split_summaries(messages)
-            meta_input = await self._input(summaries, META_SUMMARY_PROMPT, num_ctx, False, pricing)
-            meta = await self._call(META_SUMMARY_PROMPT, meta_input, num_ctx, pricing)
-            meta_text, _ = split_keys_line(meta)
-            messages = [Message(role="user", content=meta_text, is_summary=True), *rest]
-        prompt = self.knobs.summary_prompt or SUMMARY_PROMPT
-        formatted = await self._input(messages, prompt, num_ctx, facts.vision, pricing)
-        text = await self._call(prompt, formatted, num_ctx, pricing)
-        return split_keys_line(text)
 
 
 def prune_outcome(context: list[Message], pruning: Pruning) -> Outcome:

@@ -5,6 +5,7 @@ digest), so replicas answer alike and a replica can die mid-request losing nothi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -20,6 +21,8 @@ from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts
 from services.compressor.stages import Staged, decide, stage, summarize_or_truncate
+from services.compressor.summarizer import Summarizer
+from services.compressor.summary_prefix import build_prefix
 from services.compressor.token_estimate import (
     fits,
     output_reserve,
@@ -426,6 +429,32 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return await asyncio.to_thread(stage, messages, pricing, knobs, window, keep_recent_messages,
                                        prompt_tokens, prune)
 
+    async def _prefix_source(self, request, summarizer: Summarizer, messages, pricing: Pricing):
+        """How a summary's prefix form is built for this request: only when the session's own model
+        writes it and the caller said what its prompts begin with."""
+        head, schemas = list(request.prompt_head), list(request.tool_schemas)
+        if not summarizer.same_model or not head:
+            return None
+        vision = (await self.ollama.model_facts(summarizer.model)).vision
+
+        def prefix_for(summarized, scope):
+            return build_prefix(head, schemas, messages, summarized, pricing, vision, scope)
+
+        return prefix_for
+
+    @staticmethod
+    def _check_prompt_head(request) -> None:
+        for i, message in enumerate(request.prompt_head):
+            if message.role != "system":
+                raise InvalidArgument(f"prompt_head[{i}].role", f"must be system, got {message.role!r}")
+        for i, schema in enumerate(request.tool_schemas):
+            try:
+                parsed = json.loads(schema)
+            except ValueError as exc:
+                raise InvalidArgument(f"tool_schemas[{i}]", f"is not JSON: {exc}") from None
+            if not isinstance(parsed, dict):
+                raise InvalidArgument(f"tool_schemas[{i}]", "must be a JSON object")
+
     async def WouldCompress(self, request, context):
         window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
         staged = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current,
@@ -453,6 +482,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         """
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
+        self._check_prompt_head(request)
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
         if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
             raise Aborted(f"session {state.session.id} is at revision {state.session.revision}, not the expected "
@@ -488,8 +518,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if mode == "prune":
             outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, staged.pruning)
         else:
-            summarizer = pipeline.Summarizer(self.ollama, knobs, model, window)
-            outcome = await summarize_or_truncate(messages, staged, pricing, knobs, summarizer, window)
+            summarizer = Summarizer(self.ollama, knobs, model, window)
+            outcome = await summarize_or_truncate(messages, staged, pricing, knobs, summarizer, window,
+                                                  await self._prefix_source(request, summarizer, messages, pricing))
         if not outcome.demoted:  # the fallback found nothing it may drop: say so, change nothing
             log.warning("compression of %s changed nothing: the newest turn alone is the context", state.session.id)
             yield pb.CompressionEvent(compressed=pb.ContextCompressed(

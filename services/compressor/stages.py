@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb
@@ -18,6 +19,10 @@ from services.compressor.breadcrumbs import entity_source, extract_entities, mer
 from services.compressor.planner import Plan, widen_kept
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import PRUNED_FROM, Pruning, plan_pruning, protected
+from services.compressor.summarizer import Prefix, Summarizer
+from services.compressor.summary_format import META_SUMMARY_THRESHOLD
+from services.compressor.summary_prefix import scope_of
+from services.compressor.summary_window import summary_length
 from services.shared.context_view import is_transient
 
 log = logging.getLogger("palimpsest.compressor")
@@ -25,6 +30,7 @@ log = logging.getLogger("palimpsest.compressor")
 Message = common_pb2.Message
 
 NO_PRUNING = Pruning(pruned=[], previews=[])
+SUMMARY_HEADER = "[Summary of the earlier conversation"
 
 
 @dataclass(frozen=True)
@@ -111,10 +117,55 @@ def summarized_originals(context: list[Message], staged: Staged, plan: Plan) -> 
     return [rows.get(m.seq, m) if m.seq in fresh else m for m in plan.to_summarize]
 
 
+def live_text(summary: Message) -> str:
+    """A live summary's text without its header line (the range it covers is said anew)."""
+    first, _, rest = summary.content.partition("\n")
+    return rest if first.startswith(SUMMARY_HEADER) else summary.content
+
+
+def folds(live: list[Message], fresh: list[Message], pricing: Pricing, budget: int) -> bool:
+    """Whether the new history is summarized on its own and appended to the live summary: one live
+    summary, which with the new part stays within ``budget`` tokens and the meta-summary
+    threshold; else the summary is rewritten whole (and shrinks)."""
+    if len(live) != 1 or not fresh:
+        return False
+    added = summary_length(pricing.estimate(fresh), budget)
+    return (pricing.estimate(live) + added <= budget
+            and len(live[0].content) + added * 4 <= META_SUMMARY_THRESHOLD)
+
+
+PrefixSource = Callable[[list[Message], str], "Prefix | None"]
+
+
+async def _summary(summarizer: Summarizer, summarized: list[Message], pricing: Pricing,
+                   prefix_for: PrefixSource | None) -> tuple[str, list[str]]:
+    """(text, keys) of the new live summary: the new history folded into the live one, or the
+    whole rewritten; through the prefix form when there is one, else (or when it fails) standalone."""
+    live = [m for m in summarized if m.is_summary]
+    fresh = [m for m in summarized if not m.is_summary and not is_transient(m)]
+    folding = folds(live, fresh, pricing, summarizer.budget)
+    text = ""
+    keys: list[str] = []
+    prefix = None
+    if prefix_for is not None:  # prices the whole prompt's view: off the event loop
+        prefix = await asyncio.to_thread(prefix_for, summarized, scope_of(summarized, folding))
+    if prefix is not None:
+        try:
+            text, keys = await summarizer.summarize_prefix(prefix, pricing)
+        except Exception as exc:  # noqa: BLE001 — the standalone form follows
+            log.info("prefix summary failed, standalone instead: %s", exc)
+    if not text:
+        text, keys = await summarizer.summarize(fresh if folding else live + fresh, pricing)
+    if folding:
+        return f"{live_text(live[0]).rstrip()}\n{text}", [*keys, *live[0].breadcrumbs]
+    return text, keys
+
+
 async def summarize_or_truncate(context: list[Message], staged: Staged, pricing: Pricing, knobs: Knobs,
-                                summarizer: pipeline.Summarizer, window: int) -> pipeline.Outcome:
+                                summarizer: Summarizer, window: int,
+                                prefix_for: PrefixSource | None = None) -> pipeline.Outcome:
     """The summary of what remains over the target after pruning (one retry that summarizes
-    less), or the hard-truncate fallback when the summarizer fails twice."""
+    less, standalone), or the hard-truncate fallback when the summarizer fails twice."""
     plan = staged.plan
     last_error: Exception | None = None
     for attempt in range(1, pipeline.SUMMARY_ATTEMPTS + 1):
@@ -122,7 +173,7 @@ async def summarize_or_truncate(context: list[Message], staged: Staged, pricing:
             plan = widen_kept(plan)
         summarized = summarized_originals(context, staged, plan)
         try:
-            text, keys = await summarizer.summarize([m for m in summarized if not is_transient(m)], pricing)
+            text, keys = await _summary(summarizer, summarized, pricing, prefix_for if attempt == 1 else None)
             break
         except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
             last_error = exc
@@ -136,8 +187,7 @@ async def summarize_or_truncate(context: list[Message], staged: Staged, pricing:
     assert replaced is not None  # a plan that summarizes has messages to summarize
     covered = common_pb2.SeqRange(first=replaced[0], last=replaced[1])
     summary = Message(
-        role="user",
-        content=f"[Summary of the earlier conversation, messages {covered.first}–{covered.last}]\n{text}",
+        role="user", content=f"{SUMMARY_HEADER}, messages {covered.first}–{covered.last}]\n{text}",
         is_summary=True, is_context=True, is_display=False, explicit_flags=True, breadcrumbs=crumbs,
         replaces=covered,
     )
