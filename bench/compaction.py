@@ -118,9 +118,14 @@ def user_text(turn: int) -> str:
     return head if not size else f"{head}\n{_text(rng, size)}"
 
 
-def calls_in(turn: int) -> int:
-    """Tool calls a turn makes: one every third turn, a loop of three every twelfth."""
-    return 3 if turn % 12 == 0 else 1 if turn % 3 == 0 else 0
+# The two mixes: the issue's (one tool output every third turn) and the same with an autonomous loop
+# of three calls every twelfth turn (about 4,000 tokens in one turn at 8k).
+MIXES = {"every 3rd turn": False, "+ loops": True}
+
+
+def calls_in(turn: int, loops: bool = True) -> int:
+    """Tool calls a turn makes: one every third turn, a loop of three every twelfth (with loops)."""
+    return 3 if loops and turn % 12 == 0 else 1 if turn % 3 == 0 else 0
 
 
 def kind_of(turn: int, call: int) -> str:
@@ -133,6 +138,7 @@ def kind_of(turn: int, call: int) -> str:
 class Model:
     """The scripted model; it keeps what it generated, in request order, for the time accounting."""
 
+    loops: bool = True
     generated: list[int] = field(default_factory=list)
 
     def __call__(self, body) -> Reply:
@@ -151,7 +157,7 @@ class Model:
                       and re.match(r"turn \d+:", str(messages[i].get("content", "")))), -1)
         turn = int(re.match(r"turn (\d+)", messages[index]["content"]).group(1)) if index >= 0 else 0
         done = sum(1 for m in messages[index + 1:] if m.get("role") == "tool")
-        if done < calls_in(turn):
+        if done < calls_in(turn, self.loops):
             return Reply(tool_calls=[("fetch_report", {"kind": kind_of(turn, done), "topic": f"marker-{turn}",
                                                        "call": done})])
         rng = random.Random(20_000 + turn)
@@ -221,7 +227,7 @@ class Run:
     lost: list
 
 
-async def one_run(server, turns: int, path: str, window: int) -> Run:
+async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loops") -> Run:
     from ollama_sim.models import default_models
 
     model_name = f"varied-{path}-{window}-{uuid.uuid4().hex[:6]}"
@@ -230,7 +236,7 @@ async def one_run(server, turns: int, path: str, window: int) -> Run:
     profile = {"id": "varied", "model": model_name, "context_window": window, "max_iterations": 6,
                "custom_tools": ["bench.compaction:VariedTool"], "agent_tools": ["todo", "memory_search",
                                                                                 "fetch_report"]}
-    model = Model()
+    model = Model(loops=MIXES[mix])
     too_large = 0
     alarms = _CutAlarms()
     logging.getLogger("palimpsest").addHandler(alarms)
@@ -253,7 +259,7 @@ async def one_run(server, turns: int, path: str, window: int) -> Run:
     finally:
         logging.getLogger("palimpsest").removeHandler(alarms)
     summary_bodies = [i for i, b in enumerate(bodies) if is_summary_body(b)]
-    return Run(f"{path}, {window:,}", turns, methods, compress_turns, len(summary_bodies),
+    return Run(f"{mix}, {path}, {window:,}", turns, methods, compress_turns, len(summary_bodies),
                sum(model.generated[i] for i in summary_bodies),
                {name: model_time(bodies, model.generated, speeds) for name, speeds in SPEEDS.items()},
                cut, too_large, lost)
@@ -300,13 +306,14 @@ def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
 
 async def run(args) -> str:
     turns = QUICK_TURNS if args.quick else TURNS
-    runs = [await one_run(args.server, turns, path, window) for window in WINDOWS for path in ("exact", "calibrated")]
+    runs = [await one_run(args.server, turns, path, window, mix)
+            for mix in MIXES for window in WINDOWS for path in ("exact", "calibrated")]
     first, second = rows(runs)
     return (f"Compaction on varied content: {turns} turns through the real services and the simulator, in an "
             "8,192- and a 4,096-token window, on the exact path (the simulator serves the model's vocabulary) and "
             "the calibrated one (it does not). Every third turn calls a tool whose output is 1,500–3,000 tokens "
-            "of dense server log, JSON with random ids, code or a CJK table; every twelfth turn loops through "
-            "three such calls; every fifteenth reads a 5,000-character config the tool marks critical. Requests "
+            "of dense server log, JSON with random ids, code or a CJK table (*every 3rd turn*: the issue's mix); "
+            "*+ loops*: every twelfth turn loops through three such calls, besides. Every fifteenth turn reads a 5,000-character config the tool marks critical. Requests "
             "are a line (70%), a paragraph of 200–600 characters (25%) or a pasted 1,200–2,500 (5%); answers "
             "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Summary tokens*: what the "
             "simulated summarizer generated, per 100 turns (it writes what the request asks for, "

@@ -69,13 +69,13 @@ async def test_pruning_runs_before_a_summary_it_cannot_replace(compressor, store
     it still runs: the summary after it leaves the kept turns' results as previews, and keeps more
     of the conversation verbatim than a summary alone would."""
     messages = []
-    for turn in tool_turns(8):
+    for turn in tool_turns(16):
         messages.append(turn)
         if turn.role == "assistant" and turn.content:
-            turn.content += " " + "the resets line up with the deploys of that hour. " * 40
+            turn.content += " " + "the resets line up with the deploys of that hour. " * 120
     session_id = await session_with(store, profile, messages)
     asked = len(ollama_sim.bodies())
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192)
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
     done = events[-1].compressed
     assert done.method == pb.COMPRESSION_METHOD_SUMMARY
     assert len(summary_bodies(ollama_sim, asked)) == 1
@@ -85,6 +85,6 @@ async def test_pruning_runs_before_a_summary_it_cannot_replace(compressor, store
     assert any("were pruned" in m.content for m in results), "kept results older than the newest call are previews"
     assert len(results[-1].content) > 2_000  # the newest call's result stays whole
     alone = await session_with(store, profile, messages)
-    events = await compress(compressor, alone, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
+    events = await compress(compressor, alone, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768,
                             settings=pb.CompressionSettings(prune_tool_results=False))
     assert done.messages_after > events[-1].compressed.messages_after  # pruning let more stay verbatim

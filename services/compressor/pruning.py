@@ -30,6 +30,9 @@ ARGUMENTS_PRUNE_MIN_CHARS = 1_200
 ARGUMENT_PREVIEW_CHARS = 200
 # Marks a preview (metadata), so a preview is never pruned again.
 PRUNED_FROM = "pruned_from_seq"
+# What the pruned message cost the prompt (metadata, set by the pipeline): how fast a conversation
+# grows is measured on what its turns added, not on what is left of them.
+PRUNED_TOKENS = "pruned_tokens"
 
 
 @dataclass(frozen=True)

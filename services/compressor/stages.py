@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb
 from services.compressor import pipeline
 from services.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
-from services.compressor.planner import Plan, widen_kept
+from services.compressor.planner import Plan, kept_always, split_turns, widen_kept
 from services.compressor.pricing import Knobs, Pricing
-from services.compressor.pruning import PRUNED_FROM, Pruning, plan_pruning, protected
-from services.compressor.summarizer import Prefix, Summarizer
+from services.compressor.pruning import PRUNED_FROM, PRUNED_TOKENS, Pruning, plan_pruning, protected
+from services.compressor.summarizer import Prefix, Summarizer, condensed_tokens
 from services.compressor.summary_format import META_SUMMARY_THRESHOLD
 from services.compressor.summary_prefix import scope_of
 from services.compressor.summary_window import summary_length
+from services.compressor.token_estimate import trigger_tokens
 from services.shared.context_view import is_transient
 
 log = logging.getLogger("palimpsest.compressor")
@@ -30,6 +31,11 @@ log = logging.getLogger("palimpsest.compressor")
 Message = common_pb2.Message
 
 NO_PRUNING = Pruning(pruned=[], previews=[])
+# Room kept after a compression: this many turns of the conversation's own size (a compression
+# within 3 turns of the last is a re-fire; 4, not 3: turns vary), measured over its newest GROWTH_TURNS.
+HEADROOM_TURNS = 4
+GROWTH_TURNS = 6
+MIN_TARGET = 0.05
 SUMMARY_HEADER = "[Summary of the earlier conversation"
 
 
@@ -54,20 +60,53 @@ def standing(preview: Message) -> Message:
     return out
 
 
+def pruned_tokens(preview: Message) -> int:
+    """What the message a preview stands for cost the prompt (0 when the preview does not say)."""
+    value = preview.metadata[PRUNED_TOKENS] if PRUNED_TOKENS in preview.metadata else 0
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def turn_growth(context: list[Message], pricing: Pricing) -> float:
+    """What a turn of this conversation adds to the prompt, on average over its newest complete
+    turns: each as the model was first sent it (a result pruned since at its size then)."""
+    turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
+    recent = turns[-GROWTH_TURNS - 1:-1] or turns[-1:]
+    if not recent:
+        return 0.0
+    messages = [m for turn in recent for m in turn]
+    unpruned = sum(pruned_tokens(m) - pricing.estimate([m]) for m in messages if PRUNED_TOKENS in m.metadata)
+    return (pricing.estimate(messages) + max(0, unpruned)) / len(recent)
+
+
+def headroom_level(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> float:
+    """The share of the window a compression must bring the prompt under so that HEADROOM_TURNS
+    more turns of this conversation's usual size fit before the trigger."""
+    trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
+    return (trigger - HEADROOM_TURNS * turn_growth(context, pricing)) / window
+
+
 def stage(context: list[Message], pricing: Pricing, knobs: Knobs, window: int, keep_recent_messages: int,
           prompt_tokens: int, prune: bool) -> Staged:
     """Prune (when ``prune``), then plan the summary over what is left, at the prompt's size less
-    what pruning freed."""
+    what pruning freed. Either stage aims below the level that leaves HEADROOM_TURNS of room."""
+    level = headroom_level(context, pricing, knobs, window)
+    deep = max(MIN_TARGET, min(pipeline.summary_target(knobs, window), level))
     pruning = plan_pruning(context, protected(context), knobs.critical_tools) if prune else NO_PRUNING
     if not pruning.pruned:
-        plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens)
+        plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens, deep)
         return Staged(pruning, context, 0, plan, False, prune)
+    for original, preview in zip(pruning.pruned, pruning.previews):
+        preview.metadata[PRUNED_TOKENS] = pricing.estimate([original])
     by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
     pruned = [by_seq.get(m.seq, m) for m in context]
-    freed = pricing.estimate(pruning.pruned) - pricing.estimate(list(by_seq.values()))
+    freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(list(by_seq.values()))
     after = max(0, prompt_tokens - freed)
-    reaches = after <= pipeline.effective_target(knobs, window) * window
-    plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after)
+    # Pruning alone must leave the same room, but never has to go deeper than a summary would:
+    # where turns are mostly tool output the level is out of reach, and a summary every time
+    # would cost the LLM calls pruning is there to save.
+    reaches = after <= min(pipeline.effective_target(knobs, window),
+                           max(level, pipeline.summary_target(knobs, window))) * window
+    plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
     return Staged(pruning, pruned, freed, plan, reaches, prune)
 
 
@@ -129,7 +168,7 @@ def folds(live: list[Message], fresh: list[Message], pricing: Pricing, budget: i
     threshold; else the summary is rewritten whole (and shrinks)."""
     if len(live) != 1 or not fresh:
         return False
-    added = summary_length(pricing.estimate(fresh), budget)
+    added = summary_length(condensed_tokens(fresh, pricing), budget)
     return (pricing.estimate(live) + added <= budget
             and len(live[0].content) + added * 4 <= META_SUMMARY_THRESHOLD)
 

@@ -56,6 +56,19 @@ SCOPE_AFTER_SUMMARY = "the messages after the earlier summary (that summary stay
 SCOPE_MERGE = "the earlier summary and the messages after it, to be merged into one summary"
 
 
+# A tool result is worth a summary's few lines whatever its size (its status, its figures): in the
+# length asked for, it counts as much as the summarizer's preview of it, at most.
+CONDENSED_RESULT_TOKENS = 200
+
+
+def condensed_tokens(messages: list[Message], pricing: Pricing) -> int:
+    """What ``messages`` weigh in the length of their summary: their tokens, a tool result's
+    capped at CONDENSED_RESULT_TOKENS."""
+    words = [m for m in messages if m.role != "tool"]
+    results = [m for m in messages if m.role == "tool"]
+    return pricing.estimate(words) + sum(min(CONDENSED_RESULT_TOKENS, pricing.estimate([m])) for m in results)
+
+
 def length_line(tokens: int) -> str:
     """The request's last line: how long, and the KEYS line the breadcrumbs come from."""
     return (f"\n\nWrite at most {words_for(tokens)} words. Finish with exactly one line of the form\n"

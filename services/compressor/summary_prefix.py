@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2
 from services.compressor.pricing import Pricing
-from services.compressor.summarizer import SCOPE_AFTER_SUMMARY, SCOPE_ALL, SCOPE_MERGE, Prefix
+from services.compressor.summarizer import SCOPE_AFTER_SUMMARY, SCOPE_ALL, SCOPE_MERGE, Prefix, condensed_tokens
 from services.shared.context_view import reaches_model, to_ollama_messages
 
 Message = common_pb2.Message
@@ -53,5 +53,6 @@ def build_prefix(head: Sequence[Message], tool_schemas: Sequence[str], context: 
     tools = [json.loads(s) for s in tool_schemas] or None
     tokens = pricing.count_view(part, list(tool_schemas)).tokens
     # A merge rewrites the earlier summary too; a fold condenses only what follows it.
-    condensed = pricing.estimate([part[i] for i in positions if scope == SCOPE_MERGE or not part[i].is_summary])
+    condensed = condensed_tokens([part[i] for i in positions if scope == SCOPE_MERGE or not part[i].is_summary],
+                                 pricing)
     return Prefix(messages, tools, tokens, condensed, scope)

@@ -52,12 +52,13 @@ def num_predict(num_ctx: int, prompt_tokens: int, summary_max_tokens: int) -> in
     return max(0, min(summary_max_tokens, num_ctx - padded(prompt_tokens)))
 
 
-# A summary is about an eighth of what it condenses: bullet points of the facts, not a retelling.
-CONDENSE_RATIO = 8
+# A summary is about a twelfth of what it condenses (tool results counted at their preview):
+# bullet points of the facts, not a retelling.
+CONDENSE_RATIO = 12
 # The least a summary is asked for (a few bullets and the KEYS line), and the share of the window
 # the live summary may grow to before it is rewritten whole.
 MIN_SUMMARY_TOKENS = 96
-SUMMARY_WINDOW_SHARE = 8
+SUMMARY_WINDOW_SHARE = 16
 # num_predict is this many times what was asked for: a model runs past a length it is given, and
 # past num_predict Ollama stops it mid-sentence (the KEYS line is the first thing lost).
 PREDICT_SLACK = 2
@@ -65,7 +66,7 @@ TOKENS_PER_WORD_NUMERATOR, TOKENS_PER_WORD_DENOMINATOR = 4, 3  # ~1.33 tokens a 
 
 
 def summary_budget(window: int, summary_max_tokens: int) -> int:
-    """The most the live summary may hold: an eighth of the window (the rest is the conversation),
+    """The most the live summary may hold: a sixteenth of the window (the rest is the conversation),
     never above the configured cap."""
     return max(MIN_SUMMARY_TOKENS, min(summary_max_tokens, window // SUMMARY_WINDOW_SHARE))
 
