@@ -95,7 +95,7 @@ class ViewCut(_message.Message):
     def __init__(self, index: _Optional[int] = ..., content: _Optional[str] = ...) -> None: ...
 
 class EstimateTokensRequest(_message.Message):
-    __slots__ = ("model", "messages", "session_id", "incoming", "window", "settings", "tool_schemas")
+    __slots__ = ("model", "messages", "session_id", "incoming", "window", "settings", "tool_schemas", "preamble")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class EstimateTokensRequest(_message.Message):
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TOOL_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    PREAMBLE_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     session_id: str
@@ -110,10 +111,11 @@ class EstimateTokensRequest(_message.Message):
     window: int
     settings: CompressionSettings
     tool_schemas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., session_id: _Optional[str] = ..., incoming: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., tool_schemas: _Optional[_Iterable[str]] = ...) -> None: ...
+    preamble: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., session_id: _Optional[str] = ..., incoming: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., tool_schemas: _Optional[_Iterable[str]] = ..., preamble: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ...) -> None: ...
 
 class EstimateTokensResponse(_message.Message):
-    __slots__ = ("tokens", "text_tokens", "image_tokens", "chars", "method", "baseline_tokens", "delta_tokens", "shape")
+    __slots__ = ("tokens", "text_tokens", "image_tokens", "chars", "method", "baseline_tokens", "delta_tokens", "shape", "counted")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,7 @@ class EstimateTokensResponse(_message.Message):
     BASELINE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_FIELD_NUMBER: _ClassVar[int]
     tokens: int
     text_tokens: int
     image_tokens: int
@@ -130,7 +133,8 @@ class EstimateTokensResponse(_message.Message):
     baseline_tokens: int
     delta_tokens: int
     shape: _common_pb2.PromptShape
-    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ...) -> None: ...
+    counted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ..., counted: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecordBaselineRequest(_message.Message):
     __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq", "window", "shape", "method")
@@ -243,7 +247,7 @@ class WouldCompressResponse(_message.Message):
     def __init__(self, would_compress: _Optional[bool] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., tokens_before: _Optional[int] = ..., kept_tokens: _Optional[int] = ...) -> None: ...
 
 class CompressRequest(_message.Message):
-    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens", "expected_revision")
+    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens", "expected_revision", "prompt_head", "tool_schemas")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +257,8 @@ class CompressRequest(_message.Message):
     ONLY_IF_OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_HEAD_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     reason: CompressionReason
     model: str
@@ -262,7 +268,9 @@ class CompressRequest(_message.Message):
     only_if_over_threshold: bool
     current_tokens: int
     expected_revision: int
-    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+    prompt_head: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    tool_schemas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ..., expected_revision: _Optional[int] = ..., prompt_head: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., tool_schemas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CompressionStarted(_message.Message):
     __slots__ = ("context_tokens", "max_context_tokens")

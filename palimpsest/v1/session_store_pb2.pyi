@@ -584,16 +584,22 @@ class GetFileResponse(_message.Message):
     def __init__(self, info: _Optional[_Union[_common_pb2.FileInfo, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class ListFilesRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "unless_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    UNLESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    unless_token: str
+    def __init__(self, session_id: _Optional[str] = ..., unless_token: _Optional[str] = ...) -> None: ...
 
 class ListFilesResponse(_message.Message):
-    __slots__ = ("files",)
+    __slots__ = ("files", "token", "unchanged")
     FILES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[_common_pb2.FileInfo]
-    def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ...) -> None: ...
+    token: str
+    unchanged: bool
+    def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ..., token: _Optional[str] = ..., unchanged: _Optional[bool] = ...) -> None: ...
 
 class DeleteFileRequest(_message.Message):
     __slots__ = ("session_id", "name")

@@ -774,8 +774,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.get_session(identity, session_id)
-        files = await asyncio.to_thread(self.files.list_files, str(session_id))
-        return pb.ListFilesResponse(files=[_file_info(f) for f in files])
+        token, files = await asyncio.to_thread(self.files.list_files_unless, str(session_id), request.unless_token)
+        if files is None:
+            return pb.ListFilesResponse(token=token, unchanged=True)
+        return pb.ListFilesResponse(files=[_file_info(f) for f in files], token=token)
 
 
     # -- what the agent remembers about the caller -------------------------------------------
