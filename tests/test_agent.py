@@ -336,7 +336,7 @@ async def test_only_allowlisted_system_records_reach_the_model(agent, store, oll
     """000's allowlist (_LLM_SYSTEM_SOURCES): of the stored system messages, task notes and the
     Synapse event record reach the model; any other record (a marker, a client's note, an unknown
     source) shows in the transcript and never reaches it."""
-    from services.agent.context_builder import LLM_SYSTEM_SOURCES
+    from services.shared.context_view import LLM_SYSTEM_SOURCES
 
     assert LLM_SYSTEM_SOURCES == {"task_note", "synapse_event"}
 
