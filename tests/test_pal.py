@@ -274,6 +274,16 @@ async def test_search_finds_sessions_with_snippets_and_positions(store, profile,
     assert nothing.code == 0 and "no session mentions" in nothing.stdout
 
 
+async def test_search_ranks_the_best_match_first(store, profile, env):
+    tag = uuid.uuid4().hex[:8]
+    three = await new_session(store, profile, *chat_messages((f"zebra{tag} okapi{tag} giraffe{tag}", "ok")))
+    two = await new_session(store, profile, *chat_messages((f"zebra{tag} and okapi{tag} notes", "ok")))
+    found = (await pal("sessions", "search", f"okapi{tag}", f"giraffe{tag}", f"zebra{tag}", "--json",
+                       env=env)).json()
+    # All three words first, though the other is newer; two of three still match, after it.
+    assert [s["id"] for s in found["sessions"]] == [three.id, two.id]
+
+
 # -- context --------------------------------------------------------------------------------------
 async def test_context_shows_what_the_model_sees_after_compression(store, profile, env):
     s = await new_session(store, profile, *chat_messages(("old question", "old answer"),

@@ -103,7 +103,8 @@ async def semantic_store(base_settings, database_url, has_pgvector):
         # A generous embed timeout unless a test is about it: on a loaded machine 2 s was passed,
         # and the embedder's 30 s back-off then outlasted the tests' wait for the index.
         settings = replace(base_settings, ollama_host=sim.url,
-                           **({"embed_model": EMBED_MODEL, "embed_timeout_s": 20.0} | overrides))
+                           **({"embed_model": EMBED_MODEL, "embed_timeout_s": 20.0,
+                               "embed_messages_quiet_s": 0.0} | overrides))
         server = await _start_store(settings, database_url)
         channel = grpc.aio.insecure_channel(server.address)
         running.append((server, channel))
@@ -384,7 +385,7 @@ async def test_an_append_wakes_the_indexer_for_messages_only():
             asked.append("summaries")
             return []
 
-        async def pending_messages(self, model, limit):
+        async def pending_messages(self, model, limit, quiet_s=0.0):
             asked.append("messages")
             return []
 
@@ -401,6 +402,46 @@ async def test_an_append_wakes_the_indexer_for_messages_only():
     assert not index._everything
     index.poke()
     assert index._everything
+
+    # With a quiet period, an append schedules the messages' pass for when its session is quiet;
+    # later appends do not push it back (a busy store still gets its passes).
+    now = [100.0]
+    quiet = MemoryIndex(Vectors(), Embedder(None, retry_s=1.0, clock=lambda: now[0]),  # type: ignore[arg-type]
+                        model="m", query_timeout_s=1.0, min_similarity=0.5, messages_quiet_s=10.0)
+    quiet.enabled, quiet._everything = True, False
+    quiet.poke(messages_only=True)
+    assert quiet._messages_due == 111.0 and not quiet._everything
+    now[0] = 105.0
+    quiet.poke(messages_only=True)
+    assert quiet._messages_due == 111.0
+
+
+async def test_messages_wait_until_their_session_is_quiet(store, profile, database_url, has_pgvector):
+    """Not embedded during a turn (the embedder would share Ollama with the model answering): a
+    session's messages are pending only once it has been quiet for the setting's seconds."""
+    from services.session_store.repository.vectors import MemoryVectors
+
+    if not has_pgvector:
+        pytest.skip("no pgvector: no message vectors")
+    session_id = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
+    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
+        common_pb2.Message(role="user", content=TARGET)]))
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    vectors = MemoryVectors(pool)
+    model = f"quiet-{uuid.uuid4().hex[:8]}"  # a space of this test alone
+    await vectors.keep_space(model, from_settings=False)
+
+    async def pending(quiet_s: float) -> bool:
+        return uuid.UUID(session_id) in {r["session_id"] for r in await vectors.pending_messages(model, 10_000, quiet_s)}
+
+    try:
+        assert await pending(0.0) and not await pending(3600.0)  # just written: in its turn
+        await pool.execute("UPDATE sessions SET last_active = now() - interval '2 hours' WHERE id = $1",
+                           uuid.UUID(session_id))
+        assert await pending(3600.0)
+    finally:
+        await pool.execute("DELETE FROM memory_vector_spaces WHERE model = $1", model)
+        await pool.close()
 
 
 def test_a_message_batch_marks_how_far_each_session_is_embedded():

@@ -103,7 +103,7 @@ class MemoryIndex:
     wakes the indexer."""
 
     def __init__(self, vectors: MemoryVectors, embedder: Embedder, *, model: str, query_timeout_s: float,
-                 min_similarity: float, where: str = "PostgreSQL"):
+                 min_similarity: float, where: str = "PostgreSQL", messages_quiet_s: float = 0.0):
         self.vectors = vectors
         self.embedder = embedder
         self.model = model
@@ -117,6 +117,9 @@ class MemoryIndex:
         # A poke for new messages only (an append) looks for nothing else: the pending chunks'
         # question reads every chunk, and appends come several a turn.
         self._everything = True
+        self.messages_quiet_s = messages_quiet_s
+        # When the sessions appended to since the last pass will have been quiet long enough.
+        self._messages_due: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -145,9 +148,18 @@ class MemoryIndex:
     def poke(self, *, messages_only: bool = False) -> None:
         """New chunks were committed (or a space changed): index what is pending. `messages_only`:
         only messages were appended."""
-        if self.enabled:
-            self._everything = self._everything or not messages_only
-            self._wake.set()
+        if not self.enabled:
+            return
+        if messages_only and self.messages_quiet_s > 0:
+            # The first append since the last pass sets the time; later ones are caught by it or by
+            # the pass their own next append schedules (never pushed back, so a busy store still
+            # gets its passes).
+            if self._messages_due is None:
+                self._messages_due = self.embedder.clock() + self.messages_quiet_s + 1.0
+                self._wake.set()  # to wait for that time instead
+            return
+        self._everything = self._everything or not messages_only
+        self._wake.set()
 
     # -- search ------------------------------------------------------------------------------
     async def embed_query(self, query: str, model: str) -> list[float] | None:
@@ -209,6 +221,8 @@ class MemoryIndex:
         while True:
             self._wake.clear()
             everything, self._everything = self._everything, False
+            if self._messages_due is not None and self.embedder.clock() >= self._messages_due:
+                self._messages_due = None  # this pass embeds the sessions now quiet
             try:
                 wait = await self._index_pending(everything)
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:  # the database away
@@ -219,6 +233,9 @@ class MemoryIndex:
                 wait = self.embedder.retry_s
             if wait is not None:
                 self._everything = True  # what failed is tried again, all of it
+            if self._messages_due is not None:
+                due = max(0.0, self._messages_due - self.embedder.clock())
+                wait = due if wait is None else min(wait, due)
             if wait is None:
                 await self._wake.wait()
             else:
@@ -258,7 +275,7 @@ class MemoryIndex:
         return ([(r["session_id"], r["seq"]) for r in rows], [r["content"][:EMBED_CHARS] for r in rows]) if rows else None
 
     async def _pending_messages(self, model: str) -> tuple[Any, list[str]] | None:
-        rows = await self.vectors.pending_messages(model, INDEX_BATCH)
+        rows = await self.vectors.pending_messages(model, INDEX_BATCH, self.messages_quiet_s)
         if not rows:
             return None
         keys, texts, marks = message_batch(rows, INDEX_BATCH)

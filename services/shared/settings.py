@@ -193,6 +193,9 @@ class Settings:
     embed_model: str = "nomic-embed-text"
     embed_timeout_s: float = 2.0
     embed_retry_s: float = 30.0
+    # A session's messages are embedded once it has been quiet this long: not during its turn, when
+    # the embedder would share Ollama with the model answering.
+    embed_messages_quiet_s: float = 10.0
     # The cosine similarity below which a chunk is not counted as near in meaning: about what
     # unrelated texts reach with the model (nomic-embed-text: 0.4–0.5).
     embed_min_similarity: float = 0.5
@@ -271,6 +274,7 @@ class Settings:
             embed_model=_env("PALIMPSEST_EMBED_MODEL", "nomic-embed-text").strip(),
             embed_timeout_s=_env_float("PALIMPSEST_EMBED_TIMEOUT_S", 2.0),
             embed_retry_s=_env_float("PALIMPSEST_EMBED_RETRY_S", 30.0),
+            embed_messages_quiet_s=_env_float("PALIMPSEST_EMBED_MESSAGES_QUIET_S", 10.0),
             embed_min_similarity=_env_float("PALIMPSEST_EMBED_MIN_SIMILARITY", 0.5),
             owner_max_sessions=_env_int("PALIMPSEST_OWNER_MAX_SESSIONS", 10_000),
             owner_max_bytes=_env_int("PALIMPSEST_OWNER_MAX_MB", 10 * 1024) * 1024 * 1024,

@@ -61,7 +61,8 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", action="store_true", help="confirm --older-than 0, which deletes every session")
     p.set_defaults(handler=cleanup)
 
-    p = actions.add_parser("search", help="sessions whose name or messages contain a text", parents=[common])
+    p = actions.add_parser("search", help="sessions whose name or messages contain a text or two of its words, "
+                                          "best match first", parents=[common])
     p.add_argument("query", nargs="+")
     p.add_argument("-n", "--limit", type=int, default=20, help="how many sessions (default 20)")
     p.add_argument("--profile", default="", help="only sessions of this profile")
@@ -186,7 +187,7 @@ def search(app: App, args: argparse.Namespace) -> int:
         raise CliError("search needs a query", exit_code=2)
     store = app.conn.store()
     found = store.ListSessions(pb.ListSessionsRequest(query=query, profile_id=args.profile,
-                                                      page_size=_page_size(args.limit)))
+                                                      sort_by=pb.SORT_BY_RELEVANCE, page_size=_page_size(args.limit)))
     matches: dict[str, pb.SessionMatch] = {}
     if found.sessions:
         response = store.SearchMatches(pb.SearchMatchesRequest(session_ids=[s.id for s in found.sessions],

@@ -95,7 +95,8 @@ SESSIONS_NEAR_SQL = (
 )
 
 # The sessions whose messages are not all embedded in the space yet ($1 the model, $2 at most this
-# many sessions, and this many messages each), recently active first (likeliest to be searched
+# many sessions, and this many messages each) and quiet for $3 seconds (not in a turn), recently
+# active first (likeliest to be searched
 # for), with their embeddable messages past the mark: displayed user and assistant text. `last` is
 # where the mark moves once these are stored (rows appended meanwhile are past it).
 _PENDING_MESSAGES_SQL = """
@@ -104,6 +105,7 @@ _PENDING_MESSAGES_SQL = """
           FROM sessions s
           LEFT JOIN message_vector_marks k ON k.session_id = s.id AND k.model = $1
          WHERE s.next_seq - 1 > coalesce(k.through_seq, 0)
+           AND s.last_active <= now() - make_interval(secs => $3)
            AND EXISTS (SELECT 1 FROM memory_vector_spaces WHERE model = $1)
          ORDER BY s.last_active DESC, s.id
          LIMIT $2
@@ -212,8 +214,8 @@ class MemoryVectors:
         await self.pool.execute(_STORE_SUMMARIES_SQL, model, [k[0] for k in keys], [k[1] for k in keys],
                                 [vector_text(v) for v in vectors])
 
-    async def pending_messages(self, model: str, limit: int) -> list[asyncpg.Record]:
-        return await self.pool.fetch(_PENDING_MESSAGES_SQL, model, limit)
+    async def pending_messages(self, model: str, limit: int, quiet_s: float = 0.0) -> list[asyncpg.Record]:
+        return await self.pool.fetch(_PENDING_MESSAGES_SQL, model, limit, quiet_s)
 
     async def store_messages(self, model: str, keys: Sequence[tuple[uuid.UUID, int]],
                              vectors: Sequence[Sequence[float]], marks: Sequence[tuple[uuid.UUID, int]]) -> None:
