@@ -57,7 +57,7 @@ COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod
 COMPRESSION_METHOD_PRUNE: CompressionMethod
 
 class CompressionSettings(_message.Message):
-    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results", "min_freed")
+    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results", "min_freed", "index_memory")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_RECENT_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class CompressionSettings(_message.Message):
     SUMMARIZER_WINDOW_FIELD_NUMBER: _ClassVar[int]
     PRUNE_TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     MIN_FREED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MEMORY_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     target: float
     keep_recent: int
@@ -82,7 +83,8 @@ class CompressionSettings(_message.Message):
     summarizer_window: int
     prune_tool_results: bool
     min_freed: float
-    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ..., min_freed: _Optional[float] = ...) -> None: ...
+    index_memory: bool
+    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ..., min_freed: _Optional[float] = ..., index_memory: _Optional[bool] = ...) -> None: ...
 
 class ViewCut(_message.Message):
     __slots__ = ("index", "content")
@@ -245,7 +247,7 @@ class WouldCompressResponse(_message.Message):
     def __init__(self, would_compress: _Optional[bool] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., tokens_before: _Optional[int] = ..., kept_tokens: _Optional[int] = ...) -> None: ...
 
 class CompressRequest(_message.Message):
-    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens", "expected_revision")
+    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens", "expected_revision", "prompt_head", "tool_schemas")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +257,8 @@ class CompressRequest(_message.Message):
     ONLY_IF_OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_HEAD_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     reason: CompressionReason
     model: str
@@ -264,7 +268,9 @@ class CompressRequest(_message.Message):
     only_if_over_threshold: bool
     current_tokens: int
     expected_revision: int
-    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ..., expected_revision: _Optional[int] = ...) -> None: ...
+    prompt_head: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    tool_schemas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ..., expected_revision: _Optional[int] = ..., prompt_head: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., tool_schemas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CompressionStarted(_message.Message):
     __slots__ = ("context_tokens", "max_context_tokens")

@@ -11,20 +11,9 @@ from collections.abc import Sequence
 from palimpsest.v1 import common_pb2, compressor_pb2
 from services.agent.profiles import Profile
 from services.agent.untrusted import fence, fence_overhead
-from services.shared.context_view import TASK_NOTE, heuristic_tokens, with_content
+from services.shared.context_view import TASK_NOTE, heuristic_tokens, reaches_model, with_content
 
 Message = common_pb2.Message
-
-# Stored system records that may reach the model; every other one is transcript only.
-LLM_SYSTEM_SOURCES = frozenset({TASK_NOTE, "synapse_event"})
-
-
-def reaches_model(message: Message) -> bool:
-    if message.role != "system":
-        return True
-    source = message.metadata["source"] if "source" in message.metadata else ""
-    return source in LLM_SYSTEM_SOURCES or message.is_recall
-
 
 def note_messages(notes: Sequence[str]) -> list[Message]:
     """Notes as stored task notes: in the model's context where they were given, never shown.

@@ -346,7 +346,7 @@ class Turn:
             model=self.profile.model, window=self.window, settings=self.profile.compression_settings(),
             image_fallback=self.settings.image_tokens_fallback,
             # (only pictures need the context's count: the rest of the time nothing is built for it)
-            preamble=self._build_head() if turn_input.images else (),
+            preamble=self._prompt_head() if turn_input.images else (),
             tool_schemas=self._tool_schemas_json() if turn_input.images else ()),
             turn_input.text, turn_input.images, turn_input.hidden, turn_input.files)
         if self.stored and not turn_input.hidden:
@@ -497,8 +497,9 @@ class Turn:
             self._memory_message(),
         )
 
-    def _build_head(self) -> list[Message]:
-        """What every call's prompt begins with: the system prompt and the memory message."""
+    def _prompt_head(self) -> list[Message]:
+        """What every prompt of this session begins with: the system prompt and the memory message
+        (the Compressor begins a summary with it, so Ollama reuses what it evaluated for the last call)."""
         return cb.ContextBuilder.build(self._system_prompt(), [], self._memory_message())
 
     def _memory_message(self) -> str:
@@ -857,7 +858,8 @@ class Turn:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=reason, model=self.profile.model, window=self.window,
                     keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings(),
-                    current_tokens=current_tokens, expected_revision=self.conv.revision)):
+                    current_tokens=current_tokens, expected_revision=self.conv.revision,
+                    prompt_head=self._prompt_head(), tool_schemas=self._tool_schemas_json())):
                 self.sink.compression(event)
                 if event.HasField("compressed"):
                     committed = event.compressed.revision
@@ -895,7 +897,8 @@ class Turn:
             async for event in self.deps.compressor.Compress(cpb.CompressRequest(
                     session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.profile.model,
                     window=self.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
-                    current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings())):
+                    current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings(),
+                    prompt_head=self._prompt_head(), tool_schemas=self._tool_schemas_json())):
                 self.sink.compression(event, watchers_only=True)  # after stream_end: for the session's watchers
                 self.compressed_after = self.compressed_after or event.HasField("compressed")
         except FailedPrecondition:  # nothing to compress

@@ -15,31 +15,21 @@ from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
 from services.compressor.planner import (
-    Plan, apply_plan, freed_tokens, kept_always, plan_compression, split_turns, widen_kept,
+    Plan, apply_plan, freed_tokens, plan_compression,
 )
 from services.compressor.pricing import Knobs, Pricing
-from services.compressor.pruning import Pruning, plan_pruning
+from services.compressor.pruning import Pruning
 from services.compressor.token_estimate import trigger_tokens
-from services.compressor.summary_format import (
-    META_SUMMARY_PROMPT,
-    SUMMARY_PROMPT,
-    SummaryInput,
-    format_for_summary,
-    needs_meta_summary,
-    split_keys_line,
-    split_summaries,
-    summary_messages,
-)
-from services.compressor.summary_window import num_predict, summary_num_ctx
-from services.shared import metrics
-from services.shared.context_view import is_transient, to_ollama_messages
-from services.shared.ollama import ContextRefused, OllamaClient
+from services.shared.context_view import is_transient
 
 log = logging.getLogger("palimpsest.compressor")
 
 Message = common_pb2.Message
 
 SUMMARY_ATTEMPTS = 2  # one retry, then the hard-truncate fallback
+# A summary aims at this share of the target: the room an LLM call makes lasts longer than the
+# room pruning makes (measured on bench compaction: 0.4–1.0 moved summaries by a few per 100 turns).
+SUMMARY_DEPTH = 0.6
 _REASON_NAMES: dict[int, str] = {
     pb.COMPRESSION_REASON_PRETURN: "preturn",
     pb.COMPRESSION_REASON_MIDTURN: "midturn",
@@ -71,15 +61,22 @@ def effective_target(knobs: Knobs, window: int) -> float:
     return max(0.05, min(knobs.target, trigger - (knobs.threshold - knobs.target)))
 
 
+def summary_target(knobs: Knobs, window: int) -> float:
+    """Where a summary takes the prompt: below the target pruning must reach, so the room an LLM
+    call buys lasts several turns of pruning-only compressions rather than one."""
+    return max(0.05, effective_target(knobs, window) * SUMMARY_DEPTH)
+
+
 def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
-              keep_recent_messages: int, prompt_tokens: int = 0) -> Plan:
+              keep_recent_messages: int, prompt_tokens: int = 0, target: float | None = None) -> Plan:
     """The one plan WouldCompress, Compress and the size check's dry run share. ``prompt_tokens``:
-    the whole prompt's count when known (the rest of it shares the target with the kept region)."""
+    the whole prompt's count when known (the rest of it shares the target with the kept region);
+    ``target``: the share of the window to reach (``summary_target`` unless given)."""
     return plan_compression(
         context,
         keep_recent=knobs.keep_recent,
         window=window,
-        target=effective_target(knobs, window),
+        target=summary_target(knobs, window) if target is None else target,
         estimate=pricing.estimate,
         keep_recent_messages=keep_recent_messages or None,
         critical_tools=knobs.critical_tools,
@@ -167,134 +164,6 @@ def account(outcome: Outcome, context: list[Message], pricing: Pricing, knobs: K
     after = tokens + outside
     return Accounting(tokens, max(current, pricing.estimate(context)), after, target,
                       shortfall(after, target, tokens - summary, summary, outside))
-
-
-class Summarizer:
-    """Writes summaries through Ollama with think=False, per the resolved knobs, in one num_ctx per
-    model: the conversation's window for its own model, the configured one for a summarizer model."""
-
-    def __init__(self, ollama: OllamaClient, knobs: Knobs, model: str, window: int):
-        self.ollama = ollama
-        self.knobs = knobs
-        self.model = knobs.summarizer_model or model
-        self.same_model = self.model == model
-        self.window = window
-
-    def _pricing(self, pricing: Pricing) -> Pricing:
-        # The session's calibration line describes its model's tokenizer; another model's prompt is
-        # priced at chars / 1.8 rather than at a rate that may be too low for it.
-        return pricing if self.same_model else Pricing.build([], self.window, self.knobs)
-
-    async def _input(self, messages: list[Message], prompt: str, num_ctx: int, vision: bool,
-                     pricing: Pricing) -> SummaryInput:
-        formatted = await asyncio.to_thread(  # prices the input repeatedly while cutting it: off the loop
-            format_for_summary, messages, critical_tools=self.knobs.critical_tools, vision=vision, window=num_ctx,
-            image_fallback=self.knobs.image_fallback, prompt=prompt,
-            summary_max_tokens=self.knobs.summary_max_tokens, estimate=pricing.estimate)
-        if formatted.omitted_chars or formatted.omitted_images:
-            log.info("summary input for %s cut to its num_ctx %d: %d chars and %d image(s) left out", self.model,
-                     num_ctx, formatted.omitted_chars, formatted.omitted_images)
-        return formatted
-
-    async def _call(self, prompt: str, formatted: SummaryInput, num_ctx: int, pricing: Pricing) -> str:
-        messages = summary_messages(prompt, formatted.text, formatted.images)
-        predict = num_predict(num_ctx, pricing.estimate(messages), self.knobs.summary_max_tokens)
-        if predict <= 0:
-            raise ValueError(f"no room for a summary in num_ctx {num_ctx}")
-        facts = await self.ollama.model_facts(self.model)
-        body = OllamaClient.chat_body(
-            self.model,
-            to_ollama_messages(messages),
-            num_ctx=num_ctx,
-            think=False if facts.thinking else None,
-            stream=False,
-            options={"temperature": self.knobs.summary_temperature, "num_predict": predict},
-        )
-        with metrics.summary_call():
-            result = await self.ollama.chat(body)
-        if not result.content.strip():
-            raise ValueError("the summarizer returned an empty summary")
-        return result.content.strip()
-
-    async def summarize(self, messages: list[Message], pricing: Pricing) -> tuple[str, list[str]]:
-        facts = await self.ollama.model_facts(self.model)
-        num_ctx = summary_num_ctx(same_model=self.same_model, conversation_window=self.window,
-                                  summarizer_window=self.knobs.summarizer_window,
-                                  context_length=facts.context_length)
-        pricing = self._pricing(pricing)
-        if needs_meta_summary(messages):
-            # Old summaries first condensed into one, so they do not crowd out the new history.
-            summaries, rest = split_summaries(messages)
-            meta = await self._written(summaries, META_SUMMARY_PROMPT, num_ctx, False, pricing)
-            meta_text, _ = split_keys_line(meta)
-            messages = [Message(role="user", content=meta_text, is_summary=True), *rest]
-        prompt = self.knobs.summary_prompt or SUMMARY_PROMPT
-        text = await self._written(messages, prompt, num_ctx, facts.vision, pricing)
-        return split_keys_line(text)
-
-    async def _written(self, messages: list[Message], prompt: str, num_ctx: int, vision: bool,
-                       pricing: Pricing) -> str:
-        """One summary call. Its prompt refused by Ollama as over num_ctx (our count of it was low),
-        the input is cut to fit half the window and sent once more, in the same num_ctx (another
-        would reload the model); refused again, the error goes to the caller's retry and fallback."""
-        formatted = await self._input(messages, prompt, num_ctx, vision, pricing)
-        try:
-            return await self._call(prompt, formatted, num_ctx, pricing)
-        except ContextRefused as exc:
-            log.warning("summary prompt for %s refused as over num_ctx %d: its input cut to half: %s",
-                        self.model, num_ctx, exc)
-        formatted = await self._input(messages, prompt, num_ctx // 2, vision, pricing)
-        return await self._call(prompt, formatted, num_ctx, pricing)
-
-
-async def summarize_or_truncate(
-    context: list[Message], plan: Plan, pricing: Pricing, knobs: Knobs, summarizer: Summarizer, window: int,
-) -> Outcome:
-    last_error: Exception | None = None
-    for attempt in range(1, SUMMARY_ATTEMPTS + 1):
-        if attempt > 1:  # the retry keeps more verbatim and summarizes less
-            plan = widen_kept(plan)
-        try:
-            text, keys = await summarizer.summarize([m for m in plan.to_summarize if not is_transient(m)], pricing)
-            break
-        except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
-            last_error = exc
-            log.warning("summarizer attempt %d/%d failed (%d messages to summarize): %s", attempt, SUMMARY_ATTEMPTS,
-                        len(plan.to_summarize), exc)
-    else:
-        return await asyncio.to_thread(truncate_outcome, context, pricing, window, last_error)
-    dropped_text = entity_source([m for m in plan.to_summarize if not m.is_summary])
-    crumbs = merge_breadcrumbs(keys, await asyncio.to_thread(extract_entities, dropped_text))
-    replaced = plan.replaced_range
-    assert replaced is not None  # a plan that summarizes has messages to summarize
-    first, last = replaced
-    covered = common_pb2.SeqRange(first=first, last=last)
-    summary = Message(
-        role="user",
-        content=f"[Summary of the earlier conversation, messages {covered.first}–{covered.last}]\n{text}",
-        is_summary=True,
-        is_context=True,
-        is_display=False,
-        explicit_flags=True,
-        breadcrumbs=crumbs,
-        replaces=covered,
-    )
-    return Outcome(pb.COMPRESSION_METHOD_SUMMARY, list(plan.to_summarize), apply_plan(plan, summary), summary, crumbs)
-
-
-def pruned_to_target(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
-                     current: int) -> Outcome | None:
-    """The cheap stage: old tool results pruned to previews, when that alone brings the prompt
-    (``current`` tokens) down to the target, as a summary would (no summary, no LLM call); else None.
-    Every result but the newest turn's: pruning only what aged out of the kept turns freed a result
-    or two, and the next tool output filled the room again (re-fires every few turns)."""
-    newest = split_turns([m for m in context if not kept_always(m)])[-1:]
-    pruning = plan_pruning(context, [m for turn in newest for m in turn], knobs.critical_tools)
-    if not pruning.pruned:
-        return None
-    outcome = prune_outcome(context, pruning)
-    freed = pricing.estimate(context) - pricing.estimate(outcome.new_context)
-    return outcome if current - freed <= effective_target(knobs, window) * window else None
 
 
 def prune_outcome(context: list[Message], pruning: Pruning) -> Outcome:

@@ -5,6 +5,7 @@ digest), so replicas answer alike and a replica can die mid-request losing nothi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -19,6 +20,9 @@ from services.compressor.planner import intra_turn_keep
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts
+from services.compressor.stages import Staged, decide, stage, summarize_or_truncate
+from services.compressor.summarizer import Summarizer
+from services.compressor.summary_prefix import build_prefix
 from services.compressor.token_estimate import (
     fits,
     output_reserve,
@@ -87,13 +91,14 @@ class DryRun:
     knobs: Knobs
     window: int
     prompt_tokens: int
-    plans: dict[int, pipeline.Plan] = field(default_factory=dict)  # by keep_recent_messages
+    plans: dict[int, Staged] = field(default_factory=dict)  # by keep_recent_messages
 
-    def plan_for(self, keep: int, pricing: Pricing, knobs: Knobs, window: int,
-                 prompt_tokens: int) -> pipeline.Plan | None:
+    def plan_for(self, keep: int, pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int,
+                 prune: bool) -> Staged | None:
         if keep not in self.plans or (knobs, window, prompt_tokens) != (self.knobs, self.window, self.prompt_tokens):
             return None
-        return self.plans[keep] if pricing.plans_like(self.pricing) else None
+        staged = self.plans[keep]
+        return staged if pricing.plans_like(self.pricing) and staged.pruned_stage == prune else None
 
 
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
@@ -336,22 +341,21 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if tokens > limit:
             candidates.append(intra_turn_keep(knobs.keep_recent))
         for keep in dict.fromkeys(candidates):
-            plan = dry.plans[keep] = await self._plan(stored, pricing, knobs, window, keep, tokens)
-            if (await self._worth(plan, stored, pricing, knobs, window, tokens > limit))[0] \
-                    or await self._prunes_to_target(stored, pricing, knobs, window, tokens):
+            staged = dry.plans[keep] = await self._plan(stored, pricing, knobs, window, keep, tokens,
+                                                        self._prunes(knobs, pb.COMPRESSION_REASON_PRETURN))
+            if (await self._decide(staged, pricing, knobs, window, tokens > limit))[0] != "none":
                 return keep
         return None
 
     @staticmethod
-    async def _worth(plan, messages, pricing, knobs, window, any_gain: bool) -> tuple[bool, int]:
-        return await asyncio.to_thread(pipeline.worth_running, plan, messages, pricing, knobs, window, any_gain)
+    async def _decide(staged: Staged, pricing, knobs, window, any_gain: bool) -> tuple[str, int]:
+        return await asyncio.to_thread(decide, staged, pricing, knobs, window, any_gain)
 
     @staticmethod
-    async def _prunes_to_target(messages, pricing, knobs, window, current, reason=pb.COMPRESSION_REASON_PRETURN):
-        """The cheap stage's outcome when it applies (on, not forced) and reaches the target alone."""
-        if not knobs.prune_tool_results or reason == pb.COMPRESSION_REASON_FORCED:
-            return None  # who forces a compaction wants the history summarized
-        return await asyncio.to_thread(pipeline.pruned_to_target, messages, pricing, knobs, window, current)
+    def _prunes(knobs: Knobs, reason: int) -> bool:
+        """Whether the pruning stage runs: on, and not for a forced compaction (who forces one
+        wants the history summarized)."""
+        return knobs.prune_tool_results and reason != pb.COMPRESSION_REASON_FORCED
 
     async def RecordBaseline(self, request, context):
         # Reports teach every session of the model: only the services may make them.
@@ -439,18 +443,47 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return window, knobs, state, model, pricing, context_messages, current, dry
 
     @staticmethod
-    async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int = 0):
+    async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int,
+                    prune: bool) -> Staged:
         # Pure CPU over the whole context: off the event loop, so other sessions keep streaming.
-        return await asyncio.to_thread(pipeline.make_plan, messages, pricing, knobs, window, keep_recent_messages,
-                                       prompt_tokens)
+        return await asyncio.to_thread(stage, messages, pricing, knobs, window, keep_recent_messages,
+                                       prompt_tokens, prune)
+
+    async def _prefix_source(self, request, summarizer: Summarizer, messages, pricing: Pricing):
+        """How a summary's prefix form is built for this request: only when the session's own model
+        writes it and the caller said what its prompts begin with."""
+        head, schemas = list(request.prompt_head), list(request.tool_schemas)
+        if not summarizer.same_model or not head:
+            return None
+        vision = (await self.ollama.model_facts(summarizer.model)).vision
+
+        def prefix_for(summarized, scope):
+            return build_prefix(head, schemas, messages, summarized, pricing, vision, scope)
+
+        return prefix_for
+
+    @staticmethod
+    def _check_prompt_head(request) -> None:
+        for i, message in enumerate(request.prompt_head):
+            if message.role != "system":
+                raise InvalidArgument(f"prompt_head[{i}].role", f"must be system, got {message.role!r}")
+        for i, schema in enumerate(request.tool_schemas):
+            try:
+                parsed = json.loads(schema)
+            except ValueError as exc:
+                raise InvalidArgument(f"tool_schemas[{i}]", f"is not JSON: {exc}") from None
+            if not isinstance(parsed, dict):
+                raise InvalidArgument(f"tool_schemas[{i}]", "must be a JSON object")
 
     async def WouldCompress(self, request, context):
         window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
-        plan = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current)
+        staged = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current,
+                                  self._prunes(knobs, pb.COMPRESSION_REASON_PRETURN))
+        plan = staged.plan
         kept = pricing.estimate(plan.system + plan.to_keep)
-        worth, _ = await self._worth(plan, messages, pricing, knobs, window, current > self._limit(window, knobs))
+        mode, _ = await self._decide(staged, pricing, knobs, window, current > self._limit(window, knobs))
         return pb.WouldCompressResponse(
-            would_compress=worth or await self._prunes_to_target(messages, pricing, knobs, window, current) is not None,
+            would_compress=mode != "none",
             messages_before=len(messages),
             messages_after=len(plan.system) + len(plan.to_keep) + (0 if plan.is_empty else 1),
             tokens_before=current,
@@ -462,13 +495,14 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
         Loads the session's context and pricing, refuses a stale ``expected_revision`` (ABORTED),
         and with ``only_if_over_threshold`` returns without events under the trigger. Otherwise it
-        plans what to keep; FAILED_PRECONDITION when nothing can shrink. Tool results are pruned
-        first when that alone reaches the target (not for FORCED), else older turns are summarized
+        plans what to keep; FAILED_PRECONDITION when nothing can shrink. Old tool results and call
+        arguments are pruned first (not for FORCED); what remains over the target is summarized
         (hard truncation when the summarizer fails), and one CommitCompression writes the result.
         When even that drops nothing, ``compressed`` reports the context unchanged and nothing is committed.
         """
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
+        self._check_prompt_head(request)
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
         if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
             raise Aborted(f"session {state.session.id} is at revision {state.session.revision}, not the expected "
@@ -478,15 +512,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
                 return  # under the threshold: nothing to do, no events
         keep = request.keep_recent_messages
-        plan = dry.plan_for(keep, pricing, knobs, window, current) if dry is not None else None
-        if plan is None:
-            plan = await self._plan(messages, pricing, knobs, window, keep, current)
+        prune = self._prunes(knobs, request.reason)
+        staged = dry.plan_for(keep, pricing, knobs, window, current, prune) if dry is not None else None
+        if staged is None:
+            staged = await self._plan(messages, pricing, knobs, window, keep, current, prune)
         # Any gain will do when it was asked for, or when the prompt did not fit (the alternative is a cut).
         any_gain = (request.reason == pb.COMPRESSION_REASON_FORCED or truncated_flag
                     or current > self._limit(window, knobs))
-        worth, frees = await self._worth(plan, messages, pricing, knobs, window, any_gain)
-        outcome = await self._prunes_to_target(messages, pricing, knobs, window, current, request.reason)
-        if not worth and outcome is None:
+        mode, frees = await self._decide(staged, pricing, knobs, window, any_gain)
+        if mode == "none":
             if truncated_flag:  # consumed: there is nothing this session can shed
                 with as_service():
                     await self.store.SetBaseline(store_pb.SetBaselineRequest(
@@ -501,9 +535,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 f"({len(messages)} messages, ~{current} tokens)"
             )
         yield pb.CompressionEvent(started=pb.CompressionStarted(context_tokens=current, max_context_tokens=window))
-        if outcome is None:
-            summarizer = pipeline.Summarizer(self.ollama, knobs, model, window)
-            outcome = await pipeline.summarize_or_truncate(messages, plan, pricing, knobs, summarizer, window)
+        if mode == "prune":
+            outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, staged.pruning)
+        else:
+            summarizer = Summarizer(self.ollama, knobs, model, window)
+            outcome = await summarize_or_truncate(messages, staged, pricing, knobs, summarizer, window,
+                                                  await self._prefix_source(request, summarizer, messages, pricing))
         if not outcome.demoted:  # the fallback found nothing it may drop: say so, change nothing
             log.warning("compression of %s changed nothing: the newest turn alone is the context", state.session.id)
             yield pb.CompressionEvent(compressed=pb.ContextCompressed(
@@ -511,7 +548,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 max_context_tokens=window, method=outcome.method))
             return
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
-        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting)
+        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting,
+                                         index_memory=knobs.index_memory)
         result = await self.store.CommitCompression(commit)
         pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
                                 accounting, window)

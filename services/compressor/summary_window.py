@@ -50,3 +50,38 @@ def num_predict(num_ctx: int, prompt_tokens: int, summary_max_tokens: int) -> in
     """``summary_max_tokens``, capped so that the priced prompt plus the summary fit ``num_ctx``
     (past it Ollama would shift the context and drop the head of the prompt mid-answer)."""
     return max(0, min(summary_max_tokens, num_ctx - padded(prompt_tokens)))
+
+
+# A summary is about a twelfth of what it condenses (tool results counted at their preview):
+# bullet points of the facts, not a retelling.
+CONDENSE_RATIO = 12
+# The least a summary is asked for (a few bullets and the KEYS line), and the share of the window
+# the live summary may grow to before it is rewritten whole.
+MIN_SUMMARY_TOKENS = 96
+SUMMARY_WINDOW_SHARE = 16
+# num_predict is this many times what was asked for: a model runs past a length it is given, and
+# past num_predict Ollama stops it mid-sentence (the KEYS line is the first thing lost).
+PREDICT_SLACK = 2
+TOKENS_PER_WORD_NUMERATOR, TOKENS_PER_WORD_DENOMINATOR = 4, 3  # ~1.33 tokens a word in English
+
+
+def summary_budget(window: int, summary_max_tokens: int) -> int:
+    """The most the live summary may hold: a sixteenth of the window (the rest is the conversation),
+    never above the configured cap."""
+    return max(MIN_SUMMARY_TOKENS, min(summary_max_tokens, window // SUMMARY_WINDOW_SHARE))
+
+
+def summary_length(input_tokens: int, budget: int) -> int:
+    """How long a summary of ``input_tokens`` of history is asked to be: proportional to it, at
+    least MIN_SUMMARY_TOKENS, at most ``budget``."""
+    return max(MIN_SUMMARY_TOKENS, min(budget, input_tokens // CONDENSE_RATIO))
+
+
+def predict_for(length: int, summary_max_tokens: int) -> int:
+    """The num_predict of a summary asked to be ``length`` tokens long."""
+    return max(1, min(summary_max_tokens, length * PREDICT_SLACK))
+
+
+def words_for(tokens: int) -> int:
+    """The length of ``tokens`` in words, as the request states it to the model."""
+    return max(1, tokens * TOKENS_PER_WORD_DENOMINATOR // TOKENS_PER_WORD_NUMERATOR)

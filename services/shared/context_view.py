@@ -81,6 +81,20 @@ SIZE_CHECK_SLICE_CHARS = 200_000
 TASK_NOTE = "task_note"  # metadata["source"] of a stored note (iteration budget, goal, anti-stall)
 
 
+# Stored system records that may reach the model; every other one is transcript only.
+LLM_SYSTEM_SOURCES = frozenset({TASK_NOTE, "synapse_event"})
+
+
+def reaches_model(message: Message) -> bool:
+    """Whether a stored context row is in the prompt: every row but the system records outside
+    LLM_SYSTEM_SOURCES (task notes and recalled excerpts are; a compression marker is not). The
+    Agent builds its prompts by it, the Compressor the summary that reuses them."""
+    if message.role != "system":
+        return True
+    source = message.metadata["source"] if "source" in message.metadata else ""
+    return source in LLM_SYSTEM_SOURCES or message.is_recall
+
+
 def is_transient(message: Message) -> bool:
     """A task note given to one call, or excerpts recalled for one turn: in the context where they
     were given (so prompts only grow at their end), compressed like any message, and with

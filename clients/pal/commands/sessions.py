@@ -11,6 +11,7 @@ from rich.text import Text
 
 from clients.pal.app import App
 from clients.pal.commands import Subparsers
+from clients.pal.commands.turns import most_recent_session
 from clients.pal.errors import CliError
 from clients.pal.output import to_dict
 from clients.pal.views import message_view, session_header, sessions_table, shared_header
@@ -38,8 +39,10 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--oldest-first", action="store_true", help="ascending order")
     p.set_defaults(handler=list_sessions)
 
-    p = actions.add_parser("show", help="a session and its display history", parents=[common])
-    p.add_argument("session_id")
+    p = actions.add_parser("show", help="a session and its display history (default: the most recent)",
+                           parents=[common])
+    p.add_argument("session_id", nargs="?", default="", help="the session (default: the most recently active one)")
+    p.add_argument("--profile", default="", help="without an id: the most recent session of this profile")
     p.add_argument("--last", type=int, default=0, metavar="N", help="only the newest N messages")
     p.add_argument("--thinking", action="store_true", help="include the model's thinking")
     p.set_defaults(handler=show)
@@ -110,6 +113,7 @@ def list_sessions(app: App, args: argparse.Namespace) -> int:
 
 def show(app: App, args: argparse.Namespace) -> int:
     store = app.conn.store()
+    args.session_id = args.session_id or most_recent_session(store, args.profile)
     if args.last > 0:
         session = store.GetSession(pb.GetSessionRequest(session_id=args.session_id,
                                                         view=pb.SESSION_VIEW_SUMMARY)).session
