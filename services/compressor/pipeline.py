@@ -182,10 +182,12 @@ def truncate_outcome(context: list[Message], pricing: Pricing, window: int, erro
 
 
 def commit_request(session: common_pb2.Session, context: list[Message], outcome: Outcome, reason: int,
-                   accounting: Accounting) -> store_pb.CommitCompressionRequest:
-    """The one-transaction store write for an outcome."""
+                   accounting: Accounting, *, index_memory: bool = True) -> store_pb.CommitCompressionRequest:
+    """The one-transaction store write for an outcome; with `index_memory`, the dropped messages
+    travel with it as memory chunks."""
     chunks = []
-    for data in chunk_messages([m for m in outcome.demoted if not is_transient(m)], outcome.breadcrumbs):
+    kept = [m for m in outcome.demoted if not is_transient(m)] if index_memory else []
+    for data in chunk_messages(kept, outcome.breadcrumbs):
         chunk = common_pb2.RawChunk(
             content=data.content, content_hash=data.content_hash,
             turn_range=common_pb2.SeqRange(first=data.first_seq, last=data.last_seq), breadcrumbs=data.breadcrumbs,
