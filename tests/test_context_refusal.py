@@ -20,7 +20,7 @@ import pytest
 from ollama_sim import ModelSpec, OllamaSimulator, Reply, default_models
 from ollama_sim.engines import LLAMA_SERVER_REFUSAL
 from ollama_sim.models import COMPLETION, TOOLS
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from tests.test_agent import END, end_of, kinds, run, text_of
 
@@ -203,3 +203,24 @@ async def test_a_window_larger_than_the_model_was_trained_on_is_clamped_and_told
 async def test_a_window_the_model_has_is_not_flagged(agent):
     events = await run(agent, "hello", profile_id="glyphs")
     assert events[0].model_info.context_window == WINDOW and events[0].model_info.requested_context_window == 0
+
+
+async def test_a_refused_summary_prompt_is_sent_once_more_within_half_the_window(agent, ollama_sim):
+    session_id = ""
+    for turn in range(8):
+        events = await run(agent, f"please note point {turn}: " + "detail " * 150, session_id=session_id,
+                           profile_id="glyphs")
+        session_id = events[0].session_id
+    ollama_sim.clear()
+    # Each attempt at the summary is refused once: without the retry inside an attempt, both attempts
+    # fail and the compaction falls back to dropping turns unsummarized.
+    ollama_sim.script(*[Reply(http_status=400, error=LLAMA_SERVER_REFUSAL)] * 2)
+    events = [e async for e in agent.Compact(pb.CompactRequest(session_id=session_id))]
+    [compressed] = [e.context_compressed for e in events if e.HasField("context_compressed")]
+    # A summary still (not the hard-truncate fallback), its input cut to fit half the window (this one
+    # already did), sent in the same num_ctx: another would reload the model.
+    assert compressed.method == cpb.COMPRESSION_METHOD_SUMMARY
+    summaries = [b for b in ollama_sim.bodies() if b.get("stream") is False]
+    assert len(summaries) == 3 and {b["options"]["num_ctx"] for b in summaries} == {WINDOW}
+    first, second, _ = (sum(len(m["content"]) for m in b["messages"]) for b in summaries)
+    assert second <= first and ollama_sim.chats[-1].prompt_tokens <= WINDOW // 2
