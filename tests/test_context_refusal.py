@@ -20,7 +20,7 @@ import pytest
 from ollama_sim import ModelSpec, OllamaSimulator, Reply, default_models
 from ollama_sim.engines import LLAMA_SERVER_REFUSAL
 from ollama_sim.models import COMPLETION, TOOLS
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from tests.test_agent import END, end_of, kinds, run, text_of
 
@@ -31,6 +31,7 @@ GLYPHS_MODEL = f"glyphs-{uuid.uuid4().hex[:8]}"  # no vocabulary: counted by the
 # The same for the old engine: a model's calibration learns from every report, and the refusal test's
 # reports teach it what glyphs cost.
 OLD_GLYPHS_MODEL = f"old-glyphs-{uuid.uuid4().hex[:8]}"
+MID_GLYPHS_MODEL = f"mid-glyphs-{uuid.uuid4().hex[:8]}"  # for the runners that honour `truncate` (0.12.6–0.29)
 CLAMPED_MODEL = f"clamped-{uuid.uuid4().hex[:8]}"
 WINDOW = 8192
 LLAMA_SERVER_VERSION = "0.30.2"
@@ -68,6 +69,7 @@ def ollama_sim():
     models = {**default_models(),
               GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
               OLD_GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
+              MID_GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
               CLAMPED_MODEL: replace(default_models()["qwen3.6"], context_length=16_384)}
     with OllamaSimulator(models, version=LLAMA_SERVER_VERSION) as sim:
         yield sim
@@ -81,6 +83,7 @@ def profiles_file(tmp_path_factory) -> str:
     path.write_text(json.dumps({"default": "glyphs", "profiles": [
         {"id": "glyphs", "model": GLYPHS_MODEL, **glyphs},
         {"id": "old-glyphs", "model": OLD_GLYPHS_MODEL, **glyphs},
+        {"id": "mid-glyphs", "model": MID_GLYPHS_MODEL, **glyphs},
         {"id": "greedy", "model": CLAMPED_MODEL, "context_window": 65_536, "think_enabled": False},
     ]}))
     return str(path)
@@ -115,15 +118,21 @@ async def test_every_chat_and_summary_request_says_truncate_false(agent, ollama_
     assert ollama_sim.bodies() and all(b["truncate"] is False for b in ollama_sim.bodies())
 
 
-async def test_an_overflow_llama_server_refuses_is_shrunk_and_sent_again(agent, ollama_sim):
-    session_id = await session_with_a_turn(agent)
+@pytest.mark.parametrize(("version", "profile_id", "refusal"), [
+    (LLAMA_SERVER_VERSION, "glyphs", "the request exceeds the available context size"),
+    ("0.29.1", "mid-glyphs", "the input length exceeds the context length"),  # the runners since 0.12.6
+])
+async def test_an_overflow_ollama_refuses_is_shrunk_and_sent_again(agent, ollama_sim, caplog, version, profile_id,
+                                                                   refusal):
+    ollama_sim.version = version
+    session_id = await session_with_a_turn(agent, profile_id)
     ollama_sim.clear()
-    events = await run(agent, "please read 1000 glyphs 3 times", session_id=session_id, profile_id="glyphs")
+    events = await run(agent, "please read 1000 glyphs 3 times", session_id=session_id, profile_id=profile_id)
     assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED, (text_of(events), errors(events))
     assert errors(events) == []
     # The tools' results made the next prompt far larger than counted: refused once, then sent with
     # the largest result cut to half, and read whole (nothing dropped, nothing shifted).
-    assert ollama_sim.refusals == 1
+    assert ollama_sim.refusals == 1 and any(refusal in r.getMessage() for r in caplog.records)
     assert ollama_sim.truncations == 0 and ollama_sim.chats[-1].prompt_eval_count <= WINDOW
     retried = chat_bodies(ollama_sim)[-1]["messages"]
     results = sorted(len(m["content"]) for m in retried if m["role"] == "tool")
@@ -203,3 +212,24 @@ async def test_a_window_larger_than_the_model_was_trained_on_is_clamped_and_told
 async def test_a_window_the_model_has_is_not_flagged(agent):
     events = await run(agent, "hello", profile_id="glyphs")
     assert events[0].model_info.context_window == WINDOW and events[0].model_info.requested_context_window == 0
+
+
+async def test_a_refused_summary_prompt_is_sent_once_more_within_half_the_window(agent, ollama_sim):
+    session_id = ""
+    for turn in range(8):
+        events = await run(agent, f"please note point {turn}: " + "detail " * 150, session_id=session_id,
+                           profile_id="glyphs")
+        session_id = events[0].session_id
+    ollama_sim.clear()
+    # Each attempt at the summary is refused once: without the retry inside an attempt, both attempts
+    # fail and the compaction falls back to dropping turns unsummarized.
+    ollama_sim.script(*[Reply(http_status=400, error=LLAMA_SERVER_REFUSAL)] * 2)
+    events = [e async for e in agent.Compact(pb.CompactRequest(session_id=session_id))]
+    [compressed] = [e.context_compressed for e in events if e.HasField("context_compressed")]
+    # A summary still (not the hard-truncate fallback), its input cut to fit half the window (this one
+    # already did), sent in the same num_ctx: another would reload the model.
+    assert compressed.method == cpb.COMPRESSION_METHOD_SUMMARY
+    summaries = [b for b in ollama_sim.bodies() if b.get("stream") is False]
+    assert len(summaries) == 3 and {b["options"]["num_ctx"] for b in summaries} == {WINDOW}
+    first, second, _ = (sum(len(m["content"]) for m in b["messages"]) for b in summaries)
+    assert second <= first and ollama_sim.chats[-1].prompt_tokens <= WINDOW // 2

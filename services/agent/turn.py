@@ -58,6 +58,8 @@ END = agent_pb2.StreamEndReason
 # parent's in `finally`, so nothing after it (the parent's next iteration, background work)
 # ever sees a sub-agent's session.
 current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_session", default="")
+# (profile, model, window asked for) already warned of as more than the model was trained on.
+_WINDOWS_WARNED: set[tuple[str, str, int]] = set()
 
 MAX_SPAWN_DEPTH = 2
 PREVIEW_CHARS = 400
@@ -321,7 +323,8 @@ class Turn:
         trained on is told (Ollama would clamp it silently, and the meter would show a window that
         is not there)."""
         requested = self.requested_window if self.requested_window > self.window else 0
-        if requested:
+        if requested and (self.profile.id, self.profile.model, requested) not in _WINDOWS_WARNED:
+            _WINDOWS_WARNED.add((self.profile.id, self.profile.model, requested))  # the event tells every turn
             log.warning("profile %s asks for a %d-token window; %s was trained on %d: the turn uses %d",
                         self.profile.id, requested, self.profile.model, self.window, self.window)
         self.sink.model_info(self.profile.model, self.window, requested)
