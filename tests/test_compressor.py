@@ -723,3 +723,17 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
     await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN)
     assert reads.count("GetSession") == 2, reads
     assert len(plans) == 3, plans  # the first Compress's one, then this check's and this Compress's
+
+
+def test_memory_chunks_past_the_message_budget_go_apart_in_batches_within_it():
+    from services.compressor.pipeline import chunks_past
+
+    chunks = [common_pb2.RawChunk(content=f"{i}:" + "x" * 4_000, content_hash=f"h{i}") for i in range(300)]
+    commit = store_pb.CommitCompressionRequest(session_id="s", marker=common_pb2.Message(content="m"), chunks=chunks)
+    assert chunks_past(store_pb.CommitCompressionRequest(session_id="s", chunks=chunks[:3]), 100_000) == []
+    batches = chunks_past(commit, 300_000)
+    assert commit.ByteSize() <= 300_000 and commit.marker.content == "m"
+    assert all(sum(c.ByteSize() + 8 for c in batch) <= 300_000 for batch in batches)
+    # Every chunk once, in order: the commit's first, then the batches'.
+    assert [c.content_hash for c in commit.chunks] + [c.content_hash for b in batches for c in b] == [
+        f"h{i}" for i in range(300)]

@@ -550,6 +550,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
         commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting,
                                          index_memory=knobs.index_memory)
+        # Half the services' message limit: room for whatever a store replica adds to its reply.
+        indexed_apart = 0
+        for batch in pipeline.chunks_past(commit, self.settings.max_message_bytes // 2):
+            indexed_apart += (await self.store.IndexChunks(store_pb.IndexChunksRequest(
+                session_id=commit.session_id, chunks=batch))).indexed
         result = await self.store.CommitCompression(commit)
         pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
                                 accounting, window)
@@ -565,7 +570,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             method=outcome.method,
             breadcrumbs=outcome.breadcrumbs,
             replaced=replaced,
-            chunks_indexed=result.chunks_indexed,
+            chunks_indexed=result.chunks_indexed + indexed_apart,
             revision=result.revision,
             tokens_before=accounting.tokens_before,
             tokens_after=accounting.tokens_after,
