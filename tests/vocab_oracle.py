@@ -262,8 +262,13 @@ EMBEDDING_ONLY = ("bert-bge", "nomic-bert-moe")
 # a token skips the merges get Llama 3's vocabulary, whose merges do not rebuild every token.
 RELABELLED = {
     "gpt-2": ("deepseek-v3", "gpt-4o", "llama4", "smollm", "chatglm-bpe", "stablelm2", "olmo", "exaone",
-              "exaone4", "codeshell", "smaug-bpe", "dbrx", "deepseek-r1-qwen"),
-    "llama-bpe": ("tekken", "glm4", "llama3", "llama-v3", "falcon3", "pixtral", "lfm2", "gpt-4o", "deepseek-v3"),
+              "exaone4", "codeshell", "smaug-bpe", "dbrx", "deepseek-r1-qwen", "hunyuan", "megrez", "solar-open",
+              "kormo", "f2llmv2", "minimax-m2", "kanana2", "talkie", "hunyuan-dense", "joyai-llm", "hy_v4", "phi-2",
+              "jais", "trillion", "granite-docling", "gigachat", "a.x-4.0", "mellum", "minerva-7b", "mellum2",
+              "grok-2", "ufakzeka", "seed-coder", "bailingmoe", "bailingmoe2", "llada-moe", "exaone-moe", "laguna",
+              "poro-chat", "bloom", "gpt3-finnish", "viking", "jais-2", "spark2_5"),
+    "llama-bpe": ("tekken", "glm4", "llama3", "llama-v3", "falcon3", "pixtral", "lfm2", "gpt-4o", "deepseek-v3",
+                  "midm-2.0", "exaone-moe", "bailingmoe", "seed-coder", "minicpm5", "jais-2"),
 }
 DATA = Path(__file__).parent / "data" / "vocab_llamacpp_counts.json"
 
@@ -353,4 +358,7 @@ def table() -> str:
 
 
 if __name__ == "__main__":
-    print(table() if sys.argv[1:] == ["--table"] else regenerate(Path(sys.argv[1])))
+    if sys.argv[1:] == ["--table"]:
+        print(table())
+    else:
+        regenerate(Path(sys.argv[1]))
