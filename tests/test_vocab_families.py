@@ -17,7 +17,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests import vocab_oracle
+from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer, split_rule
+from services.shared.ollama import OllamaClient
 
 DATA = json.loads(vocab_oracle.DATA.read_text(encoding="utf-8"))
 # Vocabularies llama.cpp ships and the Compressor refuses, and why (the README's table says so too).
@@ -93,3 +95,25 @@ def test_a_byte_level_vocabulary_without_pre_is_split_as_llama_cpp_does_not_as_g
     assert split_rule("") == split_rule("default") != split_rule("gpt-2")
     assert build_tokenizer(info).encode("3333").tokens == ["33", "3", "3"]  # "333" | "3"
     assert build_tokenizer({**info, "tokenizer.ggml.pre": "gpt-2"}).encode("3333").tokens == ["3333"]
+
+
+class RefusedVocabularyOllama(OllamaClient):
+    """An Ollama serving a model whose split llama.cpp knows and the Compressor does not reproduce:
+    only /api/show is replaced, the rest is the simulator."""
+
+    async def show(self, model: str, *, verbose: bool = False) -> dict:
+        return {"model_info": {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "kimi-k2",
+                               "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]}}
+
+
+async def test_a_refused_vocabulary_is_counted_by_the_calibrated_estimate_with_one_warning(
+        ollama_sim, tmp_path, caplog):
+    client = RefusedVocabularyOllama(ollama_sim.url)
+    try:
+        tokenizers = ModelTokenizers(client, tmp_path)
+        assert await tokenizers.counter("qwen3.6") is None
+        assert await tokenizers.counter("qwen3.6") is None
+    finally:
+        await client.aclose()
+    warnings = [r for r in caplog.records if "counted by the calibrated estimate" in r.getMessage()]
+    assert len(warnings) == 1 and "'kimi-k2' is not supported" in warnings[0].getMessage()
