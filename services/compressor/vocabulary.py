@@ -141,7 +141,8 @@ def _gemma4_bpe(vocab: GgufVocabulary) -> Tokenizer:
     ``<0xNN>`` bytes. llama.cpp takes a run of newlines that is itself a token whole."""
     if not vocab.merges:
         raise UnsupportedVocabulary("a gemma4 vocabulary without merges")
-    tokenizer = Tokenizer(models.BPE(_ids(vocab), _pairs(vocab.merges), byte_fallback=True, ignore_merges=True))
+    bpe = models.BPE(_ids(vocab), _pairs(vocab.merges), byte_fallback=True, ignore_merges=True)
+    tokenizer = Tokenizer(bpe)
     tokenizer.normalizer = normalizers.Replace(" ", SPM_SPACE)
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated", invert=False)
     tokenizer.decoder = decoders.Sequence([
@@ -185,8 +186,11 @@ def _add_special_tokens(tokenizer: Tokenizer, vocab: GgufVocabulary) -> None:
     """The tokens llama.cpp matches whole in a prompt (see special_tokens) are one token each:
     control ones as special tokens, user-defined ones as ordinary text."""
     matched = matched_tokens(vocab.tokens, vocab.token_types, vocab.model_name)
-    special = [AddedToken(m.text, special=True, normalized=False, rstrip=m.rstrip) for m in matched if m.special]
-    user = [AddedToken(m.text, special=False, normalized=False, rstrip=m.rstrip) for m in matched if not m.special]
+    def added(special: bool) -> list[AddedToken]:
+        return [AddedToken(m.text, special=special, normalized=False, rstrip=m.rstrip)
+                for m in matched if m.special == special]
+
+    special, user = added(True), added(False)
     if special:
         tokenizer.add_special_tokens(special)
     if user:
