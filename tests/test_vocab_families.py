@@ -47,17 +47,18 @@ def _info(folder: Path, vocab: str) -> dict[str, Any]:
     return vocab_oracle.model_info(folder / f"{vocab_oracle.VOCAB_PREFIX}{vocab}.gguf")
 
 
+_BUILT: dict[tuple[Path, str, object], Tokenizer] = {}
+
+
 def _tokenizer(folder: Path, case: str) -> Tokenizer:
     vocab, pre = DATA["cases"][case]
     info = vocab_oracle.relabelled(_info(folder, vocab), pre)
     # Names llama.cpp treats alike share one rule here: built once (the suite stays quick).
-    same = split_rule(pre or "") if info["tokenizer.ggml.model"] == "gpt2" else pre
-    return _built(folder, vocab, pre, same)
-
-
-@cache
-def _built(folder: Path, vocab: str, pre: str | None, _same_rule: object) -> Tokenizer:
-    return build_tokenizer(vocab_oracle.relabelled(_info(folder, vocab), pre))
+    rule = split_rule(pre or "") if info["tokenizer.ggml.model"] == "gpt2" else pre
+    key = (folder, vocab, rule)
+    if key not in _BUILT:
+        _BUILT[key] = build_tokenizer(info)
+    return _BUILT[key]
 
 
 @pytest.mark.parametrize("vocab", WITH_VECTORS)
