@@ -153,18 +153,18 @@ def _gemma4_bpe(vocab: GgufVocabulary) -> Tokenizer:
 
 def spm_merges(vocab: GgufVocabulary) -> list[tuple[str, str]]:
     """Merges implied by SentencePiece scores: every split of a piece into two pieces, the merged
-    piece's score deciding the order (higher first), ties by the parts' own scores."""
+    piece's score deciding the order (higher first). llama.cpp merges the leftmost of two pairs that
+    make the same piece; a merge list cannot say "leftmost", but ranking the split with the longer
+    left part first gives the same tokens (runs of spaces: 16 + 7 ``▁``, not 8 + 15)."""
     if len(vocab.scores) != len(vocab.tokens):
         raise UnsupportedVocabulary("a SentencePiece vocabulary needs one score per token")
-    ids = _ids(vocab)
-    mergeable = {t: i for t, i in ids.items() if vocab.token_types[i] in (NORMAL, USER_DEFINED)}
-    ranked: list[tuple[float, float, float, str, str]] = []
-    for piece, index in mergeable.items():
+    ids = _ids(vocab)  # llama.cpp merges into any token of the vocabulary, whatever its type
+    ranked: list[tuple[float, int, str, str]] = []
+    for piece, index in ids.items():
         for cut in range(1, len(piece)):
             left, right = piece[:cut], piece[cut:]
-            if left in mergeable and right in mergeable:
-                ranked.append((-vocab.scores[index], -vocab.scores[ids[left]], -vocab.scores[ids[right]],
-                               left, right))
+            if left in ids and right in ids:
+                ranked.append((-vocab.scores[index], -cut, left, right))
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
 
