@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from tests import vocab_oracle
 from services.compressor.model_tokenizers import ModelTokenizers
+from services.compressor.special_tokens import matched_tokens
 from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer, split_rule
 from services.shared.ollama import OllamaClient
 
@@ -119,3 +120,21 @@ async def test_a_refused_vocabulary_is_counted_by_the_calibrated_estimate_with_o
         await client.aclose()
     warnings = [r for r in caplog.records if "counted by the calibrated estimate" in r.getMessage()]
     assert len(warnings) == 1 and "'kimi-k2' is not supported" in warnings[0].getMessage()
+
+
+def test_llama_cpp_matches_end_of_turn_names_whole_whatever_their_type():
+    tokens = ["a", "<|im_end|>", "<|fim_prefix|>", "<tool>", "</s>", "<x>"]
+    matched = matched_tokens(tokens, [1, 1, 1, 4, 1, 3])
+    assert [(m.text, m.special) for m in matched] == [
+        ("<|im_end|>", True), ("<|fim_prefix|>", True), ("<tool>", False), ("</s>", True), ("<x>", True)]
+
+
+def test_gemma_4s_end_of_sentence_is_an_ordinary_word():
+    matched = matched_tokens(["</s>", "<|tool_response>", "<eos>"], [3, 4, 3])
+    assert [m.text for m in matched] == ["<|tool_response>", "<eos>"]
+
+
+def test_phi_3s_special_tokens_swallow_the_whitespace_after_them_except_bos_and_unk():
+    matched = matched_tokens(["<unk>", "<s>", "<|user|>", "</s>"], [2, 3, 3, 4], model_name="Phi3 Mini")
+    assert {m.text: m.rstrip for m in matched} == {"<unk>": False, "<s>": False, "<|user|>": True, "</s>": True}
+    assert not any(m.rstrip for m in matched_tokens(["<|user|>"], [3], model_name="Llama 3"))
