@@ -113,7 +113,8 @@ class OracleVocab:
 
     def vectors(self) -> list[tuple[str, list[int]]]:
         """(text, expected ids) pairs, read the way llama.cpp's test-tokenizer-0 reads them."""
-        raw = self.path.with_name(self.path.name + ".inp").read_text(encoding="utf-8")
+        # Bytes, not text mode: a "\r" in a vector must reach the tokenizer as written.
+        raw = self.path.with_name(self.path.name + ".inp").read_bytes().decode("utf-8")
         texts: list[str] = []
         position = 0
         while position < len(raw):
