@@ -30,9 +30,10 @@ REFUSED = {
 }
 # llama.cpp ships these without test vectors: only our texts check them.
 WITHOUT_VECTORS = ("aquila", "baichuan", "gpt-neox")
-WITH_VECTORS = sorted(case for case, (_, pre) in DATA["cases"].items()
-                      if pre is None and case not in REFUSED and case not in WITHOUT_VECTORS)
-ACCEPTED = sorted(case for case in DATA["cases"] if case not in REFUSED)
+CASES = {name: vocab_oracle.Case(*fields) for name, fields in DATA["cases"].items()}
+WITH_VECTORS = sorted(name for name, case in CASES.items() if case.pre is None and not case.flags
+                      and name not in REFUSED and name not in WITHOUT_VECTORS)
+ACCEPTED = sorted(name for name in CASES if name not in REFUSED)
 
 
 @pytest.fixture(scope="session")
@@ -52,11 +53,12 @@ _BUILT: dict[tuple[Path, str, object], Tokenizer] = {}
 
 
 def _tokenizer(folder: Path, case: str) -> Tokenizer:
-    vocab, pre = DATA["cases"][case]
-    info = vocab_oracle.relabelled(_info(folder, vocab), pre)
+    oracle_case = CASES[case]
+    info = vocab_oracle.relabelled(_info(folder, oracle_case.vocab), oracle_case)
     # Names llama.cpp treats alike share one rule here: built once (the suite stays quick).
-    rule = split_rule(pre or "") if info["tokenizer.ggml.model"] == "gpt2" else pre
-    key = (folder, vocab, rule)
+    pre = oracle_case.pre
+    rule = split_rule(pre or "") if info["tokenizer.ggml.model"] == "gpt2" else (pre, *oracle_case.flags.items())
+    key = (folder, oracle_case.vocab, rule)
     if key not in _BUILT:
         _BUILT[key] = build_tokenizer(info)
     return _BUILT[key]
@@ -74,8 +76,7 @@ def test_llama_cpp_test_vectors_give_the_same_tokens(oracle_dir, vocab):
 
 @pytest.mark.parametrize("case", ACCEPTED)
 def test_varied_texts_count_as_llama_cpp_counts_them(oracle_dir, case):
-    vocab, _ = DATA["cases"][case]
-    texts = [*DATA["common_texts"], *DATA["special_texts"][vocab]]
+    texts = [*DATA["common_texts"], *DATA["special_texts"][CASES[case].vocab]]
     expected = DATA["counts"][case]
     tokenizer = _tokenizer(oracle_dir, case)
     counts = [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]

@@ -25,7 +25,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # llama.cpp as vendored in this release (upstream build of 2026-10).
 SDIST = "llama-cpp-python==0.3.36"
@@ -275,24 +275,37 @@ RELABELLED = {
 DATA = Path(__file__).parent / "data" / "vocab_llamacpp_counts.json"
 
 
-def cases(folder_names: list[str]) -> dict[str, tuple[str, str | None]]:
-    """Case name -> (vocab file name, pre override)."""
-    found = {name: (name, None) for name in folder_names if name not in EMBEDDING_ONLY}
+# Flags other models of a kind set: SentencePiece without the space prefix (Gemma 2/3, Mistral's
+# later SentencePiece vocabularies), checked on llama-spm with the flag off.
+FLAGGED = {"llama-spm~no-space-prefix": ("llama-spm", {"tokenizer.ggml.add_space_prefix": False})}
+
+
+class Case(NamedTuple):
+    vocab: str  # the vocab file's name
+    pre: str | None  # a tokenizer.ggml.pre to load it with instead of its own
+    flags: dict[str, bool]  # boolean tokenizer fields to load it with instead of its own
+
+
+def cases(folder_names: list[str]) -> dict[str, Case]:
+    found = {name: Case(name, None, {}) for name in folder_names if name not in EMBEDDING_ONLY}
     for proxy, names in RELABELLED.items():
-        found.update({f"{pre}@{proxy}": (proxy, pre) for pre in names})
+        found.update({f"{pre}@{proxy}": Case(proxy, pre, {}) for pre in names})
+    found.update({name: Case(vocab, None, flags) for name, (vocab, flags) in FLAGGED.items()})
     return found
 
 
-def relabelled(info: dict[str, Any], pre: str | None) -> dict[str, Any]:
-    return info if pre is None else {**info, "tokenizer.ggml.pre": pre}
+def relabelled(info: dict[str, Any], case: Case) -> dict[str, Any]:
+    pre = {} if case.pre is None else {"tokenizer.ggml.pre": case.pre}
+    return {**info, **pre, **case.flags}
 
 
-def llama_cpp_ids(driver: Path, gguf: Path, pre: str | None, texts: list[str]) -> list[list[int]]:
+def llama_cpp_ids(driver: Path, gguf: Path, case: Case, texts: list[str]) -> list[list[int]]:
     """llama.cpp's ids for each text: llama_tokenize(add_special=false, parse_special=true), what
     llama-server does to a prompt less the BOS; ``driver`` is llamacpp_tokenize.cpp built."""
     payload = "\0".join(texts).encode("utf-8")
-    done = subprocess.run([str(driver), str(gguf), pre or "", "1"], input=payload, capture_output=True,
-                          check=True, timeout=600)
+    flags = [f"{key}={int(value)}" for key, value in case.flags.items()]  # the driver takes one
+    done = subprocess.run([str(driver), str(gguf), case.pre or "", "1", *flags], input=payload,
+                          capture_output=True, check=True, timeout=600)
     lines = done.stdout.decode().split("\n")[:len(texts)]
     return [[int(i) for i in line.split()] for line in lines]
 
@@ -304,13 +317,14 @@ def regenerate(driver: Path) -> None:
     common = [*VARIED_TEXTS, *random_texts(25, 300)]
     data: dict[str, Any] = {"llama_cpp": SDIST, "cases": {}, "counts": {}, "common_texts": common,
                             "special_texts": {}}
-    for case, (vocab, pre) in cases(names).items():
-        data["cases"][case] = [vocab, pre]
+    for name, case in cases(names).items():
+        data["cases"][name] = list(case)
+        vocab = case.vocab
         gguf = folder / f"{VOCAB_PREFIX}{vocab}.gguf"
-        info = relabelled(model_info(gguf), pre)
+        info = relabelled(model_info(gguf), case)
         special = data["special_texts"].setdefault(vocab, texts_for(info)[len(VARIED_TEXTS) + 300:])
-        data["counts"][case] = [len(ids) for ids in llama_cpp_ids(driver, gguf, pre, [*common, *special])]
-        print(case, sum(data["counts"][case]), file=sys.stderr)
+        data["counts"][name] = [len(ids) for ids in llama_cpp_ids(driver, gguf, case, [*common, *special])]
+        print(name, sum(data["counts"][name]), file=sys.stderr)
     DATA.write_text(_one_entry_a_line(data), encoding="utf-8")
 
 
@@ -337,9 +351,11 @@ def table() -> str:
     for vocab in EMBEDDING_ONLY:
         kind = model_info(folder / f"{VOCAB_PREFIX}{vocab}.gguf")["tokenizer.ggml.model"]
         rows.append(f"| {vocab} (`{kind}`) | – | – | refused: embedding-only model kind |")
-    for case, (vocab, pre) in data["cases"].items():
-        info = relabelled(model_info(folder / f"{VOCAB_PREFIX}{vocab}.gguf"), pre)
-        label = f"{case} (`{info.get('tokenizer.ggml.pre') or info['tokenizer.ggml.model']}`)"
+    for name, fields in data["cases"].items():
+        case = Case(*fields)
+        vocab, pre = case.vocab, case.pre
+        info = relabelled(model_info(folder / f"{VOCAB_PREFIX}{vocab}.gguf"), case)
+        label = f"{name} (`{info.get('tokenizer.ggml.pre') or info['tokenizer.ggml.model']}`)"
         try:
             tokenizer = build_tokenizer(info)
         except UnsupportedVocabulary as exc:
@@ -347,14 +363,14 @@ def table() -> str:
             continue
         oracle = OracleVocab(vocab, folder / f"{VOCAB_PREFIX}{vocab}.gguf")
         vectors, vectors_equal = "–", True
-        if pre is None and oracle.has_vectors:
+        if pre is None and not case.flags and oracle.has_vectors:
             pairs = oracle.vectors()
             got = tokenizer.encode_batch([t for t, _ in pairs], add_special_tokens=False)
             equal = sum(len(mine.ids) == len(ids) for mine, (_, ids) in zip(got, pairs))
             vectors, vectors_equal = f"{equal} of {len(pairs)}", equal == len(pairs)
         texts = [*data["common_texts"], *data["special_texts"][vocab]]
         counts = [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-        equal = sum(a == b for a, b in zip(counts, data["counts"][case]))
+        equal = sum(a == b for a, b in zip(counts, data["counts"][name]))
         verdict = "exact" if equal == len(texts) and vectors_equal else "wrong"
         rows.append(f"| {label} | {vectors} | {equal} of {len(texts)} | {verdict} |")
     return "\n".join(rows)
