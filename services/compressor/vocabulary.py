@@ -8,12 +8,15 @@ by hand; it only maps GGUF's fields onto the library's models, the way the GGUF 
 
 - ``tokenizer.ggml.model == "gpt2"``: byte-level BPE. Tokens are already written in GPT-2's
   bytes-to-unicode alphabet (what ``ByteLevel`` produces), merges are given in priority order,
-  and ``tokenizer.ggml.pre`` names the split pattern applied before BPE.
+  and ``tokenizer.ggml.pre`` names llama.cpp's split rule applied before BPE (split_patterns).
 - ``tokenizer.ggml.model == "llama"``: SentencePiece BPE. Spaces become ``▁``, merges follow the
   pieces' scores (a higher score merges first), and characters outside the vocabulary fall back
   to ``<0xNN>`` byte tokens.
+- ``tokenizer.ggml.model == "gemma4"``: BPE with merges over the text's own characters.
 
-Anything else raises ``UnsupportedVocabulary``: the caller falls back to the calibrated estimate.
+Tokens llama.cpp matches whole in a prompt are added as special tokens (special_tokens). Anything
+else raises ``UnsupportedVocabulary``: the caller falls back to the calibrated estimate. Every rule
+here is checked against llama.cpp itself (tests/test_vocab_families.py, the README's table).
 """
 
 from __future__ import annotations
