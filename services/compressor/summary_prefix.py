@@ -51,10 +51,7 @@ def build_prefix(head: Sequence[Message], tool_schemas: Sequence[str], context: 
         for m in messages:
             m.pop("images", None)
     tools = [json.loads(s) for s in tool_schemas] or None
-    # Priced as messages alone: the session's baseline (the whole last prompt) says nothing of a prefix.
-    tokens = pricing.full(part, list(tool_schemas)).tokens
-    if not pricing.exact and tool_schemas:  # the calibrated line prices no schemas of its own
-        tokens += pricing.estimate([Message(role="system", content="\n".join(tool_schemas))])
+    tokens = pricing.count_view(part, list(tool_schemas)).tokens
     baseline = pricing.baseline
     if not pricing.exact and baseline is not None and 0 < baseline.tokens and built[end - 1].seq <= baseline.through_seq:
         # A prefix of the last prompt costs at most what Ollama said that prompt cost: a real count,
