@@ -22,6 +22,12 @@ RUN /opt/venv/bin/pip install --no-cache-dir . \
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="palimpsest" \
       org.opencontainers.image.description="Palimpsest: SessionStore, Compressor and Agent gRPC services"
+# bubblewrap: run_command's sandbox (README, Commands' sandbox). Not pinned: Debian's security
+# updates of it are wanted at every build.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
 # A numeric user, so Kubernetes' runAsNonRoot can check it; /data is the only place written
 # (PALIMPSEST_DATA_DIR: the Compressor's tokenizers, session files unless PALIMPSEST_FILES_ROOT
 # points elsewhere, share.key only when PALIMPSEST_SHARE_KEY is unset).

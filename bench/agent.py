@@ -19,6 +19,7 @@ import httpx
 from bench import _common
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb, session_store_pb2_grpc
 from ollama_sim import OllamaSimulator, Reply
+from ollama_sim.server import VERSION
 from services.shared.ports import free_port
 from tests.test_agent_long import BigOutputTool
 
@@ -28,13 +29,14 @@ WINDOW = 8192
 
 
 @asynccontextmanager
-async def system(server, label: str, profiles: list[dict]):
-    """Store, Compressor and Agent on loopback ports, the simulator for Ollama."""
+async def system(server, label: str, profiles: list[dict], version: str = VERSION):
+    """Store, Compressor and Agent on loopback ports, the simulator for Ollama (``version``: the
+    Ollama it stands for, which chooses its engine)."""
     from services.agent.app import start_agent
     from services.compressor.app import start_compressor
     from services.shared.settings import Settings
 
-    with OllamaSimulator() as sim, tempfile.TemporaryDirectory() as tmp:
+    with OllamaSimulator(version=version) as sim, tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profiles.json"
         path.write_text(json.dumps({"profiles": profiles}))
         async with _common.fresh_database(server, label) as dsn:
@@ -233,7 +235,8 @@ class _CutAlarms(logging.Handler):
             self.reports.append(int(record.args[0]))
 
 
-async def _long_path(server, quick: bool, path: str) -> list:
+async def _long_path(server, quick: bool, path: str, version: str = VERSION, stats: dict | None = None,
+                     tool: str = "bench.agent:DenseOutputTool") -> list:
     from services.compressor.token_estimate import output_reserve
     from ollama_sim.models import default_models
     from services.shared.settings import Settings
@@ -244,16 +247,15 @@ async def _long_path(server, quick: bool, path: str) -> list:
     spec = default_models()["qwen3.6"]
     spec = spec if path == "exact" else replace(spec, vocabulary=None)
     profile = {"id": "long", "model": model, "context_window": WINDOW, "max_iterations": 6,
-               "custom_tools": ["bench.agent:DenseOutputTool"],
-               "agent_tools": ["todo", "memory_search", "fetch_report"]}
+               "custom_tools": [tool], "agent_tools": ["todo", "memory_search", "fetch_report"]}
     compress_turns: list[int] = []
     before_first_token = after_end = 0.0
-    too_large = 0
+    too_large = lost = 0
     alarms = _CutAlarms()
     logger = logging.getLogger("palimpsest")  # the Agent judges its reports; RecordBaseline the rest
     logger.addHandler(alarms)
     try:
-        async with system(server, f"agent_long_{path}", [profile]) as (sim, store, agent, running):
+        async with system(server, f"agent_long_{path}", [profile], version) as (sim, store, agent, running):
             sim.models[model] = spec
             sim.set_responder(_responder)
             session_id = ""
@@ -268,9 +270,9 @@ async def _long_path(server, quick: bool, path: str) -> list:
                     elif event.HasField("context_compressed") and started_at is not None:
                         before_first_token += time.perf_counter() - started_at
                         compress_turns.append(turn)
-                    elif event.HasField("stream_end") and \
-                            event.stream_end.reason == pb.STREAM_END_REASON_CONTEXT_TOO_LARGE:
-                        too_large += 1
+                    elif event.HasField("stream_end"):
+                        too_large += event.stream_end.reason == pb.STREAM_END_REASON_CONTEXT_TOO_LARGE
+                        lost += event.stream_end.reason != pb.STREAM_END_REASON_COMPLETED
                 markers_before = await _markers(store, session_id)
                 after_end += await _settle(running)
                 if await _markers(store, session_id) > markers_before:
@@ -278,6 +280,9 @@ async def _long_path(server, quick: bool, path: str) -> list:
             chats = [c for c in sim.chats if c.model == model]
             bodies = [b for b in sim.bodies() if b.get("model") == model]
             kept = await nothing_lost(store, session_id, turns)
+            if stats is not None:
+                stats.update(engine=sim.engine, refusals=sim.refusals, lost=lost, too_large=too_large,
+                             cut=sum(1 for c in chats if c.truncated), dropped=sum(c.dropped_messages for c in chats))
     finally:
         logger.removeHandler(alarms)
     # A genuine alarm was raised on a report the simulator gave for a prompt it really cut.

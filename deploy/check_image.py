@@ -105,6 +105,9 @@ def check_dockerfile(parser: DockerfileParser) -> list[str]:
         problems.append("Dockerfile: the package is not installed with `pip install .`")
     if re.search(r"pip install[^&]*\s(-e|--editable)\s", runs):
         problems.append("Dockerfile: an editable install needs the source tree at runtime")
+    final_runs = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
+    if not re.search(r"apt-get install[^&;]*\sbubblewrap(\s|$)", final_runs):
+        problems.append("Dockerfile: the runtime stage does not install bubblewrap (run_command's sandbox)")
     if not any(i["instruction"] == "COPY" and "--from=" in i["value"] for i in final):
         problems.append("Dockerfile: the runtime stage copies nothing from the build stage")
     exposed = {int(p) for p in (last("EXPOSE") or "").split()}

@@ -41,6 +41,32 @@ def selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def sandbox_problems(overlay: str, name: str, pod: dict, container: dict) -> list[str]:
+    """The Agent's pods in prod can run bubblewrap (components/sandbox): a user namespace of the pod's
+    own, an unmasked /proc, the runtime's filters lifted for the Agent's container alone — and the
+    container otherwise as locked down as the others. No other pod has the filters lifted."""
+    security = container.get("securityContext", {})
+    seccomp = security.get("seccompProfile", {}).get("type") or pod.get("securityContext", {}).get(
+        "seccompProfile", {}).get("type")
+    problems = []
+    if security.get("allowPrivilegeEscalation") is not False or security.get("capabilities", {}).get("drop") != ["ALL"]:
+        problems.append(f"{name}: allowPrivilegeEscalation false and every capability dropped")
+    if security.get("capabilities", {}).get("add"):
+        problems.append(f"{name}: no capability may be added ({security['capabilities']['add']})")
+    if name != "palimpsest-agent" or overlay != "prod":
+        if seccomp != "RuntimeDefault":
+            problems.append(f"{name}: seccomp {seccomp!r}: only prod's Agent lifts the runtime's filter (for bubblewrap)")
+        return problems
+    if pod.get("hostUsers") is not False:
+        problems.append(f"{name}: hostUsers must be false: bubblewrap's namespaces need the pod's own user namespace")
+    if security.get("procMount") != "Unmasked":
+        problems.append(f"{name}: procMount must be Unmasked: the kernel refuses a sandbox's /proc under a masked one")
+    if seccomp not in ("Unconfined", "Localhost"):
+        problems.append(f"{name}: seccomp {seccomp!r} refuses bubblewrap's unshare and mount (Unconfined or a "
+                        "Localhost profile that allows them)")
+    return problems
+
+
 def check(overlay: str, docs: list[dict]) -> list[str]:
     problems: list[str] = []
     by_kind: dict[str, dict[str, dict]] = {}
@@ -78,8 +104,12 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
             problems.append(f"{where}: must run as a non-root user")
         if pod.get("automountServiceAccountToken") is not False:
             problems.append(f"{where}: no service account token needed")
+        problems += sandbox_problems(overlay, name, pod, container)
 
         env = env_of(container, config_maps)
+        if name == "palimpsest-agent" and env.get("PALIMPSEST_SANDBOX") != "required":
+            problems.append(f"{where}: PALIMPSEST_SANDBOX={env.get('PALIMPSEST_SANDBOX')!r}, want 'required': "
+                            "a pod's commands never run outside bubblewrap (its environment holds secrets)")
         if str(env.get("PALIMPSEST_METRICS_PORT")) != str(METRICS_PORT):
             problems.append(f"{where}: PALIMPSEST_METRICS_PORT={env.get('PALIMPSEST_METRICS_PORT')!r}, want "
                             f"{METRICS_PORT} (the metrics container port)")

@@ -83,9 +83,10 @@ def eval_tokens(messages: Sequence[JsonObject]) -> int:
     return count_text_tokens(text)
 
 
-def final_metrics(prompt_eval_count: int, eval_count: int, elapsed_ns: int) -> JsonObject:
-    """Metrics of the final chunk; Ollama omits any that is zero."""
-    prompt_ns = prompt_eval_count * PROMPT_EVAL_NS_PER_TOKEN
+def final_metrics(prompt_eval_count: int, eval_count: int, elapsed_ns: int, cached: int = 0) -> JsonObject:
+    """Metrics of the final chunk; Ollama omits any that is zero. Only the tokens not ``cached``
+    take time to read."""
+    prompt_ns = (prompt_eval_count - cached) * PROMPT_EVAL_NS_PER_TOKEN
     eval_ns = eval_count * EVAL_NS_PER_TOKEN
     metrics = {
         "total_duration": max(elapsed_ns, LOAD_DURATION_NS + prompt_ns + eval_ns),

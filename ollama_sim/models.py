@@ -34,6 +34,9 @@ class ModelSpec:
     # Size of the vectors /api/embed answers (model_info "<arch>.embedding_length"); another value
     # under the same name is what a re-pulled model looks like to an index built before.
     embedding_length: int = DIMENSIONS
+    # llama-server shortens a last message too long for the window by a context shift; models
+    # without one (deepseek2) are refused instead.
+    context_shift: bool = True
 
     def __post_init__(self) -> None:
         if self.vocabulary is not None and self.vocabulary not in VOCABULARIES:

@@ -122,11 +122,26 @@ def _images(messages: Iterable[Message]) -> Iterable[bytes]:
             yield _decode_image(image)
 
 
+def rendered_turns(messages: Sequence[Message],
+                   tools: Sequence[Mapping[str, Any]] | None = None) -> list[tuple[str, str, int]]:
+    """(role, rendered text, tokens with the turn's images) of every turn, the tool block merged into
+    the leading system turn: what an engine drops whole messages of, and its prompt cache compares."""
+    turns = _with_tools(messages, tools) if tools else list(messages)
+    rendered = []
+    for message in turns:
+        text = render_message(message)
+        images = sum(image_tokens(data) for data in _images([message]))
+        rendered.append((str(message.get("role", "user")), text, count_text_tokens(text) + images))
+    return rendered
+
+
+def closing_tokens() -> int:
+    """The open assistant turn every prompt ends with."""
+    return count_text_tokens("<|im_start|>assistant\n")
+
+
 def count_prompt_tokens(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> int:
     """Real prompt tokens of a chat request: rendered text plus every image's own cost."""
-    turns = _with_tools(messages, tools) if tools else list(messages)
     # Every turn starts and ends on a special token, so per-turn counts add up exactly to the
     # whole prompt's count, and the per-turn cache hits for everything but the newest turns.
-    text = sum(count_text_tokens(render_message(m)) for m in turns)
-    text += count_text_tokens("<|im_start|>assistant\n")
-    return text + sum(image_tokens(data) for data in _images(messages))
+    return sum(tokens for _, _, tokens in rendered_turns(messages, tools)) + closing_tokens()

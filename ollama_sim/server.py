@@ -7,8 +7,6 @@ assert on (requests, prompt truncation, early client disconnects) is recorded th
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
 import select
@@ -17,20 +15,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import Any, Self
 
-from . import chat
+from . import catalog, chat, engines
 from .embed import embed_text
 from .models import COMPLETION, THINKING, TOOLS, ModelSpec, Reply, default_models
-from .prompt import count_prompt_tokens, count_text_tokens
-from .vocabulary import tokenizer_metadata
+from .prompt import closing_tokens, count_text_tokens, rendered_turns
+from .records import ChatRecord, RecordedRequest
 
 log = logging.getLogger(__name__)
 
+# An old-runner Ollama (before 0.30.0) that ignores `truncate`; "0.30.0" or later is llama-server.
 VERSION = "0.12.0"
 # Ollama's own default when the client sends no options.num_ctx (small machines).
 DEFAULT_NUM_CTX = 4096
@@ -40,27 +38,6 @@ _POLL_SECONDS = 0.05
 JsonObject = dict[str, Any]
 _JSON = "application/json; charset=utf-8"
 Responder = Callable[[Mapping[str, Any]], Reply]
-
-
-class RecordedRequest(NamedTuple):
-    """One request as received: its path and parsed JSON body (None for GET or bad JSON)."""
-
-    path: str
-    body: Any
-
-
-@dataclass
-class ChatRecord:
-    """What the simulator did with one /api/chat request that reached generation."""
-
-    model: str
-    stream: bool
-    prompt_tokens: int  # the full prompt, counted
-    num_ctx: int
-    prompt_eval_count: int  # what was reported: smaller than prompt_tokens when truncated
-    truncated: bool
-    disconnected: bool = False  # the client hung up before the answer was complete
-    completed: bool = False
 
 
 class _ClientGone(Exception):
@@ -92,12 +69,20 @@ class OllamaSimulator:
         self._replies: deque[Reply] = deque()
         self._requests: list[RecordedRequest] = []
         self._chats: list[ChatRecord] = []
+        self._refusals = 0
+        # Per model, the rendered turns of the last prompt read: what the prompt cache holds.
+        self._prompt_cache: dict[str, list[str]] = {}
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()
         self._embed_status: int | None = None
         self._embed_delay = 0.0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def engine(self) -> str:
+        """The engine the reported version stands for: engines.RUNNERS or engines.LLAMA_SERVER."""
+        return engines.engine_for(self.version)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -195,6 +180,12 @@ class OllamaSimulator:
         return sum(1 for c in self.chats if c.truncated)
 
     @property
+    def refusals(self) -> int:
+        """How many chat requests were refused with HTTP 400 as over the context window."""
+        with self._lock:
+            return self._refusals
+
+    @property
     def disconnects(self) -> int:
         """How many chat answers the client abandoned by closing the connection."""
         return sum(1 for c in self.chats if c.disconnected)
@@ -214,6 +205,8 @@ class OllamaSimulator:
             self._requests.clear()
             self._chats.clear()
             self._replies.clear()
+            self._refusals = 0
+            self._prompt_cache.clear()
 
     # -- used by the handler -----------------------------------------------------------------
 
@@ -235,6 +228,18 @@ class OllamaSimulator:
                 return self._replies.popleft()
             responder = self._responder
         return responder(body)
+
+    def _refused(self) -> None:
+        with self._changed:
+            self._refusals += 1
+            self._changed.notify_all()
+
+    def _cached_tokens(self, model: str, texts: list[str], counts: list[int]) -> int:
+        """The head of this prompt still cached from the model's last one; this prompt is cached next."""
+        with self._lock:
+            previous = self._prompt_cache.get(model, [])
+            self._prompt_cache[model] = texts
+        return engines.common_prefix_tokens(previous, texts, counts)
 
     def _open_chat(self, record: ChatRecord) -> None:
         with self._changed:
@@ -294,49 +299,6 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase.lower()
     except ValueError:
         return f"status {status}"
-
-
-def _model_details(spec: ModelSpec) -> JsonObject:
-    return {
-        "parent_model": "",
-        "format": "gguf",
-        "family": spec.architecture,
-        "families": [spec.architecture],
-        "parameter_size": spec.parameter_size,
-        "quantization_level": spec.quantization_level,
-    }
-
-
-def _listed_name(name: str) -> str:
-    return name if ":" in name else f"{name}:latest"
-
-
-def model_digest(name: str, spec: ModelSpec) -> str:
-    """What /api/tags reports: a model under the same name with another vocabulary is another model,
-    so clients that cache a vocabulary per digest never mix the two."""
-    return hashlib.sha256(f"{name}\0{spec.vocabulary or ''}".encode()).hexdigest()
-
-
-@functools.lru_cache(maxsize=8)
-def _show_payload(spec: ModelSpec, verbose: bool) -> bytes:
-    """The /api/show body, serialized once per model: verbose, it is about 12 MB of JSON."""
-    arch = spec.architecture
-    model_info: JsonObject = {
-        "general.architecture": arch,
-        "general.parameter_count": 0,
-        f"{arch}.context_length": spec.context_length,
-        f"{arch}.embedding_length": spec.embedding_length,
-    }
-    if spec.vocabulary is not None:
-        model_info.update(tokenizer_metadata(spec.vocabulary, arrays=verbose))
-    body = {
-        "modified_at": "2025-01-01T00:00:00Z",
-        "details": _model_details(spec),
-        "model_info": model_info,
-        "capabilities": list(spec.capabilities),
-    }
-    # Raw UTF-8 like Go's encoder: escaping the tokens' non-ASCII characters would double the size.
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -407,19 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- simple endpoints ----------------------------------------------------------------------
 
     def _tags(self) -> JsonObject:
-        models = []
-        for name, spec in self.sim.models.items():
-            models.append(
-                {
-                    "name": _listed_name(name),
-                    "model": _listed_name(name),
-                    "modified_at": "2025-01-01T00:00:00Z",
-                    "size": spec.size,
-                    "digest": model_digest(name, spec),
-                    "details": _model_details(spec),
-                }
-            )
-        return {"models": models}
+        return catalog.tags(self.sim.models)
 
     def _show(self, body: JsonObject) -> None:
         name = str(body.get("model") or body.get("name") or "")
@@ -427,7 +377,7 @@ class _Handler(BaseHTTPRequestHandler):
         if spec is None:
             self._send_json(*_error(HTTPStatus.NOT_FOUND, f"model '{name}' not found"))
             return
-        self._send_bytes(HTTPStatus.OK, _JSON, _show_payload(spec, bool(body.get("verbose"))))
+        self._send_bytes(HTTPStatus.OK, _JSON, catalog.show_payload(spec, bool(body.get("verbose"))))
 
     def _embed(self, body: JsonObject) -> tuple[int, JsonObject]:
         name = str(body.get("model") or "")
@@ -469,8 +419,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(*_error(status, reply.error or _reason(status)))
             return
         record = self._evaluate_prompt(name, body)
-        if record is None:
-            self._send_json(*_error(HTTPStatus.BAD_REQUEST, "the input length exceeds the context length"))
+        if isinstance(record, str):
+            self.sim._refused()
+            self._send_json(*_error(HTTPStatus.BAD_REQUEST, record))
             return
         self.sim._open_chat(record)
         think = bool(body.get("think"))
@@ -506,35 +457,51 @@ class _Handler(BaseHTTPRequestHandler):
             return _error(HTTPStatus.BAD_REQUEST, f'"{name}" does not support chat')
         return None
 
-    def _evaluate_prompt(self, name: str, body: JsonObject) -> ChatRecord | None:
-        """Count the prompt and apply Ollama's silent truncation; None if truncation was refused."""
+    def _evaluate_prompt(self, name: str, body: JsonObject) -> ChatRecord | str:
+        """Count the prompt and fit it into num_ctx as the reported version's engine does; the
+        refusal's error text when the engine refuses it."""
         spec = self.sim.resolve(name)
         assert spec is not None  # checked by _chat_problem
         options = body.get("options") or {}
         requested = int(options.get("num_ctx") or DEFAULT_NUM_CTX)
-        # Ollama clamps a num_ctx beyond what the model was trained on.
+        # Ollama clamps a num_ctx beyond what the model was trained on (a log line, nothing more).
         num_ctx = min(requested, spec.context_length)
-        prompt_tokens = count_prompt_tokens(body.get("messages") or [], body.get("tools"))
-        truncated = prompt_tokens > num_ctx
-        if truncated and body.get("truncate") is False:
-            return None
-        # Ollama drops the head of the prompt and keeps about half the window; nothing in the
-        # answer says so, only prompt_eval_count is smaller than expected.
-        evaluated = num_ctx // 2 + 2 if truncated else prompt_tokens
+        rendered = rendered_turns(body.get("messages") or [], body.get("tools"))
+        turns = [engines.Turn(role, tokens) for role, _, tokens in rendered]
+        truncate = body.get("truncate", True) is not False
+        engine = self.sim.engine
+        if engine == engines.LLAMA_SERVER:
+            num_keep = options.get("num_keep", engines.DEFAULT_NUM_KEEP)
+            fit = engines.fit_llama_server(turns, closing_tokens(), num_ctx, truncate,
+                                           context_shift=spec.context_shift,
+                                           num_keep=num_keep if isinstance(num_keep, int) else 0)
+        else:
+            fit = engines.fit_runners(turns, closing_tokens(), num_ctx, truncate, self.sim.version)
+        if fit.refusal is not None:
+            return fit.refusal
+        cached = 0
+        if engine == engines.LLAMA_SERVER:
+            kept = [rendered[i] for i in fit.kept_turns]
+            cached = self.sim._cached_tokens(name, [text for _, text, _ in kept], [t for _, _, t in kept])
         return ChatRecord(
             model=name,
             stream=body.get("stream", True) is not False,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=fit.prompt_tokens,
             num_ctx=num_ctx,
-            prompt_eval_count=evaluated,
-            truncated=truncated,
+            # llama-server reports cache_n + prompt_n: the whole prompt it read, cached head included.
+            prompt_eval_count=fit.kept_tokens,
+            truncated=fit.truncated,
+            engine=engine,
+            dropped_messages=fit.dropped_messages,
+            cached_tokens=min(cached, fit.kept_tokens),
         )
 
     def _final_fields(
         self, reply: Reply, planned: list[JsonObject], record: ChatRecord, started: int
     ) -> JsonObject:
         metrics = chat.final_metrics(
-            record.prompt_eval_count, chat.eval_tokens(planned), time.monotonic_ns() - started
+            record.prompt_eval_count, chat.eval_tokens(planned), time.monotonic_ns() - started,
+            record.cached_tokens,
         )
         return {"done_reason": reply.done_reason, **metrics}
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from ollama_sim.prompt import count_text_tokens
 from tests.conftest import agent_settings
@@ -254,6 +254,17 @@ async def test_run_ephemeral_persists_nothing(agent, store, ollama_sim):
     assert (await store.ListSessions(store_pb.ListSessionsRequest(query=marker))).total == 0
 
 
+async def test_a_sub_agent_past_its_timeout_stops_by_its_event_and_returns_what_it_has(agent, ollama_sim, caplog):
+    caplog.set_level("WARNING", logger="palimpsest.agent.subagent")
+    ollama_sim.script(Reply(text="partial " * 400, chunk_delay=0.05))  # about 20 s of streaming
+    reply = await agent.RunEphemeral(pb.RunEphemeralRequest(text="write at length", profile_id="tiny",
+                                                            timeout_seconds=1))
+    assert not reply.completed_normally
+    assert reply.text.startswith("partial") and reply.text.count("partial") < 400  # cut where it stopped
+    assert "sub-agent timed out" in caplog.text
+    assert "sub-agent cancelled" not in caplog.text  # the cooperative stop ended it, no task.cancel()
+
+
 async def test_compact_with_nothing_to_compact_is_a_failed_precondition(agent):
     events = await run(agent, "short")
     await expect_status(_collect(agent.Compact(pb.CompactRequest(session_id=events[0].session_id))),
@@ -290,6 +301,69 @@ async def test_pasted_images_are_stored_and_those_past_the_budget_named(agent, s
     assert "image_view" in user["content"] and "image_2.png" in user["content"]
     session = await full(store, session_id)
     assert session.messages[0].content == "look at these"  # the user's copy has no notice
+
+
+async def test_trim_keeps_the_messages_the_user_sees_and_no_stale_note(agent, store, ollama_sim):
+    todo = ("todo", {"action": "set", "items": [{"text": "a"}]})
+    ollama_sim.script(Reply(text="Hi."), Reply(tool_calls=[todo]), Reply(tool_calls=[todo]), Reply(text="Done."))
+    session_id = (await run(agent, "hello"))[0].session_id
+    await run(agent, "plan it", session_id=session_id)
+    stored = await full(store, session_id)
+    # Task notes ("[Iteration 2 of 40 …]") are stored, hidden, before the second and third calls.
+    assert any(m.content.startswith("[Iteration") for m in stored.context)
+    assert [m.role for m in stored.messages] == ["user", "assistant", "user", "assistant", "tool", "assistant", "tool",
+                                                 "assistant"]
+
+    trimmed = await store.TrimSession(store_pb.TrimSessionRequest(session_id=session_id, keep=5))
+    assert (trimmed.before, trimmed.after, trimmed.dropped) == (8, 5, 3)
+    kept = await full(store, session_id)
+    assert list(kept.messages) == list(stored.messages[3:]) and kept.display_message_count == 5
+    # The kept part begins with what the user sees, not a note of a turn long gone; and the Agent's
+    # warm copy of the session (appends pass while no message was added) is not what it sends next.
+    assert kept.context[0].role == "assistant" and not kept.context[0].content.startswith("[Iteration")
+
+    ollama_sim.script(Reply(text="Still here."))
+    await run(agent, "and now?", session_id=session_id)
+    sent = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] != "system"]
+    assert sent[0]["role"] == "assistant" and not any(m["content"].startswith("[Iteration 2") for m in sent)
+
+    # Keeping 4 would start at a tool result whose call is cut: it goes, and the count says 3.
+    again = await store.TrimSession(store_pb.TrimSessionRequest(session_id=session_id, keep=4))
+    assert again.after == len((await full(store, session_id)).messages) == 3
+
+
+async def test_only_allowlisted_system_records_reach_the_model(agent, store, ollama_sim):
+    """000's allowlist (_LLM_SYSTEM_SOURCES): of the stored system messages, task notes and the
+    Synapse event record reach the model; any other record (a marker, a client's note, an unknown
+    source) shows in the transcript and never reaches it."""
+    from services.shared.context_view import LLM_SYSTEM_SOURCES
+
+    assert LLM_SYSTEM_SOURCES == {"task_note", "synapse_event"}
+
+    def record(text: str, source: str = "", **flags) -> common_pb2.Message:
+        message = common_pb2.Message(role="system", content=text, explicit_flags=True, is_context=True,
+                                     is_display=True, **flags)
+        if source:
+            message.metadata["source"] = source
+        return message
+
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
+        common_pb2.Message(role="user", content="earlier question"),
+        common_pb2.Message(role="assistant", content="earlier answer"),
+        record("EVENT: a deploy finished on the CI platform", "synapse_event"),
+        record("NOTE: keep going", "task_note"),
+        record("AUDIT: an operator looked at this session", "operator_audit"),
+        record("PLAIN: a record with no source"),
+        record("MARKER: Context compressed: 9 -> 3 messages", is_compression=True),
+    ]))
+    ollama_sim.script(Reply(text="ok"))
+    await run(agent, "what happened?", session_id=session.id)
+    sent = " ".join(m["content"] for m in ollama_sim.bodies()[-1]["messages"])
+    assert "EVENT: a deploy finished" in sent and "NOTE: keep going" in sent
+    assert not any(text in sent for text in ("AUDIT:", "PLAIN:", "MARKER:"))
+    shown = [m.content for m in (await full(store, session.id)).messages]
+    assert any(c.startswith("AUDIT:") for c in shown)  # in the transcript all the same
 
 
 async def test_hidden_turns_store_no_files_and_show_nothing(agent, store):
@@ -404,13 +478,35 @@ async def test_sub_agent_events_are_forwarded_and_its_state_never_leaks(agent, a
     tool = [e.tool_finished for e in events if e.HasField("tool_finished") and not e.is_subagent][0]
     assert tool.name == "spawn_agent" and "3 files" in tool.preview
 
-    # The seed's ContextVar rule: after a sub-agent, the parent's session is the current one again.
+
+async def test_a_turn_awaited_in_its_callers_task_gives_the_callers_session_back(agent_server, ollama_sim):
+    """003's ContextVar rule: a turn sets the current session and resets it when it ends, so what
+    runs next in the caller's task (and any task it starts) never sees the turn's id. Awaited
+    directly, not through run_subagent's task, whose copied context would hide a missing reset."""
+    from services.agent.conversation import EphemeralConversation
+    from services.agent.events import EventSink
+    from services.agent.turn import SubagentOptions, Turn, TurnInput, current_session
+
+    deps = agent_server.servicer.deps
+    profile = deps.profiles.get("tiny")
+    turn = Turn(deps, EphemeralConversation([]), profile, EventSink(is_subagent=True), (),
+                facts=await deps.ollama.model_facts(profile.model),
+                subagent=SubagentOptions(parent_session_id="the-parent", system_prompt="be brief"))
+    seen_inside: list[str] = []
+    original = turn._run
+
+    async def watching(turn_input):
+        seen_inside.append(current_session.get())
+        return await original(turn_input)
+
+    turn._run = watching  # type: ignore[method-assign]
     token = current_session.set("parent-session")
     try:
         ollama_sim.script(Reply(text="done"))
-        result = await run_subagent(agent_server.servicer.deps, SpawnRequest(text="tiny job", profile_id="tiny"),
-                                    sink=EventSink(is_subagent=True), metadata=())
-        assert result.completed_normally and current_session.get() == "parent-session"
+        result = await turn.run(TurnInput(text="tiny job"))
+        assert result.completed_normally and seen_inside == ["subagent-of-the-parent"]
+        assert current_session.get() == "parent-session"
+        assert await asyncio.create_task(asyncio.sleep(0, current_session.get())) == "parent-session"
     finally:
         current_session.reset(token)
 

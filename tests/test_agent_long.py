@@ -14,7 +14,7 @@ import grpc
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from ollama_sim import Reply
 
@@ -144,3 +144,53 @@ async def test_three_hundred_turns_stay_inside_the_window(base_settings, store_s
 async def _settle(running) -> None:
     """Wait for post-turn compression to finish, as the next user message would."""
     await asyncio.gather(*running.servicer.deps.post_turn_tasks)
+
+
+async def test_a_tool_result_that_fills_the_window_compresses_mid_turn_through_run_stream(
+        base_settings, store_server, compressor_server, ollama_sim, long_profiles, store):
+    """The first call fits; the report a tool returns does not: before the second call the Agent
+    has the Compressor compress the earlier turns (MIDTURN), inside the same turn's stream."""
+    from services.agent.app import start_agent
+
+    def model(body) -> Reply:
+        messages = body.get("messages") or []
+        if body.get("stream") is False:
+            return Reply(text="- Earlier: capacity planning for the cluster.\nKEYS: capacity")
+        if messages[-1].get("role") == "user":
+            return Reply(tool_calls=[("fetch_report", {"kind": "json", "topic": "midturn"})])
+        return Reply(text="The report says 134 rows are ok.")
+
+    ollama_sim.clear()
+    ollama_sim.set_responder(model)
+    # A model of this test alone: its estimates start uncalibrated whatever ran before.
+    model_name = f"midturn-{uuid.uuid4().hex[:8]}"
+    ollama_sim.models[model_name] = ollama_sim.models["qwen3.6"]
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="long", model=model_name))).session
+    history = []
+    for i in range(20):  # the first call's estimate is under the trigger; with the report it is over
+        history += [common_pb2.Message(role="user", content=f"question {i} about capacity " + "and load " * 30),
+                    common_pb2.Message(role="assistant", content=f"answer {i}: " + "we add nodes as load grows " * 25)]
+    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
+    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
+                       compressor_addr=compressor_server.address, profiles_path=long_profiles)
+    running = await start_agent(settings, port=0)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
+                pb.RunStreamRequest(session_id=session.id, text="fetch the midturn report"))]
+    finally:
+        ollama_sim.set_responder(None)
+        await running.stop(0)
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[-1] == "stream_end" and events[-1].stream_end.reason == pb.STREAM_END_REASON_COMPLETED
+    # Compressed after the tool ran and before the answer, in this turn's own stream.
+    assert kinds.index("tool_finished") < kinds.index("compression_started") < kinds.index("context_compressed")
+    assert kinds.index("context_compressed") < kinds.index("stream_end")
+    stored = (await store.GetSession(store_pb.GetSessionRequest(
+        session_id=session.id, view=store_pb.SESSION_VIEW_FULL))).session
+    markers = [m for m in stored.messages if m.is_compression]
+    assert [m.metadata["reason"] for m in markers] == ["midturn"]
+    answer_call = [b for b in ollama_sim.bodies() if b.get("stream") is not False][-1]
+    assert any("capacity planning" in m["content"] for m in answer_call["messages"])  # the summary
+    assert any(m["role"] == "tool" and "midturn-1" in m["content"] for m in answer_call["messages"])  # the report
+    assert not any("question 0 about" in m["content"] for m in answer_call["messages"])  # compressed away

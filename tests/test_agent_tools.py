@@ -456,7 +456,7 @@ async def test_session_search_finds_messages_and_names(make_ctx, agent_store_aut
     me, made = my_sessions
     ctx = make_ctx(store=agent_store_auth, metadata=me)
     searched = await call("session_search", ctx, action="search", query="kubernetes")
-    assert "2 sessions mention 'kubernetes'" in searched.content
+    assert "2 sessions match 'kubernetes', best first" in searched.content
     assert made["Cluster upgrade"] in searched.content and made["untitled"] in searched.content
     assert "1 matching messages (at 0): upgrade kubernetes" in searched.content
     assert made["stranger"] not in searched.content
@@ -467,8 +467,24 @@ async def test_session_search_finds_messages_and_names(make_ctx, agent_store_aut
     assert made["untitled"] in by_task.content and made["Cluster upgrade"] not in by_task.content
     later_words = await call("session_search", ctx, action="find", query="disk quota")  # in messages only
     assert later_words.content.startswith("No session's name or task contains 'disk quota'")
-    assert "3 sessions mention 'disk quota'" in (await call("session_search", ctx, action="search",
-                                                               query="disk quota")).content
+    assert "3 sessions match 'disk quota'" in (await call("session_search", ctx, action="search",
+                                                             query="disk quota")).content
+
+
+async def test_session_search_finds_a_session_by_two_of_the_querys_words(make_ctx, agent_store_auth, my_sessions,
+                                                                      profile):
+    me, made = my_sessions
+    fixed = (await agent_store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id=profile, name="pool"),
+                                                        metadata=me)).session
+    await agent_store_auth.AppendMessages(store_pb.AppendMessagesRequest(session_id=fixed.id, messages=[
+        Message(role="user", content="We fixed the OOM bug in the default worker pool")]), metadata=me)
+    ctx = make_ctx(made["Trip to Lisbon"], store=agent_store_auth, metadata=me)
+    searched = await call("session_search", ctx, action="search", query="OOM worker")
+    assert "1 session match 'OOM worker'" in searched.content and fixed.id in searched.content
+    assert "1 matching messages (at 0): We fixed the OOM bug" in searched.content
+    # The best match comes first: all of the query's words before two of three.
+    ranked = await call("session_search", ctx, action="search", query="upgrade kubernetes ingress 502")
+    assert ranked.content.index(made["untitled"]) < ranked.content.index(made["Cluster upgrade"])
 
 
 async def test_session_search_get_reads_a_history_compactly_and_refuses_others(make_ctx, agent_store_auth, my_sessions):

@@ -241,6 +241,23 @@ async def test_a_run_cut_by_a_cancellation_is_recorded_stopped_under_the_parent_
     gate.opened.set()
 
 
+async def test_a_sub_agent_its_stop_event_cannot_end_is_cancelled_as_a_last_resort_and_says_so(
+        agent, store, ollama_sim, caplog):
+    """The gate (a custom tool) never looks at the stop event: past the timeout and the grace, the
+    sub-agent is cancelled, with a warning naming why; its run is on the parent's log, cut short."""
+    caplog.set_level("WARNING", logger="palimpsest.agent.subagent")
+    gate = agents_gate()
+    parent = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="audited"))).session
+    ollama_sim.script(Reply(tool_calls=[("gate", {})]), Reply(text="unused"))
+    reply = await agent.RunEphemeral(pb.RunEphemeralRequest(text="wait at the gate", parent_session_id=parent.id,
+                                                            timeout_seconds=1))
+    assert not reply.completed_normally
+    assert "sub-agent cancelled: it did not stop within 5s of its timeout" in caplog.text
+    (record,) = await runs_of(store, parent.id)
+    assert (record.tool, record.outcome) == ("gate", STOPPED) and record.error.startswith("cut short")
+    gate.opened.set()
+
+
 async def test_a_turns_audit_adds_no_internal_call(agent, agent_server, ollama_sim, store, monkeypatch):
     """A turn with a tool call, in a warm session: two size checks and the one append stream, as
     before the log existed; the run's record rode on the append of its result."""

@@ -245,6 +245,49 @@ async def test_compress_summarizes_old_turns_and_leaves_the_display_alone(compre
     assert any("question 0" in c.content for c in found.chunks)
 
 
+async def test_memory_search_off_compresses_without_indexing_what_it_drops(compressor, store, profile):
+    from services.agent.profiles import Profile
+
+    session_id = await session_with(store, profile, turns(12))
+    off = Profile(memory_search_enabled=False).compression_settings()
+    assert off.HasField("index_memory") and not Profile().compression_settings().HasField("index_memory")
+    events = await compress(compressor, session_id, settings=off)
+    assert events[-1].compressed.messages_after < events[-1].compressed.messages_before
+    found = await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query="service-0 question 0"))
+    assert list(found.chunks) == []  # compressed, and nothing indexed
+    # The display history still holds every message.
+    assert any("question 0" in m.content for m in (await full(store, session_id)).messages)
+
+
+async def test_old_summaries_over_the_threshold_are_merged_by_a_meta_call_first(compressor, store, profile,
+                                                                                ollama_sim):
+    from services.compressor.summary_format import META_SUMMARY_PROMPT, META_SUMMARY_THRESHOLD
+
+    def old_summary(n: int) -> Message:
+        text = f"[Summary {n}] OLD-SUMMARY-{n} " + f"decision {n}: keep the cache at /srv/cache{n}. " * 130
+        return Message(role="user", content=text, is_summary=True, explicit_flags=True, is_context=True,
+                       is_display=False)
+
+    olds = [old_summary(1), old_summary(2)]
+    assert sum(len(m.content) for m in olds) > META_SUMMARY_THRESHOLD
+    session_id = await session_with(store, profile, [*olds, *turns(12)])
+    since = len(ollama_sim.bodies())
+    ollama_sim.script(Reply(text="- MERGED-HISTORY: caches at /srv/cache1 and /srv/cache2.\nKEYS: cache"),
+                      Reply(text="- NEW-SUMMARY of it all.\nKEYS: cache, deploy"))
+    events = await compress(compressor, session_id, window=SMALL_WINDOW)
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
+
+    meta, final = summary_bodies(ollama_sim, since)  # two calls: the merge, then the summary
+    meta_text = " ".join(m["content"] for m in meta["messages"])
+    assert META_SUMMARY_PROMPT.split(".")[0] in meta_text and "OLD-SUMMARY-1" in meta_text
+    assert "OLD-SUMMARY-2" in meta_text and "question 0" not in meta_text  # the summaries alone
+    final_text = " ".join(m["content"] for m in final["messages"])
+    # The summary is written from the merged text, not the old summaries, beside the new history.
+    assert "MERGED-HISTORY" in final_text and "OLD-SUMMARY" not in final_text and "question 0" in final_text
+    stored = [m for m in (await full(store, session_id)).context if m.is_summary]
+    assert len(stored) == 1 and stored[0].content.endswith("\n- NEW-SUMMARY of it all.")
+
+
 async def test_summarizer_failing_twice_hard_truncates_and_the_session_survives(compressor, store, profile, ollama_sim):
     session_id = await session_with(store, profile, turns(12))
     ollama_sim.script(Reply(http_status=500, error="boom"), Reply(http_status=500, error="boom again"))
@@ -680,3 +723,17 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
     await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN)
     assert reads.count("GetSession") == 2, reads
     assert len(plans) == 3, plans  # the first Compress's one, then this check's and this Compress's
+
+
+def test_memory_chunks_past_the_message_budget_go_apart_in_batches_within_it():
+    from services.compressor.pipeline import chunks_past
+
+    chunks = [common_pb2.RawChunk(content=f"{i}:" + "x" * 4_000, content_hash=f"h{i}") for i in range(300)]
+    commit = store_pb.CommitCompressionRequest(session_id="s", marker=common_pb2.Message(content="m"), chunks=chunks)
+    assert chunks_past(store_pb.CommitCompressionRequest(session_id="s", chunks=chunks[:3]), 100_000) == []
+    batches = chunks_past(commit, 300_000)
+    assert commit.ByteSize() <= 300_000 and commit.marker.content == "m"
+    assert all(sum(c.ByteSize() + 8 for c in batch) <= 300_000 for batch in batches)
+    # Every chunk once, in order: the commit's first, then the batches'.
+    assert [c.content_hash for c in commit.chunks] + [c.content_hash for b in batches for c in b] == [
+        f"h{i}" for i in range(300)]

@@ -253,3 +253,26 @@ async def test_an_agents_turns_leave_their_messages_counted_in_the_store(agent, 
     # The first turn's two messages were seen stored by the second turn's size check; the second
     # turn's are counted by the next check that sees them.
     assert await uncounted() == ["and me", "second answer"]
+
+
+def test_a_dense_result_priced_high_by_learned_rates_is_still_cut_until_it_fits():
+    """A model without a vocabulary whose rates learned a script at three tokens a character: two
+    results in it are over the limit by more than their size at the view's fixed rate. Cutting them
+    re-prices them at the learned rates, so the prompt fits (their saving at chars / 1.8 alone left
+    it over, and the turn ended CONTEXT_TOO_LARGE)."""
+    from services.compressor.calibration import Rates
+    from services.compressor.pricing import Pricing
+    from services.compressor.size_check import deepen_cuts
+
+    rates = Rates(overhead=40, per_message=6, rates=(0.25, 0.5, 0.25, 1.0, 3.0, 0.5), margin=0, observed=8)
+    pricing = Pricing(line=None, budget=8192 // 6, image_fallback=1024, rates=rates)
+    glyphs = "ꙮ" * 2400
+    messages = [*turn_with_result(glyphs), Message(role="assistant", tool_calls=[
+        ToolCall(id="c2", name="read", arguments_json='{"path": "/var/log/b"}')]),
+        Message(role="tool", name="read", tool_call_id="c2", content=glyphs)]
+    assert pricing.count_view(pricing.view(messages)[0]).tokens > 2 * 6144
+    deepened = deepen_cuts(pricing, messages, [], 6144)
+    assert deepened is not None
+    view, cuts, estimate = deepened
+    assert estimate.tokens <= 6144 and sorted(cuts) == [3, 5]
+    assert estimate.tokens >= pricing.count_view(view).tokens  # never below a fresh count of what is sent

@@ -1,5 +1,6 @@
 """The real grpcurl binary against the running services: reflection, describe, a unary round trip,
-and a streamed RunStream, exactly as the README shows them."""
+a streamed RunStream, MCP servers in ListProfiles, a client tool answered from a second grpcurl, and
+memory, exactly as the README shows them."""
 
 from __future__ import annotations
 
@@ -98,3 +99,74 @@ async def test_files_go_with_a_turn_as_the_readme_shows(store_server, agent_serv
                   agent_server.address, "palimpsest.v1.Agent/RunStream")
     told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
     assert told.endswith("[Files for this message, in the workspace:\n- notes_1.txt]")
+
+
+# -- tools from outside and memory, as the README shows them (MCP servers, Client tools, Memory) --------
+def objects(out: str) -> list[dict]:
+    """grpcurl's output of a call: one indented JSON object per message."""
+    return [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00") if chunk.strip()]
+
+
+async def test_list_profiles_shows_each_profiles_mcp_servers(base_settings, store_server, compressor_server,
+                                                             ollama_sim, tmp_path):
+    from tests.test_mcp_servers import agent_with, profile, servers_settled, stdio_server
+    from tests.waiting import until
+
+    profiles = [profile("tools", [stdio_server("echo", tmp_path)]),
+                profile("ghost", [{"name": "ghost", "command": [str(tmp_path / "no-such-server")]}])]
+    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
+                          profiles) as (stub, running):
+        assert await until(lambda: servers_settled(stub), timeout=60)
+        listed = json.loads(await grpcurl("-d", "{}", running.address, "palimpsest.v1.Agent/ListProfiles"))
+    servers = {p["id"]: p["mcp_servers"] for p in listed["profiles"]}
+    (echo,), (ghost,) = servers["tools"], servers["ghost"]
+    assert (echo["name"], echo["target"], echo["state"]) == ("echo", "stdio: python", "MCP_SERVER_STATE_READY")
+    assert "mcp__echo__lookup" in echo["tools"] and echo["skipped_tools"] == ["weird: type 5 is not a JSON Schema type"]
+    assert ghost["state"] == "MCP_SERVER_STATE_FAILED" and "the command was not found" in ghost["error"]
+    assert ghost["retry_in_seconds"] > 0
+
+
+async def test_a_client_tool_is_offered_and_answered_from_two_grpcurls(agent_server, ollama_sim):
+    ollama_sim.script(Reply(tool_calls=[("local_time", {"zone": "Europe/Paris"})]), Reply(text="It is 14:05."))
+    schema = json.dumps({"type": "object", "properties": {"zone": {"type": "string"}}})
+    turn = await asyncio.create_subprocess_exec(
+        GRPCURL, "-plaintext", "-d", json.dumps({"text": "What time is it in Paris?", "client_tools": [
+            {"name": "local_time", "description": "The time on the user's computer", "read_only": True,
+             "parameters_json": schema}]}),
+        agent_server.address, "palimpsest.v1.Agent/RunStream", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    assert turn.stdout is not None
+    seen = ""
+    async with asyncio.timeout(60):
+        while "tool_call_requested" not in seen or not seen.endswith("\n}\n"):
+            line = await turn.stdout.readline()
+            assert line, f"the stream ended before the request: {seen}"
+            seen += line.decode()
+    asked = objects(seen)[-1]
+    await grpcurl("-d", json.dumps({"session_id": asked["session_id"], "turn_id": asked["turn_id"],
+                                    "call_id": asked["tool_call_requested"]["call_id"],
+                                    "content": "14:05 (Europe/Paris)"}),
+                  agent_server.address, "palimpsest.v1.Agent/SubmitToolResult")
+    async with asyncio.timeout(60):
+        rest, err = await turn.communicate()
+    assert turn.returncode == 0, err.decode()
+    events = objects(seen + rest.decode())
+    assert events[-1]["stream_end"]["reason"] == "STREAM_END_REASON_COMPLETED"
+    told = [m["content"] for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "tool"]
+    assert told == ["14:05 (Europe/Paris)"]
+
+
+async def test_memory_is_read_and_edited_as_the_readme_shows(store_server_auth, user):
+    from conftest import JWT_SECRET
+    from services.shared.auth import make_token
+
+    auth = ("-H", f"authorization: Bearer {make_token(user, JWT_SECRET)}")
+    store, rpc = store_server_auth.address, "palimpsest.v1.SessionStore/"
+    added = json.loads(await grpcurl(*auth, "-d", json.dumps({"action": "MEMORY_ACTION_ADD",
+                                                               "text": "Prefers metric units"}),
+                                     store, rpc + "EditMemory"))
+    await grpcurl(*auth, "-d", json.dumps({"action": "MEMORY_ACTION_REPLACE", "old_text": "metric",
+                                           "text": "Prefers SI units", "expected_revision": added["revision"]}),
+                  store, rpc + "EditMemory")
+    memory = json.loads(await grpcurl(*auth, "-d", "{}", store, rpc + "GetMemory"))
+    assert [e["text"] for e in memory["entries"]] == ["Prefers SI units"] and memory["revision"] == "2"

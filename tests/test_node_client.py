@@ -161,3 +161,41 @@ async def test_the_client_reads_and_edits_the_callers_memory(node, store_server_
     code, out, err = await run_node(node, "-e", MEMORY_SCRIPT, env=env)
     assert code == 0, err
     assert json.loads(out) == {"revision": "2", "entries": ["Prefers SI units"]}
+
+
+async def test_the_memory_and_mcp_example_reads_adds_lists_held_writes_and_each_profiles_servers(
+        node, base_settings, store_server, store_server_auth, store_auth, compressor_server, ollama_sim, tmp_path,
+        user):
+    from conftest import JWT_SECRET, bearer
+    from palimpsest.v1 import agent_pb2
+    from services.shared.auth import make_token
+    from tests.test_mcp_servers import agent_with, profile as mcp_profile, servers_settled, stdio_server
+    from tests.waiting import until
+
+    me, add = bearer(user), pb.MEMORY_ACTION_ADD
+    await store_auth.EditMemory(pb.EditMemoryRequest(action=add, text="Prefers tea"), metadata=me)
+    held = await store_auth.EditMemory(pb.EditMemoryRequest(action=add, text="Lives in Lyon", hold=True), metadata=me)
+    profiles = [mcp_profile("tools", [stdio_server("echo", tmp_path)]),
+                mcp_profile("ghost", [{"name": "ghost", "command": [str(tmp_path / "no-such-server")]}]),
+                mcp_profile("plain", [])]
+    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
+                          profiles) as (stub, running):
+        assert await until(lambda: servers_settled(stub), timeout=60)
+        env = pal_env(store=store_server_auth.address, agent=running.address,
+                      PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
+        code, out, err = await run_node(node, "memory-and-mcp.js", "Prefers", "metric", "units", env=env)
+    assert code == 0, err
+    memory, added, pending, *servers = [json.loads(line) for line in out.splitlines()]
+    assert [e["text"] for e in memory["memory"]["entries"]] == ["Prefers tea"]
+    assert added["added"]["entry"]["text"] == "Prefers metric units" and added["added"]["revision"] == "2"
+    assert pending["pending"] == [{"id": str(held.held.id), "action": "MEMORY_ACTION_ADD", "text": "Lives in Lyon",
+                                   "old_text": "", "session_id": ""}]
+    by_profile = {line["profile"]: line["mcp_servers"] for line in servers}
+    assert set(by_profile) == {"tools", "ghost"}  # a profile without servers is not listed
+    (echo,) = by_profile["tools"]
+    assert echo["state"] == agent_pb2.McpServerState.Name(agent_pb2.MCP_SERVER_STATE_READY)
+    assert "mcp__echo__lookup" in echo["tools"] and echo["target"].startswith("stdio: ")
+    (ghost,) = by_profile["ghost"]
+    assert ghost["state"] == "MCP_SERVER_STATE_FAILED" and "not found" in ghost["error"]
+    after = await store_auth.GetMemory(pb.GetMemoryRequest(), metadata=me)
+    assert [e.text for e in after.entries] == ["Prefers tea", "Prefers metric units"]

@@ -303,11 +303,19 @@ def test_num_ctx_is_clamped_to_the_models_context(sim: OllamaSimulator) -> None:
     assert final["prompt_eval_count"] == 8192 // 2 + 2
 
 
-def test_truncate_false_refuses_instead(sim: OllamaSimulator) -> None:
-    response = post(
-        sim, "/api/chat", chat_body(text="word " * 1000, options={"num_ctx": 256}, truncate=False)
-    )
+def test_truncate_false_refuses_instead_since_0_12_6() -> None:
+    with OllamaSimulator(version="0.12.6") as sim:
+        response = post(
+            sim, "/api/chat", chat_body(text="word " * 1000, options={"num_ctx": 256}, truncate=False)
+        )
     assert response.status_code == 400
+    assert response.json() == {"error": "the input length exceeds the context length"}
+
+
+def test_truncate_false_is_ignored_before_0_12_6(sim: OllamaSimulator) -> None:
+    final = stream_chunks(sim, chat_body(text="word " * 1000, options={"num_ctx": 256}, truncate=False))[-1]
+    assert final["prompt_eval_count"] == 256 // 2 + 2
+    assert sim.truncations == 1
 
 
 # -- timing, disconnects, concurrency --------------------------------------------------------

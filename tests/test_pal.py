@@ -166,6 +166,17 @@ async def test_show_prints_the_display_history(store, profile, env):
     assert [m["content"] for m in data["messages"]] == ["What is the capital of France?", "Paris."]
 
 
+async def test_show_without_an_id_prints_the_most_recent_session(store, profile, env):
+    older = await new_session(store, profile, *chat_messages(("first question", "first answer")))
+    newer = await new_session(store, profile, *chat_messages(("second question", "second answer")))
+    await store.UpdateSession(pb.UpdateSessionRequest(session_id=older.id, pinned=True))  # pinned is not newer
+    ran = await pal("sessions", "show", "--profile", profile, env=env)
+    assert ran.code == 0, ran.stderr
+    assert newer.id in ran.stdout and "second answer" in ran.stdout and "first answer" not in ran.stdout
+    none = await pal("sessions", "show", "--profile", f"{profile}-unused", env=env)
+    none.assert_one_line_error("no sessions of profile")
+
+
 async def test_rename_and_pin_change_what_list_shows(store, profile, env):
     s = await new_session(store, profile)
     await new_session(store, profile, name="newer")
@@ -261,6 +272,16 @@ async def test_search_finds_sessions_with_snippets_and_positions(store, profile,
     assert word in found["sessions"][0]["matches"]["snippet"]
     nothing = await pal("sessions", "search", f"absent{uuid.uuid4().hex}", env=env)
     assert nothing.code == 0 and "no session mentions" in nothing.stdout
+
+
+async def test_search_ranks_the_best_match_first(store, profile, env):
+    tag = uuid.uuid4().hex[:8]
+    three = await new_session(store, profile, *chat_messages((f"zebra{tag} okapi{tag} giraffe{tag}", "ok")))
+    two = await new_session(store, profile, *chat_messages((f"zebra{tag} and okapi{tag} notes", "ok")))
+    found = (await pal("sessions", "search", f"okapi{tag}", f"giraffe{tag}", f"zebra{tag}", "--json",
+                       env=env)).json()
+    # All three words first, though the other is newer; two of three still match, after it.
+    assert [s["id"] for s in found["sessions"]] == [three.id, two.id]
 
 
 # -- context --------------------------------------------------------------------------------------

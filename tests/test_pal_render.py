@@ -219,3 +219,13 @@ def test_a_shared_file_is_one_line_with_the_command_that_fetches_it():
                             f"pal files get {link}")
     downloaded = file_line(agent_pb2.FileShared(name="a.zip", link=link, content_type="application/zip", size=1))
     assert "to download: pal files get" in downloaded.plain
+
+
+def test_a_window_the_model_cannot_give_is_noted_once_at_the_turns_start():
+    out, view = rendered([event(1, model_info=pb.ModelInfo(model="small-model", context_window=16384,
+                                                           requested_context_window=65536)),
+                          event(2, stream_end=pb.StreamEnd(reason=pb.STREAM_END_REASON_COMPLETED))])
+    assert "asks for a 65,536-token window" in out and "trained on 16,384" in out
+    assert view.meter.window == 16384
+    plain, _ = rendered(a_turn())
+    assert "asks for" not in plain

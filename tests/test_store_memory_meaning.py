@@ -20,6 +20,7 @@ import pytest
 from ollama_sim import OllamaSimulator
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
 from services.session_store.repository.memory import meaning_scores, rank_together
+from services.session_store.semantic import MESSAGE_EMBED_CHARS, message_batch
 from tests.conftest import _start_store
 from tests.waiting import until
 
@@ -102,7 +103,8 @@ async def semantic_store(base_settings, database_url, has_pgvector):
         # A generous embed timeout unless a test is about it: on a loaded machine 2 s was passed,
         # and the embedder's 30 s back-off then outlasted the tests' wait for the index.
         settings = replace(base_settings, ollama_host=sim.url,
-                           **({"embed_model": EMBED_MODEL, "embed_timeout_s": 20.0} | overrides))
+                           **({"embed_model": EMBED_MODEL, "embed_timeout_s": 20.0,
+                               "embed_messages_quiet_s": 0.0} | overrides))
         server = await _start_store(settings, database_url)
         channel = grpc.aio.insecure_channel(server.address)
         running.append((server, channel))
@@ -318,6 +320,144 @@ async def test_sessions_are_found_by_the_meaning_of_their_summaries(semantic_sto
     # Words still find what they found: the name.
     named = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="team lunch"))
     assert [s.id for s in named.sessions] == [ids["team lunch"]]
+
+
+async def message_vectors(database_url: str, session_id: str) -> list[int]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return [r["seq"] for r in await conn.fetch(
+            "SELECT seq FROM message_vectors WHERE session_id = $1 AND model = $2 ORDER BY seq",
+            uuid.UUID(session_id), EMBED_MODEL)]
+    finally:
+        await conn.close()
+
+
+async def test_sessions_never_compressed_are_found_by_the_meaning_of_their_messages(
+        semantic_store, sim, store, profile, database_url):
+    stub = await semantic_store(sim)
+    ids = {}
+    for name, words in (("incident", TARGET), ("lunch", DISTRACTORS[1]), ("car", DISTRACTORS[2])):
+        session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id=profile, name=name))).session.id
+        await stub.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
+            common_pb2.Message(role="user", content=words),
+            common_pb2.Message(role="assistant", content="", tool_calls=[
+                common_pb2.ToolCall(id="c1", name="run_command", arguments_json="{}")]),
+            common_pb2.Message(role="tool", name="run_command", tool_call_id="c1", content="exit 0"),
+            common_pb2.Message(role="assistant", content="Noted.")]))
+        ids[name] = session_id
+    # Embedded in the background: the user's and the assistant's text, not the tool row or the
+    # call without text.
+    assert await until(async_equals(lambda: message_vectors(database_url, ids["car"]), [1, 4]))
+    assert await until(async_equals(lambda: message_vectors(database_url, ids["incident"]), [1, 4]))
+
+    found = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query=PARAPHRASE,
+                                                           sort_by=pb.SORT_BY_RELEVANCE))
+    assert found.semantic and [s.id for s in found.sessions] == [ids["incident"]]
+    # One word of two is no lexical match; with the other's meaning ("automobile": a car) it is.
+    tyres = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="automobile tyres",
+                                                           sort_by=pb.SORT_BY_RELEVANCE))
+    assert [s.id for s in tyres.sessions] == [ids["car"]]
+    assert (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="automobile tyres"))).total == 0
+
+    # A trim takes the trimmed messages out of search by meaning too.
+    await stub.TrimSession(pb.TrimSessionRequest(session_id=ids["incident"], keep=1))
+    assert await message_vectors(database_url, ids["incident"]) == [4]
+    gone = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query=PARAPHRASE))
+    assert ids["incident"] not in [s.id for s in gone.sessions]
+
+
+async def test_an_append_wakes_the_indexer_for_messages_only():
+    """Appends come several a turn: their poke must not ask the chunks' question, which reads
+    every chunk; a compression's poke (or a failed pass) asks everything."""
+    from services.session_store.semantic import Embedder, MemoryIndex
+
+    asked: list[str] = []
+
+    class Vectors:
+        async def spaces(self):
+            return ["m"]
+
+        async def pending(self, model, limit):
+            asked.append("chunks")
+            return []
+
+        async def pending_summaries(self, model, limit):
+            asked.append("summaries")
+            return []
+
+        async def pending_messages(self, model, limit, quiet_s=0.0):
+            asked.append("messages")
+            return []
+
+        store = store_summaries = store_messages = None  # nothing pending: never called
+
+    index = MemoryIndex(Vectors(), Embedder(None, retry_s=1.0), model="m", query_timeout_s=1.0,  # type: ignore[arg-type]
+                        min_similarity=0.5)
+    assert await index._index_pending(everything=False) is None and asked == ["messages"]
+    asked.clear()
+    assert await index._index_pending() is None and asked == ["chunks", "summaries", "messages"]
+    index.enabled = True
+    index._everything = False
+    index.poke(messages_only=True)
+    assert not index._everything
+    index.poke()
+    assert index._everything
+
+    # With a quiet period, an append schedules the messages' pass for when its session is quiet;
+    # later appends do not push it back (a busy store still gets its passes).
+    now = [100.0]
+    quiet = MemoryIndex(Vectors(), Embedder(None, retry_s=1.0, clock=lambda: now[0]),  # type: ignore[arg-type]
+                        model="m", query_timeout_s=1.0, min_similarity=0.5, messages_quiet_s=10.0)
+    quiet.enabled, quiet._everything = True, False
+    quiet.poke(messages_only=True)
+    assert quiet._messages_due == 111.0 and not quiet._everything
+    now[0] = 105.0
+    quiet.poke(messages_only=True)
+    assert quiet._messages_due == 111.0
+
+
+async def test_messages_wait_until_their_session_is_quiet(store, profile, database_url, has_pgvector):
+    """Not embedded during a turn (the embedder would share Ollama with the model answering): a
+    session's messages are pending only once it has been quiet for the setting's seconds."""
+    from services.session_store.repository.vectors import MemoryVectors
+
+    if not has_pgvector:
+        pytest.skip("no pgvector: no message vectors")
+    session_id = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
+    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
+        common_pb2.Message(role="user", content=TARGET)]))
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    vectors = MemoryVectors(pool)
+    model = f"quiet-{uuid.uuid4().hex[:8]}"  # a space of this test alone
+    await vectors.keep_space(model, from_settings=False)
+
+    async def pending(quiet_s: float) -> bool:
+        return uuid.UUID(session_id) in {r["session_id"] for r in await vectors.pending_messages(model, 10_000, quiet_s)}
+
+    try:
+        assert await pending(0.0) and not await pending(3600.0)  # just written: in its turn
+        await pool.execute("UPDATE sessions SET last_active = now() - interval '2 hours' WHERE id = $1",
+                           uuid.UUID(session_id))
+        assert await pending(3600.0)
+    finally:
+        await pool.execute("DELETE FROM memory_vector_spaces WHERE model = $1", model)
+        await pool.close()
+
+
+def test_a_message_batch_marks_how_far_each_session_is_embedded():
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    rows = [
+        {"session_id": a, "last": 9, "seq": None, "content": None},  # only tool rows past its mark
+        {"session_id": b, "last": 7, "seq": 2, "content": "x" * 5000},
+        {"session_id": b, "last": 7, "seq": 5, "content": "five"},
+        {"session_id": c, "last": 30, "seq": 11, "content": "eleven"},
+        {"session_id": c, "last": 30, "seq": 12, "content": "twelve"},
+    ]
+    keys, texts, marks = message_batch(rows, 3)
+    assert keys == [(b, 2), (b, 5), (c, 11)] and texts[1:] == ["five", "eleven"]
+    assert len(texts[0]) == MESSAGE_EMBED_CHARS
+    # a: nothing to embed, done through its last row; b: all taken; c: cut short after seq 11.
+    assert marks == [(a, 9), (b, 7), (c, 11)]
 
 
 async def test_a_bad_embedding_model_name_is_invalid_argument(store, profile):

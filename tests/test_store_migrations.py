@@ -8,8 +8,10 @@ import uuid
 from contextlib import asynccontextmanager
 
 import asyncpg
+import pytest
 
 from services.session_store import db
+from tests.conftest import _start_store
 
 # What the release before 0009 ran on every start, outside the migrations (db._ensure_trigram).
 PREVIOUS_RELEASE_STARTUP_DDL = (
@@ -24,7 +26,8 @@ TABLES = {"schema_migrations", "sessions", "session_messages", "session_messages
           "session_shares", "calibration_observations", "session_baselines", "applied_appends", "tool_runs",
           "owner_memory", "owner_memory_entries", "owner_memory_pending"}
 # Made only where pgvector is available (0011); without it memory search is lexical.
-VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors"}
+VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors", "message_vectors",
+                 "message_vector_marks"}
 TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm",
                    "memory_chunks_content_trgm"}
 
@@ -108,3 +111,42 @@ async def test_a_database_at_the_previous_release_ends_identical(database_url):
         before, after = await schema(fresh), await schema(upgraded)
         assert after == before
         assert await upgraded.fetchval("SELECT name FROM sessions") == "old"
+
+
+async def test_trigram_indexes_come_back_once_pg_trgm_is_installed(database_url, base_settings, caplog):
+    """A store whose role may not create pg_trgm starts without the trigram indexes; an operator
+    installs the extension as a superuser; the next start of the store builds them."""
+    admin = await asyncpg.connect(database_url)
+    if not await admin.fetchval("SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_trgm'"):
+        await admin.close()
+        pytest.skip("this PostgreSQL has no pg_trgm to install")
+    suffix = uuid.uuid4().hex[:10]
+    role, name = f"pal_store_{suffix}", f"pal_trgm_{suffix}"
+    server = database_url.rsplit("/", 1)[0]
+    try:
+        # Not a superuser and no CREATE on the database: pg_trgm (a trusted extension) is out of reach.
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        await admin.execute(f"CREATE DATABASE {name}")
+        superuser = await asyncpg.connect(f"{server}/{name}")
+        try:
+            await superuser.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {role}")
+            store_dsn = server.replace("://postgres@", f"://{role}@", 1) + f"/{name}"
+            running = await _start_store(base_settings, store_dsn)
+            await running.stop(0)
+            assert not TRIGRAM_INDEXES & await _indexes(superuser)
+            assert "CREATE EXTENSION pg_trgm" in caplog.text  # the log tells the operator what to do
+
+            await superuser.execute("CREATE EXTENSION pg_trgm")
+            running = await _start_store(base_settings, store_dsn)
+            await running.stop(0)
+            assert TRIGRAM_INDEXES <= await _indexes(superuser)
+        finally:
+            await superuser.close()
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+
+
+async def _indexes(conn: asyncpg.Connection) -> set[str]:
+    return {r["indexname"] for r in await conn.fetch("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")}

@@ -403,6 +403,34 @@ async def test_list_query_matches_names_and_messages(store, profile):
     assert (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="kubernetes_v"))).total == 1
 
 
+async def test_a_query_of_several_words_matches_two_of_them_and_ranks_by_relevance(store, profile):
+    # Oldest first: last-active order would put them backwards.
+    verbatim = await new_session(store, profile)
+    await append(store, verbatim.id, Message(role="user", content="notes: OOM worker pool"))
+    full = await new_session(store, profile)
+    await append(store, full.id, Message(role="user", content="We fixed the OOM bug in the default worker pool"))
+    two = await new_session(store, profile)
+    await append(store, two.id, Message(role="user", content="the worker"),
+                 Message(role="assistant", content="Its POOL was resized."))  # two words, two messages
+    one = await new_session(store, profile)
+    await append(store, one.id, Message(role="user", content="an OOM in the browser"))
+    query = "OOM worker pool"
+
+    ranked = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query=query,
+                                                             sort_by=pb.SORT_BY_RELEVANCE))
+    # The query whole, then all its words, then two of three; one word of three is no match.
+    assert [x.id for x in ranked.sessions] == [verbatim.id, full.id, two.id] and ranked.total == 3
+    by_activity = await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query=query))
+    assert [x.id for x in by_activity.sessions] == [two.id, full.id, verbatim.id]
+    # Function words do not count as matches: "the" and "in" are in nearly every session.
+    assert (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="the browser in"))).total == 1
+
+    matches = await store.SearchMatches(pb.SearchMatchesRequest(session_ids=[full.id, two.id], query=query))
+    by_session = {m.session_id: m for m in matches.matches}
+    assert list(by_session[two.id].display_indices) == [0, 1]  # where its words are
+    assert "OOM bug in the default worker pool" in by_session[full.id].snippet
+
+
 async def test_list_rejects_bad_paging(store):
     await expect_status(store.ListSessions(pb.ListSessionsRequest(page_size=501)), grpc.StatusCode.INVALID_ARGUMENT,
                         "page_size")
@@ -729,3 +757,17 @@ async def test_an_append_after_a_change_that_added_no_message_goes_ahead_and_say
     await expect_status(store.AppendMessages(pb.AppendMessagesRequest(
         session_id=s.id, messages=[Message(role="user", content="x")], expected_next_seq=0)),
         grpc.StatusCode.INVALID_ARGUMENT, "expected_next_seq")
+
+
+def test_trim_counts_what_the_user_sees_and_keeps_no_engine_row_for_a_prompt():
+    from services.session_store.repository.trim import TrimRow, kept_seqs
+
+    note = TrimRow(1, "system", is_display=False)  # a task note, stored first by an Agent turn
+    rows = [note, TrimRow(2, "user", True), TrimRow(3, "system", False), TrimRow(4, "assistant", True),
+            TrimRow(5, "system", False), TrimRow(6, "user", True), TrimRow(7, "assistant", True)]
+    assert kept_seqs(rows, 2) == {6, 7}
+    assert kept_seqs(rows, 3) == {4, 5, 6, 7}  # hidden rows after the oldest kept message stay with it
+    marker = TrimRow(1, "system", is_display=True, is_compression=True)
+    assert kept_seqs([marker, *rows[1:]], 1) == {7}
+    prompt = TrimRow(1, "system", is_display=True)  # a client's own system prompt: kept, counted
+    assert kept_seqs([prompt, *rows[1:]], 2) == {1, 7}

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
@@ -65,6 +66,25 @@ def test_a_path_that_leaves_or_hides_is_refused_with_why(raw, why):
     assert why in str(refused.value)
 
 
+GREP_LINES = st.lists(st.text(alphabet="ab c\t\r\n\x0b\x85é1-", max_size=12), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=GREP_LINES, raw=st.sampled_from([
+    "a", "ab", "a b", "b+c", r"\d", "a|c", r"\s", r"a\sb", "[^a]b", r"\bab\b", "a.b", "é", r"(a)\1", "^a", "b$",
+    r"\Aa", r"a(?!\n)", "(?<=b)a"]))
+def test_grep_skips_a_file_only_when_no_line_of_it_matches(lines, raw):
+    import regex
+
+    from services.agent.tools.files import whole_file_filter
+
+    pattern = regex.compile(raw)
+    text = "\n".join(lines)
+    prefilter = whole_file_filter(pattern)
+    if prefilter is not None and any(pattern.search(line) for line in text.splitlines()):
+        assert prefilter.search(text)
+
+
 def test_globs_match_by_name_anywhere_or_by_path():
     assert matches("src/deep/app.py", "*.py") and not matches("src/app.pyc", "*.py")
     assert matches("src/deep/app.py", "src/**/*.py") and matches("src/app.py", "src/**/*.py")
@@ -96,7 +116,30 @@ async def test_the_store_keeps_files_at_paths_replacing_them_whole(store):
                         grpc.StatusCode.NOT_FOUND, "docs/a/b.md")
 
 
-@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "a/../../x", ".sha256/x", "CON"])
+async def test_a_listing_names_a_token_that_changes_with_every_write_and_delete(store):
+    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="p"))).session
+
+    async def listing(unless: str = "") -> store_pb.ListFilesResponse:
+        return await store.ListFiles(store_pb.ListFilesRequest(session_id=session.id, unless_token=unless))
+
+    await write(store, session.id, "a.txt", b"a", from_tool=True)
+    first = await listing()
+    assert [f.name for f in first.files] == ["a.txt"] and first.token and not first.unchanged
+    again = await listing(first.token)
+    assert again.unchanged and not again.files and again.token == first.token
+    await write(store, session.id, "a.txt", b"b", from_tool=True)  # replaced: same name, new content
+    replaced = await listing(first.token)
+    assert not replaced.unchanged and [f.sha256 for f in replaced.files] != [f.sha256 for f in first.files]
+    await store.DeleteFile(store_pb.DeleteFileRequest(session_id=session.id, name="a.txt"))
+    emptied = await listing(replaced.token)
+    assert not emptied.unchanged and not emptied.files and emptied.token != replaced.token
+    await put_file(store, session.id, "upload.csv", b"x,y\n")  # an upload, not a tool's write
+    assert not (await listing(emptied.token)).unchanged
+    assert (await listing("not-a-token")).files  # an unknown token lists
+
+
+@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "a/../../x", ".sha256/x", "CON",
+                                  ".palimpsest-changes", "src/.palimpsest-changes"])
 async def test_the_store_refuses_a_path_that_is_not_a_workspace_path(store, path):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="p"))).session
     await expect_status(write(store, session.id, path, b"x", from_tool=True), grpc.StatusCode.INVALID_ARGUMENT,
@@ -317,6 +360,20 @@ async def test_a_write_the_store_refuses_is_a_result_the_model_reads(small_quota
     assert "tool.exe was not written" in program and "program" in program
     files = await store.ListFiles(store_pb.ListFilesRequest(session_id=events[0].session_id), metadata=me)
     assert not files.files
+
+
+async def test_a_file_deleted_meanwhile_is_gone_from_the_next_turn(two_agents, store, ollama_sim):
+    agent, _ = two_agents
+    ollama_sim.script(Reply(tool_calls=[("read_file", {"path": "gone.txt"})]), Reply(text="ok"))
+    session_id = (await run(agent, "read it", inline_attachments=[inline("gone.txt", b"here\n")]))[0].session_id
+    assert tool_results(ollama_sim) == ["     1\there"]
+    ollama_sim.script(Reply(tool_calls=[("list_files", {})]), Reply(text="ok"))
+    await run(agent, "and now?", session_id=session_id)  # unchanged since: the mirror is not listed again
+    assert "gone.txt" in tool_results(ollama_sim)[-1]
+    await store.DeleteFile(store_pb.DeleteFileRequest(session_id=session_id, name="gone.txt"))
+    ollama_sim.script(Reply(tool_calls=[("read_file", {"path": "gone.txt"})]), Reply(text="ok"))
+    await run(agent, "once more", session_id=session_id)
+    assert tool_results(ollama_sim)[-1].startswith("read_file: there is no file 'gone.txt' in the workspace")
 
 
 async def test_a_file_uploaded_meanwhile_is_seen_by_the_next_turn(two_agents, store, ollama_sim):

@@ -334,6 +334,10 @@ class LiveTurn:
             self.meter.model = event.model_info.model
             if event.model_info.context_window and not self.meter.window:
                 self.meter.window = event.model_info.context_window
+            if event.model_info.requested_context_window:
+                self.note(f"the profile asks for a {event.model_info.requested_context_window:,}-token window; "
+                          f"{event.model_info.model} was trained on {event.model_info.context_window:,}, "
+                          "so that is what this turn uses")
         elif kind == "usage":
             self.meter.update(event.usage.context_tokens, event.usage.max_context_tokens)
             self._meter_moved = True

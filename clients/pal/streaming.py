@@ -6,6 +6,9 @@ thread, so the handler returns at once) or cancels the call, and the loop below 
 A turn outlives its stream: when the connection drops mid-turn, pal asks the Agent (ResumeStream) for
 the events after the last one it showed and goes on rendering, trying again for a while when the Agent
 is not reachable yet.
+
+With client tools (`--client-tools`), each `tool_call_requested` event is handed to the runner, which
+answers it from a thread of its own; a resumed stream that shows a request again is answered once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from types import FrameType
 
 import grpc
 
+from clients.pal.client_tools import ClientToolRunner
 from clients.pal.connection import GuardedStream
 from clients.pal.errors import ServiceError
 from clients.pal.render import TurnOutcome, TurnRenderer
@@ -60,8 +64,10 @@ def stream_turn(
     session_id: str = "",
     *,
     require_end: bool = True,
+    tools: ClientToolRunner | None = None,
 ) -> StreamResult:
-    """Render the stream until it ends; `require_end`: a stream without stream_end is an error."""
+    """Render the stream until it ends; `require_end`: a stream without stream_end is an error;
+    `tools`: answers the calls of the client's tools."""
     result = StreamResult(renderer.outcome)
     stream = open_stream()
     cancelled = threading.Event()  # by the user: no stream of this turn is opened again
@@ -103,6 +109,8 @@ def stream_turn(
                         position.saw(event)
                         tries = 0
                         renderer.handle(event)
+                        if tools is not None and event.HasField("tool_call_requested"):
+                            tools.requested(event)
                     break
                 except ServiceError as err:
                     if err.code == grpc.StatusCode.CANCELLED and result.interrupts:
@@ -131,6 +139,8 @@ def stream_turn(
             if result.interrupts and not renderer.outcome.ended:
                 renderer.note("■ turn stopped")
     finally:
+        if tools is not None:
+            tools.close()  # a command still running when the turn ended is answering no one
         signal.signal(signal.SIGINT, previous)
         for stopper in stoppers:  # its Stop answered (or timed out): no call left in flight behind the turn
             stopper.join(STOP_TIMEOUT_S)

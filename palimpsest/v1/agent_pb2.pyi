@@ -361,12 +361,14 @@ class ToolFinished(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., preview: _Optional[str] = ..., is_error: _Optional[bool] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "context_window")
+    __slots__ = ("model", "context_window", "requested_context_window")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
     model: str
     context_window: int
-    def __init__(self, model: _Optional[str] = ..., context_window: _Optional[int] = ...) -> None: ...
+    requested_context_window: int
+    def __init__(self, model: _Optional[str] = ..., context_window: _Optional[int] = ..., requested_context_window: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("context_tokens", "max_context_tokens", "prompt_tokens", "completion_tokens", "count_method")

@@ -57,7 +57,7 @@ COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod
 COMPRESSION_METHOD_PRUNE: CompressionMethod
 
 class CompressionSettings(_message.Message):
-    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results", "min_freed")
+    __slots__ = ("threshold", "target", "keep_recent", "summary_max_tokens", "summary_temperature", "summarizer_model", "summary_prompt", "critical_tools", "message_token_budget", "summarizer_window", "prune_tool_results", "min_freed", "index_memory")
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_RECENT_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class CompressionSettings(_message.Message):
     SUMMARIZER_WINDOW_FIELD_NUMBER: _ClassVar[int]
     PRUNE_TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     MIN_FREED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MEMORY_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     target: float
     keep_recent: int
@@ -82,7 +83,8 @@ class CompressionSettings(_message.Message):
     summarizer_window: int
     prune_tool_results: bool
     min_freed: float
-    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ..., min_freed: _Optional[float] = ...) -> None: ...
+    index_memory: bool
+    def __init__(self, threshold: _Optional[float] = ..., target: _Optional[float] = ..., keep_recent: _Optional[int] = ..., summary_max_tokens: _Optional[int] = ..., summary_temperature: _Optional[float] = ..., summarizer_model: _Optional[str] = ..., summary_prompt: _Optional[str] = ..., critical_tools: _Optional[_Iterable[str]] = ..., message_token_budget: _Optional[int] = ..., summarizer_window: _Optional[int] = ..., prune_tool_results: _Optional[bool] = ..., min_freed: _Optional[float] = ..., index_memory: _Optional[bool] = ...) -> None: ...
 
 class ViewCut(_message.Message):
     __slots__ = ("index", "content")
@@ -93,7 +95,7 @@ class ViewCut(_message.Message):
     def __init__(self, index: _Optional[int] = ..., content: _Optional[str] = ...) -> None: ...
 
 class EstimateTokensRequest(_message.Message):
-    __slots__ = ("model", "messages", "session_id", "incoming", "window", "settings", "tool_schemas")
+    __slots__ = ("model", "messages", "session_id", "incoming", "window", "settings", "tool_schemas", "preamble")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +103,7 @@ class EstimateTokensRequest(_message.Message):
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     TOOL_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    PREAMBLE_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     session_id: str
@@ -108,10 +111,11 @@ class EstimateTokensRequest(_message.Message):
     window: int
     settings: CompressionSettings
     tool_schemas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., session_id: _Optional[str] = ..., incoming: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., tool_schemas: _Optional[_Iterable[str]] = ...) -> None: ...
+    preamble: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., session_id: _Optional[str] = ..., incoming: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., window: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., tool_schemas: _Optional[_Iterable[str]] = ..., preamble: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ...) -> None: ...
 
 class EstimateTokensResponse(_message.Message):
-    __slots__ = ("tokens", "text_tokens", "image_tokens", "chars", "method", "baseline_tokens", "delta_tokens", "shape")
+    __slots__ = ("tokens", "text_tokens", "image_tokens", "chars", "method", "baseline_tokens", "delta_tokens", "shape", "counted")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +124,7 @@ class EstimateTokensResponse(_message.Message):
     BASELINE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_FIELD_NUMBER: _ClassVar[int]
     tokens: int
     text_tokens: int
     image_tokens: int
@@ -128,7 +133,8 @@ class EstimateTokensResponse(_message.Message):
     baseline_tokens: int
     delta_tokens: int
     shape: _common_pb2.PromptShape
-    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ...) -> None: ...
+    counted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., chars: _Optional[int] = ..., method: _Optional[_Union[EstimateMethod, str]] = ..., baseline_tokens: _Optional[int] = ..., delta_tokens: _Optional[int] = ..., shape: _Optional[_Union[_common_pb2.PromptShape, _Mapping]] = ..., counted: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecordBaselineRequest(_message.Message):
     __slots__ = ("session_id", "model", "prompt_eval_count", "sent_tokens", "sent_chars", "had_images", "through_seq", "window", "shape", "method")

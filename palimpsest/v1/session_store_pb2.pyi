@@ -27,6 +27,7 @@ class SortBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SORT_BY_CREATED_AT: _ClassVar[SortBy]
     SORT_BY_NAME: _ClassVar[SortBy]
     SORT_BY_MESSAGE_COUNT: _ClassVar[SortBy]
+    SORT_BY_RELEVANCE: _ClassVar[SortBy]
 
 class ToolRunOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ SORT_BY_LAST_ACTIVE: SortBy
 SORT_BY_CREATED_AT: SortBy
 SORT_BY_NAME: SortBy
 SORT_BY_MESSAGE_COUNT: SortBy
+SORT_BY_RELEVANCE: SortBy
 TOOL_RUN_OUTCOME_UNSPECIFIED: ToolRunOutcome
 TOOL_RUN_OUTCOME_OK: ToolRunOutcome
 TOOL_RUN_OUTCOME_ERROR: ToolRunOutcome
@@ -582,16 +584,22 @@ class GetFileResponse(_message.Message):
     def __init__(self, info: _Optional[_Union[_common_pb2.FileInfo, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class ListFilesRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "unless_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    UNLESS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    unless_token: str
+    def __init__(self, session_id: _Optional[str] = ..., unless_token: _Optional[str] = ...) -> None: ...
 
 class ListFilesResponse(_message.Message):
-    __slots__ = ("files",)
+    __slots__ = ("files", "token", "unchanged")
     FILES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[_common_pb2.FileInfo]
-    def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ...) -> None: ...
+    token: str
+    unchanged: bool
+    def __init__(self, files: _Optional[_Iterable[_Union[_common_pb2.FileInfo, _Mapping]]] = ..., token: _Optional[str] = ..., unchanged: _Optional[bool] = ...) -> None: ...
 
 class DeleteFileRequest(_message.Message):
     __slots__ = ("session_id", "name")

@@ -5,7 +5,7 @@ import warnings
 
 from palimpsest.v1 import session_store_pb2 as palimpsest_dot_v1_dot_session__store__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

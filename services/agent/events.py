@@ -62,8 +62,9 @@ class EventSink:
         self.emit(tool_finished=pb.ToolFinished(call_id=call_id, name=name, preview=preview, is_error=is_error,
                                                 elapsed_seconds=elapsed))
 
-    def model_info(self, model: str, window: int) -> None:
-        self.emit(model_info=pb.ModelInfo(model=model, context_window=window))
+    def model_info(self, model: str, window: int, requested: int = 0) -> None:
+        """The model and the window of the turn; ``requested``: a larger window the profile asked for."""
+        self.emit(model_info=pb.ModelInfo(model=model, context_window=window, requested_context_window=requested))
 
     def usage(self, context_tokens: int, window: int, prompt_tokens: int, completion_tokens: int,
               count_method: str = "") -> None:

@@ -37,6 +37,10 @@ class ImageTarget:
     window: int
     settings: cpb.CompressionSettings
     image_fallback: int
+    # What the model gets besides the stored context (system prompt, memory message; tool schemas),
+    # so the context's count is the prompt's, as the next call will be sent.
+    preamble: Sequence[Message] = ()
+    tool_schemas: Sequence[str] = ()
 
 
 def images_within_budget(images: Sequence[bytes], budget: int, fallback: int) -> int:
@@ -81,7 +85,8 @@ async def _context_tokens(target: ImageTarget) -> int:
         return 0
     try:
         reply = await target.compressor.EstimateTokens(cpb.EstimateTokensRequest(
-            session_id=target.session_id, model=target.model, window=target.window, settings=target.settings))
+            session_id=target.session_id, model=target.model, window=target.window, settings=target.settings,
+            preamble=target.preamble, tool_schemas=target.tool_schemas))
         return reply.tokens
     except PalimpsestError:
         return 0

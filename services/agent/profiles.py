@@ -59,6 +59,8 @@ class Profile:
     memory_recall_enabled: bool = True
     memory_recall_k: int = 2
     memory_recall_min_similarity: float = 0.3
+    # What compressions drop is indexed as memory chunks; false: not (000's memory_search_enabled).
+    memory_search_enabled: bool = True
     # The embedding model memory search ranks by meaning with; "": the store's (PALIMPSEST_EMBED_MODEL).
     embed_model: str = ""
     # Compression overrides (None: the Compressor's settings)
@@ -124,6 +126,8 @@ class Profile:
             settings.summarizer_window = self.summarizer_context_window
         if self.compression_prompt:
             settings.summary_prompt = self.compression_prompt
+        if not self.memory_search_enabled:  # on: the Compressor's own setting decides
+            settings.index_memory = False
         return settings
 
     def to_proto(self, default_window: int) -> agent_pb2.Profile:

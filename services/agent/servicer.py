@@ -361,6 +361,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             session_id=request.session_id))).session
         profile = self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
         window = profile.window(self.deps.settings.ollama_num_ctx)
+        with suppress(PalimpsestError):  # Ollama away: the profile's window (the summary call will say)
+            window = (await self.deps.ollama.model_facts(profile.model)).usable_window(window)
         sink = EventSink(session.id, publish=self._publish)  # no turn_id: a compaction ends with its call
         self.sessions.forget_warm(session.id)
         holder, _ = await self._hold(session.id)

@@ -76,13 +76,19 @@ async def run_subagent(
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout=request.timeout_seconds or 300.0)
     except asyncio.TimeoutError:
-        turn.stop.set()  # cooperative first: the sub-agent saves what it has and answers its tools
-        await _finish(task, grace=STOP_GRACE_SECONDS)
+        # Stopped by its event, as a client's Stop stops a turn (003: never task.cancel()): the
+        # sub-agent ends its model stream, answers its remaining tool calls "not run" and returns
+        # what it has.
+        turn.stop.set()
+        if not await _stopped_within(task, STOP_GRACE_SECONDS):
+            await _cancel_last_resort(task, f"it did not stop within {STOP_GRACE_SECONDS:g}s of its timeout")
         log.warning("sub-agent timed out after %.0fs", request.timeout_seconds)
         return TurnResult(text=turn.result.text, reason=END.STREAM_END_REASON_STOPPED)
     except asyncio.CancelledError:
+        # The parent's own call is cancelled (its client left): nothing will read the sub-agent's
+        # answer, and the parent's cancellation must not wait on it.
         turn.stop.set()
-        await _finish(task, grace=0)
+        await _cancel_last_resort(task, "its parent's call was cancelled")
         raise
     finally:
         if relay is not None:
@@ -94,11 +100,22 @@ async def _relay_stop(parent: asyncio.Event, child: asyncio.Event) -> None:
     child.set()
 
 
-async def _finish(task: asyncio.Task, grace: float) -> None:
-    """Give a stopped sub-agent `grace` seconds, then cancel it: nothing is left running."""
+async def _stopped_within(task: asyncio.Task, grace: float) -> bool:
+    """Whether the stopped sub-agent ended by itself within `grace` seconds."""
     with suppress(asyncio.TimeoutError, asyncio.CancelledError):
         await asyncio.wait_for(asyncio.shield(task), timeout=grace)
-    if not task.done():
-        task.cancel()
-        with suppress(asyncio.CancelledError, Exception):
-            await task
+    return task.done()
+
+
+async def _cancel_last_resort(task: asyncio.Task, why: str) -> None:
+    """Cancel a sub-agent its stop event did not end. Kept, against 003's "never task.cancel()",
+    because a custom tool (user code) may never look at the event, and a sub-agent must not outlive
+    the call that asked for it, holding a model slot and its sandbox. 003's reason for the rule (a
+    cancelled task corrupting a WebSocket's state) does not hold here: a sub-agent writes to no
+    client connection, only to its parent's sink, and its HTTP stream to Ollama closes cleanly."""
+    if task.done():
+        return
+    log.warning("sub-agent cancelled: %s", why)
+    task.cancel()
+    with suppress(asyncio.CancelledError, Exception):
+        await task

@@ -23,6 +23,7 @@ from services.agent.audit import Recording
 from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
+from services.agent.overflow import REFUSAL_RETRIES, halve_biggest_tool_result, refused_answer
 from services.agent.images import ImageTarget, user_messages
 from services.agent.mcp_servers.manager import McpManager, named
 from services.agent.profiles import Profile, ProfileRegistry
@@ -42,7 +43,7 @@ from services.shared.context_view import (
 )
 from services.shared.auth import as_service
 from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError, Unavailable
-from services.shared.ollama import ChatResult, ModelFacts, OllamaClient
+from services.shared.ollama import ChatResult, ContextRefused, ModelFacts, OllamaClient
 from services.shared import metrics
 from services.shared.reports import counted_exactly, judge
 from services.shared.settings import Settings
@@ -57,6 +58,8 @@ END = agent_pb2.StreamEndReason
 # parent's in `finally`, so nothing after it (the parent's next iteration, background work)
 # ever sees a sub-agent's session.
 current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_session", default="")
+# (profile, model, window asked for) already warned of as more than the model was trained on.
+_WINDOWS_WARNED: set[tuple[str, str, int]] = set()
 
 MAX_SPAWN_DEPTH = 2
 PREVIEW_CHARS = 400
@@ -224,7 +227,8 @@ class Turn:
         self.clamped_out: list[str] = []  # the tools the clamp took away
         self.stop = asyncio.Event()
         self.state = TurnState()
-        self.window = profile.window(deps.settings.ollama_num_ctx)
+        self.requested_window = profile.window(deps.settings.ollama_num_ctx)
+        self.window = facts.usable_window(self.requested_window)
         self.last_prompt_tokens = 0
         self.last_trigger = 0  # where the last size check said compression starts
         self.prompt_cut = False  # the last call's report proved its prompt cut
@@ -238,6 +242,7 @@ class Turn:
         self._pending: list[Message] = []  # this turn's user message, stored with the first size check
         self._noted_iteration = -1  # the iteration whose notes are already on their way to the store
         self._compressor_away = False  # said once per turn
+        self._shrunk_by = ""  # what the last refused prompt was shrunk by before it was sent again
         self._load_tools()
 
     # -- small helpers -------------------------------------------------------------------------
@@ -313,8 +318,19 @@ class Turn:
             current_session.reset(token)
             await self.conv.done_appending()
 
+    def _announce_model(self) -> None:
+        """The model and the window the turn runs in; a profile asking for more than the model was
+        trained on is told (Ollama would clamp it silently, and the meter would show a window that
+        is not there)."""
+        requested = self.requested_window if self.requested_window > self.window else 0
+        if requested and (self.profile.id, self.profile.model, requested) not in _WINDOWS_WARNED:
+            _WINDOWS_WARNED.add((self.profile.id, self.profile.model, requested))  # the event tells every turn
+            log.warning("profile %s asks for a %d-token window; %s was trained on %d: the turn uses %d",
+                        self.profile.id, requested, self.profile.model, self.window, self.window)
+        self.sink.model_info(self.profile.model, self.window, requested)
+
     async def _run(self, turn_input: TurnInput) -> TurnResult:
-        self.sink.model_info(self.profile.model, self.window)
+        self._announce_model()
         self.cwd = turn_input.cwd or self.cwd
         reload = await self._settle_mcp()  # the servers' tools as of the turn's start, not of its request
         if turn_input.client_tools:
@@ -331,8 +347,11 @@ class Turn:
         messages = await user_messages(ImageTarget(
             session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,
             model=self.profile.model, window=self.window, settings=self.profile.compression_settings(),
-            image_fallback=self.settings.image_tokens_fallback), turn_input.text, turn_input.images, turn_input.hidden,
-            turn_input.files)
+            image_fallback=self.settings.image_tokens_fallback,
+            # (only pictures need the context's count: the rest of the time nothing is built for it)
+            preamble=self._prompt_head() if turn_input.images else (),
+            tool_schemas=self._tool_schemas_json() if turn_input.images else ()),
+            turn_input.text, turn_input.images, turn_input.hidden, turn_input.files)
         if self.stored and not turn_input.hidden:
             await self._name_session(turn_input.text)
         recalled = await self._recall(turn_input.text)
@@ -355,16 +374,19 @@ class Turn:
                     await self.conv.append(self._pending)
                     self._pending = []
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
+            refusals, prepared = 0, await self._prepare(iteration, stalled)
             while True:
-                prepared = await self._prepare(iteration, stalled)
                 if isinstance(prepared, TurnResult):
                     return prepared
                 built, check, storing = prepared
                 try:
                     reply = await self._call_model(built, storing)
                     break
-                except StalePrompt:
-                    continue  # nothing reached the client: the same call, built from what is stored
+                except StalePrompt:  # nothing reached the client: the same call, built from what is stored
+                    prepared = await self._prepare(iteration, stalled)
+                except ContextRefused as exc:  # proven over the window: shrunk and sent once more, or the end
+                    refusals += 1
+                    prepared = await self._after_refusal(exc, built, check, iteration, refusals)
                 except StreamStopped:
                     await self._save_partial("stopped")
                     return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
@@ -427,11 +449,49 @@ class Turn:
                 built = self._build()
             check = await self._check_size(built, iteration, decide=False)
         if check.decision != cpb.SIZE_DECISION_FITS:
-            answer = TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit)
-            await self.conv.append([Message(role="assistant", content=answer)])
-            self.sink.text(answer)
-            return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
+            return await self._too_large(TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit))
         return cb.apply_cuts(built, check.cuts), check, storing
+
+    async def _too_large(self, answer: str) -> TurnResult:
+        """The turn's end when its prompt cannot fit: the answer says why, and is kept in the session."""
+        await self.conv.append([Message(role="assistant", content=answer)])
+        self.sink.text(answer)
+        return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
+
+    async def _after_refusal(self, refusal: ContextRefused, sent: list[Message], check: cpb.CheckContextSizeResponse,
+                             iteration: int, refusals: int
+                             ) -> tuple[list[Message], cpb.CheckContextSizeResponse, None] | TurnResult:
+        """The call again after Ollama refused its prompt as over the window: compressed first (the
+        refusal proves the count low, so any gain will do), else with its largest tool result cut to
+        half; refused again, or nothing to shrink, the turn ends explained (never Ollama's raw error)."""
+        log.warning("Ollama refused the prompt of %s as over its %d-token window (counted %d): %s",
+                    self.session_id or "a sub-agent", self.window, check.tokens, refusal)
+        if refusals > REFUSAL_RETRIES:
+            return await self._too_large(refused_answer(self.window, self.requested_window, self._shrunk_by))
+        view, shrunk_by = sent, []
+        if self._compression_on():
+            before = len(self.conv.context)
+            reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
+            # Over the window whatever our count said: the Compressor takes any gain.
+            if await self._compress(reason, max(check.tokens, self.window + 1), self._keep_for(iteration)) \
+                    and len(self.conv.context) < before:
+                shrunk_by.append("compressing the conversation")
+                built = self._build()
+                check = await self._check_size(built, iteration, decide=False)
+                if check.decision != cpb.SIZE_DECISION_FITS:
+                    return await self._too_large(TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit))
+                view = cb.apply_cuts(built, check.cuts)
+        # Also when compressed: the refusal proves our count low by an unknown amount, and a freed
+        # turn or two (priced by that same count) may not be enough for the one retry there is.
+        halved = halve_biggest_tool_result(view)
+        if halved is not None:
+            shrunk_by.append("cutting its largest tool result to half")
+            check = await self._check_size(halved, iteration, decide=False)
+            view = cb.apply_cuts(halved, check.cuts)
+        if not shrunk_by:
+            return await self._too_large(refused_answer(self.window, self.requested_window, ""))
+        self._shrunk_by = " and ".join(shrunk_by)
+        return view, check, None
 
     def _build(self, pending: Sequence[Message] = ()) -> list[Message]:
         return cb.ContextBuilder.build(
@@ -441,8 +501,8 @@ class Turn:
         )
 
     def _prompt_head(self) -> list[Message]:
-        """What every prompt of this session puts before its context (the Compressor begins a
-        summary with it, so Ollama reuses what it evaluated for the last call)."""
+        """What every prompt of this session begins with: the system prompt and the memory message
+        (the Compressor begins a summary with it, so Ollama reuses what it evaluated for the last call)."""
         return cb.ContextBuilder.build(self._system_prompt(), [], self._memory_message())
 
     def _memory_message(self) -> str:
@@ -474,10 +534,11 @@ class Turn:
         self.profile = self.deps.profiles.get(profile_id)
         self.facts = await self.deps.ollama.model_facts(self.profile.model)  # its capabilities, not the last's
         self.deps.builder.invalidate(profile_id)
-        self.window = self.profile.window(self.settings.ollama_num_ctx)
+        self.requested_window = self.profile.window(self.settings.ollama_num_ctx)
+        self.window = self.facts.usable_window(self.requested_window)
         await self._settle_mcp()
         self._load_tools()
-        self.sink.model_info(self.profile.model, self.window)
+        self._announce_model()
 
     # -- the model call --------------------------------------------------------------------------
     async def _check_size(self, built: list[Message], iteration: int, *,

@@ -35,6 +35,8 @@ CHUNK = 256 * 1024
 WRITE_BACK_MAX_FILES = 2_000
 # Uploads of a command's changes in flight at once.
 WRITE_BACK_CONCURRENCY = 8
+# Downloads from the store in flight at once while a mirror syncs.
+SYNC_CONCURRENCY = 8
 
 
 @dataclass
@@ -92,6 +94,9 @@ class Workspace:
         self.files: dict[str, Entry] = {}
         self.lock = asyncio.Lock()
         self._synced_for = ""  # the turn the mirror was last synced for
+        # The store's changes token the mirror was last synced whole at: a turn on a workspace
+        # nobody changed since costs one small call, not a listing of every file.
+        self._token = ""
 
     @property
     def _vouch(self) -> tuple[tuple[str, str], ...]:
@@ -108,16 +113,40 @@ class Workspace:
         self._synced_for = turn
 
     async def sync(self) -> None:
-        listed = (await self.store.ListFiles(store_pb.ListFilesRequest(session_id=self.session_id))).files
+        """One ListFiles, one thread hop to stat the whole mirror, downloads of what differs (a few
+        at once): a turn on a large workspace that changed little pays for little more than the listing."""
+        reply = await self.store.ListFiles(store_pb.ListFilesRequest(session_id=self.session_id,
+                                                                    unless_token=self._token))
+        if reply.unchanged:  # nothing written or deleted since the mirror was last synced whole
+            return
+        self._token = ""  # until this sync has completed
+        listed = reply.files
         remote = {f.name: f for f in listed}
+        first = not self._synced_for
         await asyncio.to_thread(self.folder.mkdir, parents=True, exist_ok=True)
-        for path in [p for p in self.files if p not in remote]:
+        gone = [p for p in self.files if p not in remote]
+        for path in gone:
             self.files.pop(path)
+        stale = await asyncio.to_thread(self._stale, listed)
+        gate = asyncio.Semaphore(SYNC_CONCURRENCY)
+
+        async def download(info: common_pb2.FileInfo) -> None:
+            async with gate:
+                await self._download(info)
+
+        await asyncio.gather(*(download(info) for info in stale))
+        if first or gone or stale:  # leftovers of an earlier process, files the store no longer has
+            await asyncio.to_thread(self._prune)
+        self._token = reply.token
+
+    def _stale(self, listed) -> list[common_pb2.FileInfo]:
+        """The store's files whose mirror copy is missing or not the one the store has."""
+        stale = []
         for info in listed:
             known = self.files.get(info.name)
-            if known is None or known.sha256 != info.sha256 or not await asyncio.to_thread(self._same, info.name, known):
-                await self._download(info)
-        await asyncio.to_thread(self._prune)
+            if known is None or known.sha256 != info.sha256 or not self._same(info.name, known):
+                stale.append(info)
+        return stale
 
     def _same(self, path: str, entry: Entry) -> bool:
         try:

@@ -123,7 +123,7 @@ def _cut(text: str, offsets, head_tokens: int, tail_tokens: int) -> tuple[str, s
 
 
 # Bump when build_tokenizer changes what it builds: tokenizers cached by an older build are ignored.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 
 def _file_name(digest: str) -> str:

@@ -181,11 +181,44 @@ def truncate_outcome(context: list[Message], pricing: Pricing, window: int, erro
     return Outcome(pb.COMPRESSION_METHOD_HARD_TRUNCATE, cut.dropped, cut.new_context, None, crumbs)
 
 
+def chunks_past(commit: store_pb.CommitCompressionRequest, budget: int) -> list[list[common_pb2.RawChunk]]:
+    """Keep in ``commit`` the memory chunks that fit ``budget`` bytes with the rest of it; return
+    the others in batches of at most ``budget`` each, for IndexChunks. One request of every chunk
+    of a large eviction (four 1.5 MB logs) passed the services' message limit and failed the
+    compression; indexing is idempotent (by content hash), so the batches may go first."""
+    chunks = list(commit.chunks)
+    size = commit.ByteSize()
+    if size <= budget:
+        return []
+    del commit.chunks[:]
+    kept_size = commit.ByteSize()
+    rest: list[common_pb2.RawChunk] = []
+    for chunk in chunks:
+        weight = chunk.ByteSize() + 8  # the field's tag and length
+        if not rest and kept_size + weight <= budget:
+            commit.chunks.append(chunk)
+            kept_size += weight
+        else:
+            rest.append(chunk)
+    batches: list[list[common_pb2.RawChunk]] = []
+    batch_size = 0
+    for chunk in rest:
+        weight = chunk.ByteSize() + 8
+        if not batches or batch_size + weight > budget:
+            batches.append([])
+            batch_size = 0
+        batches[-1].append(chunk)
+        batch_size += weight
+    return batches
+
+
 def commit_request(session: common_pb2.Session, context: list[Message], outcome: Outcome, reason: int,
-                   accounting: Accounting) -> store_pb.CommitCompressionRequest:
-    """The one-transaction store write for an outcome."""
+                   accounting: Accounting, *, index_memory: bool = True) -> store_pb.CommitCompressionRequest:
+    """The one-transaction store write for an outcome; with `index_memory`, the dropped messages
+    travel with it as memory chunks."""
     chunks = []
-    for data in chunk_messages([m for m in outcome.demoted if not is_transient(m)], outcome.breadcrumbs):
+    kept = [m for m in outcome.demoted if not is_transient(m)] if index_memory else []
+    for data in chunk_messages(kept, outcome.breadcrumbs):
         chunk = common_pb2.RawChunk(
             content=data.content, content_hash=data.content_hash,
             turn_range=common_pb2.SeqRange(first=data.first_seq, last=data.last_seq), breadcrumbs=data.breadcrumbs,

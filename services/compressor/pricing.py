@@ -41,6 +41,7 @@ class Knobs:
     output_reserve: int
     prune_tool_results: bool = True
     min_freed: float = 0.05  # share of the window
+    index_memory: bool = True  # a compression's dropped messages become memory chunks
 
     @classmethod
     def resolve(cls, settings: Settings, overrides: compressor_pb2.CompressionSettings | None) -> "Knobs":
@@ -68,6 +69,7 @@ class Knobs:
             output_reserve=settings.output_reserve_tokens,
             prune_tool_results=pick("prune_tool_results", settings.compression_prune_tool_results),
             min_freed=pick("min_freed", settings.compression_min_freed),
+            index_memory=pick("index_memory", settings.memory_search_enabled),
         )
 
 

@@ -62,6 +62,15 @@ async def _priced(fn, *args, chars: int):
     return await asyncio.to_thread(fn, *args)
 
 
+def counted_parts(method: int, *, preamble: bool, incoming: bool, schemas: bool) -> list[str]:
+    """What an estimate counts, as EstimateTokensResponse.counted names it. The baseline method
+    starts from the model's own count of the last prompt, which held its preamble and tool schemas."""
+    from_baseline = method == pb.ESTIMATE_METHOD_BASELINE_DELTA
+    parts = {"context": True, "incoming": incoming, "preamble": preamble or from_baseline,
+             "tool_schemas": schemas or from_baseline}
+    return [name for name, counted in parts.items() if counted]
+
+
 def _reportable(pricing: Pricing, view, estimate):
     """A calibrated estimate carries the shape of the view it priced: the report of the call
     brings it back, and the per-class rates learn what such a prompt really cost."""
@@ -167,9 +176,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     # -- estimates ---------------------------------------------------------------------------
     async def EstimateTokens(self, request, context):
+        """The prompt the model would get next, counted: the stored context (or ``messages``) and
+        ``incoming``, with the preamble and tool schemas the request gives (the baseline method:
+        those of the last real prompt). The reply's ``counted`` names what is in."""
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
-        incoming, schemas = list(request.incoming), list(request.tool_schemas)
+        incoming, schemas, preamble = list(request.incoming), list(request.tool_schemas), list(request.preamble)
+        if preamble and request.messages:
+            raise InvalidArgument("preamble", "only with a session's stored context (no messages): the built "
+                                              "context in messages already begins with it")
         counter = await self.tokenizers.counter(request.model)
         if request.session_id and not request.messages and counter is not None:
             # The stored context as a sum of per-message counts: only rows never counted are read
@@ -179,27 +194,32 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                            view_budget=message_budget(window, knobs.message_budget)),
                 self._recent_observations(request.model))
             pricing = Pricing.build(observations, window, knobs, None, counter)
-            estimate, fresh = await _priced(pricing.stored_estimate, state.context_tokens, incoming, schemas,
-                                            chars=_chars(state.context_tokens.uncounted) + _chars(incoming))
+            unstored = [*preamble, *incoming]
+            estimate, fresh = await _priced(pricing.stored_estimate, state.context_tokens, unstored, schemas,
+                                            chars=_chars(state.context_tokens.uncounted) + _chars(unstored))
             self._remember_counts(request.session_id, counter.digest, fresh)
             method = pb.ESTIMATE_METHOD_EXACT
-        elif request.session_id:
-            state = await self._load(request.session_id, request.model, with_context=not request.messages)
-            pricing = await self._pricing(request.model, window, knobs, state.observations,
-                                          self._usable_baseline(state, request.model))
-            messages = list(request.messages) or state.context
+        else:
+            if request.session_id:
+                state = await self._load(request.session_id, request.model, with_context=not request.messages)
+                pricing = await self._pricing(request.model, window, knobs, state.observations,
+                                              self._usable_baseline(state, request.model))
+                messages = [*preamble, *(list(request.messages) or state.context)]
+            else:
+                pricing = await self._pricing(request.model, window, knobs, await self._observations(request.model))
+                messages = [*preamble, *request.messages]
+            if not pricing.exact and not pricing.has_baseline and schemas:
+                # The calibrated line prices text, not schemas: they are priced as the text the model gets.
+                incoming.append(common_pb2.Message(role="system", content="\n".join(schemas)))
             estimate, method = await _priced(pricing.with_baseline, messages, incoming, schemas,
                                              chars=_chars(messages) + _chars(incoming))
-        else:
-            pricing = await self._pricing(request.model, window, knobs,
-                                          await self._observations(request.model))
-            estimate, method = await _priced(pricing.with_baseline, list(request.messages), incoming, schemas,
-                                             chars=_chars(request.messages) + _chars(incoming))
         return pb.EstimateTokensResponse(
             tokens=estimate.tokens, text_tokens=estimate.text_tokens, image_tokens=estimate.image_tokens,
             chars=estimate.chars, method=method, baseline_tokens=estimate.baseline_tokens,
             delta_tokens=estimate.tokens - estimate.baseline_tokens,
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
+            counted=counted_parts(method, preamble=bool(preamble), incoming=bool(request.incoming),
+                                  schemas=bool(schemas)),
         )
 
     def _new_counts(self, session_id: str, counter, messages) -> list[common_pb2.TokenCount]:
@@ -539,7 +559,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 max_context_tokens=window, method=outcome.method))
             return
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
-        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting)
+        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting,
+                                         index_memory=knobs.index_memory)
+        # Half the services' message limit: room for whatever a store replica adds to its reply.
+        indexed_apart = 0
+        for batch in pipeline.chunks_past(commit, self.settings.max_message_bytes // 2):
+            indexed_apart += (await self.store.IndexChunks(store_pb.IndexChunksRequest(
+                session_id=commit.session_id, chunks=batch))).indexed
         result = await self.store.CommitCompression(commit)
         pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
                                 accounting, window)
@@ -555,7 +581,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             method=outcome.method,
             breadcrumbs=outcome.breadcrumbs,
             replaced=replaced,
-            chunks_indexed=result.chunks_indexed,
+            chunks_indexed=result.chunks_indexed + indexed_apart,
             revision=result.revision,
             tokens_before=accounting.tokens_before,
             tokens_after=accounting.tokens_after,

@@ -20,13 +20,14 @@ def deepen_cuts(pricing, messages: Sequence[Message], tool_schemas: Sequence[str
     each down to ``MIN_RESULT_TOKENS`` at most; None when even that cannot fit (the system prompt,
     the tool schemas, tool-call arguments and the users' own words are never cut).
 
-    An exact count is taken again after each cut; a calibrated one (a real baseline plus the line
-    over newer rows, which an older message's cut would not move) goes down by what each cut saves
-    at the view's own rate."""
+    An exact count is taken again after each cut; so is a calibrated one (a real baseline plus the
+    prices of newer rows), less what the cuts of rows inside the baseline saved at the view's own
+    rate (a recount cannot see those: the baseline holds them whole)."""
     view, cuts = pricing.view(messages)
     estimate = pricing.count_view(view, tool_schemas)
     budgets: dict[int, int] = {}
     done: set[int] = set()  # cut as far as they go
+    saved_in_baseline = 0
     while estimate.tokens > limit:
         sizes = pricing.message_costs(view)
         candidates = [i for i, m in enumerate(messages)
@@ -45,6 +46,19 @@ def deepen_cuts(pricing, messages: Sequence[Message], tool_schemas: Sequence[str
         if pricing.exact:
             shrunk = pricing.count_view(trial, tool_schemas)
         else:
-            shrunk = replace(estimate, tokens=estimate.tokens - saved, text_tokens=estimate.text_tokens - saved)
+            # A newer row is re-priced at the rates that priced it: a dense script learned at three
+            # tokens a character, cut by its saving at the view's fixed rate (chars / 1.8), never got
+            # under the limit and the turn ended CONTEXT_TOO_LARGE.
+            saved_in_baseline += saved if _in_baseline(pricing, messages[index]) else 0
+            recounted = pricing.count_view(trial, tool_schemas).tokens - saved_in_baseline
+            tokens = min(recounted, estimate.tokens - saved)
+            shrunk = replace(estimate, tokens=tokens, text_tokens=estimate.text_tokens - (estimate.tokens - tokens))
         view, cuts, estimate = trial, trial_cuts, shrunk
     return view, cuts, estimate
+
+
+def _in_baseline(pricing, message: Message) -> bool:
+    """Whether the calibrated count holds ``message`` inside its real baseline (Ollama's count of an
+    earlier prompt), where cutting it now moves nothing a recount would see."""
+    baseline = pricing.baseline if pricing.has_baseline else None
+    return baseline is not None and 0 < message.seq <= baseline.through_seq

@@ -36,7 +36,7 @@ from services.compressor.summary_window import (
 )
 from services.shared import metrics
 from services.shared.context_view import to_ollama_messages
-from services.shared.ollama import OllamaClient
+from services.shared.ollama import ContextRefused, OllamaClient
 
 log = logging.getLogger("palimpsest.compressor")
 
@@ -155,15 +155,33 @@ class Summarizer:
         if needs_meta_summary(messages):
             # Old summaries first condensed into one, so they do not crowd out the new history.
             summaries, rest = split_summaries(messages)
-            meta_input = await self._input(summaries, META_SUMMARY_PROMPT, num_ctx, False, pricing)
-            meta = await self._call(META_SUMMARY_PROMPT, meta_input, num_ctx, pricing)
+            meta = await self._written(summaries, META_SUMMARY_PROMPT, num_ctx, False, pricing)
             meta_text, _ = split_keys_line(meta)
             messages = [Message(role="user", content=meta_text, is_summary=True), *rest]
         prompt = self.knobs.summary_prompt or SUMMARY_PROMPT
-        formatted = await self._input(messages, prompt, num_ctx, facts.vision, pricing)
-        read = pricing.estimate([Message(role="user", content=formatted.text)])
-        text = await self._call(prompt, formatted, num_ctx, pricing, summary_length(read, self.budget))
+        text = await self._written(messages, prompt, num_ctx, facts.vision, pricing, sized=True)
         return split_keys_line(text)
+
+    async def _written(self, messages: list[Message], prompt: str, num_ctx: int, vision: bool,
+                       pricing: Pricing, *, sized: bool = False) -> str:
+        """One standalone summary call (``sized``: asked for a length that follows what it reads).
+        Its prompt refused by Ollama as over num_ctx (our count of it was low), the input is cut to
+        fit half the window and sent once more, in the same num_ctx (another would reload the
+        model); refused again, the error goes to the caller's retry and fallback."""
+        formatted = await self._input(messages, prompt, num_ctx, vision, pricing)
+        try:
+            return await self._call(prompt, formatted, num_ctx, pricing, self._length(formatted, pricing, sized))
+        except ContextRefused as exc:
+            log.warning("summary prompt for %s refused as over num_ctx %d: its input cut to half: %s",
+                        self.model, num_ctx, exc)
+        formatted = await self._input(messages, prompt, num_ctx // 2, vision, pricing)
+        return await self._call(prompt, formatted, num_ctx, pricing, self._length(formatted, pricing, sized))
+
+    def _length(self, formatted: SummaryInput, pricing: Pricing, sized: bool) -> int | None:
+        """The summary's length asked for: following what it reads (``sized``), else none."""
+        if not sized:
+            return None
+        return summary_length(pricing.estimate([Message(role="user", content=formatted.text)]), self.budget)
 
     async def summarize_prefix(self, prefix: Prefix, pricing: Pricing) -> tuple[str, list[str]]:
         """The prefix form: the conversation's prompt up to the last message condensed, then the

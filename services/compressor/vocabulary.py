@@ -24,39 +24,13 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from services.compressor.special_tokens import matched_tokens
+from services.compressor.split_patterns import SPLIT_RULES, SplitRule
+
 PREFIX = "tokenizer.ggml."
 
 # GGUF token types (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-# Split patterns per ``tokenizer.ggml.pre``, as llama.cpp defines them. Only patterns whose counts
-# are tested against a reference tokenizer are listed; an unknown name is a fallback, not a guess.
-_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"  # as Qwen and Llama 3 write it (case-insensitive)
-_QWEN2 = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Qwen 3.5/3.6 keep combining marks (\p{M}) with the letters they modify.
-_QWEN35 = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Llama 3.x: digits in groups of up to three.
-_LLAMA3 = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-
-SPLIT_PATTERNS: dict[str, str] = {
-    "qwen35": _QWEN35,
-    "qwen2": _QWEN2,
-    "deepseek-r1-qwen": _QWEN2,
-    "llama-bpe": _LLAMA3,
-    "llama3": _LLAMA3,
-    "smaug-bpe": _LLAMA3,
-    "default": _GPT2,
-    "gpt-2": _GPT2,
-}
 
 SPM_SPACE = "▁"
 
@@ -76,6 +50,7 @@ class GgufVocabulary:
     merges: Sequence[str]
     scores: Sequence[float]
     add_space_prefix: bool
+    model_name: str = ""  # general.name: llama.cpp gives Phi-3's special tokens an rstrip by it
 
     @classmethod
     def from_model_info(cls, info: Mapping[str, Any]) -> "GgufVocabulary":
@@ -95,6 +70,7 @@ class GgufVocabulary:
             scores=info.get(PREFIX + "scores") or [],
             # llama.cpp's default: SentencePiece vocabularies prefix a space unless told not to.
             add_space_prefix=bool(info.get(PREFIX + "add_space_prefix", kind == "llama")),
+            model_name=str(info.get("general.name") or ""),
         )
 
 
@@ -108,6 +84,8 @@ def build_tokenizer(info: Mapping[str, Any]) -> Tokenizer:
         tokenizer = _byte_level_bpe(vocab)
     elif vocab.kind == "llama":
         tokenizer = _sentencepiece_bpe(vocab)
+    elif vocab.kind == "gemma4":
+        tokenizer = _gemma4_bpe(vocab)
     else:
         raise UnsupportedVocabulary(f"tokenizer.ggml.model {vocab.kind!r} is not supported")
     _add_special_tokens(tokenizer, vocab)
@@ -122,29 +100,53 @@ def _ids(vocab: GgufVocabulary) -> dict[str, int]:
 
 
 def _pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
+    """``"left right"`` merges, cut at the first space after the first character as llama.cpp
+    cuts them (a left part may itself be a space)."""
     pairs = []
     for merge in merges:
-        left, sep, right = merge.partition(" ")
-        if not sep:
+        cut = merge.find(" ", 1)
+        if cut < 0:
             raise UnsupportedVocabulary(f"malformed merge {merge!r}")
-        pairs.append((left, right))
+        pairs.append((merge[:cut], merge[cut + 1:]))
     return pairs
 
 
+def split_rule(pre: str) -> SplitRule:
+    """The split llama.cpp applies for ``pre``: none named means llama.cpp's default, not GPT-2's."""
+    rule = SPLIT_RULES.get(pre or "default")
+    if rule is None:
+        raise UnsupportedVocabulary(f"pre-tokenizer {pre!r} is not supported")
+    return rule
+
+
+def _splits(rule: SplitRule) -> list[pre_tokenizers.PreTokenizer]:
+    return [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in rule.patterns]
+
+
 def _byte_level_bpe(vocab: GgufVocabulary) -> Tokenizer:
-    pattern = SPLIT_PATTERNS.get(vocab.pre or "default")
-    if pattern is None:
-        raise UnsupportedVocabulary(f"pre-tokenizer {vocab.pre!r} is not supported")
+    rule = split_rule(vocab.pre)
     if not vocab.merges:
         raise UnsupportedVocabulary("a byte-level BPE vocabulary without merges")
-    # ignore_merges: a pre-token that is itself in the vocabulary is one token, as in tiktoken and
-    # llama.cpp; without it a rare merge order splits such a word in two.
-    tokenizer = Tokenizer(models.BPE(_ids(vocab), _pairs(vocab.merges), ignore_merges=True))
+    tokenizer = Tokenizer(models.BPE(_ids(vocab), _pairs(vocab.merges), ignore_merges=rule.ignore_merges))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        *_splits(rule), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _gemma4_bpe(vocab: GgufVocabulary) -> Tokenizer:
+    """Gemma 4: BPE with merges over the text's own characters (no byte-level alphabet), spaces
+    written ``▁``, each line and each run of newlines merged apart, an unknown character as its
+    ``<0xNN>`` bytes. llama.cpp takes a run of newlines that is itself a token whole."""
+    if not vocab.merges:
+        raise UnsupportedVocabulary("a gemma4 vocabulary without merges")
+    tokenizer = Tokenizer(models.BPE(_ids(vocab), _pairs(vocab.merges), byte_fallback=True, ignore_merges=True))
+    tokenizer.normalizer = normalizers.Replace(" ", SPM_SPACE)
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated", invert=False)
+    tokenizer.decoder = decoders.Sequence([
+        decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+    ])
     return tokenizer
 
 
@@ -180,11 +182,12 @@ def _sentencepiece_bpe(vocab: GgufVocabulary) -> Tokenizer:
 
 
 def _add_special_tokens(tokenizer: Tokenizer, vocab: GgufVocabulary) -> None:
-    """Control tokens are matched in text as one token each (the chat template's markers, and a
-    user who pastes one); user-defined tokens too, but as ordinary text."""
-    control = [t for t, kind in zip(vocab.tokens, vocab.token_types) if kind == CONTROL and t]
-    user = [t for t, kind in zip(vocab.tokens, vocab.token_types) if kind == USER_DEFINED and t]
-    if control:
-        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    """The tokens llama.cpp matches whole in a prompt (see special_tokens) are one token each:
+    control ones as special tokens, user-defined ones as ordinary text."""
+    matched = matched_tokens(vocab.tokens, vocab.token_types, vocab.model_name)
+    special = [AddedToken(m.text, special=True, normalized=False, rstrip=m.rstrip) for m in matched if m.special]
+    user = [AddedToken(m.text, special=False, normalized=False, rstrip=m.rstrip) for m in matched if not m.special]
+    if special:
+        tokenizer.add_special_tokens(special)
     if user:
-        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+        tokenizer.add_tokens(user)

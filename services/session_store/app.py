@@ -83,7 +83,8 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
     ollama = OllamaClient(settings.ollama_host)
     memory_index = MemoryIndex(MemoryVectors(pool), Embedder(ollama, retry_s=settings.embed_retry_s),
                                model=settings.embed_model, query_timeout_s=settings.embed_timeout_s,
-                               min_similarity=settings.embed_min_similarity, where=f"PostgreSQL at {db.where(url)}")
+                               min_similarity=settings.embed_min_similarity, where=f"PostgreSQL at {db.where(url)}",
+                               messages_quiet_s=settings.embed_messages_quiet_s)
     await memory_index.start()
     bus = SessionBus(url, pool)
     bus.start()

@@ -154,18 +154,25 @@ async def reachable(pool: asyncpg.Pool, timeout: float) -> bool:
 
 
 def _migrations() -> list[tuple[int, str, str]]:
+    """The versioned migrations (NNNN_name.sql), applied once each, in order."""
+    return sorted((int(name.split("_", 1)[0]), name, sql) for name, sql in _scripts() if name[0].isdigit())
+
+
+def _every_start() -> list[tuple[str, str]]:
+    """Scripts run on every start after the migrations (every_start_*.sql): idempotent repairs of
+    what a migration could not do when it ran (an optional extension installed later)."""
+    return sorted((name, sql) for name, sql in _scripts() if name.startswith("every_start_"))
+
+
+def _scripts() -> list[tuple[str, str]]:
     folder = resources.files("services.session_store") / "migrations"
-    found = []
-    for entry in folder.iterdir():
-        if entry.name.endswith(".sql"):
-            version = int(entry.name.split("_", 1)[0])
-            found.append((version, entry.name, entry.read_text()))
-    return sorted(found)
+    return [(entry.name, entry.read_text()) for entry in folder.iterdir() if entry.name.endswith(".sql")]
 
 
 async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> None:
-    """Apply pending migrations (up to version `through`: an older schema, for upgrade tests).
-    The whole schema lives in migrations/: nothing else creates or drops a table or an index."""
+    """Apply pending migrations (up to version `through`: an older schema, for upgrade tests), then
+    the every-start scripts. The whole schema lives in migrations/: nothing else creates or drops a
+    table or an index."""
     async with pool.acquire() as conn:
         # A migration's RAISE WARNING (an optional extension missing) reaches the store's log.
         conn.add_log_listener(_log_notice)
@@ -183,6 +190,9 @@ async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> None:
                     await conn.execute(sql)
                     await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
                 log.info("applied migration %s", name)
+            if through is None:
+                for name, sql in _every_start():
+                    await conn.execute(sql)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
             conn.remove_log_listener(_log_notice)

@@ -41,13 +41,14 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from services.shared.content_types import SNIFF_BYTES, content_type
-from services.shared.workspace_paths import RESERVED_NAMES, RESERVED_PREFIXES, is_workspace_path
+from services.shared.workspace_paths import CHANGES_NAME, RESERVED_NAMES, RESERVED_PREFIXES, is_workspace_path
 from services.shared.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -246,6 +247,28 @@ def _inside(folder: Path, name: str) -> Path:
     return path
 
 
+def _mark_changed(folder: Path) -> None:
+    """A new changes token for ``folder``, written after each change to its files: a reader that
+    read the old one before listing sees that it must list again. One write wins whole (a rename);
+    two writers leave either token, both new. Kept among the top level's digests (no file may
+    take its name, so no digest either)."""
+    kept = folder / DIGEST_DIR
+    kept.mkdir(exist_ok=True)
+    temp = kept / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
+    temp.write_text(uuid.uuid4().hex)
+    os.replace(temp, kept / CHANGES_NAME)
+
+
+def _changes_token(folder: Path) -> str:
+    """The folder's changes token, made on first need (a folder from before tokens were kept)."""
+    for _ in range(2):
+        try:
+            return (folder / DIGEST_DIR / CHANGES_NAME).read_text().strip()
+        except FileNotFoundError:
+            _mark_changed(folder)
+    return ""
+
+
 def _reserved(name: str) -> bool:
     return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
 
@@ -329,6 +352,7 @@ class Upload:
             else:
                 final = _claim_name(self.temp_path, self.folder, self._final_names())
                 _keep_digest(final, digest, _stamp(final))
+            _mark_changed(self.folder)
         except BaseException:
             self.abort()
             raise
@@ -434,6 +458,7 @@ class FileStore:
         target = self._existing_file(session_id, path)
         size = target.stat().st_size
         target.unlink()
+        _mark_changed(folder)
         (target.parent / DIGEST_DIR / target.name).unlink(missing_ok=True)
         parent = target.parent
         while parent != folder:
@@ -516,6 +541,18 @@ class FileStore:
             return []
         return [self._info(path, rel) for rel, path in sorted(self._walk(folder))]
 
+    def list_files_unless(self, session_id: str, token: str) -> tuple[str, list[FileInfo] | None]:
+        """(the workspace's changes token, its files), or (token, None) when ``token`` is still
+        the current one: nothing was written or deleted since the listing that gave it. The token
+        is read before the files are, so a change made while they are listed shows next time."""
+        folder = self.session_dir(session_id)
+        if not folder.is_dir():
+            return "", []
+        current = _changes_token(folder)
+        if token and token == current:
+            return current, None
+        return current, self.list_files(session_id)
+
     def delete_session(self, session_id: str) -> bool:
         """Remove a session's folder; return whether there was one."""
         folder = self.session_dir(session_id)
@@ -592,13 +629,15 @@ class FileStore:
 
     @staticmethod
     def _info(path: Path, name: str | None = None) -> FileInfo:
-        digest = _digest_of(path)
+        # One stat and one read of the kept digest: a listing of a 10,000-file workspace does this
+        # for every file, on every turn that uses a file tool.
+        size = path.stat().st_size
         kept = _kept(path)
         return FileInfo(
             name=name or path.name,
             path=path,
-            size=path.stat().st_size,
-            sha256=digest,
+            size=size,
+            sha256=kept[0] if kept is not None else _digest_of(path),
             content_type=content_type(path.name, _head_of(path)),
             outside_content=not (kept is not None and kept[1]),
         )

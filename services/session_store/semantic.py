@@ -6,6 +6,10 @@ embeds its query where the vectors are. Everything here is best effort: a missin
 missing model, an embedder that is down or slow only take the semantic tier away (memory search
 is then lexical), never a save, a compression or a turn.
 
+Sessions are searched by meaning through their summaries and every displayed user and assistant
+message (session_search, ListSessions' query), embedded by the same task after the chunks and
+summaries, in the same batches and back-off: the indexer's whole budget.
+
 Indexing runs in one background task, after commits: CommitCompression and IndexChunks poke it
 once their transaction is over, and a chunk without a vector stays pending until embedded, so a
 failed attempt is simply retried (after the back-off). A rebuild is the same loop: a new space
@@ -19,7 +23,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -38,6 +42,9 @@ INDEX_TIMEOUT_S = 60.0
 # What of a chunk is embedded: an embedding model's window is a few thousand tokens (Ollama would
 # truncate anyway); a shorter request costs less to send.
 EMBED_CHARS = 8_000
+# What of a message is embedded for session search: its opening says what it is about, and every
+# displayed message of every session is embedded, so the indexer's time goes further on less.
+MESSAGE_EMBED_CHARS = 2_000
 # How long a profile's model stays marked as searched before it is written again.
 _SPACE_TOUCH_S = 3600.0
 
@@ -96,7 +103,7 @@ class MemoryIndex:
     wakes the indexer."""
 
     def __init__(self, vectors: MemoryVectors, embedder: Embedder, *, model: str, query_timeout_s: float,
-                 min_similarity: float, where: str = "PostgreSQL"):
+                 min_similarity: float, where: str = "PostgreSQL", messages_quiet_s: float = 0.0):
         self.vectors = vectors
         self.embedder = embedder
         self.model = model
@@ -107,6 +114,12 @@ class MemoryIndex:
         self._dimensions: dict[str, int] = {}
         self._touched: dict[str, float] = {}
         self._wake = asyncio.Event()
+        # A poke for new messages only (an append) looks for nothing else: the pending chunks'
+        # question reads every chunk, and appends come several a turn.
+        self._everything = True
+        self.messages_quiet_s = messages_quiet_s
+        # When the sessions appended to since the last pass will have been quiet long enough.
+        self._messages_due: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -132,10 +145,21 @@ class MemoryIndex:
             with suppress(asyncio.CancelledError):
                 await self._task
 
-    def poke(self) -> None:
-        """New chunks were committed (or a space changed): index what is pending."""
-        if self.enabled:
-            self._wake.set()
+    def poke(self, *, messages_only: bool = False) -> None:
+        """New chunks were committed (or a space changed): index what is pending. `messages_only`:
+        only messages were appended."""
+        if not self.enabled:
+            return
+        if messages_only and self.messages_quiet_s > 0:
+            # The first append since the last pass sets the time; later ones are caught by it or by
+            # the pass their own next append schedules (never pushed back, so a busy store still
+            # gets its passes).
+            if self._messages_due is None:
+                self._messages_due = self.embedder.clock() + self.messages_quiet_s + 1.0
+                self._wake.set()  # to wait for that time instead
+            return
+        self._everything = self._everything or not messages_only
+        self._wake.set()
 
     # -- search ------------------------------------------------------------------------------
     async def embed_query(self, query: str, model: str) -> list[float] | None:
@@ -196,35 +220,47 @@ class MemoryIndex:
     async def _run(self) -> None:
         while True:
             self._wake.clear()
+            everything, self._everything = self._everything, False
+            if self._messages_due is not None and self.embedder.clock() >= self._messages_due:
+                self._messages_due = None  # this pass embeds the sessions now quiet
             try:
-                wait = await self._index_pending()
+                wait = await self._index_pending(everything)
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:  # the database away
                 log.warning("memory indexing failed (%s): retrying in %g s", exc, self.embedder.retry_s)
                 wait = self.embedder.retry_s
             except Exception:  # noqa: BLE001 — anything else must not end indexing for the process's life
                 log.exception("memory indexing failed: retrying in %g s", self.embedder.retry_s)
                 wait = self.embedder.retry_s
+            if wait is not None:
+                self._everything = True  # what failed is tried again, all of it
+            if self._messages_due is not None:
+                due = max(0.0, self._messages_due - self.embedder.clock())
+                wait = due if wait is None else min(wait, due)
             if wait is None:
                 await self._wake.wait()
             else:
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
 
-    async def _index_pending(self) -> float | None:
-        """Embed every pending chunk and summary of every space; returns when to try again (None:
-        when poked)."""
+    async def _index_pending(self, everything: bool = True) -> float | None:
+        """Embed every pending chunk, summary and message of every space (only messages unless
+        `everything`); returns when to try again (None: when poked)."""
         retry: float | None = None
+        kinds: list[tuple[Callable[[str], Awaitable[tuple[Any, list[str]] | None]],
+                          Callable[[str, Any, Sequence[Sequence[float]]], Awaitable[None]]]] = [
+            (self._pending_chunks, self.vectors.store), (self._pending_summaries, self.vectors.store_summaries),
+            (self._pending_messages, self._store_messages)]
         for model in await self.vectors.spaces():
-            for pending, store in ((self._pending_chunks, self.vectors.store),
-                                   (self._pending_summaries, self.vectors.store_summaries)):
+            for pending, store in kinds if everything else kinds[-1:]:
                 while batch := await pending(model):
                     keys, texts = batch
-                    vectors = await self.embedder.embed(model, texts, timeout=INDEX_TIMEOUT_S)
+                    vectors = await self.embedder.embed(model, texts, timeout=INDEX_TIMEOUT_S) if texts else []
                     if vectors is None:
                         wait = self.embedder.retry_in(model)
                         retry = wait if retry is None else min(retry, wait)
                         break
-                    await self.settle(model, len(vectors[0]))
+                    if vectors:
+                        await self.settle(model, len(vectors[0]))
                     await store(model, keys, vectors)
                 if retry is not None:
                     break
@@ -237,3 +273,41 @@ class MemoryIndex:
     async def _pending_summaries(self, model: str) -> tuple[list[Any], list[str]] | None:
         rows = await self.vectors.pending_summaries(model, INDEX_BATCH)
         return ([(r["session_id"], r["seq"]) for r in rows], [r["content"][:EMBED_CHARS] for r in rows]) if rows else None
+
+    async def _pending_messages(self, model: str) -> tuple[Any, list[str]] | None:
+        rows = await self.vectors.pending_messages(model, INDEX_BATCH, self.messages_quiet_s)
+        if not rows:
+            return None
+        keys, texts, marks = message_batch(rows, INDEX_BATCH)
+        return (keys, marks), texts  # the marks are stored with the vectors, in one transaction
+
+    async def _store_messages(self, model: str, keys: Any, vectors: Sequence[Sequence[float]]) -> None:
+        messages, marks = keys
+        await self.vectors.store_messages(model, messages, vectors, marks)
+
+
+def message_batch(rows: Sequence[Any], limit: int) -> tuple[list[tuple[uuid.UUID, int]], list[str],
+                                                               list[tuple[uuid.UUID, int]]]:
+    """From _PENDING_MESSAGES_SQL's rows (session, last, seq, content; seq None for a session with
+    nothing to embed past its mark): at most `limit` messages to embed, and how far each session
+    is then embedded. A session whose rows all fit is done through `last` (tool rows, hidden rows
+    and rows without text are skipped for good); one cut short, through its last message taken."""
+    keys: list[tuple[uuid.UUID, int]] = []
+    texts: list[str] = []
+    marks: list[tuple[uuid.UUID, int]] = []
+    by_session: dict[uuid.UUID, list[Any]] = {}
+    for row in rows:
+        by_session.setdefault(row["session_id"], []).append(row)
+    for session_id, session_rows in by_session.items():
+        if len(keys) >= limit:
+            break
+        messages = [r for r in session_rows if r["seq"] is not None]
+        room = limit - len(keys)
+        taken = messages[:room]
+        keys += [(session_id, r["seq"]) for r in taken]
+        texts += [r["content"][:MESSAGE_EMBED_CHARS] for r in taken]
+        # Fewer rows than the per-session cap: nothing else of it waits. Otherwise (cut by the
+        # cap or by the room left) only what was taken is done.
+        done = len(taken) == len(messages) and len(messages) < limit
+        marks.append((session_id, session_rows[0]["last"] if done else taken[-1]["seq"]))
+    return keys, texts, marks

@@ -55,6 +55,7 @@ _SORT_NAMES = {
     pb.SORT_BY_CREATED_AT: "created_at",
     pb.SORT_BY_NAME: "name",
     pb.SORT_BY_MESSAGE_COUNT: "message_count",
+    pb.SORT_BY_RELEVANCE: "relevance",
 }
 
 
@@ -301,6 +302,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         result = await self.repo.sessions.append_messages(
             identity, session_id, request.messages, _expected(request), request.idempotency_key, report,
             request.expected_next_seq if request.HasField("expected_next_seq") else None, tool_runs)
+        if request.messages and self.memory_index is not None:
+            self.memory_index.poke(messages_only=True)  # embedded for session search
         return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
                                          context_truncated=result.context_truncated,
                                          session_changed=result.session_changed)
@@ -772,8 +775,10 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.get_session(identity, session_id)
-        files = await asyncio.to_thread(self.files.list_files, str(session_id))
-        return pb.ListFilesResponse(files=[_file_info(f) for f in files])
+        token, files = await asyncio.to_thread(self.files.list_files_unless, str(session_id), request.unless_token)
+        if files is None:
+            return pb.ListFilesResponse(token=token, unchanged=True)
+        return pb.ListFilesResponse(files=[_file_info(f) for f in files], token=token)
 
 
     # -- what the agent remembers about the caller -------------------------------------------

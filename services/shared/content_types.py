@@ -72,12 +72,15 @@ def _signature_type(head: bytes) -> str | None:
 
 # Control bytes that text holds: tab, newlines, form feed, and ESC (colour codes in logs).
 _TEXT_CONTROLS = frozenset(b"\t\n\r\f\x1b")
+# Every byte text may hold; deleting them leaves the ones it never does (in C: a listing sniffs
+# every file of a workspace).
+_TEXT_BYTES = bytes(b for b in range(256) if not ((b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7f))
 
 
 def _text_of(head: bytes) -> str | None:
     """The head as text, or None when it is binary (a control byte text never holds, or bytes
     that are not UTF-8)."""
-    if not head or any((b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7f for b in head):
+    if not head or head.translate(None, _TEXT_BYTES):
         return None
     for cut in range(4):  # the head may end inside a multi-byte character
         try:

@@ -23,6 +23,23 @@ class OllamaStreamError(Unavailable):
     """Ollama reported an error after the stream had begun (a final `{"error": …}` line)."""
 
 
+class ContextRefused(FailedPrecondition):
+    """Ollama refused the prompt as longer than the model's context window (HTTP 400 to a request
+    sent with ``truncate: false``): proof that it does not fit, where it would otherwise have lost
+    its oldest messages without a word."""
+
+
+# How each engine words that refusal: llama-server's, Ollama's own where a model has no context
+# shift, and the old runners' (which honour `truncate` since v0.12.6).
+CONTEXT_REFUSALS = ("exceeds the available context size", "longer than the context length",
+                    "input length exceeds the context length")
+
+
+def is_context_refusal(status: int, message: str) -> bool:
+    lowered = message.lower()
+    return status == 400 and any(text in lowered for text in CONTEXT_REFUSALS)
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     name: str
@@ -40,6 +57,11 @@ class ModelFacts:
     @property
     def thinking(self) -> bool:
         return "thinking" in self.capabilities
+
+    def usable_window(self, requested: int) -> int:
+        """The num_ctx a call gets: what was asked for, at most what the model was trained on
+        (Ollama clamps a larger one with only a log line; 0: unknown, the request stands)."""
+        return min(requested, self.context_length) if self.context_length > 0 else requested
 
 
 @dataclass
@@ -81,6 +103,9 @@ def _error_for(status: int, body: str, model: str, host: str) -> PalimpsestError
         message = body
     if status == 404:
         return NotFound(f"model '{model}' is not available in Ollama at {host}: run `ollama pull {model}`")
+    if is_context_refusal(status, str(message)):
+        return ContextRefused(f"Ollama refused the prompt for model '{model}' as longer than its context window: "
+                              f"{message}")
     if status == 400:
         return FailedPrecondition(f"Ollama refused the request for model '{model}': {message}")
     return Unavailable(f"Ollama at {host} answered {status}: {message}")
@@ -219,11 +244,15 @@ class OllamaClient:
         stream: bool = True,
         options: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        # num_ctx always goes out: Ollama's own default is small and silently truncates.
+        # num_ctx always goes out: Ollama's own default is small and silently truncates. And
+        # truncate: false, so a prompt over it is refused (HTTP 400, ContextRefused) instead of losing
+        # its oldest messages unseen; Ollama before v0.12.6 ignores it (its cut is detected from
+        # prompt_eval_count, services/shared/reports.py).
         body: dict[str, Any] = {
             "model": model,
             "messages": list(messages),
             "stream": stream,
+            "truncate": False,
             "options": {**(options or {}), "num_ctx": num_ctx},
         }
         if tools:

@@ -193,6 +193,9 @@ class Settings:
     embed_model: str = "nomic-embed-text"
     embed_timeout_s: float = 2.0
     embed_retry_s: float = 30.0
+    # A session's messages are embedded once it has been quiet this long: not during its turn, when
+    # the embedder would share Ollama with the model answering.
+    embed_messages_quiet_s: float = 10.0
     # The cosine similarity below which a chunk is not counted as near in meaning: about what
     # unrelated texts reach with the model (nomic-embed-text: 0.4–0.5).
     embed_min_similarity: float = 0.5
@@ -201,6 +204,8 @@ class Settings:
     compression_threshold: float = 0.90
     compression_target: float = 0.65
     compression_prune_tool_results: bool = True
+    # What compressions drop is indexed as memory chunks (000: "indexing is gated by memory_search_enabled").
+    memory_search_enabled: bool = True
     # An automatic compression must free at least this share of the window, or it is not run.
     compression_min_freed: float = 0.05
     keep_recent: int = 4
@@ -269,6 +274,7 @@ class Settings:
             embed_model=_env("PALIMPSEST_EMBED_MODEL", "nomic-embed-text").strip(),
             embed_timeout_s=_env_float("PALIMPSEST_EMBED_TIMEOUT_S", 2.0),
             embed_retry_s=_env_float("PALIMPSEST_EMBED_RETRY_S", 30.0),
+            embed_messages_quiet_s=_env_float("PALIMPSEST_EMBED_MESSAGES_QUIET_S", 10.0),
             embed_min_similarity=_env_float("PALIMPSEST_EMBED_MIN_SIMILARITY", 0.5),
             owner_max_sessions=_env_int("PALIMPSEST_OWNER_MAX_SESSIONS", 10_000),
             owner_max_bytes=_env_int("PALIMPSEST_OWNER_MAX_MB", 10 * 1024) * 1024 * 1024,
@@ -280,6 +286,7 @@ class Settings:
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
             compression_prune_tool_results=_env_bool("CONTEXT_COMPRESSION_PRUNE_TOOL_RESULTS", True),
+            memory_search_enabled=_env_bool("PALIMPSEST_MEMORY_SEARCH_ENABLED", True),
             compression_min_freed=_env_float("CONTEXT_COMPRESSION_MIN_FREED", 0.05),
             keep_recent=_env_int("CONTEXT_KEEP_RECENT", 4),
             summary_temperature=_env_float("CONTEXT_SUMMARY_TEMPERATURE", 0.3),

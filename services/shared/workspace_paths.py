@@ -20,8 +20,10 @@ MAX_PATH_BYTES = 1024
 MAX_DEPTH = 32
 # Where run_command sees the workspace: a model that writes that prefix means the same file.
 MOUNT = "/workspace"
-# The store's own bookkeeping beside the files (digests, uploads under way): never a workspace path.
-RESERVED_NAMES = frozenset({".sha256"})
+# The store's own bookkeeping beside the files (digests, uploads under way, the token that changes with
+# every change): never a workspace path.
+CHANGES_NAME = ".palimpsest-changes"
+RESERVED_NAMES = frozenset({".sha256", CHANGES_NAME})
 RESERVED_PREFIXES = (".upload-",)
 _DEVICES = frozenset({"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from clients.pal.app import App
 from clients.pal.commands import Subparsers
+from clients.pal.client_tools import LocalTool, add_client_tools_flag, declare, runner_for
 from clients.pal.chat_input import image_paths_in, parse_command, read_message
 from clients.pal.errors import CliError, ServiceError
 from clients.pal.render import ContextMeter, compressed_tokens, renderer_for
@@ -52,6 +53,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--id", dest="session_id", default="", help="resume this session")
     p.add_argument("--profile", default="", help="agent profile (default: the session's, else the Agent's default)")
     add_ref_flag(p, "add to the session (with your first message)")
+    add_client_tools_flag(p)
     p.set_defaults(handler=chat)
 
 
@@ -141,6 +143,8 @@ class Chat:
     images: list[bytes] = field(default_factory=list)
     # Files uploaded with /attach, by stored name: they go with the next message.
     attachments: list[str] = field(default_factory=list)
+    # Offered to the model with every message (--client-tools).
+    tools: list[LocalTool] = field(default_factory=list)
     interactive: bool = field(default_factory=lambda: sys.stdin.isatty())
     _piped: PipedLines | None = None
     _watch: SessionWatch | None = None
@@ -282,10 +286,12 @@ class Chat:
                                              profile_id=self.profile_id if self.profile_pending else "",
                                              text=text, images=images, external_refs=self.refs,
                                              attachments=self.attachments)
+        declare(request, self.tools)
         agent = self.app.conn.agent()
         renderer = renderer_for(self.app.out, self.meter)
         try:
-            result = stream_turn(agent, lambda: agent.RunStream(request), renderer, self.session_id)
+            result = stream_turn(agent, lambda: agent.RunStream(request), renderer, self.session_id,
+                                 tools=runner_for(agent, self.tools, renderer.note))
         except ServiceError:
             if renderer.outcome.session_id:  # cut off mid-turn, but it began: the session has the message
                 self._sent(renderer.outcome.session_id)
@@ -399,4 +405,5 @@ def chat(app: App, args: argparse.Namespace) -> int:
     if args.session_id:
         # Fail early, with the store's message, on an id that does not exist.
         app.conn.store().GetSession(pb.GetSessionRequest(session_id=args.session_id, view=pb.SESSION_VIEW_SUMMARY))
-    return Chat(app, session_id=args.session_id, profile_id=args.profile, refs=list(args.refs)).loop()
+    return Chat(app, session_id=args.session_id, profile_id=args.profile, refs=list(args.refs),
+                tools=args.client_tools).loop()

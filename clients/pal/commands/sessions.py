@@ -11,6 +11,7 @@ from rich.text import Text
 
 from clients.pal.app import App
 from clients.pal.commands import Subparsers
+from clients.pal.commands.turns import most_recent_session
 from clients.pal.errors import CliError
 from clients.pal.output import to_dict
 from clients.pal.views import message_view, session_header, sessions_table, shared_header
@@ -38,8 +39,10 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--oldest-first", action="store_true", help="ascending order")
     p.set_defaults(handler=list_sessions)
 
-    p = actions.add_parser("show", help="a session and its display history", parents=[common])
-    p.add_argument("session_id")
+    p = actions.add_parser("show", help="a session and its display history (default: the most recent)",
+                           parents=[common])
+    p.add_argument("session_id", nargs="?", default="", help="the session (default: the most recently active one)")
+    p.add_argument("--profile", default="", help="without an id: the most recent session of this profile")
     p.add_argument("--last", type=int, default=0, metavar="N", help="only the newest N messages")
     p.add_argument("--thinking", action="store_true", help="include the model's thinking")
     p.set_defaults(handler=show)
@@ -58,7 +61,8 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", action="store_true", help="confirm --older-than 0, which deletes every session")
     p.set_defaults(handler=cleanup)
 
-    p = actions.add_parser("search", help="sessions whose name or messages contain a text", parents=[common])
+    p = actions.add_parser("search", help="sessions whose name or messages contain a text or two of its words, "
+                                          "best match first", parents=[common])
     p.add_argument("query", nargs="+")
     p.add_argument("-n", "--limit", type=int, default=20, help="how many sessions (default 20)")
     p.add_argument("--profile", default="", help="only sessions of this profile")
@@ -110,6 +114,7 @@ def list_sessions(app: App, args: argparse.Namespace) -> int:
 
 def show(app: App, args: argparse.Namespace) -> int:
     store = app.conn.store()
+    args.session_id = args.session_id or most_recent_session(store, args.profile)
     if args.last > 0:
         session = store.GetSession(pb.GetSessionRequest(session_id=args.session_id,
                                                         view=pb.SESSION_VIEW_SUMMARY)).session
@@ -182,7 +187,7 @@ def search(app: App, args: argparse.Namespace) -> int:
         raise CliError("search needs a query", exit_code=2)
     store = app.conn.store()
     found = store.ListSessions(pb.ListSessionsRequest(query=query, profile_id=args.profile,
-                                                      page_size=_page_size(args.limit)))
+                                                      sort_by=pb.SORT_BY_RELEVANCE, page_size=_page_size(args.limit)))
     matches: dict[str, pb.SessionMatch] = {}
     if found.sessions:
         response = store.SearchMatches(pb.SearchMatchesRequest(session_ids=[s.id for s in found.sessions],

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from clients.pal.app import App
+from clients.pal.client_tools import LocalTool, add_client_tools_flag, declare, runner_for
 from clients.pal.commands import Subparsers
 from clients.pal.errors import CliError
 from clients.pal.render import ContextMeter, renderer_for
@@ -45,6 +46,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     add_ref_flag(p, "give the session")
     p.add_argument("--attach", action="append", default=[], metavar="FILE",
                    help="upload a file to the session and tell the model where it is (repeatable)")
+    add_client_tools_flag(p)
     p.set_defaults(handler=run)
 
     p = sub.add_parser("continue", help="send a message to the most recent session, streamed", parents=[common])
@@ -55,6 +57,7 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     add_ref_flag(p, "add to the session")
     p.add_argument("--attach", action="append", default=[], metavar="FILE",
                    help="upload a file to the session and tell the model where it is (repeatable)")
+    add_client_tools_flag(p)
     p.set_defaults(handler=continue_)
 
 
@@ -99,10 +102,13 @@ def most_recent_session(store: SessionStoreStub, profile_id: str = "") -> str:
     return best[1]
 
 
-def stream_one_turn(app: App, request: agent_pb2.RunStreamRequest) -> StreamResult:
+def stream_one_turn(app: App, request: agent_pb2.RunStreamRequest,
+                    tools: list[LocalTool] | None = None) -> StreamResult:
     agent = app.conn.agent()
-    result = stream_turn(agent, lambda: agent.RunStream(request), renderer_for(app.out, ContextMeter()),
-                         request.session_id)
+    renderer = renderer_for(app.out, ContextMeter())
+    declare(request, tools or [])
+    result = stream_turn(agent, lambda: agent.RunStream(request), renderer, request.session_id,
+                         tools=runner_for(agent, tools or [], renderer.note))
     if not app.out.json and result.outcome.session_id:
         app.out.note(f"session {result.outcome.session_id} · pal continue --id {result.outcome.session_id} \"…\"")
     return result
@@ -133,7 +139,7 @@ def run(app: App, args: argparse.Namespace) -> int:
             raise
     request = agent_pb2.RunStreamRequest(session_id=session_id, profile_id=args.profile, text=text, images=images,
                                          external_refs=args.refs, attachments=names)
-    return stream_one_turn(app, request).exit_code
+    return stream_one_turn(app, request, args.client_tools).exit_code
 
 
 def continue_(app: App, args: argparse.Namespace) -> int:
@@ -143,4 +149,4 @@ def continue_(app: App, args: argparse.Namespace) -> int:
     session_id = args.session_id or most_recent_session(app.conn.store(), args.profile)
     request = agent_pb2.RunStreamRequest(session_id=session_id, text=text, images=images, external_refs=args.refs,
                                          attachments=attach_all(app, session_id, files))
-    return stream_one_turn(app, request).exit_code
+    return stream_one_turn(app, request, args.client_tools).exit_code

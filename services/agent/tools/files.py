@@ -346,12 +346,24 @@ class GrepTool:
         return ToolResult(content=text, untrusted=outside, metadata={"matches": min(len(hits), cap)})
 
 
+# What can match a line alone but not the same line inside its file: anchors and look-arounds.
+_LINE_BOUND = regex.compile(r"\\[AZzG]|\(\?|\$|(?<!\[)\^")
+
+
+def whole_file_filter(pattern: regex.Pattern) -> regex.Pattern | None:
+    """The pattern as one search over a whole file that finds something wherever a line of the
+    file has a match (it may find more: `\\s` spans lines), so files without one are skipped in a
+    single search rather than line by line; None when the pattern could match a line alone."""
+    return None if _LINE_BOUND.search(pattern.pattern) else pattern
+
+
 def _grep(workspace: Workspace, paths: list[str], pattern: regex.Pattern, cap: int) -> tuple[list[str], bool, int]:
     """(match lines, one cap past: to say there are more), whether a matching file is outside
     content, and how many text files were searched."""
     hits: list[str] = []
     outside = False
     searched = 0
+    prefilter = whole_file_filter(pattern)
     for path in paths:
         entry = workspace.files[path]
         if entry.size > TEXT_MAX_BYTES:
@@ -360,7 +372,10 @@ def _grep(workspace: Workspace, paths: list[str], pattern: regex.Pattern, cap: i
         if _is_binary(data[:SNIFF]):
             continue
         searched += 1
-        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        text = data.decode("utf-8", errors="replace")
+        if prefilter is not None and not prefilter.search(text, timeout=GREP_SECONDS):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
             if pattern.search(line, timeout=GREP_SECONDS):
                 shown = line if len(line) <= GREP_LINE_CHARS else line[:GREP_LINE_CHARS] + "…"
                 hits.append(f"{path}:{number}: {shown}")

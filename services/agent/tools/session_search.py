@@ -75,8 +75,9 @@ class SessionSearchTool:
     reach = Reach.ENGINE  # other sessions of the owner: nothing outside Palimpsest
     description = (
         "Recall the user's past sessions. action=list: recent sessions. action=search with `query`: sessions "
-        "whose messages mention it, or whose summaries are about it in other words, with a snippet. action=find with `query`: sessions whose name or task "
-        "matches. action=get with `session_id`: read that session's conversation (use it after search/find)."
+        "whose messages hold it or two or more of its words, or are about it in other words, best match first, "
+        "with a snippet. action=find with `query`: sessions whose name or task matches. action=get with "
+        "`session_id`: read that session's conversation (use it after search/find)."
     )
     parameters = {
         "type": "object",
@@ -110,9 +111,10 @@ class SessionSearchTool:
         return ToolResult(content=text, untrusted=True)
 
     @staticmethod
-    async def _summaries(ctx: ToolContext, query: str, page_size: int) -> store_pb.ListSessionsResponse:
+    async def _summaries(ctx: ToolContext, query: str, page_size: int,
+                         sort_by: store_pb.SortBy = store_pb.SORT_BY_LAST_ACTIVE) -> store_pb.ListSessionsResponse:
         return await ctx.store.ListSessions(
-            store_pb.ListSessionsRequest(query=query, sort_by=store_pb.SORT_BY_LAST_ACTIVE, page_size=page_size,
+            store_pb.ListSessionsRequest(query=query, sort_by=sort_by, page_size=page_size,
                                          embed_model=ctx.profile.embed_model))
 
     async def _list(self, ctx: ToolContext, limit: int) -> str:
@@ -124,13 +126,14 @@ class SessionSearchTool:
         return "\n".join(lines)
 
     async def _search(self, ctx: ToolContext, query: str, limit: int) -> str:
-        reply = await self._summaries(ctx, query, limit)
+        # Best match first: the words a session holds and how near it is in meaning, together.
+        reply = await self._summaries(ctx, query, limit, store_pb.SORT_BY_RELEVANCE)
         if not reply.sessions:
-            return f"No session mentions {query!r}."
+            return f"No session mentions {query!r} or its words, or is about it."
         matches = await ctx.store.SearchMatches(
             store_pb.SearchMatchesRequest(session_ids=[s.id for s in reply.sessions], query=query))
         found = {m.session_id: m for m in matches.matches}
-        lines = [f"{reply.total} session{'s' if reply.total != 1 else ''} mention {query!r}"
+        lines = [f"{reply.total} session{'s' if reply.total != 1 else ''} match {query!r}, best first"
                  + (f" (showing {len(reply.sessions)})" if reply.total > len(reply.sessions) else "") + ":"]
         for s in reply.sessions:
             lines.append(session_line(s, ctx.session_id))
@@ -142,10 +145,10 @@ class SessionSearchTool:
                 if s.untrusted_ingested:
                     snippet = fence(snippet, f"session {s.id}")
                 lines.append(f"    {len(match.display_indices)} matching messages (at {positions}{more}): {snippet}")
-            elif query.casefold() in s.name.casefold():
+            elif any(word in s.name.casefold() for word in query.casefold().split()):
                 lines.append("    (matched by its name)")
-            else:  # the store's semantic tier: a summary of it is near the query, in other words
-                lines.append("    (matched by meaning: one of its summaries is about this)")
+            else:  # the store's semantic tier: a message or summary of it is near the query, in other words
+                lines.append("    (matched by meaning: it is about this, in other words)")
         lines.append("Read one with action=get and its session_id.")
         return "\n".join(lines)
 

@@ -28,8 +28,9 @@ from services.session_store.repository.access import (
 from services.session_store.repository.calibration import EXACT_FIELDS, forget_baseline
 from services.session_store.repository.memory import insert_chunks
 from services.session_store.repository.owner_memory import memory_snapshot
-from services.session_store.repository.vectors import SESSIONS_NEAR_SQL
 from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
+from services.session_store.repository.session_matches import matched_sql, matching_words, snippet_around
+from services.session_store.repository.trim import TrimRow, displayed, kept_seqs
 from services.session_store.repository.usage import OwnerUsage
 
 log = logging.getLogger("palimpsest.store.sessions")
@@ -51,14 +52,6 @@ _INSERT_SQL = (
 _ROW_FIELDS = [c.strip() for c in INSERT_COLUMNS.split(",")]
 _APPEND_SQL = ("SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9, $10, $11, $12,"
                " $13, $14)")
-
-
-def snippet_around(content: str, query: str, radius: int = 60) -> str:
-    at = content.lower().find(query.lower())
-    if at < 0:
-        return content[: radius * 2]
-    start, end = max(0, at - radius), min(len(content), at + len(query) + radius)
-    return ("…" if start else "") + content[start:end] + ("…" if end < len(content) else "")
 
 
 # A retry comes within its writer's deadline (seconds to minutes); a day of keys is plenty.
@@ -210,32 +203,23 @@ class Sessions:
         meaning: tuple[str, str, int, float] | None = None,
     ) -> tuple[list[asyncpg.Record], int]:
         """``meaning``: (model, the query's vector, its dimensions, the floor) to match sessions by
-        their summaries too (MemoryIndex.sessions_query); None: words only."""
+        their messages' and summaries' meaning too (MemoryIndex.sessions_query); None: words only.
+        Sort "relevance" ranks a query's matches best first (session_matches)."""
         params: list[Any] = []
         where = [visible(identity, params)]
         if profile_id:
             params.append(profile_id)
             where.append(f"s.profile_id = ${len(params)}")
         source = "sessions s"
+        order = f"s.pinned DESC, {_SORT_COLUMNS.get(sort_by, 's.last_active')} {'DESC' if descending else 'ASC'}, s.id"
         if query:
-            params.append(like_pattern(query))
-            p = f"${len(params)}"
-            near = ""
-            if meaning is not None:
-                params.extend(meaning)
-                m, v, d, f = (f"${len(params) - i}" for i in (3, 2, 1, 0))
-                near = " UNION " + SESSIONS_NEAR_SQL.format(m=m, v=v, d=d, f=f)
-            # The matching ids are collected once, each branch on its own trigram index, and the
-            # page and its total come from one pass (no second search for count(*)).
-            source = (
-                f"(SELECT id FROM sessions WHERE name ILIKE {p}"
-                f" UNION SELECT session_id FROM session_messages WHERE is_display AND content ILIKE {p}"
-                f" UNION SELECT session_id FROM session_messages_archive WHERE is_display AND content ILIKE {p}{near})"
-                " matched JOIN sessions s ON s.id = matched.id"
-            )
+            # The matching ids are collected once, each arm on its own trigram index, and the page
+            # and its total come from one pass (no second search for count(*)).
+            matched, relevance = matched_sql(query, params, meaning)
+            source = f"{matched} JOIN sessions s ON s.id = matched.id"
+            if sort_by == "relevance":
+                order = f"{relevance} DESC, s.last_active DESC, s.id"
         where_sql = " AND ".join(where)
-        direction = "DESC" if descending else "ASC"
-        order = f"s.pinned DESC, {_SORT_COLUMNS[sort_by]} {direction}, s.id"
         count_params = list(params)
         params.extend([limit, offset])
         total_column = ", count(*) OVER () AS total" if query else ""
@@ -254,41 +238,56 @@ class Sessions:
     async def search_matches(
         self, identity: Identity, session_ids: list[uuid.UUID], query: str
     ) -> list[tuple[str, list[int], str]]:
-        """Display indices where `query` appears, per session, in one aggregate query."""
+        """Display indices of the messages holding `query` or, for a query of several words, any
+        of its words, per session, in one aggregate query; the snippet comes from the message
+        holding the most of them (the whole query first), the earliest of those."""
         params: list[Any] = [session_ids]
         callers = visible(identity, params)
         params.append(like_pattern(query))
+        whole = f"${len(params)}"
+        params.append([like_pattern(w) for w in matching_words(query)])
+        words = f"${len(params)}::text[]"
+        patterns = [whole]
+        for word in matching_words(query):
+            params.append(like_pattern(word))
+            patterns.append(f"${len(params)}")
+        # One arm per table and pattern, each on its trigram index (an OR of patterns used none).
+        arms = " UNION ".join(
+            f"SELECT session_id, seq FROM {table} WHERE session_id = ANY($1) AND is_display AND content ILIKE {p}"
+            for p in patterns for table in ("session_messages", "session_messages_archive"))
         rows = await self.pool.fetch(
             f"""
             WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {callers}),
             hits AS (
-                -- the matching rows first, where the trigram index applies
-                SELECT session_id, seq, content FROM session_messages
-                 WHERE session_id = ANY($1) AND is_display AND content ILIKE ${len(params)}
-                UNION ALL
-                SELECT session_id, seq, content FROM session_messages_archive
-                 WHERE session_id = ANY($1) AND is_display AND content ILIKE ${len(params)}
+                -- the matching rows' text by key: reading the pages' whole history would cost more
+                SELECT k.session_id, k.seq, coalesce(
+                           (SELECT content FROM session_messages WHERE session_id = k.session_id AND seq = k.seq),
+                           (SELECT content FROM session_messages_archive
+                             WHERE session_id = k.session_id AND seq = k.seq)) AS content
+                  FROM ({arms}) k
             ),
-            hit_sessions AS (
-                SELECT DISTINCT session_id FROM hits WHERE session_id IN (SELECT id FROM allowed)
+            scored AS (
+                SELECT h.*, (CASE WHEN content ILIKE {whole} THEN 100 ELSE 0 END
+                             + (SELECT count(*) FROM unnest({words}) w WHERE h.content ILIKE w)) AS held
+                  FROM hits h WHERE session_id IN (SELECT id FROM allowed)
             ),
             numbered AS (
                 -- display positions, only for the sessions that have a hit
                 SELECT session_id, seq, row_number() OVER (PARTITION BY session_id ORDER BY seq) - 1 AS idx
                   FROM (SELECT session_id, seq FROM session_messages
-                         WHERE session_id = ANY(ARRAY(SELECT session_id FROM hit_sessions)) AND is_display
+                         WHERE session_id = ANY(ARRAY(SELECT DISTINCT session_id FROM scored)) AND is_display
                         UNION ALL
                         SELECT session_id, seq FROM session_messages_archive
-                         WHERE session_id = ANY(ARRAY(SELECT session_id FROM hit_sessions)) AND is_display) d
+                         WHERE session_id = ANY(ARRAY(SELECT DISTINCT session_id FROM scored)) AND is_display) d
             )
             SELECT h.session_id, array_agg(n.idx ORDER BY n.idx) AS indices,
-                   (array_agg(h.content ORDER BY n.idx))[1] AS first_content
-              FROM hits h JOIN numbered n USING (session_id, seq)
+                   (array_agg(h.content ORDER BY h.held DESC, n.idx))[1] AS best_content
+              FROM scored h JOIN numbered n USING (session_id, seq)
              GROUP BY h.session_id
             """,
             *params,
         )
-        return [(str(r["session_id"]), list(r["indices"]), snippet_around(r["first_content"], query)) for r in rows]
+        return [(str(r["session_id"]), list(r["indices"]), snippet_around(r["best_content"], query)) for r in rows]
 
     async def history_page(
         self, identity: Identity | None, session_id: uuid.UUID, before_seq: int, limit: int, *, archive_only: bool,
@@ -596,47 +595,42 @@ class Sessions:
         return moved
 
     async def trim_session(self, identity: Identity, session_id: uuid.UUID, keep: int) -> tuple[int, int]:
-        """Keep the newest `keep` messages, the first system message counting as one of them."""
+        """Keep the newest `keep` displayed messages, a stored system prompt counting as one
+        (trim.kept_seqs); returns the displayed messages before and after."""
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_session(conn, session_id, identity, None)
-            rows = await conn.fetch(
-                "SELECT seq, role FROM session_messages WHERE session_id = $1"
-                " UNION ALL SELECT seq, role FROM session_messages_archive WHERE session_id = $1 ORDER BY seq",
+            rows = [TrimRow(r["seq"], r["role"], r["is_display"], r["is_compression"]) for r in await conn.fetch(
+                "SELECT seq, role, is_display, is_compression FROM session_messages WHERE session_id = $1"
+                " UNION ALL SELECT seq, role, is_display, is_compression FROM session_messages_archive"
+                " WHERE session_id = $1 ORDER BY seq",
                 session_id,
-            )
-            before = len(rows)
-            first_system = next((r["seq"] for r in rows if r["role"] == "system"), None)
-            kept = set()
-            if first_system is not None:
-                kept.add(first_system)
-            for row in reversed(rows):
-                if len(kept) >= keep:
-                    break
-                kept.add(row["seq"])
-            # A tool result whose call was cut would be an orphan no chat template accepts: it goes too.
-            for row in rows:
-                if row["seq"] == first_system or row["seq"] not in kept:
-                    continue
-                if row["role"] != "tool":
-                    break
-                kept.discard(row["seq"])
-            drop = [r["seq"] for r in rows if r["seq"] not in kept]
+            )]
+            kept = kept_seqs(rows, keep)
+            drop = [r.seq for r in rows if r.seq not in kept]
             if drop:
                 for table in ("session_messages", "session_messages_archive"):
                     await conn.execute(
                         f"DELETE FROM {table} WHERE session_id = $1 AND seq = ANY($2::bigint[])", session_id, drop
                     )
+                if await conn.fetchval("SELECT to_regclass('message_vectors') IS NOT NULL"):
+                    # Search by meaning must not find the session by what was trimmed away.
+                    await conn.execute("DELETE FROM message_vectors WHERE session_id = $1 AND seq = ANY($2::bigint[])",
+                                       session_id, drop)
                 await self._recount(conn, session_id)
                 # The last real prompt size described rows that are gone.
                 await forget_baseline(conn, session_id)
         self.usage.forget()
-        return before, before - len(drop)
+        return displayed(rows), displayed(rows, kept)
 
     @staticmethod
     async def _recount(conn: Connection, session_id: uuid.UUID) -> None:
+        # next_seq moves on (one seq never used): messages went, and a writer holding the session from
+        # before (an Agent's warm copy) must not append through expected_next_seq as if only a name
+        # or a pin had changed; its append is ABORTED and it reads the session again.
         await conn.execute(
             f"""
             UPDATE sessions s SET revision = revision + 1, last_active = now(), context_token_count = 0,
+                   next_seq = next_seq + 1,
                    display_count = (SELECT count(*) FROM ({BOTH_TABLES.format(where="is_display")}) d),
                    hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
                    hot_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0)
