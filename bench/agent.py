@@ -317,24 +317,13 @@ SUMMARY_TOKENS = 400
 
 def model_time(bodies: list[dict]) -> tuple[float, float]:
     """(the run's simulated model seconds, those spent on summaries), from the requests in order."""
-    from ollama_sim.prompt import count_prompt_tokens
-
     total = on_summaries = 0.0
-    previous: tuple[list, object] = ([], None)
-    for body in bodies:
-        messages, tools = body.get("messages") or [], body.get("tools")
-        shared = 0
-        if tools == previous[1]:
-            while shared < min(len(messages), len(previous[0])) and messages[shared] == previous[0][shared]:
-                shared += 1
-        reused = count_prompt_tokens(messages[:shared], tools) if shared else 0
-        evaluated = max(0, count_prompt_tokens(messages, tools) - reused)
+    for body, evaluated in zip(bodies, _common.evaluated_tokens(bodies)):
         summary = body.get("stream") is False
         seconds = evaluated / PREFILL_TOKENS_PER_S \
             + (SUMMARY_TOKENS if summary else CHAT_ANSWER_TOKENS) / GENERATE_TOKENS_PER_S
         total += seconds
         on_summaries += seconds if summary else 0.0
-        previous = (messages, tools)
     return total, on_summaries
 
 
