@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ollama_sim import OllamaSimulator, count_text_tokens, default_models
-from ollama_sim.families import GEMMA_4, LLAMA3_2, family_models
+from ollama_sim import OllamaSimulator, count_prompt_tokens, count_text_tokens, default_models, render_prompt
+from ollama_sim.families import GEMMA_4, LLAMA3_2, counting, family_models
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.shared.ollama import OllamaClient
 from tests import vocab_oracle
@@ -100,3 +100,24 @@ async def test_the_compressor_counts_exactly_with_the_served_vocabulary(sim, voc
     text, ids = llama_cpp_vectors(vocab_dir, name)[-1]
     assert counter.count(text) == len(ids)
 
+
+
+CONVERSATION = [
+    {"role": "system", "content": "  You are terse.\n\n"},
+    {"role": "user", "content": "\n\nRead config.toml, then tell me — über kurz — what 3,141,592 means 🙂"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "read", "arguments": {"path": "config.toml"}}}]},
+    {"role": "tool", "content": "[server]\nport = 8080\n\n\n  # 中文注释\t\n"},
+    {"role": "assistant", "content": "  Port 8080.  \n"},
+]
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("model", sorted(FAMILIES))
+def test_turns_add_up_to_the_whole_prompt(vocab_dir, model):
+    """llama-server's message dropping and prompt cache work per turn: every turn's count must add up
+    to the count of the whole rendered prompt, whitespace at the content's edges included."""
+    template, count = counting(family_models(vocab_dir)[model])
+    whole = count(render_prompt(CONVERSATION, TOOLS, template))
+    assert count_prompt_tokens(CONVERSATION, TOOLS, template, count) == whole
+    assert whole != count_prompt_tokens(CONVERSATION, TOOLS)  # not Qwen's ChatML count
