@@ -236,7 +236,9 @@ class _CutAlarms(logging.Handler):
 
 
 async def _long_path(server, quick: bool, path: str, version: str = VERSION, stats: dict | None = None,
-                     tool: str = "bench.agent:DenseOutputTool") -> list:
+                     tool: str = "bench.agent:DenseOutputTool", spec=None) -> list:
+    """The long conversation on the simulator's qwen3.6 (``path`` "exact") or on it without its
+    vocabulary; ``spec``, when given, is the model to run instead (another family's)."""
     from services.compressor.token_estimate import output_reserve
     from ollama_sim.models import default_models
     from services.shared.settings import Settings
@@ -244,8 +246,9 @@ async def _long_path(server, quick: bool, path: str, version: str = VERSION, sta
 
     turns = 60 if quick else 300
     model = f"bench-{path}-{uuid.uuid4().hex[:6]}"
-    spec = default_models()["qwen3.6"]
-    spec = spec if path == "exact" else replace(spec, vocabulary=None)
+    if spec is None:
+        spec = default_models()["qwen3.6"]
+        spec = spec if path == "exact" else replace(spec, vocabulary=None)
     profile = {"id": "long", "model": model, "context_window": WINDOW, "max_iterations": 6,
                "custom_tools": [tool], "agent_tools": ["todo", "memory_search", "fetch_report"]}
     compress_turns: list[int] = []

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
@@ -28,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from ollama_sim import gguf
 
 # llama.cpp as vendored in this release (upstream build of 2026-10).
 SDIST = "llama-cpp-python==0.3.36"
@@ -40,9 +41,6 @@ SPM_FILES = {"mistral-v3": "mistral_instruct_tokenizer_240323.model.v3",
 MODELS_IN_SDIST = "/vendor/llama.cpp/models/"
 VOCAB_PREFIX = "ggml-vocab-"
 SEPARATOR = "\n__ggml_vocab_test__\n"
-# Ollama's model_info carries the tokenizer's fields and the model's general ones (general.name
-# decides phi-3's token attributes in llama.cpp).
-INFO_PREFIXES = ("tokenizer.ggml.", "general.name")
 DOWNLOAD_TIMEOUT_S = 600
 # What pip prints when it cannot reach the index (no network, DNS, proxy, TLS).
 _NETWORK_FAILURES = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
@@ -160,60 +158,10 @@ def vocabularies(folder: Path) -> list[OracleVocab]:
             for p in sorted(folder.glob(VOCAB_PREFIX + "*.gguf"))]
 
 
-# GGUF value types: (struct format, size) for scalars; 8 is a string, 9 an array.
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
-_STRING, _ARRAY = 8, 9
-
-
-class _Reader:
-    """The key-value header of a GGUF file (the format's spec, little-endian); tensors are not read."""
-
-    def __init__(self, data: bytes):
-        self.data = data
-        self.at = 0
-
-    def scalar(self, kind: int) -> Any:
-        fmt, size = _SCALARS[kind]
-        (value,) = struct.unpack_from(fmt, self.data, self.at)
-        self.at += size
-        return value
-
-    def string(self) -> str:
-        length = self.scalar(10)
-        text = self.data[self.at:self.at + length].decode("utf-8", "surrogateescape")
-        self.at += length
-        return text
-
-    def value(self, kind: int) -> Any:
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item_kind, count = self.scalar(4), self.scalar(10)
-            if item_kind in _SCALARS:  # one unpack for the whole array
-                fmt, size = _SCALARS[item_kind]
-                values = struct.unpack_from(f"<{count}{fmt[1]}", self.data, self.at)
-                self.at += size * count
-                return list(values)
-            return [self.value(item_kind) for _ in range(count)]
-        return self.scalar(kind)
-
-
 def model_info(path: Path) -> dict[str, Any]:
-    """The GGUF file's tokenizer fields as Ollama's ``model_info`` (verbose) gives them."""
-    reader = _Reader(path.read_bytes())
-    if reader.data[:4] != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
-    reader.at = 8  # magic and version
-    _tensors, pairs = reader.scalar(10), reader.scalar(10)
-    info: dict[str, Any] = {}
-    for _ in range(pairs):
-        key = reader.string()
-        value = reader.value(reader.scalar(4))
-        if key.startswith(INFO_PREFIXES) and key != "tokenizer.chat_template":
-            info[key] = value
-    return info
-
+    """The GGUF file's tokenizer fields as Ollama's ``/api/show`` (verbose) gives them: the
+    simulator's reader, so a vocabulary here is read as the simulator serves it."""
+    return gguf.model_info(path)
 
 
 def spm_model_info(path: Path) -> dict[str, Any]:
