@@ -26,8 +26,10 @@ async def test_the_store_gives_each_counted_rows_count_when_asked(store, profile
                                                                 with_counts=True))
     counts = sorted((c.seq, c.tokens, c.content_md5) for c in reply.context_tokens.counts)
     assert counts == [(m.seq, 7, md5(m.content)) for m in context[:4]]
+    assert not reply.context_tokens.uncounted  # the caller has the rows: large ones would pass the limit
     plain = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest="d"))
     assert not plain.context_tokens.counts  # only when asked: the size check's read stays small
+    assert [m.seq for m in plain.context_tokens.uncounted] == [m.seq for m in context[4:]]
 
 
 def test_a_stored_count_stands_only_for_the_content_it_was_made_from():

@@ -148,7 +148,7 @@ class Calibration:
                            ) -> tuple[dict | None, list[asyncpg.Record], dict | None]:
         """The session's baseline and, when `model` is given, its newest observations; with a
         `token_digest`, the context's size from stored counts and the rows not counted yet (and,
-        `with_counts`, each counted row's count). One round trip when every context row is counted
+        `with_counts`, each counted row's count instead of the uncounted rows). One round trip when every context row is counted
         (the usual case before a model call)."""
         async with self.pool.acquire() as conn:
             if token_digest:
@@ -163,7 +163,7 @@ class Calibration:
             tokens = None
             if token_digest:
                 uncounted = []
-                if row["uncounted_messages"]:
+                if row["uncounted_messages"] and not with_counts:  # with counts, the caller has the rows
                     # The sum and the rows it left out, from one snapshot: a count written between
                     # two reads would leave its row out of both.
                     async with conn.transaction(isolation="repeatable_read", readonly=True):
