@@ -7,7 +7,7 @@ that list, written as the models' own ``tokenizer.json`` files write it. llama.c
 name whether a piece that is itself a token skips the merges (``ignore_merges``).
 
 Only names whose counts were compared with llama.cpp's on every case (its test vectors and varied
-texts; see the README's vocabulary table) are listed. A name that is not here is refused, never
+texts; see the vocabulary table in docs/counting.md) are listed. A name that is not here is refused, never
 guessed: a guessed pattern is silently wrong on some texts, a refusal is a calibrated estimate.
 """
 
