@@ -168,6 +168,16 @@ def ollama_sim():
         yield sim
 
 
+
+@pytest.fixture
+def fresh_sim(ollama_sim):
+    """The simulator's deterministic echo for the test, whatever an earlier one scripted or set to
+    respond (modules take it with `pytestmark = pytest.mark.usefixtures("fresh_sim")`)."""
+    ollama_sim.clear()
+    ollama_sim.set_responder(None)
+    yield
+    ollama_sim.set_responder(None)
+
 @pytest.fixture(scope="module")
 async def compressor_server(base_settings, store_server, ollama_sim):
     from services.compressor.app import start_compressor

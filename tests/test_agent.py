@@ -16,35 +16,12 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_s
 from ollama_sim import Reply
 from ollama_sim.prompt import count_text_tokens
 from tests.conftest import agent_settings
-from tests.test_store_sessions import expect_status, full
+from tests.calls import expect_status, full
 from tests.waiting import until
+from tests.calls import END, end_of, kinds, run, session_due_for_a_post_turn_compression, text_of
 
-END = pb.StreamEndReason
-
-
-async def run(agent, text="hello", **kw) -> list[pb.AgentEvent]:
-    return [e async for e in agent.RunStream(pb.RunStreamRequest(text=text, **kw))]
-
-
-def kinds(events) -> list[str]:
-    return [e.WhichOneof("event") for e in events]
-
-
-def end_of(events) -> pb.StreamEnd:
-    ends = [e.stream_end for e in events if e.HasField("stream_end") and not e.is_subagent]
-    assert len(ends) == 1, kinds(events)
-    return ends[0]
-
-
-def text_of(events) -> str:
-    return "".join(e.text_delta.text for e in events if e.HasField("text_delta") and not e.is_subagent)
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 
 async def test_a_turn_streams_text_usage_and_ends_completed(agent, store, ollama_sim):
@@ -460,10 +437,6 @@ async def test_a_cut_prompt_on_the_estimate_path_is_never_learned_from(agent, ag
 
 
 async def test_sub_agent_events_are_forwarded_and_its_state_never_leaks(agent, agent_server, ollama_sim):
-    from services.agent.events import EventSink
-    from services.agent.subagent import run_subagent
-    from services.agent.tools.base import SpawnRequest
-    from services.agent.turn import current_session
 
     ollama_sim.script(
         Reply(tool_calls=[("spawn_agent", {"task": "count the files", "profile_id": "tiny"})]),
@@ -699,22 +672,6 @@ async def test_switch_profile_takes_effect_at_the_next_call(agent, store, ollama
     infos = [e.model_info.model for e in events if e.HasField("model_info")]
     assert infos[-1] == "tiny"
     assert (await full(store, events[0].session_id)).profile_id == "tiny"
-
-
-async def session_due_for_a_post_turn_compression(store):
-    """Six turns of history whose last prompt came back cut: the next turn's post-turn pass
-    compresses whatever the threshold says."""
-    from palimpsest.v1 import common_pb2
-
-    session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    history = []
-    for i in range(6):
-        history += [common_pb2.Message(role="user", content=f"question {i} " + "words " * 60),
-                    common_pb2.Message(role="assistant", content=f"answer {i} " + "words " * 60)]
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
-    await store.SetBaseline(store_pb.SetBaselineRequest(session_id=session.id, only_truncated_flag=True,
-                                                        baseline=store_pb.Baseline(context_truncated=True)))
-    return session
 
 
 async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server, store, ollama_sim):

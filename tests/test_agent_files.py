@@ -3,7 +3,6 @@ against real files, the Agent, the SessionStore on PostgreSQL and the Ollama sim
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import uuid
@@ -11,7 +10,6 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from PIL import Image
 
 from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
@@ -24,30 +22,15 @@ from services.agent.tools.registry import BUILTIN, execute
 from services.shared.channels import open_channel
 from services.shared.ollama import OllamaClient
 from tests.conftest import _start_store, agent_settings, bearer
-from tests.test_store_sessions import expect_status, full, new_session
+from tests.calls import expect_status, full, new_session
 from tests.waiting import until
 
-from tests.test_agent import END, fresh_sim, run  # noqa: F401 — fresh_sim: the simulator cleared for each test
+from tests.calls import END, run
 from tests.test_agent_tools import drained, recording_sink
+from tests.calls import file_bytes, inline, png_bytes, put_file
 
-
-def inline(name: str, data: bytes) -> pb.InlineAttachment:
-    return pb.InlineAttachment(filename=name, data=data)
-
-
-async def put_file(store, session_id: str, name: str, data: bytes) -> str:
-    async def parts():
-        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, filename=name))
-        yield store_pb.PutFileRequest(chunk=data)
-
-    return (await store.PutFile(parts())).file.name
-
-
-async def file_bytes(store, session_id: str, name: str) -> bytes:
-    data = b""
-    async for part in store.GetFile(store_pb.GetFileRequest(session_id=session_id, name=name)):
-        data += part.chunk
-    return data
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 
 def last_user_message(ollama_sim) -> dict:
@@ -321,10 +304,6 @@ async def test_a_file_changing_during_the_upload_leaves_nothing_in_the_session(t
 
 
 # -- content_publish ---------------------------------------------------------------------------------
-def png_bytes() -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 10, 10)).save(out, "PNG")
-    return out.getvalue()
 
 
 TS_STREAM = (b"\x47\x40\x00\x10" + b"\xff" * 184) * 3  # three MPEG-TS packets, sync byte each 188

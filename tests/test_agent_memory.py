@@ -22,7 +22,10 @@ from services.agent.tools.scratchpad import MAX_NOTES, NOTE_CHARS
 from services.shared.context_view import heuristic_tokens
 from services.shared.settings import Settings
 from tests.conftest import bearer, three_services
-from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test starts from the simulator's echo
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
+
 
 END = pb.StreamEndReason
 SUMMARY = "- the user asked about units\nKEYS: units"

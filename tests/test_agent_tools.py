@@ -35,17 +35,15 @@ from services.shared.channels import open_channel
 from services.shared.errors import InvalidArgument
 from services.shared.ollama import OllamaClient
 from tests.conftest import bearer
-from tests.test_store_sessions import append, full, new_session
+from tests.calls import append, full, new_session
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 Message = common_pb2.Message
 
 
 # -- fixtures ----------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from services.shared.errors import PalimpsestError, PermissionDenied, Unavailabl
 from services.shared.stopping import Stopping
 from tests.conftest import JWT_SECRET, bearer
 from tests.relay import Relay
-from tests.test_store_sessions import full
+from tests.calls import full
 from tests.waiting import until
 
 Message = common_pb2.Message

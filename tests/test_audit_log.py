@@ -22,10 +22,13 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_s
 from services.agent.tools.base import ToolContext, ToolResult
 from services.shared.auth import make_token, vouching_metadata
 from tests.conftest import JWT_SECRET, bearer
-from tests.test_store_sessions import expect_status, full
+from tests.calls import expect_status, full
 from tests.waiting import until
 from test_grpcurl import GRPCURL, grpcurl
 from test_pal import pal, pal_env
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 OK, ERROR, REFUSED, STOPPED = (store_pb.TOOL_RUN_OUTCOME_OK, store_pb.TOOL_RUN_OUTCOME_ERROR,
                                store_pb.TOOL_RUN_OUTCOME_REFUSED, store_pb.TOOL_RUN_OUTCOME_STOPPED)
@@ -93,13 +96,6 @@ async def agent_server(base_settings, store_server, compressor_server, ollama_si
 async def agent(agent_server):
     async with grpc.aio.insecure_channel(agent_server.address) as channel:
         yield agent_pb2_grpc.AgentStub(channel)
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
 
 
 async def run(agent, text: str, **kw) -> list[pb.AgentEvent]:

@@ -18,9 +18,12 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as 
 from services.agent.client_tools import ClientTool, PendingCalls, client_tools_from_proto
 from services.shared.auth import make_token
 from tests.conftest import JWT_SECRET, agent_settings, bearer
-from tests.test_agent import END, fresh_sim  # noqa: F401 — fresh_sim: the simulator cleared for each test
-from tests.test_store_sessions import expect_status, full
+from tests.calls import END
+from tests.calls import expect_status, full
 from tests.test_turn_claims import two_agents
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 WEATHER = pb.ClientTool(name="get_weather", description="Today's weather in a city.",
                         parameters_json=json.dumps({"type": "object", "properties": {"city": {"type": "string"}},

@@ -12,7 +12,7 @@ import pytest
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from ollama_sim import Reply
-from tests.test_store_sessions import expect_status, full, shown
+from tests.calls import expect_status, full, shown
 
 Message = common_pb2.Message
 WINDOW = 4096

@@ -22,7 +22,7 @@ from ollama_sim.engines import LLAMA_SERVER_REFUSAL
 from ollama_sim.models import COMPLETION, TOOLS
 from palimpsest.v1 import agent_pb2 as pb, compressor_pb2 as cpb, session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
-from tests.test_agent import END, end_of, kinds, run, text_of
+from tests.calls import END, end_of, kinds, run, text_of
 
 # Three tokens a character to the simulator's tokenizer, while a count without the model's
 # vocabulary prices about half a token: an overflow our count cannot see coming.

@@ -12,7 +12,7 @@ import pytest
 
 from ollama_sim import Reply
 from palimpsest.v1 import common_pb2, compressor_pb2 as cpb
-from tests.test_agent import END, end_of, run
+from tests.calls import END, end_of, run
 
 Message = common_pb2.Message
 NEXT = "and what should come next, given all of that?"

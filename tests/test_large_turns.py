@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-import grpc
 import pytest
 
 from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, common_pb2, session_store_pb2 as pb

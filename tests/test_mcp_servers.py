@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +31,14 @@ from services.agent.tools.base import Reach, reach_of
 from services.agent.tools.registry import tools_for
 from services.shared.errors import InvalidArgument
 from tests.conftest import CHECKOUT, agent_settings
-from tests.test_agent import END, end_of, run
+from tests.calls import END, end_of, run
 from tests.test_pal import pal, pal_env
 from tests.waiting import until
 
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
+
 READY, FAILED = pb.MCP_SERVER_STATE_READY, pb.MCP_SERVER_STATE_FAILED
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
-    ollama_sim.set_responder(None)
 
 
 def stdio_server(name: str, tmp: Path, **entry: Any) -> dict[str, Any]:

@@ -20,7 +20,6 @@ def test_simulator_help_names_the_command_and_explains_each_option() -> None:
 # -- starting ---------------------------------------------------------------------------------------
 import asyncio  # noqa: E402
 import os  # noqa: E402
-import shlex  # noqa: E402
 import signal  # noqa: E402
 
 import pytest  # noqa: E402

@@ -22,7 +22,7 @@ from services.session_store.repository.owner_memory import Entry, MemoryCaps, ch
 from services.shared.errors import InvalidArgument, NotFound, ResourceExhausted
 from tests.conftest import bearer
 from tests.test_fuzz_rpcs import _fuzz
-from tests.test_store_sessions import expect_status
+from tests.calls import expect_status
 
 Message = common_pb2.Message
 ADD, REPLACE, REMOVE = pb.MEMORY_ACTION_ADD, pb.MEMORY_ACTION_REPLACE, pb.MEMORY_ACTION_REMOVE

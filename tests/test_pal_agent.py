@@ -524,7 +524,7 @@ async def test_chat_in_a_terminal_streams_live_and_obeys_ctrl_c(env, ollama_sim)
 async def test_chat_hears_of_a_compression_after_the_answer(env, store, ollama_sim):
     """The post-turn pass compresses after stream_end; no turn's stream carries it. pal chat watches
     its session and says so at its next prompt, its meter right."""
-    from tests.test_agent import session_due_for_a_post_turn_compression
+    from tests.calls import session_due_for_a_post_turn_compression
     from tests.waiting import until
 
     session = await session_due_for_a_post_turn_compression(store)

@@ -17,7 +17,7 @@ from clients.pal.client_tools import LocalTool, answer_timeout_s, load_tools, ru
 from clients.pal.errors import CliError
 from ollama_sim import Reply
 from tests.relay import Relay
-from tests.test_store_sessions import full
+from tests.calls import full
 from tests.waiting import until
 from test_pal import pal, pal_env
 from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures

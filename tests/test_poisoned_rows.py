@@ -15,7 +15,7 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as apb, common_pb2, session_store_pb2 as pb
 from services.session_store import convert
 from services.shared.validation import LATEST
-from tests.test_store_sessions import conversation, full, new_session
+from tests.calls import conversation, full, new_session
 
 Message = common_pb2.Message
 LATEST_S = int(LATEST.timestamp())

@@ -8,7 +8,6 @@ import os
 import pytest
 
 from services.agent.profiles import ProfileRegistry, ProfilesFileError
-from services.shared.errors import InvalidArgument
 
 
 def write_profiles(path, **profile) -> None:

@@ -20,15 +20,11 @@ from services.agent.watchers import WATCH_QUEUE_BYTES, WATCH_QUEUE_EVENTS, Sessi
 from tests.conftest import agent_settings, bearer
 from tests.waiting import until
 
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
+
 END = pb.StreamEndReason
 KEEP_BYTES = 1024 * 1024
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc
 from ollama_sim import Reply
 from tests.conftest import agent_settings
 from tests.relay import Relay
-from tests.test_store_sessions import full
+from tests.calls import full
 from tests.waiting import until
 
 END = pb.StreamEndReason

@@ -16,8 +16,11 @@ from palimpsest.v1 import agent_pb2 as pb, common_pb2, session_store_pb2 as stor
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.shared.errors import FailedPrecondition
 from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
-from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test starts from the simulator's echo
-from tests.test_store_sessions import expect_status, full
+
+from tests.calls import expect_status, full
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 END = pb.StreamEndReason
 

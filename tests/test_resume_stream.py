@@ -14,20 +14,16 @@ import pytest
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from tests.conftest import agent_settings
-from tests.test_agent import end_of, text_of
-from tests.test_store_sessions import expect_status, full
+from tests.calls import end_of, text_of
+from tests.calls import expect_status, full
 from tests.test_turn_claims import two_agents
 from tests.waiting import until
 
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
+
 END = pb.StreamEndReason
 WORDS = " ".join(f"w{i}" for i in range(60))
-
-
-@pytest.fixture(autouse=True)
-def fresh_sim(ollama_sim):
-    ollama_sim.clear()
-    ollama_sim.set_responder(None)
-    yield
 
 
 async def leave_after(agent, texts: int, **request) -> list[pb.AgentEvent]:

@@ -18,9 +18,12 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
 from services.agent.sandbox import availability
 from tests.conftest import agent_settings
-from tests.test_agent import END, fresh_sim, run  # noqa: F401 — fresh_sim: the simulator cleared for each test
-from tests.test_agent_files import file_bytes
-from tests.test_store_sessions import full
+from tests.calls import END, run
+from tests.calls import file_bytes
+from tests.calls import full
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 HANDS = ["read_file", "write_file", "list_files", "run_command"]
 
@@ -120,7 +123,7 @@ async def test_an_escape_through_the_tool_finds_only_the_sandbox(agents, store, 
 
 
 async def file_bytes_put(store, session_id: str, name: str, data: bytes) -> None:
-    from tests.test_agent_files import put_file
+    from tests.calls import put_file
 
     await put_file(store, session_id, name, data)
 

@@ -14,7 +14,7 @@ import pytest
 from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
 from services.session_store.session_bus import MAX_PAYLOAD_BYTES, Reassembly, notify_payloads
 from tests.conftest import _start_store, bearer
-from tests.test_store_sessions import expect_status
+from tests.calls import expect_status
 from tests.waiting import until
 
 

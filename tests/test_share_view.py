@@ -15,7 +15,10 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb, \
     session_store_pb2_grpc
 from tests.conftest import bearer
-from tests.test_agent import END, fresh_sim  # noqa: F401 — fresh_sim: the simulator cleared for each test
+from tests.calls import END
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
-from tests.test_store_sessions import conversation, expect_status, full, new_session
+from tests.calls import conversation, expect_status, full, new_session
 
 Message = common_pb2.Message
 

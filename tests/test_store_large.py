@@ -9,7 +9,7 @@ import pytest
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
 from services.session_store.repository.sessions import rows_within
 from services.shared.settings import Settings
-from tests.test_store_sessions import append, expect_status, new_session
+from tests.calls import append, expect_status, new_session
 
 Message = common_pb2.Message
 MB = 1024 * 1024

@@ -11,7 +11,7 @@ import pytest
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
 from tests.conftest import bearer
-from tests.test_store_sessions import expect_status
+from tests.calls import expect_status
 
 Message = common_pb2.Message
 KB = 1024

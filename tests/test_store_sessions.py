@@ -13,44 +13,9 @@ from google.protobuf import struct_pb2
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
 from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
+from tests.calls import append, conversation, expect_status, full, new_session, shown
 
 Message = common_pb2.Message
-
-
-async def new_session(store, profile, **kw) -> common_pb2.Session:
-    return (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile, **kw))).session
-
-
-async def append(store, session_id, *messages, **kw) -> pb.AppendMessagesResponse:
-    return await store.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=messages, **kw))
-
-
-async def full(store, session_id) -> common_pb2.Session:
-    return (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
-
-
-async def expect_status(call, code: grpc.StatusCode, *words: str) -> str:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await call
-    assert err.value.code() == code, err.value.details()
-    for word in words:
-        assert word in err.value.details()
-    return err.value.details()
-
-
-def shown(message: Message) -> bytes:
-    """A display row as the user sees it: everything but its context membership."""
-    copy = Message()
-    copy.CopyFrom(message)
-    copy.is_context = False
-    return copy.SerializeToString()
-
-
-def conversation(turns: int) -> list[Message]:
-    out = []
-    for i in range(turns):
-        out += [Message(role="user", content=f"question {i}"), Message(role="assistant", content=f"answer {i}")]
-    return out
 
 
 # -- create / get -----------------------------------------------------------------------------

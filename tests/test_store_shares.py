@@ -15,7 +15,7 @@ import pytest
 from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
 from services.session_store import db
 from services.session_store.share_links import load_key, token_hash
-from tests.test_store_sessions import append, conversation, expect_status, new_session
+from tests.calls import append, conversation, expect_status, new_session
 
 
 async def test_the_database_holds_no_token_only_its_hash(store, profile, database_url):

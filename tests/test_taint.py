@@ -14,9 +14,12 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb, common_pb2, session_store_pb2 as store_pb
 from services.agent.context_builder import recall_message
 from services.agent.untrusted import NOTICE, fence, fence_overhead
-from tests.test_agent import fresh_sim  # noqa: F401 — autouse: each test starts from the simulator's echo
+
 from tests.test_resume import turn
-from tests.test_store_sessions import full
+from tests.calls import full
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 CLAMPED_TOOLS = {"plan", "todo", "memory_search", "image_view"}
 

@@ -19,9 +19,12 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_s
 from services.agent.tools.base import Reach, ToolContext, ToolResult, reach_of
 from services.agent.tools.registry import BUILTIN
 from tests.conftest import agent_settings
-from tests.test_agent import END, fresh_sim, run  # noqa: F401 — fresh_sim: the simulator cleared for each test
-from tests.test_agent_files import file_bytes, put_file
-from tests.test_store_sessions import full
+from tests.calls import END, run
+from tests.calls import file_bytes, put_file
+from tests.calls import full
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 _ORDER = re.compile(r"ORDER (\w+) (\{.*?\})\s*$", re.MULTILINE)
 
@@ -81,7 +84,7 @@ async def taint_agent(base_settings, store_server, compressor_server, ollama_sim
 
 
 @pytest.fixture(autouse=True)
-def obeying(ollama_sim):
+def obeying(fresh_sim, ollama_sim):  # after the echo is restored
     ollama_sim.set_responder(obedient)
     yield
 

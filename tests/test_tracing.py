@@ -25,7 +25,7 @@ from palimpsest.v1 import (agent_pb2 as pb, agent_pb2_grpc, common_pb2, compress
 from services.shared import tracing
 from services.shared.ports import free_port
 from tests.conftest import three_services
-from tests.test_agent import session_due_for_a_post_turn_compression
+from tests.calls import session_due_for_a_post_turn_compression
 from tests.waiting import until
 
 

@@ -14,7 +14,7 @@ import pytest
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from tests.conftest import agent_settings
-from tests.test_store_sessions import expect_status, full
+from tests.calls import expect_status, full
 
 
 @asynccontextmanager

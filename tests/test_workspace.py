@@ -18,9 +18,12 @@ from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as 
 from services.shared.auth import vouching_metadata
 from services.shared.workspace_paths import BadPath, matches, workspace_path
 from tests.conftest import JWT_SECRET, _start_store, agent_settings, bearer
-from tests.test_agent import END, fresh_sim, run  # noqa: F401 — fresh_sim: the simulator cleared for each test
-from tests.test_agent_files import file_bytes, inline, put_file
-from tests.test_store_sessions import expect_status, full
+from tests.calls import END, run
+from tests.calls import file_bytes, inline, put_file
+from tests.calls import expect_status, full
+
+# Each test starts from the simulator's deterministic echo.
+pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 FILE_TOOLS = ["read_file", "write_file", "edit_file", "list_files", "grep", "image_view"]
 
@@ -303,7 +306,7 @@ async def test_read_file_pages_a_long_file_and_describes_binary_and_images(two_a
     long = "".join(f"line {n} " + "x" * 60 + "\n" for n in range(1, 3001)).encode()
     await write(store, session.id, "big.log", long, from_tool=True)
     await write(store, session.id, "blob.bin", bytes(range(256)) * 4, from_tool=True)
-    from tests.test_agent_files import png_bytes
+    from tests.calls import png_bytes
     await write(store, session.id, "shot.png", png_bytes(), from_tool=True)
     ollama_sim.script(Reply(tool_calls=[("read_file", {"path": "big.log"}), ("read_file", {"path": "big.log",
                                                                                         "offset": 2999}),
