@@ -9,7 +9,8 @@ import grpc
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 
 Message = common_pb2.Message
 END = agent_pb2.StreamEndReason
@@ -25,8 +26,9 @@ async def append(store, session_id, *messages, **kw) -> store_pb.AppendMessagesR
 
 
 async def full(store, session_id) -> common_pb2.Session:
-    return (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
-                                                              view=store_pb.SESSION_VIEW_FULL))).session
+    return (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_FULL))
+    ).session
 
 
 async def expect_status(call, code: grpc.StatusCode, *words: str) -> str:
@@ -78,11 +80,16 @@ async def session_due_for_a_post_turn_compression(store):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     history = []
     for i in range(6):
-        history += [Message(role="user", content=f"question {i} " + "words " * 60),
-                    Message(role="assistant", content=f"answer {i} " + "words " * 60)]
+        history += [
+            Message(role="user", content=f"question {i} " + "words " * 60),
+            Message(role="assistant", content=f"answer {i} " + "words " * 60),
+        ]
     await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
-    await store.SetBaseline(store_pb.SetBaselineRequest(session_id=session.id, only_truncated_flag=True,
-                                                        baseline=store_pb.Baseline(context_truncated=True)))
+    await store.SetBaseline(
+        store_pb.SetBaselineRequest(
+            session_id=session.id, only_truncated_flag=True, baseline=store_pb.Baseline(context_truncated=True)
+        )
+    )
     return session
 
 

@@ -24,7 +24,7 @@ import grpc
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
 from services.shared.ports import free_port
-from tests.test_faults import PROMPT, Service, answer_to, prompt_for
+from tests.fault_services import PROMPT, Service, answer_to, prompt_for
 
 END = pb.StreamEndReason
 TURN_DEADLINE_S = 45.0  # no stream may take longer, whatever is killed: a hang fails the run

@@ -26,7 +26,7 @@ from tests.calls import expect_status, full, new_session
 from tests.waiting import until
 
 from tests.calls import END, run
-from tests.test_agent_tools import drained, recording_sink
+from tests.event_sinks import drained, recording_sink
 from tests.calls import file_bytes, inline, png_bytes, put_file
 
 # Each test starts from the simulator's deterministic echo.

@@ -13,7 +13,6 @@ import pytest
 from PIL import Image
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
-from services.agent.events import EventSink
 from services.agent.profiles import Profile
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.conversation import StoredConversation
@@ -36,6 +35,7 @@ from services.shared.errors import InvalidArgument
 from services.shared.ollama import OllamaClient
 from tests.conftest import bearer
 from tests.calls import append, full, new_session
+from tests.event_sinks import drained, recording_sink
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
@@ -83,18 +83,6 @@ def make_ctx(agent_store, ollama, base_settings):
                            events=recording_sink(session_id), state=state or TurnState(), **kw)
 
     return make
-
-
-def recording_sink(session_id: str) -> EventSink:
-    """A sink that keeps what it publishes in its ``published`` list (a turn's goes to its log)."""
-    published: list = []
-    sink = EventSink(session_id, publish=published.append)
-    sink.published = published
-    return sink
-
-
-def drained(sink: EventSink) -> list:
-    return sink.published
 
 
 async def call(name: str, ctx: ToolContext, **args: Any) -> ToolResult:

@@ -20,7 +20,7 @@ from services.shared.auth import make_token
 from tests.conftest import JWT_SECRET, agent_settings, bearer
 from tests.calls import END
 from tests.calls import expect_status, full
-from tests.test_turn_claims import two_agents
+from tests.replica_agents import two_agents
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")

@@ -13,10 +13,7 @@ import pytest
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from tests.calls import expect_status, full, shown
-
-Message = common_pb2.Message
-WINDOW = 4096
-MODEL = "qwen3.6"
+from tests.compressor_calls import MODEL, Message, WINDOW, compress, filler, session_with, summary_bodies, tool_turns, turns
 
 
 def summary_reply(body) -> Reply:
@@ -30,36 +27,6 @@ def summaries(ollama_sim):
     ollama_sim.set_responder(summary_reply)
     yield
     ollama_sim.set_responder(None)
-
-
-def filler(i: int, size: int = 600) -> str:
-    words = f"turn {i} discusses the deployment of service-{i} with config key timeout_{i} and path /srv/app{i}.py "
-    return (words * (size // len(words) + 1))[:size]
-
-
-def turns(n: int, size: int = 600) -> list[Message]:
-    out = []
-    for i in range(n):
-        out += [Message(role="user", content=f"question {i}: " + filler(i, size // 3)),
-                Message(role="assistant", content=filler(i, size))]
-    return out
-
-
-async def session_with(store, profile, messages) -> str:
-    s = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id=profile, model=MODEL))).session
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=s.id, messages=messages))
-    return s.id
-
-
-async def compress(compressor, session_id, reason=pb.COMPRESSION_REASON_FORCED, **kw) -> list[pb.CompressionEvent]:
-    kw.setdefault("window", WINDOW)
-    kw.setdefault("model", MODEL)
-    return [e async for e in compressor.Compress(pb.CompressRequest(session_id=session_id, reason=reason, **kw))]
-
-
-def summary_bodies(ollama_sim, since: int = 0) -> list[dict]:
-    """The summarizer's chat requests (the only non-streamed ones) from request ``since`` on."""
-    return [b for b in ollama_sim.bodies()[since:] if b.get("stream") is False]
 
 
 # -- estimates and calibration -------------------------------------------------------------------
@@ -537,19 +504,6 @@ async def test_an_input_far_larger_than_the_window_is_cut_to_fit_it_with_the_pro
     assert "chars omitted" in user["content"]
     [newest] = [m for m in (await full(store, session_id)).messages if m.seq == done.replaced.last]
     assert "question 0:" in user["content"] and newest.content[-200:] in user["content"]
-
-
-# -- pruning: the cheap stage before a summary ----------------------------------------------------
-def tool_turns(n: int, result_chars: int = 3_000, name: str = "read_log") -> list[Message]:
-    out = []
-    for i in range(n):
-        log = "\n".join(f"2026-11-30T10:{j % 60:02d}:17Z ERROR worker-{i} 10.0.{j % 255}.7 reset id=0x{i * 7919 + j:08x}"
-                        for j in range(result_chars // 60))
-        call = common_pb2.ToolCall(id=f"c{i}", name=name, arguments_json=json.dumps({"path": f"/var/log/{i}.log"}))
-        out += [Message(role="user", content=f"read log {i}"), Message(role="assistant", tool_calls=[call]),
-                Message(role="tool", name=name, tool_call_id=f"c{i}", content=log),
-                Message(role="assistant", content=f"log {i} shows resets")]
-    return out
 
 
 async def test_old_tool_results_are_pruned_before_any_summary(compressor, store, profile, ollama_sim):

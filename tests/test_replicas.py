@@ -18,7 +18,7 @@ import pytest
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from services.shared.channels import open_channel
 from tests import replica_cluster as rc
-from tests.test_faults import responder
+from tests.fault_services import responder
 
 SESSIONS = 40
 

@@ -18,18 +18,10 @@ from services.shared.errors import FailedPrecondition
 from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
 
 from tests.calls import expect_status, full
+from tests.resume_calls import turn
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
-
-END = pb.StreamEndReason
-
-
-async def turn(agent, text="hello", **kw) -> list[pb.AgentEvent]:
-    events = [e async for e in agent.RunStream(pb.RunStreamRequest(text=text, **kw))]
-    ends = [e.stream_end for e in events if e.HasField("stream_end") and not e.is_subagent]
-    assert [end.reason for end in ends] == [END.STREAM_END_REASON_COMPLETED], events
-    return events
 
 
 def models_called(ollama_sim) -> list[str]:

@@ -16,7 +16,7 @@ from ollama_sim import Reply
 from tests.conftest import agent_settings
 from tests.calls import end_of, text_of
 from tests.calls import expect_status, full
-from tests.test_turn_claims import two_agents
+from tests.replica_agents import two_agents
 from tests.waiting import until
 
 # Each test starts from the simulator's deterministic echo.
@@ -224,7 +224,7 @@ async def killable_and_kept(base_settings, store_server, compressor_server, olla
     """Replica A, a real Agent process to kill with SIGKILL; replica B in this process. Session bus on."""
     from services.agent.app import start_agent
     from services.shared.ports import free_port
-    from tests.test_faults import Service
+    from tests.fault_services import Service
 
     port = free_port()
     env = {**os.environ, "PALIMPSEST_STORE_ADDR": store_server.address,

@@ -16,6 +16,7 @@ from services.session_store.session_bus import MAX_PAYLOAD_BYTES, Reassembly, no
 from tests.conftest import _start_store, bearer
 from tests.calls import expect_status
 from tests.waiting import until
+from tests.bus_faults import drop_listen_connection
 
 
 # -- parts ---------------------------------------------------------------------------------
@@ -86,19 +87,6 @@ async def test_what_one_store_replica_publishes_every_replicas_listeners_get_in_
     assert await received(here, session_id, 3) == sent
     assert await received(there, session_id, 3) == sent
     here.cancel(), there.cancel()
-
-
-async def drop_listen_connection(bus, database_url: str) -> int:
-    """PostgreSQL ends the store's listen connection (as a restart or an admin would): its pid."""
-    import asyncpg
-
-    dropped = bus.connection_pid
-    conn = await asyncpg.connect(database_url)
-    try:
-        assert await conn.fetchval("SELECT pg_terminate_backend($1)", dropped)
-    finally:
-        await conn.close()
-    return dropped
 
 
 async def test_a_dropped_listen_connection_ends_the_streams_and_is_opened_again(store_server, store, database_url):

@@ -7,7 +7,7 @@ import hashlib
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.compressor.stored_counts import PrimedCounter, known_counts
-from tests.test_compressor import MODEL, compress, session_with, turns
+from tests.compressor_calls import MODEL, compress, session_with, turns
 
 Message = common_pb2.Message
 

@@ -12,7 +12,7 @@ import pytest
 from ollama_sim import Reply
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
 from services.shared.context_view import to_ollama_messages
-from tests.test_compressor import compress, session_with, summary_bodies, turns
+from tests.compressor_calls import compress, session_with, summary_bodies, turns
 
 Message = common_pb2.Message
 HEAD = [Message(role="system", content="You are the bench assistant. Answer briefly.")]

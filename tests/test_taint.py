@@ -15,7 +15,7 @@ from palimpsest.v1 import agent_pb2 as pb, common_pb2, session_store_pb2 as stor
 from services.agent.context_builder import recall_message
 from services.agent.untrusted import NOTICE, fence, fence_overhead
 
-from tests.test_resume import turn
+from tests.resume_calls import turn
 from tests.calls import full
 
 # Each test starts from the simulator's deterministic echo.

@@ -18,7 +18,7 @@ from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from services.shared import tls
 from services.shared.channels import open_channel
 from tests.conftest import three_services
-from tests.test_pal import pal, pal_env
+from tests.pal_cli import pal, pal_env
 
 
 @dataclass(frozen=True)

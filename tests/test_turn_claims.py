@@ -6,33 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from contextlib import asynccontextmanager
 
 import grpc
 import pytest
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from ollama_sim import Reply
-from tests.conftest import agent_settings
 from tests.calls import expect_status, full
-
-
-@asynccontextmanager
-async def two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, claims: bool,
-                     **overrides):
-    from services.agent.app import start_agent
-
-    settings = agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                              turn_claims=claims, turn_claim_ttl_s=5, **overrides)
-    running = [await start_agent(settings, port=0) for _ in range(2)]
-    channels = [grpc.aio.insecure_channel(r.address) for r in running]
-    try:
-        yield [agent_pb2_grpc.AgentStub(c) for c in channels]
-    finally:
-        for channel in channels:
-            await channel.close()
-        for r in running:
-            await r.stop(0)
+from tests.replica_agents import two_agents
 
 
 async def turn(agent, session_id: str, text: str, first_text: asyncio.Event | None = None) -> list:
