@@ -220,7 +220,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         conversation.adopt(session)
         conversation.from_cache = warm is not None
         sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
-        turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
+        turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts, spawn=run_subagent)
         turn.opened_generation = self.sessions.generation(session.id)
         turn.session_changes = session_changes(session, profile, request)  # written under the session lock
         return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd),

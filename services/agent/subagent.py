@@ -62,7 +62,8 @@ async def run_subagent(
                     system_prompt=_system_prompt(deps, request, profile, parent_profile),
                     max_iterations=request.max_iterations or 40, exclude_tools=tuple(request.exclude_tools),
                     depth=depth, session_writer=session_writer, taint_parent=taint_parent, cwd=cwd,
-                    sandbox_pinned=sandbox_pinned))
+                    sandbox_pinned=sandbox_pinned),
+                spawn=run_subagent)
     text = request.text
     if profile.subagent_planning_enabled:
         from services.agent.tools.plan import run_subagent_planning

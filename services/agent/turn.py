@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from google.protobuf import struct_pb2
 
@@ -19,7 +20,7 @@ from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent import context_builder as cb
-from services.agent.audit import Recording
+from services.agent.audit import Recording, ToolRunLog
 from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
 from services.agent.events import EventSink
@@ -165,6 +166,20 @@ class SubagentOptions:
     sandbox_pinned: Callable[[], bool] | None = None
 
 
+class SpawnSubagent(Protocol):
+    """Runs a sub-agent for a turn's spawn_agent call (``subagent.run_subagent``), given to the turn
+    by whoever builds it, so that this module never imports the one that builds turns."""
+
+    async def __call__(self, deps: AgentDeps, request: SpawnRequest, *, sink: EventSink,
+                       metadata: tuple[tuple[str, str], ...], untrusted: bool = False, depth: int = 1,
+                       parent_profile: Profile | None = None,
+                       session_writer: Callable[..., Awaitable[object]] | None = None,
+                       taint_parent: Callable[[], Awaitable[None]] | None = None, cwd: str = "",
+                       parent_stop: asyncio.Event | None = None,
+                       sandbox_pinned: Callable[[], bool] | None = None,
+                       tool_runs: ToolRunLog | None = None) -> TurnResult: ...
+
+
 def answer_message(reply: ChatResult, **fields) -> Message:
     """A model call's answer as stored: what it said and thought, the seconds it took and the tokens
     the model generated for it (a size check later replaces that count with the message's own
@@ -199,6 +214,7 @@ class Turn:
         *,
         facts: ModelFacts,
         subagent: SubagentOptions | None = None,
+        spawn: SpawnSubagent | None = None,
     ):
         self.deps = deps
         self.conv = conversation
@@ -207,6 +223,7 @@ class Turn:
         self.metadata = metadata
         self.facts = facts
         self.is_subagent = subagent is not None
+        self.spawner = spawn  # None: this turn cannot spawn sub-agents (spawn_agent is not offered)
         options = subagent or SubagentOptions(depth=0)
         self.system_prompt_override = options.system_prompt
         self.max_iterations = options.max_iterations or profile.max_iterations
@@ -755,7 +772,7 @@ class Turn:
             window=self.window,
             is_subagent=self.is_subagent,
             untrusted=self.conv.untrusted,
-            spawn=self._spawn if self.depth < MAX_SPAWN_DEPTH else None,
+            spawn=self._spawn if self.spawner is not None and self.depth < MAX_SPAWN_DEPTH else None,
             update_session=self.session_writer,
             conversation=list(self.conv.context),
             tool_schemas=[schema(t) for t in self.tools.values()],
@@ -844,9 +861,8 @@ class Turn:
             await self.taint_parent()
 
     async def _spawn(self, request: SpawnRequest) -> tuple[str, bool]:
-        from services.agent.subagent import run_subagent
-
-        result = await run_subagent(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
+        assert self.spawner is not None  # (offered to the tools only with one)
+        result = await self.spawner(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
                                     parent_profile=self.profile, session_writer=self.session_writer,
                                     taint_parent=self.taint, cwd=self.cwd, parent_stop=self.stop,
