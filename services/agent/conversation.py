@@ -310,6 +310,11 @@ class StoredConversation:
         finally:
             await self.appends.close()
 
+    def forget(self) -> None:
+        """Drop the copy of the session held: another turn wrote since it was taken, so the turn
+        loads it from the store when it starts."""
+        self.session = None
+
     def snapshot(self) -> common_pb2.Session | None:
         """The session as this conversation left it (CONTEXT view): what the Agent keeps warm for
         the next turn without reading it back, when nothing but this conversation wrote since."""
@@ -387,6 +392,9 @@ class EphemeralConversation:
 
     async def done_appending(self) -> None:
         return None
+
+    def forget(self) -> None:
+        return None  # nothing is stored: the context in memory is the only copy
 
     def snapshot(self) -> None:
         return None  # nothing is stored: nothing to keep warm

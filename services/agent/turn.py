@@ -10,30 +10,30 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Sequence
 
 from google.protobuf import struct_pb2
 
 from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
-from palimpsest.v1.compressor_pb2_grpc import CompressorStub
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent import context_builder as cb
-from services.agent.audit import Recording, ToolRunLog
+from services.agent.audit import Recording
 from services.agent.context_builder import ContextBuilder
 from services.agent.conversation import EphemeralConversation, StoredConversation
-from services.agent.events import EventSink
 from services.agent.overflow import REFUSAL_RETRIES, halve_biggest_tool_result, refused_answer
 from services.agent.images import ImageTarget, user_messages
-from services.agent.mcp_servers.manager import McpManager, named
-from services.agent.profiles import Profile, ProfileRegistry
+from services.agent.mcp_servers.manager import named
 from services.agent.stream_guard import StreamStopped, StreamTimeout, guarded, read_rest_in_background
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, confined, schema
 from services.agent.tools.registry import execute, tools_for
-from services.agent.client_tools import ClientTool, PendingCalls
-from services.agent.workspace import Workspaces
+from services.agent.client_tools import ClientTool
+from services.agent.turn_context import (
+    END,
+    SubagentOptions,
+    TurnContext,
+    TurnInput,
+    TurnResult,
+)
 from services.shared.context_view import (
     heuristic_tokens,
     heuristic_view,
@@ -44,7 +44,7 @@ from services.shared.context_view import (
 )
 from services.shared.auth import as_service
 from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError, Unavailable
-from services.shared.ollama import ChatResult, ContextRefused, ModelFacts, OllamaClient
+from services.shared.ollama import ChatResult, ContextRefused, OllamaClient
 from services.shared import metrics
 from services.shared.reports import counted_exactly, judge
 from services.shared.settings import Settings
@@ -53,7 +53,6 @@ from services.shared.structs import to_struct
 log = logging.getLogger("palimpsest.agent")
 
 Message = common_pb2.Message
-END = agent_pb2.StreamEndReason
 
 # The session a turn is working for. A sub-agent sets it for its own run and restores the
 # parent's in `finally`, so nothing after it (the parent's next iteration, background work)
@@ -83,38 +82,6 @@ TOO_LARGE_ANSWER = (
 )
 
 
-@dataclass
-class AgentDeps:
-    """The long-lived parts a turn uses; one per Agent server."""
-
-    store: SessionStoreStub
-    compressor: CompressorStub
-    ollama: OllamaClient
-    settings: Settings
-    profiles: ProfileRegistry
-    builder: ContextBuilder
-    post_turn_tasks: set[asyncio.Task] = field(default_factory=set)
-    mcp: McpManager | None = None  # the profiles' MCP servers (None: the Agent connects to none)
-    # The sessions' workspaces as this Agent mirrors them (None: no file tools, e.g. in unit tests).
-    workspaces: Workspaces | None = None
-    # Client tools' calls waiting for their answers on this replica.
-    client_calls: PendingCalls = field(default_factory=PendingCalls)
-
-
-@dataclass
-class TurnInput:
-    text: str
-    images: Sequence[bytes] = ()
-    hidden: bool = False
-    # Stored names of the session files this turn carries (attachments, inline ones once stored).
-    files: Sequence[str] = ()
-    # The working folder in the session's workspace ("" is the workspace itself).
-    cwd: str = ""
-    # Tools the client offers for this turn (checked), and how long one call waits for its answer.
-    client_tools: Sequence[ClientTool] = ()
-    client_tool_timeout_s: int = 0
-
-
 class StalePrompt(Exception):
     """The session changed under the turn (another writer) while the prompt was on its way."""
 
@@ -134,50 +101,6 @@ class StoringTask:
     @property
     def stale(self) -> bool:
         return self._conv.reloads != self._reloads
-
-
-@dataclass
-class TurnResult:
-    text: str = ""
-    reason: agent_pb2.StreamEndReason = END.STREAM_END_REASON_UNSPECIFIED
-
-    @property
-    def completed_normally(self) -> bool:
-        return self.reason == END.STREAM_END_REASON_COMPLETED
-
-
-@dataclass(frozen=True)
-class SubagentOptions:
-    """How a sub-agent's turn differs from a user's: its parent, its own system prompt and
-    iteration budget, the tools it may not use, how deep it is, and how it writes its parent's
-    session (a sub-agent keeps none of its own)."""
-
-    parent_session_id: str = ""
-    system_prompt: str | None = None
-    max_iterations: int | None = None
-    exclude_tools: tuple[str, ...] = ()
-    depth: int = 1
-    session_writer: Callable[..., Awaitable[object]] | None = None
-    # Marks the parent's conversation as holding outside content: what a sub-agent takes in taints the
-    # whole conversation at once, not when its report comes back.
-    taint_parent: Callable[[], Awaitable[None]] | None = None
-    cwd: str = ""  # the parent's working folder
-    # Whether the session's commands are pinned to the sandbox (the parent's session, as it is now).
-    sandbox_pinned: Callable[[], bool] | None = None
-
-
-class SpawnSubagent(Protocol):
-    """Runs a sub-agent for a turn's spawn_agent call (``subagent.run_subagent``), given to the turn
-    by whoever builds it, so that this module never imports the one that builds turns."""
-
-    async def __call__(self, deps: AgentDeps, request: SpawnRequest, *, sink: EventSink,
-                       metadata: tuple[tuple[str, str], ...], untrusted: bool = False, depth: int = 1,
-                       parent_profile: Profile | None = None,
-                       session_writer: Callable[..., Awaitable[object]] | None = None,
-                       taint_parent: Callable[[], Awaitable[None]] | None = None, cwd: str = "",
-                       parent_stop: asyncio.Event | None = None,
-                       sandbox_pinned: Callable[[], bool] | None = None,
-                       tool_runs: ToolRunLog | None = None) -> TurnResult: ...
 
 
 def answer_message(reply: ChatResult, **fields) -> Message:
@@ -204,27 +127,17 @@ class Turn:
     The servicer serialises turns per session and sets ``stop`` when the client stops one or leaves.
     """
 
-    def __init__(
-        self,
-        deps: AgentDeps,
-        conversation: StoredConversation | EphemeralConversation,
-        profile: Profile,
-        sink: EventSink,
-        metadata: tuple[tuple[str, str], ...],
-        *,
-        facts: ModelFacts,
-        subagent: SubagentOptions | None = None,
-        spawn: SpawnSubagent | None = None,
-    ):
-        self.deps = deps
-        self.conv = conversation
-        self.profile = profile
-        self.sink = sink
-        self.metadata = metadata
-        self.facts = facts
-        self.is_subagent = subagent is not None
-        self.spawner = spawn  # None: this turn cannot spawn sub-agents (spawn_agent is not offered)
-        options = subagent or SubagentOptions(depth=0)
+    def __init__(self, ctx: TurnContext):
+        self.ctx = ctx
+        self.deps = deps = ctx.deps
+        self.conv = conversation = ctx.conversation
+        self.profile = profile = ctx.profile  # switched by a tool mid-turn (switch_profile)
+        self.sink = ctx.sink
+        self.metadata = ctx.metadata
+        self.facts = facts = ctx.facts
+        self.is_subagent = ctx.subagent is not None
+        self.spawner = ctx.spawn  # None: this turn cannot spawn sub-agents (spawn_agent is not offered)
+        options = ctx.subagent or SubagentOptions(depth=0)
         self.system_prompt_override = options.system_prompt
         self.max_iterations = options.max_iterations or profile.max_iterations
         self.exclude_tools = tuple(options.exclude_tools)
@@ -252,10 +165,6 @@ class Turn:
         self.compressed_after = False  # the post-turn pass committed a compression
         self.first_words = ""  # the name this turn gave a new session, for the title after the answer
         self.result = TurnResult()
-        self.opened_generation = 0  # set by the servicer: which version of the session the turn saw
-        # UpdateSession fields the request implies (what the turn runs on, refs, a taint), written
-        # first under the session lock: a write before it could refuse a running turn's next one.
-        self.session_changes: dict = {}
         self._pending: list[Message] = []  # this turn's user message, stored with the first size check
         self._noted_iteration = -1  # the iteration whose notes are already on their way to the store
         self._compressor_away = False  # said once per turn
@@ -358,8 +267,8 @@ class Turn:
             self._load_tools()
         if self.conv.session is None and self.stored:
             await self.conv.load()
-        if self.session_changes and self.stored:
-            await self.conv.update(**self.session_changes)
+        if self.ctx.session_changes and self.stored:
+            await self.conv.update(**self.ctx.session_changes)
         self.state.goal = turn_input.text
         messages = await user_messages(ImageTarget(
             session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,
