@@ -15,8 +15,8 @@ from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_
 from services.agent import context_builder as cb
 from services.agent.client_tools import ClientTool
 from services.agent.images import ImageTarget, user_messages
-from services.agent.overflow import REFUSAL_RETRIES, halve_biggest_tool_result, refused_answer
 from services.agent.stages.model_call import call_model, request_body
+from services.agent.stages.prepare import Prepared, TooLarge, after_refusal, prepare
 from services.agent.stages.report import model_report, record_usage
 from services.agent.stages.sizing import call_notes, unchecked
 from services.agent.stages.storing import (
@@ -28,7 +28,13 @@ from services.agent.stages.storing import (
     tool_calls_of,
 )
 from services.agent.stages.tools import MAX_SPAWN_DEPTH, ToolRun, run_tools, tool_set
-from services.agent.stages.upkeep import compress, compress_after_turn, name_session, recall, title_session
+from services.agent.stages.upkeep import (
+    compress as run_compression,
+    compress_after_turn,
+    name_session,
+    recall,
+    title_session,
+)
 from services.agent.stream_guard import StreamStopped, StreamTimeout
 from services.agent.tools.base import SpawnRequest, ToolContext, TurnState, schema
 from services.agent.turn_context import END, SubagentOptions, TurnContext, TurnInput, TurnResult
@@ -49,10 +55,6 @@ current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_s
 # (profile, model, window asked for) already warned of as more than the model was trained on.
 _WINDOWS_WARNED: set[tuple[str, str, int]] = set()
 
-TOO_LARGE_ANSWER = (
-    "This conversation no longer fits the model's context window (about {tokens} tokens of a "
-    "{limit}-token budget), even after compression. Start a new session, or run /compact and try again."
-)
 
 
 class Turn:
@@ -233,9 +235,10 @@ class Turn:
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
             refusals, prepared = 0, await self._prepare(iteration, stalled)
             while True:
-                if isinstance(prepared, TurnResult):
-                    return prepared
-                built, check, storing = prepared
+                if isinstance(prepared, TooLarge):
+                    return await self._too_large(prepared.answer)
+                built, check, storing = prepared.built, prepared.check, prepared.storing
+                self._shrunk_by = prepared.shrunk_by or self._shrunk_by
                 try:
                     reply = await self._call_model(built, storing)
                     break
@@ -243,7 +246,10 @@ class Turn:
                     prepared = await self._prepare(iteration, stalled)
                 except ContextRefused as exc:  # proven over the window: shrunk and sent once more, or the end
                     refusals += 1
-                    prepared = await self._after_refusal(exc, built, check, iteration, refusals)
+                    prepared = await after_refusal(
+                        self, exc, built, check, iteration, refusals, conv=self.conv, window=self.window,
+                        requested_window=self.requested_window, compression_on=self._compression_on(),
+                        keep_recent=self._keep_for(iteration), shrunk_before=self._shrunk_by)
                 except StreamStopped:
                     await self._save_partial("stopped")
                     return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
@@ -277,40 +283,14 @@ class Turn:
                 await self._switch_profile(self.state.switched_profile)
         return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
 
-    async def _prepare(self, iteration: int, stalled: int
-                       ) -> tuple[list[Message], cpb.CheckContextSizeResponse, StoringTask | None] | TurnResult:
-        """The prompt for the next call, sized by the Compressor (compressed first when it says
-        so, cut where it says), or the turn's end when even that cannot fit. This turn's user
-        message may still be on its way to the store when the prompt fits (see _call_model)."""
+    async def _prepare(self, iteration: int, stalled: int) -> Prepared | TooLarge:
+        """The prompt for the next call (see stages.prepare), with this call's notes once."""
         if self._noted_iteration != iteration:  # a call made again (StalePrompt) has its notes
             self._noted_iteration = iteration
             self._pending.extend(cb.note_messages(
                 call_notes(self.profile, iteration, self.max_iterations, stalled, self.state.goal)))
-        built = self._build(self._pending)
-        storing = self._store_pending()
-        try:
-            check = await self._check_size(built, iteration)
-        except BaseException:
-            if storing is not None:
-                await storing  # both finished; the store's failure speaks first
-            raise
-        if storing is not None and check.decision != cpb.SIZE_DECISION_FITS:
-            await storing  # compression and the too-large answer start from what is stored
-            if storing.stale:  # someone else wrote in between: build from what is stored
-                built = self._build()
-                check = await self._check_size(built, iteration)
-            storing = None
-        if check.decision == cpb.SIZE_DECISION_COMPRESS_FIRST:
-            # Pre-turn (first call) or mid-turn (later calls): the Compressor decided on its own
-            # count and its dry run, so compression_started never lies. Then one more check,
-            # which no longer offers compression: fits, cut further, or too large.
-            reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
-            if await self._compress(reason, check.tokens, check.compress_keep_recent_messages):
-                built = self._build()
-            check = await self._check_size(built, iteration, decide=False)
-        if check.decision != cpb.SIZE_DECISION_FITS:
-            return await self._too_large(TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit))
-        return cb.apply_cuts(built, check.cuts), check, storing
+        built = self.build(self._pending)
+        return await prepare(self, built, self._store_pending(), iteration)
 
     async def _too_large(self, answer: str) -> TurnResult:
         """The turn's end when its prompt cannot fit: the answer says why, and is kept in the session."""
@@ -318,42 +298,7 @@ class Turn:
         self.sink.text(answer)
         return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
 
-    async def _after_refusal(self, refusal: ContextRefused, sent: list[Message], check: cpb.CheckContextSizeResponse,
-                             iteration: int, refusals: int
-                             ) -> tuple[list[Message], cpb.CheckContextSizeResponse, None] | TurnResult:
-        """The call again after Ollama refused its prompt as over the window: compressed first (the
-        refusal proves the count low, so any gain will do), else with its largest tool result cut to
-        half; refused again, or nothing to shrink, the turn ends explained (never Ollama's raw error)."""
-        log.warning("Ollama refused the prompt of %s as over its %d-token window (counted %d): %s",
-                    self.session_id or "a sub-agent", self.window, check.tokens, refusal)
-        if refusals > REFUSAL_RETRIES:
-            return await self._too_large(refused_answer(self.window, self.requested_window, self._shrunk_by))
-        view, shrunk_by = sent, []
-        if self._compression_on():
-            before = len(self.conv.context)
-            reason = cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
-            # Over the window whatever our count said: the Compressor takes any gain.
-            if await self._compress(reason, max(check.tokens, self.window + 1), self._keep_for(iteration)) \
-                    and len(self.conv.context) < before:
-                shrunk_by.append("compressing the conversation")
-                built = self._build()
-                check = await self._check_size(built, iteration, decide=False)
-                if check.decision != cpb.SIZE_DECISION_FITS:
-                    return await self._too_large(TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit))
-                view = cb.apply_cuts(built, check.cuts)
-        # Also when compressed: the refusal proves our count low by an unknown amount, and a freed
-        # turn or two (priced by that same count) may not be enough for the one retry there is.
-        halved = halve_biggest_tool_result(view)
-        if halved is not None:
-            shrunk_by.append("cutting its largest tool result to half")
-            check = await self._check_size(halved, iteration, decide=False)
-            view = cb.apply_cuts(halved, check.cuts)
-        if not shrunk_by:
-            return await self._too_large(refused_answer(self.window, self.requested_window, ""))
-        self._shrunk_by = " and ".join(shrunk_by)
-        return view, check, None
-
-    def _build(self, pending: Sequence[Message] = ()) -> list[Message]:
+    def build(self, pending: Sequence[Message] = ()) -> list[Message]:
         return cb.ContextBuilder.build(
             self._system_prompt(),
             [*self.conv.context, *(m for m in pending if not m.explicit_flags or m.is_context)],
@@ -385,7 +330,7 @@ class Turn:
         self._announce_model()
 
     # -- the model call --------------------------------------------------------------------------
-    async def _check_size(self, built: list[Message], iteration: int, *,
+    async def check_size(self, built: list[Message], iteration: int, *,
                           decide: bool = True) -> cpb.CheckContextSizeResponse:
         """The one question before a model call, answered by the Compressor: the view to send, its
         count, and fits / compress first / too large. While the Compressor is away the turn goes on
@@ -504,9 +449,9 @@ class Turn:
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------
-    async def _compress(self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0) -> bool:
+    async def compress(self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0) -> bool:
         """Run one compression (see stages.upkeep.compress); a failure is logged and the turn goes on."""
-        return await compress(self.deps.compressor, self.conv, self.sink, cpb.CompressRequest(
+        return await run_compression(self.deps.compressor, self.conv, self.sink, cpb.CompressRequest(
             session_id=self.session_id, reason=reason, model=self.profile.model, window=self.window,
             keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings(),
             current_tokens=current_tokens, expected_revision=self.conv.revision,
