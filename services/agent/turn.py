@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -15,9 +14,11 @@ from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_
 from services.agent import context_builder as cb
 from services.agent.client_tools import ClientTool
 from services.agent.images import ImageTarget, user_messages
+from services.agent.profiles import Profile
 from services.agent.stages.model_call import call_model, request_body
 from services.agent.stages.prepare import Prepared, TooLarge, after_refusal, prepare
 from services.agent.stages.report import model_report, record_usage
+from services.agent.stages.runs_on import RunsOn, announce_model, runs_on, settle_mcp
 from services.agent.stages.sizing import call_notes, unchecked
 from services.agent.stages.storing import (
     StalePrompt,
@@ -27,7 +28,7 @@ from services.agent.stages.storing import (
     store_answer,
     tool_calls_of,
 )
-from services.agent.stages.tools import MAX_SPAWN_DEPTH, ToolRun, run_tools, tool_set
+from services.agent.stages.tools import MAX_SPAWN_DEPTH, ToolRun, run_tools
 from services.agent.stages.upkeep import (
     compress as run_compression,
     compress_after_turn,
@@ -41,7 +42,7 @@ from services.agent.turn_context import END, SubagentOptions, TurnContext, TurnI
 from services.shared import metrics
 from services.shared.context_view import sliced_for_size_check
 from services.shared.errors import PalimpsestError, Unavailable
-from services.shared.ollama import ChatResult, ContextRefused
+from services.shared.ollama import ChatResult, ContextRefused, ModelFacts
 from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.agent")
@@ -52,8 +53,6 @@ Message = common_pb2.Message
 # parent's in `finally`, so nothing after it (the parent's next iteration, background work)
 # ever sees a sub-agent's session.
 current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_session", default="")
-# (profile, model, window asked for) already warned of as more than the model was trained on.
-_WINDOWS_WARNED: set[tuple[str, str, int]] = set()
 
 
 
@@ -72,10 +71,9 @@ class Turn:
         self.ctx = ctx
         self.deps = deps = ctx.deps
         self.conv = conversation = ctx.conversation
-        self.profile = profile = ctx.profile  # switched by a tool mid-turn (switch_profile)
+        profile = ctx.profile
         self.sink = ctx.sink
         self.metadata = ctx.metadata
-        self.facts = facts = ctx.facts
         self.is_subagent = ctx.subagent is not None
         self.spawner = ctx.spawn  # None: this turn cannot spawn sub-agents (spawn_agent is not offered)
         options = ctx.subagent or SubagentOptions(depth=0)
@@ -95,11 +93,8 @@ class Turn:
         # A sub-agent of a session that has taken in outside content runs clamped: its task may
         # carry instructions planted in that content, so it keeps only the confined tools.
         self.clamped = self.is_subagent and conversation.untrusted
-        self.clamped_out: list[str] = []  # the tools the clamp took away
         self.stop = asyncio.Event()
         self.state = TurnState()
-        self.requested_window = profile.window(deps.settings.ollama_num_ctx)
-        self.window = facts.usable_window(self.requested_window)
         self.last_prompt_tokens = 0
         self.last_trigger = 0  # where the last size check said compression starts
         self.prompt_cut = False  # the last call's report proved its prompt cut
@@ -111,7 +106,8 @@ class Turn:
         self._compressor_away = False  # said once per turn
         self._shrunk_by = ""  # what the last refused prompt was shrunk by before it was sent again
         self._partial: ChatResult | None = None  # the call under way, kept as a partial answer if cut short
-        self._load_tools()
+        # The profile, model, window and tools it runs on, made anew when a tool switches profile.
+        self.on = self._runs_on(profile, ctx.facts)
 
     # -- small helpers -------------------------------------------------------------------------
     @property
@@ -126,30 +122,21 @@ class Turn:
     def stored(self) -> bool:
         return not self.conv.ephemeral
 
-    def _load_tools(self) -> None:
-        self.tools, self.clamped_out = tool_set(
-            self.profile, self.deps.mcp, is_subagent=self.is_subagent, exclude=self.exclude_tools, depth=self.depth,
-            client_tools=self.client_tools, clamped=self.clamped)
-
-    async def _settle_mcp(self) -> bool:
-        """Whether the profile has MCP servers; those still on their first try to connect (the Agent
-        just started, or the profiles file just added them) are waited for, each at most its
-        timeout, so that their tools are in the tool set loaded next."""
-        if self.deps.mcp is None or not self.profile.mcp_servers:
-            return False
-        await self.deps.mcp.settle(self.profile)
-        return True
+    def _runs_on(self, profile: Profile, facts: ModelFacts) -> RunsOn:
+        return runs_on(profile, facts, num_ctx=self.settings.ollama_num_ctx, mcp=self.deps.mcp,
+                       is_subagent=self.is_subagent, exclude=self.exclude_tools, depth=self.depth,
+                       client_tools=self.client_tools, clamped=self.clamped)
 
     def _system_prompt(self) -> str:
         if self.system_prompt_override is not None:
             return self.system_prompt_override
-        return self.deps.builder.system_prompt(self.profile, subagent=self.is_subagent)
+        return self.deps.builder.system_prompt(self.on.profile, subagent=self.is_subagent)
 
     def _keep_recent(self) -> int:
-        return self.profile.compression_keep_recent or self.settings.keep_recent
+        return self.on.profile.compression_keep_recent or self.settings.keep_recent
 
     def _compression_on(self) -> bool:
-        return self.stored and self.settings.compression_enabled and self.profile.compression_enabled
+        return self.stored and self.settings.compression_enabled and self.on.profile.compression_enabled
 
     def _end(self, reason: agent_pb2.StreamEndReason, text: str) -> TurnResult:
         self.result = TurnResult(text=text, reason=reason)
@@ -176,27 +163,17 @@ class Turn:
             current_session.reset(token)
             await self.conv.done_appending()
 
-    def _announce_model(self) -> None:
-        """The model and the window the turn runs in; a profile asking for more than the model was
-        trained on is told (Ollama would clamp it silently, and the meter would show a window that
-        is not there)."""
-        requested = self.requested_window if self.requested_window > self.window else 0
-        if requested and (self.profile.id, self.profile.model, requested) not in _WINDOWS_WARNED:
-            _WINDOWS_WARNED.add((self.profile.id, self.profile.model, requested))  # the event tells every turn
-            log.warning("profile %s asks for a %d-token window; %s was trained on %d: the turn uses %d",
-                        self.profile.id, requested, self.profile.model, self.window, self.window)
-        self.sink.model_info(self.profile.model, self.window, requested)
-
     async def _run(self, turn_input: TurnInput) -> TurnResult:
-        self._announce_model()
+        announce_model(self.sink, self.on)
         self.cwd = turn_input.cwd or self.cwd
-        reload = await self._settle_mcp()  # the servers' tools as of the turn's start, not of its request
+        # The servers' tools as of the turn's start, not of its request.
+        reload = await settle_mcp(self.deps.mcp, self.on.profile)
         if turn_input.client_tools:
             self.client_tools = list(turn_input.client_tools)
             self.client_tool_timeout_s = turn_input.client_tool_timeout_s or self.client_tool_timeout_s
             reload = True
         if reload:
-            self._load_tools()
+            self.on = self._runs_on(self.on.profile, self.on.facts)
         if self.conv.session is None and self.stored:
             await self.conv.load()
         if self.ctx.session_changes and self.stored:
@@ -204,15 +181,15 @@ class Turn:
         self.state.goal = turn_input.text
         messages = await user_messages(ImageTarget(
             session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,
-            model=self.profile.model, window=self.window, settings=self.profile.compression_settings(),
+            model=self.on.profile.model, window=self.on.window, settings=self.on.profile.compression_settings(),
             image_fallback=self.settings.image_tokens_fallback,
             # (only pictures need the context's count: the rest of the time nothing is built for it)
             preamble=self._prompt_head() if turn_input.images else (),
-            tool_schemas=self._tool_schemas_json() if turn_input.images else ()),
+            tool_schemas=self.on.tool_schemas_json() if turn_input.images else ()),
             turn_input.text, turn_input.images, turn_input.hidden, turn_input.files)
         if self.stored and not turn_input.hidden:
             self.first_words = await name_session(self.conv, self.sink, turn_input.text)
-        recalled = await recall(self.deps.store, self.conv, self.profile, self.window, turn_input.text) \
+        recalled = await recall(self.deps.store, self.conv, self.on.profile, self.on.window, turn_input.text) \
             if self.stored else []
         # Stored while the first size check runs, and that check is also the pre-turn estimate:
         # the fewest round trips before the first token. Recalled excerpts go just before the
@@ -247,8 +224,8 @@ class Turn:
                 except ContextRefused as exc:  # proven over the window: shrunk and sent once more, or the end
                     refusals += 1
                     prepared = await after_refusal(
-                        self, exc, built, check, iteration, refusals, conv=self.conv, window=self.window,
-                        requested_window=self.requested_window, compression_on=self._compression_on(),
+                        self, exc, built, check, iteration, refusals, conv=self.conv, window=self.on.window,
+                        requested_window=self.on.requested_window, compression_on=self._compression_on(),
                         keep_recent=self._keep_for(iteration), shrunk_before=self._shrunk_by)
                 except StreamStopped:
                     await self._save_partial("stopped")
@@ -271,8 +248,8 @@ class Turn:
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
             calls = tool_calls_of(reply)
             await self.conv.append([answer_message(reply, tool_calls=calls)], report=report)
-            await run_tools(calls, ToolRun(self.tools, self.clamped_out, self.conv, self.sink, self.stop, self.state,
-                                           self.is_subagent, self.tool_context, self.taint))
+            await run_tools(calls, ToolRun(self.on.tools, self.on.clamped_out, self.conv, self.sink, self.stop,
+                                           self.state, self.is_subagent, self.tool_context, self.taint))
             if self.stop.is_set():
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
             if self.state.todo_progress > progress_seen:
@@ -288,7 +265,7 @@ class Turn:
         if self._noted_iteration != iteration:  # a call made again (StalePrompt) has its notes
             self._noted_iteration = iteration
             self._pending.extend(cb.note_messages(
-                call_notes(self.profile, iteration, self.max_iterations, stalled, self.state.goal)))
+                call_notes(self.on.profile, iteration, self.max_iterations, stalled, self.state.goal)))
         built = self.build(self._pending)
         return await prepare(self, built, self._store_pending(), iteration)
 
@@ -320,14 +297,12 @@ class Turn:
 
     async def _switch_profile(self, profile_id: str) -> None:
         self.state.switched_profile = ""
-        self.profile = self.deps.profiles.get(profile_id)
-        self.facts = await self.deps.ollama.model_facts(self.profile.model)  # its capabilities, not the last's
+        profile = self.deps.profiles.get(profile_id)
+        facts = await self.deps.ollama.model_facts(profile.model)  # its capabilities, not the last's
         self.deps.builder.invalidate(profile_id)
-        self.requested_window = self.profile.window(self.settings.ollama_num_ctx)
-        self.window = self.facts.usable_window(self.requested_window)
-        await self._settle_mcp()
-        self._load_tools()
-        self._announce_model()
+        await settle_mcp(self.deps.mcp, profile)
+        self.on = self._runs_on(profile, facts)
+        announce_model(self.sink, self.on)
 
     # -- the model call --------------------------------------------------------------------------
     async def check_size(self, built: list[Message], iteration: int, *,
@@ -337,9 +312,9 @@ class Turn:
         uncompressed, its view cut at the fixed heuristic rate, and the client is told once."""
         try:
             return await self.deps.compressor.CheckContextSize(cpb.CheckContextSizeRequest(
-                model=self.profile.model, messages=sliced_for_size_check(built), window=self.window,
+                model=self.on.profile.model, messages=sliced_for_size_check(built), window=self.on.window,
                 session_id=self.session_id,
-                settings=self.profile.compression_settings(), tool_schemas=self._tool_schemas_json(),
+                settings=self.on.profile.compression_settings(), tool_schemas=self.on.tool_schemas_json(),
                 keep_recent_messages=self._keep_for(iteration),
                 decide_compression=decide and self._compression_on()))
         except Unavailable as exc:
@@ -347,13 +322,7 @@ class Turn:
                 self._compressor_away = True
                 log.warning("turn in %s goes on without the Compressor: %s", self.session_id or "-", exc)
                 self.sink.error("UNAVAILABLE", f"{exc}; this turn goes on without compression or exact counts")
-            return unchecked(built, self.window, self.settings.message_token_budget)
-
-    def _tool_schemas(self) -> list[dict] | None:
-        return [schema(t) for t in self.tools.values()] if self.facts.tools and self.tools else None
-
-    def _tool_schemas_json(self) -> list[str]:
-        return [json.dumps(s, ensure_ascii=False) for s in self._tool_schemas() or ()]
+            return unchecked(built, self.on.window, self.settings.message_token_budget)
 
     def _store_pending(self) -> StoringTask | None:
         """This turn's user message on its way to the store, while the first size check runs and
@@ -369,10 +338,11 @@ class Turn:
         the partial answer until the loop stores it whole."""
         self._partial = reply = ChatResult()
         return await call_model(
-            self.deps.ollama, lambda: request_body(built, model=self.profile.model, facts=self.facts, window=self.window,
-                                                   tools=self._tool_schemas(), think_enabled=self.profile.think_enabled),
-            reply, sink=self.sink, stop=self.stop, settings=self.settings, storing=storing, model=self.profile.model,
-            window=self.window, said=self._said)
+            self.deps.ollama,
+            lambda: request_body(built, model=self.on.profile.model, facts=self.on.facts, window=self.on.window,
+                                 tools=self.on.tool_schemas(), think_enabled=self.on.profile.think_enabled),
+            reply, sink=self.sink, stop=self.stop, settings=self.settings, storing=storing, model=self.on.profile.model,
+            window=self.on.window, said=self._said)
 
     def _said(self, text: str) -> None:
         self.result.text = text
@@ -384,15 +354,15 @@ class Turn:
     def _report(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
                 through_seq: int) -> store_pb.ModelReport:
         self.last_trigger = check.trigger  # where this size check said compression starts
-        report, self.prompt_cut = model_report(reply, check, built, through_seq, model=self.profile.model,
-                                               window=self.window, stored=self.stored, session_id=self.session_id)
+        report, self.prompt_cut = model_report(reply, check, built, through_seq, model=self.on.profile.model,
+                                               window=self.on.window, stored=self.stored, session_id=self.session_id)
         return report
 
     async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
                             report: store_pb.ModelReport) -> None:
         self.last_prompt_tokens = await record_usage(
-            reply, check, built, report, compressor=self.deps.compressor, sink=self.sink, model=self.profile.model,
-            window=self.window, stored=self.stored, parent_session_id=self.parent_session_id)
+            reply, check, built, report, compressor=self.deps.compressor, sink=self.sink, model=self.on.profile.model,
+            window=self.on.window, stored=self.stored, parent_session_id=self.parent_session_id)
 
     # -- tools -----------------------------------------------------------------------------------
     def tool_context(self, call_id: str = "") -> ToolContext:
@@ -412,17 +382,17 @@ class Turn:
             client_tool_timeout_s=self.client_tool_timeout_s,
             store=self.deps.store,
             ollama=self.deps.ollama,
-            profile=self.profile,
+            profile=self.on.profile,
             settings=self.settings,
             events=self.sink,
             state=self.state,
-            window=self.window,
+            window=self.on.window,
             is_subagent=self.is_subagent,
             untrusted=self.conv.untrusted,
             spawn=self._spawn if self.spawner is not None and self.depth < MAX_SPAWN_DEPTH else None,
             update_session=self.session_writer,
             conversation=list(self.conv.context),
-            tool_schemas=[schema(t) for t in self.tools.values()],
+            tool_schemas=[schema(t) for t in self.on.tools.values()],
         )
 
     def sandbox_pinned(self) -> bool:
@@ -443,7 +413,7 @@ class Turn:
         assert self.spawner is not None  # (offered to the tools only with one)
         result = await self.spawner(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
                                     untrusted=self.conv.untrusted, depth=self.depth + 1,
-                                    parent_profile=self.profile, session_writer=self.session_writer,
+                                    parent_profile=self.on.profile, session_writer=self.session_writer,
                                     taint_parent=self.taint, cwd=self.cwd, parent_stop=self.stop,
                                     sandbox_pinned=self.sandbox_pinned, tool_runs=self.conv.tool_runs)
         return result.text, result.completed_normally
@@ -452,10 +422,10 @@ class Turn:
     async def compress(self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0) -> bool:
         """Run one compression (see stages.upkeep.compress); a failure is logged and the turn goes on."""
         return await run_compression(self.deps.compressor, self.conv, self.sink, cpb.CompressRequest(
-            session_id=self.session_id, reason=reason, model=self.profile.model, window=self.window,
-            keep_recent_messages=keep_recent_messages, settings=self.profile.compression_settings(),
+            session_id=self.session_id, reason=reason, model=self.on.profile.model, window=self.on.window,
+            keep_recent_messages=keep_recent_messages, settings=self.on.profile.compression_settings(),
             current_tokens=current_tokens, expected_revision=self.conv.revision,
-            prompt_head=self._prompt_head(), tool_schemas=self._tool_schemas_json()))
+            prompt_head=self._prompt_head(), tool_schemas=self.on.tool_schemas_json()))
 
     def _midturn_keep(self) -> int:
         return max(12, 2 * self._keep_recent())
@@ -471,18 +441,18 @@ class Turn:
         session's flag)."""
         answered = self.result.reason == END.STREAM_END_REASON_COMPLETED and self.result.text.strip()
         if self.first_words and answered and self.settings.session_titles:
-            await title_session(self.deps.ollama, self.conv, self.sink, model=self.profile.model, window=self.window,
-                                thinking=self.facts.thinking, goal=self.state.goal, answer=self.result.text,
-                                first_words=self.first_words)
+            await title_session(self.deps.ollama, self.conv, self.sink, model=self.on.profile.model,
+                                window=self.on.window, thinking=self.on.facts.thinking, goal=self.state.goal,
+                                answer=self.result.text, first_words=self.first_words)
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
         if self.last_trigger and self.last_prompt_tokens < self.last_trigger and not self.prompt_cut \
                 and not self.conv.flagged_cut:
             return  # the last prompt was under the trigger and whole: the Compressor would say so
         compressed = await compress_after_turn(self.deps.compressor, self.sink, cpb.CompressRequest(
-            session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.profile.model,
-            window=self.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
-            current_tokens=self.last_prompt_tokens, settings=self.profile.compression_settings(),
-            prompt_head=self._prompt_head(), tool_schemas=self._tool_schemas_json()))
+            session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.on.profile.model,
+            window=self.on.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
+            current_tokens=self.last_prompt_tokens, settings=self.on.profile.compression_settings(),
+            prompt_head=self._prompt_head(), tool_schemas=self.on.tool_schemas_json()))
         self.compressed_after = self.compressed_after or compressed
 
