@@ -174,9 +174,9 @@ class Turn:
             reload = True
         if reload:
             self.on = self._runs_on(self.on.profile, self.on.facts)
-        if self.conv.session is None and self.stored:
+        if self.conv.session is None:  # (an ephemeral conversation holds its context already)
             await self.conv.load()
-        if self.ctx.session_changes and self.stored:
+        if self.ctx.session_changes:
             await self.conv.update(**self.ctx.session_changes)
         self.state.goal = turn_input.text
         messages = await user_messages(ImageTarget(
@@ -187,10 +187,9 @@ class Turn:
             preamble=self._prompt_head() if turn_input.images else (),
             tool_schemas=self.on.tool_schemas_json() if turn_input.images else ()),
             turn_input.text, turn_input.images, turn_input.hidden, turn_input.files)
-        if self.stored and not turn_input.hidden:
+        if not turn_input.hidden:  # (a sub-agent's conversation has no session to name)
             self.first_words = await name_session(self.conv, self.sink, turn_input.text)
-        recalled = await recall(self.deps.store, self.conv, self.on.profile, self.on.window, turn_input.text) \
-            if self.stored else []
+        recalled = await recall(self.deps.store, self.conv, self.on.profile, self.on.window, turn_input.text)
         # Stored while the first size check runs, and that check is also the pre-turn estimate:
         # the fewest round trips before the first token. Recalled excerpts go just before the
         # message that recalled them and stay there, so the prompt only ever grows at its end.

@@ -17,7 +17,7 @@ from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.audit import ToolRunLog
 from services.agent.client_tools import ClientTool, PendingCalls
 from services.agent.context_builder import ContextBuilder
-from services.agent.conversation import EphemeralConversation, StoredConversation
+from services.agent.conversation import Conversation
 from services.agent.events import EventSink
 from services.agent.mcp_servers.manager import McpManager
 from services.agent.profiles import Profile, ProfileRegistry
@@ -111,7 +111,7 @@ class TurnContext:
     turn) or by ``run_subagent`` (a sub-agent's), never patched afterwards."""
 
     deps: AgentDeps
-    conversation: StoredConversation | EphemeralConversation
+    conversation: Conversation
     profile: Profile  # the profile it starts under (a tool may switch the running turn to another)
     sink: EventSink
     metadata: tuple[tuple[str, str], ...]  # the caller's credentials, forwarded on internal calls

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from palimpsest.v1 import common_pb2, compressor_pb2 as cpb
 from services.agent import context_builder as cb
-from services.agent.conversation import EphemeralConversation, StoredConversation
+from services.agent.conversation import Conversation
 from services.agent.overflow import REFUSAL_RETRIES, halve_biggest_tool_result, refused_answer
 from services.agent.stages.storing import StoringTask
 from services.shared.ollama import ContextRefused
@@ -94,7 +94,7 @@ async def prepare(sizing: Sizing, built: list[Message], storing: StoringTask | N
 
 async def after_refusal(sizing: Sizing, refusal: ContextRefused, sent: list[Message],
                         check: cpb.CheckContextSizeResponse, iteration: int, refusals: int, *,
-                        conv: StoredConversation | EphemeralConversation, window: int, requested_window: int,
+                        conv: Conversation, window: int, requested_window: int,
                         compression_on: bool, keep_recent: int, shrunk_before: str) -> Prepared | TooLarge:
     """The call again after Ollama refused its prompt as over the window: compressed first (the
     refusal proves the count low, so any gain will do), else with its largest tool result cut to

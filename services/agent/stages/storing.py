@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
-from services.agent.conversation import EphemeralConversation, StoredConversation
+from services.agent.conversation import Conversation
 from services.agent.events import EventSink
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import ChatResult
@@ -31,7 +31,7 @@ class StoringTask:
     """Messages being appended in the background; awaitable any number of times. `stale` says
     the append found the session changed by someone else (the conversation reloaded first)."""
 
-    def __init__(self, conv: StoredConversation | EphemeralConversation, messages: Sequence[Message]) -> None:
+    def __init__(self, conv: Conversation, messages: Sequence[Message]) -> None:
         self._reloads = conv.reloads
         self._conv = conv
         self._task = asyncio.ensure_future(conv.append(messages))
@@ -64,7 +64,7 @@ def tool_calls_of(reply: ChatResult) -> list[common_pb2.ToolCall]:
     return calls
 
 
-async def store_answer(conv: StoredConversation | EphemeralConversation, reply: ChatResult,
+async def store_answer(conv: Conversation, reply: ChatResult,
                        report: store_pb.ModelReport, *, settings: Settings, sink: EventSink) -> bool:
     """The turn's answer, stored exactly once with the call's report: retried under one
     idempotency key while the store does not answer, until the reply-write deadline. False (and
@@ -79,7 +79,7 @@ async def store_answer(conv: StoredConversation | EphemeralConversation, reply: 
         return False
 
 
-async def save_partial(conv: StoredConversation | EphemeralConversation, partial: ChatResult | None,
+async def save_partial(conv: Conversation, partial: ChatResult | None,
                        why: str) -> None:
     """What the model had said when the turn was cut short (`why`: stopped, error), kept marked
     partial; a failure to keep it is logged (the turn is ending anyway)."""

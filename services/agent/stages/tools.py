@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 
 from palimpsest.v1 import common_pb2
 from services.agent.audit import Recording
-from services.agent.conversation import EphemeralConversation, StoredConversation
+from services.agent.conversation import Conversation
 from services.agent.events import EventSink
 from services.agent.mcp_servers.manager import McpManager, named
 from services.agent.profiles import Profile
@@ -60,7 +60,7 @@ class ToolRun:
 
     tools: Mapping[str, Tool]
     clamped_out: Sequence[str]
-    conv: StoredConversation | EphemeralConversation
+    conv: Conversation
     sink: EventSink
     stop: asyncio.Event
     state: TurnState

@@ -12,7 +12,7 @@ from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent import context_builder as cb
-from services.agent.conversation import EphemeralConversation, StoredConversation
+from services.agent.conversation import Conversation
 from services.agent.events import EventSink
 from services.agent.profiles import Profile
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
@@ -24,7 +24,7 @@ log = logging.getLogger("palimpsest.agent")
 Message = common_pb2.Message
 
 
-async def compress(compressor: CompressorStub, conv: StoredConversation | EphemeralConversation, sink: EventSink,
+async def compress(compressor: CompressorStub, conv: Conversation, sink: EventSink,
                    request: cpb.CompressRequest) -> bool:
     """Run one compression, forwarding its events; a failure is logged and the turn goes on.
     Whether it ran (the conversation is then reloaded)."""
@@ -62,7 +62,7 @@ async def compress_after_turn(compressor: CompressorStub, sink: EventSink, reque
     return compressed
 
 
-async def title_session(ollama: OllamaClient, conv: StoredConversation | EphemeralConversation, sink: EventSink,
+async def title_session(ollama: OllamaClient, conv: Conversation, sink: EventSink,
                         *, model: str, window: int, thinking: bool, goal: str, answer: str, first_words: str) -> None:
     """The model's short title for a session a turn named by its first words, once its first
     answer is in. A failed call, an unusable answer or a rename meanwhile (the revision moved)
@@ -84,7 +84,7 @@ async def title_session(ollama: OllamaClient, conv: StoredConversation | Ephemer
     sink.announce(session_renamed=agent_pb2.SessionRenamed(name=title))
 
 
-async def name_session(conv: StoredConversation | EphemeralConversation, sink: EventSink, text: str) -> str:
+async def name_session(conv: Conversation, sink: EventSink, text: str) -> str:
     """A session without a name is named by the first words of its first message: the name given
     ("" when none was)."""
     session = conv.session
@@ -100,10 +100,10 @@ async def name_session(conv: StoredConversation | EphemeralConversation, sink: E
     return name
 
 
-async def recall(store: SessionStoreStub, conv: StoredConversation | EphemeralConversation, profile: Profile,
+async def recall(store: SessionStoreStub, conv: Conversation, profile: Profile,
                  window: int, text: str) -> list[Message]:
     """Up to k relevant excerpts of compressed-away history, each injected once per session, within
-    their share of the window."""
+    their share of the window (none in a sub-agent's conversation: it has no summary)."""
     p = profile
     if not (p.memory_recall_enabled and text.strip() and conv.has_summary()):
         return []
