@@ -235,12 +235,7 @@ class Turn:
                     self.sink.error(code, str(exc))
                     return self._end(END.STREAM_END_REASON_ERROR, self.result.text)
             self._partial = None  # from here on the reply is saved, never as a partial
-            through_seq = self.conv.through_seq  # the stored rows this prompt carries
-            report = self._report(reply, check, built, through_seq)
-            # The meter first: it is the call's, known once its report is judged, and on its way to
-            # the client while the answer is stored (after the store, its write to the client was
-            # one more step between the last token and stream_end).
-            await self._record_usage(reply, check, built, report)
+            report = await self._account(reply, check, built)
             if not reply.tool_calls:
                 if not await store_answer(self.conv, reply, report, settings=self.settings, sink=self.sink):
                     return self._end(END.STREAM_END_REASON_ERROR, reply.content)
@@ -350,18 +345,22 @@ class Turn:
         await save_partial(self.conv, self._partial, why)
         self._partial = None
 
-    def _report(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
-                through_seq: int) -> store_pb.ModelReport:
+    async def _account(self, reply: ChatResult, check: cpb.CheckContextSizeResponse,
+                       built: list[Message]) -> store_pb.ModelReport:
+        """The call's report, judged for the append of its answer, and the meter. The meter goes
+        first: it is the call's, known once its report is judged, and on its way to the client
+        while the answer is stored (after the store, its write to the client was one more step
+        between the last token and stream_end)."""
         self.last_trigger = check.trigger  # where this size check said compression starts
-        report, self.prompt_cut = model_report(reply, check, built, through_seq, model=self.on.profile.model,
-                                               window=self.on.window, stored=self.stored, session_id=self.session_id)
-        return report
-
-    async def _record_usage(self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message],
-                            report: store_pb.ModelReport) -> None:
+        # (through_seq: the stored rows this prompt carries)
+        report, self.prompt_cut = model_report(reply, check, built, self.conv.through_seq,
+                                               model=self.on.profile.model, window=self.on.window,
+                                               stored=self.stored, session_id=self.session_id)
         self.last_prompt_tokens = await record_usage(
-            reply, check, built, report, compressor=self.deps.compressor, sink=self.sink, model=self.on.profile.model,
-            window=self.on.window, stored=self.stored, parent_session_id=self.parent_session_id)
+            reply, check, built, report, compressor=self.deps.compressor, sink=self.sink,
+            model=self.on.profile.model, window=self.on.window, stored=self.stored,
+            parent_session_id=self.parent_session_id)
+        return report
 
     # -- tools -----------------------------------------------------------------------------------
     def tool_context(self, call_id: str = "") -> ToolContext:
