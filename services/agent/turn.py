@@ -1,6 +1,8 @@
 """One turn of the agent: pre-turn compression, then the tool loop against Ollama, then the
 post-turn check. Events go to the turn's sink as they happen; nothing here knows about gRPC
-streams, so RunStream, Run and RunEphemeral all drive the same code."""
+streams, so RunStream, Run and RunEphemeral all drive the same code. The work of each step lives
+in ``services.agent.stages`` (prepare and size, call the model, store, run tools, upkeep); this
+module holds the loop that runs them in order and the state one turn carries between them."""
 
 from __future__ import annotations
 
@@ -55,13 +57,14 @@ Message = common_pb2.Message
 current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_session", default="")
 
 
-
 class Turn:
-    """One user message answered: built by the Agent's servicer (RunStream, Run) or by
-    ``run_subagent`` (RunEphemeral, spawn_agent), run once with ``run``, then (stored sessions) ``post_turn``.
+    """One user message answered: built from a ``TurnContext`` by the Agent's servicer (RunStream,
+    Run) or by ``run_subagent`` (RunEphemeral, spawn_agent), run once with ``run``, then (stored
+    sessions) ``post_turn``.
 
-    A turn holds the session's conversation (``conv``: stored, or ephemeral for a sub-agent), the
-    profile it runs under (switchable by a tool mid-turn), and a sink that receives every event.
+    A turn holds the session's conversation (``conv``: stored, or ephemeral for a sub-agent), what
+    it runs on (``on``: profile, model, window, tools; a tool may switch the profile mid-turn), and a
+    sink that receives every event.
     ``run`` always ends in ``stream_end`` (except for a sub-agent, whose parent reports it): every
     failure becomes an error event, and what was already said is stored as a partial answer.
     The servicer serialises turns per session and sets ``stop`` when the client stops one or leaves.
@@ -261,7 +264,10 @@ class Turn:
             self._pending.extend(cb.note_messages(
                 call_notes(self.on.profile, iteration, self.max_iterations, stalled, self.state.goal)))
         built = self.build(self._pending)
-        return await prepare(self, built, self._store_pending(), iteration)
+        # This turn's user message on its way to the store while the first size check runs and the
+        # model starts reading the prompt: the fewest waits before the first token.
+        storing, self._pending = (StoringTask(self.conv, self._pending) if self._pending else None), []
+        return await prepare(self, built, storing, iteration)
 
     async def _too_large(self, answer: str) -> TurnResult:
         """The turn's end when its prompt cannot fit: the answer says why, and is kept in the session."""
@@ -317,15 +323,6 @@ class Turn:
                 log.warning("turn in %s goes on without the Compressor: %s", self.session_id or "-", exc)
                 self.sink.error("UNAVAILABLE", f"{exc}; this turn goes on without compression or exact counts")
             return unchecked(built, self.on.window, self.settings.message_token_budget)
-
-    def _store_pending(self) -> StoringTask | None:
-        """This turn's user message on its way to the store, while the first size check runs and
-        the model starts reading the prompt: the fewest waits before the first token."""
-        if not self._pending:
-            return None
-        storing = StoringTask(self.conv, self._pending)
-        self._pending = []
-        return storing
 
     async def _call_model(self, built: list[Message], storing: StoringTask | None = None) -> ChatResult:
         """One model call streamed to the client (see stages.model_call); what it says is kept as
