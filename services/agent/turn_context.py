@@ -83,8 +83,8 @@ class SubagentOptions:
     exclude_tools: tuple[str, ...] = ()
     depth: int = 1
     session_writer: Callable[..., Awaitable[object]] | None = None
-    # Marks the parent's conversation as holding outside content: what a sub-agent takes in taints the
-    # whole conversation at once, not when its report comes back.
+    # Marks the parent's conversation as holding outside content: what a sub-agent takes in taints
+    # the whole conversation at once, not when its report comes back.
     taint_parent: Callable[[], Awaitable[None]] | None = None
     cwd: str = ""  # the parent's working folder
     # Whether the session's commands are pinned to the sandbox (the parent's session, as it is now).
@@ -95,14 +95,23 @@ class SpawnSubagent(Protocol):
     """Runs a sub-agent for a turn's spawn_agent call (``subagent.run_subagent``), given to the turn
     by whoever builds it, so that this module never imports the one that builds turns."""
 
-    async def __call__(self, deps: AgentDeps, request: SpawnRequest, *, sink: EventSink,
-                       metadata: tuple[tuple[str, str], ...], untrusted: bool = False, depth: int = 1,
-                       parent_profile: Profile | None = None,
-                       session_writer: Callable[..., Awaitable[object]] | None = None,
-                       taint_parent: Callable[[], Awaitable[None]] | None = None, cwd: str = "",
-                       parent_stop: asyncio.Event | None = None,
-                       sandbox_pinned: Callable[[], bool] | None = None,
-                       tool_runs: ToolRunLog | None = None) -> TurnResult: ...
+    async def __call__(
+        self,
+        deps: AgentDeps,
+        request: SpawnRequest,
+        *,
+        sink: EventSink,
+        metadata: tuple[tuple[str, str], ...],
+        untrusted: bool = False,
+        depth: int = 1,
+        parent_profile: Profile | None = None,
+        session_writer: Callable[..., Awaitable[object]] | None = None,
+        taint_parent: Callable[[], Awaitable[None]] | None = None,
+        cwd: str = "",
+        parent_stop: asyncio.Event | None = None,
+        sandbox_pinned: Callable[[], bool] | None = None,
+        tool_runs: ToolRunLog | None = None,
+    ) -> TurnResult: ...
 
 
 @dataclass(frozen=True)

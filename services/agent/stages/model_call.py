@@ -17,8 +17,15 @@ from services.shared.settings import Settings
 Message = common_pb2.Message
 
 
-def request_body(built: list[Message], *, model: str, facts: ModelFacts, window: int,
-                 tools: list[dict] | None, think_enabled: bool) -> dict:
+def request_body(
+    built: list[Message],
+    *,
+    model: str,
+    facts: ModelFacts,
+    window: int,
+    tools: list[dict] | None,
+    think_enabled: bool,
+) -> dict:
     """Ollama's chat request for the prompt `built`: images only for a model that sees them, the
     think switch only for one that thinks."""
     messages = to_ollama_messages(built)
@@ -29,9 +36,19 @@ def request_body(built: list[Message], *, model: str, facts: ModelFacts, window:
     return OllamaClient.chat_body(model, messages, num_ctx=window, tools=tools, think=think)
 
 
-async def call_model(ollama: OllamaClient, body: Callable[[], dict], reply: ChatResult, *, sink: EventSink,
-                     stop: asyncio.Event, settings: Settings, storing: StoringTask | None, model: str,
-                     window: int, said: Callable[[str], None]) -> ChatResult:
+async def call_model(
+    ollama: OllamaClient,
+    body: Callable[[], dict],
+    reply: ChatResult,
+    *,
+    sink: EventSink,
+    stop: asyncio.Event,
+    settings: Settings,
+    storing: StoringTask | None,
+    model: str,
+    window: int,
+    said: Callable[[str], None],
+) -> ChatResult:
     """Stream one model call to the client into `reply` (the caller's, so what was said survives
     a failure); `said` hears the answer's text as it grows. With `storing`, the user's message is
     still on its way to the store: nothing reaches the client, and nothing else is written, before
@@ -39,8 +56,18 @@ async def call_model(ollama: OllamaClient, body: Callable[[], dict], reply: Chat
     found the session changed by another writer, the call is dropped as StalePrompt."""
     started = time.monotonic()
     try:
-        await _stream_reply(ollama, body(), reply, sink=sink, stop=stop, settings=settings, storing=storing,
-                            model=model, window=window, said=said)
+        await _stream_reply(
+            ollama,
+            body(),
+            reply,
+            sink=sink,
+            stop=stop,
+            settings=settings,
+            storing=storing,
+            model=model,
+            window=window,
+            said=said,
+        )
     finally:
         if storing is not None:
             await storing
@@ -48,13 +75,27 @@ async def call_model(ollama: OllamaClient, body: Callable[[], dict], reply: Chat
     return reply
 
 
-async def _stream_reply(ollama: OllamaClient, body: dict, reply: ChatResult, *, sink: EventSink,
-                        stop: asyncio.Event, settings: Settings, storing: StoringTask | None, model: str,
-                        window: int, said: Callable[[str], None]) -> None:
+async def _stream_reply(
+    ollama: OllamaClient,
+    body: dict,
+    reply: ChatResult,
+    *,
+    sink: EventSink,
+    stop: asyncio.Event,
+    settings: Settings,
+    storing: StoringTask | None,
+    model: str,
+    window: int,
+    said: Callable[[str], None],
+) -> None:
     thinking_open = False
     stream = ollama.chat_stream(body)
-    chunks = guarded(stream, first_chunk_timeout=settings.stream_first_chunk_timeout,
-                     chunk_timeout=settings.stream_chunk_timeout, stop=stop)
+    chunks = guarded(
+        stream,
+        first_chunk_timeout=settings.stream_first_chunk_timeout,
+        chunk_timeout=settings.stream_chunk_timeout,
+        stop=stop,
+    )
     done = False
     try:
         async for chunk in chunks:
@@ -67,7 +108,9 @@ async def _stream_reply(ollama: OllamaClient, body: dict, reply: ChatResult, *, 
             if message.get("thinking"):
                 thinking_open = True
                 sink.thinking(message["thinking"])
-            if thinking_open and (message.get("content") or message.get("tool_calls") or chunk.get("done")):
+            if thinking_open and (
+                message.get("content") or message.get("tool_calls") or chunk.get("done")
+            ):
                 thinking_open = False
                 sink.thinking_end()
             if message.get("content"):

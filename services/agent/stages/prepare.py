@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from palimpsest.v1 import common_pb2, compressor_pb2 as cpb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
 from services.agent import context_builder as cb
 from services.agent.conversation import Conversation
 from services.agent.overflow import REFUSAL_RETRIES, halve_biggest_tool_result, refused_answer
@@ -21,7 +22,8 @@ log = logging.getLogger("palimpsest.agent")
 Message = common_pb2.Message
 TOO_LARGE_ANSWER = (
     "This conversation no longer fits the model's context window (about {tokens} tokens of a "
-    "{limit}-token budget), even after compression. Start a new session, or run /compact and try again."
+    "{limit}-token budget), even after compression. Start a new session, or run /compact and "
+    "try again."
 )
 
 
@@ -48,11 +50,13 @@ class Sizing(Protocol):
 
     def build(self, pending: Sequence[Message] = ()) -> list[Message]: ...
 
-    async def check_size(self, built: list[Message], iteration: int, *,
-                         decide: bool = True) -> cpb.CheckContextSizeResponse: ...
+    async def check_size(
+        self, built: list[Message], iteration: int, *, decide: bool = True
+    ) -> cpb.CheckContextSizeResponse: ...
 
-    async def compress(self, reason: cpb.CompressionReason, current_tokens: int,
-                       keep_recent_messages: int = 0) -> bool: ...
+    async def compress(
+        self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0
+    ) -> bool: ...
 
 
 def _too_large(check: cpb.CheckContextSizeResponse) -> TooLarge:
@@ -63,8 +67,9 @@ def _reason(iteration: int) -> cpb.CompressionReason:
     return cpb.COMPRESSION_REASON_PRETURN if iteration == 0 else cpb.COMPRESSION_REASON_MIDTURN
 
 
-async def prepare(sizing: Sizing, built: list[Message], storing: StoringTask | None,
-                  iteration: int) -> Prepared | TooLarge:
+async def prepare(
+    sizing: Sizing, built: list[Message], storing: StoringTask | None, iteration: int
+) -> Prepared | TooLarge:
     """The prompt `built` for call `iteration`, sized by the Compressor (compressed first when it
     says so, cut where it says), or the turn's end when even that cannot fit. This turn's user
     message may still be on its way to the store (`storing`) when the prompt fits."""
@@ -84,7 +89,9 @@ async def prepare(sizing: Sizing, built: list[Message], storing: StoringTask | N
         # Pre-turn (first call) or mid-turn (later calls): the Compressor decided on its own
         # count and its dry run, so compression_started never lies. Then one more check,
         # which no longer offers compression: fits, cut further, or too large.
-        if await sizing.compress(_reason(iteration), check.tokens, check.compress_keep_recent_messages):
+        if await sizing.compress(
+            _reason(iteration), check.tokens, check.compress_keep_recent_messages
+        ):
             built = sizing.build()
         check = await sizing.check_size(built, iteration, decide=False)
     if check.decision != cpb.SIZE_DECISION_FITS:
@@ -92,23 +99,42 @@ async def prepare(sizing: Sizing, built: list[Message], storing: StoringTask | N
     return Prepared(cb.apply_cuts(built, check.cuts), check, storing)
 
 
-async def after_refusal(sizing: Sizing, refusal: ContextRefused, sent: list[Message],
-                        check: cpb.CheckContextSizeResponse, iteration: int, refusals: int, *,
-                        conv: Conversation, window: int, requested_window: int,
-                        compression_on: bool, keep_recent: int, shrunk_before: str) -> Prepared | TooLarge:
+async def after_refusal(
+    sizing: Sizing,
+    refusal: ContextRefused,
+    sent: list[Message],
+    check: cpb.CheckContextSizeResponse,
+    iteration: int,
+    refusals: int,
+    *,
+    conv: Conversation,
+    window: int,
+    requested_window: int,
+    compression_on: bool,
+    keep_recent: int,
+    shrunk_before: str,
+) -> Prepared | TooLarge:
     """The call again after Ollama refused its prompt as over the window: compressed first (the
     refusal proves the count low, so any gain will do), else with its largest tool result cut to
-    half; refused again, or nothing to shrink, the turn ends explained (never Ollama's raw error)."""
-    log.warning("Ollama refused the prompt of %s as over its %d-token window (counted %d): %s",
-                conv.session_id or "a sub-agent", window, check.tokens, refusal)
+    half; refused again, or nothing to shrink, the turn ends explained (never Ollama's raw
+    error)."""
+    log.warning(
+        "Ollama refused the prompt of %s as over its %d-token window (counted %d): %s",
+        conv.session_id or "a sub-agent",
+        window,
+        check.tokens,
+        refusal,
+    )
     if refusals > REFUSAL_RETRIES:
         return TooLarge(refused_answer(window, requested_window, shrunk_before))
     view, shrunk_by = sent, []
     if compression_on:
         before = len(conv.context)
         # Over the window whatever our count said: the Compressor takes any gain.
-        if await sizing.compress(_reason(iteration), max(check.tokens, window + 1), keep_recent) \
-                and len(conv.context) < before:
+        if (
+            await sizing.compress(_reason(iteration), max(check.tokens, window + 1), keep_recent)
+            and len(conv.context) < before
+        ):
             shrunk_by.append("compressing the conversation")
             built = sizing.build()
             check = await sizing.check_size(built, iteration, decide=False)

@@ -24,7 +24,8 @@ _WINDOWS_WARNED: set[tuple[str, str, int]] = set()
 @dataclass(frozen=True)
 class RunsOn:
     """The profile a turn runs under, its model's facts, the window it asked for and the one it
-    gets (at most what the model was trained on), and the tools it offers (and those a clamp took)."""
+    gets (at most what the model was trained on), and the tools it offers (and those a clamp
+    took)."""
 
     profile: Profile
     facts: ModelFacts
@@ -41,13 +42,32 @@ class RunsOn:
         return [json.dumps(s, ensure_ascii=False) for s in self.tool_schemas() or ()]
 
 
-def runs_on(profile: Profile, facts: ModelFacts, *, num_ctx: int, mcp: McpManager | None, is_subagent: bool,
-            exclude: Iterable[str], depth: int, client_tools: Iterable[Tool], clamped: bool) -> RunsOn:
+def runs_on(
+    profile: Profile,
+    facts: ModelFacts,
+    *,
+    num_ctx: int,
+    mcp: McpManager | None,
+    is_subagent: bool,
+    exclude: Iterable[str],
+    depth: int,
+    client_tools: Iterable[Tool],
+    clamped: bool,
+) -> RunsOn:
     """What a turn runs on under `profile`, its tools as the MCP servers list them now."""
     requested = profile.window(num_ctx)
-    tools, clamped_out = tool_set(profile, mcp, is_subagent=is_subagent, exclude=exclude, depth=depth,
-                                  client_tools=client_tools, clamped=clamped)
-    return RunsOn(profile, facts, requested, facts.usable_window(requested), tools, tuple(clamped_out))
+    tools, clamped_out = tool_set(
+        profile,
+        mcp,
+        is_subagent=is_subagent,
+        exclude=exclude,
+        depth=depth,
+        client_tools=client_tools,
+        clamped=clamped,
+    )
+    return RunsOn(
+        profile, facts, requested, facts.usable_window(requested), tools, tuple(clamped_out)
+    )
 
 
 async def settle_mcp(mcp: McpManager | None, profile: Profile) -> bool:
@@ -68,6 +88,12 @@ def announce_model(sink: EventSink, on: RunsOn) -> None:
     requested = on.requested_window if on.requested_window > window else 0
     if requested and (profile.id, profile.model, requested) not in _WINDOWS_WARNED:
         _WINDOWS_WARNED.add((profile.id, profile.model, requested))  # the event tells every turn
-        log.warning("profile %s asks for a %d-token window; %s was trained on %d: the turn uses %d",
-                    profile.id, requested, profile.model, window, window)
+        log.warning(
+            "profile %s asks for a %d-token window; %s was trained on %d: the turn uses %d",
+            profile.id,
+            requested,
+            profile.model,
+            window,
+            window,
+        )
     sink.model_info(profile.model, window, requested)

@@ -8,7 +8,9 @@ import logging
 
 from google.protobuf import struct_pb2
 
-from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent import context_builder as cb
@@ -24,8 +26,9 @@ log = logging.getLogger("palimpsest.agent")
 Message = common_pb2.Message
 
 
-async def compress(compressor: CompressorStub, conv: Conversation, sink: EventSink,
-                   request: cpb.CompressRequest) -> bool:
+async def compress(
+    compressor: CompressorStub, conv: Conversation, sink: EventSink, request: cpb.CompressRequest
+) -> bool:
     """Run one compression, forwarding its events; a failure is logged and the turn goes on.
     Whether it ran (the conversation is then reloaded)."""
     committed = 0
@@ -43,17 +46,22 @@ async def compress(compressor: CompressorStub, conv: Conversation, sink: EventSi
         return False
     await conv.load()
     if committed and conv.revision != committed:
-        raise Aborted(f"another writer changed session {request.session_id} right after its compression")
+        raise Aborted(
+            f"another writer changed session {request.session_id} right after its compression"
+        )
     return True
 
 
-async def compress_after_turn(compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest) -> bool:
+async def compress_after_turn(
+    compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest
+) -> bool:
     """The post-turn compression, its events for the session's watchers (the turn's stream has
     ended); whether it committed one. A failure is logged."""
     compressed = False
     try:
         async for event in compressor.Compress(request):
-            sink.compression(event, watchers_only=True)  # after stream_end: for the session's watchers
+            # After stream_end: for the session's watchers.
+            sink.compression(event, watchers_only=True)
             compressed = compressed or event.HasField("compressed")
     except FailedPrecondition:  # nothing to compress
         pass
@@ -62,8 +70,18 @@ async def compress_after_turn(compressor: CompressorStub, sink: EventSink, reque
     return compressed
 
 
-async def title_session(ollama: OllamaClient, conv: Conversation, sink: EventSink,
-                        *, model: str, window: int, thinking: bool, goal: str, answer: str, first_words: str) -> None:
+async def title_session(
+    ollama: OllamaClient,
+    conv: Conversation,
+    sink: EventSink,
+    *,
+    model: str,
+    window: int,
+    thinking: bool,
+    goal: str,
+    answer: str,
+    first_words: str,
+) -> None:
     """The model's short title for a session a turn named by its first words, once its first
     answer is in. A failed call, an unusable answer or a rename meanwhile (the revision moved)
     keeps the first words."""
@@ -71,7 +89,9 @@ async def title_session(ollama: OllamaClient, conv: Conversation, sink: EventSin
         async with asyncio.timeout(TITLE_TIMEOUT_S):
             reply = await ollama.chat(title_request(model, window, goal, answer, thinking))
     except (PalimpsestError, TimeoutError) as exc:
-        log.info("no title for session %s (%s): its first words stay its name", conv.session_id, exc)
+        log.info(
+            "no title for session %s (%s): its first words stay its name", conv.session_id, exc
+        )
         return
     title = clean_title(reply.content)
     if not title or title == first_words:
@@ -100,8 +120,9 @@ async def name_session(conv: Conversation, sink: EventSink, text: str) -> str:
     return name
 
 
-async def recall(store: SessionStoreStub, conv: Conversation, profile: Profile,
-                 window: int, text: str) -> list[Message]:
+async def recall(
+    store: SessionStoreStub, conv: Conversation, profile: Profile, window: int, text: str
+) -> list[Message]:
     """Up to k relevant excerpts of compressed-away history, each injected once per session, within
     their share of the window (none in a sub-agent's conversation: it has no summary)."""
     p = profile
@@ -113,17 +134,27 @@ async def recall(store: SessionStoreStub, conv: Conversation, profile: Profile,
     if room < cb.MIN_EXCERPT_CHARS:
         return []
     try:
-        found = await store.SearchMemory(store_pb.SearchMemoryRequest(
-            session_id=conv.session_id, query=text[:500], limit=max(1, p.memory_recall_k) * 3,
-            min_similarity=p.memory_recall_min_similarity, embed_model=p.embed_model))
+        found = await store.SearchMemory(
+            store_pb.SearchMemoryRequest(
+                session_id=conv.session_id,
+                query=text[:500],
+                limit=max(1, p.memory_recall_k) * 3,
+                min_similarity=p.memory_recall_min_similarity,
+                embed_model=p.embed_model,
+            )
+        )
     except PalimpsestError as exc:
         log.warning("memory recall failed for %s: %s", conv.session_id, exc)
         return []
     session = conv.session
-    injected = session.metadata["injected_chunk_ids"] if session and "injected_chunk_ids" in session.metadata \
+    injected = (
+        session.metadata["injected_chunk_ids"]
+        if session and "injected_chunk_ids" in session.metadata
         else None
+    )
     seen = set(injected) if isinstance(injected, struct_pb2.ListValue) else set()
-    fits = min(p.memory_recall_k, room // cb.MIN_EXCERPT_CHARS)  # each excerpt long enough to say something
+    # Each excerpt long enough to say something.
+    fits = min(p.memory_recall_k, room // cb.MIN_EXCERPT_CHARS)
     fresh = [c for c in found.chunks if float(c.id) not in seen][:fits]
     if not fresh:
         return []
