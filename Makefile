@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 PROTOS  := $(wildcard protos/palimpsest/v1/*.proto)
 GEN_DIR := palimpsest/v1
 
-.PHONY: install protos protos-check lint typecheck run demo test test-store bench clean
+.PHONY: install protos protos-check lint typecheck run demo test test-fast test-store bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -n 2 -q
+
+# The pure tests: no server, no database, no simulator (the `services` marker, set in tests/conftest.py).
+test-fast: install
+	$(BIN)/python -m pytest -n 2 -q -m "not services"
 
 # The SessionStore tests alone (CI runs them again on the machine's PostgreSQL via TEST_DATABASE_URL).
 test-store: install

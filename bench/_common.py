@@ -359,3 +359,23 @@ async def wait_ready(address: str) -> None:
                 pass
             await asyncio.sleep(0.1)
     raise RuntimeError(f"{address} did not become ready")
+
+
+def evaluated_tokens(bodies: list[dict]) -> list[int]:
+    """The prompt tokens Ollama evaluates for each chat request in order: its prompt less the
+    longest run of leading messages (with the same tools) it shares with the request before,
+    which Ollama keeps evaluated (its prefix cache holds one conversation per slot)."""
+    from ollama_sim.prompt import count_prompt_tokens
+
+    evaluated = []
+    previous: tuple[list, object] = ([], None)
+    for body in bodies:
+        messages, tools = body.get("messages") or [], body.get("tools")
+        shared = 0
+        if tools == previous[1]:
+            while shared < min(len(messages), len(previous[0])) and messages[shared] == previous[0][shared]:
+                shared += 1
+        reused = count_prompt_tokens(messages[:shared], tools) if shared else 0
+        evaluated.append(max(0, count_prompt_tokens(messages, tools) - reused))
+        previous = (messages, tools)
+    return evaluated

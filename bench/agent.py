@@ -236,7 +236,9 @@ class _CutAlarms(logging.Handler):
 
 
 async def _long_path(server, quick: bool, path: str, version: str = VERSION, stats: dict | None = None,
-                     tool: str = "bench.agent:DenseOutputTool") -> list:
+                     tool: str = "bench.agent:DenseOutputTool", spec=None) -> list:
+    """The long conversation on the simulator's qwen3.6 (``path`` "exact") or on it without its
+    vocabulary; ``spec``, when given, is the model to run instead (another family's)."""
     from services.compressor.token_estimate import output_reserve
     from ollama_sim.models import default_models
     from services.shared.settings import Settings
@@ -244,8 +246,9 @@ async def _long_path(server, quick: bool, path: str, version: str = VERSION, sta
 
     turns = 60 if quick else 300
     model = f"bench-{path}-{uuid.uuid4().hex[:6]}"
-    spec = default_models()["qwen3.6"]
-    spec = spec if path == "exact" else replace(spec, vocabulary=None)
+    if spec is None:
+        spec = default_models()["qwen3.6"]
+        spec = spec if path == "exact" else replace(spec, vocabulary=None)
     profile = {"id": "long", "model": model, "context_window": WINDOW, "max_iterations": 6,
                "custom_tools": [tool], "agent_tools": ["todo", "memory_search", "fetch_report"]}
     compress_turns: list[int] = []
@@ -317,24 +320,13 @@ SUMMARY_TOKENS = 400
 
 def model_time(bodies: list[dict]) -> tuple[float, float]:
     """(the run's simulated model seconds, those spent on summaries), from the requests in order."""
-    from ollama_sim.prompt import count_prompt_tokens
-
     total = on_summaries = 0.0
-    previous: tuple[list, object] = ([], None)
-    for body in bodies:
-        messages, tools = body.get("messages") or [], body.get("tools")
-        shared = 0
-        if tools == previous[1]:
-            while shared < min(len(messages), len(previous[0])) and messages[shared] == previous[0][shared]:
-                shared += 1
-        reused = count_prompt_tokens(messages[:shared], tools) if shared else 0
-        evaluated = max(0, count_prompt_tokens(messages, tools) - reused)
+    for body, evaluated in zip(bodies, _common.evaluated_tokens(bodies)):
         summary = body.get("stream") is False
         seconds = evaluated / PREFILL_TOKENS_PER_S \
             + (SUMMARY_TOKENS if summary else CHAT_ANSWER_TOKENS) / GENERATE_TOKENS_PER_S
         total += seconds
         on_summaries += seconds if summary else 0.0
-        previous = (messages, tools)
     return total, on_summaries
 
 

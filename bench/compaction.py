@@ -194,22 +194,12 @@ def model_time(bodies: list[dict], generated: list[int], speeds: tuple[int, int]
     """(simulated model seconds, those on summaries): each request evaluates its prompt less the
     longest run of leading messages (and the same tools) it shares with the request before, which
     Ollama keeps evaluated; then generates what the model answered."""
-    from ollama_sim.prompt import count_prompt_tokens
-
     prompt_rate, generate_rate = speeds
     total = on_summaries = 0.0
-    previous: tuple[list, object] = ([], None)
-    for body, answer in zip(bodies, generated):
-        messages, tools = body.get("messages") or [], body.get("tools")
-        shared = 0
-        if tools == previous[1]:
-            while shared < min(len(messages), len(previous[0])) and messages[shared] == previous[0][shared]:
-                shared += 1
-        reused = count_prompt_tokens(messages[:shared], tools) if shared else 0
-        seconds = max(0, count_prompt_tokens(messages, tools) - reused) / prompt_rate + answer / generate_rate
+    for body, answer, evaluated in zip(bodies, generated, _common.evaluated_tokens(bodies)):
+        seconds = evaluated / prompt_rate + answer / generate_rate
         total += seconds
         on_summaries += seconds if is_summary_body(body) else 0.0
-        previous = (messages, tools)
     return total, on_summaries
 
 

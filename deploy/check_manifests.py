@@ -1,7 +1,7 @@
 """What the schemas cannot see in a rendered overlay: `python deploy/check_manifests.py dev|prod FILE`.
 
 kubernetes-validate says each object is well-formed; this says they fit together and keep the
-promises of README's Deploying section — every peer address names a Service on its port, probes
+promises of docs/deploying.md — every peer address names a Service on its port, probes
 are native gRPC on the container's port, the grace covers the drain, selectors select, and each
 overlay has what it is for (dev: one replica and its own PostgreSQL; prod: 2+ replicas,
 autoscalers, disruption budgets, the database from a Secret). Exit 1 with every problem listed.

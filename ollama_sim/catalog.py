@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from . import families
 from .models import ModelSpec
 from .vocabulary import tokenizer_metadata
 
@@ -32,7 +33,8 @@ def _listed_name(name: str) -> str:
 def model_digest(name: str, spec: ModelSpec) -> str:
     """What /api/tags reports: a model under the same name with another vocabulary is another model,
     so clients that cache a vocabulary per digest never mix the two."""
-    return hashlib.sha256(f"{name}\0{spec.vocabulary or ''}".encode()).hexdigest()
+    vocabulary = spec.vocabulary or (spec.vocabulary_file.name if spec.vocabulary_file else "")
+    return hashlib.sha256(f"{name}\0{vocabulary}".encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=8)
@@ -47,6 +49,9 @@ def show_payload(spec: ModelSpec, verbose: bool) -> bytes:
     }
     if spec.vocabulary is not None:
         model_info.update(tokenizer_metadata(spec.vocabulary, arrays=verbose))
+    elif spec.vocabulary_file is not None:
+        path = spec.vocabulary_file
+        model_info.update(families.file_metadata(path) if verbose else families.file_header(path))
     body = {
         "modified_at": "2025-01-01T00:00:00Z",
         "details": _model_details(spec),

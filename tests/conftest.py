@@ -47,6 +47,28 @@ def pytest_configure(config) -> None:
         config.test_pg_was_running = bool(EmbeddedPostgres(_test_pg_dir()).running_port())
 
 
+# Fixtures that start a server, a database or the Ollama simulator, and modules whose tests start
+# processes of their own (commands, the services, pal, make): a test with none of them (directly
+# or through another fixture) is a pure test, and `make test-fast` runs those alone.
+SERVICE_FIXTURES = frozenset({
+    "database_url", "store_server", "store_server_auth", "store", "store_auth", "ollama_sim",
+    "compressor_server", "compressor", "agent_server", "agent", "semantic_store", "sim",
+})
+
+PROCESS_MODULES = frozenset({
+    "test_embedded_pg", "test_faults", "test_grpcurl", "test_mcp_servers", "test_newcomer", "test_node_client",
+    "test_pal", "test_pal_agent", "test_pal_client_tools", "test_runtime_deps", "test_sandbox", "test_tracing",
+})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())) or (
+                module is not None and module.__name__.rsplit(".", 1)[-1] in PROCESS_MODULES):
+            item.add_marker(pytest.mark.services)
+
+
 def pytest_unconfigure(config) -> None:
     """A run leaves no database behind that it started (workers share one; the controller stops it)."""
     if getattr(config, "test_pg_was_running", True):

@@ -429,7 +429,7 @@ async def test_user_namespaces_unavailable_are_said_with_the_fix(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     reason = ran.stdout.strip()
-    assert "user namespace" in reason and "README" in reason and "bwrap:" in reason
+    assert "user namespace" in reason and "docs/deploying.md" in reason and "bwrap:" in reason
 
 
 @pytest.mark.parametrize(("sysctls", "fix"), [

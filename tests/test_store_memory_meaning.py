@@ -239,15 +239,19 @@ async def test_a_slow_embedder_costs_a_search_its_timeout_at_most(semantic_store
 
 
 async def test_a_new_embedding_space_is_rebuilt_once_in_the_background(semantic_store, sim, profile, database_url):
-    stub = await semantic_store(sim)
+    # A model of its own: a space's change of size drops the model's vectors in the whole database,
+    # and tests running beside this one (another worker, the same database) use EMBED_MODEL.
+    model = f"{EMBED_MODEL}-repulled-{uuid.uuid4().hex[:8]}"
+    sim.models[model] = replace(sim.models[EMBED_MODEL])
+    stub = await semantic_store(sim, embed_model=model)
     session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])
-    assert await until(async_equals(lambda: vectors(database_url, session_id, dimensions=256), 5))
+    assert await until(async_equals(lambda: vectors(database_url, session_id, model, dimensions=256), 5))
     # The model is re-pulled and now answers 128 dimensions: its vectors are rebuilt in that space.
-    sim.models[EMBED_MODEL] = replace(sim.models[EMBED_MODEL], embedding_length=128)
+    sim.models[model] = replace(sim.models[model], embedding_length=128)
     first = await stub.SearchMemory(search(session_id, PARAPHRASE))
     assert list(first.chunks) == [] or first.chunks[0].content == TARGET
-    assert await until(async_equals(lambda: vectors(database_url, session_id, dimensions=128), 5))
-    assert await vectors(database_url, session_id, dimensions=256) == 0
+    assert await until(async_equals(lambda: vectors(database_url, session_id, model, dimensions=128), 5))
+    assert await vectors(database_url, session_id, model, dimensions=256) == 0
     assert [c.content for c in (await stub.SearchMemory(search(session_id, PARAPHRASE))).chunks] == [TARGET]
 
     # Another model in the settings: the old model's vectors go at start, the new ones are built.

@@ -57,8 +57,11 @@ async def test_a_summarizer_that_calls_a_tool_is_asked_again_on_its_own(compress
     ollama_sim.set_responder(replies)
     session_id = await session_with(store, profile, turns(14, 1_200))
     asked = len(ollama_sim.bodies())
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
-                            prompt_head=HEAD, tool_schemas=SCHEMAS)
+    try:
+        events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
+                                prompt_head=HEAD, tool_schemas=SCHEMAS)
+    finally:
+        ollama_sim.set_responder(None)
     assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
     prefix, standalone = summary_bodies(ollama_sim, asked)
     assert prefix.get("tools") and not standalone.get("tools")
@@ -67,6 +70,7 @@ async def test_a_summarizer_that_calls_a_tool_is_asked_again_on_its_own(compress
 
 
 async def test_new_history_is_folded_into_the_live_summary(compressor, store, profile, ollama_sim):
+    ollama_sim.set_responder(lambda body: Reply(text="- Deploys were discussed.\nKEYS: deploy"))
     session_id = await session_with(store, profile, turns(40, 1_600))
     await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
     first = [m for m in await context_of(store, session_id) if m.is_summary][0]
@@ -81,16 +85,22 @@ async def test_new_history_is_folded_into_the_live_summary(compressor, store, pr
     assert live.content.split("\n", 1)[1].startswith(old_text.rstrip())
     assert live.replaces.first == first.replaces.first
     assert events[-1].compressed.replaced.first == first.replaces.first
+    ollama_sim.set_responder(None)
 
 
 async def test_a_live_summary_that_would_pass_its_budget_is_rewritten_whole(compressor, store, profile, ollama_sim):
     """The meta-summary rule still bounds it: past a sixteenth of the window the earlier summary is
     merged with the new history in one summary, not appended to."""
+    long_summary = "- The deployment of each service was discussed and its config key noted.\n" * 120
+    ollama_sim.set_responder(lambda body: Reply(text=long_summary + "KEYS: deploy"))
     session_id = await session_with(store, profile, turns(40, 1_600))
-    await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(40, 1_600)))
-    asked = len(ollama_sim.bodies())
-    await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+    try:
+        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+        await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(40, 1_600)))
+        asked = len(ollama_sim.bodies())
+        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+    finally:
+        ollama_sim.set_responder(None)
     [body] = summary_bodies(ollama_sim, asked)
     assert "Earlier summary" in body["messages"][-1]["content"]
     assert len([m for m in await context_of(store, session_id) if m.is_summary]) == 1

@@ -18,23 +18,29 @@ import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from ollama_sim import gguf
 
 # llama.cpp as vendored in this release (upstream build of 2026-10).
 SDIST = "llama-cpp-python==0.3.36"
+# Mistral's own SentencePiece vocabularies (Mistral 7B v0.3, Mistral Large 2411), in the wheel of
+# Mistral's tokenizer library; llama.cpp's counts of them were made from the GGUF its converter
+# writes (tokens, scores, types, add_space_prefix), which spm_model_info gives too.
+MISTRAL_WHEEL = "mistral-common==1.13.1"
+SPM_FILES = {"mistral-v3": "mistral_instruct_tokenizer_240323.model.v3",
+             "mistral-v7": "mistral_instruct_tokenizer_241114.model.v7"}
 MODELS_IN_SDIST = "/vendor/llama.cpp/models/"
 VOCAB_PREFIX = "ggml-vocab-"
 SEPARATOR = "\n__ggml_vocab_test__\n"
-# Ollama's model_info carries the tokenizer's fields and the model's general ones (general.name
-# decides phi-3's token attributes in llama.cpp).
-INFO_PREFIXES = ("tokenizer.ggml.", "general.name")
 DOWNLOAD_TIMEOUT_S = 600
 # What pip prints when it cannot reach the index (no network, DNS, proxy, TLS).
 _NETWORK_FAILURES = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
@@ -53,48 +59,65 @@ def cache_root() -> Path:
 
 
 def vocab_dir(root: Path | None = None) -> Path:
-    """The folder of llama.cpp's vocab files and vectors, downloaded on first use.
+    """The folder of llama.cpp's vocab files and vectors, downloaded on first use."""
+    return _fetched(SDIST, root, lambda member: MODELS_IN_SDIST in member
+                    and member.rpartition("/")[2].startswith(VOCAB_PREFIX))
+
+
+def mistral_dir(root: Path | None = None) -> Path:
+    """The folder of Mistral's SentencePiece models, from mistral-common's wheel."""
+    return _fetched(MISTRAL_WHEEL, root, lambda member: member.rpartition("/")[2] in SPM_FILES.values())
+
+
+def _fetched(requirement: str, root: Path | None, keep: Callable[[str], bool]) -> Path:
+    """A package's files that ``keep`` names, flat in a folder of the cache.
 
     Parallel-safe: test workers take a file lock, the first downloads, the others find it done;
     the folder appears whole (renamed into place) or not at all."""
     root = root or cache_root()
-    target = root / SDIST.replace("==", "-")
+    target = root / requirement.replace("==", "-")
     if (target / ".complete").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / ".complete").is_file():
-            _download(target)
+            _download(requirement, target, keep)
     return target
 
 
-def _download(target: Path) -> None:
+def _download(requirement: str, target: Path, keep: Callable[[str], bool]) -> None:
+    sdist = requirement == SDIST
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "--disable-pip-version-check", "--retries", "1", "--timeout", "30", "-d", scratch, SDIST]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                   "--retries", "1", "--timeout", "30", "-d", scratch, requirement,
+                   *(["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"])]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
-            raise OracleUnavailable(f"pip download {SDIST} timed out") from exc
-        archives = list(Path(scratch).glob("*.tar.gz"))
+            raise OracleUnavailable(f"pip download {requirement} timed out") from exc
+        archives = list(Path(scratch).glob("*.tar.gz" if sdist else "*.whl"))
         if done.returncode != 0 or not archives:
-            why = f"pip download {SDIST} failed: {done.stderr.strip()[-400:]}"
+            why = f"pip download {requirement} failed: {done.stderr.strip()[-400:]}"
             # Only an unreachable index is a reason to skip; any other failure is the test's.
             if any(sign in done.stderr for sign in _NETWORK_FAILURES):
                 raise OracleUnavailable(why)
             raise RuntimeError(why)
-        staged = Path(scratch) / "models"
+        staged = Path(scratch) / "files"
         staged.mkdir()
-        with tarfile.open(archives[0]) as archive:
-            for member in archive.getmembers():
-                name = member.name.rpartition("/")[2]
-                if member.isfile() and MODELS_IN_SDIST in member.name and name.startswith(VOCAB_PREFIX):
-                    source = archive.extractfile(member)
-                    assert source is not None
-                    with source, open(staged / name, "wb") as out:
-                        shutil.copyfileobj(source, out)
-        (staged / ".complete").write_text(SDIST)
+        if sdist:
+            with tarfile.open(archives[0]) as archive:
+                for member in archive.getmembers():
+                    source = archive.extractfile(member) if member.isfile() and keep(member.name) else None
+                    if source is not None:
+                        with source, open(staged / member.name.rpartition("/")[2], "wb") as out:
+                            shutil.copyfileobj(source, out)
+        else:
+            with zipfile.ZipFile(archives[0]) as wheel:
+                for name in wheel.namelist():
+                    if keep(name):
+                        (staged / name.rpartition("/")[2]).write_bytes(wheel.read(name))
+        (staged / ".complete").write_text(requirement)
         if target.exists():
             shutil.rmtree(target)
         staged.rename(target)
@@ -113,7 +136,8 @@ class OracleVocab:
 
     def vectors(self) -> list[tuple[str, list[int]]]:
         """(text, expected ids) pairs, read the way llama.cpp's test-tokenizer-0 reads them."""
-        raw = self.path.with_name(self.path.name + ".inp").read_text(encoding="utf-8")
+        # Bytes, not text mode: a "\r" in a vector must reach the tokenizer as written.
+        raw = self.path.with_name(self.path.name + ".inp").read_bytes().decode("utf-8")
         texts: list[str] = []
         position = 0
         while position < len(raw):
@@ -134,60 +158,46 @@ def vocabularies(folder: Path) -> list[OracleVocab]:
             for p in sorted(folder.glob(VOCAB_PREFIX + "*.gguf"))]
 
 
-# GGUF value types: (struct format, size) for scalars; 8 is a string, 9 an array.
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
-_STRING, _ARRAY = 8, 9
-
-
-class _Reader:
-    """The key-value header of a GGUF file (the format's spec, little-endian); tensors are not read."""
-
-    def __init__(self, data: bytes):
-        self.data = data
-        self.at = 0
-
-    def scalar(self, kind: int) -> Any:
-        fmt, size = _SCALARS[kind]
-        (value,) = struct.unpack_from(fmt, self.data, self.at)
-        self.at += size
-        return value
-
-    def string(self) -> str:
-        length = self.scalar(10)
-        text = self.data[self.at:self.at + length].decode("utf-8", "surrogateescape")
-        self.at += length
-        return text
-
-    def value(self, kind: int) -> Any:
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item_kind, count = self.scalar(4), self.scalar(10)
-            if item_kind in _SCALARS:  # one unpack for the whole array
-                fmt, size = _SCALARS[item_kind]
-                values = struct.unpack_from(f"<{count}{fmt[1]}", self.data, self.at)
-                self.at += size * count
-                return list(values)
-            return [self.value(item_kind) for _ in range(count)]
-        return self.scalar(kind)
-
-
 def model_info(path: Path) -> dict[str, Any]:
-    """The GGUF file's tokenizer fields as Ollama's ``model_info`` (verbose) gives them."""
-    reader = _Reader(path.read_bytes())
-    if reader.data[:4] != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
-    reader.at = 8  # magic and version
-    _tensors, pairs = reader.scalar(10), reader.scalar(10)
-    info: dict[str, Any] = {}
-    for _ in range(pairs):
-        key = reader.string()
-        value = reader.value(reader.scalar(4))
-        if key.startswith(INFO_PREFIXES) and key != "tokenizer.chat_template":
-            info[key] = value
-    return info
+    """The GGUF file's tokenizer fields as Ollama's ``/api/show`` (verbose) gives them: the
+    simulator's reader, so a vocabulary here is read as the simulator serves it."""
+    return gguf.model_info(path)
 
+
+def spm_model_info(path: Path) -> dict[str, Any]:
+    """A SentencePiece model's fields as llama.cpp's converter writes them into a GGUF file."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    processor = spm.SentencePieceProcessor(model_file=str(path))
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    size = processor.get_piece_size()
+
+    def kind(i: int) -> int:  # GGUF token types, in the converter's order of precedence
+        checks = ((processor.is_unknown, 2), (processor.is_control, 3), (processor.is_byte, 6),
+                  (processor.is_unused, 5))
+        return next((value for check, value in checks if check(i)), 1)
+
+    return {
+        "general.name": path.name,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": [processor.id_to_piece(i) for i in range(size)],
+        "tokenizer.ggml.scores": [processor.get_score(i) for i in range(size)],
+        "tokenizer.ggml.token_type": [kind(i) for i in range(size)],
+        "tokenizer.ggml.bos_token_id": processor.bos_id(),
+        "tokenizer.ggml.eos_token_id": processor.eos_id(),
+        "tokenizer.ggml.unknown_token_id": processor.unk_id(),
+        "tokenizer.ggml.add_space_prefix": proto.normalizer_spec.add_dummy_prefix,
+    }
+
+
+def vocab_info(name: str, root: Path | None = None) -> dict[str, Any]:
+    """A case's vocabulary by name: one of llama.cpp's files, or one of Mistral's models."""
+    if name in SPM_FILES:
+        return spm_model_info(mistral_dir(root) / SPM_FILES[name])
+    return model_info(vocab_dir(root) / f"{VOCAB_PREFIX}{name}.gguf")
 
 # -- our own texts, counted by llama.cpp itself -------------------------------------------------
 
@@ -227,7 +237,8 @@ def random_texts(seed: int, count: int) -> list[str]:
     """Random strings over an alphabet that crosses every character class the patterns name."""
     rnd = random.Random(seed)
     pool = [*map(chr, range(32, 127)), *"\n\n\n\t\r  ", *"éüßøÆœçñ", "e\u0301", *"中文日本語한국어",
-            *"кириллицаΕλληνικά", *"١٢٣٣४५६", *"¹½Ⅻ", *"🎉👍🏽🦙", "\u200d", "\u00a0", "\u3000", "\u2009", "\u0085",
+            *"кириллицаΕλληνικά", *"١٢٣٣४५६", *"¹½Ⅻ", *"🎉👍🏽🦙",
+            "\u200d", "\u00a0", "\u3000", "\u2009", "\u0085",
             *"，。！？「」", *"∑∞≠€©°", *"\u0915\u094d\u0937", *"ภาษา", *"ＡＢ１２"]
     return ["".join(rnd.choice(pool) for _ in range(rnd.randint(1, 120))) for _ in range(count)]
 
@@ -262,30 +273,48 @@ EMBEDDING_ONLY = ("bert-bge", "nomic-bert-moe")
 # a token skips the merges get Llama 3's vocabulary, whose merges do not rebuild every token.
 RELABELLED = {
     "gpt-2": ("deepseek-v3", "gpt-4o", "llama4", "smollm", "chatglm-bpe", "stablelm2", "olmo", "exaone",
-              "exaone4", "codeshell", "smaug-bpe", "dbrx", "deepseek-r1-qwen"),
-    "llama-bpe": ("tekken", "glm4", "llama3", "llama-v3", "falcon3", "pixtral", "lfm2", "gpt-4o", "deepseek-v3"),
+              "exaone4", "codeshell", "smaug-bpe", "dbrx", "deepseek-r1-qwen", "hunyuan", "megrez", "solar-open",
+              "kormo", "f2llmv2", "minimax-m2", "kanana2", "talkie", "hunyuan-dense", "joyai-llm", "hy_v4", "phi-2",
+              "jais", "trillion", "granite-docling", "gigachat", "a.x-4.0", "mellum", "minerva-7b", "mellum2",
+              "grok-2", "ufakzeka", "seed-coder", "bailingmoe", "bailingmoe2", "llada-moe", "exaone-moe", "laguna",
+              "poro-chat", "bloom", "gpt3-finnish", "viking", "jais-2", "spark2_5"),
+    "llama-bpe": ("tekken", "glm4", "llama3", "llama-v3", "falcon3", "pixtral", "lfm2", "gpt-4o", "deepseek-v3",
+                  "midm-2.0", "exaone-moe", "bailingmoe", "seed-coder", "minicpm5", "jais-2"),
 }
 DATA = Path(__file__).parent / "data" / "vocab_llamacpp_counts.json"
 
 
-def cases(folder_names: list[str]) -> dict[str, tuple[str, str | None]]:
-    """Case name -> (vocab file name, pre override)."""
-    found = {name: (name, None) for name in folder_names if name not in EMBEDDING_ONLY}
+# Flags other models of a kind set: SentencePiece without the space prefix (Gemma 2/3, Mistral's
+# later SentencePiece vocabularies), checked on llama-spm with the flag off.
+FLAGGED = {"llama-spm~no-space-prefix": ("llama-spm", {"tokenizer.ggml.add_space_prefix": False})}
+
+
+class Case(NamedTuple):
+    vocab: str  # the vocab file's name
+    pre: str | None  # a tokenizer.ggml.pre to load it with instead of its own
+    flags: dict[str, bool]  # boolean tokenizer fields to load it with instead of its own
+
+
+def cases(folder_names: list[str]) -> dict[str, Case]:
+    found = {name: Case(name, None, {}) for name in [*folder_names, *SPM_FILES] if name not in EMBEDDING_ONLY}
     for proxy, names in RELABELLED.items():
-        found.update({f"{pre}@{proxy}": (proxy, pre) for pre in names})
+        found.update({f"{pre}@{proxy}": Case(proxy, pre, {}) for pre in names})
+    found.update({name: Case(vocab, None, flags) for name, (vocab, flags) in FLAGGED.items()})
     return found
 
 
-def relabelled(info: dict[str, Any], pre: str | None) -> dict[str, Any]:
-    return info if pre is None else {**info, "tokenizer.ggml.pre": pre}
+def relabelled(info: dict[str, Any], case: Case) -> dict[str, Any]:
+    pre = {} if case.pre is None else {"tokenizer.ggml.pre": case.pre}
+    return {**info, **pre, **case.flags}
 
 
-def llama_cpp_ids(driver: Path, gguf: Path, pre: str | None, texts: list[str]) -> list[list[int]]:
+def llama_cpp_ids(driver: Path, gguf: Path, case: Case, texts: list[str]) -> list[list[int]]:
     """llama.cpp's ids for each text: llama_tokenize(add_special=false, parse_special=true), what
     llama-server does to a prompt less the BOS; ``driver`` is llamacpp_tokenize.cpp built."""
     payload = "\0".join(texts).encode("utf-8")
-    done = subprocess.run([str(driver), str(gguf), pre or "", "1"], input=payload, capture_output=True,
-                          check=True, timeout=600)
+    flags = [f"{key}={int(value)}" for key, value in case.flags.items()]  # the driver takes one
+    done = subprocess.run([str(driver), str(gguf), case.pre or "", "1", *flags], input=payload,
+                          capture_output=True, check=True, timeout=600)
     lines = done.stdout.decode().split("\n")[:len(texts)]
     return [[int(i) for i in line.split()] for line in lines]
 
@@ -297,14 +326,49 @@ def regenerate(driver: Path) -> None:
     common = [*VARIED_TEXTS, *random_texts(25, 300)]
     data: dict[str, Any] = {"llama_cpp": SDIST, "cases": {}, "counts": {}, "common_texts": common,
                             "special_texts": {}}
-    for case, (vocab, pre) in cases(names).items():
-        data["cases"][case] = [vocab, pre]
-        gguf = folder / f"{VOCAB_PREFIX}{vocab}.gguf"
-        info = relabelled(model_info(gguf), pre)
-        special = data["special_texts"].setdefault(vocab, texts_for(info)[len(VARIED_TEXTS) + 300:])
-        data["counts"][case] = [len(ids) for ids in llama_cpp_ids(driver, gguf, pre, [*common, *special])]
-        print(case, sum(data["counts"][case]), file=sys.stderr)
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, case in cases(names).items():
+            data["cases"][name] = list(case)
+            vocab = case.vocab
+            gguf = folder / f"{VOCAB_PREFIX}{vocab}.gguf"
+            if vocab in SPM_FILES:  # llama.cpp reads a GGUF file: the converter's, written here
+                gguf = _write_spm_gguf(vocab_info(vocab), folder / f"{VOCAB_PREFIX}llama-spm.gguf",
+                                       Path(scratch) / f"{vocab}.gguf")
+            info = relabelled(vocab_info(vocab), case)
+            special = data["special_texts"].setdefault(vocab, texts_for(info)[len(VARIED_TEXTS) + 300:])
+            ids = llama_cpp_ids(driver, gguf, case, [*common, *special])
+            data["counts"][name] = [len(i) for i in ids]
+            print(name, sum(data["counts"][name]), file=sys.stderr)
     DATA.write_text(_one_entry_a_line(data), encoding="utf-8")
+
+
+def _write_spm_gguf(info: dict[str, Any], like: Path, path: Path) -> Path:
+    """A vocab-only GGUF of a SentencePiece model, its model fields taken from ``like`` (needs the
+    ``gguf`` package, only for regenerating)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    for key, field in GGUFReader(like).fields.items():
+        if key.startswith(("GGUF.", "general.architecture", "tokenizer")):
+            continue
+        value = len(info["tokenizer.ggml.tokens"]) if key == "llama.vocab_size" else field.contents()
+        adders = {GGUFValueType.STRING: writer.add_string, GGUFValueType.UINT32: writer.add_uint32,
+                  GGUFValueType.FLOAT32: writer.add_float32}
+        adders[field.types[0]](key, value)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(info["tokenizer.ggml.tokens"])
+    writer.add_token_scores(info["tokenizer.ggml.scores"])
+    writer.add_token_types(info["tokenizer.ggml.token_type"])
+    writer.add_bos_token_id(info["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(info["tokenizer.ggml.eos_token_id"])
+    writer.add_unk_token_id(info["tokenizer.ggml.unknown_token_id"])
+    writer.add_add_space_prefix(info["tokenizer.ggml.add_space_prefix"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def _one_entry_a_line(data: dict[str, Any]) -> str:
@@ -330,27 +394,33 @@ def table() -> str:
     for vocab in EMBEDDING_ONLY:
         kind = model_info(folder / f"{VOCAB_PREFIX}{vocab}.gguf")["tokenizer.ggml.model"]
         rows.append(f"| {vocab} (`{kind}`) | – | – | refused: embedding-only model kind |")
-    for case, (vocab, pre) in data["cases"].items():
-        info = relabelled(model_info(folder / f"{VOCAB_PREFIX}{vocab}.gguf"), pre)
-        label = f"{case} (`{info.get('tokenizer.ggml.pre') or info['tokenizer.ggml.model']}`)"
+    for name, fields in data["cases"].items():
+        case = Case(*fields)
+        vocab, pre = case.vocab, case.pre
+        info = relabelled(vocab_info(vocab), case)
+        label = f"{name} (`{info.get('tokenizer.ggml.pre') or info['tokenizer.ggml.model']}`)"
         try:
             tokenizer = build_tokenizer(info)
         except UnsupportedVocabulary as exc:
             rows.append(f"| {label} | – | – | refused: {exc} |")
             continue
         oracle = OracleVocab(vocab, folder / f"{VOCAB_PREFIX}{vocab}.gguf")
-        vectors = "–"
-        if pre is None and oracle.has_vectors:
+        vectors, vectors_equal = "–", True
+        if pre is None and not case.flags and oracle.has_vectors:
             pairs = oracle.vectors()
-            equal = sum(len(tokenizer.encode(t, add_special_tokens=False).ids) == len(ids) for t, ids in pairs)
-            vectors = f"{equal} of {len(pairs)}"
+            got = tokenizer.encode_batch([t for t, _ in pairs], add_special_tokens=False)
+            equal = sum(len(mine.ids) == len(ids) for mine, (_, ids) in zip(got, pairs))
+            vectors, vectors_equal = f"{equal} of {len(pairs)}", equal == len(pairs)
         texts = [*data["common_texts"], *data["special_texts"][vocab]]
         counts = [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-        equal = sum(a == b for a, b in zip(counts, data["counts"][case]))
-        verdict = "exact" if equal == len(texts) and not vectors.startswith("–") or equal == len(texts) else "wrong"
+        equal = sum(a == b for a, b in zip(counts, data["counts"][name]))
+        verdict = "exact" if equal == len(texts) and vectors_equal else "wrong"
         rows.append(f"| {label} | {vectors} | {equal} of {len(texts)} | {verdict} |")
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
-    print(table() if sys.argv[1:] == ["--table"] else regenerate(Path(sys.argv[1])))
+    if sys.argv[1:] == ["--table"]:
+        print(table())
+    else:
+        regenerate(Path(sys.argv[1]))

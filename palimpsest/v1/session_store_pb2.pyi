@@ -802,16 +802,18 @@ class SetBaselineResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetBaselineRequest(_message.Message):
-    __slots__ = ("session_id", "model", "token_digest", "view_budget")
+    __slots__ = ("session_id", "model", "token_digest", "view_budget", "with_counts")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
     VIEW_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    WITH_COUNTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model: str
     token_digest: str
     view_budget: int
-    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., token_digest: _Optional[str] = ..., view_budget: _Optional[int] = ...) -> None: ...
+    with_counts: bool
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., token_digest: _Optional[str] = ..., view_budget: _Optional[int] = ..., with_counts: _Optional[bool] = ...) -> None: ...
 
 class GetBaselineResponse(_message.Message):
     __slots__ = ("baseline", "observations", "context_tokens")
@@ -824,20 +826,22 @@ class GetBaselineResponse(_message.Message):
     def __init__(self, baseline: _Optional[_Union[Baseline, _Mapping]] = ..., observations: _Optional[_Iterable[_Union[Observation, _Mapping]]] = ..., context_tokens: _Optional[_Union[ContextTokens, _Mapping]] = ...) -> None: ...
 
 class ContextTokens(_message.Message):
-    __slots__ = ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls", "uncounted", "revision")
+    __slots__ = ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls", "uncounted", "revision", "counts")
     COUNTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COUNTED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     COUNTED_TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     COUNTED_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     UNCOUNTED_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
     counted_tokens: int
     counted_messages: int
     counted_tool_results: int
     counted_tool_calls: int
     uncounted: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     revision: int
-    def __init__(self, counted_tokens: _Optional[int] = ..., counted_messages: _Optional[int] = ..., counted_tool_results: _Optional[int] = ..., counted_tool_calls: _Optional[int] = ..., uncounted: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    counts: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenCount]
+    def __init__(self, counted_tokens: _Optional[int] = ..., counted_messages: _Optional[int] = ..., counted_tool_results: _Optional[int] = ..., counted_tool_calls: _Optional[int] = ..., uncounted: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., revision: _Optional[int] = ..., counts: _Optional[_Iterable[_Union[_common_pb2.TokenCount, _Mapping]]] = ...) -> None: ...
 
 class SetTokenCountsRequest(_message.Message):
     __slots__ = ("session_id", "token_digest", "counts")

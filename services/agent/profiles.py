@@ -80,7 +80,7 @@ class Profile:
     critical_tools: tuple[str, ...] = ()
     # Extra tools: "module:attribute" paths to Tool classes or instances users provide.
     custom_tools: tuple[str, ...] = ()
-    # MCP servers whose tools this profile offers as mcp__<server>__<tool> (README: MCP servers).
+    # MCP servers whose tools this profile offers as mcp__<server>__<tool> (docs/profiles.md: MCP servers).
     mcp_servers: tuple[McpServerConfig, ...] = ()
     # How run_command runs: `"sandbox": {"enabled": true, "network": false, "wall_seconds": …}`.
     sandbox: SandboxPolicy = SandboxPolicy()

@@ -21,6 +21,7 @@ from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts
 from services.compressor.stages import Staged, decide, stage, summarize_or_truncate
+from services.compressor.stored_counts import PrimedCounter, known_counts
 from services.compressor.summarizer import Summarizer
 from services.compressor.summary_prefix import build_prefix
 from services.compressor.token_estimate import (
@@ -144,13 +145,14 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return list(reply.observations)
 
     async def _load(self, session_id: str, model: str, *, with_context: bool = True,
-                    token_digest: str = "", view_budget: int = 0) -> SessionState:
+                    token_digest: str = "", view_budget: int = 0, with_counts: bool = False) -> SessionState:
         """Baseline and calibration in one read (with a digest, also the context's stored counts);
         the stored context itself only when the caller sent none and it cannot be summed."""
         # The caller's credentials read the session; the services' vouch, beside them, the model's
         # observations (every user's prompt sizes).
         loads = [self.store.GetBaseline(store_pb.GetBaselineRequest(
-            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget),
+            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget,
+            with_counts=with_counts),
             metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret))]
         if with_context:
             loads.append(whole_context(self.store.GetSession, session_id))
@@ -433,11 +435,20 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         window = self._window(request.window)
         knobs = Knobs.resolve(self.settings, request.settings)
         dry = self._read_by_dry_run(request)
-        state = await self._load(request.session_id, request.model, with_context=dry is None)
+        # Without the dry run's read, this replica may never have counted the session: the store's
+        # counts of it spare encoding it all again.
+        counter = await self.tokenizers.counter(request.model) if request.model and dry is None else None
+        state = await self._load(request.session_id, request.model, with_context=dry is None,
+                                 token_digest=counter.digest if counter is not None else "",
+                                 with_counts=counter is not None)
         if dry is not None:
             state.session = dry.session
         model = request.model or state.session.model
         pricing = await self._pricing(model, window, knobs, state.observations, self._usable_baseline(state, model))
+        if pricing.counter is counter and counter is not None and state.context_tokens is not None:
+            known = known_counts(state.context, state.context_tokens.counts)
+            if known:
+                pricing = replace(pricing, counter=PrimedCounter(counter, known))
         context_messages = state.context
         current = request.current_tokens or (await asyncio.to_thread(pricing.with_baseline, context_messages))[0].tokens
         return window, knobs, state, model, pricing, context_messages, current, dry

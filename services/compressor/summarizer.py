@@ -192,7 +192,8 @@ class Summarizer:
         instruction = Message(role="user", content=body + length_line(length))
         predict = predict_for(length, self.knobs.summary_max_tokens)
         if padded(prefix.tokens + pricing.estimate([instruction])) + predict > num_ctx:
-            raise ValueError(f"the conversation's prompt and a summary of {predict} tokens pass num_ctx {num_ctx}")
+            raise ValueError(f"the conversation's prompt (~{prefix.tokens:,} tokens) and a summary of {predict} "
+                             f"pass num_ctx {num_ctx}")
         text = await self._send([*prefix.messages, *to_ollama_messages([instruction])], predict, num_ctx,
                                 prefix.tools)
         return split_keys_line(text)

@@ -52,6 +52,11 @@ def build_prefix(head: Sequence[Message], tool_schemas: Sequence[str], context: 
             m.pop("images", None)
     tools = [json.loads(s) for s in tool_schemas] or None
     tokens = pricing.count_view(part, list(tool_schemas)).tokens
+    baseline = pricing.baseline
+    if not pricing.exact and baseline is not None and 0 < baseline.tokens and built[end - 1].seq <= baseline.through_seq:
+        # A prefix of the last prompt costs at most what Ollama said that prompt cost: a real count,
+        # where the calibrated line over-counts by design.
+        tokens = min(tokens, baseline.tokens)
     # A merge rewrites the earlier summary too; a fold condenses only what follows it.
     condensed = condensed_tokens([part[i] for i in positions if scope == SCOPE_MERGE or not part[i].is_summary],
                                  pricing)

@@ -8,12 +8,15 @@ by hand; it only maps GGUF's fields onto the library's models, the way the GGUF 
 
 - ``tokenizer.ggml.model == "gpt2"``: byte-level BPE. Tokens are already written in GPT-2's
   bytes-to-unicode alphabet (what ``ByteLevel`` produces), merges are given in priority order,
-  and ``tokenizer.ggml.pre`` names the split pattern applied before BPE.
+  and ``tokenizer.ggml.pre`` names llama.cpp's split rule applied before BPE (split_patterns).
 - ``tokenizer.ggml.model == "llama"``: SentencePiece BPE. Spaces become ``▁``, merges follow the
   pieces' scores (a higher score merges first), and characters outside the vocabulary fall back
   to ``<0xNN>`` byte tokens.
+- ``tokenizer.ggml.model == "gemma4"``: BPE with merges over the text's own characters.
 
-Anything else raises ``UnsupportedVocabulary``: the caller falls back to the calibrated estimate.
+Tokens llama.cpp matches whole in a prompt are added as special tokens (special_tokens). Anything
+else raises ``UnsupportedVocabulary``: the caller falls back to the calibrated estimate. Every rule
+here is checked against llama.cpp itself (tests/test_vocab_families.py, the table in docs/counting.md).
 """
 
 from __future__ import annotations
@@ -141,7 +144,8 @@ def _gemma4_bpe(vocab: GgufVocabulary) -> Tokenizer:
     ``<0xNN>`` bytes. llama.cpp takes a run of newlines that is itself a token whole."""
     if not vocab.merges:
         raise UnsupportedVocabulary("a gemma4 vocabulary without merges")
-    tokenizer = Tokenizer(models.BPE(_ids(vocab), _pairs(vocab.merges), byte_fallback=True, ignore_merges=True))
+    bpe = models.BPE(_ids(vocab), _pairs(vocab.merges), byte_fallback=True, ignore_merges=True)
+    tokenizer = Tokenizer(bpe)
     tokenizer.normalizer = normalizers.Replace(" ", SPM_SPACE)
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated", invert=False)
     tokenizer.decoder = decoders.Sequence([
@@ -152,18 +156,18 @@ def _gemma4_bpe(vocab: GgufVocabulary) -> Tokenizer:
 
 def spm_merges(vocab: GgufVocabulary) -> list[tuple[str, str]]:
     """Merges implied by SentencePiece scores: every split of a piece into two pieces, the merged
-    piece's score deciding the order (higher first), ties by the parts' own scores."""
+    piece's score deciding the order (higher first). llama.cpp merges the leftmost of two pairs that
+    make the same piece; a merge list cannot say "leftmost", but ranking the split with the longer
+    left part first gives the same tokens (runs of spaces: 16 + 7 ``▁``, not 8 + 15)."""
     if len(vocab.scores) != len(vocab.tokens):
         raise UnsupportedVocabulary("a SentencePiece vocabulary needs one score per token")
-    ids = _ids(vocab)
-    mergeable = {t: i for t, i in ids.items() if vocab.token_types[i] in (NORMAL, USER_DEFINED)}
-    ranked: list[tuple[float, float, float, str, str]] = []
-    for piece, index in mergeable.items():
+    ids = _ids(vocab)  # llama.cpp merges into any token of the vocabulary, whatever its type
+    ranked: list[tuple[float, int, str, str]] = []
+    for piece, index in ids.items():
         for cut in range(1, len(piece)):
             left, right = piece[:cut], piece[cut:]
-            if left in mergeable and right in mergeable:
-                ranked.append((-vocab.scores[index], -vocab.scores[ids[left]], -vocab.scores[ids[right]],
-                               left, right))
+            if left in ids and right in ids:
+                ranked.append((-vocab.scores[index], -cut, left, right))
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
 
@@ -185,8 +189,11 @@ def _add_special_tokens(tokenizer: Tokenizer, vocab: GgufVocabulary) -> None:
     """The tokens llama.cpp matches whole in a prompt (see special_tokens) are one token each:
     control ones as special tokens, user-defined ones as ordinary text."""
     matched = matched_tokens(vocab.tokens, vocab.token_types, vocab.model_name)
-    special = [AddedToken(m.text, special=True, normalized=False, rstrip=m.rstrip) for m in matched if m.special]
-    user = [AddedToken(m.text, special=False, normalized=False, rstrip=m.rstrip) for m in matched if not m.special]
+    def added(special: bool) -> list[AddedToken]:
+        return [AddedToken(m.text, special=special, normalized=False, rstrip=m.rstrip)
+                for m in matched if m.special == special]
+
+    special, user = added(True), added(False)
     if special:
         tokenizer.add_special_tokens(special)
     if user:

@@ -634,7 +634,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
             raise PermissionDenied(f"model: {OBSERVATIONS_FOR_SERVICES}; leave it empty for the session's baseline")
         row, observations, tokens = await self.repo.calibration.get_baseline(identity, session_id, request.model,
-                                                                 request.token_digest, request.view_budget)
+                                                                 request.token_digest, request.view_budget,
+                                                                 request.with_counts)
         response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
         if tokens is not None:
             response.context_tokens.CopyFrom(pb.ContextTokens(**tokens))

@@ -1,4 +1,4 @@
-"""Configuration from environment variables, each with a working default (README lists them all)."""
+"""Configuration from environment variables, each with a working default (docs/settings.md lists them all)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def _first_nul_in_message_field(field, value, name: str) -> str | None:
     return None
 
 
-# Limits on the identifying strings of a request (documented in the README): a name or an id of
+# Limits on the identifying strings of a request (documented in docs/identity-and-errors.md): a name or an id of
 # a megabyte is a mistake or an attack, never a name. Message content has its own size limits.
 MAX_CHARS = {
     "session_id": 64,

@@ -2,7 +2,7 @@
 // Build against the llama.cpp sources in the pinned sdist (cmake, target "llama"), then
 //   g++ -std=c++17 -Iinclude -Iggml/include llamacpp_tokenize.cpp -Lbuild/bin -lllama -o tok
 //   python -m tests.vocab_oracle ./tok
-// argv: gguf [tokenizer.ggml.pre override] [parse_special 0/1]
+// argv: gguf [tokenizer.ggml.pre override] [parse_special 0/1] [bool key=0/1 override]
 // stdin: texts separated by NUL; stdout: one line of ids per text.
 #include "llama.h"
 #include <cstdio>
@@ -17,12 +17,21 @@ int main(int argc, char ** argv) {
     llama_backend_init();
     auto params = llama_model_default_params();
     params.vocab_only = true;
-    std::vector<llama_model_kv_override> ov(2);
-    memset(ov.data(), 0, sizeof(llama_model_kv_override) * 2);
+    std::vector<llama_model_kv_override> ov(3);  // the last one, left empty, ends the list
+    memset(ov.data(), 0, sizeof(llama_model_kv_override) * ov.size());
+    size_t n_ov = 0;
     if (argc > 2 && strlen(argv[2]) > 0) {
-        ov[0].tag = LLAMA_KV_OVERRIDE_TYPE_STR;
-        strcpy(ov[0].key, "tokenizer.ggml.pre");
-        strcpy(ov[0].val_str, argv[2]);
+        ov[n_ov].tag = LLAMA_KV_OVERRIDE_TYPE_STR;
+        strcpy(ov[n_ov].key, "tokenizer.ggml.pre");
+        strcpy(ov[n_ov++].val_str, argv[2]);
+    }
+    if (argc > 4 && strchr(argv[4], '=')) {  // a boolean key: "tokenizer.ggml.add_space_prefix=0"
+        const char * eq = strchr(argv[4], '=');
+        ov[n_ov].tag = LLAMA_KV_OVERRIDE_TYPE_BOOL;
+        strncpy(ov[n_ov].key, argv[4], eq - argv[4]);
+        ov[n_ov++].val_bool = atoi(eq + 1) != 0;
+    }
+    if (n_ov > 0) {
         params.kv_overrides = ov.data();
     }
     bool parse_special = argc > 3 ? atoi(argv[3]) != 0 : true;

@@ -97,7 +97,7 @@ def diagnose(stderr: str, sysctls: dict[str, str]) -> str:
     lowered = said.lower()
     if "namespace" in lowered or "operation not permitted" in lowered or "uid map" in lowered:
         return ("bubblewrap cannot make its user namespace: allow unprivileged user namespaces where the Agent "
-                "runs (in a container, its runtime or the pod's securityContext must; README, Sandbox) " + said)
+                "runs (in a container, its runtime or the pod's securityContext must; docs/deploying.md, Commands in a pod) " + said)
     return f"a sandboxed test command failed {said}"
 
 

@@ -57,6 +57,13 @@ _COUNTED_CONTEXT_SQL = _SESSION_AND_BASELINE.format(more=", c.*", join=f"""
 _UNCOUNTED_CONTEXT_SQL = (
     f"SELECT * FROM ({BOTH_TABLES.format(where=f'is_context AND NOT ({_COUNTED})')}) rows ORDER BY seq"
 )
+_CONTEXT_COUNTS_SQL = f"""
+    SELECT seq, token_count, md5(content) AS content_md5 FROM session_messages
+     WHERE session_id = $1 AND is_context AND {_COUNTED}
+    UNION ALL
+    SELECT seq, token_count, md5(content) AS content_md5 FROM session_messages_archive
+     WHERE session_id = $1 AND is_context AND {_COUNTED}
+"""
 _OBSERVATION_COLUMNS = f"id, model, chars, tokens, observed_at, {', '.join(EXACT_FIELDS)}"
 _OBSERVATIONS_SQL = f"""
     (SELECT {_OBSERVATION_COLUMNS} FROM calibration_observations WHERE model = $1 AND content_tokens = 0
@@ -137,10 +144,12 @@ class Calibration:
             await write_baseline(conn, session_id, baseline, only_truncated_flag)
 
     async def get_baseline(self, identity: Identity, session_id: uuid.UUID, model: str = "", token_digest: str = "",
-                           view_budget: int = 0) -> tuple[dict | None, list[asyncpg.Record], dict | None]:
+                           view_budget: int = 0, with_counts: bool = False,
+                           ) -> tuple[dict | None, list[asyncpg.Record], dict | None]:
         """The session's baseline and, when `model` is given, its newest observations; with a
-        `token_digest`, the context's size from stored counts and the rows not counted yet. One
-        round trip when every context row is counted (the usual case before a model call)."""
+        `token_digest`, the context's size from stored counts and the rows not counted yet (and,
+        `with_counts`, each counted row's count instead of the uncounted rows). One round trip when every context row is counted
+        (the usual case before a model call)."""
         async with self.pool.acquire() as conn:
             if token_digest:
                 cap = min(view_budget + CUT_SEAM_TOKENS, 2**31 - 1) if view_budget > 0 else 2**31 - 1
@@ -154,7 +163,7 @@ class Calibration:
             tokens = None
             if token_digest:
                 uncounted = []
-                if row["uncounted_messages"]:
+                if row["uncounted_messages"] and not with_counts:  # with counts, the caller has the rows
                     # The sum and the rows it left out, from one snapshot: a count written between
                     # two reads would leave its row out of both.
                     async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -166,5 +175,9 @@ class Calibration:
                           ("counted_tokens", "counted_messages", "counted_tool_results", "counted_tool_calls")}
                 tokens |= {"uncounted": [convert.message_from_row(r, archived=r["archived"]) for r in uncounted],
                            "revision": row["revision"]}
+                if with_counts:
+                    tokens["counts"] = [common_pb2.TokenCount(seq=r["seq"], tokens=r["token_count"],
+                                                              content_md5=r["content_md5"])
+                                        for r in await conn.fetch(_CONTEXT_COUNTS_SQL, session_id, token_digest)]
         baseline = ({c: row[f"baseline_{c}"] for c in _BASELINE_COLUMNS} if row["has_baseline"] else None)
         return baseline, observations, tokens
