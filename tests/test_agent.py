@@ -458,13 +458,14 @@ async def test_a_turn_awaited_in_its_callers_task_gives_the_callers_session_back
     directly, not through run_subagent's task, whose copied context would hide a missing reset."""
     from services.agent.conversation import EphemeralConversation
     from services.agent.events import EventSink
-    from services.agent.turn import SubagentOptions, Turn, TurnInput, current_session
+    from services.agent.turn import Turn, current_session
+    from services.agent.turn_context import SubagentOptions, TurnContext, TurnInput
 
     deps = agent_server.servicer.deps
     profile = deps.profiles.get("tiny")
-    turn = Turn(deps, EphemeralConversation([]), profile, EventSink(is_subagent=True), (),
-                facts=await deps.ollama.model_facts(profile.model),
-                subagent=SubagentOptions(parent_session_id="the-parent", system_prompt="be brief"))
+    turn = Turn(TurnContext(deps, EphemeralConversation([]), profile, EventSink(is_subagent=True), (),
+                            await deps.ollama.model_facts(profile.model),
+                            subagent=SubagentOptions(parent_session_id="the-parent", system_prompt="be brief")))
     seen_inside: list[str] = []
     original = turn._run
 

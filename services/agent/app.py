@@ -23,7 +23,7 @@ from services.agent.context_builder import ContextBuilder
 from services.agent.mcp_servers.manager import McpManager
 from services.agent.profiles import DEFAULT_PERSONA, ProfileRegistry, ProfilesFileError
 from services.agent.servicer import STOP_MARGIN_S, AgentServicer
-from services.agent.turn import AgentDeps
+from services.agent.turn_context import AgentDeps
 from services.agent.workspace import Workspaces
 from services.shared import tracing
 from services.shared.channels import open_channel

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -146,6 +146,54 @@ def storable(message: Message) -> Message:
     for call in copy.tool_calls:
         call.arguments_json = call.arguments_json.replace(NUL, REPLACEMENT)
     return copy
+
+
+class Conversation(Protocol):
+    """Where a turn's messages live, as the turn and its stages see it: a stored session
+    (``StoredConversation``) or a sub-agent's context in memory (``EphemeralConversation``). A turn
+    writes through it alike; what an ephemeral one cannot do (a name, a count, a compression) it
+    does as nothing, so the turn branches on ``ephemeral`` only where the outcome differs."""
+
+    @property
+    def ephemeral(self) -> bool: ...
+    @property
+    def session_id(self) -> str: ...  # "" for an ephemeral one
+    @property
+    def session(self) -> common_pb2.Session | None: ...  # the session as last read or written
+    @property
+    def context(self) -> list[Message]: ...  # the messages a prompt is built from
+    @property
+    def revision(self) -> int | None: ...
+    @property
+    def reloads(self) -> int: ...  # how often a stale start was reloaded (see StoringTask)
+    @property
+    def flagged_cut(self) -> bool: ...  # the store said the last prompt came back cut
+    @property
+    def tool_runs(self) -> ToolRunLog: ...
+    @property
+    def untrusted(self) -> bool: ...
+    @property
+    def through_seq(self) -> int: ...
+
+    async def load(self) -> list[Message]: ...
+
+    async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
+                     attempt_timeout: float | None = None,
+                     report: store_pb.ModelReport | None = None) -> list[int]: ...
+
+    async def done_appending(self) -> None: ...
+
+    def forget(self) -> None: ...
+
+    def snapshot(self) -> common_pb2.Session | None: ...
+
+    async def update(self, **fields: Any) -> common_pb2.Session | None: ...
+
+    async def set_token_count(self, tokens: int) -> None: ...
+
+    async def mark_untrusted(self) -> None: ...
+
+    def has_summary(self) -> bool: ...
 
 
 class StoredConversation:
@@ -310,6 +358,11 @@ class StoredConversation:
         finally:
             await self.appends.close()
 
+    def forget(self) -> None:
+        """Drop the copy of the session held: another turn wrote since it was taken, so the turn
+        loads it from the store when it starts."""
+        self.session = None
+
     def snapshot(self) -> common_pb2.Session | None:
         """The session as this conversation left it (CONTEXT view): what the Agent keeps warm for
         the next turn without reading it back, when nothing but this conversation wrote since."""
@@ -387,6 +440,9 @@ class EphemeralConversation:
 
     async def done_appending(self) -> None:
         return None
+
+    def forget(self) -> None:
+        return None  # nothing is stored: the context in memory is the only copy
 
     def snapshot(self) -> None:
         return None  # nothing is stored: nothing to keep warm

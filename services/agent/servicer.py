@@ -10,6 +10,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import suppress
+from types import MappingProxyType
 
 from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
@@ -22,7 +23,8 @@ from services.agent.events import EventSink
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
-from services.agent.turn import AgentDeps, Turn, TurnInput
+from services.agent.turn import Turn
+from services.agent.turn_context import AgentDeps, TurnContext, TurnInput
 from services.agent.turn_logs import TurnLogs
 from services.agent.replica_bus import ReplicaBus
 from services.agent.runtime import SessionRuntime, TurnClaims
@@ -220,9 +222,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         conversation.adopt(session)
         conversation.from_cache = warm is not None
         sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
-        turn = Turn(self.deps, conversation, profile, sink, metadata, facts=facts)
-        turn.opened_generation = self.sessions.generation(session.id)
-        turn.session_changes = session_changes(session, profile, request)  # written under the session lock
+        turn = Turn(TurnContext(self.deps, conversation, profile, sink, metadata, facts, spawn=run_subagent,
+                                opened_generation=self.sessions.generation(session.id),
+                                session_changes=MappingProxyType(session_changes(session, profile, request))))
         return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd),
                                client_tools=client_tools, client_tool_timeout_s=client_wait)
 
@@ -250,8 +252,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
         async def work() -> None:
             try:
-                if elsewhere or self.sessions.generation(turn.session_id) != turn.opened_generation:
-                    turn.conv.session = None  # another turn ran while we waited: start from the store
+                if elsewhere or self.sessions.generation(turn.session_id) != turn.ctx.opened_generation:
+                    turn.conv.forget()  # another turn ran while we waited: start from the store
                 try:
                     await turn.run(turn_input)
                 finally:
