@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,demo,codegen,dev]'
 	touch $@
 
-# npm is needed for buf (`make lint`) only: run, test and demo work without it.
+# npm is needed for buf (`make lint`, with ruff) only: run, test and demo work without it.
 node_modules/.installed: package.json
 	npm install --no-audit --no-fund --silent
 	touch $@
@@ -35,8 +35,9 @@ protos-check: protos
 	git diff --exit-code -- $(GEN_DIR) || (echo "generated code is stale: run 'make protos' and commit" >&2; exit 1)
 	test -z "$$(git status --porcelain -- $(GEN_DIR))" || (echo "untracked generated files: run 'make protos' and commit" >&2; exit 1)
 
-lint: node_modules/.installed
+lint: node_modules/.installed $(VENV)/.installed
 	cd protos && ../node_modules/.bin/buf lint
+	$(BIN)/ruff check services clients bench ollama_sim tests deploy
 
 # mypy over services/ and clients/ with the generated .pyi stubs (settings in pyproject.toml).
 typecheck: install

@@ -4,7 +4,6 @@ to show where the time goes, the same bwrap command line spawned bare, and `/bin
 
 from __future__ import annotations
 
-import asyncio
 import os
 import platform
 import shutil

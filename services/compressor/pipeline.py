@@ -6,7 +6,6 @@ orders the I/O around them. A summarizer failure never escapes: the fallback nee
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
 from services.compressor.planner import (
-    Plan, apply_plan, freed_tokens, plan_compression,
+    Plan, freed_tokens, plan_compression,
 )
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import Pruning

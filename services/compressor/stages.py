@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from palimpsest.v1 import common_pb2, compressor_pb2 as pb
 from services.compressor import pipeline
 from services.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
-from services.compressor.planner import Plan, kept_always, split_turns, widen_kept
+from services.compressor.planner import Plan, apply_plan, kept_always, split_turns, widen_kept
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import PRUNED_FROM, PRUNED_TOKENS, Pruning, plan_pruning, protected
 from services.compressor.summarizer import Prefix, Summarizer, condensed_tokens
@@ -144,7 +144,7 @@ def summary_outcome(context: list[Message], staged: Staged, plan: Plan, summary:
         out.ClearField("seq")
         replacements.append(out)
     demoted = summarized + [rows[m.seq] for m in kept_previews]
-    return pipeline.Outcome(pb.COMPRESSION_METHOD_SUMMARY, demoted, pipeline.apply_plan(plan, summary), summary,
+    return pipeline.Outcome(pb.COMPRESSION_METHOD_SUMMARY, demoted, apply_plan(plan, summary), summary,
                             crumbs, replacements)
 
 
