@@ -24,8 +24,8 @@ from services.shared.auth import make_token, vouching_metadata
 from tests.conftest import JWT_SECRET, bearer
 from tests.calls import expect_status, full
 from tests.waiting import until
-from test_grpcurl import GRPCURL, grpcurl
-from test_pal import pal, pal_env
+from tests.grpcurl_cli import GRPCURL, grpcurl
+from tests.pal_cli import pal, pal_env
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
@@ -409,7 +409,7 @@ async def test_a_store_of_the_release_before_still_appends_after_the_migration(d
 
     from services.session_store import convert, db
     from services.session_store.repository.sessions import _ROW_FIELDS
-    from test_store_migrations import empty_database
+    from tests.databases import empty_database
 
     async with empty_database(database_url) as pool:
         await db.migrate(pool)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from palimpsest.v1 import session_store_pb2 as pb
-from test_pal import pal_env
-from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
+from tests.pal_cli import pal_env
+from tests.pal_cli import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "clients" / "node"
 

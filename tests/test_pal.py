@@ -7,21 +7,26 @@ process's event loop: a blocking subprocess call would freeze the very servers i
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import replace
-from pathlib import Path
 
 import grpc
 import pytest
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
-from services.agent.app import start_agent
 # `conftest`, not `tests.conftest`: plain `pytest` puts tests/ (not the repository) on sys.path.
 from conftest import JWT_SECRET, bearer
-from tests.pal_cli import CLOSED, pal, pal_env
 
-Message = common_pb2.Message
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
+from tests.pal_cli import (  # noqa: F401 — importing registers the fixtures
+    CLOSED,
+    Message,
+    agent_server_fixture,
+    chat_messages,
+    new_session,
+    pal,
+    pal_env,
+    pal_profiles_fixture,
+)
 
 
 @pytest.fixture
@@ -29,47 +34,6 @@ def env(store_server) -> dict[str, str]:
     return pal_env(store=store_server.address)
 
 
-# Fixtures shared with other modules are named apart from their functions, so importing them there
-# (which is how they are registered) does not shadow the test parameters that use them.
-@pytest.fixture(scope="module", name="pal_profiles")
-def pal_profiles_fixture(tmp_path_factory) -> tuple[str, str, Path]:
-    """A profiles file of this module's own: its default profile keeps the sessions it creates apart."""
-    main, other = f"pal-{uuid.uuid4().hex[:8]}", f"pal-tiny-{uuid.uuid4().hex[:8]}"
-    path = tmp_path_factory.mktemp("profiles") / "profiles.json"
-    path.write_text(json.dumps({"default": main, "profiles": {
-        main: {"name": "Pal test", "model": "qwen3.6", "context_window": 8192, "description": "tests of pal"},
-        other: {"name": "Tiny", "model": "tiny", "context_window": 8192, "think_enabled": False},
-    }}))
-    return main, other, path
-
-
-@pytest.fixture(scope="module", name="agent_server")
-async def agent_server_fixture(base_settings, store_server, compressor_server, ollama_sim, pal_profiles):
-    """The real Agent on port 0, against the store, the Compressor and the Ollama simulator.
-
-    Overrides conftest's: this one reads a profiles file of the module's own, so the sessions its turns
-    create carry a profile no other test uses (`pal continue --profile` finds exactly them).
-    """
-    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                       compressor_addr=compressor_server.address, profiles_path=str(pal_profiles[2]))
-    running = await start_agent(settings, port=0)
-    yield running
-    await running.stop(0)
-
-
-# -- helpers over the store's own API -------------------------------------------------------------
-async def new_session(store, profile: str, *messages: Message, name: str = "") -> common_pb2.Session:
-    session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile, name=name))).session
-    if messages:
-        await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=messages))
-    return session
-
-
-def chat_messages(*pairs: tuple[str, str]) -> list[Message]:
-    out = []
-    for asked, answered in pairs:
-        out += [Message(role="user", content=asked), Message(role="assistant", content=answered)]
-    return out
 
 
 # -- sessions list ------------------------------------------------------------------------------

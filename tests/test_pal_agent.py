@@ -4,17 +4,9 @@ Ollama simulator, typed as a user would: subprocesses, piped stdin, and SIGINT f
 from __future__ import annotations
 
 import asyncio
-import codecs
-import fcntl
 import io
 import json
-import os
-import pty
-import re
 import signal
-import struct
-import sys
-import termios
 import uuid
 from dataclasses import replace
 
@@ -25,11 +17,12 @@ from PIL import Image
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
 from ollama_sim import Reply
 from tests.relay import Relay
-from test_pal import CLOSED, PAL, chat_messages, new_session, pal, pal_env
-from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
+from tests.pal_cli import CLOSED, pal, pal_env
+from tests.pal_cli import chat_messages, new_session
+from tests.pal_cli import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
+from tests.pal_cli import COMPLETED, open_terminal, read_until, start_pal
 
 Message = common_pb2.Message
-COMPLETED = "STREAM_END_REASON_COMPLETED"
 
 
 @pytest.fixture
@@ -347,23 +340,6 @@ async def test_chat_resuming_an_unknown_session_is_one_line(env):
     (await pal("chat", "--id", unknown, env=env, stdin="hello\n")).assert_one_line_error(unknown)
 
 
-# -- Ctrl-C -------------------------------------------------------------------------------------------
-async def start_pal(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(PAL, *args, env=env, stdin=asyncio.subprocess.PIPE,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-
-
-async def read_until(stream: asyncio.StreamReader, text: str, timeout: float = 30) -> str:
-    seen = ""
-    async with asyncio.timeout(timeout):
-        while text not in seen:
-            line = await stream.readline()
-            if not line:
-                raise AssertionError(f"output ended before {text!r}: {seen}")
-            seen += line.decode()
-    return seen
-
-
 def slow_answer(lines: int = 400) -> Reply:
     return Reply(text="".join(f"line {i}\n" for i in range(lines)), chunk_delay=0.05)
 
@@ -406,92 +382,6 @@ async def test_a_second_ctrl_c_leaves_chat(env, ollama_sim):
             await proc.wait()
     assert proc.returncode == 0, err.decode()
     assert "Traceback" not in err.decode()
-
-
-# -- in a real terminal -------------------------------------------------------------------------------
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-
-
-class Terminal:
-    """`pal` in a pseudo-terminal it controls: keys go in as typed (Ctrl-C included), the screen comes out."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, master: int) -> None:
-        self.proc, self.master = proc, master
-        self._raw, self._seen = "", 0
-        # A read may end inside a multi-byte character or an escape sequence: decode incrementally,
-        # strip escapes from the whole text.
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._changed = asyncio.Event()
-        asyncio.get_running_loop().add_reader(master, self._read)
-
-    @property
-    def screen(self) -> str:
-        return ANSI.sub("", self._raw)
-
-    def _read(self) -> None:
-        try:
-            data = os.read(self.master, 65536)
-        except OSError:  # EIO: the program closed the terminal
-            data = b""
-        if not data:
-            asyncio.get_running_loop().remove_reader(self.master)
-        self._raw += self._decoder.decode(data, final=not data)
-        self._changed.set()
-
-    def type(self, keys: str) -> None:
-        os.write(self.master, keys.encode())
-
-    async def expect(self, text: str, timeout: float = 30) -> None:
-        """Wait until `text` shows up after what earlier expectations consumed."""
-        try:
-            async with asyncio.timeout(timeout):
-                while (found := self.screen.find(text, self._seen)) < 0:
-                    self._changed.clear()
-                    await self._changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"{text!r} never showed; the screen ends with:\n{self.screen[-1500:]}") from None
-        self._seen = found + len(text)
-
-    async def expect_first(self, *texts: str, timeout: float = 30) -> str:
-        """Wait until one of `texts` shows up after what was consumed; the one that came first."""
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    found = [(at, text) for text in texts if (at := self.screen.find(text, self._seen)) >= 0]
-                    if found:
-                        at, text = min(found)
-                        self._seen = at + len(text)
-                        return text
-                    self._changed.clear()
-                    await self._changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"none of {texts!r} showed; the screen ends with:\n{self.screen[-1500:]}") from None
-
-    async def exit_code(self, timeout: float = 15) -> int:
-        async with asyncio.timeout(timeout):
-            return await self.proc.wait()
-
-    def close(self) -> None:
-        """Never leave a pal behind, whatever the test saw."""
-        if self.proc.returncode is None:
-            self.proc.kill()
-        asyncio.get_running_loop().remove_reader(self.master)
-        os.close(self.master)
-
-
-# Makes the terminal on stdin the controlling one, so Ctrl-C typed there reaches pal as SIGINT; done in a
-# small exec'd program because Python code between fork and exec is unsafe next to gRPC's threads.
-TAKE_TERMINAL = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execv(sys.argv[1], sys.argv[1:])"
-
-
-async def open_terminal(*args: str, env: dict[str, str]) -> Terminal:
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", TAKE_TERMINAL, PAL, *args,
-                                                env={**env, "TERM": "xterm-256color"}, stdin=slave, stdout=slave,
-                                                stderr=slave, start_new_session=True)
-    os.close(slave)
-    return Terminal(proc, master)
 
 
 async def test_chat_in_a_terminal_streams_live_and_obeys_ctrl_c(env, ollama_sim):

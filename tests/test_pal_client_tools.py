@@ -19,9 +19,9 @@ from ollama_sim import Reply
 from tests.relay import Relay
 from tests.calls import full
 from tests.waiting import until
-from test_pal import pal, pal_env
-from test_pal import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
-from test_pal_agent import COMPLETED, read_until, start_pal
+from tests.pal_cli import pal, pal_env
+from tests.pal_cli import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
+from tests.pal_cli import COMPLETED, read_until, start_pal
 
 # Reads the call's arguments from stdin and answers with the weather of the city.
 WEATHER = "import json, sys; print('sunny in ' + json.load(sys.stdin)['city'])"

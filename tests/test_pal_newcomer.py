@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 
 from palimpsest.v1 import common_pb2, session_store_pb2 as pb
-from test_pal import CLOSED, chat_messages, new_session, pal, pal_env
-from test_pal_agent import open_terminal
+from tests.pal_cli import CLOSED, pal, pal_env
+from tests.pal_cli import chat_messages, new_session
+from tests.pal_cli import open_terminal
 
 Message = common_pb2.Message
 

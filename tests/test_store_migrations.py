@@ -5,13 +5,13 @@ start-up code made outside them) end with the same tables, columns, indexes and 
 from __future__ import annotations
 
 import uuid
-from contextlib import asynccontextmanager
 
 import asyncpg
 import pytest
 
 from services.session_store import db
 from tests.conftest import _start_store
+from tests.databases import empty_database
 
 # What the release before 0009 ran on every start, outside the migrations (db._ensure_trigram).
 PREVIOUS_RELEASE_STARTUP_DDL = (
@@ -30,21 +30,6 @@ VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors", "m
                  "message_vector_marks"}
 TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm",
                    "memory_chunks_content_trgm"}
-
-
-@asynccontextmanager
-async def empty_database(database_url: str):
-    """A database of its own, dropped afterwards: migrations run on it from nothing."""
-    name = f"pal_schema_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(database_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    pool = await db.create_pool(database_url.rsplit("/", 1)[0] + f"/{name}")
-    try:
-        yield pool
-    finally:
-        await pool.close()
-        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        await admin.close()
 
 
 async def schema(pool: asyncpg.Pool) -> dict[str, list[tuple]]:
