@@ -38,6 +38,7 @@ protos-check: protos
 lint: node_modules/.installed $(VENV)/.installed
 	cd protos && ../node_modules/.bin/buf lint
 	$(BIN)/ruff check services clients bench ollama_sim tests deploy
+	$(BIN)/ruff format --check services clients bench ollama_sim tests deploy
 
 # mypy over services/ and clients/ with the generated .pyi stubs (settings in pyproject.toml).
 typecheck: install

@@ -26,29 +26,51 @@ def discover() -> list[str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmarks", nargs="*", metavar="name",
-                        help=f"benchmarks to run (default: all of {', '.join(discover())})")
-    parser.add_argument("--database-url", default=None,
-                        help="PostgreSQL server to use (its URL; a fresh database is made on it per benchmark); "
-                             "default: the embedded PostgreSQL")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help=f"embedded PostgreSQL data folder (default {_common.default_data_dir()})")
-    parser.add_argument("--keep-server", action="store_true",
-                        help="leave the embedded PostgreSQL running afterwards (default: stop it if we started it)")
-    parser.add_argument("--keep-databases", action="store_true",
-                        help="do not drop the benchmarks' databases (their URLs are logged), e.g. to EXPLAIN queries")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smaller, faster run of every benchmark (a smoke test; numbers are not comparable)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "benchmarks", nargs="*", metavar="name", help=f"benchmarks to run (default: all of {', '.join(discover())})"
+    )
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="PostgreSQL server to use (its URL; a fresh database is made on it per benchmark); "
+        "default: the embedded PostgreSQL",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help=f"embedded PostgreSQL data folder (default {_common.default_data_dir()})",
+    )
+    parser.add_argument(
+        "--keep-server",
+        action="store_true",
+        help="leave the embedded PostgreSQL running afterwards (default: stop it if we started it)",
+    )
+    parser.add_argument(
+        "--keep-databases",
+        action="store_true",
+        help="do not drop the benchmarks' databases (their URLs are logged), e.g. to EXPLAIN queries",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smaller, faster run of every benchmark (a smoke test; numbers are not comparable)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress logs on stderr")
     return parser.parse_args(argv)
 
 
 async def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
     warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
     available = discover()
     names = args.benchmarks or available
@@ -78,8 +100,11 @@ async def main(argv: list[str]) -> int:
                 logging.getLogger("bench").exception("benchmark %s failed", name)
                 text = f"**failed:** {type(exc).__name__}: {exc}"
                 failed += 1
-            print(f"## {name}\n\n{text.rstrip()}\n\n_{name}: {time.perf_counter() - started:.0f} s; "
-                  f"load average (1/5/15 min) at the end {_common.load_average()}_\n", flush=True)
+            print(
+                f"## {name}\n\n{text.rstrip()}\n\n_{name}: {time.perf_counter() - started:.0f} s; "
+                f"load average (1/5/15 min) at the end {_common.load_average()}_\n",
+                flush=True,
+            )
     finally:
         if server is not None:
             await asyncio.to_thread(server.stop)

@@ -111,8 +111,13 @@ async def running_store(dsn: str, **overrides) -> AsyncIterator[tuple[object, se
     from services.shared.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="palimpsest-bench-files-") as files_root:
-        settings = replace(Settings(), database_url=dsn, files_root=Path(files_root), file_sweep_interval_s=3600,
-                           **({"embed_model": ""} | overrides))
+        settings = replace(
+            Settings(),
+            database_url=dsn,
+            files_root=Path(files_root),
+            file_sweep_interval_s=3600,
+            **({"embed_model": ""} | overrides),
+        )
         running = await start_store(settings, port=0, dsn=dsn)
         try:
             async with grpc.aio.insecure_channel(running.address) as channel:
@@ -164,11 +169,14 @@ def human_bytes(n: int) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     for row in cells[1:]:  # numbers right-aligned, text left-aligned
-        lines.append("| " + " | ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w) for c, w in zip(row, widths))
-                     + " |")
+        lines.append(
+            "| " + " | ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w) for c, w in zip(row, widths)) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -189,65 +197,134 @@ async def machine_summary(server: Server) -> str:
     except OSError:
         pass
     try:
-        mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                          if line.startswith("MemTotal")))
+        mem_kb = int(
+            next(
+                line.split()[1]
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")
+            )
+        )
         memory = f"{mem_kb / 1024 / 1024:.1f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         memory = "RAM unknown"
     conn = await asyncpg.connect(server.url)
     try:
         version = await conn.fetchval("SHOW server_version")
-        settings = {r["name"]: r["setting"] + (r["unit"] or "") for r in await conn.fetch(
-            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1::text[])",
-            ["shared_buffers", "max_parallel_workers_per_gather", "synchronous_commit"])}
+        settings = {
+            r["name"]: r["setting"] + (r["unit"] or "")
+            for r in await conn.fetch(
+                "SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1::text[])",
+                ["shared_buffers", "max_parallel_workers_per_gather", "synchronous_commit"],
+            )
+        }
     finally:
         await conn.close()
     shared = settings.get("shared_buffers", "?")
     if shared.endswith("8kB") and shared[:-3].isdigit():
         shared = f"{int(shared[:-3]) * 8 // 1024} MB"
-    return "\n".join([
-        (f"- machine: {os.cpu_count()} cores{f' ({model})' if model else ''}, {memory}, "
-        f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
-        f"load average {load_average()} at start (other work on the machine skews the numbers)"),
-        (f"- PostgreSQL {version} ({server.description}); shared_buffers {shared}, "
-        f"max_parallel_workers_per_gather {settings.get('max_parallel_workers_per_gather', '?')}, "
-        f"synchronous_commit {settings.get('synchronous_commit', '?')}"),
-    ])
+    return "\n".join(
+        [
+            (
+                f"- machine: {os.cpu_count()} cores{f' ({model})' if model else ''}, {memory}, "
+                f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
+                f"load average {load_average()} at start (other work on the machine skews the numbers)"
+            ),
+            (
+                f"- PostgreSQL {version} ({server.description}); shared_buffers {shared}, "
+                f"max_parallel_workers_per_gather {settings.get('max_parallel_workers_per_gather', '?')}, "
+                f"synchronous_commit {settings.get('synchronous_commit', '?')}"
+            ),
+        ]
+    )
 
 
 # -- realistic chat text ---------------------------------------------------------------------
 _COMPONENTS = [
-    "build server", "login page", "export job", "payment form", "search index", "upload endpoint", "nightly backup",
-    "report generator", "mobile app", "billing service", "staging cluster", "data pipeline", "email worker",
-    "config loader", "checkout flow", "image resizer", "auth middleware", "cache layer", "test suite",
-    "deployment script", "dashboard", "migration script", "queue consumer", "spreadsheet macro", "cron job",
+    "build server",
+    "login page",
+    "export job",
+    "payment form",
+    "search index",
+    "upload endpoint",
+    "nightly backup",
+    "report generator",
+    "mobile app",
+    "billing service",
+    "staging cluster",
+    "data pipeline",
+    "email worker",
+    "config loader",
+    "checkout flow",
+    "image resizer",
+    "auth middleware",
+    "cache layer",
+    "test suite",
+    "deployment script",
+    "dashboard",
+    "migration script",
+    "queue consumer",
+    "spreadsheet macro",
+    "cron job",
 ]
 _FAILURES = [
-    "times out", "returns an empty response", "crashes with a stack trace", "hangs for minutes",
-    "uses far too much memory", "silently drops rows", "logs a permission error", "gets slower every day",
-    "fails only on the first run", "produces duplicated entries", "rejects valid input", "leaks file handles",
+    "times out",
+    "returns an empty response",
+    "crashes with a stack trace",
+    "hangs for minutes",
+    "uses far too much memory",
+    "silently drops rows",
+    "logs a permission error",
+    "gets slower every day",
+    "fails only on the first run",
+    "produces duplicated entries",
+    "rejects valid input",
+    "leaks file handles",
 ]
 _ACTIONS = [
-    "restart the container", "change the timeout", "upgrade the library", "rotate the credentials",
-    "switch to the new branch", "clear the cache", "increase the batch size", "rerun the migration",
-    "turn on verbose logging", "pin the dependency", "move the job to another machine", "split the file",
+    "restart the container",
+    "change the timeout",
+    "upgrade the library",
+    "rotate the credentials",
+    "switch to the new branch",
+    "clear the cache",
+    "increase the batch size",
+    "rerun the migration",
+    "turn on verbose logging",
+    "pin the dependency",
+    "move the job to another machine",
+    "split the file",
 ]
 _CAUSES = [
-    "holds a connection open longer than the pool allows", "reads the whole file into memory before parsing it",
-    "retries without any backoff", "runs before the previous step has finished writing",
-    "compares timestamps in two different time zones", "caches a stale value after the settings change",
-    "opens a new client for every request", "sorts the rows in Python instead of in the database",
-    "swallows the original exception and raises a generic one", "depends on the order of a dictionary",
+    "holds a connection open longer than the pool allows",
+    "reads the whole file into memory before parsing it",
+    "retries without any backoff",
+    "runs before the previous step has finished writing",
+    "compares timestamps in two different time zones",
+    "caches a stale value after the settings change",
+    "opens a new client for every request",
+    "sorts the rows in Python instead of in the database",
+    "swallows the original exception and raises a generic one",
+    "depends on the order of a dictionary",
 ]
 _FIXES = [
-    "add an explicit timeout to the outbound call", "stream the input in chunks", "add exponential backoff",
-    "wait for the previous step with a lock", "normalize every timestamp to UTC at the boundary",
-    "invalidate the cache when the settings change", "reuse a single client for the whole process",
-    "push the sort into the query", "keep the original exception as the cause", "make the ordering explicit",
+    "add an explicit timeout to the outbound call",
+    "stream the input in chunks",
+    "add exponential backoff",
+    "wait for the previous step with a lock",
+    "normalize every timestamp to UTC at the boundary",
+    "invalidate the cache when the settings change",
+    "reuse a single client for the whole process",
+    "push the sort into the query",
+    "keep the original exception as the cause",
+    "make the ordering explicit",
 ]
 _CHECKS = [
-    "the error disappears from the logs", "the memory graph stays flat", "the job finishes within a minute",
-    "the row counts match on both sides", "the retry counter stops climbing", "the latency drops back",
+    "the error disappears from the logs",
+    "the memory graph stays flat",
+    "the job finishes within a minute",
+    "the row counts match on both sides",
+    "the retry counter stops climbing",
+    "the latency drops back",
 ]
 _USER_TEMPLATES = [
     "Can you help me figure out why the {c} {f} after I {a}?",
@@ -290,8 +367,14 @@ class Chatter:
     def _fill(self, template: str) -> str:
         r = self.rng
         return template.format(
-            c=r.choice(_COMPONENTS), c2=r.choice(_COMPONENTS), f=r.choice(_FAILURES), a=r.choice(_ACTIONS),
-            cause=r.choice(_CAUSES), cause2=r.choice(_CAUSES), fix=r.choice(_FIXES), fix2=r.choice(_FIXES),
+            c=r.choice(_COMPONENTS),
+            c2=r.choice(_COMPONENTS),
+            f=r.choice(_FAILURES),
+            a=r.choice(_ACTIONS),
+            cause=r.choice(_CAUSES),
+            cause2=r.choice(_CAUSES),
+            fix=r.choice(_FIXES),
+            fix2=r.choice(_FIXES),
             check=r.choice(_CHECKS),
         )
 
@@ -325,16 +408,20 @@ async def gather_limited(coros, limit: int):
     return await asyncio.gather(*(one(c) for c in coros))
 
 
-
-
 @asynccontextmanager
 async def processes(specs: list[tuple[str, dict[str, str]]]):
     """Start services as their own processes (so two replicas really use two cores)."""
     procs = []
     try:
         for module, env in specs:
-            procs.append(subprocess.Popen([sys.executable, "-m", module], env={**os.environ, **env},
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module],
+                    env={**os.environ, **env},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         yield procs
     finally:
         for p in procs:

@@ -17,9 +17,11 @@ import grpc
 import httpx
 
 from bench import _common
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb, session_store_pb2_grpc
 from ollama_sim import OllamaSimulator, Reply
 from ollama_sim.server import VERSION
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.ports import free_port
 from tests.test_agent_long import BigOutputTool
 
@@ -41,8 +43,9 @@ async def system(server, label: str, profiles: list[dict], version: str = VERSIO
         path.write_text(json.dumps({"profiles": profiles}))
         async with _common.fresh_database(server, label) as dsn:
             async with _common.running_store(dsn) as (store_server, store):
-                settings = replace(Settings(), ollama_host=sim.url, store_addr=store_server.address,
-                                   profiles_path=str(path))
+                settings = replace(
+                    Settings(), ollama_host=sim.url, store_addr=store_server.address, profiles_path=str(path)
+                )
                 compressor = await start_compressor(settings, port=0)
                 agent = await start_agent(replace(settings, compressor_addr=compressor.address), port=0)
                 try:
@@ -63,19 +66,25 @@ async def service_processes(server, label: str, profiles: list[dict]):
         path.write_text(json.dumps({"profiles": profiles}))
         async with _common.fresh_database(server, label) as dsn:
             ports = {name: free_port() for name in ("store", "compressor", "agent")}
-            env = {"DATABASE_URL": dsn, "OLLAMA_HOST": sim.url, "PALIMPSEST_PROFILES": str(path),
-                   "PALIMPSEST_DATA_DIR": tmp, "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
-                   **{f"PALIMPSEST_{name.upper()}_ADDR": f"127.0.0.1:{port}" for name, port in ports.items()}}
+            env = {
+                "DATABASE_URL": dsn,
+                "OLLAMA_HOST": sim.url,
+                "PALIMPSEST_PROFILES": str(path),
+                "PALIMPSEST_DATA_DIR": tmp,
+                "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
+                **{f"PALIMPSEST_{name.upper()}_ADDR": f"127.0.0.1:{port}" for name, port in ports.items()},
+            }
             async with _common.processes([("services.session_store", env)]):
                 await _common.wait_ready(f"127.0.0.1:{ports['store']}")
                 async with _common.processes([("services.compressor", env)]):
                     await _common.wait_ready(f"127.0.0.1:{ports['compressor']}")
                     async with _common.processes([("services.agent", env)]):
                         await _common.wait_ready(f"127.0.0.1:{ports['agent']}")
-                        async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['agent']}") as agent, \
-                                grpc.aio.insecure_channel(f"127.0.0.1:{ports['store']}") as store:
-                            yield sim, session_store_pb2_grpc.SessionStoreStub(store), \
-                                agent_pb2_grpc.AgentStub(agent)
+                        async with (
+                            grpc.aio.insecure_channel(f"127.0.0.1:{ports['agent']}") as agent,
+                            grpc.aio.insecure_channel(f"127.0.0.1:{ports['store']}") as store,
+                        ):
+                            yield sim, session_store_pb2_grpc.SessionStoreStub(store), agent_pb2_grpc.AgentStub(agent)
 
 
 async def settled(store, session_id: str) -> None:
@@ -83,8 +92,11 @@ async def settled(store, session_id: str) -> None:
     holds still for 50 ms (a benchmark's wait, between measurements)."""
     revision = -1
     while True:
-        now = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
-                                                                 view=store_pb.SESSION_VIEW_SUMMARY))).session.revision
+        now = (
+            await store.GetSession(
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+            )
+        ).session.revision
         if now == revision:
             return
         revision = now
@@ -100,15 +112,23 @@ async def seed(store, stored: int, chatter: _common.Chatter) -> str:
     live_from = max(0, stored - 16)
     for i in range(stored // 2):
         user, assistant = chatter.turn(150, 400)
-        pair = [Message(role=role, content=content, explicit_flags=True, is_context=i * 2 + k >= live_from,
-                        is_display=True)
-                for k, (content, role) in enumerate(((user, "user"), (assistant, "assistant")))]
-        await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=pair,
-                                                                  idempotency_key=f"seed-{i}"))
+        pair = [
+            Message(role=role, content=content, explicit_flags=True, is_context=i * 2 + k >= live_from, is_display=True)
+            for k, (content, role) in enumerate(((user, "user"), (assistant, "assistant")))
+        ]
+        await store.AppendMessages(
+            store_pb.AppendMessagesRequest(session_id=session.id, messages=pair, idempotency_key=f"seed-{i}")
+        )
     if stored > 16:
-        summary = Message(role="user", content="- Summary of the earlier conversation.", is_summary=True,
-                          explicit_flags=True, is_context=True, is_display=False,
-                          replaces=common_pb2.SeqRange(first=1, last=live_from))
+        summary = Message(
+            role="user",
+            content="- Summary of the earlier conversation.",
+            is_summary=True,
+            explicit_flags=True,
+            is_context=True,
+            is_display=False,
+            replaces=common_pb2.SeqRange(first=1, last=live_from),
+        )
         await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[summary]))
     return session.id
 
@@ -127,8 +147,13 @@ async def first_text_direct(sim_url: str, body: dict) -> float:
 async def added_latency(server, quick: bool) -> str:
     rows = []
     overhead_at: dict[int, float] = {}
-    profile = {"id": "bench", "model": "qwen3.6", "context_window": WINDOW, "think_enabled": False,
-               "memory_recall_enabled": False}
+    profile = {
+        "id": "bench",
+        "model": "qwen3.6",
+        "context_window": WINDOW,
+        "think_enabled": False,
+        "memory_recall_enabled": False,
+    }
     async with service_processes(server, "agent_latency", [profile]) as (sim, store, agent):
         sim.set_responder(lambda body: Reply(text="ok " * 5))
         chatter = _common.Chatter(3)
@@ -151,22 +176,42 @@ async def added_latency(server, quick: bool) -> str:
                 direct_times.append(await first_text_direct(sim.url, sim.bodies()[-1]))
             agent_p50, direct_p50 = _common.p50(agent_times), _common.p50(direct_times)
             overhead_at[stored] = agent_p50 - direct_p50
-            rows.append([f"{stored:,}", _common.ms(direct_p50), _common.ms(agent_p50),
-                         _common.ms(_common.percentile(agent_times, 95)), _common.ms(agent_p50 - direct_p50),
-                         _common.ms(_common.p50(tail_times)), _common.ms(_common.percentile(tail_times, 95))])
+            rows.append(
+                [
+                    f"{stored:,}",
+                    _common.ms(direct_p50),
+                    _common.ms(agent_p50),
+                    _common.ms(_common.percentile(agent_times, 95)),
+                    _common.ms(agent_p50 - direct_p50),
+                    _common.ms(_common.p50(tail_times)),
+                    _common.ms(_common.percentile(tail_times, 95)),
+                ]
+            )
     ratio = overhead_at[10_000] / overhead_at[10] if overhead_at[10] > 0 else float("inf")
-    return ("Time to the first text delta: RunStream through the Agent (which stores the message while the "
-            "Compressor sizes the prompt and the model starts on it), the three services each in a process of its "
-            "own as deployed, against the same request body sent straight "
-            "to the simulator. Long sessions are seeded as compression leaves them (a summary and a recent "
-            "tail in the context, the rest in the display history only), one turn at a time, each under an "
-            "idempotency key of its own as the Agent writes them. Target: ≤ 5 ms added at 10,000, "
-            f"and at most 2× the overhead at 10. Measured ratio 10,000 / 10: {ratio:.2f}. *Last token → "
-            "stream_end*: from the last text delta to stream_end as the client sees them, the time the answer and "
-            "the call's report take to be stored (one message on the turn's open append stream; target ≤ 3 ms "
-            "at 10,000).\n\n"
-            + _common.table(["stored messages", "direct p50", "RunStream p50", "RunStream p95", "added p50",
-                             "last token → stream_end p50", "p95"], rows))
+    return (
+        "Time to the first text delta: RunStream through the Agent (which stores the message while the "
+        "Compressor sizes the prompt and the model starts on it), the three services each in a process of its "
+        "own as deployed, against the same request body sent straight "
+        "to the simulator. Long sessions are seeded as compression leaves them (a summary and a recent "
+        "tail in the context, the rest in the display history only), one turn at a time, each under an "
+        "idempotency key of its own as the Agent writes them. Target: ≤ 5 ms added at 10,000, "
+        f"and at most 2× the overhead at 10. Measured ratio 10,000 / 10: {ratio:.2f}. *Last token → "
+        "stream_end*: from the last text delta to stream_end as the client sees them, the time the answer and "
+        "the call's report take to be stored (one message on the turn's open append stream; target ≤ 3 ms "
+        "at 10,000).\n\n"
+        + _common.table(
+            [
+                "stored messages",
+                "direct p50",
+                "RunStream p50",
+                "RunStream p95",
+                "added p50",
+                "last token → stream_end p50",
+                "p95",
+            ],
+            rows,
+        )
+    )
 
 
 async def _settle(running) -> float:
@@ -235,12 +280,19 @@ class _CutAlarms(logging.Handler):
             self.reports.append(int(record.args[0]))
 
 
-async def _long_path(server, quick: bool, path: str, version: str = VERSION, stats: dict | None = None,
-                     tool: str = "bench.agent:DenseOutputTool", spec=None) -> list:
+async def _long_path(
+    server,
+    quick: bool,
+    path: str,
+    version: str = VERSION,
+    stats: dict | None = None,
+    tool: str = "bench.agent:DenseOutputTool",
+    spec=None,
+) -> list:
     """The long conversation on the simulator's qwen3.6 (``path`` "exact") or on it without its
     vocabulary; ``spec``, when given, is the model to run instead (another family's)."""
-    from services.compressor.token_estimate import output_reserve
     from ollama_sim.models import default_models
+    from services.compressor.token_estimate import output_reserve
     from services.shared.settings import Settings
     from tests.test_agent_long import png
 
@@ -249,8 +301,14 @@ async def _long_path(server, quick: bool, path: str, version: str = VERSION, sta
     if spec is None:
         spec = default_models()["qwen3.6"]
         spec = spec if path == "exact" else replace(spec, vocabulary=None)
-    profile = {"id": "long", "model": model, "context_window": WINDOW, "max_iterations": 6,
-               "custom_tools": [tool], "agent_tools": ["todo", "memory_search", "fetch_report"]}
+    profile = {
+        "id": "long",
+        "model": model,
+        "context_window": WINDOW,
+        "max_iterations": 6,
+        "custom_tools": [tool],
+        "agent_tools": ["todo", "memory_search", "fetch_report"],
+    }
     compress_turns: list[int] = []
     before_first_token = after_end = 0.0
     too_large = lost = 0
@@ -265,8 +323,11 @@ async def _long_path(server, quick: bool, path: str, version: str = VERSION, sta
             for turn in range(turns):
                 images = [png(512 if turn % 20 == 0 else 64)] if turn % 10 == 5 else []
                 started_at = None
-                async for event in agent.RunStream(pb.RunStreamRequest(
-                        session_id=session_id, text=f"turn {turn}: please handle marker-{turn}", images=images)):
+                async for event in agent.RunStream(
+                    pb.RunStreamRequest(
+                        session_id=session_id, text=f"turn {turn}: please handle marker-{turn}", images=images
+                    )
+                ):
                     session_id = event.session_id
                     if event.HasField("compression_started"):
                         started_at = time.perf_counter()
@@ -284,8 +345,14 @@ async def _long_path(server, quick: bool, path: str, version: str = VERSION, sta
             bodies = [b for b in sim.bodies() if b.get("model") == model]
             kept = await nothing_lost(store, session_id, turns)
             if stats is not None:
-                stats.update(engine=sim.engine, refusals=sim.refusals, lost=lost, too_large=too_large,
-                             cut=sum(1 for c in chats if c.truncated), dropped=sum(c.dropped_messages for c in chats))
+                stats.update(
+                    engine=sim.engine,
+                    refusals=sim.refusals,
+                    lost=lost,
+                    too_large=too_large,
+                    cut=sum(1 for c in chats if c.truncated),
+                    dropped=sum(c.dropped_messages for c in chats),
+                )
     finally:
         logger.removeHandler(alarms)
     # A genuine alarm was raised on a report the simulator gave for a prompt it really cut.
@@ -300,13 +367,22 @@ async def _long_path(server, quick: bool, path: str, version: str = VERSION, sta
     summaries = sum(1 for b in bodies if b.get("stream") is False)
     all_time, summary_time = model_time(bodies)
     name = path if path == "exact" else "calibrated (no vocabulary)"
-    return [name, turns, len(compress_turns), summaries,
-            sum(1 for c in chats if c.truncated), too_large, f"{false_alarms} of {len(alarms.reports)}",
-            f"{highest:.3f}", f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
-            f"{len(chat_ctx)} ({', '.join(map(str, sorted(chat_ctx)))})", refires,
-            f"{reused / pairs:.1%} of {pairs}" if pairs else "-",
-            f"{before_first_token:.2f} s", f"{after_end:.2f} s"], \
-        [name, f"{summary_time / all_time:.1%} ({summary_time:.0f} of {all_time:.0f} s)", *kept]
+    return [
+        name,
+        turns,
+        len(compress_turns),
+        summaries,
+        sum(1 for c in chats if c.truncated),
+        too_large,
+        f"{false_alarms} of {len(alarms.reports)}",
+        f"{highest:.3f}",
+        f"{len(summary_ctx)} ({', '.join(map(str, sorted(summary_ctx)))})",
+        f"{len(chat_ctx)} ({', '.join(map(str, sorted(chat_ctx)))})",
+        refires,
+        f"{reused / pairs:.1%} of {pairs}" if pairs else "-",
+        f"{before_first_token:.2f} s",
+        f"{after_end:.2f} s",
+    ], [name, f"{summary_time / all_time:.1%} ({summary_time:.0f} of {all_time:.0f} s)", *kept]
 
 
 # The share of model time spent on summaries, at a simulated model speed (an 8B model on one
@@ -323,8 +399,10 @@ def model_time(bodies: list[dict]) -> tuple[float, float]:
     total = on_summaries = 0.0
     for body, evaluated in zip(bodies, _common.evaluated_tokens(bodies)):
         summary = body.get("stream") is False
-        seconds = evaluated / PREFILL_TOKENS_PER_S \
+        seconds = (
+            evaluated / PREFILL_TOKENS_PER_S
             + (SUMMARY_TOKENS if summary else CHAT_ANSWER_TOKENS) / GENERATE_TOKENS_PER_S
+        )
         total += seconds
         on_summaries += seconds if summary else 0.0
     return total, on_summaries
@@ -339,8 +417,9 @@ async def nothing_lost(store, session_id: str, turns: int) -> list[str]:
 
     shown, before = [], 0
     while True:
-        page = await store.GetHistoryPage(store_pb.GetHistoryPageRequest(session_id=session_id, before_seq=before,
-                                                                         limit=500))
+        page = await store.GetHistoryPage(
+            store_pb.GetHistoryPageRequest(session_id=session_id, before_seq=before, limit=500)
+        )
         shown = list(page.messages) + shown
         if not page.has_more:
             break
@@ -352,8 +431,9 @@ async def nothing_lost(store, session_id: str, turns: int) -> list[str]:
     for result in gone:
         lines = [line for line in result.content[PREVIEW_CHARS:].splitlines()[1:-1] if line.strip()]
         words = (lines[len(lines) // 2] if lines else result.content[-80:])[:80].strip()  # past the preview
-        chunks = (await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query=words,
-                                                                        limit=10))).chunks
+        chunks = (
+            await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query=words, limit=10))
+        ).chunks
         found += any(words in c.content for c in chunks)
     asked = [m.content for m in shown if m.role == "user" and m.content.startswith("turn ")]
     once = sum(1 for t in range(turns) if sum(1 for a in asked if a.startswith(f"turn {t}:")) == 1)
@@ -369,12 +449,18 @@ def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:
     with no compression between them): what Ollama can reuse of its evaluated prompt."""
     reused = pairs = 0
     for before, after in zip(prompts, prompts[1:]):
-        compressed = [{str(m.get("content", "")) for m in p if str(m.get("content", "")).startswith(SUMMARY_HEAD)
-                       or PRUNED_MARK in str(m.get("content", ""))} for p in (before, after)]
+        compressed = [
+            {
+                str(m.get("content", ""))
+                for m in p
+                if str(m.get("content", "")).startswith(SUMMARY_HEAD) or PRUNED_MARK in str(m.get("content", ""))
+            }
+            for p in (before, after)
+        ]
         if compressed[0] != compressed[1]:
             continue  # a compression in between (a summary, pruned results) rewrites the prompt by design
         pairs += 1
-        reused += after[:len(before)] == before
+        reused += after[: len(before)] == before
     return reused, pairs
 
 
@@ -382,40 +468,64 @@ async def long_run(server, quick: bool) -> str:
     runs = [await _long_path(server, quick, "exact"), await _long_path(server, quick, "calibrated")]
     rows, kept = [r for r, _ in runs], [k for _, k in runs]
     turns = rows[0][1]
-    return (f"A {turns}-turn conversation in an {WINDOW}-token window through the real services and the "
-            "simulator (tool calls every third turn: large JSON, log and code outputs, and every fourth of them "
-            "a dense server log of 300–3,000 tokens; an image every tenth turn), run on a copy of `qwen3.6` "
-            "whose vocabulary the simulator serves (exact counts) and on a copy without it (calibrated per-class prices). "
-            "*Compressions*: turns with a compression before the call or after the stream (pruned tool results or "
-            "a summary); *LLM summaries*: the summary requests the model got. *False cut alarms*: "
-            "the \"cut prompt:\" warnings (a report proving its prompt cut) raised on a report "
-            "the simulator did not give for a prompt it cut, of all such warnings. *Highest real prompt ÷ "
-            f"limit*: the simulator's full count of the largest chat prompt over the size check's limit "
-            f"(window − output reserve = {WINDOW - 2048}). *num_ctx values*: distinct `options.num_ctx` among "
-            "the summary requests (non-streamed) and the chat requests. *Re-fires*: compressions within 3 turns "
-            "of the previous one. *Prefix reused*: of the chat calls that follow another with no compression "
-            "between them, the share that begin with that call's whole message list (what Ollama keeps "
-            "evaluated and need not evaluate again).\n\n"
-            + _common.table(["path", "turns", "compressions", "LLM summaries", "prompts cut by Ollama",
-                             "ended CONTEXT_TOO_LARGE",
-                             "false cut alarms", "highest real prompt ÷ limit", "num_ctx: summaries",
-                             "num_ctx: chats", "re-fires within 3 turns", "prefix reused",
-                             "compressing before the first token",
-                             "compressing after stream_end"], rows)
-            + "\n\nThe same runs, for what compression costs and keeps. *Model time on summaries*: at a simulated "
-            f"model speed ({PREFILL_TOKENS_PER_S:,} prompt tokens/s, {GENERATE_TOKENS_PER_S} generated tokens/s; "
-            f"{SUMMARY_TOKENS} tokens per summary, {CHAT_ANSWER_TOKENS} per chat answer), each request's prompt "
-            "less the prefix it shares with the request before (Ollama keeps that evaluated). *Found by "
-            "memory_search*: tool results no longer verbatim in the context (pruned or summarized) whose "
-            "line from beyond the preview the store's memory search returns. *User messages shown once*: "
-            "each turn's request in the display history exactly once.\n\n"
-            + _common.table(["path", "model time on summaries", "compressed-away results found by memory_search",
-                             "user messages shown once", "live summaries at the end"], kept))
+    return (
+        f"A {turns}-turn conversation in an {WINDOW}-token window through the real services and the "
+        "simulator (tool calls every third turn: large JSON, log and code outputs, and every fourth of them "
+        "a dense server log of 300–3,000 tokens; an image every tenth turn), run on a copy of `qwen3.6` "
+        "whose vocabulary the simulator serves (exact counts) and on a copy without it (calibrated per-class prices). "
+        "*Compressions*: turns with a compression before the call or after the stream (pruned tool results or "
+        "a summary); *LLM summaries*: the summary requests the model got. *False cut alarms*: "
+        'the "cut prompt:" warnings (a report proving its prompt cut) raised on a report '
+        "the simulator did not give for a prompt it cut, of all such warnings. *Highest real prompt ÷ "
+        f"limit*: the simulator's full count of the largest chat prompt over the size check's limit "
+        f"(window − output reserve = {WINDOW - 2048}). *num_ctx values*: distinct `options.num_ctx` among "
+        "the summary requests (non-streamed) and the chat requests. *Re-fires*: compressions within 3 turns "
+        "of the previous one. *Prefix reused*: of the chat calls that follow another with no compression "
+        "between them, the share that begin with that call's whole message list (what Ollama keeps "
+        "evaluated and need not evaluate again).\n\n"
+        + _common.table(
+            [
+                "path",
+                "turns",
+                "compressions",
+                "LLM summaries",
+                "prompts cut by Ollama",
+                "ended CONTEXT_TOO_LARGE",
+                "false cut alarms",
+                "highest real prompt ÷ limit",
+                "num_ctx: summaries",
+                "num_ctx: chats",
+                "re-fires within 3 turns",
+                "prefix reused",
+                "compressing before the first token",
+                "compressing after stream_end",
+            ],
+            rows,
+        )
+        + "\n\nThe same runs, for what compression costs and keeps. *Model time on summaries*: at a simulated "
+        f"model speed ({PREFILL_TOKENS_PER_S:,} prompt tokens/s, {GENERATE_TOKENS_PER_S} generated tokens/s; "
+        f"{SUMMARY_TOKENS} tokens per summary, {CHAT_ANSWER_TOKENS} per chat answer), each request's prompt "
+        "less the prefix it shares with the request before (Ollama keeps that evaluated). *Found by "
+        "memory_search*: tool results no longer verbatim in the context (pruned or summarized) whose "
+        "line from beyond the preview the store's memory search returns. *User messages shown once*: "
+        "each turn's request in the display history exactly once.\n\n"
+        + _common.table(
+            [
+                "path",
+                "model time on summaries",
+                "compressed-away results found by memory_search",
+                "user messages shown once",
+                "live summaries at the end",
+            ],
+            kept,
+        )
+    )
 
 
 async def _markers(store, session_id: str) -> int:
-    session = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
-                                                                 view=store_pb.SESSION_VIEW_DISPLAY))).session
+    session = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
+    ).session
     return sum(1 for m in session.messages if m.is_compression)
 
 

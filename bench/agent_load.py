@@ -24,15 +24,26 @@ import grpc
 
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.auth import make_token
 from services.shared.ports import free_port
 from tests.test_faults import Service
 
 NEEDS_POSTGRES = True
 SECRET = "bench-agent-load-secret-0123456789abcdef"
-PROFILES = {"profiles": [{"id": "bench", "model": "qwen3.6", "context_window": 8192, "think_enabled": False,
-                          "memory_recall_enabled": False}]}
+PROFILES = {
+    "profiles": [
+        {
+            "id": "bench",
+            "model": "qwen3.6",
+            "context_window": 8192,
+            "think_enabled": False,
+            "memory_recall_enabled": False,
+        }
+    ]
+}
 SLOW_READERS = 10
 WATCHERS = 1_500
 WATCHED_SESSIONS = 10  # user A's sessions, its watchers spread over them
@@ -69,22 +80,41 @@ async def services(server, label: str, logs: Path, env: dict[str, str] | None = 
         profiles.write_text(json.dumps(PROFILES))
         async with _common.fresh_database(server, label) as dsn:
             ports = {name: free_port() for name in ("store", "compressor", "agent")}
-            common = {**os.environ, "DATABASE_URL": dsn, "OLLAMA_HOST": sim.url, "PALIMPSEST_PROFILES": str(profiles),
-                      "PALIMPSEST_DATA_DIR": tmp, "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
-                      "PALIMPSEST_AUTH_ENABLED": "1", "PALIMPSEST_JWT_SECRET": SECRET,
-                      "PALIMPSEST_SESSION_TITLES": "0", "PALIMPSEST_EMBED_MODEL": "",
-                      **{f"PALIMPSEST_{name.upper()}_ADDR": f"127.0.0.1:{port}" for name, port in ports.items()},
-                      **(env or {})}
-            running = [Service(module, ports[name], common, logs / f"{label}-{name}.log") for name, module in
-                       (("store", "services.session_store"), ("compressor", "services.compressor"),
-                        ("agent", "services.agent"))]
+            common = {
+                **os.environ,
+                "DATABASE_URL": dsn,
+                "OLLAMA_HOST": sim.url,
+                "PALIMPSEST_PROFILES": str(profiles),
+                "PALIMPSEST_DATA_DIR": tmp,
+                "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
+                "PALIMPSEST_AUTH_ENABLED": "1",
+                "PALIMPSEST_JWT_SECRET": SECRET,
+                "PALIMPSEST_SESSION_TITLES": "0",
+                "PALIMPSEST_EMBED_MODEL": "",
+                **{f"PALIMPSEST_{name.upper()}_ADDR": f"127.0.0.1:{port}" for name, port in ports.items()},
+                **(env or {}),
+            }
+            running = [
+                Service(module, ports[name], common, logs / f"{label}-{name}.log")
+                for name, module in (
+                    ("store", "services.session_store"),
+                    ("compressor", "services.compressor"),
+                    ("agent", "services.agent"),
+                )
+            ]
             try:
                 for service in running:
                     await service.start()
-                async with grpc.aio.insecure_channel(running[2].address) as agent, \
-                        grpc.aio.insecure_channel(running[0].address) as store:
-                    yield sim, running[2], agent_pb2_grpc.AgentStub(agent), \
-                        session_store_pb2_grpc.SessionStoreStub(store)
+                async with (
+                    grpc.aio.insecure_channel(running[2].address) as agent,
+                    grpc.aio.insecure_channel(running[0].address) as store,
+                ):
+                    yield (
+                        sim,
+                        running[2],
+                        agent_pb2_grpc.AgentStub(agent),
+                        session_store_pb2_grpc.SessionStoreStub(store),
+                    )
             finally:
                 for service in reversed(running):
                     service.stop_now()
@@ -94,30 +124,50 @@ async def turn(agent, user: str, text: str, session_id: str = "") -> tuple[str, 
     """A turn read to its end: (its session, seconds from the request to stream_end)."""
     started = time.perf_counter()
     session = session_id
-    async for event in agent.RunStream(pb.RunStreamRequest(session_id=session_id, profile_id="bench", text=text),
-                                       metadata=credentials(user), timeout=120):
+    async for event in agent.RunStream(
+        pb.RunStreamRequest(session_id=session_id, profile_id="bench", text=text),
+        metadata=credentials(user),
+        timeout=120,
+    ):
         session = session or event.session_id
     return session, time.perf_counter() - started
 
 
 async def answered(store, user: str, session_id: str, words: int) -> bool:
-    messages = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
-                                                                  view=store_pb.SESSION_VIEW_DISPLAY),
-                                       metadata=credentials(user))).session.messages
+    messages = (
+        await store.GetSession(
+            store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY),
+            metadata=credentials(user),
+        )
+    ).session.messages
     return bool(messages) and messages[-1].role == "assistant" and len(messages[-1].content.split()) == words
 
 
 async def slow_readers(server, logs: Path, words: int, keep_mb: int) -> list[object]:
-    async with services(server, "agent_slow_readers", logs, {"PALIMPSEST_STREAM_KEEP_MB": str(keep_mb)}) as \
-            (sim, agent_process, agent, store):
+    async with services(server, "agent_slow_readers", logs, {"PALIMPSEST_STREAM_KEEP_MB": str(keep_mb)}) as (
+        sim,
+        agent_process,
+        agent,
+        store,
+    ):
         await turn(agent, "alice", "warm up")
         before = rss_mb(agent_process.proc.pid)
         peak = before
-        sessions = [(await store.CreateSession(store_pb.CreateSessionRequest(profile_id="bench"),
-                                               metadata=credentials("alice"))).session.id
-                    for _ in range(SLOW_READERS)]
-        calls = [agent.RunStream(pb.RunStreamRequest(session_id=s, profile_id="bench", text=f"long {words}"),
-                                 metadata=credentials("alice")) for s in sessions]  # never read
+        sessions = [
+            (
+                await store.CreateSession(
+                    store_pb.CreateSessionRequest(profile_id="bench"), metadata=credentials("alice")
+                )
+            ).session.id
+            for _ in range(SLOW_READERS)
+        ]
+        calls = [
+            agent.RunStream(
+                pb.RunStreamRequest(session_id=s, profile_id="bench", text=f"long {words}"),
+                metadata=credentials("alice"),
+            )
+            for s in sessions
+        ]  # never read
         started = time.perf_counter()
         while not all([await answered(store, "alice", s, words) for s in sessions]):
             peak = max(peak, rss_mb(agent_process.proc.pid))
@@ -127,8 +177,15 @@ async def slow_readers(server, logs: Path, words: int, keep_mb: int) -> list[obj
         ended = rss_mb(agent_process.proc.pid)
         for call in calls:
             call.cancel()
-        return [SLOW_READERS, f"{words:,}", keep_mb, f"{before:.0f}", f"{peak:.0f}", f"{ended:.0f}",
-                f"{time.perf_counter() - started:.0f}"]
+        return [
+            SLOW_READERS,
+            f"{words:,}",
+            keep_mb,
+            f"{before:.0f}",
+            f"{peak:.0f}",
+            f"{ended:.0f}",
+            f"{time.perf_counter() - started:.0f}",
+        ]
 
 
 @asynccontextmanager
@@ -170,8 +227,9 @@ async def watchers(address: str, user: str, session_ids: list[str], count: int):
     settled = asyncio.Semaphore(0)
 
     async def watch(i: int) -> None:
-        call = stubs[i % len(stubs)].WatchSession(pb.WatchSessionRequest(session_id=session_ids[i % len(session_ids)]),
-                                                  metadata=credentials(user))
+        call = stubs[i % len(stubs)].WatchSession(
+            pb.WatchSessionRequest(session_id=session_ids[i % len(session_ids)]), metadata=credentials(user)
+        )
         calls.append(call)
         await call.initial_metadata()  # in place, or refused
         settled.release()
@@ -203,9 +261,14 @@ async def neighbour(server, logs: Path, turns: int) -> list[list[object]]:
     """Bob's turn (p50 of ``turns``), quiet and beside Alice's load; Alice's sessions stay hers."""
     async with services(server, "agent_watchers", logs) as (sim, agent_process, agent, store):
         await turn(agent, "bob", "warm up")
-        sessions = [(await store.CreateSession(store_pb.CreateSessionRequest(profile_id="bench"),
-                                               metadata=credentials("alice"))).session.id
-                    for _ in range(WATCHED_SESSIONS)]
+        sessions = [
+            (
+                await store.CreateSession(
+                    store_pb.CreateSessionRequest(profile_id="bench"), metadata=credentials("alice")
+                )
+            ).session.id
+            for _ in range(WATCHED_SESSIONS)
+        ]
 
         async def bob() -> float:
             return statistics.median([(await turn(agent, "bob", "hello"))[1] for _ in range(turns)])
@@ -220,13 +283,27 @@ async def neighbour(server, logs: Path, turns: int) -> list[list[object]]:
             opened, refused = attempt.open, attempt.refused  # (the refusals long answered by now)
         quiet = (quiet + await bob()) / 2  # before and after, against drift on a shared machine
         tracebacks = agent_process.log.read_text(errors="replace").count("Traceback")
-    return [["quiet", f"{quiet * 1000:.0f}", "1.00", "", "", ""],
-            ["her 2 sessions busy", f"{alice_busy * 1000:.0f}", f"{alice_busy / quiet:.2f}", "", "", ""],
-            [f"attempts {WATCHERS:,} watchers", f"{watched * 1000:.0f}", f"{watched / quiet:.2f}",
-             f"{opened:,}", f"{refused:,}", f"{attempt.seconds:.1f}"],
-            [f"attempts {WATCHERS:,} watchers, her 2 sessions busy", f"{watched_busy * 1000:.0f}",
-             f"{watched_busy / quiet:.2f}", "", "", ""],
-            [f"tracebacks in the Agent's log after they left: {tracebacks}", "", "", "", "", ""]]
+    return [
+        ["quiet", f"{quiet * 1000:.0f}", "1.00", "", "", ""],
+        ["her 2 sessions busy", f"{alice_busy * 1000:.0f}", f"{alice_busy / quiet:.2f}", "", "", ""],
+        [
+            f"attempts {WATCHERS:,} watchers",
+            f"{watched * 1000:.0f}",
+            f"{watched / quiet:.2f}",
+            f"{opened:,}",
+            f"{refused:,}",
+            f"{attempt.seconds:.1f}",
+        ],
+        [
+            f"attempts {WATCHERS:,} watchers, her 2 sessions busy",
+            f"{watched_busy * 1000:.0f}",
+            f"{watched_busy / quiet:.2f}",
+            "",
+            "",
+            "",
+        ],
+        [f"tracebacks in the Agent's log after they left: {tracebacks}", "", "", "", "", ""],
+    ]
 
 
 async def run(args) -> str:
@@ -235,11 +312,32 @@ async def run(args) -> str:
         runs = [(20_000, 64)] if args.quick else [(20_000, 64), (100_000, 64), (100_000, 16)]
         memory = [await slow_readers(args.server, logs, words, keep_mb) for words, keep_mb in runs]
         watchers = await neighbour(args.server, logs, QUICK_NEIGHBOUR_TURNS if args.quick else NEIGHBOUR_TURNS)
-    return "\n\n".join([
-        "### Slow readers: the Agent's resident memory (MB)",
-        _common.table(["clients not reading", "words per answer", "PALIMPSEST_STREAM_KEEP_MB", "before", "peak",
-                       "after the turns", "seconds"], memory),
-        f"### Bob's turn while Alice attempts {WATCHERS:,} WatchSession streams on her {WATCHED_SESSIONS} sessions",
-        _common.table(["Alice", "Bob's turn, p50 (ms)", "against quiet", "watchers open", "refused",
-                       "seconds until each was open or refused"], watchers),
-    ])
+    return "\n\n".join(
+        [
+            "### Slow readers: the Agent's resident memory (MB)",
+            _common.table(
+                [
+                    "clients not reading",
+                    "words per answer",
+                    "PALIMPSEST_STREAM_KEEP_MB",
+                    "before",
+                    "peak",
+                    "after the turns",
+                    "seconds",
+                ],
+                memory,
+            ),
+            f"### Bob's turn while Alice attempts {WATCHERS:,} WatchSession streams on her {WATCHED_SESSIONS} sessions",
+            _common.table(
+                [
+                    "Alice",
+                    "Bob's turn, p50 (ms)",
+                    "against quiet",
+                    "watchers open",
+                    "refused",
+                    "seconds until each was open or refused",
+                ],
+                watchers,
+            ),
+        ]
+    )

@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from bench import _common
 from bench.agent import WINDOW, prefix_reuse, settled, system
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.context_builder import MEMORY_HEADING, memory_message
 from services.shared.settings import Settings
 
 NEEDS_POSTGRES = True
-FILLER = ("The deployment notes say the service restarts cleanly, the queue drains within the hour, and the "
-          "dashboards show no errors after the change. ") * 6
+FILLER = (
+    "The deployment notes say the service restarts cleanly, the queue drains within the hour, and the "
+    "dashboards show no errors after the change. "
+) * 6
 _TURN = re.compile(r"^\[(?P<session>[AB])\] turn (?P<turn>\d+):")
 _FACT = re.compile(r"^Remembered as entry \d+: (?P<text>.*)$", re.MULTILINE)
 
@@ -49,8 +52,11 @@ class Run:
         self.calls[session].append(messages)
         self.live_at_call[session].append(list(self.live))
         if last.get("role") == "user" and turn % 4 == 1:
-            return Reply(tool_calls=[("memory", {"action": "add", "text": f"{session}{turn}: the user cares about "
-                                                                       f"topic {turn}"})])
+            return Reply(
+                tool_calls=[
+                    ("memory", {"action": "add", "text": f"{session}{turn}: the user cares about topic {turn}"})
+                ]
+            )
         if last.get("role") == "user" and turn % 4 == 3:
             return Reply(tool_calls=[("todo", {"action": "add", "items": [f"look at topic {turn}"]})])
         return Reply(text=f"About topic {turn}: {FILLER}")
@@ -63,8 +69,11 @@ def last_said(messages: list[dict]) -> dict:
 
 def memory_of(messages: list[dict]) -> str:
     second = messages[1] if len(messages) > 1 else {}
-    return second.get("content", "") if second.get("role") == "system" \
-        and str(second.get("content", "")).startswith(MEMORY_HEADING) else ""
+    return (
+        second.get("content", "")
+        if second.get("role") == "system" and str(second.get("content", "")).startswith(MEMORY_HEADING)
+        else ""
+    )
 
 
 def with_memory(messages: list[dict], memory: str) -> list[dict]:
@@ -88,17 +97,26 @@ def changes(prompts: list[list[dict]]) -> tuple[int, int]:
 async def run(args) -> str:
     turns_a = 24 if args.quick else 60
     b_from = turns_a // 3
-    profile = {"id": "mem", "model": "qwen3.6", "context_window": WINDOW, "think_enabled": False,
-               "memory_recall_enabled": False, "max_iterations": 6,
-               "tools": {"agent": ["plan", "todo", "scratchpad", "memory_search", "session_search", "memory"]}}
+    profile = {
+        "id": "mem",
+        "model": "qwen3.6",
+        "context_window": WINDOW,
+        "think_enabled": False,
+        "memory_recall_enabled": False,
+        "max_iterations": 6,
+        "tools": {"agent": ["plan", "todo", "scratchpad", "memory_search", "session_search", "memory"]},
+    }
     recorded = Run()
     ids: dict[str, str] = {}
     async with system(args.server, "agent_memory", [profile]) as (sim, store, agent, _):
         sim.set_responder(recorded.respond)
 
         async def turn(session: str, n: int) -> None:
-            request = pb.RunStreamRequest(session_id=ids.get(session, ""), profile_id="mem",
-                                          text=f"[{session}] turn {n}: tell me more about topic {n}")
+            request = pb.RunStreamRequest(
+                session_id=ids.get(session, ""),
+                profile_id="mem",
+                text=f"[{session}] turn {n}: tell me more about topic {n}",
+            )
             async for event in agent.RunStream(request):
                 ids.setdefault(session, event.session_id)
             await settled(store, ids[session])  # the post-turn pass done, as the user's next message finds it
@@ -118,15 +136,37 @@ async def run(args) -> str:
         at_compression, between = changes(prompts)
         compressions = sum(1 for b, a in zip(prompts, prompts[1:]) if prefix_reuse([b, a])[1] == 0)
         writes = sum(1 for p in prompts if last_said(p).get("tool_name") == "memory")
-        rows.append([session, len(prompts), writes, compressions, f"{reused / pairs:.1%} of {pairs}",
-                     between, at_compression, f"{live_reused / live_pairs:.1%} of {live_pairs}"])
-    return (f"Two sessions of one owner, {turns_a} and {turns_a - b_from} turns in an {WINDOW}-token window (the "
-            f"second starts after the first's turn {b_from}, their turns interleaved), each writing the owner's "
-            f"memory every fourth turn ({len(memory.entries)} entries at the end). *Prefix reused*: of a session's "
-            "chat calls that follow another of the same session with no compression between them, the share whose "
-            "prompt begins with that call's whole message list. *Memory changes*: consecutive calls of a session "
-            "whose memory message differs, without a compression between them and with one. *Read live*: the "
-            "prefix reused had each call carried the memory as it was when the call came.\n\n"
-            + _common.table(["session", "chat calls", "memory writes", "compressions", "prefix reused",
-                             "memory changes between compressions", "memory changes at a compression",
-                             "prefix reused, memory read live"], rows))
+        rows.append(
+            [
+                session,
+                len(prompts),
+                writes,
+                compressions,
+                f"{reused / pairs:.1%} of {pairs}",
+                between,
+                at_compression,
+                f"{live_reused / live_pairs:.1%} of {live_pairs}",
+            ]
+        )
+    return (
+        f"Two sessions of one owner, {turns_a} and {turns_a - b_from} turns in an {WINDOW}-token window (the "
+        f"second starts after the first's turn {b_from}, their turns interleaved), each writing the owner's "
+        f"memory every fourth turn ({len(memory.entries)} entries at the end). *Prefix reused*: of a session's "
+        "chat calls that follow another of the same session with no compression between them, the share whose "
+        "prompt begins with that call's whole message list. *Memory changes*: consecutive calls of a session "
+        "whose memory message differs, without a compression between them and with one. *Read live*: the "
+        "prefix reused had each call carried the memory as it was when the call came.\n\n"
+        + _common.table(
+            [
+                "session",
+                "chat calls",
+                "memory writes",
+                "compressions",
+                "prefix reused",
+                "memory changes between compressions",
+                "memory changes at a compression",
+                "prefix reused, memory read live",
+            ],
+            rows,
+        )
+    )

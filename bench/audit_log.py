@@ -14,7 +14,8 @@ import json
 import time
 
 from bench._common import Chatter, fresh_database, ms, p50, percentile, running_store, table
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 
 NEEDS_POSTGRES = True
 APPENDS, QUICK_APPENDS = 400, 40
@@ -25,18 +26,37 @@ READS = 100
 
 def calls(chatter: Chatter, batch: int) -> list[common_pb2.ToolCall]:
     """One batch's calls, arguments as a model writes them (one with a secret to mask)."""
-    return [common_pb2.ToolCall(id=f"call_{i}", name="write_file", arguments_json=json.dumps({
-        "path": f"src/module_{i}.py", "text": chatter.message("user", 150, 250),
-        **({"api_key": "sk-proj-0123456789abcdefghijklmn"} if i == 0 else {})})) for i in range(batch)]
+    return [
+        common_pb2.ToolCall(
+            id=f"call_{i}",
+            name="write_file",
+            arguments_json=json.dumps(
+                {
+                    "path": f"src/module_{i}.py",
+                    "text": chatter.message("user", 150, 250),
+                    **({"api_key": "sk-proj-0123456789abcdefghijklmn"} if i == 0 else {}),
+                }
+            ),
+        )
+        for i in range(batch)
+    ]
 
 
 def records(batch: list[common_pb2.ToolCall], call_seq: int = 0) -> list[pb.ToolRun]:
     """The batch's records as the Agent sends them: naming the stored call, or (0) with its arguments."""
     out = []
     for call in batch:
-        run = pb.ToolRun(turn_id="0" * 32, call_id=call.id, tool=call.name, call_seq=call_seq,
-                         arguments_json="" if call_seq else call.arguments_json, duration_seconds=0.004,
-                         outcome=pb.TOOL_RUN_OUTCOME_OK, bytes_in=len(call.arguments_json), bytes_out=1000)
+        run = pb.ToolRun(
+            turn_id="0" * 32,
+            call_id=call.id,
+            tool=call.name,
+            call_seq=call_seq,
+            arguments_json="" if call_seq else call.arguments_json,
+            duration_seconds=0.004,
+            outcome=pb.TOOL_RUN_OUTCOME_OK,
+            bytes_in=len(call.arguments_json),
+            bytes_out=1000,
+        )
         run.started_at.GetCurrentTime()
         out.append(run)
     return out
@@ -47,16 +67,24 @@ async def run(args) -> str:
     chatter = Chatter(seed=23)
     async with fresh_database(args.server, "audit_log") as dsn, running_store(dsn) as (_, store):
         arms = ("results only", "results + records", "results + records (a sub-agent's)")
-        sessions = {label: (await store.CreateSession(pb.CreateSessionRequest(profile_id="bench"))).session.id
-                    for label in arms}
+        sessions = {
+            label: (await store.CreateSession(pb.CreateSessionRequest(profile_id="bench"))).session.id for label in arms
+        }
         seconds: dict[str, list[float]] = {label: [] for label in arms}
         for _ in range(appends):
             batch = calls(chatter, BATCH)
-            results = [common_pb2.Message(role="tool", name=call.name, tool_call_id=call.id,
-                                          content=chatter.message("assistant", 800, 1200)) for call in batch]
+            results = [
+                common_pb2.Message(
+                    role="tool", name=call.name, tool_call_id=call.id, content=chatter.message("assistant", 800, 1200)
+                )
+                for call in batch
+            ]
             for label, session_id in sessions.items():
-                asked = await store.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
-                    common_pb2.Message(role="assistant", tool_calls=batch)]))
+                asked = await store.AppendMessages(
+                    pb.AppendMessagesRequest(
+                        session_id=session_id, messages=[common_pb2.Message(role="assistant", tool_calls=batch)]
+                    )
+                )
                 runs = [] if label == "results only" else records(batch, 0 if "sub-agent" in label else asked.seqs[0])
                 request = pb.AppendMessagesRequest(session_id=session_id, messages=results, tool_runs=runs)
                 started = time.perf_counter()
@@ -68,13 +96,16 @@ async def run(args) -> str:
 
         logged = (await store.CreateSession(pb.CreateSessionRequest(profile_id="bench"))).session.id
         for _ in range(LOGGED_RUNS // 100):
-            await store.AppendMessages(pb.AppendMessagesRequest(session_id=logged,
-                                                                tool_runs=records(calls(chatter, 100))))
+            await store.AppendMessages(
+                pb.AppendMessagesRequest(session_id=logged, tool_runs=records(calls(chatter, 100)))
+            )
         reads = []
         for _ in range(READS):
             started = time.perf_counter()
             await store.ListToolRuns(pb.ListToolRunsRequest(session_id=logged))
             reads.append(time.perf_counter() - started)
         rows.append([f"ListToolRuns, newest 50 of {LOGGED_RUNS:,}", ms(p50(reads)), ms(percentile(reads, 95))])
-    return (f"### Audit log: the append of a batch of {BATCH} tool results, {appends} each way, alternating (ms)\n\n"
-            + table(["append", "p50", "p95"], rows))
+    return (
+        f"### Audit log: the append of a batch of {BATCH} tool results, {appends} each way, alternating (ms)\n\n"
+        + table(["append", "p50", "p95"], rows)
+    )

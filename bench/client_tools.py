@@ -14,14 +14,25 @@ import time
 from bench import _common
 from bench.agent import service_processes
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 
 NEEDS_POSTGRES = True
 TURNS, QUICK_TURNS = 200, 20
-PROFILE = {"id": "tools", "model": "qwen3.6", "context_window": 8192, "think_enabled": False,
-           "memory_recall_enabled": False, "tools": {"agent": ["todo"]}}
-ECHO = pb.ClientTool(name="echo", description="Echo the text.", read_only=True,
-                     parameters_json=json.dumps({"type": "object", "properties": {"text": {"type": "string"}}}))
+PROFILE = {
+    "id": "tools",
+    "model": "qwen3.6",
+    "context_window": 8192,
+    "think_enabled": False,
+    "memory_recall_enabled": False,
+    "tools": {"agent": ["todo"]},
+}
+ECHO = pb.ClientTool(
+    name="echo",
+    description="Echo the text.",
+    read_only=True,
+    parameters_json=json.dumps({"type": "object", "properties": {"text": {"type": "string"}}}),
+)
 
 
 async def one_turn(agent, session_id: str, client: bool) -> tuple[float, float]:
@@ -35,9 +46,14 @@ async def one_turn(agent, session_id: str, client: bool) -> tuple[float, float]:
         elif event.HasField("tool_call_requested"):
             asked = now
             answering = time.perf_counter()
-            await agent.SubmitToolResult(pb.SubmitToolResultRequest(
-                session_id=event.session_id, turn_id=event.turn_id, call_id=event.tool_call_requested.call_id,
-                content="hello"))
+            await agent.SubmitToolResult(
+                pb.SubmitToolResultRequest(
+                    session_id=event.session_id,
+                    turn_id=event.turn_id,
+                    call_id=event.tool_call_requested.call_id,
+                    content="hello",
+                )
+            )
             answered = time.perf_counter()
         elif event.HasField("tool_finished"):
             finished = now
@@ -47,8 +63,10 @@ async def one_turn(agent, session_id: str, client: bool) -> tuple[float, float]:
 async def run(args) -> str:
     turns = QUICK_TURNS if args.quick else TURNS
     async with service_processes(args.server, "client_tools", [PROFILE]) as (sim, store, agent):
-        sessions = {arm: (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="tools"))).session.id
-                    for arm in ("built-in", "client")}
+        sessions = {
+            arm: (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="tools"))).session.id
+            for arm in ("built-in", "client")
+        }
 
         def respond(body):
             last = body["messages"][-1]
@@ -67,12 +85,22 @@ async def run(args) -> str:
                 if arm == "client":
                     calls.append(submit)
         rows = [
-            ["built-in `todo list` (tool_started → tool_finished)", _common.ms(_common.p50(spans["built-in"])),
-             _common.ms(_common.percentile(spans["built-in"], 95))],
-            ["client tool (tool_call_requested → tool_finished)", _common.ms(_common.p50(spans["client"])),
-             _common.ms(_common.percentile(spans["client"], 95))],
-            ["  of which the client's SubmitToolResult call", _common.ms(_common.p50(calls)),
-             _common.ms(_common.percentile(calls, 95))],
+            [
+                "built-in `todo list` (tool_started → tool_finished)",
+                _common.ms(_common.p50(spans["built-in"])),
+                _common.ms(_common.percentile(spans["built-in"], 95)),
+            ],
+            [
+                "client tool (tool_call_requested → tool_finished)",
+                _common.ms(_common.p50(spans["client"])),
+                _common.ms(_common.percentile(spans["client"], 95)),
+            ],
+            [
+                "  of which the client's SubmitToolResult call",
+                _common.ms(_common.p50(calls)),
+                _common.ms(_common.percentile(calls, 95)),
+            ],
         ]
-        return (f"{turns} turns of each, alternating, one tool call a turn; services as processes.\n\n"
-                + _common.table(["span", "p50", "p95"], rows))
+        return f"{turns} turns of each, alternating, one tool call a turn; services as processes.\n\n" + _common.table(
+            ["span", "p50", "p95"], rows
+        )

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from bench import _common
 from bench.agent import _CutAlarms, _dense_log, _settle, nothing_lost, system
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 
 NEEDS_POSTGRES = True
 TURNS = 150
@@ -30,20 +31,29 @@ SPEEDS = {"CPU-class": (200, 15), "GPU-class": (1_500, 50)}
 # What the simulated summarizer writes when the request names no length: the issue's measurement.
 DEFAULT_SUMMARY_TOKENS = 400
 
-_PROSE = ("The rollout keeps the old billing path warm until the error budget recovers; the migration "
-          "job copies invoices in batches of 500 and verifies each checksum before it moves on. ")
-_CJK = ("计费服务迁移到新集群后，错误预算恢复前保留旧路径。設定ファイルを読み込み、各ワーカーにジョブを"
-        "割り当てます。배포가 끝나면 모니터링 대시보드에서 지연 시간을 확인하세요。")
-_WORDS = ("invoice ledger shard replica lease worker queue retry backoff checksum schema cursor batch "
-          "tenant region quota token budget window summary pipeline").split()
+_PROSE = (
+    "The rollout keeps the old billing path warm until the error budget recovers; the migration "
+    "job copies invoices in batches of 500 and verifies each checksum before it moves on. "
+)
+_CJK = (
+    "计费服务迁移到新集群后，错误预算恢复前保留旧路径。設定ファイルを読み込み、各ワーカーにジョブを"
+    "割り当てます。배포가 끝나면 모니터링 대시보드에서 지연 시간을 확인하세요。"
+)
+_WORDS = (
+    "invoice ledger shard replica lease worker queue retry backoff checksum schema cursor batch "
+    "tenant region quota token budget window summary pipeline"
+).split()
 
 
 def _text(rng: random.Random, chars: int) -> str:
     """Prose, CJK or a code fragment of about ``chars`` characters."""
     kind = rng.choice(["prose", "prose", "cjk", "code"])
     if kind == "code":
-        body = "\n".join(f"    {rng.choice(_WORDS)}_{rng.randint(1, 999)} = fetch('{rng.choice(_WORDS)}', "
-                         f"id=0x{rng.getrandbits(32):08x})" for _ in range(chars // 50 + 1))
+        body = "\n".join(
+            f"    {rng.choice(_WORDS)}_{rng.randint(1, 999)} = fetch('{rng.choice(_WORDS)}', "
+            f"id=0x{rng.getrandbits(32):08x})"
+            for _ in range(chars // 50 + 1)
+        )
         return ("def step():\n" + body)[:chars]
     unit = _PROSE if kind == "prose" else _CJK
     return (unit * (chars // len(unit) + 1))[:chars]
@@ -53,9 +63,16 @@ def _json_rows(rng: random.Random, tokens: int) -> str:
     """API output: nested records with random ids, floats and names (about 2.5 chars a token)."""
     rows: list[dict] = []
     while len(json.dumps(rows)) < tokens * 2.6:
-        rows.append({"id": str(uuid.UUID(int=rng.getrandbits(128))), "tenant": f"t-{rng.randint(1, 9999)}",
-                     "status": rng.choice(["ok", "failed", "pending"]), "latency_ms": round(rng.random() * 900, 3),
-                     "tags": rng.sample(_WORDS, 3), "region": rng.choice(["eu-west-1", "us-east-2", "ap-south-1"])})
+        rows.append(
+            {
+                "id": str(uuid.UUID(int=rng.getrandbits(128))),
+                "tenant": f"t-{rng.randint(1, 9999)}",
+                "status": rng.choice(["ok", "failed", "pending"]),
+                "latency_ms": round(rng.random() * 900, 3),
+                "tags": rng.sample(_WORDS, 3),
+                "region": rng.choice(["eu-west-1", "us-east-2", "ap-south-1"]),
+            }
+        )
     return json.dumps({"rows": rows}, indent=1)
 
 
@@ -63,17 +80,19 @@ def _code(rng: random.Random, tokens: int) -> str:
     out: list[str] = []
     while sum(len(line) for line in out) < tokens * 3.2:
         name = f"{rng.choice(_WORDS)}_{rng.choice(_WORDS)}_{rng.randint(1, 99)}"
-        out.append(f"def {name}(ctx, {rng.choice(_WORDS)}: int = {rng.randint(0, 4096)}) -> dict:\n"
-                   f"    \"\"\"{rng.choice(_WORDS).title()} the {rng.choice(_WORDS)} of one "
-                   f"{rng.choice(_WORDS)}.\"\"\"\n    key = f\"{{ctx.region}}/{rng.getrandbits(40):010x}\"\n"
-                   f"    return ctx.call('{name}', key, retries={rng.randint(1, 9)})\n")
+        out.append(
+            f"def {name}(ctx, {rng.choice(_WORDS)}: int = {rng.randint(0, 4096)}) -> dict:\n"
+            f'    """{rng.choice(_WORDS).title()} the {rng.choice(_WORDS)} of one '
+            f'{rng.choice(_WORDS)}."""\n    key = f"{{ctx.region}}/{rng.getrandbits(40):010x}"\n'
+            f"    return ctx.call('{name}', key, retries={rng.randint(1, 9)})\n"
+        )
     return "\n".join(out)
 
 
 def _cjk_doc(rng: random.Random, tokens: int) -> str:
     lines: list[str] = []
     while sum(len(line) for line in lines) < tokens * 1.3:
-        lines.append(f"| {rng.randint(1, 9999):04d} | {_CJK[rng.randint(0, 40):][:30]} | {rng.random():.4f} |")
+        lines.append(f"| {rng.randint(1, 9999):04d} | {_CJK[rng.randint(0, 40) :][:30]} | {rng.random():.4f} |")
     return "\n".join(lines)
 
 
@@ -98,9 +117,11 @@ class VariedTool:
     name = "fetch_report"
     reach = "engine"
     description = "Fetch a report (log, json, code, cjk or config) for a topic."
-    parameters = {"type": "object", "properties": {"kind": {"type": "string"}, "topic": {"type": "string"},
-                                                   "call": {"type": "integer"}},
-                  "required": ["kind", "topic"]}
+    parameters = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}, "topic": {"type": "string"}, "call": {"type": "integer"}},
+        "required": ["kind", "topic"],
+    }
 
     async def run(self, args: dict, ctx):
         from services.agent.tools.base import ToolResult
@@ -153,16 +174,24 @@ class Model:
         if not body.get("stream", True):
             first = str(messages[0].get("content", "")) if messages else ""
             return Reply(text="Varied work") if first.startswith("Name the conversation") else summary(body)
-        index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"
-                      and re.match(r"turn \d+:", str(messages[i].get("content", "")))), -1)
+        index = next(
+            (
+                i
+                for i in range(len(messages) - 1, -1, -1)
+                if messages[i].get("role") == "user" and re.match(r"turn \d+:", str(messages[i].get("content", "")))
+            ),
+            -1,
+        )
         turn = int(re.match(r"turn (\d+)", messages[index]["content"]).group(1)) if index >= 0 else 0
-        done = sum(1 for m in messages[index + 1:] if m.get("role") == "tool")
+        done = sum(1 for m in messages[index + 1 :] if m.get("role") == "tool")
         if done < calls_in(turn, self.loops):
-            return Reply(tool_calls=[("fetch_report", {"kind": kind_of(turn, done), "topic": f"marker-{turn}",
-                                                       "call": done})])
+            return Reply(
+                tool_calls=[("fetch_report", {"kind": kind_of(turn, done), "topic": f"marker-{turn}", "call": done})]
+            )
         rng = random.Random(20_000 + turn)
-        size = rng.choices([rng.randint(100, 400), rng.randint(400, 1_000), rng.randint(1_200, 2_000)],
-                           weights=[5, 4, 1])[0]
+        size = rng.choices(
+            [rng.randint(100, 400), rng.randint(400, 1_000), rng.randint(1_200, 2_000)], weights=[5, 4, 1]
+        )[0]
         return Reply(text=f"Answer for turn {turn}: noted marker-{turn}. " + _text(rng, size))
 
 
@@ -223,9 +252,14 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
     model_name = f"varied-{path}-{window}-{uuid.uuid4().hex[:6]}"
     spec = default_models()["qwen3.6"]
     spec = spec if path == "exact" else replace(spec, vocabulary=None)
-    profile = {"id": "varied", "model": model_name, "context_window": window, "max_iterations": 6,
-               "custom_tools": ["bench.compaction:VariedTool"], "agent_tools": ["todo", "memory_search",
-                                                                                "fetch_report"]}
+    profile = {
+        "id": "varied",
+        "model": model_name,
+        "context_window": window,
+        "max_iterations": 6,
+        "custom_tools": ["bench.compaction:VariedTool"],
+        "agent_tools": ["todo", "memory_search", "fetch_report"],
+    }
     model = Model(loops=MIXES[mix])
     too_large = 0
     alarms = _CutAlarms()
@@ -238,8 +272,10 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
             for turn in range(turns):
                 async for event in agent.RunStream(pb.RunStreamRequest(session_id=session_id, text=user_text(turn))):
                     session_id = event.session_id
-                    if event.HasField("stream_end") and \
-                            event.stream_end.reason == pb.STREAM_END_REASON_CONTEXT_TOO_LARGE:
+                    if (
+                        event.HasField("stream_end")
+                        and event.stream_end.reason == pb.STREAM_END_REASON_CONTEXT_TOO_LARGE
+                    ):
                         too_large += 1
                 await _settle(running)
             bodies = [b for b in sim.bodies() if b.get("model") == model_name]
@@ -249,16 +285,25 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
     finally:
         logging.getLogger("palimpsest").removeHandler(alarms)
     summary_bodies = [i for i, b in enumerate(bodies) if is_summary_body(b)]
-    return Run(f"{mix}, {path}, {window:,}", turns, methods, compress_turns, len(summary_bodies),
-               sum(model.generated[i] for i in summary_bodies),
-               {name: model_time(bodies, model.generated, speeds) for name, speeds in SPEEDS.items()},
-               cut, too_large, lost)
+    return Run(
+        f"{mix}, {path}, {window:,}",
+        turns,
+        methods,
+        compress_turns,
+        len(summary_bodies),
+        sum(model.generated[i] for i in summary_bodies),
+        {name: model_time(bodies, model.generated, speeds) for name, speeds in SPEEDS.items()},
+        cut,
+        too_large,
+        lost,
+    )
 
 
 async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int]]:
     """(compressions by method, the turn each ran in), from the markers in the display history."""
-    session = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
-                                                                 view=store_pb.SESSION_VIEW_DISPLAY))).session
+    session = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
+    ).session
     methods: dict[str, int] = {}
     turns: list[int] = []
     turn = 0
@@ -283,9 +328,17 @@ def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
         per100 = 100 / r.turns
         count = len(r.compress_turns)
         again = refires(r.compress_turns)
-        first.append([r.name, r.turns, count, ", ".join(f"{k} {v}" for k, v in sorted(r.methods.items())),
-                      f"{r.summaries * per100:.1f}", f"{again} of {count} ({again / max(1, count):.1%})",
-                      f"{r.summary_tokens * per100:,.0f}"])
+        first.append(
+            [
+                r.name,
+                r.turns,
+                count,
+                ", ".join(f"{k} {v}" for k, v in sorted(r.methods.items())),
+                f"{r.summaries * per100:.1f}",
+                f"{again} of {count} ({again / max(1, count):.1%})",
+                f"{r.summary_tokens * per100:,.0f}",
+            ]
+        )
         cells = [r.name]
         for name in SPEEDS:
             total, on = r.time[name]
@@ -296,25 +349,50 @@ def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
 
 async def run(args) -> str:
     turns = QUICK_TURNS if args.quick else TURNS
-    runs = [await one_run(args.server, turns, path, window, mix)
-            for mix in MIXES for window in WINDOWS for path in ("exact", "calibrated")]
+    runs = [
+        await one_run(args.server, turns, path, window, mix)
+        for mix in MIXES
+        for window in WINDOWS
+        for path in ("exact", "calibrated")
+    ]
     first, second = rows(runs)
-    return (f"Compaction on varied content: {turns} turns through the real services and the simulator, in an "
-            "8,192- and a 4,096-token window, on the exact path (the simulator serves the model's vocabulary) and "
-            "the calibrated one (it does not). Every third turn calls a tool whose output is 1,500–3,000 tokens "
-            "of dense server log, JSON with random ids, code or a CJK table (*every 3rd turn*: the issue's mix); "
-            "*+ loops*: every twelfth turn loops through three such calls, besides. Every fifteenth turn reads a 5,000-character config the tool marks critical. Requests "
-            "are a line (70%), a paragraph of 200–600 characters (25%) or a pasted 1,200–2,500 (5%); answers "
-            "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Summary tokens*: what the "
-            "simulated summarizer generated, per 100 turns (it writes what the request asks for, "
-            f"{DEFAULT_SUMMARY_TOKENS} tokens when it names no length, never past `num_predict`).\n\n"
-            + _common.table(["run", "turns", "compressions", "by method", "LLM summaries / 100 turns",
-                             "re-fires within 3 turns", "summary tokens / 100 turns"], first)
-            + "\n\n*Model time on summaries*: each request's prompt less the leading messages (and tools) it "
-            "shares with the request before — what Ollama keeps evaluated — at the speed's prompt rate, plus what "
-            "was generated at its generation rate; CPU-class 200 / 15 tokens a second, GPU-class 1,500 / 50. "
-            "*Found by memory_search*: tool results no longer verbatim in the context whose words from beyond "
-            "the preview the store's memory search returns.\n\n"
-            + _common.table(["run", *(f"model time on summaries, {n}" for n in SPEEDS), "prompts cut by Ollama",
-                             "ended CONTEXT_TOO_LARGE", "compressed-away results found by memory_search",
-                             "user messages shown once", "live summaries at the end"], second))
+    return (
+        f"Compaction on varied content: {turns} turns through the real services and the simulator, in an "
+        "8,192- and a 4,096-token window, on the exact path (the simulator serves the model's vocabulary) and "
+        "the calibrated one (it does not). Every third turn calls a tool whose output is 1,500–3,000 tokens "
+        "of dense server log, JSON with random ids, code or a CJK table (*every 3rd turn*: the issue's mix); "
+        "*+ loops*: every twelfth turn loops through three such calls, besides. Every fifteenth turn reads a 5,000-character config the tool marks critical. Requests "
+        "are a line (70%), a paragraph of 200–600 characters (25%) or a pasted 1,200–2,500 (5%); answers "
+        "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Summary tokens*: what the "
+        "simulated summarizer generated, per 100 turns (it writes what the request asks for, "
+        f"{DEFAULT_SUMMARY_TOKENS} tokens when it names no length, never past `num_predict`).\n\n"
+        + _common.table(
+            [
+                "run",
+                "turns",
+                "compressions",
+                "by method",
+                "LLM summaries / 100 turns",
+                "re-fires within 3 turns",
+                "summary tokens / 100 turns",
+            ],
+            first,
+        )
+        + "\n\n*Model time on summaries*: each request's prompt less the leading messages (and tools) it "
+        "shares with the request before — what Ollama keeps evaluated — at the speed's prompt rate, plus what "
+        "was generated at its generation rate; CPU-class 200 / 15 tokens a second, GPU-class 1,500 / 50. "
+        "*Found by memory_search*: tool results no longer verbatim in the context whose words from beyond "
+        "the preview the store's memory search returns.\n\n"
+        + _common.table(
+            [
+                "run",
+                *(f"model time on summaries, {n}" for n in SPEEDS),
+                "prompts cut by Ollama",
+                "ended CONTEXT_TOO_LARGE",
+                "compressed-away results found by memory_search",
+                "user messages shown once",
+                "live summaries at the end",
+            ],
+            second,
+        )
+    )

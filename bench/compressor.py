@@ -15,14 +15,16 @@ import grpc
 from PIL import Image
 
 from bench import _common
-from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
+from ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
+from ollama_sim.vocabulary import tokenizer_metadata
+from palimpsest.v1 import common_pb2, compressor_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.compressor.calibration import Observation, fit_line, line_tokens, fit_rates, prompt_classes
+from services.compressor.calibration import Observation, fit_line, fit_rates, line_tokens, prompt_classes
 from services.compressor.exact_count import ExactObservation, fit_template, message_texts, shape_of
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.vocabulary import build_tokenizer
-from ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
-from ollama_sim.vocabulary import tokenizer_metadata
 from services.shared.context_view import to_ollama_messages, view_chars
 from services.shared.image_tokens import image_tokens
 from services.shared.ports import free_port
@@ -30,31 +32,41 @@ from services.shared.ports import free_port
 Message = common_pb2.Message
 NEEDS_POSTGRES = True
 
-_PROSE = ("The migration plan moves the billing service onto the new cluster in three waves, "
-          "keeping the old path warm until the error budget recovers. ")
-_NON_LATIN = ("Переносим сервис оплаты на новый кластер в три этапа. 我们将分三步迁移计费服务。"
-              "請求はキューに入り、ワーカーが順番に処理します。 ")
-_CJK = ("计费服务迁移到新集群后，错误预算恢复前保留旧路径。"
-        "設定ファイルを読み込み、各ワーカーにジョブを割り当てます。"
-        "배포가 끝나면 모니터링 대시보드에서 지연 시간을 확인하세요。 ")
+_PROSE = (
+    "The migration plan moves the billing service onto the new cluster in three waves, "
+    "keeping the old path warm until the error budget recovers. "
+)
+_NON_LATIN = (
+    "Переносим сервис оплаты на новый кластер в три этапа. 我们将分三步迁移计费服务。"
+    "請求はキューに入り、ワーカーが順番に処理します。 "
+)
+_CJK = (
+    "计费服务迁移到新集群后，错误预算恢复前保留旧路径。"
+    "設定ファイルを読み込み、各ワーカーにジョブを割り当てます。"
+    "배포가 끝나면 모니터링 대시보드에서 지연 시간을 확인하세요。 "
+)
 _LEVELS = ("INFO", "WARN", "ERROR", "DEBUG")
-_LOG_TEXT = ("billing.worker: order processed, invoice queued for delivery",
-             "http.server: upstream connection reset by peer, retrying request",
-             "scheduler: job finished successfully, releasing the lease",
-             "auth.middleware: session token expired, redirecting to login")
+_LOG_TEXT = (
+    "billing.worker: order processed, invoice queued for delivery",
+    "http.server: upstream connection reset by peer, retrying request",
+    "scheduler: job finished successfully, releasing the lease",
+    "auth.middleware: session token expired, redirecting to login",
+)
 
 
 def _dense_log(rng: random.Random, lines: int = 40) -> str:
     """Server logs: timestamps, IPs, hex ids, paths, durations (about 1.85 chars a token)."""
     out = []
     for _ in range(lines):
-        out.append(f"2026-11-30T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}."
-                   f"{rng.randint(0, 999):03d}Z {rng.choice(_LEVELS)} {rng.randint(10, 250)}.{rng.randint(0, 255)}."
-                   f"{rng.randint(0, 255)}.{rng.randint(1, 254)} "
-                   f"req={rng.getrandbits(64):016x} trace={rng.getrandbits(32):08x} "
-                   f"{rng.choice(['GET', 'POST', 'PUT'])} /v2/orders/{rng.randint(1, 10**6)} "
-                   f"{rng.choice([200, 201, 404, 500, 503])} {rng.randint(1, 4000)}ms "
-                   f"{rng.choice(_LOG_TEXT)}")
+        out.append(
+            f"2026-11-30T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}."
+            f"{rng.randint(0, 999):03d}Z {rng.choice(_LEVELS)} {rng.randint(10, 250)}.{rng.randint(0, 255)}."
+            f"{rng.randint(0, 255)}.{rng.randint(1, 254)} "
+            f"req={rng.getrandbits(64):016x} trace={rng.getrandbits(32):08x} "
+            f"{rng.choice(['GET', 'POST', 'PUT'])} /v2/orders/{rng.randint(1, 10**6)} "
+            f"{rng.choice([200, 201, 404, 500, 503])} {rng.randint(1, 4000)}ms "
+            f"{rng.choice(_LOG_TEXT)}"
+        )
     return "\n".join(out)
 
 
@@ -63,8 +75,18 @@ def _code(rng: random.Random) -> str:
 
 
 def _json(rng: random.Random) -> str:
-    return json.dumps({"rows": [{"id": rng.randint(1, 10**6), "status": rng.choice(["ok", "failed"]),
-                                 "path": f"/srv/app/{rng.randint(1, 99)}.py"} for _ in range(12)]})
+    return json.dumps(
+        {
+            "rows": [
+                {
+                    "id": rng.randint(1, 10**6),
+                    "status": rng.choice(["ok", "failed"]),
+                    "path": f"/srv/app/{rng.randint(1, 99)}.py",
+                }
+                for _ in range(12)
+            ]
+        }
+    )
 
 
 def _png(side: int) -> bytes:
@@ -83,7 +105,9 @@ def conversation(rng: random.Random, size: int, images: bool) -> list[Message]:
         out.append(Message(role="user", content=text * rng.randint(1, 4)))
         if kind in ("code", "json", "log"):
             args = json.dumps({"path": f"/srv/{rng.randint(1, 50)}.py"})
-            out.append(Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c", name="read", arguments_json=args)]))
+            out.append(
+                Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c", name="read", arguments_json=args)])
+            )
             body = {"code": _code, "json": _json}.get(kind, lambda r: _dense_log(r, r.randint(10, 60)))(rng)
             out.append(Message(role="tool", name="read", content=body))
         out.append(Message(role="assistant", content=text * rng.randint(1, 3)))
@@ -152,12 +176,17 @@ def foreign_tokens():
 
     rng = random.Random(3)
     corpus = [_PROSE * 3, _code(rng), _json(rng)] * 200 + [
-        " ".join(rng.choices(_PROSE.split(), k=30)) for _ in range(2000)]
+        " ".join(rng.choices(_PROSE.split(), k=30)) for _ in range(2000)
+    ]
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=16_000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=16_000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        ),
+    )
 
     def real(messages: list[Message]) -> int:
         texts = [t for m in messages for t in message_texts(m) if t]
@@ -184,8 +213,12 @@ def _error_rows(names, *columns: dict[str, list[float]]) -> list[list[str]]:
             values = errors[name]
             size = [abs(v) for v in values]
             low = sum(1 for v in values if v < 0) / len(values) * 100
-            cells += [f"{statistics.median(size):.2f}%", f"{_common.percentile(size, 95):.2f}%",
-                      f"{max(size):.2f}%", f"{low:.0f}%"]
+            cells += [
+                f"{statistics.median(size):.2f}%",
+                f"{_common.percentile(size, 95):.2f}%",
+                f"{max(size):.2f}%",
+                f"{low:.0f}%",
+            ]
         rows.append(cells)
     return rows
 
@@ -206,26 +239,36 @@ async def estimate_error() -> str:
     for train, tests in growing:
         for name, values in (await asyncio.to_thread(_errors, train, tests, foreign)).items():
             foreign_within.setdefault(name, []).extend(values)
-    header = ["method", "within: median", "within: p95", "within: worst", "within: low",
-              "across: median", "across: p95", "across: worst", "across: low"]
+    header = [
+        "method",
+        "within: median",
+        "within: p95",
+        "within: worst",
+        "within: low",
+        "across: median",
+        "across: p95",
+        "across: worst",
+        "across: low",
+    ]
     calibrated = [CLASSES, "calibrated line (8 observations)", "chars / 1.8", "chars / 3"]
-    return ("Token count error against the simulator's real tokenizer (Qwen3.6 vocabulary) on a mixed corpus: "
-            "prose, code, JSON tool output, dense server logs (timestamps, IPs, hex ids; ~1.8 chars a token), "
-            "Cyrillic and CJK text, images. *Within a conversation*: each method learns from a conversation's 8 "
-            "previous prompts and prices its next 5 (8 conversations, 40 prompts; the Agent records every call, "
-            "so this is how it is used). *Across conversations*: learned on 8 contexts, priced on 40 others "
-            "(2k–30k chars, every 5th with an image). The exact row counts content with the model's own "
-            "tokenizer and adds a chat-template cost fitted (`fit_template`) on the same 8 reports the line "
-            "learns from, plus the worst under-count of those reports as a margin. The per-class row prices "
-            "whitespace, digits, Latin, CJK, other letters and symbols apart, fitted on the same 8 reports, plus "
-            "their worst under-count. Images are priced by area in every row. Error is |count − real| ÷ real; "
-            "*low* is the share of counts under the real one (a low count is what lets Ollama cut a prompt). "
-            "Targets: exact median ≤ 0.5% and worst ≤ 2%; calibrated median ≤ 3%.\n\n"
-            + _common.table(header, _error_rows(across, within, across))
-            + "\n\nThe calibrated methods against a vocabulary the Compressor has never seen (a 16k byte-level "
-            "BPE trained on English prose and code only: a CJK character costs it ~3.4 tokens, ~0.6 for Qwen), "
-            "on the same prompts:\n\n"
-            + _common.table(header, _error_rows(calibrated, foreign_within, foreign_across)))
+    return (
+        "Token count error against the simulator's real tokenizer (Qwen3.6 vocabulary) on a mixed corpus: "
+        "prose, code, JSON tool output, dense server logs (timestamps, IPs, hex ids; ~1.8 chars a token), "
+        "Cyrillic and CJK text, images. *Within a conversation*: each method learns from a conversation's 8 "
+        "previous prompts and prices its next 5 (8 conversations, 40 prompts; the Agent records every call, "
+        "so this is how it is used). *Across conversations*: learned on 8 contexts, priced on 40 others "
+        "(2k–30k chars, every 5th with an image). The exact row counts content with the model's own "
+        "tokenizer and adds a chat-template cost fitted (`fit_template`) on the same 8 reports the line "
+        "learns from, plus the worst under-count of those reports as a margin. The per-class row prices "
+        "whitespace, digits, Latin, CJK, other letters and symbols apart, fitted on the same 8 reports, plus "
+        "their worst under-count. Images are priced by area in every row. Error is |count − real| ÷ real; "
+        "*low* is the share of counts under the real one (a low count is what lets Ollama cut a prompt). "
+        "Targets: exact median ≤ 0.5% and worst ≤ 2%; calibrated median ≤ 3%.\n\n"
+        + _common.table(header, _error_rows(across, within, across))
+        + "\n\nThe calibrated methods against a vocabulary the Compressor has never seen (a 16k byte-level "
+        "BPE trained on English prose and code only: a CJK character costs it ~3.4 tokens, ~0.6 for Qwen), "
+        "on the same prompts:\n\n" + _common.table(header, _error_rows(calibrated, foreign_within, foreign_across))
+    )
 
 
 async def seeded_session(store: SessionStoreStub, messages: int, chatter: _common.Chatter) -> str:
@@ -248,10 +291,12 @@ async def latency(store: SessionStoreStub, compressor: compressor_pb2_grpc.Compr
     for size in (200, 2000):
         session_id = await seeded_session(store, size, chatter)
         calls = {
-            "EstimateTokens": lambda sid=session_id: compressor.EstimateTokens(pb.EstimateTokensRequest(
-                session_id=sid, model="qwen3.6", window=32768)),
-            "WouldCompress": lambda sid=session_id: compressor.WouldCompress(pb.WouldCompressRequest(
-                session_id=sid, model="qwen3.6", window=32768)),
+            "EstimateTokens": lambda sid=session_id: compressor.EstimateTokens(
+                pb.EstimateTokensRequest(session_id=sid, model="qwen3.6", window=32768)
+            ),
+            "WouldCompress": lambda sid=session_id: compressor.WouldCompress(
+                pb.WouldCompressRequest(session_id=sid, model="qwen3.6", window=32768)
+            ),
         }
         await calls["EstimateTokens"]()  # the session's counts are made and stored once, then summed
         for name, call in calls.items():
@@ -262,18 +307,24 @@ async def latency(store: SessionStoreStub, compressor: compressor_pb2_grpc.Compr
                 t = time.perf_counter()
                 await call()
                 timings.append(time.perf_counter() - t)
-            rows.append([f"{size:,}", name, _common.ms(_common.p50(timings)), _common.ms(_common.percentile(timings, 95))])
-    return ("EstimateTokens and WouldCompress through gRPC (store round trips included), 32,768-token window; "
-            "each RPC timed in a run of its own calls on one stored session.\n\n"
-            + _common.table(["context messages", "RPC", "p50", "p95"], rows))
+            rows.append(
+                [f"{size:,}", name, _common.ms(_common.p50(timings)), _common.ms(_common.percentile(timings, 95))]
+            )
+    return (
+        "EstimateTokens and WouldCompress through gRPC (store round trips included), 32,768-token window; "
+        "each RPC timed in a run of its own calls on one stored session.\n\n"
+        + _common.table(["context messages", "RPC", "p50", "p95"], rows)
+    )
 
 
 # What a summary takes the model in the throughput run: the case the Compressor's scaling is for.
 SUMMARY_SECONDS = 1.0
 REPLICAS = (1, 2, 4)
 IN_FLIGHT = 16
-PATHS = (("summary, model takes 1 s", Reply(text="- summary\nKEYS: a, b", first_chunk_delay=SUMMARY_SECONDS)),
-         ("hard truncate (summarizer down)", Reply(http_status=500, error="down")))
+PATHS = (
+    ("summary, model takes 1 s", Reply(text="- summary\nKEYS: a, b", first_chunk_delay=SUMMARY_SECONDS)),
+    ("hard truncate (summarizer down)", Reply(http_status=500, error="down")),
+)
 
 
 async def throughput(server, quick: bool) -> str:
@@ -286,30 +337,50 @@ async def throughput(server, quick: bool) -> str:
                 async with _common.fresh_database(server, "compress") as dsn:
                     store_port = free_port()
                     ports = [(free_port(), free_port()) for _ in range(replicas)]  # (gRPC, /metrics)
-                    base = {"DATABASE_URL": dsn, "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{store_port}",
-                            "OLLAMA_HOST": sim.url, "PALIMPSEST_FILES_ROOT": "/tmp/palimpsest-bench-files"}
+                    base = {
+                        "DATABASE_URL": dsn,
+                        "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{store_port}",
+                        "OLLAMA_HOST": sim.url,
+                        "PALIMPSEST_FILES_ROOT": "/tmp/palimpsest-bench-files",
+                    }
                     specs = [("services.session_store", base)] + [
-                        ("services.compressor", {**base, "PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{grpc_port}",
-                                                 "PALIMPSEST_METRICS_PORT": str(metrics_port)})
-                        for grpc_port, metrics_port in ports]
+                        (
+                            "services.compressor",
+                            {
+                                **base,
+                                "PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{grpc_port}",
+                                "PALIMPSEST_METRICS_PORT": str(metrics_port),
+                            },
+                        )
+                        for grpc_port, metrics_port in ports
+                    ]
                     async with _common.processes(specs[:1]):
                         await _common.wait_ready(f"127.0.0.1:{store_port}")
                         async with _common.processes(specs[1:]):
                             for grpc_port, _ in ports:
                                 await _common.wait_ready(f"127.0.0.1:{grpc_port}")
                             measured[path, replicas] = await _compress_all(store_port, ports, sessions)
-    header = ["replicas"] + [f"{path}: {column}" for path, _ in PATHS
-                             for column in ("compressions/s", "Compressor CPU per compression")]
-    rows = [[replicas] + [cell for path, _ in PATHS for cell in (f"{measured[path, replicas][0]:.1f}",
-                                                                  f"{_common.ms(measured[path, replicas][1])} ms")]
-            for replicas in REPLICAS]
-    return (f"Compress throughput: {sessions} sessions of 120 messages compressed through a round-robin channel, "
-            f"{IN_FLIGHT} in flight, by 1, 2 and 4 Compressor replicas; the store and each replica in a process of "
-            "its own on this machine, every replica with the model's tokenizer loaded (one request) before the clock "
-            f"started. The summarizer answers after {SUMMARY_SECONDS:.0f} s (the simulator's delay), or fails at once "
-            "(every compression then hard-truncates, no model wait). *CPU per compression*: the replicas' own CPU "
-            "time (user + system, from their `process_cpu_seconds_total` on /metrics) over the run, per "
-            "compression.\n\n" + _common.table(header, rows))
+    header = ["replicas"] + [
+        f"{path}: {column}" for path, _ in PATHS for column in ("compressions/s", "Compressor CPU per compression")
+    ]
+    rows = [
+        [replicas]
+        + [
+            cell
+            for path, _ in PATHS
+            for cell in (f"{measured[path, replicas][0]:.1f}", f"{_common.ms(measured[path, replicas][1])} ms")
+        ]
+        for replicas in REPLICAS
+    ]
+    return (
+        f"Compress throughput: {sessions} sessions of 120 messages compressed through a round-robin channel, "
+        f"{IN_FLIGHT} in flight, by 1, 2 and 4 Compressor replicas; the store and each replica in a process of "
+        "its own on this machine, every replica with the model's tokenizer loaded (one request) before the clock "
+        f"started. The summarizer answers after {SUMMARY_SECONDS:.0f} s (the simulator's delay), or fails at once "
+        "(every compression then hard-truncates, no model wait). *CPU per compression*: the replicas' own CPU "
+        "time (user + system, from their `process_cpu_seconds_total` on /metrics) over the run, per "
+        "compression.\n\n" + _common.table(header, rows)
+    )
 
 
 async def _compress_all(store_port: int, ports: list[tuple[int, int]], sessions: int) -> tuple[float, float]:
@@ -326,16 +397,20 @@ async def _compress_all(store_port: int, ports: list[tuple[int, int]], sessions:
         stub = compressor_pb2_grpc.CompressorStub(channel)
 
         async def one(session_id: str) -> None:
-            async for _ in stub.Compress(pb.CompressRequest(session_id=session_id, reason=pb.COMPRESSION_REASON_FORCED,
-                                                            model="qwen3.6", window=8192)):
+            async for _ in stub.Compress(
+                pb.CompressRequest(
+                    session_id=session_id, reason=pb.COMPRESSION_REASON_FORCED, model="qwen3.6", window=8192
+                )
+            ):
                 pass
 
         # Steady state: each replica loads the model's tokenizer once (from its disk cache, ~0.5 s)
         # on its first request; that one-time cost is not throughput.
         for grpc_port, _ in ports:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as warm:
-                await compressor_pb2_grpc.CompressorStub(warm).EstimateTokens(pb.EstimateTokensRequest(
-                    model="qwen3.6", messages=[Message(role="user", content="warm up")]))
+                await compressor_pb2_grpc.CompressorStub(warm).EstimateTokens(
+                    pb.EstimateTokensRequest(model="qwen3.6", messages=[Message(role="user", content="warm up")])
+                )
         cpu_before = await _cpu_seconds(ports)
         started = time.perf_counter()
         await _common.gather_limited([one(i) for i in ids], IN_FLIGHT)
@@ -354,8 +429,12 @@ async def _cpu_seconds(ports: list[tuple[int, int]]) -> float:
     async with httpx.AsyncClient() as client:
         for _, metrics_port in ports:
             text = (await client.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
-            total += sum(sample.value for family in text_string_to_metric_families(text)
-                         for sample in family.samples if sample.name == "process_cpu_seconds_total")
+            total += sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "process_cpu_seconds_total"
+            )
     return total
 
 

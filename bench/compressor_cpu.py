@@ -16,8 +16,8 @@ from services.compressor.breadcrumbs import entity_source, extract_entities, mer
 from services.compressor.exact_count import content_md5, message_tokens
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.pricing import Knobs, Pricing
-from services.compressor.summary_format import SUMMARY_PROMPT, format_for_summary
 from services.compressor.stored_counts import PrimedCounter, known_counts
+from services.compressor.summary_format import SUMMARY_PROMPT, format_for_summary
 from services.compressor.summary_prefix import build_prefix, scope_of
 from services.shared.settings import Settings
 
@@ -28,14 +28,20 @@ MESSAGES = 120
 ROUNDS = 20
 CACHES = ("cold", "stored counts", "warm")
 HEAD = [Message(role="system", content="You are a careful assistant. " * 20)]
-STAGES = ("read the context (protobuf)", "count it (tokenizer)", "plan: prune, then the summary",
-          "summary input: standalone text", "summary input: prefix form", "breadcrumbs from what is dropped",
-          "the store's commit request")
+STAGES = (
+    "read the context (protobuf)",
+    "count it (tokenizer)",
+    "plan: prune, then the summary",
+    "summary input: standalone text",
+    "summary input: prefix form",
+    "breadcrumbs from what is dropped",
+    "the store's commit request",
+)
 
 
 def varied_context(rng: random.Random) -> bytes:
     """120 stored messages of the bench's mixed corpus, serialized as the store sends them."""
-    messages = conversation(rng, 400_000, images=False)[1:MESSAGES + 1]
+    messages = conversation(rng, 400_000, images=False)[1 : MESSAGES + 1]
     for seq, m in enumerate(messages, start=1):
         m.seq = seq
     return common_pb2.Session(id="bench", context=messages).SerializeToString()
@@ -43,6 +49,7 @@ def varied_context(rng: random.Random) -> bytes:
 
 def one(wire: bytes, counter, knobs: Knobs, clock: dict[str, float]) -> None:
     """One forced compression's CPU work, each stage timed into ``clock`` (process time)."""
+
     def timed(name, fn, *args):
         started = time.process_time()
         out = fn(*args)
@@ -60,22 +67,33 @@ def one(wire: bytes, counter, knobs: Knobs, clock: dict[str, float]) -> None:
 
     staged = timed(STAGES[2], plan)
     summarized = stages.summarized_originals(context, staged, staged.plan)
-    timed(STAGES[3], lambda: format_for_summary(summarized, vision=False, window=WINDOW, prompt=SUMMARY_PROMPT,
-                                                summary_max_tokens=knobs.summary_max_tokens,
-                                                estimate=pricing.estimate))
-    timed(STAGES[4], lambda: build_prefix(HEAD, [], context, summarized, pricing, False,
-                                          scope_of(summarized, False)))
-    crumbs = timed(STAGES[5], lambda: merge_breadcrumbs([], extract_entities(
-        entity_source([m for m in summarized if not m.is_summary]))))
+    timed(
+        STAGES[3],
+        lambda: format_for_summary(
+            summarized,
+            vision=False,
+            window=WINDOW,
+            prompt=SUMMARY_PROMPT,
+            summary_max_tokens=knobs.summary_max_tokens,
+            estimate=pricing.estimate,
+        ),
+    )
+    timed(STAGES[4], lambda: build_prefix(HEAD, [], context, summarized, pricing, False, scope_of(summarized, False)))
+    crumbs = timed(
+        STAGES[5],
+        lambda: merge_breadcrumbs([], extract_entities(entity_source([m for m in summarized if not m.is_summary]))),
+    )
     last = staged.plan.to_summarize[-1].seq
 
     def commit():
-        summary = Message(role="user", content="[Summary]\n- done", is_summary=True,
-                          replaces=common_pb2.SeqRange(first=1, last=last))
+        summary = Message(
+            role="user", content="[Summary]\n- done", is_summary=True, replaces=common_pb2.SeqRange(first=1, last=last)
+        )
         outcome = stages.summary_outcome(context, staged, staged.plan, summary, crumbs)
         accounting = pipeline.account(outcome, context, pricing, knobs, WINDOW, current)
-        return pipeline.commit_request(common_pb2.Session(id="bench"), context, outcome, 4,
-                                       accounting).SerializeToString()
+        return pipeline.commit_request(
+            common_pb2.Session(id="bench"), context, outcome, 4, accounting
+        ).SerializeToString()
 
     timed(STAGES[6], commit)
 
@@ -92,8 +110,10 @@ def breakdown(rounds: int) -> dict[str, dict[str, float]]:
             counter: TokenCounter | PrimedCounter = TokenCounter(shared.tokenizer, "bench")
             if cache == "stored counts":  # counted by another replica's size check, kept by the store
                 rows = list(common_pb2.Session.FromString(wire).context)
-                counts = [common_pb2.TokenCount(seq=m.seq, tokens=n, content_md5=content_md5(m))
-                          for m, n in zip(rows, message_tokens(rows, shared))]
+                counts = [
+                    common_pb2.TokenCount(seq=m.seq, tokens=n, content_md5=content_md5(m))
+                    for m, n in zip(rows, message_tokens(rows, shared))
+                ]
                 counter = PrimedCounter(counter, known_counts(rows, counts))
             if cache == "warm":  # what the size check on this replica counted a moment before
                 context = list(common_pb2.Session.FromString(wire).context)
@@ -107,16 +127,22 @@ async def run(args) -> str:
     rounds = 5 if args.quick else ROUNDS
     measured = breakdown(rounds)
     rows = [[name, *(f"{measured[c][name]:.1f}" for c in CACHES)] for name in STAGES]
-    rows.append(["total (standalone summary)", *(f"{sum(v for k, v in measured[c].items() if k != STAGES[4]):.1f}"
-                                                  for c in CACHES)])
-    rows.append(["total (prefix form)", *(f"{sum(v for k, v in measured[c].items() if k != STAGES[3]):.1f}"
-                                           for c in CACHES)])
-    return (f"The Compressor's CPU for one forced compression of {MESSAGES} varied messages in a {WINDOW:,}-token "
-            "window, by stage, in milliseconds of process time (mean of "
-            f"{rounds} contexts); in this process, without gRPC, the store or the model. *Cold*: the tokenizer's "
-            "cache has never seen the session (a replica other than the one that answered the size check); "
-            "*stored counts*: cold, but every message's count read from the store (each is counted once, by the size "
-            "check after it was written); *warm*: it counted every message a moment before (the replica that did). "
-            "A compression uses one of the two summary inputs: the standalone text, or the prefix form when the "
-            "Agent sent its prompt head.\n\n"
-            + _common.table(["stage", *(f"{c} (ms)" for c in CACHES)], rows))
+    rows.append(
+        [
+            "total (standalone summary)",
+            *(f"{sum(v for k, v in measured[c].items() if k != STAGES[4]):.1f}" for c in CACHES),
+        ]
+    )
+    rows.append(
+        ["total (prefix form)", *(f"{sum(v for k, v in measured[c].items() if k != STAGES[3]):.1f}" for c in CACHES)]
+    )
+    return (
+        f"The Compressor's CPU for one forced compression of {MESSAGES} varied messages in a {WINDOW:,}-token "
+        "window, by stage, in milliseconds of process time (mean of "
+        f"{rounds} contexts); in this process, without gRPC, the store or the model. *Cold*: the tokenizer's "
+        "cache has never seen the session (a replica other than the one that answered the size check); "
+        "*stored counts*: cold, but every message's count read from the store (each is counted once, by the size "
+        "check after it was written); *warm*: it counted every message a moment before (the replica that did). "
+        "A compression uses one of the two summary inputs: the standalone text, or the prefix form when the "
+        "Agent sent its prompt head.\n\n" + _common.table(["stage", *(f"{c} (ms)" for c in CACHES)], rows)
+    )

@@ -38,9 +38,11 @@ def _families():
     from tests import vocab_oracle
 
     others = family_models(vocab_oracle.vocab_dir())
-    return {"Qwen 3.6 (qwen35 BPE, 248k tokens)": ("qwen3.6", default_models()["qwen3.6"]),
-            "Llama 3.2 (llama-bpe BPE, 128k tokens)": ("llama3.2", others[LLAMA3_2]),
-            "Gemma 4 (gemma4 BPE, 262k tokens)": ("gemma4", others[GEMMA_4])}
+    return {
+        "Qwen 3.6 (qwen35 BPE, 248k tokens)": ("qwen3.6", default_models()["qwen3.6"]),
+        "Llama 3.2 (llama-bpe BPE, 128k tokens)": ("llama3.2", others[LLAMA3_2]),
+        "Gemma 4 (gemma4 BPE, 262k tokens)": ("gemma4", others[GEMMA_4]),
+    }
 
 
 async def run(args) -> str:
@@ -55,16 +57,42 @@ async def run(args) -> str:
                 fallbacks.models.clear()
                 row, _ = await _long_path(args.server, args.quick, path, version, stats, spec=spec)
                 counted = "calibrated" if any(path in m for m in fallbacks.models) else "exact"
-                rows.append([engine, family, counted, row[1], stats["lost"], stats["cut"], stats["dropped"],
-                             stats["refusals"], stats["too_large"], row[7]])
+                rows.append(
+                    [
+                        engine,
+                        family,
+                        counted,
+                        row[1],
+                        stats["lost"],
+                        stats["cut"],
+                        stats["dropped"],
+                        stats["refusals"],
+                        stats["too_large"],
+                        row[7],
+                    ]
+                )
     finally:
         logger.removeHandler(fallbacks)
     turns = rows[0][3]
-    return (f"The {turns}-turn conversation of `bench agent` (an {WINDOW}-token window) on three model "
-            "families, each served by the simulator with its own vocabulary (Llama 3.2's and Gemma 4's are "
-            "llama.cpp's vocab-only GGUFs) and turn markers, on each engine. *Counted*: how the Compressor "
-            "counted the model's prompts (exact unless it warned of a fallback to calibrated prices). Other "
-            "columns as in `bench engines`.\n\n"
-            + _common.table(["engine", "family (vocabulary)", "counted", "turns", "turns lost", "prompts cut",
-                             "messages dropped", "refused", "ended CONTEXT_TOO_LARGE",
-                             "highest real prompt ÷ limit"], rows))
+    return (
+        f"The {turns}-turn conversation of `bench agent` (an {WINDOW}-token window) on three model "
+        "families, each served by the simulator with its own vocabulary (Llama 3.2's and Gemma 4's are "
+        "llama.cpp's vocab-only GGUFs) and turn markers, on each engine. *Counted*: how the Compressor "
+        "counted the model's prompts (exact unless it warned of a fallback to calibrated prices). Other "
+        "columns as in `bench engines`.\n\n"
+        + _common.table(
+            [
+                "engine",
+                "family (vocabulary)",
+                "counted",
+                "turns",
+                "turns lost",
+                "prompts cut",
+                "messages dropped",
+                "refused",
+                "ended CONTEXT_TOO_LARGE",
+                "highest real prompt ÷ limit",
+            ],
+            rows,
+        )
+    )

@@ -20,14 +20,21 @@ import time
 from bench import _common
 from bench.agent import service_processes
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 
 NEEDS_POSTGRES = True
 TURNS, QUICK_TURNS = 60, 8
 FILES, QUICK_FILES = 10_000, 1_000
 FILE_TOOLS = ["read_file", "write_file", "edit_file", "list_files", "grep"]
-PROFILE = {"id": "files", "model": "qwen3.6", "context_window": 32768, "think_enabled": False,
-           "memory_recall_enabled": False, "tools": {"agent": ["todo", *FILE_TOOLS]}}
+PROFILE = {
+    "id": "files",
+    "model": "qwen3.6",
+    "context_window": 32768,
+    "think_enabled": False,
+    "memory_recall_enabled": False,
+    "tools": {"agent": ["todo", *FILE_TOOLS]},
+}
 ARMS = {
     "todo": ("todo", {"action": "list"}),
     "read_file": ("read_file", {"path": "logs/big.log"}),
@@ -59,6 +66,7 @@ async def put(store, session_id: str, path: str, data: bytes) -> None:
     async def parts():
         yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, path=path))
         yield store_pb.PutFileRequest(chunk=data)
+
     await store.PutFile(parts())
 
 
@@ -83,12 +91,14 @@ async def run(args) -> str:
     rng = random.Random(7)
     async with service_processes(args.server, "file_tools", [PROFILE]) as (sim, store, agent):
         session_id = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="files"))).session.id
-        big = "\n".join(f"2026-12-07T02:00:{n % 60:02d}Z worker-{n % 9} WARN queue depth {n} over 100"
-                        for n in range(20_000)).encode()[:1024 * 1024]
+        big = "\n".join(
+            f"2026-12-07T02:00:{n % 60:02d}Z worker-{n % 9} WARN queue depth {n} over 100" for n in range(20_000)
+        ).encode()[: 1024 * 1024]
         await put(store, session_id, "logs/big.log", big)
         upload_started = time.perf_counter()
-        await _common.gather_limited([put(store, session_id, f"tree/{i // 100:03d}/f{i:05d}.txt", text_file(rng, i))
-                                      for i in range(files)], 8)
+        await _common.gather_limited(
+            [put(store, session_id, f"tree/{i // 100:03d}/f{i:05d}.txt", text_file(rng, i)) for i in range(files)], 8
+        )
         upload_s = time.perf_counter() - upload_started
 
         arm = {"name": "grep"}
@@ -107,15 +117,22 @@ async def run(args) -> str:
                 arm["name"] = name
                 spans[name].append(await one_turn(agent, session_id))
 
-    what = {"todo": "`todo list` (a tool that does nothing)", "read_file": "`read_file` of a 1 MB log",
-            "grep": f"`grep` over {files:,} files"}
-    rows = [[what[name], _common.ms(_common.p50(ts)), _common.ms(_common.percentile(ts, 95)), _common.ms(max(ts))]
-            for name, ts in spans.items()]
+    what = {
+        "todo": "`todo list` (a tool that does nothing)",
+        "read_file": "`read_file` of a 1 MB log",
+        "grep": f"`grep` over {files:,} files",
+    }
+    rows = [
+        [what[name], _common.ms(_common.p50(ts)), _common.ms(_common.percentile(ts, 95)), _common.ms(max(ts))]
+        for name, ts in spans.items()
+    ]
     rows.append([f"`grep`, first turn: the mirror downloads {files:,} files", _common.ms(first_grep), "", ""])
-    return "\n".join([
-        f"tool_started → tool_finished as the client sees it (ms), {turns} turns of each arm, alternating; "
-        f"services as processes; {files:,} files + a 1 MB log in one session "
-        f"(uploaded in {upload_s:.1f} s, 8 PutFile streams at once).",
-        "",
-        _common.table(["tool", "p50", "p95", "max"], rows),
-    ])
+    return "\n".join(
+        [
+            f"tool_started → tool_finished as the client sees it (ms), {turns} turns of each arm, alternating; "
+            f"services as processes; {files:,} files + a 1 MB log in one session "
+            f"(uploaded in {upload_s:.1f} s, 8 PutFile streams at once).",
+            "",
+            _common.table(["tool", "p50", "p95", "max"], rows),
+        ]
+    )

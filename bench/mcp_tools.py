@@ -42,8 +42,16 @@ async def measure(server: McpServerConfig, calls: int) -> list[str]:
             raise RuntimeError(f"the server did not come up: {connection.error if connection else 'no connection'}")
         client = connection._client
         # update_session None: the once-per-turn episode write is the store's (about one round trip).
-        ctx = ToolContext(session_id="", store=None, ollama=None, profile=profile,  # type: ignore[arg-type]
-                          settings=Settings(), events=EventSink(""), state=TurnState(), window=8192)
+        ctx = ToolContext(
+            session_id="",
+            store=None,
+            ollama=None,
+            profile=profile,  # type: ignore[arg-type]
+            settings=Settings(),
+            events=EventSink(""),
+            state=TurnState(),
+            window=8192,
+        )
         direct: list[float] = []
         agent: list[float] = []
         for i in range(calls + 20):  # the first 20 of each warm up
@@ -63,26 +71,45 @@ async def measure(server: McpServerConfig, calls: int) -> list[str]:
     row = []
     for values in (direct, agent):
         row += [f"{percentile(values, 50) * 1e3:.2f}", f"{percentile(values, 90) * 1e3:.2f}"]
-    return row + [f"{(percentile(agent, 50) - percentile(direct, 50)) * 1e3:.2f}",
-                  f"{percentile(added, 50) * 1e3:.2f}"]
+    return row + [f"{(percentile(agent, 50) - percentile(direct, 50)) * 1e3:.2f}", f"{percentile(added, 50) * 1e3:.2f}"]
 
 
 async def run(args) -> str:
     calls = 100 if args.quick else 1000
     env = (("PYTHONPATH", str(CHECKOUT)),)
-    rows = [["stdio", *await measure(McpServerConfig(name="bench", command=tuple(server_command("stdio")), env=env),
-                                     calls)]]
-    http = subprocess.Popen(server_command("http"), stdout=subprocess.PIPE, text=True,
-                            env={"PYTHONPATH": str(CHECKOUT), "PATH": "/usr/bin:/bin"})
+    rows = [
+        ["stdio", *await measure(McpServerConfig(name="bench", command=tuple(server_command("stdio")), env=env), calls)]
+    ]
+    http = subprocess.Popen(
+        server_command("http"),
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": str(CHECKOUT), "PATH": "/usr/bin:/bin"},
+    )
     try:
         port = int(await asyncio.to_thread(http.stdout.readline))  # type: ignore[union-attr]
-        rows.append(["streamable HTTP", *await measure(
-            McpServerConfig(name="bench", url=f"http://127.0.0.1:{port}/mcp"), calls)])
+        rows.append(
+            [
+                "streamable HTTP",
+                *await measure(McpServerConfig(name="bench", url=f"http://127.0.0.1:{port}/mcp"), calls),
+            ]
+        )
     finally:
         http.kill()
         http.wait()
-    return table(["transport", "SDK direct p50 ms", "p90", "through execute p50 ms", "p90", "added p50 ms",
-                  "added per call, p50 ms"], rows) + (
+    return table(
+        [
+            "transport",
+            "SDK direct p50 ms",
+            "p90",
+            "through execute p50 ms",
+            "p90",
+            "added p50 ms",
+            "added per call, p50 ms",
+        ],
+        rows,
+    ) + (
         f"\n\n{calls} calls of a read-only tool (`lookup`) each way, alternating, on one connection to one server "
-        "process (tests/mcp_server.py). \"Added\" is the difference of the p50s, and the p50 of each pair's "
-        "difference.")
+        'process (tests/mcp_server.py). "Added" is the difference of the p50s, and the p50 of each pair\'s '
+        "difference."
+    )

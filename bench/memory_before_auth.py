@@ -24,7 +24,8 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from bench import _common
-from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.auth import make_token
 from services.shared.ports import free_port
 
@@ -47,22 +48,40 @@ class Case:
 
 
 def cases() -> list[Case]:
-    append = store_pb.AppendMessagesRequest(session_id=str(uuid.uuid4()), messages=[
-        common_pb2.Message(role="user", content="x" * BODY)])
+    append = store_pb.AppendMessagesRequest(
+        session_id=str(uuid.uuid4()), messages=[common_pb2.Message(role="user", content="x" * BODY)]
+    )
     turn = agent_pb2.RunStreamRequest(text="look at this", images=[b"\x89PNG\r\n\x1a\n" + bytes(BODY)])
     shared = store_pb.GetSharedRequest(token="t" * BODY)
     health = health_pb2.HealthCheckRequest(service="s" * BODY)
     listing = store_pb.ListSessionsRequest(query="q" * BODY)
     return [
-        Case("AppendMessages, no credentials", "store", "/palimpsest.v1.SessionStore/AppendMessages",
-             append.SerializeToString()),
+        Case(
+            "AppendMessages, no credentials",
+            "store",
+            "/palimpsest.v1.SessionStore/AppendMessages",
+            append.SerializeToString(),
+        ),
         Case("RunStream, no credentials", "agent", "/palimpsest.v1.Agent/RunStream", turn.SerializeToString()),
-        Case("GetShared (open by design), no credentials", "store", "/palimpsest.v1.SessionStore/GetShared",
-             shared.SerializeToString()),
-        Case("Agent's health Check (open by design), no credentials", "agent", "/grpc.health.v1.Health/Check",
-             health.SerializeToString()),
-        Case("ListSessions, signed in", "store", "/palimpsest.v1.SessionStore/ListSessions",
-             listing.SerializeToString(), signed_in=True),
+        Case(
+            "GetShared (open by design), no credentials",
+            "store",
+            "/palimpsest.v1.SessionStore/GetShared",
+            shared.SerializeToString(),
+        ),
+        Case(
+            "Agent's health Check (open by design), no credentials",
+            "agent",
+            "/grpc.health.v1.Health/Check",
+            health.SerializeToString(),
+        ),
+        Case(
+            "ListSessions, signed in",
+            "store",
+            "/palimpsest.v1.SessionStore/ListSessions",
+            listing.SerializeToString(),
+            signed_in=True,
+        ),
     ]
 
 
@@ -85,12 +104,18 @@ async def service(dsn: str, which: str, tmp: str):
     """One service as a real process with auth on (the Agent's store and Compressor addresses
     lead nowhere: nothing it is sent gets that far)."""
     port = free_port()
-    env = {"DATABASE_URL": dsn, "PALIMPSEST_AUTH_ENABLED": "true", "PALIMPSEST_JWT_SECRET": SECRET,
-           "PALIMPSEST_DATA_DIR": tmp, "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
-           "PALIMPSEST_EMBED_MODEL": "", "OLLAMA_HOST": f"http://127.0.0.1:{free_port()}",
-           "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{port if which == 'store' else free_port()}",
-           "PALIMPSEST_COMPRESSOR_ADDR": f"127.0.0.1:{free_port()}",
-           "PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{port}"}
+    env = {
+        "DATABASE_URL": dsn,
+        "PALIMPSEST_AUTH_ENABLED": "true",
+        "PALIMPSEST_JWT_SECRET": SECRET,
+        "PALIMPSEST_DATA_DIR": tmp,
+        "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
+        "PALIMPSEST_EMBED_MODEL": "",
+        "OLLAMA_HOST": f"http://127.0.0.1:{free_port()}",
+        "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{port if which == 'store' else free_port()}",
+        "PALIMPSEST_COMPRESSOR_ADDR": f"127.0.0.1:{free_port()}",
+        "PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{port}",
+    }
     module = {"store": "services.session_store", "agent": "services.agent"}[which]
     async with _common.processes([(module, env)]) as (proc,):
         await _common.wait_ready(f"127.0.0.1:{port}")
@@ -103,8 +128,11 @@ async def send(address: str, case: Case, body: bytes) -> str:
     metadata = (("authorization", f"Bearer {make_token('bench', SECRET)}"),) if case.signed_in else ()
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", -1)]
     async with grpc.aio.insecure_channel(address, options=options) as channel:
-        call = channel.unary_stream(case.method) if case.method.endswith("/RunStream") else \
-            channel.unary_unary(case.method)
+        call = (
+            channel.unary_stream(case.method)
+            if case.method.endswith("/RunStream")
+            else channel.unary_unary(case.method)
+        )
         try:
             reply = call(body, metadata=metadata, timeout=120)
             if case.method.endswith("/RunStream"):
@@ -137,8 +165,10 @@ async def run(args) -> str:
         for case in cases():
             rows.append(await measure(dsn, case, requests))
     headers = ["requests", "answered", "RSS before (MiB)", "peak growth (MiB)", "held after (MiB)"]
-    notes = [f"{requests} concurrent requests of {BODY // MiB} MiB each, one connection each, to a fresh "
-             "process of the service (auth on); growth against its RSS after one small call."]
+    notes = [
+        f"{requests} concurrent requests of {BODY // MiB} MiB each, one connection each, to a fresh "
+        "process of the service (auth on); growth against its RSS after one small call."
+    ]
     return _common.table(headers, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 

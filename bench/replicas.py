@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from collections import Counter
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from bench import _common
@@ -37,8 +37,14 @@ async def _with_cluster(server, label: str, replica_events: bool, work):
         profiles = Path(tmp) / "profiles.json"
         profiles.write_text(json.dumps(TEST_PROFILES))
         async with _common.fresh_database(server, label) as dsn:
-            cluster = rc.cluster(dsn, sim.url, str(profiles), _common.default_data_dir() / "replicas", Path(tmp),
-                                 replica_events=replica_events)
+            cluster = rc.cluster(
+                dsn,
+                sim.url,
+                str(profiles),
+                _common.default_data_dir() / "replicas",
+                Path(tmp),
+                replica_events=replica_events,
+            )
             settings = Settings()
             try:
                 await cluster.start()
@@ -65,32 +71,58 @@ async def chaos(server, seconds: float) -> str:
             await rc.kill_and_restart(replicas[0], lambda i=i: _at(started, seconds * (0.225 + 0.25 * i)))
             kills += 1
         first, second = (a.address for a in cluster.agents)
-        stops = await asyncio.gather(rc.stop_from_the_other_agent(first, second, store),
-                                     rc.stop_from_the_other_agent(second, first, store))
+        stops = await asyncio.gather(
+            rc.stop_from_the_other_agent(first, second, store), rc.stop_from_the_other_agent(second, first, store)
+        )
         await _at(started, seconds)
         turns = await load.stop()
         elapsed = time.perf_counter() - started
         checked = await rc.check(store, turns)
         broken = Counter(t.broken for t in turns if t.broken)
-        return [[checked.sessions, checked.turns, checked.completed,
-                 ", ".join(f"{n} {code}" for code, n in broken.items()) or "0", kills, checked.lost,
-                 checked.overlapping, f"{sum(stops)} of 2", f"{elapsed:.0f}"]]
+        return [
+            [
+                checked.sessions,
+                checked.turns,
+                checked.completed,
+                ", ".join(f"{n} {code}" for code, n in broken.items()) or "0",
+                kills,
+                checked.lost,
+                checked.overlapping,
+                f"{sum(stops)} of 2",
+                f"{elapsed:.0f}",
+            ]
+        ]
 
     rows = await _with_cluster(server, "replicas", True, work)
     down = seconds * 0.125
-    return ("Replica run: 2 SessionStores, 2 Compressors, 2 Agents (separate processes) on one PostgreSQL, turn "
-            f"claims and the session bus on; {SESSIONS} sessions running turns back to back (answers of 6 words, "
-            "0.1 s a word) through a round-robin channel over the Agents; one SessionStore, then one Compressor, "
-            f"then one Agent killed with SIGKILL and started again {down:.1f} s later (an eighth of the run). "
-            "Broken: streams of the killed Agent (UNAVAILABLE, no stream_end: not acknowledged). "
-            "Stop: a turn on each Agent stopped by a Stop sent to the other. Seconds: until the last turn ended.\n\n"
-            + _common.table(["sessions", "turns", "completed", "broken", "kills", "lost replies",
-                             "concurrent turns on one session", "Stop from the other Agent", "seconds"], rows))
+    return (
+        "Replica run: 2 SessionStores, 2 Compressors, 2 Agents (separate processes) on one PostgreSQL, turn "
+        f"claims and the session bus on; {SESSIONS} sessions running turns back to back (answers of 6 words, "
+        "0.1 s a word) through a round-robin channel over the Agents; one SessionStore, then one Compressor, "
+        f"then one Agent killed with SIGKILL and started again {down:.1f} s later (an eighth of the run). "
+        "Broken: streams of the killed Agent (UNAVAILABLE, no stream_end: not acknowledged). "
+        "Stop: a turn on each Agent stopped by a Stop sent to the other. Seconds: until the last turn ended.\n\n"
+        + _common.table(
+            [
+                "sessions",
+                "turns",
+                "completed",
+                "broken",
+                "kills",
+                "lost replies",
+                "concurrent turns on one session",
+                "Stop from the other Agent",
+                "seconds",
+            ],
+            rows,
+        )
+    )
 
 
 async def bus_cost(server, seconds: float) -> str:
     rows = []
     for on in (False, True):
+
         async def work(cluster, store, load):
             load.start()
             await load.until_completed(SESSIONS)  # past the first turns' one-time loads
@@ -98,15 +130,24 @@ async def bus_cost(server, seconds: float) -> str:
             await asyncio.sleep(seconds)  # the measured span
             turns = (await load.stop())[first:]
             times = sorted(t.seconds for t in turns if t.completed)
-            return [["on" if on else "off", len(times), f"{len(times) / seconds:.1f}",
-                     f"{statistics.median(times):.2f}", f"{times[int(len(times) * 0.95)]:.2f}"]]
+            return [
+                [
+                    "on" if on else "off",
+                    len(times),
+                    f"{len(times) / seconds:.1f}",
+                    f"{statistics.median(times):.2f}",
+                    f"{times[int(len(times) * 0.95)]:.2f}",
+                ]
+            ]
 
         rows += await _with_cluster(server, f"bus_{on}", on, work)
-    return (f"What the session bus costs: the same {SESSIONS} sessions and cluster without kills, "
-            f"{seconds:.0f} s measured after every session's first turn, PALIMPSEST_REPLICA_EVENTS off and on "
-            "(on: every event of every turn published once more, through a store and PostgreSQL NOTIFY, "
-            "to both Agents).\n\n"
-            + _common.table(["session bus", "turns completed", "turns/s", "turn p50 (s)", "turn p95 (s)"], rows))
+    return (
+        f"What the session bus costs: the same {SESSIONS} sessions and cluster without kills, "
+        f"{seconds:.0f} s measured after every session's first turn, PALIMPSEST_REPLICA_EVENTS off and on "
+        "(on: every event of every turn published once more, through a store and PostgreSQL NOTIFY, "
+        "to both Agents).\n\n"
+        + _common.table(["session bus", "turns completed", "turns/s", "turn p50 (s)", "turn p95 (s)"], rows)
+    )
 
 
 async def run(args) -> str:

@@ -38,8 +38,9 @@ def _bare_bwrap(bwrap: str, workspace: Path) -> tuple[list[str], list[int], int]
         os.close(w)
         etc[path] = r
         fds.append(r)
-    argv = bwrap_argv(bwrap, "true", SandboxPolicy(), host_layout(), cwd="", workspace_fd=fds[0],
-                      status_fd=status_w, etc_fds=etc)
+    argv = bwrap_argv(
+        bwrap, "true", SandboxPolicy(), host_layout(), cwd="", workspace_fd=fds[0], status_fd=status_w, etc_fds=etc
+    )
     return argv, fds, status_r
 
 
@@ -60,8 +61,7 @@ async def run(args) -> str:
     ballast = bytearray(BALLAST_MB * 1024 * 1024)
     for page in range(0, len(ballast), 4096):
         ballast[page] = 1  # resident, not just reserved
-    times: dict[str, list[float]] = {name: [] for name in
-                                     ("sandboxed", "host", "bwrap alone", "true alone")}
+    times: dict[str, list[float]] = {name: [] for name in ("sandboxed", "host", "bwrap alone", "true alone")}
     try:
         for _ in range(5):  # warm the page cache and the probe
             await run_command("true", workspace=workspace, policy=SandboxPolicy())
@@ -92,20 +92,30 @@ async def run(args) -> str:
         "bwrap alone": "the same bwrap line, spawned bare",
         "true alone": "/bin/true, spawned bare",
     }
-    rows = [[what[name], _common.ms(_common.p50(ts)), _common.ms(_common.percentile(ts, 95)),
-             _common.ms(_common.percentile(ts, 99)), _common.ms(max(ts))] for name, ts in times.items()]
+    rows = [
+        [
+            what[name],
+            _common.ms(_common.p50(ts)),
+            _common.ms(_common.percentile(ts, 95)),
+            _common.ms(_common.percentile(ts, 99)),
+            _common.ms(max(ts)),
+        ]
+        for name, ts in times.items()
+    ]
     sandboxed_p50 = _common.p50(times["sandboxed"])
     verdict = "✓" if sandboxed_p50 < TARGET_P50_S else "✗ MISSED"
     bwrap_version = subprocess.run([status.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-    return "\n".join([
-        f"`true`, start to exit (ms), {runs} runs of each, in turns; target sandboxed p50 < 30 ms: "
-        f"{_common.ms(sandboxed_p50)} {verdict}",
-        "",
-        _common.table(["command", "p50", "p95", "p99", "max"], rows),
-        "",
-        f"- {bwrap_version}, {host_layout().shell}, Linux {platform.release()}, {os.cpu_count()} cores; "
-        f"run as {'root (pool uids)' if os.geteuid() == 0 else 'uid ' + str(os.getuid())}; the process holds "
-        f"{BALLAST_MB} MB resident while measuring, as an Agent would.",
-        "- run_command includes the workspace handed to the pool uid and back (an empty workspace here), the "
-        "limits set by the shell, the pipes, and waiting until every process is gone.",
-    ])
+    return "\n".join(
+        [
+            f"`true`, start to exit (ms), {runs} runs of each, in turns; target sandboxed p50 < 30 ms: "
+            f"{_common.ms(sandboxed_p50)} {verdict}",
+            "",
+            _common.table(["command", "p50", "p95", "p99", "max"], rows),
+            "",
+            f"- {bwrap_version}, {host_layout().shell}, Linux {platform.release()}, {os.cpu_count()} cores; "
+            f"run as {'root (pool uids)' if os.geteuid() == 0 else 'uid ' + str(os.getuid())}; the process holds "
+            f"{BALLAST_MB} MB resident while measuring, as an Agent would.",
+            "- run_command includes the workspace handed to the pool uid and back (an empty workspace here), the "
+            "limits set by the shell, the pipes, and waiting until every process is gone.",
+        ]
+    )

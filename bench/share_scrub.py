@@ -26,8 +26,16 @@ def prose(size: int) -> str:
 def dense(size: int) -> str:
     """Every few words an id, a path, a digest or a URL: a tool log at its worst."""
     rng = random.Random(3)
-    words = ["ok", "/var/log/app/server.log", SESSION, str(uuid.UUID(int=8)), "ab" * 32, "https://x.example/a/b",
-             "retry", '{"status": 200}']
+    words = [
+        "ok",
+        "/var/log/app/server.log",
+        SESSION,
+        str(uuid.UUID(int=8)),
+        "ab" * 32,
+        "https://x.example/a/b",
+        "retry",
+        '{"status": 200}',
+    ]
     out, length = [], 0
     while length < size:
         word = rng.choice(words)
@@ -39,7 +47,7 @@ def dense(size: int) -> str:
 def ms_per_mb(text: str, messages: int) -> float:
     """Scrub ``text`` cut into ``messages`` tool results (as GetShared does a page), ms per MB."""
     step = len(text) // messages
-    page = [common_pb2.Message(role="tool", name="run", content=text[i:i + step]) for i in range(0, len(text), step)]
+    page = [common_pb2.Message(role="tool", name="run", content=text[i : i + step]) for i in range(0, len(text), step)]
     started = time.perf_counter()
     for message in page:
         shared_message(message, SESSION)
@@ -48,7 +56,10 @@ def ms_per_mb(text: str, messages: int) -> float:
 
 async def run(args) -> str:
     size = 2 * MB if args.quick else 16 * MB
-    rows = [[kind, f"{size // MB}", f"{ms_per_mb(make(size), 500):.0f}"]
-            for kind, make in (("prose (the README)", prose), ("dense: an id, a path or a URL every few words", dense))]
+    rows = [
+        [kind, f"{size // MB}", f"{ms_per_mb(make(size), 500):.0f}"]
+        for kind, make in (("prose (the README)", prose), ("dense: an id, a path or a URL every few words", dense))
+    ]
     return table(["text", "MB", "ms per MB"], rows) + (
-        "\n\nOne page of 500 messages scrubbed as `GetShared` does (ids masked, paths cut, in every string).")
+        "\n\nOne page of 500 messages scrubbed as `GetShared` does (ids masked, paths cut, in every string)."
+    )

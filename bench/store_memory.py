@@ -19,7 +19,8 @@ import uuid
 import asyncpg
 
 from bench._common import Chatter, fresh_database, ms, p50, percentile, running_store, table
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from services.session_store.repository.memory import CANDIDATES_SQL, candidate_arguments
 from services.session_store.repository.vectors import _NEAREST_SQL, vector_text
 
@@ -43,8 +44,11 @@ def chunk(chatter: Chatter, rng: random.Random, index: int) -> common_pb2.RawChu
     breadcrumbs = [f"services/api/handler_{index}.py"] if index % 7 == 0 else []
     if index % 5 == 0:
         content += f" The failing request was ticket-{index}."
-    return common_pb2.RawChunk(content=content, breadcrumbs=breadcrumbs,
-                               turn_range=common_pb2.SeqRange(first=2 * index + 1, last=2 * index + 2))
+    return common_pb2.RawChunk(
+        content=content,
+        breadcrumbs=breadcrumbs,
+        turn_range=common_pb2.SeqRange(first=2 * index + 1, last=2 * index + 2),
+    )
 
 
 def queries(chatter: Chatter, rng: random.Random, chunks: int, calls: int) -> dict[str, list[str]]:
@@ -68,15 +72,23 @@ async def index(stub, session_id: str, chatter: Chatter, rng: random.Random, chu
 
 async def explained_ms(conn: asyncpg.Connection, session_id: str, query: str) -> float:
     """The candidate query's execution time as EXPLAIN ANALYZE reports it (server side only)."""
-    plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {CANDIDATES_SQL}", uuid.UUID(session_id),
-                               *candidate_arguments(query, LIMIT))
+    plan = await conn.fetchval(
+        f"EXPLAIN (ANALYZE, FORMAT JSON) {CANDIDATES_SQL}", uuid.UUID(session_id), *candidate_arguments(query, LIMIT)
+    )
     return json.loads(plan)[0]["Execution Time"] / 1e3
 
 
 async def nearest_ms(conn: asyncpg.Connection, session_id: str, vector: list[float]) -> float:
     """The semantic tier's query, EXPLAIN ANALYZE's execution time (server side only)."""
-    plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_NEAREST_SQL}", uuid.UUID(session_id), EMBED_MODEL,
-                               vector_text(vector), len(vector), LIMIT * 10, 0.5)
+    plan = await conn.fetchval(
+        f"EXPLAIN (ANALYZE, FORMAT JSON) {_NEAREST_SQL}",
+        uuid.UUID(session_id),
+        EMBED_MODEL,
+        vector_text(vector),
+        len(vector),
+        LIMIT * 10,
+        0.5,
+    )
     return json.loads(plan)[0]["Execution Time"] / 1e3
 
 
@@ -84,7 +96,9 @@ EMBED_MODEL = "nomic-embed-text"
 EMBED_DIMENSIONS = 768  # nomic-embed-text's
 
 
-async def semantic_rows(dsn: str, session_id: str, asked: dict[str, list[str]], total: int) -> tuple[list[list[str]], float]:
+async def semantic_rows(
+    dsn: str, session_id: str, asked: dict[str, list[str]], total: int
+) -> tuple[list[list[str]], float]:
     """The same searches with the semantic tier on; and the seconds the indexer took for every chunk."""
     from dataclasses import replace
 
@@ -114,8 +128,16 @@ async def semantic_rows(dsn: str, session_id: str, asked: dict[str, list[str]], 
                         semantic += answer.semantic
                         server.append(await nearest_ms(conn, session_id, embed_text(query, EMBED_DIMENSIONS)))
                     assert semantic == len(asked[kind]), "the semantic tier did not answer every search"
-                    rows.append([f"SearchMemory by words and meaning, {kind}", ms(p50(rpc)), ms(percentile(rpc, 95)),
-                                 ms(p50(server)), ms(percentile(server, 95)), f"{sorted(found)[len(found) // 2]}"])
+                    rows.append(
+                        [
+                            f"SearchMemory by words and meaning, {kind}",
+                            ms(p50(rpc)),
+                            ms(percentile(rpc, 95)),
+                            ms(p50(server)),
+                            ms(percentile(server, 95)),
+                            f"{sorted(found)[len(found) // 2]}",
+                        ]
+                    )
         finally:
             await conn.close()
     return rows, indexing
@@ -146,8 +168,16 @@ async def run(args) -> str:
                         found.append(len(answer.chunks))
                         server.append(await explained_ms(conn, session_id, query))
                     log.info("%s: p50 %.2f ms", kind, p50(rpc) * 1e3)
-                    rows.append([f"SearchMemory, {kind}", ms(p50(rpc)), ms(percentile(rpc, 95)), ms(p50(server)),
-                                 ms(percentile(server, 95)), f"{sorted(found)[len(found) // 2]}"])
+                    rows.append(
+                        [
+                            f"SearchMemory, {kind}",
+                            ms(p50(rpc)),
+                            ms(percentile(rpc, 95)),
+                            ms(p50(server)),
+                            ms(percentile(server, 95)),
+                            f"{sorted(found)[len(found) // 2]}",
+                        ]
+                    )
                 total = await conn.fetchval("SELECT count(*) FROM memory_chunks")
             finally:
                 await conn.close()
@@ -157,13 +187,17 @@ async def run(args) -> str:
     headers = ["operation", "p50", "p95", "candidate query p50", "candidate query p95", "chunks found (median)"]
     notes = [
         f"ms per call through the gRPC server, {calls} calls per kind of query, each a different one; limit {LIMIT}.",
-        (f"The session holds {chunks:,} chunks of 1–2 KB (a fifth name a ticket, a seventh carry a path breadcrumb); "
-         f"{total - chunks:,} chunks of {OTHER_SESSIONS} other sessions share the table."),
+        (
+            f"The session holds {chunks:,} chunks of 1–2 KB (a fifth name a ticket, a seventh carry a path breadcrumb); "
+            f"{total - chunks:,} chunks of {OTHER_SESSIONS} other sessions share the table."
+        ),
         "Candidate query = the store's SQL alone, EXPLAIN ANALYZE's execution time on the server; for the rows "
         "by words and meaning, the semantic tier's query (an exact cosine scan of the session's vectors).",
-        (f"By words and meaning: a second store on the same database with the simulator's /api/embed "
-         f"({EMBED_DIMENSIONS} dimensions); its background indexer embedded all {total:,} chunks in "
-         f"{embedding:.1f} s (batches of 16, the simulator's HTTP and hashing included) before the searches ran."),
+        (
+            f"By words and meaning: a second store on the same database with the simulator's /api/embed "
+            f"({EMBED_DIMENSIONS} dimensions); its background indexer embedded all {total:,} chunks in "
+            f"{embedding:.1f} s (batches of 16, the simulator's HTTP and hashing included) before the searches ran."
+        ),
     ]
     return table(headers, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 

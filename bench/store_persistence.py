@@ -71,23 +71,29 @@ class Ours:
 
     async def grow(self, messages: list[tuple[str, str]]) -> None:
         for start in range(0, len(messages), GROW_BATCH):
-            batch = [common_pb2.Message(role=role, content=text) for role, text in messages[start:start + GROW_BATCH]]
-            response = await self.stub.AppendMessages(pb.AppendMessagesRequest(
-                session_id=self.session_id, messages=batch, expected_revision=self.revision))
+            batch = [common_pb2.Message(role=role, content=text) for role, text in messages[start : start + GROW_BATCH]]
+            response = await self.stub.AppendMessages(
+                pb.AppendMessagesRequest(session_id=self.session_id, messages=batch, expected_revision=self.revision)
+            )
             self.revision = response.revision
 
     async def turn(self, user: str, assistant: str) -> None:
         self.turns += 1
-        appended = await self.stub.AppendMessages(pb.AppendMessagesRequest(
-            session_id=self.session_id,
-            messages=[common_pb2.Message(role="user", content=user),
-                      common_pb2.Message(role="assistant", content=assistant, elapsed_seconds=2.5)],
-            expected_revision=self.revision,
-        ))
+        appended = await self.stub.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=self.session_id,
+                messages=[
+                    common_pb2.Message(role="user", content=user),
+                    common_pb2.Message(role="assistant", content=assistant, elapsed_seconds=2.5),
+                ],
+                expected_revision=self.revision,
+            )
+        )
         metadata = struct_pb2.Struct()
         metadata.update({"last_turn": self.turns, "last_model": "qwen3:8b", "turn_prompt_tokens": 1200 + self.turns})
-        updated = await self.stub.UpdateSession(pb.UpdateSessionRequest(
-            session_id=self.session_id, metadata=metadata, expected_revision=appended.revision))
+        updated = await self.stub.UpdateSession(
+            pb.UpdateSessionRequest(session_id=self.session_id, metadata=metadata, expected_revision=appended.revision)
+        )
         self.revision = updated.session.revision
 
 
@@ -119,7 +125,8 @@ class LangGraph:
 
     async def grow(self, messages: list[tuple[str, str]]) -> None:
         await self.graph.aupdate_state(
-            self.config, {"messages": [self._message(r, t) for r, t in messages]}, as_node="respond")
+            self.config, {"messages": [self._message(r, t) for r, t in messages]}, as_node="respond"
+        )
 
     async def turn(self, user: str, assistant: str) -> None:
         from langchain_core.messages import HumanMessage
@@ -169,8 +176,9 @@ async def run(args) -> str:
                         await ours.grow(grow)
                         t1 = time.perf_counter()
                         await lang.grow(grow)
-                        log.info("grew to %d messages: ours %.1fs, LangGraph %.1fs", size, t1 - t0,
-                                 time.perf_counter() - t1)
+                        log.info(
+                            "grew to %d messages: ours %.1fs, LangGraph %.1fs", size, t1 - t0, time.perf_counter() - t1
+                        )
                     stored = size
                     turns = [chatter.turn() for _ in range(WARMUP_TURNS + turns_per_size)]
                     sid = uuid.UUID(ours.session_id)
@@ -189,14 +197,21 @@ async def run(args) -> str:
                     lang_times = await _measure(lang, turns, WARMUP_TURNS)
                     stored += 2 * len(turns)
                     results[size] = {
-                        "ours": ours_times, "lang": lang_times, "archiving": archiving,
+                        "ours": ours_times,
+                        "lang": lang_times,
+                        "archiving": archiving,
                         "ours_bytes": await _bytes(admin, OUR_TABLES),
                         "lang_bytes": await _bytes(admin, LANGGRAPH_TABLES),
                     }
-                    log.info("size %d: ours p50 %.1f ms, LangGraph p50 %.1f ms", size,
-                             p50(ours_times) * 1000, p50(lang_times) * 1000)
-                hot = await admin.fetchrow("SELECT hot_count, display_count FROM sessions WHERE id = $1",
-                                           uuid.UUID(ours.session_id))
+                    log.info(
+                        "size %d: ours p50 %.1f ms, LangGraph p50 %.1f ms",
+                        size,
+                        p50(ours_times) * 1000,
+                        p50(lang_times) * 1000,
+                    )
+                hot = await admin.fetchrow(
+                    "SELECT hot_count, display_count FROM sessions WHERE id = $1", uuid.UUID(ours.session_id)
+                )
                 lang_checkpoints = await admin.fetchval("SELECT count(*) FROM checkpoints")
                 lang_blobs = await admin.fetchval("SELECT count(*) FROM checkpoint_blobs WHERE channel = 'messages'")
             finally:
@@ -204,43 +219,71 @@ async def run(args) -> str:
 
     for size in sizes:
         r = results[size]
-        rows.append([f"{size:,}", ms(p50(r["ours"])), ms(percentile(r["ours"], 95)), ms(p50(r["lang"])),
-                     ms(percentile(r["lang"], 95)), human_bytes(r["ours_bytes"]), human_bytes(r["lang_bytes"])])
+        rows.append(
+            [
+                f"{size:,}",
+                ms(p50(r["ours"])),
+                ms(percentile(r["ours"], 95)),
+                ms(p50(r["lang"])),
+                ms(percentile(r["lang"], 95)),
+                human_bytes(r["ours_bytes"]),
+                human_bytes(r["lang_bytes"]),
+            ]
+        )
     first, last = sizes[0], sizes[-1]
     for key in ("ours", "lang"):
         ratios[key] = p50(results[last][key]) / p50(results[first][key])
-    maxima = "; ".join(f"{s:,}: ours {ms(max(results[s]['ours']))}, LangGraph {ms(max(results[s]['lang']))}"
-                       for s in sizes)
+    maxima = "; ".join(
+        f"{s:,}: ours {ms(max(results[s]['ours']))}, LangGraph {ms(max(results[s]['lang']))}" for s in sizes
+    )
     archive_events = "; ".join(
         f"{s:,}: {len(results[s]['archiving'])} of {turns_per_size}"
         + (f" ({', '.join(ms(t) for t in results[s]['archiving'])} ms)" if results[s]["archiving"] else "")
-        for s in sizes)
+        for s in sizes
+    )
     notes = [
-        (f"Per-turn latency in ms over {turns_per_size} turns at each size (after {WARMUP_TURNS} warm-up turns); "
-        f"messages 300–800 chars of generated chat text; the same conversation is saved by both, "
-        f"on the same server, in this run."),
-        (f"**Flatness (p50@{last:,} / p50@{first:,}):** ours **{ratios['ours']:.2f}×** (target: flat, ≈1×), "
-        f"LangGraph **{ratios['lang']:.2f}×**."),
+        (
+            f"Per-turn latency in ms over {turns_per_size} turns at each size (after {WARMUP_TURNS} warm-up turns); "
+            f"messages 300–800 chars of generated chat text; the same conversation is saved by both, "
+            f"on the same server, in this run."
+        ),
+        (
+            f"**Flatness (p50@{last:,} / p50@{first:,}):** ours **{ratios['ours']:.2f}×** (target: flat, ≈1×), "
+            f"LangGraph **{ratios['lang']:.2f}×**."
+        ),
         f"Max per turn: {maxima}.",
-        ("Ours = AppendMessages(user + assistant) + UpdateSession(metadata), two unary calls through the real gRPC "
-        "server on loopback (same process), with `expected_revision`. Past the hot window "
-        "(PALIMPSEST_HOT_WINDOW_MESSAGES, default 2,000) an append also moves the oldest groups to the archive "
-        f"table inside the same transaction; measured turns that did so: {archive_events}."),
-        ("LangGraph = one `graph.ainvoke({'messages': [HumanMessage]})` per turn on a `MessagesState` graph "
-        "(START → respond → END; the node returns the given AIMessage, no model call) compiled with "
-        "`AsyncPostgresSaver.from_conn_string(...)` after `setup()`, default durability (`async`, awaited before "
-        "ainvoke returns). This is how a LangGraph chat app persists: each invoke loads the thread's latest "
-        "checkpoint and writes 3 checkpoints (input, after START, after the node); the `add_messages` channel "
-        "changes twice per turn, so 2 new full copies of the whole message list are written per turn "
-        f"(at the end: {lang_checkpoints:,} checkpoints, {lang_blobs:,} message-list blobs). "
-        "Growth between sizes used one `aupdate_state` with the same messages."),
-        ("Bytes = pg_total_relation_size (heap + TOAST + indexes, including the trigram GIN index on message content) "
-        f"of {', '.join(OUR_TABLES)} vs {', '.join(LANGGRAPH_TABLES)}, measured after the turns at each size, "
-        f"without VACUUM. Our session at the end: {hot['display_count']:,} displayed messages, "
-        f"{hot['hot_count']:,} in the hot table."),
+        (
+            "Ours = AppendMessages(user + assistant) + UpdateSession(metadata), two unary calls through the real gRPC "
+            "server on loopback (same process), with `expected_revision`. Past the hot window "
+            "(PALIMPSEST_HOT_WINDOW_MESSAGES, default 2,000) an append also moves the oldest groups to the archive "
+            f"table inside the same transaction; measured turns that did so: {archive_events}."
+        ),
+        (
+            "LangGraph = one `graph.ainvoke({'messages': [HumanMessage]})` per turn on a `MessagesState` graph "
+            "(START → respond → END; the node returns the given AIMessage, no model call) compiled with "
+            "`AsyncPostgresSaver.from_conn_string(...)` after `setup()`, default durability (`async`, awaited before "
+            "ainvoke returns). This is how a LangGraph chat app persists: each invoke loads the thread's latest "
+            "checkpoint and writes 3 checkpoints (input, after START, after the node); the `add_messages` channel "
+            "changes twice per turn, so 2 new full copies of the whole message list are written per turn "
+            f"(at the end: {lang_checkpoints:,} checkpoints, {lang_blobs:,} message-list blobs). "
+            "Growth between sizes used one `aupdate_state` with the same messages."
+        ),
+        (
+            "Bytes = pg_total_relation_size (heap + TOAST + indexes, including the trigram GIN index on message content) "
+            f"of {', '.join(OUR_TABLES)} vs {', '.join(LANGGRAPH_TABLES)}, measured after the turns at each size, "
+            f"without VACUUM. Our session at the end: {hot['display_count']:,} displayed messages, "
+            f"{hot['hot_count']:,} in the hot table."
+        ),
     ]
-    headers = ["stored messages", "ours p50", "ours p95", "LangGraph p50", "LangGraph p95", "ours bytes",
-               "LangGraph bytes"]
+    headers = [
+        "stored messages",
+        "ours p50",
+        "ours p95",
+        "LangGraph p50",
+        "LangGraph p95",
+        "ours bytes",
+        "LangGraph bytes",
+    ]
     return table(headers, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 

@@ -71,26 +71,64 @@ redis valkey keycloak okta auth0 stripe paypal twilio sendgrid mailgun postmark 
 drupal strapi contentful sanity ghost hugo jekyll gatsby nextjs nuxt remix astro vitepress docusaurus""".split()
 
 TERM_SENTENCES = [
-    "We run this on {t}, if that matters.", "Does the same advice apply to {t}?",
-    "With {t} the behaviour is a bit different.", "I pasted the {t} settings below.",
-    "The {t} docs say nothing about this case.", "For {t}, set the option explicitly in the config file.",
-    "In {t} you can see it in the default dashboard.", "The upgrade of {t} happened the same week.",
-    "Your {t} version is recent enough for this.", "Check the {t} logs around the same minute.",
+    "We run this on {t}, if that matters.",
+    "Does the same advice apply to {t}?",
+    "With {t} the behaviour is a bit different.",
+    "I pasted the {t} settings below.",
+    "The {t} docs say nothing about this case.",
+    "For {t}, set the option explicitly in the config file.",
+    "In {t} you can see it in the default dashboard.",
+    "The upgrade of {t} happened the same week.",
+    "Your {t} version is recent enough for this.",
+    "Check the {t} logs around the same minute.",
 ]
 NAME_TEMPLATES = [
-    "{t} {c}", "Fix {c} with {t}", "{c} issue", "Questions about {t}", "{c} {f}", "Moving the {c} to {t}",
-    "Weekly {c} review", "{t} setup", "Debugging the {c}", "Why the {c} {f}",
+    "{t} {c}",
+    "Fix {c} with {t}",
+    "{c} issue",
+    "Questions about {t}",
+    "{c} {f}",
+    "Moving the {c} to {t}",
+    "Weekly {c} review",
+    "{t} setup",
+    "Debugging the {c}",
+    "Why the {c} {f}",
 ]
 PROFILES = ["default"] * 7 + ["coding", "coding", "research"]
 MODELS = ["qwen3:8b", "qwen3:8b", "qwen3:32b", "llama3.1:8b", "gemma3:12b"]
 
 SESSION_COLUMNS = [
-    "id", "owner", "profile_id", "name", "pinned", "provider", "model", "created_at", "last_active",
-    "context_token_count", "revision", "next_seq", "display_count", "preview", "hot_count", "hot_bytes",
+    "id",
+    "owner",
+    "profile_id",
+    "name",
+    "pinned",
+    "provider",
+    "model",
+    "created_at",
+    "last_active",
+    "context_token_count",
+    "revision",
+    "next_seq",
+    "display_count",
+    "preview",
+    "hot_count",
+    "hot_bytes",
 ]
 MESSAGE_COLUMNS = [
-    "session_id", "seq", "role", "content", "is_context", "is_display", "is_compression", "is_summary",
-    "elapsed_seconds", "token_count", "created_at", "replaces_first", "replaces_last",
+    "session_id",
+    "seq",
+    "role",
+    "content",
+    "is_context",
+    "is_display",
+    "is_compression",
+    "is_summary",
+    "elapsed_seconds",
+    "token_count",
+    "created_at",
+    "replaces_first",
+    "replaces_last",
 ]
 ARCHIVE_COLUMNS = MESSAGE_COLUMNS + ["archived_at"]
 
@@ -136,7 +174,8 @@ class Generator:
         from bench._common import _COMPONENTS, _FAILURES
 
         name = self.rng.choice(NAME_TEMPLATES).format(
-            t=self.rng.choice(terms), c=self.rng.choice(_COMPONENTS), f=self.rng.choice(_FAILURES))
+            t=self.rng.choice(terms), c=self.rng.choice(_COMPONENTS), f=self.rng.choice(_FAILURES)
+        )
         return name[0].upper() + name[1:]
 
     def batch(self, first: int, last: int) -> Batch:
@@ -162,26 +201,48 @@ class Generator:
                 for row in rows:
                     if row[1] < keep_from:
                         row[4] = False
-                summary = (f"[Summary of the earlier conversation, messages 1–{keep_from - 1}]\n"
-                           + self.chatter.message("assistant", 300, 900))
+                summary = f"[Summary of the earlier conversation, messages 1–{keep_from - 1}]\n" + self.chatter.message(
+                    "assistant", 300, 900
+                )
                 marker = f"Context compressed: {compress_at} → 9 messages\n" + summary.split("\n", 1)[1]
-                rows.append([sid, seq, "user", summary, True, False, False, True, 0.0, len(summary) // 4, when,
-                             1, keep_from - 1])
-                rows.append([sid, seq + 1, "system", marker, False, True, True, False, 0.0, len(marker) // 4, when,
-                             None, None])
+                rows.append(
+                    [
+                        sid,
+                        seq,
+                        "user",
+                        summary,
+                        True,
+                        False,
+                        False,
+                        True,
+                        0.0,
+                        len(summary) // 4,
+                        when,
+                        1,
+                        keep_from - 1,
+                    ]
+                )
+                rows.append(
+                    [sid, seq + 1, "system", marker, False, True, True, False, 0.0, len(marker) // 4, when, None, None]
+                )
                 seq += 2
                 compress_at = None
                 continue
             role = "user" if conversation % 2 == 0 else "assistant"
-            extra = ([rng.choice(TERM_SENTENCES).format(t=rng.choice(terms))]
-                     if rng.random() < TERM_SENTENCE_RATE else [])
-            content = (self.chatter.message("user", 40, 300, extra) if role == "user"
-                       else self.chatter.message("assistant", 80, 500, extra))
+            extra = (
+                [rng.choice(TERM_SENTENCES).format(t=rng.choice(terms))] if rng.random() < TERM_SENTENCE_RATE else []
+            )
+            content = (
+                self.chatter.message("user", 40, 300, extra)
+                if role == "user"
+                else self.chatter.message("assistant", 80, 500, extra)
+            )
             if role == "user" and not preview:
                 preview = content[:120]
             elapsed = round(rng.uniform(1, 30), 2) if role == "assistant" else 0.0
-            rows.append([sid, seq, role, content, True, True, False, False, elapsed, len(content) // 4, when,
-                         None, None])
+            rows.append(
+                [sid, seq, role, content, True, True, False, False, elapsed, len(content) // 4, when, None, None]
+            )
             when += step
             seq += 1
             conversation += 1
@@ -196,11 +257,26 @@ class Generator:
         hot_bytes = sum(len(r[3].encode()) for r in rows)
         context_chars = sum(len(r[3]) for r in rows + archived if r[4])
         display = sum(1 for r in rows + archived if r[5])
-        out.sessions.append((
-            sid, "anonymous", rng.choice(PROFILES), self._name(terms), rng.random() < 0.005, "ollama",
-            rng.choice(MODELS), created, last_active, context_chars // 4, count + (1 if count > 40 else 0),
-            count + 1, display, preview, len(rows), hot_bytes,
-        ))
+        out.sessions.append(
+            (
+                sid,
+                "anonymous",
+                rng.choice(PROFILES),
+                self._name(terms),
+                rng.random() < 0.005,
+                "ollama",
+                rng.choice(MODELS),
+                created,
+                last_active,
+                context_chars // 4,
+                count + (1 if count > 40 else 0),
+                count + 1,
+                display,
+                preview,
+                len(rows),
+                hot_bytes,
+            )
+        )
         out.hot.extend(tuple(r) for r in rows)
         archived_at = last_active
         out.archive.extend((*r, archived_at) for r in archived)
@@ -224,8 +300,9 @@ async def load(dsn: str, sessions: int, messages: int) -> dict[str, float]:
             await conn.copy_records_to_table("sessions", records=batch.sessions, columns=SESSION_COLUMNS)
             await conn.copy_records_to_table("session_messages", records=batch.hot, columns=MESSAGE_COLUMNS)
             if batch.archive:
-                await conn.copy_records_to_table("session_messages_archive", records=batch.archive,
-                                                 columns=ARCHIVE_COLUMNS)
+                await conn.copy_records_to_table(
+                    "session_messages_archive", records=batch.archive, columns=ARCHIVE_COLUMNS
+                )
         timings["copy"] = time.perf_counter() - started
     finally:
         await conn.close()
@@ -235,7 +312,8 @@ async def load(dsn: str, sessions: int, messages: int) -> dict[str, float]:
 # -- indexes ---------------------------------------------------------------------------------
 async def trigram_indexes(conn: asyncpg.Connection) -> dict[str, str]:
     rows = await conn.fetch(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname LIKE '%\\_trgm'")
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname LIKE '%\\_trgm'"
+    )
     return {r["indexname"]: r["indexdef"] for r in rows}
 
 
@@ -273,11 +351,13 @@ async def measure(stub, terms: list[str]) -> Measured:
     out = Measured()
     await stub.ListSessions(pb.ListSessionsRequest(page_size=PAGE))  # connection and plan warm-up
     for i, term in enumerate(terms):
-        seconds, _ = await _timed(stub.ListSessions(pb.ListSessionsRequest(
-            page_size=PAGE, sort_by=pb.SORT_BY_LAST_ACTIVE, offset=PAGE * i)))
+        seconds, _ = await _timed(
+            stub.ListSessions(pb.ListSessionsRequest(page_size=PAGE, sort_by=pb.SORT_BY_LAST_ACTIVE, offset=PAGE * i))
+        )
         out.list_plain.append(seconds)
-        seconds, listed = await _timed(stub.ListSessions(pb.ListSessionsRequest(
-            page_size=PAGE, sort_by=pb.SORT_BY_LAST_ACTIVE, query=term)))
+        seconds, listed = await _timed(
+            stub.ListSessions(pb.ListSessionsRequest(page_size=PAGE, sort_by=pb.SORT_BY_LAST_ACTIVE, query=term))
+        )
         out.list_query.append(seconds)
         out.hits.append(listed.total)
         ids = [s.id for s in listed.sessions]
@@ -294,8 +374,12 @@ async def word_pairs(conn: asyncpg.Connection, count: int, seed: int) -> list[st
     ids = [r["id"] for r in await conn.fetch("SELECT id FROM sessions ORDER BY id")]
     pairs: list[str] = []
     while len(pairs) < count:
-        text = (await conn.fetchval("SELECT string_agg(content, ' ') FROM session_messages WHERE session_id = $1",
-                                    rng.choice(ids)) or "").lower()
+        text = (
+            await conn.fetchval(
+                "SELECT string_agg(content, ' ') FROM session_messages WHERE session_id = $1", rng.choice(ids)
+            )
+            or ""
+        ).lower()
         held = [t for t in TERMS if t in text.split() or f"{t}," in text or f"{t}?" in text]
         if len(held) >= 2:
             first, second = rng.sample(held, 2)
@@ -309,8 +393,9 @@ async def measure_relevance(stub, queries: list[str]) -> tuple[list[float], list
     seconds, totals, semantic = [], [], 0
     await stub.ListSessions(pb.ListSessionsRequest(page_size=PAGE, query=queries[0], sort_by=pb.SORT_BY_RELEVANCE))
     for query in queries:
-        took, listed = await _timed(stub.ListSessions(pb.ListSessionsRequest(
-            page_size=PAGE, query=query, sort_by=pb.SORT_BY_RELEVANCE)))
+        took, listed = await _timed(
+            stub.ListSessions(pb.ListSessionsRequest(page_size=PAGE, query=query, sort_by=pb.SORT_BY_RELEVANCE))
+        )
         seconds.append(took)
         totals.append(listed.total)
         semantic += listed.semantic
@@ -323,28 +408,44 @@ async def load_message_vectors(conn: asyncpg.Connection, dimensions: int) -> int
     from ollama_sim.embed import embed_text
     from services.session_store.repository.vectors import vector_text
 
-    await conn.execute("INSERT INTO memory_vector_spaces (model, dimensions, from_settings) VALUES ($1, $2, true)",
-                       EMBED_MODEL, dimensions)
+    await conn.execute(
+        "INSERT INTO memory_vector_spaces (model, dimensions, from_settings) VALUES ($1, $2, true)",
+        EMBED_MODEL,
+        dimensions,
+    )
     rows = await conn.fetch(
         "SELECT session_id, seq, content FROM (SELECT session_id, seq, content, row_number() OVER"
         " (PARTITION BY session_id ORDER BY seq) AS n FROM session_messages"
-        " WHERE is_display AND role IN ('user', 'assistant')) m WHERE n <= $1", VECTORS_PER_SESSION)
-    records = await asyncio.to_thread(lambda: [
-        (r["session_id"], r["seq"], EMBED_MODEL, vector_text(embed_text(r["content"][:2000], dimensions)))
-        for r in rows])
+        " WHERE is_display AND role IN ('user', 'assistant')) m WHERE n <= $1",
+        VECTORS_PER_SESSION,
+    )
+    records = await asyncio.to_thread(
+        lambda: [
+            (r["session_id"], r["seq"], EMBED_MODEL, vector_text(embed_text(r["content"][:2000], dimensions)))
+            for r in rows
+        ]
+    )
     for start in range(0, len(records), 5_000):  # text form: asyncpg has no binary codec for `vector`
-        part = records[start:start + 5_000]
+        part = records[start : start + 5_000]
         await conn.execute(
             "INSERT INTO message_vectors (session_id, seq, model, embedding)"
             " SELECT s, q, $1, e::vector FROM unnest($2::uuid[], $3::bigint[], $4::text[]) AS v(s, q, e)",
-            EMBED_MODEL, [r[0] for r in part], [r[1] for r in part], [r[3] for r in part])
-    await conn.execute("INSERT INTO message_vector_marks (session_id, model, through_seq)"
-                       " SELECT id, $1, next_seq - 1 FROM sessions", EMBED_MODEL)
+            EMBED_MODEL,
+            [r[0] for r in part],
+            [r[1] for r in part],
+            [r[3] for r in part],
+        )
+    await conn.execute(
+        "INSERT INTO message_vector_marks (session_id, model, through_seq) SELECT id, $1, next_seq - 1 FROM sessions",
+        EMBED_MODEL,
+    )
     await conn.execute("VACUUM ANALYZE message_vectors")
     return len(records)
 
 
-async def measure_meaning(dsn: str, admin: asyncpg.Connection, queries: list[str]) -> tuple[list[float], list[int], int, int]:
+async def measure_meaning(
+    dsn: str, admin: asyncpg.Connection, queries: list[str]
+) -> tuple[list[float], list[int], int, int]:
     """measure_relevance on a store whose semantic tier answers (the simulator's /api/embed)."""
     from ollama_sim import OllamaSimulator
     from ollama_sim.embed import DIMENSIONS
@@ -356,7 +457,8 @@ async def measure_meaning(dsn: str, admin: asyncpg.Connection, queries: list[str
         async with running_store(dsn, ollama_host=sim.url, embed_model=EMBED_MODEL) as (_, stub):
             summaries = await admin.fetchval(
                 "SELECT (SELECT count(*) FROM session_messages WHERE is_summary)"
-                " + (SELECT count(*) FROM session_messages_archive WHERE is_summary)")
+                " + (SELECT count(*) FROM session_messages_archive WHERE is_summary)"
+            )
             while await admin.fetchval("SELECT count(*) FROM summary_vectors") < summaries:
                 await asyncio.sleep(0.2)  # the indexer embeds the summaries first: not measured meanwhile
             seconds, totals, semantic = await measure_relevance(stub, queries)
@@ -386,22 +488,34 @@ async def run(args) -> str:
                     "SELECT (SELECT count(*) FROM sessions) s, (SELECT count(*) FROM session_messages) h,"
                     " (SELECT count(*) FROM session_messages_archive) a,"
                     " pg_total_relation_size('session_messages') + pg_total_relation_size('session_messages_archive')"
-                    " AS bytes")
+                    " AS bytes"
+                )
                 log.info("loaded %s in %.0fs, indexed in %.0fs", dict(counts), timings["copy"], timings["index"])
 
                 indexed = await measure(stub, terms)
-                log.info("indexed: list %.1f, query %.1f, search %.1f ms", p50(indexed.list_plain) * 1e3,
-                         p50(indexed.list_query) * 1e3, p50(indexed.search) * 1e3)
+                log.info(
+                    "indexed: list %.1f, query %.1f, search %.1f ms",
+                    p50(indexed.list_plain) * 1e3,
+                    p50(indexed.list_query) * 1e3,
+                    p50(indexed.search) * 1e3,
+                )
                 pairs = await word_pairs(admin, calls, 5)
                 words_only = await measure_relevance(stub, pairs)
                 meaning = await measure_meaning(dsn, admin, pairs)
-                log.info("relevance: words %.1f ms, with meaning %s ms", p50(words_only[0]) * 1e3,
-                         f"{p50(meaning[0]) * 1e3:.1f}" if meaning[0] else "-")
+                log.info(
+                    "relevance: words %.1f ms, with meaning %s ms",
+                    p50(words_only[0]) * 1e3,
+                    f"{p50(meaning[0]) * 1e3:.1f}" if meaning[0] else "-",
+                )
                 await drop_indexes(admin, definitions)
                 await admin.execute("ANALYZE")
                 plain = await measure(stub, terms)
-                log.info("plain: list %.1f, query %.1f, search %.1f ms", p50(plain.list_plain) * 1e3,
-                         p50(plain.list_query) * 1e3, p50(plain.search) * 1e3)
+                log.info(
+                    "plain: list %.1f, query %.1f, search %.1f ms",
+                    p50(plain.list_plain) * 1e3,
+                    p50(plain.list_query) * 1e3,
+                    p50(plain.search) * 1e3,
+                )
                 timings["reindex"] = await create_indexes(admin, definitions)
                 await admin.execute("ANALYZE")
             finally:
@@ -418,48 +532,91 @@ async def run(args) -> str:
         target_text = f"p50 ≤ {target} ms: {_mark(p50(with_idx) * 1e3, target)}"
         if key != "list_plain":
             target_text += f"; ≥ {TARGET_SPEEDUP}×: {'✓' if speedup >= TARGET_SPEEDUP else '✗ MISSED'}"
-        rows.append([label, ms(p50(with_idx)), ms(percentile(with_idx, 95)), ms(p50(without)),
-                     ms(percentile(without, 95)), f"{speedup:.1f}×", target_text])
+        rows.append(
+            [
+                label,
+                ms(p50(with_idx)),
+                ms(percentile(with_idx, 95)),
+                ms(p50(without)),
+                ms(percentile(without, 95)),
+                f"{speedup:.1f}×",
+                target_text,
+            ]
+        )
     headers = ["operation", "trigram p50", "trigram p95", "ILIKE p50", "ILIKE p95", "speed-up (p50)", "target"]
     hits = sorted(indexed.hits)
     notes = [
-        (f"ms per call through the gRPC server, {calls} calls per operation and index state, each with a "
-        f"different term (ListSessions without query: offsets 0, {PAGE}, … {PAGE * (calls - 1)}); page size {PAGE}."),
-        (f"Data: {counts['s']:,} sessions, {counts['h'] + counts['a']:,} messages ({counts['a']:,} of them in the "
-        f"archive table, from {min(LONG_SESSIONS, sessions // 100)} sessions past the hot window), "
-        f"{counts['bytes'] / 2**20:,.0f} MB of message tables with indexes; COPY {timings['copy']:.0f} s, "
-        f"trigram index build {timings['index']:.0f} s (rebuild after the ILIKE run {timings['reindex']:.0f} s)."),
-        (f"Terms matched {hits[0]}–{hits[-1]} sessions (median {hits[len(hits) // 2]}); SearchMatches found a median "
-        f"of {sorted(indexed.matches)[len(indexed.matches) // 2]} matching messages in a page."),
-        ("Trigram = the store's `*_trgm` GIN indexes (gin_trgm_ops on message content, archive content, chunk "
-        "content and session names); ILIKE = the same queries after dropping them and ANALYZE."),
-        ("A call = the servicer's two queries for ListSessions (the page and count(*)) or the one aggregate "
-        "query for SearchMatches, plus protobuf and gRPC on loopback."),
-        ("SearchMatches reads only the ≤ 50 sessions it is given: the trigram index finds their matching rows, "
-         "then display positions are numbered for the sessions with a hit. Its cost follows the page, not the "
-         "table, so the ≥ 20× target, meant for a search over the whole table (ListSessions with `query`), "
-         "cannot apply to it."),
+        (
+            f"ms per call through the gRPC server, {calls} calls per operation and index state, each with a "
+            f"different term (ListSessions without query: offsets 0, {PAGE}, … {PAGE * (calls - 1)}); page size {PAGE}."
+        ),
+        (
+            f"Data: {counts['s']:,} sessions, {counts['h'] + counts['a']:,} messages ({counts['a']:,} of them in the "
+            f"archive table, from {min(LONG_SESSIONS, sessions // 100)} sessions past the hot window), "
+            f"{counts['bytes'] / 2**20:,.0f} MB of message tables with indexes; COPY {timings['copy']:.0f} s, "
+            f"trigram index build {timings['index']:.0f} s (rebuild after the ILIKE run {timings['reindex']:.0f} s)."
+        ),
+        (
+            f"Terms matched {hits[0]}–{hits[-1]} sessions (median {hits[len(hits) // 2]}); SearchMatches found a median "
+            f"of {sorted(indexed.matches)[len(indexed.matches) // 2]} matching messages in a page."
+        ),
+        (
+            "Trigram = the store's `*_trgm` GIN indexes (gin_trgm_ops on message content, archive content, chunk "
+            "content and session names); ILIKE = the same queries after dropping them and ANALYZE."
+        ),
+        (
+            "A call = the servicer's two queries for ListSessions (the page and count(*)) or the one aggregate "
+            "query for SearchMatches, plus protobuf and gRPC on loopback."
+        ),
+        (
+            "SearchMatches reads only the ≤ 50 sessions it is given: the trigram index finds their matching rows, "
+            "then display positions are numbered for the sessions with a hit. Its cost follows the page, not the "
+            "table, so the ≥ 20× target, meant for a search over the whole table (ListSessions with `query`), "
+            "cannot apply to it."
+        ),
     ]
-    rows.append(["session_search: relevance, words (2-word query)", ms(p50(words_only[0])),
-                 ms(percentile(words_only[0], 95)), "", "", "", f"p50 ≤ {TARGET_SEARCH_MS} ms: "
-                 f"{_mark(p50(words_only[0]) * 1e3, TARGET_SEARCH_MS)}"])
+    rows.append(
+        [
+            "session_search: relevance, words (2-word query)",
+            ms(p50(words_only[0])),
+            ms(percentile(words_only[0], 95)),
+            "",
+            "",
+            "",
+            f"p50 ≤ {TARGET_SEARCH_MS} ms: {_mark(p50(words_only[0]) * 1e3, TARGET_SEARCH_MS)}",
+        ]
+    )
     if meaning[0]:
-        rows.append(["session_search: relevance, words + meaning", ms(p50(meaning[0])),
-                     ms(percentile(meaning[0], 95)), "", "", "", f"p50 ≤ {TARGET_SEARCH_MS} ms: "
-                     f"{_mark(p50(meaning[0]) * 1e3, TARGET_SEARCH_MS)}"])
+        rows.append(
+            [
+                "session_search: relevance, words + meaning",
+                ms(p50(meaning[0])),
+                ms(percentile(meaning[0], 95)),
+                "",
+                "",
+                "",
+                f"p50 ≤ {TARGET_SEARCH_MS} ms: {_mark(p50(meaning[0]) * 1e3, TARGET_SEARCH_MS)}",
+            ]
+        )
     word_hits = sorted(words_only[1])
     notes.append(
         f"session_search rows: ListSessions with SORT_BY_RELEVANCE and a two-word query, two terms one "
         f"session mentions in separate messages (a session matches holding both words), page size {PAGE}, trigram indexes on; "
         f"{word_hits[0]}–{word_hits[-1]} sessions matched (median {word_hits[len(word_hits) // 2]}). "
-        + (f"With meaning: the store embeds the query with the simulator's /api/embed (256 dimensions, over "
-           f"HTTP) and scans {meaning[3]:,} message vectors ({VECTORS_PER_SESSION} per session) and the "
-           f"summaries' vectors exactly; the semantic tier answered {meaning[2]} of {len(pairs)} calls."
-           if meaning[0] else "No pgvector on this server: no meaning row."))
+        + (
+            f"With meaning: the store embeds the query with the simulator's /api/embed (256 dimensions, over "
+            f"HTTP) and scans {meaning[3]:,} message vectors ({VECTORS_PER_SESSION} per session) and the "
+            f"summaries' vectors exactly; the semantic tier answered {meaning[2]} of {len(pairs)} calls."
+            if meaning[0]
+            else "No pgvector on this server: no meaning row."
+        )
+    )
     missed = [r[0] for r in rows if "MISSED" in r[-1].split(";")[0]]
     if missed:
-        notes.append(f"**Missed p50 target:** {', '.join(missed)}. Rerun with `--keep-databases` and "
-                     "EXPLAIN (ANALYZE, BUFFERS) the repository's query on the kept database to see the plan.")
+        notes.append(
+            f"**Missed p50 target:** {', '.join(missed)}. Rerun with `--keep-databases` and "
+            "EXPLAIN (ANALYZE, BUFFERS) the repository's query on the kept database to see the plan."
+        )
     return table(headers, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 

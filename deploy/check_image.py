@@ -24,8 +24,15 @@ from dockerfile_parse import DockerfileParser
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ["services.session_store", "services.compressor", "services.agent"]
 # Never in the image: test code and doubles, local environments, the repository itself.
-KEPT_OUT = ["tests/conftest.py", "ollama_sim/server.py", ".venv/bin/python", ".git/HEAD",
-            "node_modules/.installed", "bench/__main__.py", "deploy/base/kustomization.yaml"]
+KEPT_OUT = [
+    "tests/conftest.py",
+    "ollama_sim/server.py",
+    ".venv/bin/python",
+    ".git/HEAD",
+    "node_modules/.installed",
+    "bench/__main__.py",
+    "deploy/base/kustomization.yaml",
+]
 
 
 def _regex(pattern: str) -> re.Pattern:
@@ -69,8 +76,13 @@ def excluded(rel: str, rules: list[tuple[bool, re.Pattern]]) -> bool:
 
 
 def context_files(rules) -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                            capture_output=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     return sorted(f for f in listed if f and (ROOT / f).is_file() and not excluded(f, rules))
 
 
@@ -96,7 +108,7 @@ def check_dockerfile(parser: DockerfileParser) -> list[str]:
         problems.append(f"Dockerfile: the runtime stage's USER is {user!r}; want a numeric non-root uid")
     entrypoint = last("ENTRYPOINT")
     if entrypoint is None or json.loads(entrypoint) != ["python", "-m"]:
-        problems.append(f"Dockerfile: ENTRYPOINT {entrypoint}; want [\"python\", \"-m\"] (a service module as argument)")
+        problems.append(f'Dockerfile: ENTRYPOINT {entrypoint}; want ["python", "-m"] (a service module as argument)')
     cmd = last("CMD")
     if cmd is None or json.loads(cmd)[0] not in MODULES:
         problems.append(f"Dockerfile: CMD {cmd}; want one of {MODULES}")
@@ -150,8 +162,10 @@ def main() -> int:
     if problems:
         return 1
     size = sum((ROOT / f).stat().st_size for f in files)
-    print(f"Dockerfile: {len(parser.parent_images)} stages, non-root, `python -m` entrypoint; "
-          f"build context {len(files)} files, {size / 2**20:.1f} MiB")
+    print(
+        f"Dockerfile: {len(parser.parent_images)} stages, non-root, `python -m` entrypoint; "
+        f"build context {len(files)} files, {size / 2**20:.1f} MiB"
+    )
     if options.context:
         for f in files:
             (options.context / f).parent.mkdir(parents=True, exist_ok=True)

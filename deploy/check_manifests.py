@@ -47,7 +47,8 @@ def sandbox_problems(overlay: str, name: str, pod: dict, container: dict) -> lis
     container otherwise as locked down as the others. No other pod has the filters lifted."""
     security = container.get("securityContext", {})
     seccomp = security.get("seccompProfile", {}).get("type") or pod.get("securityContext", {}).get(
-        "seccompProfile", {}).get("type")
+        "seccompProfile", {}
+    ).get("type")
     problems = []
     if security.get("allowPrivilegeEscalation") is not False or security.get("capabilities", {}).get("drop") != ["ALL"]:
         problems.append(f"{name}: allowPrivilegeEscalation false and every capability dropped")
@@ -55,15 +56,19 @@ def sandbox_problems(overlay: str, name: str, pod: dict, container: dict) -> lis
         problems.append(f"{name}: no capability may be added ({security['capabilities']['add']})")
     if name != "palimpsest-agent" or overlay != "prod":
         if seccomp != "RuntimeDefault":
-            problems.append(f"{name}: seccomp {seccomp!r}: only prod's Agent lifts the runtime's filter (for bubblewrap)")
+            problems.append(
+                f"{name}: seccomp {seccomp!r}: only prod's Agent lifts the runtime's filter (for bubblewrap)"
+            )
         return problems
     if pod.get("hostUsers") is not False:
         problems.append(f"{name}: hostUsers must be false: bubblewrap's namespaces need the pod's own user namespace")
     if security.get("procMount") != "Unmasked":
         problems.append(f"{name}: procMount must be Unmasked: the kernel refuses a sandbox's /proc under a masked one")
     if seccomp not in ("Unconfined", "Localhost"):
-        problems.append(f"{name}: seccomp {seccomp!r} refuses bubblewrap's unshare and mount (Unconfined or a "
-                        "Localhost profile that allows them)")
+        problems.append(
+            f"{name}: seccomp {seccomp!r} refuses bubblewrap's unshare and mount (Unconfined or a "
+            "Localhost profile that allows them)"
+        )
     return problems
 
 
@@ -108,23 +113,36 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
 
         env = env_of(container, config_maps)
         if name == "palimpsest-agent" and env.get("PALIMPSEST_SANDBOX") != "required":
-            problems.append(f"{where}: PALIMPSEST_SANDBOX={env.get('PALIMPSEST_SANDBOX')!r}, want 'required': "
-                            "a pod's commands never run outside bubblewrap (its environment holds secrets)")
+            problems.append(
+                f"{where}: PALIMPSEST_SANDBOX={env.get('PALIMPSEST_SANDBOX')!r}, want 'required': "
+                "a pod's commands never run outside bubblewrap (its environment holds secrets)"
+            )
         if str(env.get("PALIMPSEST_METRICS_PORT")) != str(METRICS_PORT):
-            problems.append(f"{where}: PALIMPSEST_METRICS_PORT={env.get('PALIMPSEST_METRICS_PORT')!r}, want "
-                            f"{METRICS_PORT} (the metrics container port)")
+            problems.append(
+                f"{where}: PALIMPSEST_METRICS_PORT={env.get('PALIMPSEST_METRICS_PORT')!r}, want "
+                f"{METRICS_PORT} (the metrics container port)"
+            )
         annotations = spec["template"]["metadata"].get("annotations", {})
-        scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
+        scrape = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": "/metrics",
+        }
         if any(annotations.get(k) != v for k, v in scrape.items()):
             problems.append(f"{where}: pod annotations {annotations} must point Prometheus at :{METRICS_PORT}/metrics")
         # The listen address of this service: a host the pod's network reaches, never a dns:/// target.
-        listen = {"palimpsest-session-store": "PALIMPSEST_STORE_ADDR", "palimpsest-compressor":
-                  "PALIMPSEST_COMPRESSOR_LISTEN", "palimpsest-agent": "PALIMPSEST_AGENT_ADDR"}[name]
+        listen = {
+            "palimpsest-session-store": "PALIMPSEST_STORE_ADDR",
+            "palimpsest-compressor": "PALIMPSEST_COMPRESSOR_LISTEN",
+            "palimpsest-agent": "PALIMPSEST_AGENT_ADDR",
+        }[name]
         if env.get(listen) != f"0.0.0.0:{port}":
             problems.append(f"{where}: {listen}={env.get(listen)!r}, want 0.0.0.0:{port} (it listens there)")
         # Peers it dials: dns:///<Service>:<port>, the Service there, headless, on that port.
-        dials = {"palimpsest-compressor": ["PALIMPSEST_STORE_ADDR"],
-                 "palimpsest-agent": ["PALIMPSEST_STORE_ADDR", "PALIMPSEST_COMPRESSOR_ADDR"]}.get(name, [])
+        dials = {
+            "palimpsest-compressor": ["PALIMPSEST_STORE_ADDR"],
+            "palimpsest-agent": ["PALIMPSEST_STORE_ADDR", "PALIMPSEST_COMPRESSOR_ADDR"],
+        }.get(name, [])
         for var in dials:
             value = str(env.get(var))
             match = re.fullmatch(r"dns:///([a-z0-9-]+):(\d+)", value)
@@ -151,13 +169,17 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
         try:
             grace = float(env.get("PALIMPSEST_GRACE_SECONDS", 5.0))
         except (TypeError, ValueError):
-            problems.append(f"{where}: PALIMPSEST_GRACE_SECONDS={env.get('PALIMPSEST_GRACE_SECONDS')!r} is not a number")
+            problems.append(
+                f"{where}: PALIMPSEST_GRACE_SECONDS={env.get('PALIMPSEST_GRACE_SECONDS')!r} is not a number"
+            )
             grace = 5.0
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
         termination = pod.get("terminationGracePeriodSeconds", 30)
         if termination < pre_stop + grace + CLOSING_MARGIN_S:
-            problems.append(f"{where}: terminationGracePeriodSeconds {termination} < preStop {pre_stop} + "
-                            f"PALIMPSEST_GRACE_SECONDS {grace:g} + {CLOSING_MARGIN_S}")
+            problems.append(
+                f"{where}: terminationGracePeriodSeconds {termination} < preStop {pre_stop} + "
+                f"PALIMPSEST_GRACE_SECONDS {grace:g} + {CLOSING_MARGIN_S}"
+            )
 
         replicas = spec.get("replicas", 1)
         if overlay == "dev" and replicas != 1:
@@ -207,16 +229,27 @@ def check(overlay: str, docs: list[dict]) -> list[str]:
             labels = deployments.get(name, {}).get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
             if not any(selects(p["spec"]["selector"].get("matchLabels", {}), labels) for p in pdbs):
                 problems.append(f"prod: no PodDisruptionBudget selects {name}'s pods")
-        config = next((d.get("data", {}) for d in docs if d.get("kind") == "ConfigMap"
-                       and d["metadata"]["name"].startswith("palimpsest-config")), {})
+        config = next(
+            (
+                d.get("data", {})
+                for d in docs
+                if d.get("kind") == "ConfigMap" and d["metadata"]["name"].startswith("palimpsest-config")
+            ),
+            {},
+        )
         for setting in ("PALIMPSEST_TURN_CLAIMS", "PALIMPSEST_REPLICA_EVENTS"):
             if config.get(setting) != "true":
                 problems.append(f"prod: several Agents need {setting}=true in palimpsest-config")
         for pdb in pdbs:
-            matched = [n for n, d in deployments.items()
-                       if selects(pdb["spec"]["selector"].get("matchLabels", {}), d["spec"]["template"]["metadata"]["labels"])]
+            matched = [
+                n
+                for n, d in deployments.items()
+                if selects(pdb["spec"]["selector"].get("matchLabels", {}), d["spec"]["template"]["metadata"]["labels"])
+            ]
             if len(matched) != 1:
-                problems.append(f"prod: PodDisruptionBudget {pdb['metadata']['name']} selects {matched}, want one Deployment")
+                problems.append(
+                    f"prod: PodDisruptionBudget {pdb['metadata']['name']} selects {matched}, want one Deployment"
+                )
     return problems
 
 

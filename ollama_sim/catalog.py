@@ -63,14 +63,16 @@ def show_payload(spec: ModelSpec, verbose: bool) -> bytes:
 
 
 def tags(models: Mapping[str, ModelSpec]) -> JsonObject:
-    return {"models": [
-        {
-            "name": _listed_name(name),
-            "model": _listed_name(name),
-            "modified_at": "2025-01-01T00:00:00Z",
-            "size": spec.size,
-            "digest": model_digest(name, spec),
-            "details": _model_details(spec),
-        }
-        for name, spec in models.items()
-    ]}
+    return {
+        "models": [
+            {
+                "name": _listed_name(name),
+                "model": _listed_name(name),
+                "modified_at": "2025-01-01T00:00:00Z",
+                "size": spec.size,
+                "digest": model_digest(name, spec),
+                "details": _model_details(spec),
+            }
+            for name, spec in models.items()
+        ]
+    }

@@ -16,8 +16,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc  # noqa: E402
 from rich.console import Console
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc  # noqa: E402
 from ollama_sim import OllamaSimulator, Reply  # noqa: E402
+from palimpsest.v1 import agent_pb2 as pb  # noqa: E402
+from palimpsest.v1 import agent_pb2_grpc
 from services.run import command_as_typed  # noqa: E402
 from services.shared.settings import Settings  # noqa: E402
 
@@ -46,8 +47,12 @@ def what_it_shows(settings: Settings, window: int) -> str:
         f"{reserve} tokens stay free for the answer (OUTPUT_RESERVE_TOKENS, at most a quarter of the window), "
         f"so a prompt may use {limit} ({limit / window:.0%}); compression starts at {trigger:.0f} tokens "
         f"({trigger / window:.0%})"
-        + (f", not at CONTEXT_COMPRESSION_THRESHOLD={settings.compression_threshold:.2f}: the trigger is never above "
-           "that limit" if capped else "")
+        + (
+            f", not at CONTEXT_COMPRESSION_THRESHOLD={settings.compression_threshold:.2f}: the trigger is never above "
+            "that limit"
+            if capped
+            else ""
+        )
         + ". It runs after an answer when that answer's prompt reached it (or came back cut), and before a "
         f"call when the prompt would pass it. It summarizes all but the last {settings.keep_recent} turns (CONTEXT_KEEP_RECENT); "
         "the meter drops by what the summary saved, and climbs again as turns are added. A window this small "
@@ -72,7 +77,9 @@ async def main() -> None:
         with open(profiles, "w") as f:
             json.dump({"profiles": [{"id": "demo", "model": "qwen3.6", "context_window": WINDOW}]}, f)
         settings = replace(Settings.from_env(), ollama_host=sim.url, profiles_path=profiles)
-        console.print(f"[bold]Palimpsest demo[/]: {TURNS} turns in a {WINDOW}-token window, Ollama simulated at {sim.url}")
+        console.print(
+            f"[bold]Palimpsest demo[/]: {TURNS} turns in a {WINDOW}-token window, Ollama simulated at {sim.url}"
+        )
         console.print(what_it_shows(settings, WINDOW), style="dim", highlight=False, soft_wrap=True)
         embedded = None
         dsn = settings.database_url
@@ -107,18 +114,24 @@ async def main() -> None:
                             c = event.context_compressed
                             since = f", {turn - last_compressed} turns after the last one" if last_compressed else ""
                             last_compressed = turn
-                            console.print(f"          [magenta]Context compressed: {c.messages_before} → "
-                                          f"{c.messages_after} messages, the history now {c.context_tokens} tokens "
-                                          f"(plus the system prompt and tools){since}[/]")
+                            console.print(
+                                f"          [magenta]Context compressed: {c.messages_before} → "
+                                f"{c.messages_after} messages, the history now {c.context_tokens} tokens "
+                                f"(plus the system prompt and tools){since}[/]"
+                            )
                     await asyncio.sleep(0.05)  # let the post-turn check run, as a user pause would
                 pal = command_as_typed("pal") or "pal"
-                console.print(f"\nsession {session_id}: the full history is still there, in the database "
-                              "`make run` uses. With `make run` up:\n"
-                              f"  {pal} sessions show {session_id}        every message, the compressed ones too\n"
-                              f"  {pal} context {session_id}              what the model sees now: the summary and "
-                              "the newest turns\n"
-                              f"  {pal} continue --id {session_id} \"…\"    goes on with it, on make run's default "
-                              "profile (the demo's own exists only here)", highlight=False, soft_wrap=True)
+                console.print(
+                    f"\nsession {session_id}: the full history is still there, in the database "
+                    "`make run` uses. With `make run` up:\n"
+                    f"  {pal} sessions show {session_id}        every message, the compressed ones too\n"
+                    f"  {pal} context {session_id}              what the model sees now: the summary and "
+                    "the newest turns\n"
+                    f'  {pal} continue --id {session_id} "…"    goes on with it, on make run\'s default '
+                    "profile (the demo's own exists only here)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         finally:
             await agent.stop(1)
             await compressor.stop(1)

@@ -103,8 +103,15 @@ def context_shift_limit(num_ctx: int, num_keep: int) -> int:
     return num_ctx - max((num_ctx - num_keep) // 2, 1)
 
 
-def fit_llama_server(turns: Sequence[Turn], closing: int, num_ctx: int, truncate: bool, *,
-                     context_shift: bool = True, num_keep: int = DEFAULT_NUM_KEEP) -> Fit:
+def fit_llama_server(
+    turns: Sequence[Turn],
+    closing: int,
+    num_ctx: int,
+    truncate: bool,
+    *,
+    context_shift: bool = True,
+    num_keep: int = DEFAULT_NUM_KEEP,
+) -> Fit:
     """llama-server, behind Ollama's chatPrompt: with ``truncate``, the fewest old messages dropped
     for the rest to fit (system messages and the last one always kept); without, any prompt over the
     window is refused. A last message too long on its own is context-shifted, or refused without a

@@ -28,22 +28,29 @@ LLAMA3_2 = "llama3.2"
 GEMMA_4 = "gemma4"
 VOCAB_FILES = {LLAMA3_2: "ggml-vocab-llama-bpe.gguf", GEMMA_4: "ggml-vocab-gemma-4.gguf"}
 
-ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-              "tokenizer.ggml.scores")
+ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
 
 
 def family_models(vocab_dir: Path) -> dict[str, ModelSpec]:
     """Llama 3.2 and Gemma 4 as `ollama pull` serves them, their vocabularies from ``vocab_dir``."""
     return {
         LLAMA3_2: ModelSpec(
-            context_length=131_072, capabilities=(COMPLETION, TOOLS), architecture="llama",
-            parameter_size="3.2B", size=2_000_000_000,
-            vocabulary_file=vocab_dir / VOCAB_FILES[LLAMA3_2], template=LLAMA3,
+            context_length=131_072,
+            capabilities=(COMPLETION, TOOLS),
+            architecture="llama",
+            parameter_size="3.2B",
+            size=2_000_000_000,
+            vocabulary_file=vocab_dir / VOCAB_FILES[LLAMA3_2],
+            template=LLAMA3,
         ),
         GEMMA_4: ModelSpec(
-            context_length=131_072, capabilities=(COMPLETION, TOOLS), architecture="gemma4",
-            parameter_size="8B", size=9_600_000_000,
-            vocabulary_file=vocab_dir / VOCAB_FILES[GEMMA_4], template=GEMMA4,
+            context_length=131_072,
+            capabilities=(COMPLETION, TOOLS),
+            architecture="gemma4",
+            parameter_size="8B",
+            size=9_600_000_000,
+            vocabulary_file=vocab_dir / VOCAB_FILES[GEMMA_4],
+            template=GEMMA4,
         ),
     }
 

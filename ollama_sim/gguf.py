@@ -12,8 +12,19 @@ from pathlib import Path
 from typing import Any
 
 # GGUF value types: (struct format, size) for scalars; 8 is a string, 9 an array.
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_SCALARS = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
 _STRING, _ARRAY = 8, 9
 
 # Ollama's model_info carries the tokenizer's fields and the model's general ones (general.name
@@ -34,7 +45,7 @@ class _Reader:
 
     def string(self) -> str:
         length = self.scalar(10)
-        text = self.data[self.at:self.at + length].decode("utf-8", "surrogateescape")
+        text = self.data[self.at : self.at + length].decode("utf-8", "surrogateescape")
         self.at += length
         return text
 

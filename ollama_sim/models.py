@@ -69,8 +69,12 @@ def default_models() -> dict[str, ModelSpec]:
         "summarizer": ModelSpec(context_length=32_768, capabilities=(COMPLETION,), vocabulary=QWEN3_6),
         # What `ollama pull nomic-embed-text` serves: /api/embed only (vectors from embed.py).
         "nomic-embed-text": ModelSpec(
-            context_length=2_048, capabilities=(EMBEDDING,), architecture="nomic-bert", parameter_size="137M",
-            quantization_level="F16", size=274_000_000,
+            context_length=2_048,
+            capabilities=(EMBEDDING,),
+            architecture="nomic-bert",
+            parameter_size="137M",
+            quantization_level="F16",
+            size=274_000_000,
         ),
         "tiny": ModelSpec(
             context_length=8_192,

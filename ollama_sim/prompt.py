@@ -93,8 +93,9 @@ def render_message(message: Message, template: ChatTemplate = DEFAULT_TEMPLATE) 
     return f"{template.opening(role)}{content}{template.turn_close}"
 
 
-def _with_tools(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]],
-                template: ChatTemplate) -> list[Message]:
+def _with_tools(
+    messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], template: ChatTemplate
+) -> list[Message]:
     """Merge the tool block into the leading system message (or add one)."""
     block = render_tools(tools, template)
     if messages and messages[0].get("role") == "system":
@@ -104,8 +105,11 @@ def _with_tools(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]],
     return [{"role": "system", "content": block}, *messages]
 
 
-def render_prompt(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
-                  template: ChatTemplate = DEFAULT_TEMPLATE) -> str:
+def render_prompt(
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template: ChatTemplate = DEFAULT_TEMPLATE,
+) -> str:
     """The whole text prompt (images excluded), ending with the open assistant turn."""
     turns = _with_tools(messages, tools, template) if tools else list(messages)
     return template.bos + "".join(render_message(m, template) for m in turns) + template.generation_prompt()
@@ -126,9 +130,12 @@ def _images(messages: Iterable[Message]) -> Iterable[bytes]:
             yield _decode_image(image)
 
 
-def rendered_turns(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
-                   template: ChatTemplate = DEFAULT_TEMPLATE,
-                   count: TextCounter = count_text_tokens) -> list[tuple[str, str, int]]:
+def rendered_turns(
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template: ChatTemplate = DEFAULT_TEMPLATE,
+    count: TextCounter = count_text_tokens,
+) -> list[tuple[str, str, int]]:
     """(role, rendered text, tokens with the turn's images) of every turn, the tool block merged into
     the leading system turn: what an engine drops whole messages of, and its prompt cache compares."""
     turns = _with_tools(messages, tools, template) if tools else list(messages)
@@ -145,11 +152,15 @@ def closing_tokens(template: ChatTemplate = DEFAULT_TEMPLATE, count: TextCounter
     return count(template.bos) + count(template.generation_prompt())
 
 
-def count_prompt_tokens(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
-                        template: ChatTemplate = DEFAULT_TEMPLATE,
-                        count: TextCounter = count_text_tokens) -> int:
+def count_prompt_tokens(
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template: ChatTemplate = DEFAULT_TEMPLATE,
+    count: TextCounter = count_text_tokens,
+) -> int:
     """Real prompt tokens of a chat request: rendered text plus every image's own cost."""
     # Every turn starts and ends on a special token, so per-turn counts add up exactly to the
     # whole prompt's count, and the per-turn cache hits for everything but the newest turns.
-    return sum(tokens for _, _, tokens in rendered_turns(messages, tools, template, count)) \
-        + closing_tokens(template, count)
+    return sum(tokens for _, _, tokens in rendered_turns(messages, tools, template, count)) + closing_tokens(
+        template, count
+    )

@@ -246,9 +246,7 @@ class OllamaSimulator:
             self._chats.append(record)
             self._changed.notify_all()
 
-    def _update_chat(
-        self, record: ChatRecord, *, completed: bool = False, disconnected: bool = False
-    ) -> None:
+    def _update_chat(self, record: ChatRecord, *, completed: bool = False, disconnected: bool = False) -> None:
         with self._changed:
             record.completed = record.completed or completed
             record.disconnected = record.disconnected or disconnected
@@ -361,9 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             route(body)
 
-    def _respond_with(
-        self, build: Callable[[JsonObject], tuple[int, JsonObject]]
-    ) -> Callable[[JsonObject], None]:
+    def _respond_with(self, build: Callable[[JsonObject], tuple[int, JsonObject]]) -> Callable[[JsonObject], None]:
         return lambda body: self._send_json(*build(body))
 
     # -- simple endpoints ----------------------------------------------------------------------
@@ -472,9 +468,14 @@ class _Handler(BaseHTTPRequestHandler):
         engine = self.sim.engine
         if engine == engines.LLAMA_SERVER:
             num_keep = options.get("num_keep", engines.DEFAULT_NUM_KEEP)
-            fit = engines.fit_llama_server(turns, closing, num_ctx, truncate,
-                                           context_shift=spec.context_shift,
-                                           num_keep=num_keep if isinstance(num_keep, int) else 0)
+            fit = engines.fit_llama_server(
+                turns,
+                closing,
+                num_ctx,
+                truncate,
+                context_shift=spec.context_shift,
+                num_keep=num_keep if isinstance(num_keep, int) else 0,
+            )
         else:
             fit = engines.fit_runners(turns, closing, num_ctx, truncate, self.sim.version)
         if fit.refusal is not None:
@@ -496,23 +497,19 @@ class _Handler(BaseHTTPRequestHandler):
             cached_tokens=min(cached, fit.kept_tokens),
         )
 
-    def _final_fields(
-        self, reply: Reply, planned: list[JsonObject], record: ChatRecord, started: int
-    ) -> JsonObject:
+    def _final_fields(self, reply: Reply, planned: list[JsonObject], record: ChatRecord, started: int) -> JsonObject:
         metrics = chat.final_metrics(
-            record.prompt_eval_count, chat.eval_tokens(planned), time.monotonic_ns() - started,
+            record.prompt_eval_count,
+            chat.eval_tokens(planned),
+            time.monotonic_ns() - started,
             record.cached_tokens,
         )
         return {"done_reason": reply.done_reason, **metrics}
 
-    def _stream(
-        self, name: str, reply: Reply, planned: list[JsonObject], record: ChatRecord, started: int
-    ) -> None:
+    def _stream(self, name: str, reply: Reply, planned: list[JsonObject], record: ChatRecord, started: int) -> None:
         self._start_stream()
         self._pause(reply.first_chunk_delay)
-        limit = (
-            len(planned) if reply.error_after_chunks is None else min(reply.error_after_chunks, len(planned))
-        )
+        limit = len(planned) if reply.error_after_chunks is None else min(reply.error_after_chunks, len(planned))
         for index, message in enumerate(planned[:limit]):
             if index:
                 self._pause(reply.chunk_delay)

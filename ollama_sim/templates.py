@@ -49,8 +49,9 @@ TEMPLATES: dict[str, ChatTemplate] = {
         tool_result="<tool_response>\n{content}\n</tool_response>",
         tool_call="<tool_call>\n{call}\n</tool_call>",
         tools_header="# Tools\n\nFunction signatures you may call, within <tools></tools>:\n<tools>\n",
-        tools_footer=('\n</tools>\n\nCall one by answering <tool_call>\n{"name": ..., "arguments": {...}}\n'
-                      "</tool_call>"),
+        tools_footer=(
+            '\n</tools>\n\nCall one by answering <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
+        ),
     ),
     # Llama 3.1–3.3: header ids around the role, tool results in the "ipython" role, BOS first.
     LLAMA3: ChatTemplate(
@@ -58,8 +59,10 @@ TEMPLATES: dict[str, ChatTemplate] = {
         turn_close="<|eot_id|>",
         bos="<|begin_of_text|>",
         role_names={"tool": "ipython"},
-        tools_header=("Environment: ipython\n\nYou have access to the following functions. "
-                      "To call a function, respond with JSON for a function call.\n\n"),
+        tools_header=(
+            "Environment: ipython\n\nYou have access to the following functions. "
+            "To call a function, respond with JSON for a function call.\n\n"
+        ),
     ),
     # Gemma 4: <|turn>role … <turn|>, the assistant called "model", tool calls and results and the
     # declarations in their own control tokens, BOS first.

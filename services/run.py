@@ -32,15 +32,18 @@ SERVICES = [
 PAL_ADDRESS_VARS = ("PALIMPSEST_STORE_ADDR", "PALIMPSEST_COMPRESSOR_ADDR", "PALIMPSEST_AGENT_ADDR")
 
 
-def wait_serving(name: str, addr: str, timeout: float, proc: subprocess.Popen,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+def wait_serving(
+    name: str, addr: str, timeout: float, proc: subprocess.Popen, credentials: grpc.ChannelCredentials | None = None
+) -> None:
     deadline = time.monotonic() + timeout
-    with (grpc.secure_channel(addr, credentials) if credentials else grpc.insecure_channel(addr)) as channel:
+    with grpc.secure_channel(addr, credentials) if credentials else grpc.insecure_channel(addr) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise SystemExit(f"make run: {name} exited while starting (status {proc.returncode}); "
-                                 "its reason is on the line above")
+                raise SystemExit(
+                    f"make run: {name} exited while starting (status {proc.returncode}); "
+                    "its reason is on the line above"
+                )
             try:
                 # types-grpcio-health-checking declares HealthStub without the methods its __init__ sets.
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)  # type: ignore[attr-defined]
@@ -49,8 +52,9 @@ def wait_serving(name: str, addr: str, timeout: float, proc: subprocess.Popen,
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
-    raise SystemExit(f"make run: {name} on {addr} did not report SERVING within {timeout:.0f}s; "
-                     f"{DEBUG_ENV}=1 shows more of its log")
+    raise SystemExit(
+        f"make run: {name} on {addr} did not report SERVING within {timeout:.0f}s; {DEBUG_ENV}=1 shows more of its log"
+    )
 
 
 def command_as_typed(name: str) -> str | None:
@@ -73,8 +77,9 @@ def try_hint(settings: Settings, environ: Mapping[str, str]) -> str:
     the shell finds (a new terminal has neither the virtualenv nor this shell's settings)."""
     store = settings.store_addr.split(",")[0].strip()
     agent = settings.agent_addr.split(",")[0].strip()
-    addresses = " ".join(f"{var}={shlex.quote(environ[var].strip())}" for var in PAL_ADDRESS_VARS
-                         if environ.get(var, "").strip())
+    addresses = " ".join(
+        f"{var}={shlex.quote(environ[var].strip())}" for var in PAL_ADDRESS_VARS if environ.get(var, "").strip()
+    )
     prefix = addresses + " " if addresses else ""
     lines = []
     pal = command_as_typed("pal")
@@ -82,7 +87,10 @@ def try_hint(settings: Settings, environ: Mapping[str, str]) -> str:
         lines += [f"  {prefix}{pal} health", f"  {prefix}{pal} chat"]
     grpcurl = command_as_typed("grpcurl")
     if grpcurl:
-        lines += [f"  {grpcurl} -plaintext {store} list", f"  {grpcurl} -plaintext {agent} describe palimpsest.v1.Agent"]
+        lines += [
+            f"  {grpcurl} -plaintext {store} list",
+            f"  {grpcurl} -plaintext {agent} describe palimpsest.v1.Agent",
+        ]
     here = "" if all(not line.strip().startswith(".venv") for line in lines) else f" (from {Path.cwd()})"
     return f"\nTry{here}:\n" + "\n".join(lines) + "\n\nCtrl-C stops everything."
 
@@ -109,9 +117,11 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 — one line, as for the services
             if debug_enabled():
                 raise
-            raise SystemExit(f"make run: the embedded PostgreSQL did not start in {settings.data_dir} "
-                             f"({type(exc).__name__}: {exc}); set PALIMPSEST_DATA_DIR to a folder of your own, "
-                             f"or DATABASE_URL to a PostgreSQL of yours ({DEBUG_ENV}=1 for the traceback)") from None
+            raise SystemExit(
+                f"make run: the embedded PostgreSQL did not start in {settings.data_dir} "
+                f"({type(exc).__name__}: {exc}); set PALIMPSEST_DATA_DIR to a folder of your own, "
+                f"or DATABASE_URL to a PostgreSQL of yours ({DEBUG_ENV}=1 for the traceback)"
+            ) from None
         print(f"embedded PostgreSQL: {env['DATABASE_URL']} (data in {settings.data_dir})")
     credentials = settings_tls(lambda: tls.channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key))
     procs: list[subprocess.Popen] = []

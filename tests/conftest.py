@@ -50,22 +50,47 @@ def pytest_configure(config) -> None:
 # Fixtures that start a server, a database or the Ollama simulator, and modules whose tests start
 # processes of their own (commands, the services, pal, make): a test with none of them (directly
 # or through another fixture) is a pure test, and `make test-fast` runs those alone.
-SERVICE_FIXTURES = frozenset({
-    "database_url", "store_server", "store_server_auth", "store", "store_auth", "ollama_sim",
-    "compressor_server", "compressor", "agent_server", "agent", "semantic_store", "sim",
-})
+SERVICE_FIXTURES = frozenset(
+    {
+        "database_url",
+        "store_server",
+        "store_server_auth",
+        "store",
+        "store_auth",
+        "ollama_sim",
+        "compressor_server",
+        "compressor",
+        "agent_server",
+        "agent",
+        "semantic_store",
+        "sim",
+    }
+)
 
-PROCESS_MODULES = frozenset({
-    "test_embedded_pg", "test_faults", "test_grpcurl", "test_mcp_servers", "test_newcomer", "test_node_client",
-    "test_pal", "test_pal_agent", "test_pal_client_tools", "test_runtime_deps", "test_sandbox", "test_tracing",
-})
+PROCESS_MODULES = frozenset(
+    {
+        "test_embedded_pg",
+        "test_faults",
+        "test_grpcurl",
+        "test_mcp_servers",
+        "test_newcomer",
+        "test_node_client",
+        "test_pal",
+        "test_pal_agent",
+        "test_pal_client_tools",
+        "test_runtime_deps",
+        "test_sandbox",
+        "test_tracing",
+    }
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         module = getattr(item, "module", None)
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())) or (
-                module is not None and module.__name__.rsplit(".", 1)[-1] in PROCESS_MODULES):
+            module is not None and module.__name__.rsplit(".", 1)[-1] in PROCESS_MODULES
+        ):
             item.add_marker(pytest.mark.services)
 
 
@@ -108,8 +133,15 @@ def base_settings(tmp_path_factory) -> Settings:
     root = tmp_path_factory.mktemp("files")
     # No embedding model: the shared stores search memory lexically, whatever answers on
     # 127.0.0.1:11434; tests of the semantic tier start stores of their own on the simulator.
-    return replace(Settings(), files_root=root, data_dir=_test_data_dir(), jwt_secret=JWT_SECRET, session_titles=False,
-                   file_sweep_interval_s=3600, embed_model="")
+    return replace(
+        Settings(),
+        files_root=root,
+        data_dir=_test_data_dir(),
+        jwt_secret=JWT_SECRET,
+        session_titles=False,
+        file_sweep_interval_s=3600,
+        embed_model="",
+    )
 
 
 async def _start_store(settings: Settings, dsn: str):
@@ -168,7 +200,6 @@ def ollama_sim():
         yield sim
 
 
-
 @pytest.fixture
 def fresh_sim(ollama_sim):
     """The simulator's deterministic echo for the test, whatever an earlier one scripted or set to
@@ -177,6 +208,7 @@ def fresh_sim(ollama_sim):
     ollama_sim.set_responder(None)
     yield
     ollama_sim.set_responder(None)
+
 
 @pytest.fixture(scope="module")
 async def compressor_server(base_settings, store_server, ollama_sim):
@@ -208,13 +240,33 @@ TEST_PROFILES = {
     "default": "small",
     "profiles": [
         {"id": "small", "name": "Small window", "model": "qwen3.6", "context_window": 8192, "max_iterations": 8},
-        {"id": "tiny", "name": "No thinking", "model": "tiny", "context_window": 8192, "max_iterations": 4,
-         "think_enabled": False},
-        {"id": "looper", "name": "Short leash", "model": "qwen3.6", "context_window": 8192, "max_iterations": 6,
-         "goal_anchoring_interval": 2, "anti_stall_threshold": 3, "think_enabled": False},
+        {
+            "id": "tiny",
+            "name": "No thinking",
+            "model": "tiny",
+            "context_window": 8192,
+            "max_iterations": 4,
+            "think_enabled": False,
+        },
+        {
+            "id": "looper",
+            "name": "Short leash",
+            "model": "qwen3.6",
+            "context_window": 8192,
+            "max_iterations": 6,
+            "goal_anchoring_interval": 2,
+            "anti_stall_threshold": 3,
+            "think_enabled": False,
+        },
         {"id": "missing", "name": "Unpulled model", "model": "no-such-model", "context_window": 8192},
-        {"id": "liar", "name": "Miscalibrated", "model": LIAR_MODEL, "context_window": 32768, "think_enabled": False,
-         "memory_recall_enabled": False},
+        {
+            "id": "liar",
+            "name": "Miscalibrated",
+            "model": LIAR_MODEL,
+            "context_window": 32768,
+            "think_enabled": False,
+            "memory_recall_enabled": False,
+        },
     ],
 }
 
@@ -229,8 +281,14 @@ def profiles_file(tmp_path_factory) -> str:
 
 
 def agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file, **overrides):
-    return replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                   compressor_addr=compressor_server.address, profiles_path=profiles_file, **overrides)
+    return replace(
+        base_settings,
+        ollama_host=ollama_sim.url,
+        store_addr=store_server.address,
+        compressor_addr=compressor_server.address,
+        profiles_path=profiles_file,
+        **overrides,
+    )
 
 
 @asynccontextmanager
@@ -255,8 +313,9 @@ async def three_services(settings: Settings, database_url: str, ollama_sim, prof
 async def agent_server(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
     from services.agent.app import start_agent
 
-    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
-                                               profiles_file), port=0)
+    running = await start_agent(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file), port=0
+    )
     yield running
     await running.stop(0)
 

@@ -56,8 +56,10 @@ def write_note(text: str) -> str:
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def picture(caption: str) -> list:
     """A picture with a caption."""
-    return [TextContent(type="text", text=f"caption: {caption}"),
-            ImageContent(type="image", data=base64.b64encode(png()).decode(), mime_type="image/png")]
+    return [
+        TextContent(type="text", text=f"caption: {caption}"),
+        ImageContent(type="image", data=base64.b64encode(png()).decode(), mime_type="image/png"),
+    ]
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
@@ -104,6 +106,7 @@ def fail() -> str:
 @server.tool()
 async def grow(ctx: Context) -> str:
     """Adds the tool `added` and says the list changed."""
+
     def added(n: int) -> str:
         """Added at run time."""
         return f"added {n}"
@@ -119,6 +122,7 @@ async def grow(ctx: Context) -> str:
 @server.tool()
 async def flood(ctx: Context, count: int, every_ms: int = 0) -> str:
     """Adds the tool `flooded`, then says the list changed `count` times, one every `every_ms`."""
+
     def flooded() -> str:
         return "flooded"
 

@@ -234,10 +234,22 @@ def pal_profiles_fixture(tmp_path_factory) -> tuple[str, str, Path]:
     """A profiles file of this module's own: its default profile keeps the sessions it creates apart."""
     main, other = f"pal-{uuid.uuid4().hex[:8]}", f"pal-tiny-{uuid.uuid4().hex[:8]}"
     path = tmp_path_factory.mktemp("profiles") / "profiles.json"
-    path.write_text(json.dumps({"default": main, "profiles": {
-        main: {"name": "Pal test", "model": "qwen3.6", "context_window": 8192, "description": "tests of pal"},
-        other: {"name": "Tiny", "model": "tiny", "context_window": 8192, "think_enabled": False},
-    }}))
+    path.write_text(
+        json.dumps(
+            {
+                "default": main,
+                "profiles": {
+                    main: {
+                        "name": "Pal test",
+                        "model": "qwen3.6",
+                        "context_window": 8192,
+                        "description": "tests of pal",
+                    },
+                    other: {"name": "Tiny", "model": "tiny", "context_window": 8192, "think_enabled": False},
+                },
+            }
+        )
+    )
     return main, other, path
 
 
@@ -248,8 +260,13 @@ async def agent_server_fixture(base_settings, store_server, compressor_server, o
     Overrides conftest's: this one reads a profiles file of the module's own, so the sessions its turns
     create carry a profile no other test uses (`pal continue --profile` finds exactly them).
     """
-    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                       compressor_addr=compressor_server.address, profiles_path=str(pal_profiles[2]))
+    settings = replace(
+        base_settings,
+        ollama_host=ollama_sim.url,
+        store_addr=store_server.address,
+        compressor_addr=compressor_server.address,
+        profiles_path=str(pal_profiles[2]),
+    )
     running = await start_agent(settings, port=0)
     yield running
     await running.stop(0)

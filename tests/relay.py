@@ -63,5 +63,6 @@ class Relay:
                     await dst.drain()
             dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer, self.flowing),
-                             pipe(up_reader, writer, self.flowing, self.answering))
+        await asyncio.gather(
+            pipe(reader, up_writer, self.flowing), pipe(up_reader, writer, self.flowing, self.answering)
+        )

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import grpc
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.ports import free_port
 from tests.fault_services import PROMPT, Service, answer_to, prompt_for
 
@@ -57,8 +59,15 @@ class Cluster:
             service.stop_now()
 
 
-def cluster(database_url: str, ollama_url: str, profiles: str, data_dir: Path, logs: Path,
-            replicas: int = 2, replica_events: bool = True) -> Cluster:
+def cluster(
+    database_url: str,
+    ollama_url: str,
+    profiles: str,
+    data_dir: Path,
+    logs: Path,
+    replicas: int = 2,
+    replica_events: bool = True,
+) -> Cluster:
     ports = {kind: [free_port() for _ in range(replicas)] for kind in ("store", "compressor", "agent")}
     stores = ",".join(f"127.0.0.1:{p}" for p in ports["store"])
     compressors = ",".join(f"127.0.0.1:{p}" for p in ports["compressor"])
@@ -86,12 +95,18 @@ def cluster(database_url: str, ollama_url: str, profiles: str, data_dir: Path, l
         return Service(module, ports[kind][i], {**env, **own}, logs / f"{kind}{i}.log")
 
     return Cluster(
-        stores=[service("store", "services.session_store", i, {"PALIMPSEST_STORE_ADDR": f"127.0.0.1:{p}"})
-                for i, p in enumerate(ports["store"])],
-        compressors=[service("compressor", "services.compressor", i, {"PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{p}"})
-                     for i, p in enumerate(ports["compressor"])],
-        agents=[service("agent", "services.agent", i, {"PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{p}"})
-                for i, p in enumerate(ports["agent"])],
+        stores=[
+            service("store", "services.session_store", i, {"PALIMPSEST_STORE_ADDR": f"127.0.0.1:{p}"})
+            for i, p in enumerate(ports["store"])
+        ],
+        compressors=[
+            service("compressor", "services.compressor", i, {"PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{p}"})
+            for i, p in enumerate(ports["compressor"])
+        ],
+        agents=[
+            service("agent", "services.agent", i, {"PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{p}"})
+            for i, p in enumerate(ports["agent"])
+        ],
     )
 
 
@@ -155,8 +170,9 @@ class Load:
             self.turns.append(turn)
             began = time.perf_counter()
             try:
-                async for event in self.agent.RunStream(pb.RunStreamRequest(session_id=session_id, text=turn.prompt),
-                                                        timeout=TURN_DEADLINE_S):
+                async for event in self.agent.RunStream(
+                    pb.RunStreamRequest(session_id=session_id, text=turn.prompt), timeout=TURN_DEADLINE_S
+                ):
                     if event.HasField("stream_end") and not event.is_subagent:
                         turn.end = event.stream_end
             except grpc.aio.AioRpcError as exc:
@@ -206,8 +222,11 @@ async def check(store: session_store_pb2_grpc.SessionStoreStub, turns: list[Turn
     for turn in turns:
         by_session.setdefault(turn.session_id, []).append(turn)
     for session_id, its_turns in by_session.items():
-        session = (await store.GetSession(store_pb.GetSessionRequest(
-            session_id=session_id, view=store_pb.SESSION_VIEW_FULL), timeout=30)).session
+        session = (
+            await store.GetSession(
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_FULL), timeout=30
+            )
+        ).session
         answers = [m.content for m in session.messages if m.role == "assistant" and "partial" not in m.metadata]
         lost += sum(answers.count(answer_to(t.prompt)) != 1 for t in its_turns if t.completed)
         overlapping += overlaps(list(session.messages))
@@ -220,8 +239,9 @@ async def stop_from_the_other_agent(runs_on: str, stops_from: str, store) -> boo
     that Stop said it stopped the turn and the turn's stream ended STOPPED."""
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"), timeout=30)).session
     async with grpc.aio.insecure_channel(runs_on) as running, grpc.aio.insecure_channel(stops_from) as other:
-        call = agent_pb2_grpc.AgentStub(running).RunStream(pb.RunStreamRequest(
-            session_id=session.id, text=prompt_for("stopped", 400)), timeout=TURN_DEADLINE_S)
+        call = agent_pb2_grpc.AgentStub(running).RunStream(
+            pb.RunStreamRequest(session_id=session.id, text=prompt_for("stopped", 400)), timeout=TURN_DEADLINE_S
+        )
         while not (event := await call.read()).HasField("text_delta"):
             assert event is not grpc.aio.EOF
         stopped = await agent_pb2_grpc.AgentStub(other).Stop(pb.StopRequest(session_id=session.id), timeout=30)
@@ -233,5 +253,7 @@ async def stop_from_the_other_agent(runs_on: str, stops_from: str, store) -> boo
 
 
 async def create_sessions(store, count: int) -> list[str]:
-    return [(await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"), timeout=30)).session.id
-            for _ in range(count)]
+    return [
+        (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"), timeout=30)).session.id
+        for _ in range(count)
+    ]

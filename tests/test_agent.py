@@ -12,13 +12,14 @@ import grpc
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb
 from ollama_sim import Reply
 from ollama_sim.prompt import count_text_tokens
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
+from tests.calls import END, end_of, expect_status, full, kinds, run, session_due_for_a_post_turn_compression, text_of
 from tests.conftest import agent_settings
-from tests.calls import expect_status, full
 from tests.waiting import until
-from tests.calls import END, end_of, kinds, run, session_due_for_a_post_turn_compression, text_of
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
@@ -38,7 +39,9 @@ async def test_a_turn_streams_text_usage_and_ends_completed(agent, store, ollama
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     session = await full(store, events[0].session_id)
     assert [(m.role, m.content) for m in session.messages] == [
-        ("user", "what is the answer?"), ("assistant", "The answer is forty-two.")]
+        ("user", "what is the answer?"),
+        ("assistant", "The answer is forty-two."),
+    ]
     assert session.messages[1].thinking == "Let me think."
     assert session.name == "what is the answer?" and session.context_token_count == usage[0].context_tokens
     body = ollama_sim.bodies()[-1]
@@ -110,7 +113,10 @@ async def test_cancelling_before_the_first_token_leaves_no_empty_answer(agent, s
     # The next turn waits for the session's lock, so it sees whatever the cancelled turn left.
     await run(agent, "try again", session_id=session_id)
     assert [(m.role, m.content) for m in (await full(store, session_id)).messages] == [
-        ("user", "slow one"), ("user", "try again"), ("assistant", "the real answer")]
+        ("user", "slow one"),
+        ("user", "try again"),
+        ("assistant", "the real answer"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +125,18 @@ async def impatient_agent(base_settings, store_server, compressor_server, ollama
 
     # The first chunk waits longer than the next: a prefill slowed by a loaded machine must not
     # pass for the stall after it that the between-chunk test makes.
-    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
-                                               profiles_file, stream_first_chunk_timeout=2.0,
-                                               stream_chunk_timeout=0.6), port=0)
+    running = await start_agent(
+        agent_settings(
+            base_settings,
+            store_server,
+            compressor_server,
+            ollama_sim,
+            profiles_file,
+            stream_first_chunk_timeout=2.0,
+            stream_chunk_timeout=0.6,
+        ),
+        port=0,
+    )
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield agent_pb2_grpc.AgentStub(channel)
     await running.stop(0)
@@ -159,8 +174,9 @@ async def test_an_unknown_model_names_ollama_pull(agent):
     assert "no-such-model" in details and "ollama pull no-such-model" in details
 
 
-async def test_ollama_down_is_unavailable_with_the_address(base_settings, store_server, compressor_server,
-                                                           ollama_sim, profiles_file):
+async def test_ollama_down_is_unavailable_with_the_address(
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file
+):
     from services.agent.app import start_agent
 
     with socket.socket() as s:
@@ -178,7 +194,10 @@ async def test_ollama_down_is_unavailable_with_the_address(base_settings, store_
             from grpc_health.v1 import health_pb2, health_pb2_grpc
 
             health = health_pb2_grpc.HealthStub(channel)
-            assert (await health.Check(health_pb2.HealthCheckRequest())).status == health_pb2.HealthCheckResponse.SERVING
+            assert (
+                await health.Check(health_pb2.HealthCheckRequest())
+            ).status == health_pb2.HealthCheckResponse.SERVING
+
             async def ollama_not_serving() -> bool:
                 ollama = await health.Check(health_pb2.HealthCheckRequest(service="ollama"))
                 return ollama.status == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -225,8 +244,9 @@ async def test_run_ephemeral_persists_nothing(agent, store, ollama_sim):
     reply = await agent.RunEphemeral(pb.RunEphemeralRequest(text=f"do a small thing {marker}", profile_id="tiny"))
     assert reply.text == "sub result" and reply.completed_normally
     ollama_sim.script(*[Reply(tool_calls=[("todo", {"action": "list"})]) for _ in range(3)])
-    limited = await agent.RunEphemeral(pb.RunEphemeralRequest(text=f"loop {marker}", profile_id="tiny",
-                                                              max_iterations=2))
+    limited = await agent.RunEphemeral(
+        pb.RunEphemeralRequest(text=f"loop {marker}", profile_id="tiny", max_iterations=2)
+    )
     assert not limited.completed_normally
     assert (await store.ListSessions(store_pb.ListSessionsRequest(query=marker))).total == 0
 
@@ -234,8 +254,9 @@ async def test_run_ephemeral_persists_nothing(agent, store, ollama_sim):
 async def test_a_sub_agent_past_its_timeout_stops_by_its_event_and_returns_what_it_has(agent, ollama_sim, caplog):
     caplog.set_level("WARNING", logger="palimpsest.agent.subagent")
     ollama_sim.script(Reply(text="partial " * 400, chunk_delay=0.05))  # about 20 s of streaming
-    reply = await agent.RunEphemeral(pb.RunEphemeralRequest(text="write at length", profile_id="tiny",
-                                                            timeout_seconds=1))
+    reply = await agent.RunEphemeral(
+        pb.RunEphemeralRequest(text="write at length", profile_id="tiny", timeout_seconds=1)
+    )
     assert not reply.completed_normally
     assert reply.text.startswith("partial") and reply.text.count("partial") < 400  # cut where it stopped
     assert "sub-agent timed out" in caplog.text
@@ -244,8 +265,11 @@ async def test_a_sub_agent_past_its_timeout_stops_by_its_event_and_returns_what_
 
 async def test_compact_with_nothing_to_compact_is_a_failed_precondition(agent):
     events = await run(agent, "short")
-    await expect_status(_collect(agent.Compact(pb.CompactRequest(session_id=events[0].session_id))),
-                        grpc.StatusCode.FAILED_PRECONDITION, "nothing to compact")
+    await expect_status(
+        _collect(agent.Compact(pb.CompactRequest(session_id=events[0].session_id))),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "nothing to compact",
+    )
 
 
 async def _collect(call):
@@ -288,8 +312,16 @@ async def test_trim_keeps_the_messages_the_user_sees_and_no_stale_note(agent, st
     stored = await full(store, session_id)
     # Task notes ("[Iteration 2 of 40 …]") are stored, hidden, before the second and third calls.
     assert any(m.content.startswith("[Iteration") for m in stored.context)
-    assert [m.role for m in stored.messages] == ["user", "assistant", "user", "assistant", "tool", "assistant", "tool",
-                                                 "assistant"]
+    assert [m.role for m in stored.messages] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
 
     trimmed = await store.TrimSession(store_pb.TrimSessionRequest(session_id=session_id, keep=5))
     assert (trimmed.before, trimmed.after, trimmed.dropped) == (8, 5, 3)
@@ -318,22 +350,28 @@ async def test_only_allowlisted_system_records_reach_the_model(agent, store, oll
     assert LLM_SYSTEM_SOURCES == {"task_note", "synapse_event"}
 
     def record(text: str, source: str = "", **flags) -> common_pb2.Message:
-        message = common_pb2.Message(role="system", content=text, explicit_flags=True, is_context=True,
-                                     is_display=True, **flags)
+        message = common_pb2.Message(
+            role="system", content=text, explicit_flags=True, is_context=True, is_display=True, **flags
+        )
         if source:
             message.metadata["source"] = source
         return message
 
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
-        common_pb2.Message(role="user", content="earlier question"),
-        common_pb2.Message(role="assistant", content="earlier answer"),
-        record("EVENT: a deploy finished on the CI platform", "synapse_event"),
-        record("NOTE: keep going", "task_note"),
-        record("AUDIT: an operator looked at this session", "operator_audit"),
-        record("PLAIN: a record with no source"),
-        record("MARKER: Context compressed: 9 -> 3 messages", is_compression=True),
-    ]))
+    await store.AppendMessages(
+        store_pb.AppendMessagesRequest(
+            session_id=session.id,
+            messages=[
+                common_pb2.Message(role="user", content="earlier question"),
+                common_pb2.Message(role="assistant", content="earlier answer"),
+                record("EVENT: a deploy finished on the CI platform", "synapse_event"),
+                record("NOTE: keep going", "task_note"),
+                record("AUDIT: an operator looked at this session", "operator_audit"),
+                record("PLAIN: a record with no source"),
+                record("MARKER: Context compressed: 9 -> 3 messages", is_compression=True),
+            ],
+        )
+    )
     ollama_sim.script(Reply(text="ok"))
     await run(agent, "what happened?", session_id=session.id)
     sent = " ".join(m["content"] for m in ollama_sim.bodies()[-1]["messages"])
@@ -401,28 +439,32 @@ async def test_an_edit_naming_a_missing_prompt_file_leaves_turns_working(agent, 
         os.utime(path, (4, 4))
 
 
-async def test_a_cut_prompt_on_the_estimate_path_is_never_learned_from(agent, agent_server, compressor, store,
-                                                                       ollama_sim, profile):
+async def test_a_cut_prompt_on_the_estimate_path_is_never_learned_from(
+    agent, agent_server, compressor, store, ollama_sim, profile
+):
     """A model without a vocabulary, whose calibration line lies: Ollama cuts a prompt the estimate
     said would fit. The half-window report is neither the baseline nor the meter's count, and no
     alarm is raised on an estimate (only an exact count proves a cut)."""
-    from palimpsest.v1 import compressor_pb2 as cpb, common_pb2
     from ollama_sim import ModelSpec, count_text_tokens
-
+    from palimpsest.v1 import common_pb2
+    from palimpsest.v1 import compressor_pb2 as cpb
     from tests.conftest import LIAR_MODEL
 
     ollama_sim.models[LIAR_MODEL] = ModelSpec(context_length=65536, capabilities=("completion", "tools"))
     # A calibration line of one token per four chars, while this text really costs far more.
     for chars, tokens in ((4000, 1000), (8000, 2000)):
-        await compressor.RecordBaseline(cpb.RecordBaselineRequest(model=LIAR_MODEL, prompt_eval_count=tokens,
-                                                                  sent_tokens=tokens, sent_chars=chars))
+        await compressor.RecordBaseline(
+            cpb.RecordBaselineRequest(model=LIAR_MODEL, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars)
+        )
     dense = " ".join(f"{i:x}{i * 7919 % 65521:x}" for i in range(2400))[:20_000]  # hex: dense in tokens
     assert count_text_tokens(dense) > len(dense) * 0.4
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="liar", model=LIAR_MODEL))).session
     history = []
     for i in range(5):  # ~100k chars: about 25k tokens by that line (it fits 32k), far more for real
-        history += [common_pb2.Message(role="user", content=f"part {i}: {dense}"),
-                    common_pb2.Message(role="assistant", content=f"noted {i}")]
+        history += [
+            common_pb2.Message(role="user", content=f"part {i}: {dense}"),
+            common_pb2.Message(role="assistant", content=f"noted {i}"),
+        ]
     await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
     ollama_sim.script(Reply(text="fine"))
     events = await run(agent, "and one more", session_id=session.id)
@@ -463,9 +505,17 @@ async def test_a_turn_awaited_in_its_callers_task_gives_the_callers_session_back
 
     deps = agent_server.servicer.deps
     profile = deps.profiles.get("tiny")
-    turn = Turn(TurnContext(deps, EphemeralConversation([]), profile, EventSink(is_subagent=True), (),
-                            await deps.ollama.model_facts(profile.model),
-                            subagent=SubagentOptions(parent_session_id="the-parent", system_prompt="be brief")))
+    turn = Turn(
+        TurnContext(
+            deps,
+            EphemeralConversation([]),
+            profile,
+            EventSink(is_subagent=True),
+            (),
+            await deps.ollama.model_facts(profile.model),
+            subagent=SubagentOptions(parent_session_id="the-parent", system_prompt="be brief"),
+        )
+    )
     seen_inside: list[str] = []
     original = turn._run
 
@@ -491,14 +541,22 @@ async def test_budget_goal_and_anti_stall_notes_reach_the_model(agent, ollama_si
     assert end_of(events).text == "gave up"
     bodies = [body["messages"] for body in ollama_sim.bodies()[-6:]]
     for before, after in zip(bodies, bodies[1:]):
-        assert after[:len(before)] == before  # notes stay where they were given: the prompt only grows
-    notes = [[m["content"] for m in body[len(bodies[i - 1]) if i else 1:] if m["role"] == "system"]
-             for i, body in enumerate(bodies)]  # the notes each call got
+        assert after[: len(before)] == before  # notes stay where they were given: the prompt only grows
+    notes = [
+        [m["content"] for m in body[len(bodies[i - 1]) if i else 1 :] if m["role"] == "system"]
+        for i, body in enumerate(bodies)
+    ]  # the notes each call got
     # The budget from the second call on: the first ends with the user's words.
     assert [any("Iteration" in n for n in call) for call in notes] == [False] + [True] * 5
     assert bodies[0][-1] == {"role": "user", "content": "find the needle"}
-    assert [any("Goal reminder" in n and "find the needle" in n for n in call) for call in notes] == \
-        [False, False, True, False, True, False]  # every 2nd iteration after the first
+    assert [any("Goal reminder" in n and "find the needle" in n for n in call) for call in notes] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]  # every 2nd iteration after the first
     stalled = [any("without progress" in n for n in call) for call in notes]
     assert stalled == [False, False, False, True, True, True]  # after 3 iterations with no todo progress
 
@@ -507,11 +565,27 @@ async def test_compressed_history_is_recalled_once_when_it_matches(agent, store,
     from palimpsest.v1 import common_pb2
 
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
-        common_pb2.Message(role="user", content="[Summary] We set up the vault.", is_summary=True,
-                           explicit_flags=True, is_context=True, is_display=False)]))
-    await store.IndexChunks(store_pb.IndexChunksRequest(session_id=session.id, chunks=[
-        common_pb2.RawChunk(content="user: the vault code is 7741-alpha, keep it safe")]))
+    await store.AppendMessages(
+        store_pb.AppendMessagesRequest(
+            session_id=session.id,
+            messages=[
+                common_pb2.Message(
+                    role="user",
+                    content="[Summary] We set up the vault.",
+                    is_summary=True,
+                    explicit_flags=True,
+                    is_context=True,
+                    is_display=False,
+                )
+            ],
+        )
+    )
+    await store.IndexChunks(
+        store_pb.IndexChunksRequest(
+            session_id=session.id,
+            chunks=[common_pb2.RawChunk(content="user: the vault code is 7741-alpha, keep it safe")],
+        )
+    )
     await run(agent, "what was the vault code?", session_id=session.id)
     first = " ".join(m["content"] for m in ollama_sim.bodies()[-1]["messages"])
     assert "Recalled from earlier" in first and "7741-alpha" in first
@@ -529,25 +603,47 @@ async def test_recalled_excerpts_keep_to_their_share_of_the_window_and_centre_on
     from services.agent.context_builder import recall_chars
 
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
-        common_pb2.Message(role="user", content="[Summary] We read the deploy logs.", is_summary=True,
-                           explicit_flags=True, is_context=True, is_display=False)]))
+    await store.AppendMessages(
+        store_pb.AppendMessagesRequest(
+            session_id=session.id,
+            messages=[
+                common_pb2.Message(
+                    role="user",
+                    content="[Summary] We read the deploy logs.",
+                    is_summary=True,
+                    explicit_flags=True,
+                    is_context=True,
+                    is_display=False,
+                )
+            ],
+        )
+    )
     noise = "\n".join(f"2026-11-30T10:{i % 60:02d}:00 INFO worker[{i}] deploy step {i} ok" for i in range(80))
-    await store.IndexChunks(store_pb.IndexChunksRequest(session_id=session.id, chunks=[
-        common_pb2.RawChunk(content=f"tool: {noise}\nERROR deploy {n} failed: quorumlost-{n} on node-{n}\n{noise}")
-        for n in range(8)]))
+    await store.IndexChunks(
+        store_pb.IndexChunksRequest(
+            session_id=session.id,
+            chunks=[
+                common_pb2.RawChunk(
+                    content=f"tool: {noise}\nERROR deploy {n} failed: quorumlost-{n} on node-{n}\n{noise}"
+                )
+                for n in range(8)
+            ],
+        )
+    )
     for n in range(4):
         await run(agent, f"why did deploy {n} fail with quorumlost-{n}?", session_id=session.id)
-    context = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session.id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    context = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session.id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
     recalled = [m.content for m in context if m.is_recall]
     assert recalled and len(noise) * 2 > 4000  # long chunks, cut to their excerpts
     assert sum(len(r) for r in recalled) <= recall_chars(8192)
     assert "quorumlost-0" in recalled[0]  # the excerpt is where the match is, not the chunk's opening lines
 
 
-async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_next_turn(agent, agent_server, store,
-                                                                                          ollama_sim):
+async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_next_turn(
+    agent, agent_server, store, ollama_sim
+):
     """The Agent keeps a session's state for its next turn; a write from elsewhere in between makes the
     store refuse the stale revision, and the turn reloads instead of failing."""
     events = await run(agent, "first")
@@ -558,8 +654,11 @@ async def test_a_session_changed_between_turns_by_someone_else_still_takes_the_n
     await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session_id, name="renamed elsewhere"))
     from palimpsest.v1 import common_pb2
 
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=[
-        common_pb2.Message(role="user", content="written by another replica")]))
+    await store.AppendMessages(
+        store_pb.AppendMessagesRequest(
+            session_id=session_id, messages=[common_pb2.Message(role="user", content="written by another replica")]
+        )
+    )
     ollama_sim.set_responder(lambda body: Reply(text="second answer"))
     calls_before = len(ollama_sim.bodies())
     try:
@@ -625,6 +724,7 @@ async def test_a_rename_or_a_taint_while_a_turn_runs_does_not_cost_its_answer(ag
         async def parts():
             yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, filename="notes.txt"))
             yield store_pb.PutFileRequest(chunk=b"pasted from the web")
+
         await store.PutFile(parts())
 
     events = await answer_while(agent, store, ollama_sim, session_id, upload)
@@ -644,8 +744,9 @@ async def test_a_rename_or_a_taint_while_a_turn_runs_does_not_cost_its_answer(ag
     assert len(ollama_sim.bodies()) == calls_before + 1
 
 
-async def test_another_writers_message_while_a_turn_runs_still_refuses_its_answer(agent, agent_server, store,
-                                                                                  ollama_sim):
+async def test_another_writers_message_while_a_turn_runs_still_refuses_its_answer(
+    agent, agent_server, store, ollama_sim
+):
     """What the revision guard is for: two writers' messages never interleave. The answer is not
     stored and the client is told where its text is."""
     from palimpsest.v1 import common_pb2
@@ -654,8 +755,11 @@ async def test_another_writers_message_while_a_turn_runs_still_refuses_its_answe
     await asyncio.gather(*agent_server.servicer.deps.post_turn_tasks)
 
     async def interleave():
-        await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=[
-            common_pb2.Message(role="user", content="from another writer")]))
+        await store.AppendMessages(
+            store_pb.AppendMessagesRequest(
+                session_id=session_id, messages=[common_pb2.Message(role="user", content="from another writer")]
+            )
+        )
 
     events = await answer_while(agent, store, ollama_sim, session_id, interleave)
     assert end_of(events).reason == END.STREAM_END_REASON_ERROR and end_of(events).text == "the held answer"
@@ -683,17 +787,21 @@ async def test_a_new_turn_drops_an_unfinished_post_turn_pass(agent, agent_server
     ollama_sim.set_responder(lambda body: slow_summary if body.get("stream") is False else Reply(text="ok"))
     await run(agent, "first", session_id=session.id)
     # The post-turn pass is now waiting on the summarizer.
-    assert await until(lambda: any(b.get("stream") is False for b in ollama_sim.bodies())), \
+    assert await until(lambda: any(b.get("stream") is False for b in ollama_sim.bodies())), (
         "the post-turn pass never asked for a summary"
-    ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
-                             else Reply(text="ok"))
+    )
+    ollama_sim.set_responder(
+        lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False else Reply(text="ok")
+    )
     second = await run(agent, "second", session_id=session.id)
     assert end_of(second).reason == END.STREAM_END_REASON_COMPLETED
-    assert await until(lambda: ollama_sim.disconnects >= 1)  # the summary call was closed (the simulator notices the hang-up)
+    assert await until(
+        lambda: ollama_sim.disconnects >= 1
+    )  # the summary call was closed (the simulator notices the hang-up)
     after = await full(store, session.id)
     shown = [m.content for m in after.messages if not m.is_compression]
     assert shown[-4:] == ["first", "ok", "second", "ok"]
-    before_second = after.messages[:[m.content for m in after.messages].index("second")]
+    before_second = after.messages[: [m.content for m in after.messages].index("second")]
     assert not any(m.is_compression for m in before_second)  # the dropped pass left nothing behind
 
 
@@ -720,8 +828,9 @@ async def test_a_watcher_sees_the_turn_and_the_compression_after_its_stream_end(
     session = await session_due_for_a_post_turn_compression(store)
     watch = agent.WatchSession(pb.WatchSessionRequest(session_id=session.id))
     await watch.initial_metadata()  # in place: nothing from here on is missed
-    ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
-                             else Reply(text="watched answer"))
+    ollama_sim.set_responder(
+        lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False else Reply(text="watched answer")
+    )
     try:
         events = await run(agent, "name me please", session_id=session.id)
         seen = []
@@ -735,14 +844,15 @@ async def test_a_watcher_sees_the_turn_and_the_compression_after_its_stream_end(
     assert "session_renamed" in kinds and seen[kinds.index("session_renamed")].session_renamed.name == "name me please"
     # The turn's own events, in its order, then the compression its stream never carried.
     own = [e for e in seen if e.WhichOneof("event") not in ("turn_started", "session_renamed")]
-    assert [e.seq for e in own[:len(events)]] == [e.seq for e in events]
+    assert [e.seq for e in own[: len(events)]] == [e.seq for e in events]
     end = kinds.index("stream_end")
-    assert kinds[end + 1:] == ["compression_started", "context_compressed"]
+    assert kinds[end + 1 :] == ["compression_started", "context_compressed"]
     assert not any(e.HasField("context_compressed") for e in events)
 
 
-async def test_a_plain_turn_makes_two_internal_calls_and_none_after_the_answer(agent, agent_server, ollama_sim,
-                                                                                store, monkeypatch):
+async def test_a_plain_turn_makes_two_internal_calls_and_none_after_the_answer(
+    agent, agent_server, ollama_sim, store, monkeypatch
+):
     """A plain turn in a warm session: the size check, and the append stream that stores the user's
     message while it runs, both before the model is asked; the answer with the call's report
     (baseline, observation, counts, meter) goes on that stream after the last token, without a call
@@ -778,8 +888,9 @@ async def test_a_plain_turn_makes_two_internal_calls_and_none_after_the_answer(a
     internal = [name for name in calls if not name.startswith("Agent.")]
     assert sorted(internal) == ["Compressor.CheckContextSize", "SessionStore.AppendStream"], internal
     assert calls_when_asked == [len(calls)]  # no call made after the model was asked
-    stored = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id,
-                                                                view=store_pb.SESSION_VIEW_FULL))).session
+    stored = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_FULL))
+    ).session
     assert [m.content for m in stored.messages[-2:]] == ["and again", "a plain answer"]
     usage = next(e.usage for e in events if e.HasField("usage"))
     assert usage.count_method == "reported"  # the report was kept, with the answer

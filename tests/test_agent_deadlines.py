@@ -10,7 +10,8 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from palimpsest.v1 import agent_pb2, agent_pb2_grpc, session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import agent_pb2, agent_pb2_grpc, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
 from services.shared.channels import DefaultDeadline, open_channel
 from services.shared.errors import Unavailable
 from tests.relay import Relay
@@ -24,16 +25,20 @@ async def test_a_long_call_gets_the_long_deadline(base_settings):
         seen.append((details.method, details.timeout))
 
     deadline = DefaultDeadline(7, 900)
-    for method, timeout in (("/palimpsest.v1.SessionStore/GetSession", None),
-                            ("/palimpsest.v1.Compressor/Compress", None),
-                            ("/palimpsest.v1.SessionStore/GetSession", 3.0)):
-        await deadline.intercept_unary_unary(continuation, grpc.aio.ClientCallDetails(method, timeout, None, None, None),
-                                             None)
+    for method, timeout in (
+        ("/palimpsest.v1.SessionStore/GetSession", None),
+        ("/palimpsest.v1.Compressor/Compress", None),
+        ("/palimpsest.v1.SessionStore/GetSession", 3.0),
+    ):
+        await deadline.intercept_unary_unary(
+            continuation, grpc.aio.ClientCallDetails(method, timeout, None, None, None), None
+        )
     assert [t for _, t in seen] == [7, 900, 3.0]  # a caller's own deadline wins
 
 
-async def test_a_server_stream_gets_the_default_deadline_and_fails_naming_the_service(agent_server, store, profile,
-                                                                                       base_settings):
+async def test_a_server_stream_gets_the_default_deadline_and_fails_naming_the_service(
+    agent_server, store, profile, base_settings
+):
     """Interceptors are filed per kind of call: one class serving every kind was filed under unary
     calls only, so server streams (Compress, GetFile) ran without a deadline and raised raw
     AioRpcErrors. A WatchSession never ends by itself: the default deadline must end it."""
@@ -73,16 +78,22 @@ async def test_a_hung_store_fails_the_call_at_its_deadline_and_recovers(base_set
 
 
 async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
-        base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file):
-    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
-    from services.agent.app import start_agent
+    base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file
+):
     from ollama_sim import Reply
+    from palimpsest.v1 import agent_pb2 as apb
+    from palimpsest.v1 import agent_pb2_grpc, common_pb2
+    from palimpsest.v1 import compressor_pb2 as cpb
+    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     # The Compressor's first size check for a model builds its tokenizer, seconds on a loaded
     # machine: done here, so the 2 s deadline below is the store's and not the cold start's.
-    await compressor.CheckContextSize(cpb.CheckContextSizeRequest(
-        model="qwen3.6", window=8192, messages=[common_pb2.Message(role="user", content="warm")]))
+    await compressor.CheckContextSize(
+        cpb.CheckContextSizeRequest(
+            model="qwen3.6", window=8192, messages=[common_pb2.Message(role="user", content="warm")]
+        )
+    )
 
     async def turn(agent, session_id: str, text: str) -> list:
         return [e async for e in agent.RunStream(apb.RunStreamRequest(session_id=session_id, text=text))]
@@ -90,8 +101,11 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
     host, port = store_server.address.rsplit(":", 1)
     relay = Relay((host, int(port)))
     await relay.start()
-    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
-                       store_addr=f"127.0.0.1:{relay.port}", rpc_timeout_s=2.0)
+    settings = replace(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
+        store_addr=f"127.0.0.1:{relay.port}",
+        rpc_timeout_s=2.0,
+    )
     running = await start_agent(settings, port=0)
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
@@ -116,31 +130,39 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
             relay.thaw()
             ollama_sim.script(Reply(text="back again"))
             again = await asyncio.wait_for(turn(agent, first[0].session_id, "and now?"), timeout=60)
-            assert again[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED, \
-                [e.error for e in again if e.HasField("error")]
+            assert again[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED, [
+                e.error for e in again if e.HasField("error")
+            ]
     finally:
         relay.thaw()
         await running.stop(0)
 
 
 async def test_the_model_starts_while_the_message_is_stored_and_shows_nothing_before(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file
+):
     """The first model call of a turn overlaps the append of the user's message (the fewest waits
     before the first token), but the client sees no answer before that message is stored."""
-    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, session_store_pb2_grpc as spb_grpc
-    from services.agent.app import start_agent
     from ollama_sim import Reply
+    from palimpsest.v1 import agent_pb2 as apb
+    from palimpsest.v1 import agent_pb2_grpc
+    from palimpsest.v1 import session_store_pb2_grpc as spb_grpc
+    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     host, port = store_server.address.rsplit(":", 1)
     relay = Relay((host, int(port)))
     await relay.start()
-    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
-                       store_addr=f"127.0.0.1:{relay.port}")
+    settings = replace(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
+        store_addr=f"127.0.0.1:{relay.port}",
+    )
     running = await start_agent(settings, port=0)
     try:
-        async with grpc.aio.insecure_channel(running.address) as channel, \
-                grpc.aio.insecure_channel(store_server.address) as store_channel:
+        async with (
+            grpc.aio.insecure_channel(running.address) as channel,
+            grpc.aio.insecure_channel(store_server.address) as store_channel,
+        ):
             agent = agent_pb2_grpc.AgentStub(channel)
             store = spb_grpc.SessionStoreStub(store_channel)
             ollama_sim.script(Reply(text="first answer"))
@@ -177,28 +199,31 @@ async def test_the_model_starts_while_the_message_is_stored_and_shows_nothing_be
         await running.stop(0)
 
 
-
-
 async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file
+):
     import socket
 
-    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
-    from services.agent.app import start_agent
     from ollama_sim import Reply
+    from palimpsest.v1 import agent_pb2 as apb
+    from palimpsest.v1 import agent_pb2_grpc
+    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     with socket.socket() as probe:  # a port nothing listens on: the Compressor is away
         probe.bind(("127.0.0.1", 0))
         away = f"127.0.0.1:{probe.getsockname()[1]}"
-    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
-                       compressor_addr=away)
+    settings = replace(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file), compressor_addr=away
+    )
     running = await start_agent(settings, port=0)
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             agent = agent_pb2_grpc.AgentStub(channel)
-            ollama_sim.script(Reply(tool_calls=[("todo", {"action": "add", "item": "check the logs"})]),
-                              Reply(text="done without compression"))
+            ollama_sim.script(
+                Reply(tool_calls=[("todo", {"action": "add", "item": "check the logs"})]),
+                Reply(text="done without compression"),
+            )
             events = [e async for e in agent.RunStream(apb.RunStreamRequest(text="plan something"))]
     finally:
         await running.stop(0)
@@ -210,18 +235,25 @@ async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(
 
 
 async def test_the_compressor_coming_back_is_used_again_within_seconds(
-        base_settings, store_server, ollama_sim, profiles_file, tmp_path):
+    base_settings, store_server, ollama_sim, profiles_file, tmp_path
+):
     import socket
 
-    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from palimpsest.v1 import agent_pb2 as apb
+    from palimpsest.v1 import agent_pb2_grpc
     from services.agent.app import start_agent
     from services.compressor.app import start_compressor
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                       compressor_addr=f"127.0.0.1:{port}", profiles_path=profiles_file)
+    settings = replace(
+        base_settings,
+        ollama_host=ollama_sim.url,
+        store_addr=store_server.address,
+        compressor_addr=f"127.0.0.1:{port}",
+        profiles_path=profiles_file,
+    )
     agent = await start_agent(settings, port=0)
     compressor = None
     try:
@@ -247,19 +279,22 @@ async def test_the_compressor_coming_back_is_used_again_within_seconds(
             await compressor.stop(0)
 
 
-async def test_compact_names_the_part_that_is_down(base_settings, store, store_server, ollama_sim, profiles_file,
-                                                   profile):
+async def test_compact_names_the_part_that_is_down(
+    base_settings, store, store_server, ollama_sim, profiles_file, profile
+):
     """Compact once said "SessionStore at the Compressor is not answering" when the Compressor was away, and a
     Compressor whose own store was away read as "Compressor … is not answering" though it had answered."""
-    from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc
+    from palimpsest.v1 import agent_pb2 as apb
+    from palimpsest.v1 import agent_pb2_grpc
     from services.agent.app import start_agent
     from services.compressor.app import start_compressor
     from services.shared.ports import free_port
 
     session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
     away = f"127.0.0.1:{free_port()}"
-    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                       profiles_path=profiles_file)
+    settings = replace(
+        base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address, profiles_path=profiles_file
+    )
     cut_off = await start_compressor(replace(settings, store_addr=away), port=0)  # answers; its store does not
 
     async def compact_fails_with(compressor_addr: str) -> str:

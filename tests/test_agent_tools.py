@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
-from services.agent.profiles import Profile
+from ollama_sim import Reply
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.conversation import StoredConversation
+from services.agent.profiles import Profile
 from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
 from services.agent.tools.plan import (
     MAX_STEPS,
@@ -28,13 +30,12 @@ from services.agent.tools.plan import (
     windowed_request,
 )
 from services.agent.tools.registry import BUILTIN, execute, tools_for
-from ollama_sim import Reply
 from services.shared.auth import serve_caller
 from services.shared.channels import open_channel
 from services.shared.errors import InvalidArgument
 from services.shared.ollama import OllamaClient
-from tests.conftest import bearer
 from tests.calls import append, full, new_session
+from tests.conftest import bearer
 from tests.event_sinks import drained, recording_sink
 
 # Each test starts from the simulator's deterministic echo.
@@ -71,16 +72,28 @@ def make_ctx(agent_store, ollama, base_settings):
     """A ToolContext as the loop builds one, with a fresh sink and turn state unless given;
     ``metadata``: the credentials of the request being served (what the Agent's server sets)."""
 
-    def make(session_id: str = "", *, profile: Profile | None = None, state: TurnState | None = None,
-             metadata: tuple[tuple[str, str], ...] = (), **kw: Any) -> ToolContext:
+    def make(
+        session_id: str = "",
+        *,
+        profile: Profile | None = None,
+        state: TurnState | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+        **kw: Any,
+    ) -> ToolContext:
         serve_caller(metadata)
         kw.setdefault("store", agent_store)
         kw.setdefault("settings", base_settings)
         kw.setdefault("window", 8192)
         if session_id:  # the loop's writer: the turn's own conversation, revision and all
             kw.setdefault("update_session", StoredConversation(kw["store"], session_id).update)
-        return ToolContext(session_id=session_id, ollama=ollama, profile=profile or Profile(),
-                           events=recording_sink(session_id), state=state or TurnState(), **kw)
+        return ToolContext(
+            session_id=session_id,
+            ollama=ollama,
+            profile=profile or Profile(),
+            events=recording_sink(session_id),
+            state=state or TurnState(),
+            **kw,
+        )
 
     return make
 
@@ -102,11 +115,18 @@ async def test_todo_survives_into_the_next_turn_through_session_metadata(make_ct
     next_turn = make_ctx(s.id)  # a fresh TurnState, as a new turn gets
     listed = await call("todo", next_turn, action="list")
     assert listed.content.splitlines() == [
-        "Todo (1/3 done):", "[x] 1. read the spec", "[~] 2. write the parser", "[ ] 3. ship it"]
+        "Todo (1/3 done):",
+        "[x] 1. read the spec",
+        "[~] 2. write the parser",
+        "[ ] 3. ship it",
+    ]
     assert not listed.untrusted and not next_turn.state.todo_changed
     stored = (await full(store, s.id)).metadata["todo"]
     assert [(i["text"], i["status"]) for i in stored] == [
-        ("read the spec", "done"), ("write the parser", "in_progress"), ("ship it", "pending")]
+        ("read the spec", "done"),
+        ("write the parser", "in_progress"),
+        ("ship it", "pending"),
+    ]
 
 
 async def test_forward_moves_count_as_progress_and_every_change_is_flagged(make_ctx, store, profile):
@@ -308,7 +328,8 @@ async def test_a_complex_plan_fills_the_todo_logs_itself_and_waits_for_the_user(
 
 
 async def test_a_medium_plan_says_proceed_and_a_model_without_thinking_gets_no_think(
-        make_ctx, store, profile, ollama_sim):
+    make_ctx, store, profile, ollama_sim
+):
     s = await new_session(store, profile)
     ollama_sim.script(Reply(text="TASK: tidy\nCOMPLEXITY: medium"), Reply(text=steps_text(12)))
     ctx = plan_ctx(make_ctx, s.id, profile=Profile(model="tiny"))
@@ -335,7 +356,8 @@ async def test_replanning_frames_a_revision_with_the_current_todo(make_ctx, stor
 
 
 async def test_a_subagent_may_skip_planning_with_direct_but_the_main_agent_may_not(
-        make_ctx, store, profile, ollama_sim):
+    make_ctx, store, profile, ollama_sim
+):
     s = await new_session(store, profile)
     planner = Profile(subagent_planning_enabled=True)
     child = make_ctx(s.id, profile=planner, is_subagent=True)
@@ -378,8 +400,9 @@ async def test_a_failing_planner_model_is_an_error_result_not_a_crash(make_ctx, 
 
 # -- memory_search -----------------------------------------------------------------------------
 def chunk(content: str, first: int, last: int, *crumbs: str) -> common_pb2.RawChunk:
-    raw = common_pb2.RawChunk(content=content, turn_range=common_pb2.SeqRange(first=first, last=last),
-                              breadcrumbs=list(crumbs))
+    raw = common_pb2.RawChunk(
+        content=content, turn_range=common_pb2.SeqRange(first=first, last=last), breadcrumbs=list(crumbs)
+    )
     raw.first_at.FromSeconds(1_780_000_000)
     raw.last_at.FromSeconds(1_780_000_600)
     return raw
@@ -387,10 +410,15 @@ def chunk(content: str, first: int, last: int, *crumbs: str) -> common_pb2.RawCh
 
 async def test_memory_search_returns_compressed_passages_with_their_place(make_ctx, store, profile):
     s = await new_session(store, profile)
-    await store.IndexChunks(store_pb.IndexChunksRequest(session_id=s.id, chunks=[
-        chunk("user: the postgres migration failed on the invoices table lock", 4, 9, "postgres migration"),
-        chunk("user: what is a good pizza dough hydration? assistant: about 65 percent", 10, 13, "pizza"),
-    ]))
+    await store.IndexChunks(
+        store_pb.IndexChunksRequest(
+            session_id=s.id,
+            chunks=[
+                chunk("user: the postgres migration failed on the invoices table lock", 4, 9, "postgres migration"),
+                chunk("user: what is a good pizza dough hydration? assistant: about 65 percent", 10, 13, "pizza"),
+            ],
+        )
+    )
     ctx = make_ctx(s.id)
     found = await call("memory_search", ctx, query="postgres migration", limit=3)
     assert not found.is_error and not found.untrusted  # as trusted as the (clean) session
@@ -412,19 +440,35 @@ async def my_sessions(store_auth, user, profile):
     """Three sessions of one user, plus one of a stranger with the same words."""
     me = bearer(user)
     made = {}
-    for name, words in (("Trip to Lisbon", "book a hotel near the river"),
-                        ("Cluster upgrade", "upgrade kubernetes to 1.31 and drain the nodes"),
-                        ("", "kubernetes ingress keeps returning 502")):
-        s = (await store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id=profile, name=name, model="m1"),
-                                            metadata=me)).session
-        await store_auth.AppendMessages(store_pb.AppendMessagesRequest(session_id=s.id, messages=[
-            Message(role="user", content=words), Message(role="assistant", content="On it."),
-            Message(role="tool", name="run_shell", content="output " * 400),
-            Message(role="user", content="later: check the disk quota too")]), metadata=me)
+    for name, words in (
+        ("Trip to Lisbon", "book a hotel near the river"),
+        ("Cluster upgrade", "upgrade kubernetes to 1.31 and drain the nodes"),
+        ("", "kubernetes ingress keeps returning 502"),
+    ):
+        s = (
+            await store_auth.CreateSession(
+                store_pb.CreateSessionRequest(profile_id=profile, name=name, model="m1"), metadata=me
+            )
+        ).session
+        await store_auth.AppendMessages(
+            store_pb.AppendMessagesRequest(
+                session_id=s.id,
+                messages=[
+                    Message(role="user", content=words),
+                    Message(role="assistant", content="On it."),
+                    Message(role="tool", name="run_shell", content="output " * 400),
+                    Message(role="user", content="later: check the disk quota too"),
+                ],
+            ),
+            metadata=me,
+        )
         made[name or "untitled"] = s.id
     stranger = bearer(f"{user}-other")
-    other = (await store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id=profile, name="Kubernetes secrets"),
-                                            metadata=stranger)).session
+    other = (
+        await store_auth.CreateSession(
+            store_pb.CreateSessionRequest(profile_id=profile, name="Kubernetes secrets"), metadata=stranger
+        )
+    ).session
     made["stranger"] = other.id
     return me, made
 
@@ -453,17 +497,28 @@ async def test_session_search_finds_messages_and_names(make_ctx, agent_store_aut
     assert made["untitled"] in by_task.content and made["Cluster upgrade"] not in by_task.content
     later_words = await call("session_search", ctx, action="find", query="disk quota")  # in messages only
     assert later_words.content.startswith("No session's name or task contains 'disk quota'")
-    assert "3 sessions match 'disk quota'" in (await call("session_search", ctx, action="search",
-                                                             query="disk quota")).content
+    assert (
+        "3 sessions match 'disk quota'"
+        in (await call("session_search", ctx, action="search", query="disk quota")).content
+    )
 
 
-async def test_session_search_finds_a_session_by_two_of_the_querys_words(make_ctx, agent_store_auth, my_sessions,
-                                                                      profile):
+async def test_session_search_finds_a_session_by_two_of_the_querys_words(
+    make_ctx, agent_store_auth, my_sessions, profile
+):
     me, made = my_sessions
-    fixed = (await agent_store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id=profile, name="pool"),
-                                                        metadata=me)).session
-    await agent_store_auth.AppendMessages(store_pb.AppendMessagesRequest(session_id=fixed.id, messages=[
-        Message(role="user", content="We fixed the OOM bug in the default worker pool")]), metadata=me)
+    fixed = (
+        await agent_store_auth.CreateSession(
+            store_pb.CreateSessionRequest(profile_id=profile, name="pool"), metadata=me
+        )
+    ).session
+    await agent_store_auth.AppendMessages(
+        store_pb.AppendMessagesRequest(
+            session_id=fixed.id,
+            messages=[Message(role="user", content="We fixed the OOM bug in the default worker pool")],
+        ),
+        metadata=me,
+    )
     ctx = make_ctx(made["Trip to Lisbon"], store=agent_store_auth, metadata=me)
     searched = await call("session_search", ctx, action="search", query="OOM worker")
     assert "1 session match 'OOM worker'" in searched.content and fixed.id in searched.content
@@ -509,8 +564,9 @@ def png(width: int = 12, height: int = 7) -> bytes:
 
 async def put(store, session_id: str, data: bytes, filename: str = "", kind=store_pb.FILE_KIND_IMAGE):
     async def parts():
-        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, filename=filename,
-                                                                    kind=kind))
+        yield store_pb.PutFileRequest(
+            header=store_pb.PutFileHeader(session_id=session_id, filename=filename, kind=kind)
+        )
         yield store_pb.PutFileRequest(chunk=data)
 
     return (await store.PutFile(parts())).file
@@ -559,15 +615,33 @@ class RecordingSpawn:
 async def test_spawn_agent_passes_every_field_and_reports_how_it_ended(make_ctx):
     spawn = RecordingSpawn()
     ctx = make_ctx("1b9d6bcd-bbfd-4b2d-9b5d-ab8dfbbd4bed", spawn=spawn)
-    result = await call("spawn_agent", ctx, task="count the files", profile_id="researcher",
-                        exclude_tools=["spawn_agent"], briefing="be quick", custom_system_prompt="You count.",
-                        inherit_system_prompt=True, context_transfer="the repo is /src", timeout_seconds=60,
-                        max_iterations="12")
-    assert spawn.requests == [SpawnRequest(
-        text="count the files", profile_id="researcher", max_iterations=12, exclude_tools=("spawn_agent",),
-        briefing="be quick", custom_system_prompt="You count.", inherit_system_prompt=True,
-        context_transfer="the repo is /src", parent_session_id="1b9d6bcd-bbfd-4b2d-9b5d-ab8dfbbd4bed",
-        timeout_seconds=60.0)]
+    result = await call(
+        "spawn_agent",
+        ctx,
+        task="count the files",
+        profile_id="researcher",
+        exclude_tools=["spawn_agent"],
+        briefing="be quick",
+        custom_system_prompt="You count.",
+        inherit_system_prompt=True,
+        context_transfer="the repo is /src",
+        timeout_seconds=60,
+        max_iterations="12",
+    )
+    assert spawn.requests == [
+        SpawnRequest(
+            text="count the files",
+            profile_id="researcher",
+            max_iterations=12,
+            exclude_tools=("spawn_agent",),
+            briefing="be quick",
+            custom_system_prompt="You count.",
+            inherit_system_prompt=True,
+            context_transfer="the repo is /src",
+            parent_session_id="1b9d6bcd-bbfd-4b2d-9b5d-ab8dfbbd4bed",
+            timeout_seconds=60.0,
+        )
+    ]
     assert result.content.startswith("Sub-agent (researcher) finished normally.") and "done: 3 files" in result.content
     assert result.untrusted and result.metadata["completed_normally"] is True
 
@@ -590,8 +664,17 @@ async def test_spawn_agent_refuses_without_a_runner_and_with_bad_limits(make_ctx
 @pytest.fixture
 def profiles_path(tmp_path) -> str:
     path = tmp_path / "profiles.json"
-    path.write_text(json.dumps({"default": "default", "profiles": [
-        {"id": "default"}, {"id": "coder", "name": "Coder", "description": "writes code", "model": "tiny"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "default": "default",
+                "profiles": [
+                    {"id": "default"},
+                    {"id": "coder", "name": "Coder", "description": "writes code", "model": "tiny"},
+                ],
+            }
+        )
+    )
     return str(path)
 
 
@@ -615,8 +698,11 @@ async def test_switch_profile_records_the_switch_for_the_loop(make_ctx, store, p
 class EchoTool:
     name = "echo"
     description = "Repeat the text."
-    parameters = {"type": "object", "properties": {"text": {"type": "string"}, "times": {"type": "integer"}},
-                  "required": ["text"]}
+    parameters = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "times": {"type": "integer"}},
+        "required": ["text"],
+    }
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         return ToolResult(content=args["text"] * args.get("times", 1), untrusted=False)

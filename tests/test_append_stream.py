@@ -12,16 +12,17 @@ from random import Random
 import grpc
 import pytest
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.conversation import StoredConversation
 from services.shared.auth import serve_caller
 from services.shared.channels import open_channel
 from services.shared.errors import PalimpsestError, PermissionDenied, Unavailable
 from services.shared.stopping import Stopping
+from tests.calls import full
 from tests.conftest import JWT_SECRET, bearer
 from tests.relay import Relay
-from tests.calls import full
 from tests.waiting import until
 
 Message = common_pb2.Message
@@ -53,7 +54,8 @@ async def stored_has(store, session_id: str, content: str) -> bool:
 
 
 async def test_a_stream_lost_between_two_appends_is_opened_again_and_the_next_append_lands(
-        base_settings, store_server, store, profile):
+    base_settings, store_server, store, profile
+):
     async with conversation_through_relay(base_settings, store_server, store, profile) as (relay, conv, session_id):
         await conv.append([Message(role="user", content="before the cut")])
         assert conv.appends.open
@@ -67,12 +69,14 @@ async def test_a_stream_lost_between_two_appends_is_opened_again_and_the_next_ap
 
 
 async def test_an_append_whose_answer_is_lost_is_retried_on_a_new_stream_and_stored_once(
-        base_settings, store_server, store, profile):
+    base_settings, store_server, store, profile
+):
     async with conversation_through_relay(base_settings, store_server, store, profile) as (relay, conv, session_id):
         await conv.append([Message(role="user", content="a question")])
         relay.hold_answers()  # the store acts on what it gets; its answers do not come back
-        answer = asyncio.create_task(conv.append([Message(role="assistant", content="the answer")],
-                                                 retry_for=30, attempt_timeout=0.5))
+        answer = asyncio.create_task(
+            conv.append([Message(role="assistant", content="the answer")], retry_for=30, attempt_timeout=0.5)
+        )
         assert await until(lambda: stored_has(store, session_id, "the answer"))
         assert not answer.done()
         relay.thaw()
@@ -82,7 +86,8 @@ async def test_an_append_whose_answer_is_lost_is_retried_on_a_new_stream_and_sto
 
 
 async def test_the_turns_end_ends_the_stream_and_a_later_append_is_a_call_of_its_own(
-        base_settings, store_server, store, profile):
+    base_settings, store_server, store, profile
+):
     async with conversation_through_relay(base_settings, store_server, store, profile) as (relay, conv, session_id):
         await conv.append([Message(role="user", content="in the turn")])
         await conv.done_appending()
@@ -117,7 +122,8 @@ async def test_an_append_on_a_store_that_hangs_fails_at_its_timeout(base_setting
 
 
 async def test_an_append_for_another_caller_never_rides_on_the_stream_opened_for_the_first(
-        base_settings, store_server_auth, store_auth, profile):
+    base_settings, store_server_auth, store_auth, profile
+):
     alice, bob = bearer("stream-alice"), bearer("stream-bob")
     session = (await store_auth.CreateSession(pb.CreateSessionRequest(profile_id=profile), metadata=alice)).session
     settings = replace(base_settings, auth_enabled=True, jwt_secret=JWT_SECRET)
@@ -130,13 +136,20 @@ async def test_an_append_for_another_caller_never_rides_on_the_stream_opened_for
         serve_caller(bob)  # (the same task serving another caller: its appends carry bob's token)
         with pytest.raises(PermissionDenied):
             await conv.append([Message(role="user", content="bob's")])
-    contents = [m.content for m in (await store_auth.GetSession(pb.GetSessionRequest(
-        session_id=session.id, view=pb.SESSION_VIEW_FULL), metadata=alice)).session.messages]
+    contents = [
+        m.content
+        for m in (
+            await store_auth.GetSession(
+                pb.GetSessionRequest(session_id=session.id, view=pb.SESSION_VIEW_FULL), metadata=alice
+            )
+        ).session.messages
+    ]
     assert contents == ["alice's"]
 
 
 async def test_a_stopping_store_ends_an_idle_append_stream_and_the_next_append_goes_elsewhere(
-        base_settings, database_url, store, profile):
+    base_settings, database_url, store, profile
+):
     """A turn's stream open on a replica that stops: the stop does not wait out its grace for it,
     and the turn's next append lands on the replica that is left (the relay is the address both
     stand behind, as a Kubernetes Service is)."""
@@ -164,8 +177,9 @@ async def test_a_stopping_store_ends_an_idle_append_stream_and_the_next_append_g
                 await running.stop(0)
 
 
-async def test_answers_written_as_their_idle_streams_end_are_all_stored_once(base_settings, store_server, store,
-                                                                               profile):
+async def test_answers_written_as_their_idle_streams_end_are_all_stored_once(
+    base_settings, store_server, store, profile
+):
     """The replica a turn's stream is on stops just as the answer is written (its drain ends the
     streams waiting between appends): gRPC can fail that write under any status, INTERNAL among
     them, and the answer must still be sent again and stored, once (200 turns, the timing varied)."""

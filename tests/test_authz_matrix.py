@@ -11,8 +11,8 @@ import grpc
 import jwt
 import pytest
 
-from palimpsest.v1 import (agent_pb2, agent_pb2_grpc, common_pb2, compressor_pb2, compressor_pb2_grpc,
-                           session_store_pb2 as pb)
+from palimpsest.v1 import agent_pb2, agent_pb2_grpc, common_pb2, compressor_pb2, compressor_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
 from tests.conftest import JWT_SECRET, bearer
 from tests.waiting import call_to_end, one_request
 
@@ -35,13 +35,14 @@ BAD_CREDENTIALS = {
 
 
 def methods(module, service: str):
-    return [m for m in module.DESCRIPTOR.services_by_name[service].methods
-            if one_request(m) and m.name not in SKIP]
+    return [m for m in module.DESCRIPTOR.services_by_name[service].methods if one_request(m) and m.name not in SKIP]
 
 
-ALL = ([("store", m) for m in methods(pb, "SessionStore")]
-       + [("compressor", m) for m in methods(compressor_pb2, "Compressor")]
-       + [("agent", m) for m in methods(agent_pb2, "Agent")])
+ALL = (
+    [("store", m) for m in methods(pb, "SessionStore")]
+    + [("compressor", m) for m in methods(compressor_pb2, "Compressor")]
+    + [("agent", m) for m in methods(agent_pb2, "Agent")]
+)
 
 
 def request_for(method, session_id: str):
@@ -74,17 +75,30 @@ async def services(base_settings, store_server_auth, ollama_sim, profiles_file):
     from services.agent.app import start_agent
     from services.compressor.app import start_compressor
 
-    settings = replace(base_settings, auth_enabled=True, ollama_host=ollama_sim.url,
-                       store_addr=store_server_auth.address, profiles_path=profiles_file)
+    settings = replace(
+        base_settings,
+        auth_enabled=True,
+        ollama_host=ollama_sim.url,
+        store_addr=store_server_auth.address,
+        profiles_path=profiles_file,
+    )
     compressor = await start_compressor(settings, port=0)
     agent = await start_agent(replace(settings, compressor_addr=compressor.address), port=0)
-    channels = {name: grpc.aio.insecure_channel(address) for name, address in (
-        ("store", store_server_auth.address), ("compressor", compressor.address), ("agent", agent.address))}
+    channels = {
+        name: grpc.aio.insecure_channel(address)
+        for name, address in (
+            ("store", store_server_auth.address),
+            ("compressor", compressor.address),
+            ("agent", agent.address),
+        )
+    }
     from palimpsest.v1 import session_store_pb2_grpc
 
-    stubs = {"store": session_store_pb2_grpc.SessionStoreStub(channels["store"]),
-             "compressor": compressor_pb2_grpc.CompressorStub(channels["compressor"]),
-             "agent": agent_pb2_grpc.AgentStub(channels["agent"])}
+    stubs = {
+        "store": session_store_pb2_grpc.SessionStoreStub(channels["store"]),
+        "compressor": compressor_pb2_grpc.CompressorStub(channels["compressor"]),
+        "agent": agent_pb2_grpc.AgentStub(channels["agent"]),
+    }
     yield stubs
     for channel in channels.values():
         await channel.close()
@@ -97,9 +111,16 @@ async def alices(services):
     alice = bearer("matrix-alice")
     store = services["store"]
     session = (await store.CreateSession(pb.CreateSessionRequest(profile_id="small"), metadata=alice)).session
-    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-        common_pb2.Message(role="user", content="hello"), common_pb2.Message(role="assistant", content="hi")]),
-        metadata=alice)
+    await store.AppendMessages(
+        pb.AppendMessagesRequest(
+            session_id=session.id,
+            messages=[
+                common_pb2.Message(role="user", content="hello"),
+                common_pb2.Message(role="assistant", content="hi"),
+            ],
+        ),
+        metadata=alice,
+    )
     return session.id
 
 
@@ -119,9 +140,12 @@ SERVICE_ONLY = {"SetBaseline", "SetTokenCounts", "RecordBaseline", "RecordObserv
 SERVICE_ONLY_FIELDS = {"GetBaseline": "model"}
 # Prices the messages it is sent; it reads the session only to decide on compression (then refused).
 READS_NOTHING_OF_THE_SESSION = {"CheckContextSize"}
-SESSION_RPCS = [(s, m) for s, m in ALL if ("session_id" in m.input_type.fields_by_name
-                                           or "session_ids" in m.input_type.fields_by_name)
-                and m.name not in READS_NOTHING_OF_THE_SESSION]
+SESSION_RPCS = [
+    (s, m)
+    for s, m in ALL
+    if ("session_id" in m.input_type.fields_by_name or "session_ids" in m.input_type.fields_by_name)
+    and m.name not in READS_NOTHING_OF_THE_SESSION
+]
 
 
 @pytest.mark.parametrize("service, method", SESSION_RPCS, ids=lambda v: v if isinstance(v, str) else v.name)
@@ -140,7 +164,9 @@ async def test_another_users_session_is_refused_and_the_owner_is_not(services, a
     # Refused, or refused for the request's own shape exactly as the owner is: nothing about the
     # session differs between the two answers.
     assert code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND) or (
-        code == owner == grpc.StatusCode.INVALID_ARGUMENT), f"{method.name}: bob {code}, owner {owner}"
+        code == owner == grpc.StatusCode.INVALID_ARGUMENT
+    ), f"{method.name}: bob {code}, owner {owner}"
     if method.name not in SERVICE_ONLY:
-        assert owner not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED), \
+        assert owner not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED), (
             f"{method.name} as the owner: {owner}"
+        )

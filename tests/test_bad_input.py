@@ -8,7 +8,9 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from palimpsest.v1 import agent_pb2, compressor_pb2 as cpb, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as pb
 from palimpsest.v1.common_pb2 import ExternalRef, Message, RawChunk, ToolCall
 from services.agent.conversation import storable
 from services.shared.validation import MAX_ERROR_CHARS
@@ -24,8 +26,9 @@ async def refused(call, request, field: str) -> str:
 
 async def new_session(store, profile: str) -> str:
     session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
-    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-        Message(role="user", content="hello")]))
+    await store.AppendMessages(
+        pb.AppendMessagesRequest(session_id=session.id, messages=[Message(role="user", content="hello")])
+    )
     return session.id
 
 
@@ -34,17 +37,34 @@ async def test_a_nul_character_anywhere_in_a_store_request_is_refused_naming_it(
     before = (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
     await refused(store.CreateSession, pb.CreateSessionRequest(profile_id=profile, name="a\x00b"), "name")
     await refused(store.ListSessions, pb.ListSessionsRequest(query="x\x00"), "query")
-    await refused(store.AppendMessages, pb.AppendMessagesRequest(session_id=session_id, messages=[
-        Message(role="user", content="fine"), Message(role="assistant", content="bad\x00")]), "messages[1].content")
-    await refused(store.AppendMessages, pb.AppendMessagesRequest(session_id=session_id, messages=[
-        Message(role="assistant", tool_calls=[ToolCall(name="t", arguments_json='{"a": "\x00"}')])]),
-        "messages[0].tool_calls[0].arguments_json")
+    await refused(
+        store.AppendMessages,
+        pb.AppendMessagesRequest(
+            session_id=session_id,
+            messages=[Message(role="user", content="fine"), Message(role="assistant", content="bad\x00")],
+        ),
+        "messages[1].content",
+    )
+    await refused(
+        store.AppendMessages,
+        pb.AppendMessagesRequest(
+            session_id=session_id,
+            messages=[Message(role="assistant", tool_calls=[ToolCall(name="t", arguments_json='{"a": "\x00"}')])],
+        ),
+        "messages[0].tool_calls[0].arguments_json",
+    )
     bad_meta = Message(role="user", content="ok")
     bad_meta.metadata.update({"note": "a\x00"})
-    await refused(store.AppendMessages, pb.AppendMessagesRequest(session_id=session_id, messages=[bad_meta]),
-                  "messages[0].metadata")
-    await refused(store.IndexChunks, pb.IndexChunksRequest(session_id=session_id, chunks=[
-        RawChunk(content="chunk\x00")]), "chunks[0].content")
+    await refused(
+        store.AppendMessages,
+        pb.AppendMessagesRequest(session_id=session_id, messages=[bad_meta]),
+        "messages[0].metadata",
+    )
+    await refused(
+        store.IndexChunks,
+        pb.IndexChunksRequest(session_id=session_id, chunks=[RawChunk(content="chunk\x00")]),
+        "chunks[0].content",
+    )
     after = (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
     assert after.revision == before.revision and len(after.messages) == len(before.messages)
     names = [s.name for s in (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile))).sessions]
@@ -53,8 +73,11 @@ async def test_a_nul_character_anywhere_in_a_store_request_is_refused_naming_it(
 
 async def test_the_compressor_and_the_agent_refuse_nul_in_their_own_fields(compressor, agent):
     await refused(compressor.EstimateTokens, cpb.EstimateTokensRequest(model="qwen\x003.6"), "model")
-    await refused(compressor.CheckContextSize, cpb.CheckContextSizeRequest(
-        model="m\x00", messages=[Message(role="user", content="hi")]), "model")
+    await refused(
+        compressor.CheckContextSize,
+        cpb.CheckContextSizeRequest(model="m\x00", messages=[Message(role="user", content="hi")]),
+        "model",
+    )
     stream = agent.RunStream(agent_pb2.RunStreamRequest(text="hi\x00there"))
     with pytest.raises(grpc.aio.AioRpcError) as error:
         async for _ in stream:
@@ -63,8 +86,9 @@ async def test_the_compressor_and_the_agent_refuse_nul_in_their_own_fields(compr
 
 
 async def test_cleanup_far_in_the_past_is_refused_not_an_overflow(store):
-    details = await refused(store.CleanupSessions, pb.CleanupSessionsRequest(older_than_days=2_147_483_647),
-                            "older_than_days")
+    details = await refused(
+        store.CleanupSessions, pb.CleanupSessionsRequest(older_than_days=2_147_483_647), "older_than_days"
+    )
     assert "36500" in details
 
 
@@ -79,8 +103,9 @@ async def test_each_bad_size_is_named_for_itself(compressor, agent):
         setattr(request, field, -1)
         await refused(compressor.RecordBaseline, request, field)
     for timeout in (-1.0, math.nan, math.inf):
-        await refused(agent.RunEphemeral, agent_pb2.RunEphemeralRequest(text="go", timeout_seconds=timeout),
-                      "timeout_seconds")
+        await refused(
+            agent.RunEphemeral, agent_pb2.RunEphemeralRequest(text="go", timeout_seconds=timeout), "timeout_seconds"
+        )
 
 
 def test_the_agent_stores_its_own_nul_output_as_a_replacement_character():
@@ -122,37 +147,74 @@ async def refused_stream(call, request, field: str) -> None:
 
 
 @pytest.mark.parametrize("seconds, nanos", [(YEAR_1, 0), (FAR_FUTURE, 0), (-1, 0), (1_700_000_000, -1)])
-async def test_a_time_out_of_range_is_refused_naming_it_wherever_a_request_carries_one(store, compressor, agent,
-                                                                                      profile, seconds, nanos):
+async def test_a_time_out_of_range_is_refused_naming_it_wherever_a_request_carries_one(
+    store, compressor, agent, profile, seconds, nanos
+):
     session_id = await new_session(store, profile)
     before = (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
     bad = Timestamp(seconds=seconds, nanos=nanos)
     ok_ref = ExternalRef(kind="ci-run", uri="https://ci.example.test/runs/1", created_by="ci")
     bad_ref = ExternalRef(kind="ci-run", uri="https://ci.example.test/runs/2", created_by="ci", created_at=bad)
-    await refused(store.CreateSession, pb.CreateSessionRequest(profile_id=profile, external_refs=[bad_ref]),
-                  "external_refs[0].created_at")
-    await refused(store.UpdateSession, pb.UpdateSessionRequest(session_id=session_id,
-                                                               add_external_refs=[ok_ref, bad_ref]),
-                  "add_external_refs[1].created_at")
-    await refused(store.AppendMessages, pb.AppendMessagesRequest(session_id=session_id, messages=[
-        Message(role="user", content="fine"), Message(role="assistant", content="then", created_at=bad)]),
-        "messages[1].created_at")
-    await refused(store.CommitCompression, pb.CommitCompressionRequest(session_id=session_id, demote_seqs=[1], summary=
-                  Message(role="user", content="summary", created_at=bad)), "summary.created_at")
-    await refused(store.CommitCompression, pb.CommitCompressionRequest(session_id=session_id, demote_seqs=[1], chunks=[
-        RawChunk(content="dropped", first_at=Timestamp(seconds=1_700_000_000), last_at=bad)]), "chunks[0].last_at")
-    await refused(store.IndexChunks, pb.IndexChunksRequest(session_id=session_id, chunks=[
-        RawChunk(content="dropped", first_at=bad)]), "chunks[0].first_at")
-    await refused(store.SetBaseline, pb.SetBaselineRequest(session_id=session_id, baseline=pb.Baseline(
-        tokens=10, recorded_at=bad)), "baseline.recorded_at")
-    await refused(store.RecordObservation, pb.RecordObservationRequest(observation=pb.Observation(
-        model="m", chars=10, tokens=3, observed_at=bad)), "observation.observed_at")
-    await refused(compressor.CheckContextSize, cpb.CheckContextSizeRequest(model="m", messages=[
-        Message(role="user", content="hi", created_at=bad)]), "messages[0].created_at")
+    await refused(
+        store.CreateSession,
+        pb.CreateSessionRequest(profile_id=profile, external_refs=[bad_ref]),
+        "external_refs[0].created_at",
+    )
+    await refused(
+        store.UpdateSession,
+        pb.UpdateSessionRequest(session_id=session_id, add_external_refs=[ok_ref, bad_ref]),
+        "add_external_refs[1].created_at",
+    )
+    await refused(
+        store.AppendMessages,
+        pb.AppendMessagesRequest(
+            session_id=session_id,
+            messages=[Message(role="user", content="fine"), Message(role="assistant", content="then", created_at=bad)],
+        ),
+        "messages[1].created_at",
+    )
+    await refused(
+        store.CommitCompression,
+        pb.CommitCompressionRequest(
+            session_id=session_id, demote_seqs=[1], summary=Message(role="user", content="summary", created_at=bad)
+        ),
+        "summary.created_at",
+    )
+    await refused(
+        store.CommitCompression,
+        pb.CommitCompressionRequest(
+            session_id=session_id,
+            demote_seqs=[1],
+            chunks=[RawChunk(content="dropped", first_at=Timestamp(seconds=1_700_000_000), last_at=bad)],
+        ),
+        "chunks[0].last_at",
+    )
+    await refused(
+        store.IndexChunks,
+        pb.IndexChunksRequest(session_id=session_id, chunks=[RawChunk(content="dropped", first_at=bad)]),
+        "chunks[0].first_at",
+    )
+    await refused(
+        store.SetBaseline,
+        pb.SetBaselineRequest(session_id=session_id, baseline=pb.Baseline(tokens=10, recorded_at=bad)),
+        "baseline.recorded_at",
+    )
+    await refused(
+        store.RecordObservation,
+        pb.RecordObservationRequest(observation=pb.Observation(model="m", chars=10, tokens=3, observed_at=bad)),
+        "observation.observed_at",
+    )
+    await refused(
+        compressor.CheckContextSize,
+        cpb.CheckContextSizeRequest(model="m", messages=[Message(role="user", content="hi", created_at=bad)]),
+        "messages[0].created_at",
+    )
     await refused(agent.Run, agent_pb2.RunRequest(text="hi", external_refs=[bad_ref]), "external_refs[0].created_at")
-    await refused_stream(agent.RunStream, agent_pb2.RunStreamRequest(session_id=session_id, text="hi",
-                                                                     external_refs=[ok_ref, bad_ref]),
-                         "external_refs[1].created_at")
+    await refused_stream(
+        agent.RunStream,
+        agent_pb2.RunStreamRequest(session_id=session_id, text="hi", external_refs=[ok_ref, bad_ref]),
+        "external_refs[1].created_at",
+    )
     after = (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
     assert after == before  # nothing written: no message, summary, ref or revision
     assert (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile))).total == 1
@@ -161,11 +223,19 @@ async def test_a_time_out_of_range_is_refused_naming_it_wherever_a_request_carri
 async def test_a_zero_time_means_unset_and_is_stamped_with_the_write(store, profile):
     session_id = await new_session(store, profile)
     zero = Timestamp()  # set, and the epoch: what a client that means "unset" often sends
-    written = await store.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
-        Message(role="assistant", content="answer", created_at=zero)]))
-    committed = await store.CommitCompression(pb.CommitCompressionRequest(  # once a NotNullViolation (INTERNAL)
-        session_id=session_id, demote_seqs=[1], summary=Message(role="user", content="summary", created_at=zero),
-        chunks=[RawChunk(content="hello", first_at=zero, last_at=zero)]))
+    written = await store.AppendMessages(
+        pb.AppendMessagesRequest(
+            session_id=session_id, messages=[Message(role="assistant", content="answer", created_at=zero)]
+        )
+    )
+    committed = await store.CommitCompression(
+        pb.CommitCompressionRequest(  # once a NotNullViolation (INTERNAL)
+            session_id=session_id,
+            demote_seqs=[1],
+            summary=Message(role="user", content="summary", created_at=zero),
+            chunks=[RawChunk(content="hello", first_at=zero, last_at=zero)],
+        )
+    )
     session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
     stamped = {m.seq: m.created_at.seconds for m in [*session.messages, *session.context]}
     assert stamped[written.seqs[0]] > 1_700_000_000 and stamped[committed.summary_seq] > 1_700_000_000
@@ -176,12 +246,25 @@ async def test_a_compression_that_postgresql_could_not_store_is_refused_and_writ
     before = (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
     marker = Message(role="system", content="compressed")
     marker.metadata.update({"ratio": math.nan})
-    await refused(store.CommitCompression, pb.CommitCompressionRequest(session_id=session_id, demote_seqs=[1],
-                                                                       marker=marker), "marker.metadata")
-    await refused(store.CommitCompression, pb.CommitCompressionRequest(session_id=session_id, demote_seqs=[1], summary=
-                  Message(role="narrator", content="s")), "summary.role")
-    await refused(store.CommitCompression, pb.CommitCompressionRequest(session_id=session_id, demote_seqs=[1], summary=
-                  Message(role="user", content="s", elapsed_seconds=math.inf)), "summary.elapsed_seconds")
+    await refused(
+        store.CommitCompression,
+        pb.CommitCompressionRequest(session_id=session_id, demote_seqs=[1], marker=marker),
+        "marker.metadata",
+    )
+    await refused(
+        store.CommitCompression,
+        pb.CommitCompressionRequest(
+            session_id=session_id, demote_seqs=[1], summary=Message(role="narrator", content="s")
+        ),
+        "summary.role",
+    )
+    await refused(
+        store.CommitCompression,
+        pb.CommitCompressionRequest(
+            session_id=session_id, demote_seqs=[1], summary=Message(role="user", content="s", elapsed_seconds=math.inf)
+        ),
+        "summary.elapsed_seconds",
+    )
     after = (await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_FULL))).session
     assert after == before
 
@@ -194,8 +277,9 @@ async def test_an_enum_value_the_proto_does_not_define_is_refused_naming_it(stor
         yield pb.PutFileRequest(chunk=b"some notes")
 
     await refused(store.PutFile, upload(99), "header.kind")
-    await refused(compressor.RecordBaseline, cpb.RecordBaselineRequest(model="m", prompt_eval_count=10, method=99),
-                  "method")
+    await refused(
+        compressor.RecordBaseline, cpb.RecordBaselineRequest(model="m", prompt_eval_count=10, method=99), "method"
+    )
     await refused(store.GetSession, pb.GetSessionRequest(session_id=session_id, view=42), "view")
     assert not (await store.ListFiles(pb.ListFilesRequest(session_id=session_id))).files
     session = (await store.GetSession(pb.GetSessionRequest(session_id=session_id))).session

@@ -171,7 +171,6 @@ def test_claimed_spans_merge_and_answer_overlaps_like_a_scan():
             claimed.append((start, end))
 
 
-
 def test_entities_of_a_long_text_are_the_first_ones_the_whole_text_has() -> None:
     """Read a piece at a time and stopped at the cap: the same entities, in the same order."""
     import random
@@ -179,11 +178,14 @@ def test_entities_of_a_long_text_are_the_first_ones_the_whole_text_has() -> None
     from services.compressor import breadcrumbs
 
     rng = random.Random(5)
-    lines = [f"{rng.choice(['see', 'ran', 'paid'])} /srv/app{rng.randint(1, 400)}.py "
-             f"`git log -n {rng.randint(1, 9)}` ABC-{rng.randint(1, 999)} $1,{rng.randint(100, 999)} "
-             f"{rng.getrandbits(40):010x} parseConfig_{rng.randint(1, 50)}" for _ in range(3_000)]
+    lines = [
+        f"{rng.choice(['see', 'ran', 'paid'])} /srv/app{rng.randint(1, 400)}.py "
+        f"`git log -n {rng.randint(1, 9)}` ABC-{rng.randint(1, 999)} $1,{rng.randint(100, 999)} "
+        f"{rng.getrandbits(40):010x} parseConfig_{rng.randint(1, 50)}"
+        for _ in range(3_000)
+    ]
     text = "\n".join(lines)
     whole = breadcrumbs._entities_in_order(text)
-    expected = list(dict.fromkeys(whole))[:breadcrumbs.ENTITY_CAP]
+    expected = list(dict.fromkeys(whole))[: breadcrumbs.ENTITY_CAP]
     assert breadcrumbs.extract_entities(text) == expected
     assert breadcrumbs.extract_entities(text, cap=10_000) == list(dict.fromkeys(whole))

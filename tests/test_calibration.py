@@ -147,10 +147,16 @@ def test_a_negative_fitted_overhead_never_gives_negative_tokens() -> None:
 
 
 # -- per character class ----------------------------------------------------------------------
-from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from services.compressor.calibration import (  # noqa: E402
-    CHAR_CLASSES, MIN_RATE_OBSERVATIONS, RATES_PRIOR, char_classes, fit_rates,
+    CHAR_CLASSES,
+    MIN_RATE_OBSERVATIONS,
+    RATES_PRIOR,
+    char_classes,
+    fit_rates,
 )
 
 SAMPLES = {
@@ -188,11 +194,18 @@ def test_char_classes_count_every_character_once(text: str) -> None:
 
 def test_rates_learned_on_some_mixes_price_another_mix_closely() -> None:
     """What one chars rate cannot do: learn on prose-and-log prompts, price a CJK-heavy one."""
-    train = [mix({"prose": 20, "log": 5, "cjk": 2}), mix({"prose": 5, "log": 30, "cjk": 1}),
-             mix({"prose": 40, "cyrillic": 3, "json": 4, "cjk": 3}), mix({"log": 10, "json": 20, "cyrillic": 8}),
-             mix({"prose": 12, "cjk": 12, "log": 2}), mix({"prose": 60, "json": 2, "log": 9, "cyrillic": 1}),
-             mix({"cyrillic": 15, "prose": 4}), mix({"json": 6, "cjk": 5, "cyrillic": 2}),
-             mix({"log": 3, "cyrillic": 6, "prose": 30}), mix({"json": 12, "prose": 8, "log": 1})]
+    train = [
+        mix({"prose": 20, "log": 5, "cjk": 2}),
+        mix({"prose": 5, "log": 30, "cjk": 1}),
+        mix({"prose": 40, "cyrillic": 3, "json": 4, "cjk": 3}),
+        mix({"log": 10, "json": 20, "cyrillic": 8}),
+        mix({"prose": 12, "cjk": 12, "log": 2}),
+        mix({"prose": 60, "json": 2, "log": 9, "cyrillic": 1}),
+        mix({"cyrillic": 15, "prose": 4}),
+        mix({"json": 6, "cjk": 5, "cyrillic": 2}),
+        mix({"log": 3, "cyrillic": 6, "prose": 30}),
+        mix({"json": 12, "prose": 8, "log": 1}),
+    ]
     rates = fit_rates([(m, c, hidden_tokens(m, c)) for m, c in train])
     assert rates is not None and rates.observed == len(train)
     for parts in ({"cjk": 40, "prose": 2}, {"log": 80}, {"cyrillic": 30, "json": 10}):

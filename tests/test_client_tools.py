@@ -14,20 +14,24 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.client_tools import ClientTool, PendingCalls, client_tools_from_proto
 from services.shared.auth import make_token
+from tests.calls import END, expect_status, full
 from tests.conftest import JWT_SECRET, agent_settings, bearer
-from tests.calls import END
-from tests.calls import expect_status, full
 from tests.replica_agents import two_agents
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
 
-WEATHER = pb.ClientTool(name="get_weather", description="Today's weather in a city.",
-                        parameters_json=json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
-                                                    "required": ["city"]}), read_only=True)
+WEATHER = pb.ClientTool(
+    name="get_weather",
+    description="Today's weather in a city.",
+    parameters_json=json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    read_only=True,
+)
 DEPLOY = pb.ClientTool(name="deploy", description="Deploy the app.", parameters_json='{"type": "object"}')
 
 
@@ -56,8 +60,13 @@ class Turn:
 
 
 def answer_to(event: pb.AgentEvent, content: str, is_error: bool = False) -> pb.SubmitToolResultRequest:
-    return pb.SubmitToolResultRequest(session_id=event.session_id, turn_id=event.turn_id,
-                                      call_id=event.tool_call_requested.call_id, content=content, is_error=is_error)
+    return pb.SubmitToolResultRequest(
+        session_id=event.session_id,
+        turn_id=event.turn_id,
+        call_id=event.tool_call_requested.call_id,
+        content=content,
+        is_error=is_error,
+    )
 
 
 def tool_messages(ollama_sim) -> list[str]:
@@ -88,14 +97,19 @@ async def test_a_second_answer_or_one_never_asked_for_is_refused(agent, ollama_s
     turn = Turn(agent, text="weather?", client_tools=[WEATHER])
     asked = await turn.requested()
     await agent.SubmitToolResult(answer_to(asked, "snow"))
-    await expect_status(agent.SubmitToolResult(answer_to(asked, "rain")), grpc.StatusCode.FAILED_PRECONDITION,
-                        "answered already")
+    await expect_status(
+        agent.SubmitToolResult(answer_to(asked, "rain")), grpc.StatusCode.FAILED_PRECONDITION, "answered already"
+    )
     await turn.ended()
-    stray = pb.SubmitToolResultRequest(session_id=asked.session_id, turn_id=asked.turn_id, call_id="call_nope",
-                                       content="x")
+    stray = pb.SubmitToolResultRequest(
+        session_id=asked.session_id, turn_id=asked.turn_id, call_id="call_nope", content="x"
+    )
     await expect_status(agent.SubmitToolResult(stray), grpc.StatusCode.NOT_FOUND, "call_nope")
-    await expect_status(agent.SubmitToolResult(pb.SubmitToolResultRequest(session_id=asked.session_id)),
-                        grpc.StatusCode.INVALID_ARGUMENT, "turn_id")
+    await expect_status(
+        agent.SubmitToolResult(pb.SubmitToolResultRequest(session_id=asked.session_id)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "turn_id",
+    )
     assert tool_messages(ollama_sim) == ["snow"]
 
 
@@ -121,7 +135,8 @@ async def test_stop_ends_the_wait_and_the_turn(agent, ollama_sim):
 
 
 async def test_after_a_dropped_stream_the_resume_shows_the_request_and_a_new_connection_answers(
-        agent, agent_server, ollama_sim):
+    agent, agent_server, ollama_sim
+):
     ollama_sim.script(Reply(tool_calls=[("get_weather", {"city": "Quito"})]), Reply(text="Warm in Quito."))
     turn = Turn(agent, text="weather?", client_tools=[WEATHER])
     asked = await turn.requested()
@@ -139,18 +154,24 @@ async def test_after_a_dropped_stream_the_resume_shows_the_request_and_a_new_con
         assert seen[-1].stream_end.text == "Warm in Quito."
 
 
-@pytest.mark.parametrize("tool, field", [
-    (pb.ClientTool(name="bad name"), "client_tools[0].name"),
-    (pb.ClientTool(name="read_file"), "client_tools[0].name"),
-    (pb.ClientTool(name="mcp__x__y"), "client_tools[0].name"),
-    (pb.ClientTool(name="ok", parameters_json="{not json"), "client_tools[0].parameters_json"),
-    (pb.ClientTool(name="ok", parameters_json='{"type": "array"}'), "client_tools[0].parameters_json"),
-    (pb.ClientTool(name="ok", parameters_json='{"type": "object", "properties": {"a": {"type": "nope"}}}'),
-     "client_tools[0].parameters_json"),
-    (pb.ClientTool(name="ok", description="x" * 5000), "client_tools[0].description"),
-])
-async def test_a_bad_declaration_is_refused_naming_the_field_and_nothing_is_made(auth_agent, store_auth, ollama_sim,
-                                                                                 tool, field):
+@pytest.mark.parametrize(
+    "tool, field",
+    [
+        (pb.ClientTool(name="bad name"), "client_tools[0].name"),
+        (pb.ClientTool(name="read_file"), "client_tools[0].name"),
+        (pb.ClientTool(name="mcp__x__y"), "client_tools[0].name"),
+        (pb.ClientTool(name="ok", parameters_json="{not json"), "client_tools[0].parameters_json"),
+        (pb.ClientTool(name="ok", parameters_json='{"type": "array"}'), "client_tools[0].parameters_json"),
+        (
+            pb.ClientTool(name="ok", parameters_json='{"type": "object", "properties": {"a": {"type": "nope"}}}'),
+            "client_tools[0].parameters_json",
+        ),
+        (pb.ClientTool(name="ok", description="x" * 5000), "client_tools[0].description"),
+    ],
+)
+async def test_a_bad_declaration_is_refused_naming_the_field_and_nothing_is_made(
+    auth_agent, store_auth, ollama_sim, tool, field
+):
     me = bearer(f"decl-{uuid.uuid4().hex[:8]}")
     call = auth_agent.RunStream(pb.RunStreamRequest(text="hi", client_tools=[tool]), metadata=me)
     await expect_status(_drain(call), grpc.StatusCode.INVALID_ARGUMENT, field)
@@ -190,22 +211,26 @@ async def test_a_tool_that_acts_is_refused_in_a_tainted_conversation_one_that_re
 async def auth_agent(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file):
     from services.agent.app import start_agent
 
-    settings = replace(agent_settings(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file),
-                       auth_enabled=True)
+    settings = replace(
+        agent_settings(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file),
+        auth_enabled=True,
+    )
     running = await start_agent(settings, port=0)
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield agent_pb2_grpc.AgentStub(channel)
     await running.stop(0)
 
 
-async def test_only_who_may_read_the_session_answers_and_a_services_answer_is_trusted(auth_agent, store_auth,
-                                                                                       ollama_sim):
+async def test_only_who_may_read_the_session_answers_and_a_services_answer_is_trusted(
+    auth_agent, store_auth, ollama_sim
+):
     owner, stranger = bearer(f"owner-{uuid.uuid4().hex[:6]}"), bearer(f"other-{uuid.uuid4().hex[:6]}")
     ollama_sim.script(Reply(tool_calls=[("get_weather", {"city": "Lima"})]), Reply(text="ok"))
     turn = Turn(auth_agent, owner, text="weather?", client_tools=[WEATHER])
     asked = await turn.requested()
-    await expect_status(auth_agent.SubmitToolResult(answer_to(asked, "forged"), metadata=stranger),
-                        grpc.StatusCode.PERMISSION_DENIED)
+    await expect_status(
+        auth_agent.SubmitToolResult(answer_to(asked, "forged"), metadata=stranger), grpc.StatusCode.PERMISSION_DENIED
+    )
     await expect_status(auth_agent.SubmitToolResult(answer_to(asked, "anon")), grpc.StatusCode.UNAUTHENTICATED)
     service = (("authorization", f"Bearer {make_token('a-service', JWT_SECRET, 'service')}"),)
     await auth_agent.SubmitToolResult(answer_to(asked, "mild"), metadata=service)
@@ -217,9 +242,11 @@ async def test_only_who_may_read_the_session_answers_and_a_services_answer_is_tr
 
 @pytest.mark.parametrize("bus", [True, False], ids=["bus", "no bus"])
 async def test_the_other_replica_takes_the_answer_through_the_session_bus(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, bus):
-    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
-                          replica_events=bus) as agents:
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, bus
+):
+    async with two_agents(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, True, replica_events=bus
+    ) as agents:
         ollama_sim.script(Reply(tool_calls=[("get_weather", {"city": "Baku"})]), Reply(text="ok"))
         turn = Turn(agents[0], text="weather?", client_tools=[WEATHER], client_tool_timeout_seconds=20)
         asked = await turn.requested()

@@ -10,16 +10,30 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
 from ollama_sim import Reply
+from palimpsest.v1 import common_pb2, compressor_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from tests.calls import expect_status, full, shown
-from tests.compressor_calls import MODEL, Message, WINDOW, compress, filler, session_with, summary_bodies, tool_turns, turns
+from tests.compressor_calls import (
+    MODEL,
+    WINDOW,
+    Message,
+    compress,
+    filler,
+    session_with,
+    summary_bodies,
+    tool_turns,
+    turns,
+)
 
 
 def summary_reply(body) -> Reply:
     """Summaries for every unscripted call: bullet points and the KEYS line."""
-    return Reply(text="- The user asked about deploys; we used kubectl.\n- Decided on blue-green.\n"
-                      "KEYS: kubectl, blue-green, deploy.yaml")
+    return Reply(
+        text="- The user asked about deploys; we used kubectl.\n- Decided on blue-green.\n"
+        "KEYS: kubectl, blue-green, deploy.yaml"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -32,8 +46,9 @@ def summaries(ollama_sim):
 # -- estimates and calibration -------------------------------------------------------------------
 async def test_without_observations_the_estimate_is_chars_over_1_8(compressor):
     model = f"fresh-{uuid.uuid4().hex[:6]}"
-    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(
-        model=model, messages=[Message(role="user", content="x" * 900)], window=WINDOW))
+    reply = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(model=model, messages=[Message(role="user", content="x" * 900)], window=WINDOW)
+    )
     assert reply.method == pb.ESTIMATE_METHOD_FALLBACK
     assert reply.tokens == -(-reply.chars // 1.8)
 
@@ -41,11 +56,13 @@ async def test_without_observations_the_estimate_is_chars_over_1_8(compressor):
 async def test_recorded_baselines_calibrate_the_next_estimate(compressor):
     model = f"cal-{uuid.uuid4().hex[:6]}"
     for chars, tokens in [(4000, 1100), (8000, 2100)]:
-        r = await compressor.RecordBaseline(pb.RecordBaselineRequest(
-            model=model, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars))
+        r = await compressor.RecordBaseline(
+            pb.RecordBaselineRequest(model=model, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars)
+        )
         assert r.recorded and not r.truncated
-    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(
-        model=model, messages=[Message(role="user", content="y" * 5991)], window=100_000))
+    reply = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(model=model, messages=[Message(role="user", content="y" * 5991)], window=100_000)
+    )
     assert reply.method == pb.ESTIMATE_METHOD_CALIBRATED
     assert abs(reply.tokens - 1600) <= 5  # on the line through (4000, 1100) and (8000, 2100)
 
@@ -53,10 +70,14 @@ async def test_recorded_baselines_calibrate_the_next_estimate(compressor):
 async def test_prompts_with_images_do_not_calibrate(compressor):
     model = f"img-{uuid.uuid4().hex[:6]}"
     for chars, tokens in [(4000, 5100), (8000, 6100)]:
-        await compressor.RecordBaseline(pb.RecordBaselineRequest(
-            model=model, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars, had_images=True))
-    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(model=model, messages=[
-        Message(role="user", content="z" * 900)]))
+        await compressor.RecordBaseline(
+            pb.RecordBaselineRequest(
+                model=model, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars, had_images=True
+            )
+        )
+    reply = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(model=model, messages=[Message(role="user", content="z" * 900)])
+    )
     assert reply.method == pb.ESTIMATE_METHOD_FALLBACK
 
 
@@ -65,31 +86,58 @@ def exact_shape(content_tokens: int, messages: int = 3) -> common_pb2.PromptShap
 
 
 @pytest.mark.parametrize("reported, truncated", [(979, True), (980, False), (1100, False)])
-async def test_a_report_below_the_exact_content_count_is_a_cut_prompt(compressor, store, profile, reported,
-                                                                        truncated):
+async def test_a_report_below_the_exact_content_count_is_a_cut_prompt(compressor, store, profile, reported, truncated):
     session_id = await session_with(store, profile, turns(1))
-    await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900, through_seq=2, window=WINDOW,
-        method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(850)))
-    reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=reported, sent_tokens=1040, through_seq=2,
-        window=WINDOW, method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(1000)))
+    await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id,
+            model=MODEL,
+            prompt_eval_count=900,
+            sent_tokens=900,
+            through_seq=2,
+            window=WINDOW,
+            method=pb.ESTIMATE_METHOD_EXACT,
+            shape=exact_shape(850),
+        )
+    )
+    reply = await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id,
+            model=MODEL,
+            prompt_eval_count=reported,
+            sent_tokens=1040,
+            through_seq=2,
+            window=WINDOW,
+            method=pb.ESTIMATE_METHOD_EXACT,
+            shape=exact_shape(1000),
+        )
+    )
     assert reply.truncated is truncated and reply.recorded is not truncated
     baseline = (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline
     assert baseline.tokens == (900 if truncated else reported)  # the honest baseline survives
     assert baseline.context_truncated is truncated
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"window": 0}, "window"),
-    ({"prompt_eval_count": 9000}, "prompt_eval_count"),
-    ({"shape": common_pb2.PromptShape(content_tokens=800, messages=-1)}, "shape"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"window": 0}, "window"),
+        ({"prompt_eval_count": 9000}, "prompt_eval_count"),
+        ({"shape": common_pb2.PromptShape(content_tokens=800, messages=-1)}, "shape"),
+    ],
+)
 async def test_a_bad_exact_report_is_refused_and_changes_nothing(compressor, store, profile, change, field):
     session_id = await session_with(store, profile, turns(1))
-    request = pb.RecordBaselineRequest(session_id=session_id, model=MODEL, prompt_eval_count=900, sent_tokens=900,
-                                       through_seq=2, window=8192, method=pb.ESTIMATE_METHOD_EXACT,
-                                       shape=exact_shape(850))
+    request = pb.RecordBaselineRequest(
+        session_id=session_id,
+        model=MODEL,
+        prompt_eval_count=900,
+        sent_tokens=900,
+        through_seq=2,
+        window=8192,
+        method=pb.ESTIMATE_METHOD_EXACT,
+        shape=exact_shape(850),
+    )
     for name, value in change.items():
         if name == "shape":
             request.shape.CopyFrom(value)
@@ -105,9 +153,17 @@ async def test_an_estimate_never_raises_the_cut_alarm(compressor, store, profile
     """Only an exact count proves a cut: a calibrated estimate 60% too high once flagged an honest
     3,770-token prompt as cut and forced a needless compression."""
     session_id = await session_with(store, profile, turns(1))
-    reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=3770, sent_tokens=6134, through_seq=2, window=8192,
-        method=pb.ESTIMATE_METHOD_CALIBRATED))
+    reply = await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id,
+            model=MODEL,
+            prompt_eval_count=3770,
+            sent_tokens=6134,
+            through_seq=2,
+            window=8192,
+            method=pb.ESTIMATE_METHOD_CALIBRATED,
+        )
+    )
     assert reply.truncated is False and reply.recorded is True
     baseline = (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline
     assert baseline.context_truncated is False
@@ -116,12 +172,19 @@ async def test_an_estimate_never_raises_the_cut_alarm(compressor, store, profile
 async def test_session_estimates_use_the_baseline_plus_the_delta(compressor, store, profile):
     session_id = await session_with(store, profile, turns(2))
     model = f"delta-{uuid.uuid4().hex[:6]}"  # no calibration line: other tests calibrate qwen3.6
-    await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=model, prompt_eval_count=3000, sent_tokens=3000, through_seq=4))
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=[
-        Message(role="user", content="a" * 180)]))
-    reply = await compressor.EstimateTokens(pb.EstimateTokensRequest(
-        session_id=session_id, model=model, window=WINDOW, incoming=[Message(role="user", content="b" * 180)]))
+    await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id, model=model, prompt_eval_count=3000, sent_tokens=3000, through_seq=4
+        )
+    )
+    await store.AppendMessages(
+        store_pb.AppendMessagesRequest(session_id=session_id, messages=[Message(role="user", content="a" * 180)])
+    )
+    reply = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(
+            session_id=session_id, model=model, window=WINDOW, incoming=[Message(role="user", content="b" * 180)]
+        )
+    )
     assert reply.method == pb.ESTIMATE_METHOD_BASELINE_DELTA
     assert reply.baseline_tokens == 3000 and 150 < reply.delta_tokens < 300
 
@@ -131,17 +194,28 @@ async def test_the_memory_message_is_paid_in_the_baseline_like_the_system_prompt
     stored, both unchanged until a compression drops the baseline): the delta counts neither again."""
     session_id = await session_with(store, profile, turns(2))
     model = f"delta-{uuid.uuid4().hex[:6]}"  # no calibration line: other tests calibrate qwen3.6
-    await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=model, prompt_eval_count=3000, sent_tokens=3000, through_seq=4))
-    context = list((await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context)
+    await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id, model=model, prompt_eval_count=3000, sent_tokens=3000, through_seq=4
+        )
+    )
+    context = list(
+        (
+            await store.GetSession(
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT)
+            )
+        ).session.context
+    )
     system = Message(role="system", content="You are Palimpsest.")
     memory = Message(role="system", content="## What I remember about the user\n- " + "Prefers tea. " * 40)
     incoming = Message(role="user", content="b" * 180)
 
     async def tokens(*head: Message) -> int:
-        reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-            session_id=session_id, model=model, window=WINDOW, messages=[*head, *context, incoming]))
+        reply = await compressor.CheckContextSize(
+            pb.CheckContextSizeRequest(
+                session_id=session_id, model=model, window=WINDOW, messages=[*head, *context, incoming]
+            )
+        )
         assert reply.method == pb.ESTIMATE_METHOD_BASELINE_DELTA
         return reply.tokens
 
@@ -156,23 +230,33 @@ async def test_estimates_count_the_truncated_view_not_a_megabyte(compressor):
 
 @pytest.mark.parametrize("window, limit", [(4096, 4096 - 1024), (100_000, 100_000 - 2048)])
 async def test_output_reserve_is_capped_at_a_quarter_of_the_window(compressor, window, limit):
-    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model="m", window=window, messages=[Message(role="user", content="hello")]))
+    reply = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="m", window=window, messages=[Message(role="user", content="hello")])
+    )
     assert reply.fits and reply.limit == limit
-    big = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model="m", window=window, messages=[Message(role="user", content="w " * int(limit * 1.9))]))
+    big = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(
+            model="m", window=window, messages=[Message(role="user", content="w " * int(limit * 1.9))]
+        )
+    )
     assert not big.fits and big.tokens > limit
 
 
 async def test_bad_estimate_input_is_invalid(compressor):
-    await expect_status(compressor.EstimateTokens(pb.EstimateTokensRequest(window=-1)),
-                        grpc.StatusCode.INVALID_ARGUMENT, "window")
-    await expect_status(compressor.CheckContextSize(pb.CheckContextSizeRequest(model="m")),
-                        grpc.StatusCode.INVALID_ARGUMENT, "messages")
-    await expect_status(compressor.RecordBaseline(pb.RecordBaselineRequest(model="m")),
-                        grpc.StatusCode.INVALID_ARGUMENT, "prompt_eval_count")
-    await expect_status(compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=str(uuid.uuid4()))),
-                        grpc.StatusCode.NOT_FOUND)
+    await expect_status(
+        compressor.EstimateTokens(pb.EstimateTokensRequest(window=-1)), grpc.StatusCode.INVALID_ARGUMENT, "window"
+    )
+    await expect_status(
+        compressor.CheckContextSize(pb.CheckContextSizeRequest(model="m")), grpc.StatusCode.INVALID_ARGUMENT, "messages"
+    )
+    await expect_status(
+        compressor.RecordBaseline(pb.RecordBaselineRequest(model="m")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "prompt_eval_count",
+    )
+    await expect_status(
+        compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=str(uuid.uuid4()))), grpc.StatusCode.NOT_FOUND
+    )
 
 
 # -- compression --------------------------------------------------------------------------------
@@ -226,21 +310,23 @@ async def test_memory_search_off_compresses_without_indexing_what_it_drops(compr
     assert any("question 0" in m.content for m in (await full(store, session_id)).messages)
 
 
-async def test_old_summaries_over_the_threshold_are_merged_by_a_meta_call_first(compressor, store, profile,
-                                                                                ollama_sim):
+async def test_old_summaries_over_the_threshold_are_merged_by_a_meta_call_first(compressor, store, profile, ollama_sim):
     from services.compressor.summary_format import META_SUMMARY_PROMPT, META_SUMMARY_THRESHOLD
 
     def old_summary(n: int) -> Message:
         text = f"[Summary {n}] OLD-SUMMARY-{n} " + f"decision {n}: keep the cache at /srv/cache{n}. " * 130
-        return Message(role="user", content=text, is_summary=True, explicit_flags=True, is_context=True,
-                       is_display=False)
+        return Message(
+            role="user", content=text, is_summary=True, explicit_flags=True, is_context=True, is_display=False
+        )
 
     olds = [old_summary(1), old_summary(2)]
     assert sum(len(m.content) for m in olds) > META_SUMMARY_THRESHOLD
     session_id = await session_with(store, profile, [*olds, *turns(12)])
     since = len(ollama_sim.bodies())
-    ollama_sim.script(Reply(text="- MERGED-HISTORY: caches at /srv/cache1 and /srv/cache2.\nKEYS: cache"),
-                      Reply(text="- NEW-SUMMARY of it all.\nKEYS: cache, deploy"))
+    ollama_sim.script(
+        Reply(text="- MERGED-HISTORY: caches at /srv/cache1 and /srv/cache2.\nKEYS: cache"),
+        Reply(text="- NEW-SUMMARY of it all.\nKEYS: cache, deploy"),
+    )
     events = await compress(compressor, session_id, window=SMALL_WINDOW)
     assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
 
@@ -290,8 +376,11 @@ async def test_fifty_compressions_leave_at_most_one_live_summary(compressor, sto
     for round_ in range(50):
         await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(3)))
         await compress(compressor, session_id)
-        context = (await store.GetSession(store_pb.GetSessionRequest(
-            session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+        context = (
+            await store.GetSession(
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT)
+            )
+        ).session.context
         assert sum(1 for m in context if m.is_summary) <= 1, f"round {round_}"
     display = await full(store, session_id)
     assert len([m for m in display.messages if not m.is_compression]) == 12 + 50 * 6
@@ -299,14 +388,25 @@ async def test_fifty_compressions_leave_at_most_one_live_summary(compressor, sto
 
 async def test_post_turn_under_threshold_does_nothing_unless_the_prompt_was_truncated(compressor, store, profile):
     session_id = await session_with(store, profile, turns(6))
-    quiet = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN,
-                           only_if_over_threshold=True, current_tokens=100)
+    quiet = await compress(
+        compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN, only_if_over_threshold=True, current_tokens=100
+    )
     assert quiet == []
-    await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=MODEL, prompt_eval_count=2050, sent_tokens=6000, through_seq=12,
-        window=8192, method=pb.ESTIMATE_METHOD_EXACT, shape=exact_shape(5800, 13)))
-    forced = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN,
-                            only_if_over_threshold=True, current_tokens=2050)
+    await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id,
+            model=MODEL,
+            prompt_eval_count=2050,
+            sent_tokens=6000,
+            through_seq=12,
+            window=8192,
+            method=pb.ESTIMATE_METHOD_EXACT,
+            shape=exact_shape(5800, 13),
+        )
+    )
+    forced = await compress(
+        compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN, only_if_over_threshold=True, current_tokens=2050
+    )
     assert forced and forced[-1].compressed.messages_after < 12
 
 
@@ -315,31 +415,43 @@ async def test_tool_groups_stay_whole_across_compression(compressor, store, prof
     for i in range(8):
         messages += [
             Message(role="user", content=f"task {i} " + filler(i, 200)),
-            Message(role="assistant", tool_calls=[common_pb2.ToolCall(
-                id=f"c{i}", name="read_file", arguments_json=json.dumps({"path": f"/srv/app{i}.py"}))]),
+            Message(
+                role="assistant",
+                tool_calls=[
+                    common_pb2.ToolCall(
+                        id=f"c{i}", name="read_file", arguments_json=json.dumps({"path": f"/srv/app{i}.py"})
+                    )
+                ],
+            ),
             Message(role="tool", name="read_file", tool_call_id=f"c{i}", content=filler(i, 900)),
             Message(role="assistant", content=f"done {i}"),
         ]
     session_id = await session_with(store, profile, messages)
     await compress(compressor, session_id)
-    context = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    context = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
     calls = {c.id for m in context for c in m.tool_calls}
     assert all(m.tool_call_id in calls for m in context if m.role == "tool")
 
 
 async def test_compress_checks_its_input(compressor, store, profile):
     session_id = await session_with(store, profile, turns(1))
-    await expect_status(compress(compressor, session_id, reason=pb.COMPRESSION_REASON_UNSPECIFIED),
-                        grpc.StatusCode.INVALID_ARGUMENT, "reason")
-    await expect_status(compress(compressor, "", reason=pb.COMPRESSION_REASON_FORCED),
-                        grpc.StatusCode.INVALID_ARGUMENT, "session_id")
+    await expect_status(
+        compress(compressor, session_id, reason=pb.COMPRESSION_REASON_UNSPECIFIED),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "reason",
+    )
+    await expect_status(
+        compress(compressor, "", reason=pb.COMPRESSION_REASON_FORCED), grpc.StatusCode.INVALID_ARGUMENT, "session_id"
+    )
     await expect_status(compress(compressor, str(uuid.uuid4())), grpc.StatusCode.NOT_FOUND)
 
 
 # -- replicas -----------------------------------------------------------------------------------
 async def test_an_observation_through_one_replica_prices_the_next_estimate_on_another(
-        base_settings, store_server, ollama_sim):
+    base_settings, store_server, ollama_sim
+):
     from services.compressor.app import start_compressor
     from services.shared.channels import open_channel
 
@@ -349,24 +461,37 @@ async def test_an_observation_through_one_replica_prices_the_next_estimate_on_an
         channel = open_channel(",".join(r.address for r in replicas), settings)
         stub = compressor_pb2_grpc.CompressorStub(channel)
         model = f"replica-{uuid.uuid4().hex[:6]}"
-        await stub.RecordBaseline(pb.RecordBaselineRequest(model=model, prompt_eval_count=1100, sent_tokens=1100,
-                                                           sent_chars=4000))
-        await stub.RecordBaseline(pb.RecordBaselineRequest(model=model, prompt_eval_count=2100, sent_tokens=2100,
-                                                           sent_chars=8000))
+        await stub.RecordBaseline(
+            pb.RecordBaselineRequest(model=model, prompt_eval_count=1100, sent_tokens=1100, sent_chars=4000)
+        )
+        await stub.RecordBaseline(
+            pb.RecordBaselineRequest(model=model, prompt_eval_count=2100, sent_tokens=2100, sent_chars=8000)
+        )
         # Directly: recorded through the first replica, priced by the second at its very next estimate.
-        async with grpc.aio.insecure_channel(replicas[0].address) as a, grpc.aio.insecure_channel(
-                replicas[1].address) as b:
+        async with (
+            grpc.aio.insecure_channel(replicas[0].address) as a,
+            grpc.aio.insecure_channel(replicas[1].address) as b,
+        ):
             other = f"{model}-direct"
             for chars, tokens in [(4000, 1100), (8000, 2100)]:
-                await compressor_pb2_grpc.CompressorStub(a).RecordBaseline(pb.RecordBaselineRequest(
-                    model=other, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars))
-            reply = await compressor_pb2_grpc.CompressorStub(b).EstimateTokens(pb.EstimateTokensRequest(
-                model=other, messages=[Message(role="user", content="q" * 5991)], window=100_000))
+                await compressor_pb2_grpc.CompressorStub(a).RecordBaseline(
+                    pb.RecordBaselineRequest(
+                        model=other, prompt_eval_count=tokens, sent_tokens=tokens, sent_chars=chars
+                    )
+                )
+            reply = await compressor_pb2_grpc.CompressorStub(b).EstimateTokens(
+                pb.EstimateTokensRequest(
+                    model=other, messages=[Message(role="user", content="q" * 5991)], window=100_000
+                )
+            )
             assert reply.method == pb.ESTIMATE_METHOD_CALIBRATED and abs(reply.tokens - 1600) <= 5
         # Round-robin: consecutive calls land on both replicas; each must see the same line.
         for _ in range(4):
-            reply = await stub.EstimateTokens(pb.EstimateTokensRequest(
-                model=model, messages=[Message(role="user", content="q" * 5991)], window=100_000))
+            reply = await stub.EstimateTokens(
+                pb.EstimateTokensRequest(
+                    model=model, messages=[Message(role="user", content="q" * 5991)], window=100_000
+                )
+            )
             assert reply.method == pb.ESTIMATE_METHOD_CALIBRATED and abs(reply.tokens - 1600) <= 5
         await channel.close()
     finally:
@@ -377,12 +502,23 @@ async def test_an_observation_through_one_replica_prices_the_next_estimate_on_an
 async def test_a_report_of_half_the_window_is_never_learned(compressor, store, profile):
     session_id = await session_with(store, profile, turns(1))
     model = f"half-{uuid.uuid4().hex[:6]}"
-    await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=model, prompt_eval_count=900, sent_tokens=900, through_seq=2, window=8192))
+    await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id, model=model, prompt_eval_count=900, sent_tokens=900, through_seq=2, window=8192
+        )
+    )
     # 4,098 of an 8,192 window, though our estimate (4,000) was too low to prove a cut.
-    reply = await compressor.RecordBaseline(pb.RecordBaselineRequest(
-        session_id=session_id, model=model, prompt_eval_count=4098, sent_tokens=4000, sent_chars=16000,
-        through_seq=2, window=8192))
+    reply = await compressor.RecordBaseline(
+        pb.RecordBaselineRequest(
+            session_id=session_id,
+            model=model,
+            prompt_eval_count=4098,
+            sent_tokens=4000,
+            sent_chars=16000,
+            through_seq=2,
+            window=8192,
+        )
+    )
     assert not reply.recorded
     assert (await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id))).baseline.tokens == 900
     assert not (await store.ListObservations(store_pb.ListObservationsRequest(model=model))).observations
@@ -393,7 +529,8 @@ SMALL_WINDOW = 8192
 
 
 async def test_every_summary_of_a_session_goes_out_with_the_conversations_num_ctx(
-        compressor, store, profile, ollama_sim):
+    compressor, store, profile, ollama_sim
+):
     """Another num_ctx than the chat calls' makes Ollama reload the model before every summary."""
     session_id = await session_with(store, profile, turns(6))
     since = len(ollama_sim.bodies())
@@ -406,14 +543,17 @@ async def test_every_summary_of_a_session_goes_out_with_the_conversations_num_ct
     sent = [b["options"]["num_ctx"] for b in summary_bodies(ollama_sim, since)]
     assert len(sent) >= 12
     assert set(sent) == {SMALL_WINDOW}, f"{len(set(sent))} distinct num_ctx values: {sorted(set(sent))}"
-    sent_fits = [(c.prompt_tokens, b["options"]["num_predict"]) for c, b in zip(
-        ollama_sim.chats[-len(sent):], summary_bodies(ollama_sim, since))]
+    sent_fits = [
+        (c.prompt_tokens, b["options"]["num_predict"])
+        for c, b in zip(ollama_sim.chats[-len(sent) :], summary_bodies(ollama_sim, since))
+    ]
     assert all(prompt + predict <= SMALL_WINDOW for prompt, predict in sent_fits), sent_fits
 
 
 @pytest.mark.parametrize("configured, sent", [(16_384, 16_384), (65_536, 32_768)])
 async def test_a_summarizer_model_uses_its_own_window_capped_at_its_context_length(
-        compressor, store, profile, ollama_sim, configured, sent):
+    compressor, store, profile, ollama_sim, configured, sent
+):
     # The simulator's "summarizer" model is trained on 32,768 tokens.
     session_id = await session_with(store, profile, turns(12, 1500))
     since = len(ollama_sim.bodies())
@@ -426,32 +566,40 @@ async def test_a_summarizer_model_uses_its_own_window_capped_at_its_context_leng
 
 
 async def test_a_summarizer_model_without_a_window_of_its_own_uses_the_service_setting(
-        base_settings, store_server, ollama_sim, store, profile):
+    base_settings, store_server, ollama_sim, store, profile
+):
     from services.compressor.app import start_compressor
 
-    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                       summarizer_num_ctx=12_288)
+    settings = replace(
+        base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address, summarizer_num_ctx=12_288
+    )
     running = await start_compressor(settings, port=0)
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             stub = compressor_pb2_grpc.CompressorStub(channel)
             session_id = await session_with(store, profile, turns(12, 1500))
             since = len(ollama_sim.bodies())
-            await compress(stub, session_id, window=SMALL_WINDOW,
-                           settings=pb.CompressionSettings(summarizer_model="summarizer"))
+            await compress(
+                stub, session_id, window=SMALL_WINDOW, settings=pb.CompressionSettings(summarizer_model="summarizer")
+            )
             # The session's own model is unaffected: its summaries keep the conversation's window.
             await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(8, 1500)))
             await compress(stub, session_id, window=SMALL_WINDOW)
     finally:
         await running.stop(0)
     assert [(b["model"], b["options"]["num_ctx"]) for b in summary_bodies(ollama_sim, since)] == [
-        ("summarizer", 12_288), (MODEL, SMALL_WINDOW)]
+        ("summarizer", 12_288),
+        (MODEL, SMALL_WINDOW),
+    ]
 
 
 async def test_a_negative_summarizer_window_is_invalid(compressor, store, profile):
     session_id = await session_with(store, profile, turns(12))
-    await expect_status(compress(compressor, session_id, settings=pb.CompressionSettings(summarizer_window=-1)),
-                        grpc.StatusCode.INVALID_ARGUMENT, "summarizer_window")
+    await expect_status(
+        compress(compressor, session_id, settings=pb.CompressionSettings(summarizer_window=-1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "summarizer_window",
+    )
 
 
 async def calibrate_on_real_counts(compressor, model: str) -> None:
@@ -462,24 +610,32 @@ async def calibrate_on_real_counts(compressor, model: str) -> None:
 
     for n in range(1, 9):
         sent = turns(n, 1500)
-        await compressor.RecordBaseline(pb.RecordBaselineRequest(
-            model=model, prompt_eval_count=count_prompt_tokens(to_ollama_messages(sent)),
-            sent_tokens=0, sent_chars=view_chars(sent)))
+        await compressor.RecordBaseline(
+            pb.RecordBaselineRequest(
+                model=model,
+                prompt_eval_count=count_prompt_tokens(to_ollama_messages(sent)),
+                sent_tokens=0,
+                sent_chars=view_chars(sent),
+            )
+        )
 
 
 # "qwen3.6:latest" is the simulator's qwen3.6 under a name of its own: its calibration is this test's.
 @pytest.mark.parametrize("model, calibrated", [(MODEL, False), ("qwen3.6:latest", True)])
 async def test_an_input_far_larger_than_the_window_is_cut_to_fit_it_with_the_prompt_whole(
-        compressor, store, profile, ollama_sim, model, calibrated):
+    compressor, store, profile, ollama_sim, model, calibrated
+):
     """Past num_ctx Ollama drops the head of the prompt, the summary instructions first, and says nothing.
     Calibrated, the estimate is close to the real count and the fit is tight; else it is chars / 1.8."""
     if calibrated:
         await calibrate_on_real_counts(compressor, model)
     messages = []
     for i in range(30):
-        messages += [Message(role="user", content=f"question {i}: " + filler(i, 3000)),
-                     Message(role="assistant", content=filler(i, 6000)),
-                     Message(role="tool", name="read_config", content=filler(i, 5000))]
+        messages += [
+            Message(role="user", content=f"question {i}: " + filler(i, 3000)),
+            Message(role="assistant", content=filler(i, 6000)),
+            Message(role="tool", name="read_config", content=filler(i, 5000)),
+        ]
     session_id = await session_with(store, profile, messages)
     since, chats = len(ollama_sim.bodies()), len(ollama_sim.chats)
     settings = pb.CompressionSettings(critical_tools=["read_config"])
@@ -510,13 +666,15 @@ async def test_old_tool_results_are_pruned_before_any_summary(compressor, store,
     messages = tool_turns(6)
     session_id = await session_with(store, profile, messages)
     asked = len(ollama_sim.bodies())
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
-                            current_tokens=6_500)
+    events = await compress(
+        compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192, current_tokens=6_500
+    )
     done = events[-1].compressed
     assert done.method == pb.COMPRESSION_METHOD_PRUNE and done.context_tokens < 6_144
     assert not summary_bodies(ollama_sim, asked)  # no LLM call
-    context = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    context = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
     results = [m for m in context if m.role == "tool"]
     # The newest turns stay verbatim; older results are previews standing where they stood.
     assert [len(m.content) < 1_000 for m in results][:2] == [True, True] and len(results[-1].content) > 2_000
@@ -527,8 +685,9 @@ async def test_old_tool_results_are_pruned_before_any_summary(compressor, store,
     assert pruned and all("memory_search" in m.content for m in pruned)
     # The display history keeps every byte; memory search finds a pruned result's words.
     display = await full(store, session_id)
-    assert [m.content for m in display.messages if m.role == "tool" and not m.is_compression] == \
-        [m.content for m in messages if m.role == "tool"]
+    assert [m.content for m in display.messages if m.role == "tool" and not m.is_compression] == [
+        m.content for m in messages if m.role == "tool"
+    ]
     marker = [m for m in display.messages if m.is_compression][-1]
     assert marker.metadata["method"] == "prune"
     found = await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query="0x00000007"))
@@ -543,8 +702,14 @@ async def test_a_forced_compaction_summarizes_even_when_pruning_would_do(compres
 
 async def test_pruning_is_a_setting_a_profile_can_turn_off(compressor, store, profile, ollama_sim):
     session_id = await session_with(store, profile, tool_turns(6))
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
-                            current_tokens=6_500, settings=pb.CompressionSettings(prune_tool_results=False))
+    events = await compress(
+        compressor,
+        session_id,
+        reason=pb.COMPRESSION_REASON_PRETURN,
+        window=8192,
+        current_tokens=6_500,
+        settings=pb.CompressionSettings(prune_tool_results=False),
+    )
     assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
 
 
@@ -567,17 +732,25 @@ async def test_a_replacement_must_stand_for_a_demoted_row(store, profile):
     session_id = await session_with(store, profile, tool_turns(2))
     stray = Message(role="tool", content="preview", replaces=common_pb2.SeqRange(first=3, last=3))
     with pytest.raises(grpc.aio.AioRpcError) as error:
-        await store.CommitCompression(store_pb.CommitCompressionRequest(
-            session_id=session_id, demote_seqs=[7], replacements=[stray]))
-    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "replacements[0].replaces" in error.value.details()
+        await store.CommitCompression(
+            store_pb.CommitCompressionRequest(session_id=session_id, demote_seqs=[7], replacements=[stray])
+        )
+    assert (
+        error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "replacements[0].replaces" in error.value.details()
+    )
     assert len((await full(store, session_id)).messages) == 8  # nothing changed
 
 
 # -- what a compression frees and where it ends ---------------------------------------------------
 def small_then_large(n_large: int = 4) -> list[Message]:
     """Two one-line turns, then turns the plan keeps: summarizing frees a few dozen tokens."""
-    return [Message(role="user", content="hi"), Message(role="assistant", content="hello"),
-            Message(role="user", content="ok"), Message(role="assistant", content="sure"), *turns(n_large)]
+    return [
+        Message(role="user", content="hi"),
+        Message(role="assistant", content="hello"),
+        Message(role="user", content="ok"),
+        Message(role="assistant", content="sure"),
+        *turns(n_large),
+    ]
 
 
 async def test_a_compression_that_would_free_less_than_the_minimum_is_not_run(compressor, store, profile, ollama_sim):
@@ -594,8 +767,9 @@ async def test_a_compression_that_would_free_less_than_the_minimum_is_not_run(co
     dry = await compressor.WouldCompress(pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW))
     assert not dry.would_compress  # the dry run says what the compression would do
     # The minimum is a setting (0: off); a forced compaction only needs to free something.
-    off = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN,
-                         settings=pb.CompressionSettings(min_freed=0))
+    off = await compress(
+        compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=pb.CompressionSettings(min_freed=0)
+    )
     assert off[-1].compressed.messages_after < off[-1].compressed.messages_before
     session_id = await session_with(store, profile, small_then_large())
     forced = await compress(compressor, session_id)
@@ -605,8 +779,11 @@ async def test_a_compression_that_would_free_less_than_the_minimum_is_not_run(co
 async def test_min_freed_is_a_share_of_the_window(compressor, store, profile):
     session_id = await session_with(store, profile, turns(6))
     for bad in (-0.1, 1.0, float("nan")):
-        await expect_status(compress(compressor, session_id, settings=pb.CompressionSettings(min_freed=bad)),
-                            grpc.StatusCode.INVALID_ARGUMENT, "settings.min_freed")
+        await expect_status(
+            compress(compressor, session_id, settings=pb.CompressionSettings(min_freed=bad)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "settings.min_freed",
+        )
 
 
 async def test_a_compression_says_what_it_freed_against_its_target(compressor, store, profile, ollama_sim):
@@ -633,7 +810,8 @@ async def test_a_compression_that_cannot_reach_its_target_says_why(compressor, s
 
 
 async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_context_once(
-        compressor, store, profile, ollama_sim, monkeypatch):
+    compressor, store, profile, ollama_sim, monkeypatch
+):
     """The size check's dry run reads the whole context and plans; the Compress the Agent sends
     next, naming that same revision, uses the same read and the same plan instead of making them again."""
     from services.compressor import pipeline
@@ -649,8 +827,9 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
     monkeypatch.setattr(pipeline, "make_plan", counted)
 
     session_id = await session_with(store, profile, turns(20))
-    session = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session
+    session = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session
     reads: list[str] = []
     intercept = shared_server.ErrorInterceptor.intercept_service
 
@@ -659,21 +838,33 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
         return await intercept(self, continuation, details)
 
     monkeypatch.setattr(shared_server.ErrorInterceptor, "intercept_service", recording)
-    check = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model=MODEL, messages=list(session.context), window=WINDOW, session_id=session_id, decide_compression=True))
+    check = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(
+            model=MODEL, messages=list(session.context), window=WINDOW, session_id=session_id, decide_compression=True
+        )
+    )
     assert check.decision == pb.SIZE_DECISION_COMPRESS_FIRST
-    done = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN,
-                          expected_revision=session.revision, current_tokens=check.tokens)
+    done = await compress(
+        compressor,
+        session_id,
+        reason=pb.COMPRESSION_REASON_PRETURN,
+        expected_revision=session.revision,
+        current_tokens=check.tokens,
+    )
     assert done[-1].compressed.messages_after < done[-1].compressed.messages_before
     assert reads.count("GetSession") == 1, reads  # the dry run's, used again by the Compress
     assert len(plans) == 1, plans  # and its plan
     # A Compress naming another revision (or none) reads the context itself: the copy is not trusted.
     session_id = await session_with(store, profile, turns(20))
-    session = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session
+    session = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session
     reads.clear()
-    await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model=MODEL, messages=list(session.context), window=WINDOW, session_id=session_id, decide_compression=True))
+    await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(
+            model=MODEL, messages=list(session.context), window=WINDOW, session_id=session_id, decide_compression=True
+        )
+    )
     await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN)
     assert reads.count("GetSession") == 2, reads
     assert len(plans) == 3, plans  # the first Compress's one, then this check's and this Compress's
@@ -690,4 +881,5 @@ def test_memory_chunks_past_the_message_budget_go_apart_in_batches_within_it():
     assert all(sum(c.ByteSize() + 8 for c in batch) <= 300_000 for batch in batches)
     # Every chunk once, in order: the commit's first, then the batches'.
     assert [c.content_hash for c in commit.chunks] + [c.content_hash for b in batches for c in b] == [
-        f"h{i}" for i in range(300)]
+        f"h{i}" for i in range(300)
+    ]

@@ -13,7 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb, compressor_pb2_grpc
+from palimpsest.v1 import agent_pb2 as apb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2, compressor_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as cpb
 from services.agent.app import compressor_serving
 from services.agent.compressor_breaker import NOT_CALLED, GuardedCompressor
 from services.shared.channels import open_channel
@@ -61,8 +63,9 @@ class HungCompressor(compressor_pb2_grpc.CompressorServicer, health_pb2_grpc.Hea
         self.most_probing = max(self.most_probing, self.probing)
         try:
             serving = self.answering.is_set() and request.service == "palimpsest.v1.Compressor"
-            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING if serving
-                                                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+            return health_pb2.HealthCheckResponse(
+                status=health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
         finally:
             self.probing -= 1
 
@@ -77,8 +80,12 @@ async def hung(base_settings):
     await server.start()
     settings = replace(base_settings, rpc_timeout_s=1.0)
     channel = open_channel(address, settings, service="Compressor")
-    guarded = GuardedCompressor(compressor_pb2_grpc.CompressorStub(channel), address, retry_s=0.2,
-                                probe=lambda: compressor_serving(channel, settings.rpc_timeout_s))
+    guarded = GuardedCompressor(
+        compressor_pb2_grpc.CompressorStub(channel),
+        address,
+        retry_s=0.2,
+        probe=lambda: compressor_serving(channel, settings.rpc_timeout_s),
+    )
     try:
         yield servicer, guarded
     finally:
@@ -120,14 +127,27 @@ async def test_a_status_the_compressor_sends_is_an_answer_and_opens_nothing(base
         await context.abort(grpc.StatusCode.UNAVAILABLE, "SessionStore at 127.0.0.1:1 is not answering: down")
 
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("palimpsest.v1.Compressor", {
-        "CheckContextSize": grpc.unary_unary_rpc_method_handler(
-            refuse, request_deserializer=cpb.CheckContextSizeRequest.FromString)}),))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "palimpsest.v1.Compressor",
+                {
+                    "CheckContextSize": grpc.unary_unary_rpc_method_handler(
+                        refuse, request_deserializer=cpb.CheckContextSizeRequest.FromString
+                    )
+                },
+            ),
+        )
+    )
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
     channel = open_channel(address, replace(base_settings, rpc_timeout_s=1.0), service="Compressor")
-    compressor = GuardedCompressor(compressor_pb2_grpc.CompressorStub(channel), address, retry_s=0.2,
-                                   probe=lambda: compressor_serving(channel, 1.0))
+    compressor = GuardedCompressor(
+        compressor_pb2_grpc.CompressorStub(channel),
+        address,
+        retry_s=0.2,
+        probe=lambda: compressor_serving(channel, 1.0),
+    )
     try:
         for _ in range(2):
             with pytest.raises(Unavailable, match="said the Compressor") as said:
@@ -140,19 +160,25 @@ async def test_a_status_the_compressor_sends_is_an_answer_and_opens_nothing(base
 
 
 async def test_turns_go_on_without_a_frozen_compressor_after_one_deadline_and_use_it_once_it_thaws(
-        base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file):
+    base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file
+):
     from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     # The Compressor's first size check for a model builds its tokenizer: done here, so the 2 s
     # deadline below is the frozen relay's, not a cold start's.
-    await compressor.CheckContextSize(cpb.CheckContextSizeRequest(model="qwen3.6", window=8192,
-                                                                  messages=REQUEST.messages))
+    await compressor.CheckContextSize(
+        cpb.CheckContextSizeRequest(model="qwen3.6", window=8192, messages=REQUEST.messages)
+    )
     host, port = compressor_server.address.rsplit(":", 1)
     relay = Relay((host, int(port)))
     await relay.start()
-    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
-                       compressor_addr=f"127.0.0.1:{relay.port}", rpc_timeout_s=2.0, compressor_retry_s=0.5)
+    settings = replace(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
+        compressor_addr=f"127.0.0.1:{relay.port}",
+        rpc_timeout_s=2.0,
+        compressor_retry_s=0.5,
+    )
     running = await start_agent(settings, port=0)
     ollama_sim.clear()
     ollama_sim.set_responder(lambda body: Reply(text="an answer"))

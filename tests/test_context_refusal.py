@@ -20,7 +20,9 @@ import pytest
 from ollama_sim import ModelSpec, OllamaSimulator, Reply, default_models
 from ollama_sim.engines import LLAMA_SERVER_REFUSAL
 from ollama_sim.models import COMPLETION, TOOLS
-from palimpsest.v1 import agent_pb2 as pb, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 from tests.calls import END, end_of, kinds, run, text_of
 
@@ -56,7 +58,7 @@ def responder(body: dict[str, Any]) -> Reply:
     messages = body.get("messages") or []
     asked = max((i for i, m in enumerate(messages) if m["role"] == "user" and "please" in m["content"]), default=-1)
     wanted = re.search(r"read (\d+) glyphs (\d+) times", messages[asked]["content"]) if asked >= 0 else None
-    answered = any(m["role"] == "tool" for m in messages[asked + 1:])
+    answered = any(m["role"] == "tool" for m in messages[asked + 1 :])
     if wanted and not answered:
         return Reply(tool_calls=[("read_glyphs", {"count": int(wanted[1])})] * int(wanted[2]))
     return Reply(text="Done. " + "words " * 30)
@@ -66,11 +68,13 @@ def responder(body: dict[str, Any]) -> Reply:
 def ollama_sim():
     """This module's Ollama: llama-server, with a model we have no vocabulary for and one trained
     on less than its profile asks."""
-    models = {**default_models(),
-              GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
-              OLD_GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
-              MID_GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
-              CLAMPED_MODEL: replace(default_models()["qwen3.6"], context_length=16_384)}
+    models = {
+        **default_models(),
+        GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
+        OLD_GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
+        MID_GLYPHS_MODEL: ModelSpec(context_length=32_768, capabilities=(COMPLETION, TOOLS), architecture="llama"),
+        CLAMPED_MODEL: replace(default_models()["qwen3.6"], context_length=16_384),
+    }
     with OllamaSimulator(models, version=LLAMA_SERVER_VERSION) as sim:
         yield sim
 
@@ -78,14 +82,27 @@ def ollama_sim():
 @pytest.fixture(scope="module")
 def profiles_file(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("refusal") / "profiles.json"
-    glyphs = {"context_window": WINDOW, "max_iterations": 4, "think_enabled": False, "memory_recall_enabled": False,
-              "custom_tools": ["tests.test_context_refusal:GlyphTool"], "agent_tools": ["read_glyphs"]}
-    path.write_text(json.dumps({"default": "glyphs", "profiles": [
-        {"id": "glyphs", "model": GLYPHS_MODEL, **glyphs},
-        {"id": "old-glyphs", "model": OLD_GLYPHS_MODEL, **glyphs},
-        {"id": "mid-glyphs", "model": MID_GLYPHS_MODEL, **glyphs},
-        {"id": "greedy", "model": CLAMPED_MODEL, "context_window": 65_536, "think_enabled": False},
-    ]}))
+    glyphs = {
+        "context_window": WINDOW,
+        "max_iterations": 4,
+        "think_enabled": False,
+        "memory_recall_enabled": False,
+        "custom_tools": ["tests.test_context_refusal:GlyphTool"],
+        "agent_tools": ["read_glyphs"],
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "default": "glyphs",
+                "profiles": [
+                    {"id": "glyphs", "model": GLYPHS_MODEL, **glyphs},
+                    {"id": "old-glyphs", "model": OLD_GLYPHS_MODEL, **glyphs},
+                    {"id": "mid-glyphs", "model": MID_GLYPHS_MODEL, **glyphs},
+                    {"id": "greedy", "model": CLAMPED_MODEL, "context_window": 65_536, "think_enabled": False},
+                ],
+            }
+        )
+    )
     return str(path)
 
 
@@ -118,12 +135,16 @@ async def test_every_chat_and_summary_request_says_truncate_false(agent, ollama_
     assert ollama_sim.bodies() and all(b["truncate"] is False for b in ollama_sim.bodies())
 
 
-@pytest.mark.parametrize(("version", "profile_id", "refusal"), [
-    (LLAMA_SERVER_VERSION, "glyphs", "the request exceeds the available context size"),
-    ("0.29.1", "mid-glyphs", "the input length exceeds the context length"),  # the runners since 0.12.6
-])
-async def test_an_overflow_ollama_refuses_is_shrunk_and_sent_again(agent, ollama_sim, caplog, version, profile_id,
-                                                                   refusal):
+@pytest.mark.parametrize(
+    ("version", "profile_id", "refusal"),
+    [
+        (LLAMA_SERVER_VERSION, "glyphs", "the request exceeds the available context size"),
+        ("0.29.1", "mid-glyphs", "the input length exceeds the context length"),  # the runners since 0.12.6
+    ],
+)
+async def test_an_overflow_ollama_refuses_is_shrunk_and_sent_again(
+    agent, ollama_sim, caplog, version, profile_id, refusal
+):
     ollama_sim.version = version
     session_id = await session_with_a_turn(agent, profile_id)
     ollama_sim.clear()
@@ -155,18 +176,21 @@ async def test_the_old_runners_ignore_truncate_and_their_cut_is_still_noticed(ag
 async def test_a_refusal_compresses_the_conversation_and_sends_it_again(agent, ollama_sim, store):
     session_id = ""
     for turn in range(8):
-        events = await run(agent, f"please note point {turn}: " + "detail " * 150, session_id=session_id,
-                           profile_id="glyphs")
+        events = await run(
+            agent, f"please note point {turn}: " + "detail " * 150, session_id=session_id, profile_id="glyphs"
+        )
         session_id = events[0].session_id
-    before = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    before = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
     ollama_sim.clear()
     ollama_sim.script(Reply(http_status=400, error=LLAMA_SERVER_REFUSAL))
     events = await run(agent, "please sum it up", session_id=session_id, profile_id="glyphs")
     assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED, (text_of(events), errors(events))
     assert errors(events) == [] and "context_compressed" in kinds(events)
-    after = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    after = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
     assert len(after) < len(before) and any(m.is_summary for m in after)
     chats = chat_bodies(ollama_sim)
     assert len(chats) == 2 and len(chats[1]["messages"]) < len(chats[0]["messages"])
@@ -183,8 +207,9 @@ async def test_a_second_refusal_ends_the_turn_too_large_and_says_why(agent, olla
     assert "Ollama refused the prompt" in end.text and f"{WINDOW:,} tokens" in end.text
     assert "after cutting its largest tool result to half" in end.text and "exceeds" not in end.text
     assert len(chat_bodies(ollama_sim)) == 2  # one retry, no more
-    stored = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context
+    stored = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
     assert stored[-1].role == "assistant" and stored[-1].content == end.text
 
 
@@ -217,8 +242,9 @@ async def test_a_window_the_model_has_is_not_flagged(agent):
 async def test_a_refused_summary_prompt_is_sent_once_more_within_half_the_window(agent, ollama_sim):
     session_id = ""
     for turn in range(8):
-        events = await run(agent, f"please note point {turn}: " + "detail " * 150, session_id=session_id,
-                           profile_id="glyphs")
+        events = await run(
+            agent, f"please note point {turn}: " + "detail " * 150, session_id=session_id, profile_id="glyphs"
+        )
         session_id = events[0].session_id
     ollama_sim.clear()
     # Each attempt at the summary is refused once: without the retry inside an attempt, both attempts

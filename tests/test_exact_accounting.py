@@ -6,32 +6,38 @@ from __future__ import annotations
 
 import json
 
-from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as pb
+from ollama_sim import Reply
+from ollama_sim.prompt import count_prompt_tokens
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1.common_pb2 import Message, ToolCall
 from services.agent.context_builder import apply_cuts
 from services.compressor.model_tokenizers import ModelTokenizers
-from ollama_sim import Reply
-from ollama_sim.prompt import count_prompt_tokens
 from services.shared.context_view import to_ollama_messages
 from services.shared.ollama import OllamaClient
 
-LOGS = "\n".join(f"2026-11-30T10:{i % 60:02d}:17Z ERROR [worker-{i % 7}] 10.0.{i % 255}.7 reset id=0x{i * 7919:08x}"
-                 for i in range(2000))
+LOGS = "\n".join(
+    f"2026-11-30T10:{i % 60:02d}:17Z ERROR [worker-{i % 7}] 10.0.{i % 255}.7 reset id=0x{i * 7919:08x}"
+    for i in range(2000)
+)
 
 
 def turn_with_result(result: str, user: str = "read the log") -> list[Message]:
     return [
         Message(role="system", content="You are a careful assistant."),
         Message(role="user", content=user),
-        Message(role="assistant", tool_calls=[ToolCall(id="c1", name="read", arguments_json='{"path": "/var/log/app"}')]),
+        Message(
+            role="assistant", tool_calls=[ToolCall(id="c1", name="read", arguments_json='{"path": "/var/log/app"}')]
+        ),
         Message(role="tool", name="read", tool_call_id="c1", content=result),
     ]
 
 
 async def test_the_size_check_counts_exactly_with_the_models_vocabulary(compressor):
     messages = turn_with_result(LOGS[:3000])
-    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(model="qwen3.6", messages=messages,
-                                                                         window=8192))
+    reply = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="qwen3.6", messages=messages, window=8192)
+    )
     real = count_prompt_tokens(to_ollama_messages(apply_cuts(messages, reply.cuts)))
     assert [c.index for c in reply.cuts] == [3]  # dense logs: over a sixth of the window, so cut
     assert reply.method == pb.ESTIMATE_METHOD_EXACT and reply.decision == pb.SIZE_DECISION_FITS
@@ -42,8 +48,9 @@ async def test_the_size_check_counts_exactly_with_the_models_vocabulary(compress
 async def test_a_tool_result_that_does_not_fit_is_cut_further_instead_of_losing_the_turn(compressor):
     settings = pb.CompressionSettings(message_token_budget=20_000)  # the view alone would not cut it
     messages = turn_with_result(LOGS)
-    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model="qwen3.6", messages=messages, window=8192, settings=settings))
+    reply = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="qwen3.6", messages=messages, window=8192, settings=settings)
+    )
     assert reply.decision == pb.SIZE_DECISION_FITS and reply.tokens <= reply.limit
     [cut] = reply.cuts
     assert cut.index == 3 and "truncated" in cut.content
@@ -55,34 +62,49 @@ async def test_a_tool_result_that_does_not_fit_is_cut_further_instead_of_losing_
 
 async def test_too_large_only_when_the_users_own_words_cannot_fit(compressor):
     messages = turn_with_result("ok", user="please read: " + LOGS)
-    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(model="qwen3.6", messages=messages,
-                                                                         window=8192))
+    reply = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="qwen3.6", messages=messages, window=8192)
+    )
     assert reply.decision == pb.SIZE_DECISION_TOO_LARGE and not reply.fits and reply.tokens > reply.limit
 
 
 async def test_a_model_without_a_vocabulary_is_counted_by_the_calibrated_estimate(compressor):
-    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model="tiny", messages=turn_with_result(LOGS[:3000]), window=8192))
+    reply = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="tiny", messages=turn_with_result(LOGS[:3000]), window=8192)
+    )
     assert reply.method in (pb.ESTIMATE_METHOD_FALLBACK, pb.ESTIMATE_METHOD_CALIBRATED)
     assert reply.decision == pb.SIZE_DECISION_FITS
     # No exact content count, but the shape a report teaches the per-class rates with: every
     # character of the view (contents and tool calls) in one class.
     shape = reply.shape
     assert shape.content_tokens == 0 and shape.messages == 4 and shape.tool_calls == 1
-    classes = (shape.chars_space, shape.chars_digit, shape.chars_latin, shape.chars_cjk, shape.chars_other_letter,
-               shape.chars_symbol)
+    classes = (
+        shape.chars_space,
+        shape.chars_digit,
+        shape.chars_latin,
+        shape.chars_cjk,
+        shape.chars_other_letter,
+        shape.chars_symbol,
+    )
     view = apply_cuts(turn_with_result(LOGS[:3000]), reply.cuts)
     view_text = sum(len(m.content) for m in view) + len('{"name": "read", "arguments": {"path": "/var/log/app"}}')
     assert sum(classes) == view_text and shape.chars_digit > 0 and shape.chars_latin > 0
 
 
 async def test_tool_schemas_are_counted(compressor):
-    schema = json.dumps({"type": "function", "function": {"name": "read", "description": "Read a file " * 30,
-                                                          "parameters": {"type": "object"}}})
+    schema = json.dumps(
+        {
+            "type": "function",
+            "function": {"name": "read", "description": "Read a file " * 30, "parameters": {"type": "object"}},
+        }
+    )
     messages = turn_with_result("short")
-    bare = await compressor.CheckContextSize(pb.CheckContextSizeRequest(model="qwen3.6", messages=messages, window=8192))
-    with_tools = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model="qwen3.6", messages=messages, window=8192, tool_schemas=[schema]))
+    bare = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="qwen3.6", messages=messages, window=8192)
+    )
+    with_tools = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="qwen3.6", messages=messages, window=8192, tool_schemas=[schema])
+    )
     assert with_tools.shape.tools == 1 and with_tools.tokens - bare.tokens > 90
 
 
@@ -141,24 +163,30 @@ async def test_a_stored_context_is_counted_once_then_summed_by_the_store(compres
 
     messages = turn_with_result(LOGS[:20_000])[1:] + [Message(role="assistant", content="The log shows resets.")]
     session_id = await _stored_context(store, messages)
-    by_messages = await compressor.EstimateTokens(pb.EstimateTokensRequest(
-        model="qwen3.6", messages=messages, window=8192))
-    first = await compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6",
-                                                                     window=8192))
+    by_messages = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(model="qwen3.6", messages=messages, window=8192)
+    )
+    first = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6", window=8192)
+    )
     assert first.method == pb.ESTIMATE_METHOD_EXACT
     digest = (await compressor_server.servicer.tokenizers.counter("qwen3.6")).digest
     await asyncio.gather(*compressor_server.servicer._writes)  # written back off the request's path
     assert await _uncounted(store, session_id, digest) == 0
-    again = await compressor.EstimateTokens(pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6",
-                                                                     window=8192))
+    again = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(session_id=session_id, model="qwen3.6", window=8192)
+    )
     # Content tokens, not totals: the template's fit moves while other tests report on this model.
     content = first.shape.content_tokens
     assert abs(content - by_messages.shape.content_tokens) <= 4  # the stored tool call is re-serialized
     # The stored sum caps the oversized tool result at the view's budget plus a seam: never lower.
     assert 0 <= again.shape.content_tokens - content <= 8
     assert again.shape.messages == 4 and again.shape.tool_results == 1 and again.shape.tool_calls == 1
-    incoming = await compressor.EstimateTokens(pb.EstimateTokensRequest(
-        session_id=session_id, model="qwen3.6", window=8192, incoming=[Message(role="user", content="and now?")]))
+    incoming = await compressor.EstimateTokens(
+        pb.EstimateTokensRequest(
+            session_id=session_id, model="qwen3.6", window=8192, incoming=[Message(role="user", content="and now?")]
+        )
+    )
     assert incoming.shape.messages == 5 and incoming.shape.content_tokens > again.shape.content_tokens
 
 
@@ -172,10 +200,16 @@ async def test_token_counts_need_their_tokenizer_and_sane_values(store):
 
     session_id = await _stored_context(store, [Message(role="user", content="hi")])
     for request, field in (
-        (store_pb.SetTokenCountsRequest(session_id=session_id, counts=[common_pb2.TokenCount(seq=1, tokens=3)]),
-         "token_digest"),
-        (store_pb.SetTokenCountsRequest(session_id=session_id, token_digest="d",
-                                        counts=[common_pb2.TokenCount(seq=1, tokens=-3)]), "counts"),
+        (
+            store_pb.SetTokenCountsRequest(session_id=session_id, counts=[common_pb2.TokenCount(seq=1, tokens=3)]),
+            "token_digest",
+        ),
+        (
+            store_pb.SetTokenCountsRequest(
+                session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=-3)]
+            ),
+            "counts",
+        ),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await store.SetTokenCounts(request)
@@ -183,16 +217,29 @@ async def test_token_counts_need_their_tokenizer_and_sane_values(store):
     hi = hashlib.md5(b"hi").hexdigest()
     for md5 in ("", "not-a-hash"):
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await store.SetTokenCounts(store_pb.SetTokenCountsRequest(
-                session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=3, content_md5=md5)]))
+            await store.SetTokenCounts(
+                store_pb.SetTokenCountsRequest(
+                    session_id=session_id,
+                    token_digest="d",
+                    counts=[common_pb2.TokenCount(seq=1, tokens=3, content_md5=md5)],
+                )
+            )
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "content_md5" in error.value.details()
     # A count made from other content than the row's is not kept (no caller can put a count on a
     # row it never read); the row's own content's is.
-    wrong = await store.SetTokenCounts(store_pb.SetTokenCountsRequest(session_id=session_id, token_digest="d", counts=[
-        common_pb2.TokenCount(seq=1, tokens=1, content_md5=hashlib.md5(b"x").hexdigest())]))
+    wrong = await store.SetTokenCounts(
+        store_pb.SetTokenCountsRequest(
+            session_id=session_id,
+            token_digest="d",
+            counts=[common_pb2.TokenCount(seq=1, tokens=1, content_md5=hashlib.md5(b"x").hexdigest())],
+        )
+    )
     assert wrong.updated == 0
-    reply = await store.SetTokenCounts(store_pb.SetTokenCountsRequest(
-        session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=3, content_md5=hi)]))
+    reply = await store.SetTokenCounts(
+        store_pb.SetTokenCountsRequest(
+            session_id=session_id, token_digest="d", counts=[common_pb2.TokenCount(seq=1, tokens=3, content_md5=hi)]
+        )
+    )
     assert reply.updated == 1
     summed = await store.GetBaseline(store_pb.GetBaselineRequest(session_id=session_id, token_digest="d"))
     assert summed.context_tokens.counted_tokens == 3 and not summed.context_tokens.uncounted
@@ -202,8 +249,9 @@ async def test_token_counts_need_their_tokenizer_and_sane_values(store):
 
 async def test_without_a_vocabulary_a_result_is_still_cut_further_rather_than_the_turn_lost(compressor):
     settings = pb.CompressionSettings(message_token_budget=20_000)  # the view alone would not cut it
-    reply = await compressor.CheckContextSize(pb.CheckContextSizeRequest(
-        model="tiny", messages=turn_with_result(LOGS), window=8192, settings=settings))
+    reply = await compressor.CheckContextSize(
+        pb.CheckContextSizeRequest(model="tiny", messages=turn_with_result(LOGS), window=8192, settings=settings)
+    )
     assert reply.method != pb.ESTIMATE_METHOD_EXACT
     assert reply.decision == pb.SIZE_DECISION_FITS and reply.tokens <= reply.limit
     assert [c.index for c in reply.cuts] == [3]
@@ -214,8 +262,14 @@ class BrokenVocabularyOllama(OllamaClient):
     fault the simulator cannot be made to serve, so only /api/show is replaced."""
 
     async def show(self, model: str, *, verbose: bool = False) -> dict:
-        return {"model_info": {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
-                               "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": ["c d"]}}
+        return {
+            "model_info": {
+                "tokenizer.ggml.model": "gpt2",
+                "tokenizer.ggml.pre": "qwen2",
+                "tokenizer.ggml.tokens": ["a", "b"],
+                "tokenizer.ggml.merges": ["c d"],
+            }
+        }
 
 
 async def test_a_vocabulary_that_does_not_load_falls_back_once(ollama_sim, tmp_path, caplog):
@@ -267,9 +321,11 @@ def test_a_dense_result_priced_high_by_learned_rates_is_still_cut_until_it_fits(
     rates = Rates(overhead=40, per_message=6, rates=(0.25, 0.5, 0.25, 1.0, 3.0, 0.5), margin=0, observed=8)
     pricing = Pricing(line=None, budget=8192 // 6, image_fallback=1024, rates=rates)
     glyphs = "ꙮ" * 2400
-    messages = [*turn_with_result(glyphs), Message(role="assistant", tool_calls=[
-        ToolCall(id="c2", name="read", arguments_json='{"path": "/var/log/b"}')]),
-        Message(role="tool", name="read", tool_call_id="c2", content=glyphs)]
+    messages = [
+        *turn_with_result(glyphs),
+        Message(role="assistant", tool_calls=[ToolCall(id="c2", name="read", arguments_json='{"path": "/var/log/b"}')]),
+        Message(role="tool", name="read", tool_call_id="c2", content=glyphs),
+    ]
     assert pricing.count_view(pricing.view(messages)[0]).tokens > 2 * 6144
     deepened = deepen_cuts(pricing, messages, [], 6144)
     assert deepened is not None

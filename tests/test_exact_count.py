@@ -7,8 +7,11 @@ import json
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ollama_sim.prompt import count_prompt_tokens, encoding
+from ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
 from palimpsest.v1.common_pb2 import Message, ToolCall
 from services.compressor.exact_count import (
     ExactObservation,
@@ -19,8 +22,6 @@ from services.compressor.exact_count import (
 )
 from services.compressor.model_tokenizers import TokenCounter
 from services.compressor.vocabulary import build_tokenizer
-from ollama_sim.prompt import count_prompt_tokens, encoding
-from ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
 from services.shared.context_view import to_ollama_messages
 
 # The kinds of text whose chars-per-token differ most (1.85 for logs, ~4 for prose, ~1 for CJK).
@@ -28,8 +29,11 @@ CORPUS = {
     "prose": "The compressor keeps the model's context inside its window; nothing the user said is lost. " * 8,
     "code": "def handler(event, context):\n    for i in range(10):\n        yield {'id': i, 'ok': i % 3 == 0}\n" * 6,
     "json": json.dumps({"rows": [{"id": i, "value": f"v-{i}", "ok": i % 2 == 0} for i in range(40)]}),
-    "logs": "\n".join(f"2026-11-30T10:{i % 60:02d}:17.{i:03d}Z ERROR [worker-{i % 7}] 10.0.{i % 255}.7:5432 "
-                      f"conn reset id=0x{i * 7919:08x}" for i in range(40)),
+    "logs": "\n".join(
+        f"2026-11-30T10:{i % 60:02d}:17.{i:03d}Z ERROR [worker-{i % 7}] 10.0.{i % 255}.7:5432 "
+        f"conn reset id=0x{i * 7919:08x}"
+        for i in range(40)
+    ),
     "cjk": "上下文窗口必须始终容纳完整的提示。日本語のテキストも数えます。한국어 텍스트도 셉니다。" * 6,
     "emoji": "Deploy done 🎉🚀 team 👨‍👩‍👧‍👦 flags 🇫🇷🇯🇵 ok ✅ " * 10,
     "combining": "cafe\u0301 nai\u0308ve e\u0301te\u0301 " * 20,
@@ -71,15 +75,27 @@ def _conversation(rnd: random.Random, turns: int) -> list[Message]:
         messages.append(Message(role="user", content=f"turn {turn}: " + CORPUS[rnd.choice(sorted(CORPUS))][:300]))
         if rnd.random() < 0.4:
             args = json.dumps({"path": f"/srv/{turn}.log", "lines": rnd.randint(1, 500)})
-            messages.append(Message(role="assistant", tool_calls=[ToolCall(id=f"c{turn}", name="read", arguments_json=args)]))
+            messages.append(
+                Message(role="assistant", tool_calls=[ToolCall(id=f"c{turn}", name="read", arguments_json=args)])
+            )
             body = CORPUS[rnd.choice(sorted(CORPUS))]
-            messages.append(Message(role="tool", name="read", tool_call_id=f"c{turn}", content=body[: rnd.randint(50, len(body))]))
+            messages.append(
+                Message(role="tool", name="read", tool_call_id=f"c{turn}", content=body[: rnd.randint(50, len(body))])
+            )
         messages.append(Message(role="assistant", content=CORPUS[rnd.choice(sorted(CORPUS))][: rnd.randint(10, 400)]))
     return messages
 
 
-TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read a file.",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read",
+            "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
 
 
 def _real(messages: list[Message], tools) -> int:

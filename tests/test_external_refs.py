@@ -62,7 +62,9 @@ def test_kind_accepted(kind):
     assert validate_ref(ref(kind=kind)).kind == kind
 
 
-@pytest.mark.parametrize("kind", ["", "x" * 65, "CI-run", "Dashboard", "ci run", "ci.run", "ci/run", "ci:run", "ün", "ci\n"])
+@pytest.mark.parametrize(
+    "kind", ["", "x" * 65, "CI-run", "Dashboard", "ci run", "ci.run", "ci/run", "ci:run", "ün", "ci\n"]
+)
 def test_kind_rejected(kind):
     with pytest.raises(InvalidArgument) as excinfo:
         validate_ref(ref(kind=kind), 2)
@@ -191,7 +193,9 @@ def test_long_form_uri_may_contain_commas():
     assert out.created_by == "me"
 
 
-@pytest.mark.parametrize("value, expected", [("TRUE", True), ("1", True), ("yes", True), ("false", False), ("0", False)])
+@pytest.mark.parametrize(
+    "value, expected", [("TRUE", True), ("1", True), ("yes", True), ("false", False), ("0", False)]
+)
 def test_long_form_read_only_values(value, expected):
     assert parse_ref_flag(f"kind=k,uri=u,read_only={value}").read_only is expected
 
@@ -216,10 +220,15 @@ def test_shorthand_kind_literally_named_kind():
 
 
 def test_refs_round_trip_through_the_proto_and_errors_name_the_index():
-    sent = [ref_to_proto(validate_ref(ref(read_only=True), now=NOW)), common_pb2.ExternalRef(kind="dash", uri="u",
-                                                                                                created_by="me")]
+    sent = [
+        ref_to_proto(validate_ref(ref(read_only=True), now=NOW)),
+        common_pb2.ExternalRef(kind="dash", uri="u", created_by="me"),
+    ]
     back = refs_from_proto(sent, now=NOW)
-    assert back == [ExternalRef("ci-run", URI, "ci-orchestrator", True, NOW), ExternalRef("dash", "u", "me", False, NOW)]
+    assert back == [
+        ExternalRef("ci-run", URI, "ci-orchestrator", True, NOW),
+        ExternalRef("dash", "u", "me", False, NOW),
+    ]
     with pytest.raises(InvalidArgument) as excinfo:
         refs_from_proto([*sent, common_pb2.ExternalRef(kind="ok", uri="u")])
     assert field_of(excinfo) == "external_refs[2].created_by"

@@ -19,10 +19,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.ports import free_port
-from tests.waiting import until
 from tests.fault_services import GRACE_S, REPO, Service, answer_to, prompt_for, responder
+from tests.waiting import until
 
 END = pb.StreamEndReason
 TURN_DEADLINE_S = 45.0  # no stream may take longer, whatever the fault: a hang fails the test
@@ -79,9 +81,17 @@ async def system(throwaway_pg, ollama_sim, profiles_file, base_settings, tmp_pat
         "PALIMPSEST_RPC_TIMEOUT_S": "5",
     }
     env.pop("PALIMPSEST_AUTH_ENABLED", None)
-    running = System(*(Service(module, ports[name], env, logs / f"{name}.log") for name, module in (
-        ("store", "services.session_store"), ("compressor", "services.compressor"), ("agent", "services.agent"))),
-        database=throwaway_pg)
+    running = System(
+        *(
+            Service(module, ports[name], env, logs / f"{name}.log")
+            for name, module in (
+                ("store", "services.session_store"),
+                ("compressor", "services.compressor"),
+                ("agent", "services.agent"),
+            )
+        ),
+        database=throwaway_pg,
+    )
     try:
         await running.store.start()
         await asyncio.gather(running.compressor.start(), running.agent.start())
@@ -103,8 +113,10 @@ async def clients(system, ollama_sim, base_settings):
             await service.start()
     # The services' own reconnect backoff (2 s at most): a restarted service is found soon.
     options = channel_options(base_settings)
-    async with grpc.aio.insecure_channel(system.agent.address, options=options) as agent_channel, \
-            grpc.aio.insecure_channel(system.store.address, options=options) as store_channel:
+    async with (
+        grpc.aio.insecure_channel(system.agent.address, options=options) as agent_channel,
+        grpc.aio.insecure_channel(system.store.address, options=options) as store_channel,
+    ):
         yield agent_pb2_grpc.AgentStub(agent_channel), session_store_pb2_grpc.SessionStoreStub(store_channel)
     ollama_sim.set_responder(None)
 
@@ -171,8 +183,11 @@ class Load:
 
 async def stored_answers(store, outcome: Outcome) -> tuple[int, int]:
     """(complete answers, partial answers) stored in the turn's session."""
-    session = (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=outcome.session_id, view=store_pb.SESSION_VIEW_FULL))).session
+    session = (
+        await store.GetSession(
+            store_pb.GetSessionRequest(session_id=outcome.session_id, view=store_pb.SESSION_VIEW_FULL)
+        )
+    ).session
     answers = [m for m in session.messages if m.role == "assistant"]
     partial = [m for m in answers if "partial" in m.metadata]
     complete = [m for m in answers if "partial" not in m.metadata and m.content == outcome.answer]
@@ -204,8 +219,9 @@ async def assert_stored_exactly_once_or_told(store, outcomes: list[Outcome]) -> 
 
 async def a_turn_works(agent, store, session_id: str = "") -> None:
     outcome = Outcome(prompt_for("after", 3), session_id=session_id)
-    async for event in agent.RunStream(pb.RunStreamRequest(session_id=session_id, text=outcome.prompt),
-                                       timeout=TURN_DEADLINE_S, wait_for_ready=True):
+    async for event in agent.RunStream(
+        pb.RunStreamRequest(session_id=session_id, text=outcome.prompt), timeout=TURN_DEADLINE_S, wait_for_ready=True
+    ):
         outcome.session_id = outcome.session_id or event.session_id
         if event.HasField("stream_end"):
             outcome.end = event.stream_end
@@ -248,8 +264,14 @@ async def test_sigterm_on_the_store_refuses_new_calls_and_lets_the_one_in_flight
         hold = blocker.transaction()
         await hold.start()
         await blocker.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", uuid.UUID(session.id))
-        append = asyncio.ensure_future(store.AppendMessages(store_pb.AppendMessagesRequest(
-            session_id=session.id, messages=[common_pb2.Message(role="user", content="in flight")]), timeout=30))
+        append = asyncio.ensure_future(
+            store.AppendMessages(
+                store_pb.AppendMessagesRequest(
+                    session_id=session.id, messages=[common_pb2.Message(role="user", content="in flight")]
+                ),
+                timeout=30,
+            )
+        )
         assert await until(lambda: waiting_on_a_lock(blocker)), "the append never reached PostgreSQL"
         system.store.proc.send_signal(signal.SIGTERM)
 
@@ -269,15 +291,23 @@ async def test_sigterm_on_the_store_refuses_new_calls_and_lets_the_one_in_flight
     assert await asyncio.to_thread(system.store.proc.wait, GRACE_S + 10) == 0
     await system.store.start()
     # This channel may still be backing off from the refused connections of the restart: wait for it.
-    stored = (await store.GetSession(store_pb.GetSessionRequest(session_id=session.id,
-                                                                view=store_pb.SESSION_VIEW_FULL),
-                                     wait_for_ready=True, timeout=30)).session
+    stored = (
+        await store.GetSession(
+            store_pb.GetSessionRequest(session_id=session.id, view=store_pb.SESSION_VIEW_FULL),
+            wait_for_ready=True,
+            timeout=30,
+        )
+    ).session
     assert [m.content for m in stored.messages] == ["in flight"]
 
 
 async def waiting_on_a_lock(conn) -> bool:
-    return await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                               " AND datname = current_database()") > 0
+    return (
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        > 0
+    )
 
 
 async def test_postgresql_stopped_and_started_under_load_loses_and_duplicates_nothing(system, clients, ollama_sim):
@@ -361,8 +391,9 @@ async def test_a_frozen_compressor_costs_one_turn_its_deadline_and_is_used_again
     for outcome in (first, *later):
         assert outcome.completed and (await stored_answers(store, outcome))[0] == 1, outcome
     assert [e.code for e in first.errors] == ["UNAVAILABLE"] and NOT_CALLED not in first.errors[0].message
-    assert all([e.code for e in o.errors] == ["UNAVAILABLE"] and NOT_CALLED in o.errors[0].message for o in later), \
-        [o.errors for o in later]
+    assert all([e.code for e in o.errors] == ["UNAVAILABLE"] and NOT_CALLED in o.errors[0].message for o in later), [
+        o.errors for o in later
+    ]
     assert await until(used_again, TURN_DEADLINE_S)
 
 
@@ -373,8 +404,9 @@ def stop_database(pg) -> None:
 
 async def every_answer_generated(ollama_sim, count: int) -> None:
     """The simulator has streamed `count` whole answers: their turns are at their final write."""
-    assert await asyncio.to_thread(ollama_sim.wait_until,
-                                   lambda: sum(c.completed for c in ollama_sim.chats) >= count, TURN_DEADLINE_S)
+    assert await asyncio.to_thread(
+        ollama_sim.wait_until, lambda: sum(c.completed for c in ollama_sim.chats) >= count, TURN_DEADLINE_S
+    )
 
 
 async def wait_health(service: Service, status: int, timeout: float = 20.0) -> None:

@@ -94,17 +94,27 @@ def test_safe_name_absurd_extension_is_not_kept():
     assert len(out) == 255
 
 
-@pytest.mark.parametrize("name", ["report.pdf", "My Report (final).pdf", "naïve café.txt", "日本語のメモ.txt",
-                                  "a b.txt", "v1.2.tar.gz"])
+@pytest.mark.parametrize(
+    "name", ["report.pdf", "My Report (final).pdf", "naïve café.txt", "日本語のメモ.txt", "a b.txt", "v1.2.tar.gz"]
+)
 def test_names_that_show_what_they_are_pass(name):
     assert unseen_character_problem(name) == ""
 
 
-@pytest.mark.parametrize("name, words", [
-    ("x.py\u200b", ["U+200B", "ZERO WIDTH SPACE"]), ("a\u200db.txt", ["U+200D"]), ("a\u2066b.txt", ["U+2066"]),
-    ("a\u00adb.txt", ["U+00AD", "SOFT HYPHEN"]), ("a\u3000b.txt", ["U+3000"]), ("a\x85b.txt", ["U+0085"]),
-    ("trailing.", ["dot"]), ("trailing ", ["space"]), (" leading", ["space"]),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("x.py\u200b", ["U+200B", "ZERO WIDTH SPACE"]),
+        ("a\u200db.txt", ["U+200D"]),
+        ("a\u2066b.txt", ["U+2066"]),
+        ("a\u00adb.txt", ["U+00AD", "SOFT HYPHEN"]),
+        ("a\u3000b.txt", ["U+3000"]),
+        ("a\x85b.txt", ["U+0085"]),
+        ("trailing.", ["dot"]),
+        ("trailing ", ["space"]),
+        (" leading", ["space"]),
+    ],
+)
 def test_names_that_do_not_show_what_they_are_say_why(name, words):
     problem = unseen_character_problem(name)
     assert problem and all(word in problem for word in words), problem
@@ -123,10 +133,41 @@ def test_numbered_name():
 
 
 @pytest.mark.parametrize(
-    "name", ["run.sh", "RUN.SH", "x.py", "x.PyC", "setup.exe", "a.bat", "a.cmd", "a.ps1", "a.msi", "lib.so",
-             "lib.dylib", "a.dll", "a.jar", "a.vbs", "a.pl", "a.rb", "a.php", "a.bin", "a.run", "a.AppImage",
-             "app.js", "a.MJS", "x.cgi", "a.pif", "a.msc", "a.desktop", "m.wasm", "doc.ps", "fig.eps", "a.chm",
-             "a.url", "A.class"],
+    "name",
+    [
+        "run.sh",
+        "RUN.SH",
+        "x.py",
+        "x.PyC",
+        "setup.exe",
+        "a.bat",
+        "a.cmd",
+        "a.ps1",
+        "a.msi",
+        "lib.so",
+        "lib.dylib",
+        "a.dll",
+        "a.jar",
+        "a.vbs",
+        "a.pl",
+        "a.rb",
+        "a.php",
+        "a.bin",
+        "a.run",
+        "a.AppImage",
+        "app.js",
+        "a.MJS",
+        "x.cgi",
+        "a.pif",
+        "a.msc",
+        "a.desktop",
+        "m.wasm",
+        "doc.ps",
+        "fig.eps",
+        "a.chm",
+        "a.url",
+        "A.class",
+    ],
 )
 def test_executable_by_extension(name):
     assert has_executable_extension(name)
@@ -134,9 +175,22 @@ def test_executable_by_extension(name):
 
 @pytest.mark.parametrize(
     "head",
-    [b"\x7fELF\x02\x01\x01", b"MZ\x90\x00", b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf",
-     b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca", b"#!/bin/sh\n", b"#!",
-     b"\x00asm\x01\x00\x00\x00", b"dex\n035\x00", b"L\x00\x00\x00\x01\x14\x02\x00", b"%!PS-Adobe-3.0"],
+    [
+        b"\x7fELF\x02\x01\x01",
+        b"MZ\x90\x00",
+        b"\xfe\xed\xfa\xce",
+        b"\xce\xfa\xed\xfe",
+        b"\xfe\xed\xfa\xcf",
+        b"\xcf\xfa\xed\xfe",
+        b"\xca\xfe\xba\xbe",
+        b"\xbe\xba\xfe\xca",
+        b"#!/bin/sh\n",
+        b"#!",
+        b"\x00asm\x01\x00\x00\x00",
+        b"dex\n035\x00",
+        b"L\x00\x00\x00\x01\x14\x02\x00",
+        b"%!PS-Adobe-3.0",
+    ],
 )
 def test_executable_by_content(head):
     assert has_executable_magic(head)
@@ -144,9 +198,19 @@ def test_executable_by_content(head):
 
 @pytest.mark.parametrize(
     "name, head",
-    [("report.pdf", b"%PDF-1.7"), ("notes.txt", b"# heading"), ("data.csv", b"a,b\n"), ("x.sh.txt", b"echo"),
-     ("Makefile", b"all:"), ("photo.png", b"\x89PNG\r\n\x1a\n"), ("empty.txt", b""), ("data.json", b'{"js": 1}'),
-     ("app.js.txt", b"%! not PostScript"), ("index.html", b"<!doctype html>"), ("dex.md", b"dex\nnotes")],
+    [
+        ("report.pdf", b"%PDF-1.7"),
+        ("notes.txt", b"# heading"),
+        ("data.csv", b"a,b\n"),
+        ("x.sh.txt", b"echo"),
+        ("Makefile", b"all:"),
+        ("photo.png", b"\x89PNG\r\n\x1a\n"),
+        ("empty.txt", b""),
+        ("data.json", b'{"js": 1}'),
+        ("app.js.txt", b"%! not PostScript"),
+        ("index.html", b"<!doctype html>"),
+        ("dex.md", b"dex\nnotes"),
+    ],
 )
 def test_not_executable(name, head):
     assert not has_executable_extension(name) and not has_executable_magic(head)
@@ -362,8 +426,10 @@ def test_extension_comes_from_bytes_not_a_name(store):
     assert image_extension(image_bytes("BMP")) == "bmp"
 
 
-@pytest.mark.parametrize(("fmt", "ext"), [("PNG", "png"), ("JPEG", "jpg"), ("GIF", "gif"), ("WEBP", "webp"),
-                                          ("BMP", "bmp"), ("TIFF", "tiff")])
+@pytest.mark.parametrize(
+    ("fmt", "ext"),
+    [("PNG", "png"), ("JPEG", "jpg"), ("GIF", "gif"), ("WEBP", "webp"), ("BMP", "bmp"), ("TIFF", "tiff")],
+)
 def test_image_extension_names_the_format_from_the_bytes(fmt, ext):
     assert image_extension(image_bytes(fmt)) == ext
 

@@ -10,12 +10,13 @@ import os
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from palimpsest.v1 import agent_pb2, compressor_pb2, session_store_pb2
 from palimpsest.v1.common_pb2 import Message
-from tests.waiting import one_request, raw_call_to_end
 from tests.fuzzing import UNACCEPTABLE, _fuzz
+from tests.waiting import one_request, raw_call_to_end
 
 # Uploads (client-streamed) and the one RPC whose valid input deletes other tests' data are left out,
 # and the owner's memory: with auth off it is the one owner's, which every other test's new sessions
@@ -37,8 +38,12 @@ async def _sessions(store, profile: str) -> tuple[str, ...]:
     ids = []
     for _ in range(2):
         session = (await store.CreateSession(session_store_pb2.CreateSessionRequest(profile_id=profile))).session
-        await store.AppendMessages(session_store_pb2.AppendMessagesRequest(session_id=session.id, messages=[
-            Message(role="user", content="hello there"), Message(role="assistant", content="hi")]))
+        await store.AppendMessages(
+            session_store_pb2.AppendMessagesRequest(
+                session_id=session.id,
+                messages=[Message(role="user", content="hello there"), Message(role="assistant", content="hi")],
+            )
+        )
         ids.append(session.id)
     return tuple(ids)
 
@@ -64,10 +69,16 @@ async def test_agent_rpcs_never_answer_internal(store, agent, profile, method):
 # Raw requests: random bytes (most do not decode; the rest decode to odd messages) and bytes that
 # never decode. Client-streamed uploads too: the bytes are their one message.
 _RAW = st.one_of(st.binary(max_size=64), st.sampled_from([b"\xff" * 8, b"\x0a\x05ab", b"\x0f", b"\x12\x02\xc3\x28"]))
-RAW_METHODS = [(name, m) for name, service in (("store", session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"]),
-                                               ("compressor", compressor_pb2.DESCRIPTOR.services_by_name["Compressor"]),
-                                               ("agent", agent_pb2.DESCRIPTOR.services_by_name["Agent"]))
-               for m in service.methods if m.name != "CleanupSessions"]
+RAW_METHODS = [
+    (name, m)
+    for name, service in (
+        ("store", session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"]),
+        ("compressor", compressor_pb2.DESCRIPTOR.services_by_name["Compressor"]),
+        ("agent", agent_pb2.DESCRIPTOR.services_by_name["Agent"]),
+    )
+    for m in service.methods
+    if m.name != "CleanupSessions"
+]
 
 
 async def _raw(channel, method, body: bytes) -> None:
@@ -81,8 +92,12 @@ async def _raw(channel, method, body: bytes) -> None:
 async def test_raw_bytes_never_answer_internal(store_server, compressor_server, agent_server, service, method):
     address = {"store": store_server, "compressor": compressor_server, "agent": agent_server}[service].address
 
-    @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "25")), deadline=None,
-              derandomize=bool(os.environ.get("CI")), suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=int(os.environ.get("FUZZ_EXAMPLES", "25")),
+        deadline=None,
+        derandomize=bool(os.environ.get("CI")),
+        suppress_health_check=list(HealthCheck),
+    )
     @given(body=_RAW)
     def run(body, loop, channel):
         asyncio.run_coroutine_threadsafe(_raw(channel, method, body), loop).result(60)

@@ -17,8 +17,11 @@ pytestmark = pytest.mark.skipif(not Path(GRPCURL).exists(), reason="grpcurl (grp
 
 
 async def test_list_shows_each_service_health_and_reflection(store_server, compressor_server, agent_server):
-    for server, name in ((store_server, "palimpsest.v1.SessionStore"), (compressor_server, "palimpsest.v1.Compressor"),
-                         (agent_server, "palimpsest.v1.Agent")):
+    for server, name in (
+        (store_server, "palimpsest.v1.SessionStore"),
+        (compressor_server, "palimpsest.v1.Compressor"),
+        (agent_server, "palimpsest.v1.Agent"),
+    ):
         listed = (await grpcurl(server.address, "list")).split()
         assert name in listed and "grpc.health.v1.Health" in listed
         assert "grpc.reflection.v1alpha.ServerReflection" in listed
@@ -38,19 +41,41 @@ async def test_describe_shows_field_and_enum_comments(store_server):
 
 
 async def test_a_session_round_trip(store_server, profile):
-    created = json.loads(await grpcurl("-d", json.dumps({"profile_id": profile, "name": "from grpcurl"}),
-                                       store_server.address, "palimpsest.v1.SessionStore/CreateSession"))
+    created = json.loads(
+        await grpcurl(
+            "-d",
+            json.dumps({"profile_id": profile, "name": "from grpcurl"}),
+            store_server.address,
+            "palimpsest.v1.SessionStore/CreateSession",
+        )
+    )
     session_id = created["session"]["id"]
-    await grpcurl("-d", json.dumps({"session_id": session_id, "messages": [{"role": "user", "content": "hello"}]}),
-                  store_server.address, "palimpsest.v1.SessionStore/AppendMessages")
+    await grpcurl(
+        "-d",
+        json.dumps({"session_id": session_id, "messages": [{"role": "user", "content": "hello"}]}),
+        store_server.address,
+        "palimpsest.v1.SessionStore/AppendMessages",
+    )
     # AppendStream: each JSON object given to -d is one append on the call, answered in order.
-    out = await grpcurl("-d", "".join(json.dumps({"session_id": session_id, "messages": [{"role": role, "content": text}]})
-                                      for role, text in (("user", "one"), ("assistant", "two"))),
-                        store_server.address, "palimpsest.v1.SessionStore/AppendStream")
+    out = await grpcurl(
+        "-d",
+        "".join(
+            json.dumps({"session_id": session_id, "messages": [{"role": role, "content": text}]})
+            for role, text in (("user", "one"), ("assistant", "two"))
+        ),
+        store_server.address,
+        "palimpsest.v1.SessionStore/AppendStream",
+    )
     answers = [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00") if chunk.strip()]
     assert [a["seqs"] for a in answers] == [["2"], ["3"]]
-    got = json.loads(await grpcurl("-d", json.dumps({"session_id": session_id, "view": "SESSION_VIEW_FULL"}),
-                                   store_server.address, "palimpsest.v1.SessionStore/GetSession"))
+    got = json.loads(
+        await grpcurl(
+            "-d",
+            json.dumps({"session_id": session_id, "view": "SESSION_VIEW_FULL"}),
+            store_server.address,
+            "palimpsest.v1.SessionStore/GetSession",
+        )
+    )
     assert [m["content"] for m in got["session"]["messages"]] == ["hello", "one", "two"]
 
 
@@ -72,21 +97,33 @@ async def test_files_go_with_a_turn_as_the_readme_shows(store_server, agent_serv
 
     data = base64.b64encode(b"buy milk\n").decode()
     ollama_sim.script(Reply(text="inline read"))
-    out = await grpcurl("-d", json.dumps({"text": "what is in it?",
-                                          "inline_attachments": [{"filename": "notes.txt", "data": data}]}),
-                        agent_server.address, "palimpsest.v1.Agent/RunStream")
+    out = await grpcurl(
+        "-d",
+        json.dumps({"text": "what is in it?", "inline_attachments": [{"filename": "notes.txt", "data": data}]}),
+        agent_server.address,
+        "palimpsest.v1.Agent/RunStream",
+    )
     session_id = json.loads(out.split("\n}\n")[0] + "\n}")["session_id"]
     told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
     assert told.endswith("[Files for this message, in the workspace:\n- notes.txt]")
 
     # PutFile streams: grpcurl sends each JSON object given to -d as one message of the stream.
-    stored = json.loads(await grpcurl(
-        "-d", json.dumps({"header": {"session_id": session_id, "filename": "notes.txt"}}) + json.dumps({"chunk": data}),
-        store_server.address, "palimpsest.v1.SessionStore/PutFile"))
+    stored = json.loads(
+        await grpcurl(
+            "-d",
+            json.dumps({"header": {"session_id": session_id, "filename": "notes.txt"}}) + json.dumps({"chunk": data}),
+            store_server.address,
+            "palimpsest.v1.SessionStore/PutFile",
+        )
+    )
     assert stored["file"]["name"] == "notes_1.txt"
     ollama_sim.script(Reply(text="named read"))
-    await grpcurl("-d", json.dumps({"session_id": session_id, "text": "and this one?", "attachments": ["notes_1.txt"]}),
-                  agent_server.address, "palimpsest.v1.Agent/RunStream")
+    await grpcurl(
+        "-d",
+        json.dumps({"session_id": session_id, "text": "and this one?", "attachments": ["notes_1.txt"]}),
+        agent_server.address,
+        "palimpsest.v1.Agent/RunStream",
+    )
     told = [m for m in ollama_sim.bodies()[-1]["messages"] if m["role"] == "user"][-1]["content"]
     assert told.endswith("[Files for this message, in the workspace:\n- notes_1.txt]")
 
@@ -97,15 +134,20 @@ def objects(out: str) -> list[dict]:
     return [json.loads(chunk) for chunk in out.replace("}\n{", "}\x00{").split("\x00") if chunk.strip()]
 
 
-async def test_list_profiles_shows_each_profiles_mcp_servers(base_settings, store_server, compressor_server,
-                                                             ollama_sim, tmp_path):
+async def test_list_profiles_shows_each_profiles_mcp_servers(
+    base_settings, store_server, compressor_server, ollama_sim, tmp_path
+):
     from tests.mcp_agents import agent_with, profile, servers_settled, stdio_server
     from tests.waiting import until
 
-    profiles = [profile("tools", [stdio_server("echo", tmp_path)]),
-                profile("ghost", [{"name": "ghost", "command": [str(tmp_path / "no-such-server")]}])]
-    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
-                          profiles) as (stub, running):
+    profiles = [
+        profile("tools", [stdio_server("echo", tmp_path)]),
+        profile("ghost", [{"name": "ghost", "command": [str(tmp_path / "no-such-server")]}]),
+    ]
+    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path, profiles) as (
+        stub,
+        running,
+    ):
         assert await until(lambda: servers_settled(stub), timeout=60)
         listed = json.loads(await grpcurl("-d", "{}", running.address, "palimpsest.v1.Agent/ListProfiles"))
     servers = {p["id"]: p["mcp_servers"] for p in listed["profiles"]}
@@ -120,11 +162,27 @@ async def test_a_client_tool_is_offered_and_answered_from_two_grpcurls(agent_ser
     ollama_sim.script(Reply(tool_calls=[("local_time", {"zone": "Europe/Paris"})]), Reply(text="It is 14:05."))
     schema = json.dumps({"type": "object", "properties": {"zone": {"type": "string"}}})
     turn = await asyncio.create_subprocess_exec(
-        GRPCURL, "-plaintext", "-d", json.dumps({"text": "What time is it in Paris?", "client_tools": [
-            {"name": "local_time", "description": "The time on the user's computer", "read_only": True,
-             "parameters_json": schema}]}),
-        agent_server.address, "palimpsest.v1.Agent/RunStream", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        GRPCURL,
+        "-plaintext",
+        "-d",
+        json.dumps(
+            {
+                "text": "What time is it in Paris?",
+                "client_tools": [
+                    {
+                        "name": "local_time",
+                        "description": "The time on the user's computer",
+                        "read_only": True,
+                        "parameters_json": schema,
+                    }
+                ],
+            }
+        ),
+        agent_server.address,
+        "palimpsest.v1.Agent/RunStream",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert turn.stdout is not None
     seen = ""
     async with asyncio.timeout(60):
@@ -133,10 +191,19 @@ async def test_a_client_tool_is_offered_and_answered_from_two_grpcurls(agent_ser
             assert line, f"the stream ended before the request: {seen}"
             seen += line.decode()
     asked = objects(seen)[-1]
-    await grpcurl("-d", json.dumps({"session_id": asked["session_id"], "turn_id": asked["turn_id"],
-                                    "call_id": asked["tool_call_requested"]["call_id"],
-                                    "content": "14:05 (Europe/Paris)"}),
-                  agent_server.address, "palimpsest.v1.Agent/SubmitToolResult")
+    await grpcurl(
+        "-d",
+        json.dumps(
+            {
+                "session_id": asked["session_id"],
+                "turn_id": asked["turn_id"],
+                "call_id": asked["tool_call_requested"]["call_id"],
+                "content": "14:05 (Europe/Paris)",
+            }
+        ),
+        agent_server.address,
+        "palimpsest.v1.Agent/SubmitToolResult",
+    )
     async with asyncio.timeout(60):
         rest, err = await turn.communicate()
     assert turn.returncode == 0, err.decode()
@@ -148,15 +215,33 @@ async def test_a_client_tool_is_offered_and_answered_from_two_grpcurls(agent_ser
 
 async def test_memory_is_read_and_edited_as_the_readme_shows(store_server_auth, user):
     from conftest import JWT_SECRET
+
     from services.shared.auth import make_token
 
     auth = ("-H", f"authorization: Bearer {make_token(user, JWT_SECRET)}")
     store, rpc = store_server_auth.address, "palimpsest.v1.SessionStore/"
-    added = json.loads(await grpcurl(*auth, "-d", json.dumps({"action": "MEMORY_ACTION_ADD",
-                                                               "text": "Prefers metric units"}),
-                                     store, rpc + "EditMemory"))
-    await grpcurl(*auth, "-d", json.dumps({"action": "MEMORY_ACTION_REPLACE", "old_text": "metric",
-                                           "text": "Prefers SI units", "expected_revision": added["revision"]}),
-                  store, rpc + "EditMemory")
+    added = json.loads(
+        await grpcurl(
+            *auth,
+            "-d",
+            json.dumps({"action": "MEMORY_ACTION_ADD", "text": "Prefers metric units"}),
+            store,
+            rpc + "EditMemory",
+        )
+    )
+    await grpcurl(
+        *auth,
+        "-d",
+        json.dumps(
+            {
+                "action": "MEMORY_ACTION_REPLACE",
+                "old_text": "metric",
+                "text": "Prefers SI units",
+                "expected_revision": added["revision"],
+            }
+        ),
+        store,
+        rpc + "EditMemory",
+    )
     memory = json.loads(await grpcurl(*auth, "-d", "{}", store, rpc + "GetMemory"))
     assert [e["text"] for e in memory["entries"]] == ["Prefers SI units"] and memory["revision"] == "2"

@@ -10,13 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from palimpsest.v1 import agent_pb2 as apb, agent_pb2_grpc, common_pb2, session_store_pb2 as pb
-from palimpsest.v1 import session_store_pb2_grpc
-from services.compressor.model_tokenizers import TokenCounter
-from services.compressor.vocabulary import build_tokenizer
 from ollama_sim import Reply
 from ollama_sim.prompt import count_text_tokens
 from ollama_sim.vocabulary import tokenizer_metadata
+from palimpsest.v1 import agent_pb2 as apb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
+from services.compressor.model_tokenizers import TokenCounter
+from services.compressor.vocabulary import build_tokenizer
 from services.shared.channels import open_channel
 from services.shared.context_view import SIZE_CHECK_SLICE_CHARS
 
@@ -30,9 +31,11 @@ def dense_log(seed: int, chars: int) -> str:
     rng = random.Random(seed)
     lines, size = [], 0
     while size < chars:
-        line = (f"2026-11-30T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}Z "
-                f"{rng.choice(['INFO', 'WARN', 'ERROR'])} 10.{rng.randint(0, 255)}.{rng.randint(0, 255)}.7 "
-                f"req={rng.getrandbits(48):012x} GET /v2/orders/{rng.randint(1, 10**6)} {rng.randint(1, 4000)}ms")
+        line = (
+            f"2026-11-30T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}Z "
+            f"{rng.choice(['INFO', 'WARN', 'ERROR'])} 10.{rng.randint(0, 255)}.{rng.randint(0, 255)}.7 "
+            f"req={rng.getrandbits(48):012x} GET /v2/orders/{rng.randint(1, 10**6)} {rng.randint(1, 4000)}ms"
+        )
         lines.append(line)
         size += len(line) + 1
     return "\n".join(lines)[:chars]
@@ -47,7 +50,7 @@ def test_a_very_long_text_is_cut_exactly_as_if_encoded_whole(counter):
     text = dense_log(1, 3 * SIZE_CHECK_SLICE_CHARS)
     whole = counter.tokenizer.encode(text, add_special_tokens=False).offsets
     head, tail = counter.head_and_tail(text, 700, 600)
-    assert head == text[: whole[699][1]] and tail == text[whole[-600][0]:]
+    assert head == text[: whole[699][1]] and tail == text[whole[-600][0] :]
     # Counted from its head and tail, scaled to its length: within a percent of the whole count.
     assert abs(counter.count(text) - len(whole)) / len(whole) < 0.01
 
@@ -56,7 +59,7 @@ def test_a_text_whose_slices_hold_too_few_tokens_is_encoded_whole(counter):
     text = "=" * (3 * SIZE_CHECK_SLICE_CHARS)  # long runs: very long tokens, few of them per slice
     whole = counter.tokenizer.encode(text, add_special_tokens=False).offsets
     head, tail = counter.head_and_tail(text, len(whole) // 2, 10)
-    assert head == text[: whole[len(whole) // 2 - 1][1]] and tail == text[whole[-10][0]:]
+    assert head == text[: whole[len(whole) // 2 - 1][1]] and tail == text[whole[-10][0] :]
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +68,22 @@ async def services(base_settings, database_url, ollama_sim, profiles_file):
     from services.compressor.app import start_compressor
     from services.session_store.app import start_store
 
-    settings = replace(base_settings, max_message_bytes=LIMIT, message_max_bytes=2 * MB, hot_window_bytes=64 * MB,
-                       ollama_host=ollama_sim.url, profiles_path=profiles_file)
+    settings = replace(
+        base_settings,
+        max_message_bytes=LIMIT,
+        message_max_bytes=2 * MB,
+        hot_window_bytes=64 * MB,
+        ollama_host=ollama_sim.url,
+        profiles_path=profiles_file,
+    )
     store = await start_store(settings, port=0, dsn=database_url)
     compressor = await start_compressor(replace(settings, store_addr=store.address), port=0)
     agent = await start_agent(replace(settings, store_addr=store.address, compressor_addr=compressor.address), port=0)
     try:
-        async with open_channel(agent.address, settings) as agent_channel, \
-                open_channel(store.address, settings) as store_channel:
+        async with (
+            open_channel(agent.address, settings) as agent_channel,
+            open_channel(store.address, settings) as store_channel,
+        ):
             yield agent_pb2_grpc.AgentStub(agent_channel), session_store_pb2_grpc.SessionStoreStub(store_channel)
     finally:
         await agent.stop(0)
@@ -86,20 +97,36 @@ async def test_a_context_past_the_message_limit_takes_a_turn_and_compacts(servic
     logs = [dense_log(seed, LOG) for seed in range(4)]  # 6 MB of context, one 4 MB message at most
     for i, log in enumerate(logs):
         call = common_pb2.ToolCall(id=f"c{i}", name="read_file", arguments_json='{"path": "/var/log/app.log"}')
-        await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-            Message(role="user", content=f"read log {i}"), Message(role="assistant", tool_calls=[call]),
-            Message(role="tool", name="read_file", tool_call_id=f"c{i}", content=log)]))
+        await store.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=session.id,
+                messages=[
+                    Message(role="user", content=f"read log {i}"),
+                    Message(role="assistant", tool_calls=[call]),
+                    Message(role="tool", name="read_file", tool_call_id=f"c{i}", content=log),
+                ],
+            )
+        )
     ollama_sim.set_responder(lambda body: Reply(text="- the logs show resets\nKEYS: resets"))
     try:
         compacted = [e async for e in agent.Compact(apb.CompactRequest(session_id=session.id), timeout=120)]
         assert any(e.HasField("context_compressed") for e in compacted), compacted
-        await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-            Message(role="user", content="and one more"), Message(role="assistant", tool_calls=[call]),
-            Message(role="tool", name="read_file", tool_call_id=f"c{len(logs)}", content=logs[0])]))
-        events = [e async for e in agent.RunStream(apb.RunStreamRequest(session_id=session.id, text="what now?"),
-                                                   timeout=120)]
-        assert events[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED, \
-            [e.error for e in events if e.HasField("error")]
+        await store.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=session.id,
+                messages=[
+                    Message(role="user", content="and one more"),
+                    Message(role="assistant", tool_calls=[call]),
+                    Message(role="tool", name="read_file", tool_call_id=f"c{len(logs)}", content=logs[0]),
+                ],
+            )
+        )
+        events = [
+            e async for e in agent.RunStream(apb.RunStreamRequest(session_id=session.id, text="what now?"), timeout=120)
+        ]
+        assert events[-1].stream_end.reason == apb.STREAM_END_REASON_COMPLETED, [
+            e.error for e in events if e.HasField("error")
+        ]
         sent = ollama_sim.bodies()[-1]["messages"]
         # No log reached the model whole: each view fits its budget.
         for message in sent:
@@ -108,8 +135,7 @@ async def test_a_context_past_the_message_limit_takes_a_turn_and_compacts(servic
         ollama_sim.set_responder(None)
     tools, before = [], 0
     while True:  # pages of at most half the message limit: about one log each
-        page = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=session.id, limit=50,
-                                                                   before_seq=before))
+        page = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=session.id, limit=50, before_seq=before))
         tools = [m.content for m in page.messages if m.role == "tool"] + tools
         if not page.has_more:
             break
@@ -133,8 +159,11 @@ async def test_a_stored_message_never_carries_a_slice_length(services):
     so no stored row can make its own count scaled."""
     _, store = services
     session = (await store.CreateSession(pb.CreateSessionRequest(profile_id="small"))).session
-    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-        Message(role="user", content="short", sliced_from_chars=10**12)]))
+    await store.AppendMessages(
+        pb.AppendMessagesRequest(
+            session_id=session.id, messages=[Message(role="user", content="short", sliced_from_chars=10**12)]
+        )
+    )
     page = await store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=session.id))
     assert [m.sliced_from_chars for m in page.messages] == [0]
     await store.DeleteSession(pb.DeleteSessionRequest(session_id=session.id))

@@ -20,7 +20,8 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.mcp_servers.config import McpServerConfig, parse_servers
 from services.agent.mcp_servers.results import MAX_TEXT_CHARS, convert
 from services.agent.mcp_servers.schemas import Malformed, parameters
@@ -28,21 +29,24 @@ from services.agent.profiles import ProfileRegistry, ProfilesFileError, profile_
 from services.agent.tools.base import Reach, reach_of
 from services.agent.tools.registry import tools_for
 from services.shared.errors import InvalidArgument
-from tests.conftest import CHECKOUT
 from tests.calls import END, end_of, run
+from tests.conftest import CHECKOUT
+from tests.mcp_agents import FAILED, READY, agent_with, profile, servers_settled, statuses, stdio_server
 from tests.pal_cli import pal, pal_env
 from tests.waiting import until
-from tests.mcp_agents import FAILED, READY, agent_with, profile, servers_settled, statuses, stdio_server
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
 
 
-
 def start_http_server(port: int = 0) -> tuple[subprocess.Popen, int]:
     """The test server over streamable HTTP, a process of the test's own, and its port."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", "http", str(port)], stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(CHECKOUT)}, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.mcp_server", "http", str(port)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(CHECKOUT)},
+        text=True,
+    )
     return proc, int(proc.stdout.readline())  # type: ignore[union-attr]
 
 
@@ -61,8 +65,12 @@ async def mcp_agent(base_settings, store_server, compressor_server, ollama_sim, 
     """One Agent with the profiles most tests use: servers shared, filtered, missing, over HTTP."""
     tmp = tmp_path_factory.mktemp("mcp")
     profiles = [
-        profile("tools", [stdio_server("echo", tmp)], critical_tools=["mcp__echo"],
-                tools={"agent": ["todo", "spawn_agent"], "subagent": ["todo", "mcp__echo__lookup"]}),
+        profile(
+            "tools",
+            [stdio_server("echo", tmp)],
+            critical_tools=["mcp__echo"],
+            tools={"agent": ["todo", "spawn_agent"], "subagent": ["todo", "mcp__echo__lookup"]},
+        ),
         profile("filtered", [stdio_server("echo", tmp, tools=["lookup", "picture"])]),
         profile("ghost", [{"name": "ghost", "command": [str(tmp / "no-such-server")]}]),
         profile("web", [{"name": "web", "url": http_server, "headers": {"X-Palimpsest-Test": "1"}}]),
@@ -96,8 +104,11 @@ def tool_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def session_of(store, events) -> Any:
-    return (await store.GetSession(store_pb.GetSessionRequest(session_id=events[0].session_id,
-                                                              view=store_pb.SESSION_VIEW_FULL))).session
+    return (
+        await store.GetSession(
+            store_pb.GetSessionRequest(session_id=events[0].session_id, view=store_pb.SESSION_VIEW_FULL)
+        )
+    ).session
 
 
 class Impostor:
@@ -122,7 +133,10 @@ async def test_the_model_calls_an_mcp_tool_and_reads_its_text_and_image(mcp_agen
     first, second = ollama_sim.bodies()
     offered = {t["function"]["name"]: t["function"] for t in first["tools"]}
     assert offered["mcp__echo__picture"]["parameters"] == {
-        "type": "object", "properties": {"caption": {"type": "string"}}, "required": ["caption"]}
+        "type": "object",
+        "properties": {"caption": {"type": "string"}},
+        "required": ["caption"],
+    }
     assert offered["mcp__echo__picture"]["description"] == "A picture with a caption."
     [result] = tool_messages(second)
     assert result["tool_name"] == "mcp__echo__picture" and "caption: sunset" in result["content"]
@@ -138,8 +152,10 @@ async def test_the_model_calls_an_mcp_tool_and_reads_its_text_and_image(mcp_agen
 
 async def test_an_http_servers_tools_are_called_in_a_turn(mcp_agent, ollama_sim):
     agent, _, _ = mcp_agent
-    ollama_sim.script(calls(("mcp__web__lookup", {"query": "tides"}),
-                            ("mcp__web__header", {"name": "X-Palimpsest-Test"})), Reply(text="ok"))
+    ollama_sim.script(
+        calls(("mcp__web__lookup", {"query": "tides"}), ("mcp__web__header", {"name": "X-Palimpsest-Test"})),
+        Reply(text="ok"),
+    )
     events = await run(agent, "look it up", profile_id="web")
     done, header = finished(events)
     assert not done.is_error and done.preview == "found: tides"
@@ -186,11 +202,13 @@ async def test_a_subagent_gets_the_mcp_tools_its_tools_list_names(mcp_agent, oll
 
 
 # -- trust ---------------------------------------------------------------------------------------
-async def test_in_a_tainted_conversation_a_read_only_mcp_tool_runs_and_another_is_refused(mcp_agent, ollama_sim,
-                                                                                           store):
+async def test_in_a_tainted_conversation_a_read_only_mcp_tool_runs_and_another_is_refused(mcp_agent, ollama_sim, store):
     agent, _, _ = mcp_agent
-    ollama_sim.script(calls(("mcp__echo__lookup", {"query": "weather"})),
-                      calls(("mcp__echo__write_note", {"text": "exfiltrate"})), Reply(text="done"))
+    ollama_sim.script(
+        calls(("mcp__echo__lookup", {"query": "weather"})),
+        calls(("mcp__echo__write_note", {"text": "exfiltrate"})),
+        Reply(text="done"),
+    )
     events = await run(agent, "go", profile_id="tools")
     lookup, note = finished(events)
     assert not lookup.is_error and lookup.preview == "found: weather"
@@ -311,12 +329,14 @@ async def test_a_killed_server_is_a_tool_error_then_restarted(mcp_agent, ollama_
 
 
 async def test_an_http_server_that_goes_away_is_a_tool_error_then_reached_again(
-        base_settings, store_server, compressor_server, ollama_sim, tmp_path):
+    base_settings, store_server, compressor_server, ollama_sim, tmp_path
+):
     proc, port = start_http_server()
     web = {"name": "web", "url": f"http://127.0.0.1:{port}/mcp"}
     try:
-        async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
-                              [profile("web", [web])]) as (agent, _):
+        async with agent_with(
+            base_settings, store_server, compressor_server, ollama_sim, tmp_path, [profile("web", [web])]
+        ) as (agent, _):
             assert await until(lambda: _state_is(agent, "web", "web", READY))
             proc.kill()
             proc.wait()
@@ -352,15 +372,22 @@ async def test_a_name_collision_with_a_custom_tool_is_a_configuration_error(mcp_
 # -- the tool list changes -----------------------------------------------------------------------
 @pytest.mark.parametrize("era", ["2026-07-28", "2025-11-25"])
 async def test_list_changed_adds_a_tool_for_the_next_turn_not_the_running_one(
-        era, base_settings, store_server, compressor_server, ollama_sim, tmp_path, monkeypatch):
+    era, base_settings, store_server, compressor_server, ollama_sim, tmp_path, monkeypatch
+):
     if era != "2026-07-28":  # the handshake of older servers: the notification comes on the connection itself
         from mcp import Client
 
         from services.agent.mcp_servers import connection
 
         monkeypatch.setattr(connection, "Client", lambda *a, **kw: Client(*a, **{**kw, "mode": "legacy"}))
-    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
-                          [profile("grow", [stdio_server("echo", tmp_path)])]) as (agent, _):
+    async with agent_with(
+        base_settings,
+        store_server,
+        compressor_server,
+        ollama_sim,
+        tmp_path,
+        [profile("grow", [stdio_server("echo", tmp_path)])],
+    ) as (agent, _):
         ollama_sim.script(calls(("mcp__echo__grow", {})), Reply(text="grown"))
         events = await run(agent, "grow")
         assert end_of(events).reason == END.STREAM_END_REASON_COMPLETED
@@ -378,9 +405,16 @@ async def _offers(agent, profile_id: str, name: str, tool: str) -> bool:
 
 
 async def test_a_flood_of_list_changed_notifications_is_read_a_few_times(
-        base_settings, store_server, compressor_server, ollama_sim, tmp_path):
-    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
-                          [profile("flood", [stdio_server("echo", tmp_path)])]) as (agent, running):
+    base_settings, store_server, compressor_server, ollama_sim, tmp_path
+):
+    async with agent_with(
+        base_settings,
+        store_server,
+        compressor_server,
+        ollama_sim,
+        tmp_path,
+        [profile("flood", [stdio_server("echo", tmp_path)])],
+    ) as (agent, running):
         connection = next(iter(running.servicer.deps.mcp._connections.values()))
         before = connection.listings
         # 200 notifications, one every 5 ms: a listing for each would be 200 round trips.
@@ -392,13 +426,26 @@ async def test_a_flood_of_list_changed_notifications_is_read_a_few_times(
         assert connection.listings - before <= 6
 
 
-async def test_the_agents_stop_leaves_no_server_process(base_settings, store_server, compressor_server, ollama_sim,
-                                                        tmp_path):
+async def test_the_agents_stop_leaves_no_server_process(
+    base_settings, store_server, compressor_server, ollama_sim, tmp_path
+):
     mute = tmp_path / "mute.pid"  # a server that starts and never says a word
-    silent = {"name": "mute", "command": [sys.executable, "-c", f"import os, time; open({str(mute)!r}, 'w')"
-                                          ".write(str(os.getpid())); time.sleep(3600)"]}
-    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
-                          [profile("one", [stdio_server("echo", tmp_path)]), profile("mute", [silent])]) as (agent, _):
+    silent = {
+        "name": "mute",
+        "command": [
+            sys.executable,
+            "-c",
+            f"import os, time; open({str(mute)!r}, 'w').write(str(os.getpid())); time.sleep(3600)",
+        ],
+    }
+    async with agent_with(
+        base_settings,
+        store_server,
+        compressor_server,
+        ollama_sim,
+        tmp_path,
+        [profile("one", [stdio_server("echo", tmp_path)]), profile("mute", [silent])],
+    ) as (agent, _):
         assert await until(lambda: _state_is(agent, "one", "echo", READY))
         ollama_sim.script(calls(("mcp__echo__whoami", {})), Reply(text="ok"))
         pid = int(finished(await run(agent, "who"))[0].preview.split()[1])
@@ -409,10 +456,12 @@ async def test_the_agents_stop_leaves_no_server_process(base_settings, store_ser
             os.kill(gone, 0)
 
 
-async def test_an_edit_of_the_profiles_file_starts_and_stops_servers(base_settings, store_server, compressor_server,
-                                                                     ollama_sim, tmp_path):
-    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
-                          [profile("plain", [])]) as (agent, _):
+async def test_an_edit_of_the_profiles_file_starts_and_stops_servers(
+    base_settings, store_server, compressor_server, ollama_sim, tmp_path
+):
+    async with agent_with(
+        base_settings, store_server, compressor_server, ollama_sim, tmp_path, [profile("plain", [])]
+    ) as (agent, _):
         assert (await statuses(agent))["plain"] == {}
         path = tmp_path / "profiles.json"
         path.write_text(json.dumps({"profiles": [profile("plain", [stdio_server("echo", tmp_path)])]}))
@@ -452,24 +501,27 @@ async def test_pal_profiles_and_health_show_each_servers_state_and_tools(mcp_age
 
 
 # -- configuration, schemas and results (pure) ---------------------------------------------------
-@pytest.mark.parametrize("entry, key", [
-    ({"command": ["x"]}, "name"),
-    ({"name": "Echo", "command": ["x"]}, "name"),
-    ({"name": "a__b", "command": ["x"]}, "name"),
-    ({"name": "a_", "command": ["x"]}, "name"),
-    ({"name": "a", "command": []}, "command"),
-    ({"name": "a", "command": ["x"], "url": "http://h/mcp"}, "command"),
-    ({"name": "a"}, "url"),
-    ({"name": "a", "url": "file:///etc/passwd"}, "url"),
-    ({"name": "a", "url": "http://h/mcp", "env": {"A": "b"}}, "env"),
-    ({"name": "a", "command": ["x"], "headers": {"A": "b"}}, "headers"),
-    ({"name": "a", "command": ["x"], "env": {"A=B": "c"}}, "env"),
-    ({"name": "a", "url": "http://h/mcp", "headers": {"X": "a\r\nInjected: 1"}}, "headers"),
-    ({"name": "a", "command": ["x"], "tools": "lookup"}, "tools"),
-    ({"name": "a", "command": ["x"], "timeout_s": 0}, "timeout_s"),
-    ({"name": "a", "command": ["x"], "timeout_s": True}, "timeout_s"),
-    ({"name": "a", "command": ["x"], "cwd": "/"}, "cwd"),
-])
+@pytest.mark.parametrize(
+    "entry, key",
+    [
+        ({"command": ["x"]}, "name"),
+        ({"name": "Echo", "command": ["x"]}, "name"),
+        ({"name": "a__b", "command": ["x"]}, "name"),
+        ({"name": "a_", "command": ["x"]}, "name"),
+        ({"name": "a", "command": []}, "command"),
+        ({"name": "a", "command": ["x"], "url": "http://h/mcp"}, "command"),
+        ({"name": "a"}, "url"),
+        ({"name": "a", "url": "file:///etc/passwd"}, "url"),
+        ({"name": "a", "url": "http://h/mcp", "env": {"A": "b"}}, "env"),
+        ({"name": "a", "command": ["x"], "headers": {"A": "b"}}, "headers"),
+        ({"name": "a", "command": ["x"], "env": {"A=B": "c"}}, "env"),
+        ({"name": "a", "url": "http://h/mcp", "headers": {"X": "a\r\nInjected: 1"}}, "headers"),
+        ({"name": "a", "command": ["x"], "tools": "lookup"}, "tools"),
+        ({"name": "a", "command": ["x"], "timeout_s": 0}, "timeout_s"),
+        ({"name": "a", "command": ["x"], "timeout_s": True}, "timeout_s"),
+        ({"name": "a", "command": ["x"], "cwd": "/"}, "cwd"),
+    ],
+)
 def test_a_bad_entry_is_refused_naming_its_key(entry, key):
     with pytest.raises(InvalidArgument) as refused:
         parse_servers([{"name": "ok", "command": ["y"]}, entry], "p")
@@ -481,15 +533,25 @@ def test_names_are_unique_per_profile_and_tools_lists_must_name_a_server():
         parse_servers([{"name": "a", "command": ["x"]}, {"name": "a", "url": "https://h/mcp"}], "p")
     assert twice.value.field == "mcp_servers[1].name"
     with pytest.raises(InvalidArgument) as stray:
-        profile_from_dict({"id": "p", "mcp_servers": [{"name": "a", "command": ["x"]}],
-                           "tools": {"agent": ["todo"], "subagent": ["mcp__b__lookup"]}})
+        profile_from_dict(
+            {
+                "id": "p",
+                "mcp_servers": [{"name": "a", "command": ["x"]}],
+                "tools": {"agent": ["todo"], "subagent": ["mcp__b__lookup"]},
+            }
+        )
     assert stray.value.field == "tools.subagent"
     with pytest.raises(InvalidArgument) as critical:
         profile_from_dict({"id": "p", "critical_tools": ["mcp__nowhere"]})
     assert critical.value.field == "critical_tools"
-    fine = profile_from_dict({"id": "p", "mcp_servers": [{"name": "a", "command": ["x"], "tools": ["t"]}],
-                              "tools": {"agent": ["todo"], "subagent": ["mcp__a", "mcp__a__t"]},
-                              "critical_tools": ["mcp__a__t"]})
+    fine = profile_from_dict(
+        {
+            "id": "p",
+            "mcp_servers": [{"name": "a", "command": ["x"], "tools": ["t"]}],
+            "tools": {"agent": ["todo"], "subagent": ["mcp__a", "mcp__a__t"]},
+            "critical_tools": ["mcp__a__t"],
+        }
+    )
     assert fine.mcp_servers[0].tools == ("t",) and fine.mcp_servers[0].timeout_s == 60.0
 
 
@@ -502,18 +564,23 @@ def test_a_profiles_file_with_a_bad_server_is_refused_naming_the_entry(tmp_path)
 
 
 def test_profiles_naming_a_server_alike_share_its_connection_whatever_tools_they_offer():
-    a, b = parse_servers([{"name": "s", "command": ["x"], "tools": ["t"]}], "p") + \
-        parse_servers([{"name": "s", "command": ["x"]}], "q")
+    a, b = parse_servers([{"name": "s", "command": ["x"], "tools": ["t"]}], "p") + parse_servers(
+        [{"name": "s", "command": ["x"]}], "q"
+    )
     assert a.connection_key == b.connection_key
     assert a.target == "stdio: x"
-    [secret] = parse_servers([{"name": "s", "url": "https://u:pw@h.example:8443/mcp?token=abc",
-                               "headers": {"Authorization": "Bearer zzz"}}], "p")
+    [secret] = parse_servers(
+        [{"name": "s", "url": "https://u:pw@h.example:8443/mcp?token=abc", "headers": {"Authorization": "Bearer zzz"}}],
+        "p",
+    )
     assert secret.target == "http: https://h.example:8443/mcp"  # no credentials, no query
 
 
 def test_schemas_are_projected_onto_what_ollama_takes():
     schema = {
-        "type": "object", "title": "args", "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "title": "args",
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
         "additionalProperties": False,
         "$defs": {"Unit": {"type": "string", "enum": ["c", "f"], "title": "Unit"}},
         "properties": {
@@ -526,26 +593,40 @@ def test_schemas_are_projected_onto_what_ollama_takes():
         },
         "required": ["city"],
     }
-    assert parameters(schema) == {"type": "object", "properties": {
-        "city": {"type": "string", "description": "Where"},
-        "unit": {"type": "string", "description": "Which scale", "enum": ["c", "f"]},
-        "days": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-        "mode": {"anyOf": [{"enum": ["fast"]}, {"enum": ["slow"]}]},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
-    }, "required": ["city"]}
+    assert parameters(schema) == {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "description": "Where"},
+            "unit": {"type": "string", "description": "Which scale", "enum": ["c", "f"]},
+            "days": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+            "mode": {"anyOf": [{"enum": ["fast"]}, {"enum": ["slow"]}]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+        },
+        "required": ["city"],
+    }
     assert parameters({"type": "object"}) == {"type": "object", "properties": {}}
 
 
-@pytest.mark.parametrize("schema", [
-    [], {"type": "string"}, {"type": "object", "properties": []}, {"type": "object", "required": "city"},
-    {"type": "object", "properties": {"x": {"type": 5}}}, {"type": "object", "properties": {"x": "string"}},
-    {"type": "object", "properties": {"x": {"enum": "a"}}},
-    {"type": "object", "properties": {"x": {"$ref": "#/$defs/Nope"}}},
-    {"type": "object", "properties": {"x": {"$ref": "https://example.test/schema"}}},
-    {"type": "object", "$defs": {"L": {"type": "object", "properties": {"next": {"$ref": "#/$defs/L"}}}},
-     "properties": {"x": {"$ref": "#/$defs/L"}}},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        [],
+        {"type": "string"},
+        {"type": "object", "properties": []},
+        {"type": "object", "required": "city"},
+        {"type": "object", "properties": {"x": {"type": 5}}},
+        {"type": "object", "properties": {"x": "string"}},
+        {"type": "object", "properties": {"x": {"enum": "a"}}},
+        {"type": "object", "properties": {"x": {"$ref": "#/$defs/Nope"}}},
+        {"type": "object", "properties": {"x": {"$ref": "https://example.test/schema"}}},
+        {
+            "type": "object",
+            "$defs": {"L": {"type": "object", "properties": {"next": {"$ref": "#/$defs/L"}}}},
+            "properties": {"x": {"$ref": "#/$defs/L"}},
+        },
+    ],
+)
 def test_a_schema_ollama_would_refuse_is_malformed(schema):
     with pytest.raises(Malformed):
         parameters(schema)
@@ -572,20 +653,30 @@ def test_results_keep_text_images_and_resource_text_within_caps():
     from tests.mcp_server import png
 
     picture = base64.b64encode(png()).decode()
-    result = types.CallToolResult(content=[
-        types.TextContent(type="text", text="hello"),
-        types.ImageContent(type="image", data=picture, mime_type="image/png"),
-        types.ImageContent(type="image", data=base64.b64encode(b"not an image").decode(), mime_type="image/png"),
-        types.EmbeddedResource(type="resource", resource=types.TextResourceContents(uri="file:///a.txt", text="A")),
-        types.EmbeddedResource(type="resource", resource=types.BlobResourceContents(uri="file:///b.bin", blob="AAAA")),
-        types.AudioContent(type="audio", data="AAAA", mime_type="audio/wav"),
-    ], is_error=True)
+    result = types.CallToolResult(
+        content=[
+            types.TextContent(type="text", text="hello"),
+            types.ImageContent(type="image", data=picture, mime_type="image/png"),
+            types.ImageContent(type="image", data=base64.b64encode(b"not an image").decode(), mime_type="image/png"),
+            types.EmbeddedResource(type="resource", resource=types.TextResourceContents(uri="file:///a.txt", text="A")),
+            types.EmbeddedResource(
+                type="resource", resource=types.BlobResourceContents(uri="file:///b.bin", blob="AAAA")
+            ),
+            types.AudioContent(type="audio", data="AAAA", mime_type="audio/wav"),
+        ],
+        is_error=True,
+    )
     converted = convert(result)
     assert converted.is_error and converted.images == [base64.b64decode(picture)]
     assert converted.text.splitlines() == [
-        "hello", "[image 1 attached: 6×4 image/png]", "[an image (image/png) that could not be read was left out]",
-        "[resource file:///a.txt]", "A", "[resource file:///b.bin (binary) is binary: left out]",
-        "[audio (audio/wav) left out: the model cannot hear]"]
+        "hello",
+        "[image 1 attached: 6×4 image/png]",
+        "[an image (image/png) that could not be read was left out]",
+        "[resource file:///a.txt]",
+        "A",
+        "[resource file:///b.bin (binary) is binary: left out]",
+        "[audio (audio/wav) left out: the model cannot hear]",
+    ]
     image = types.ImageContent(type="image", data=picture, mime_type="image/png")
     long_text = types.TextContent(type="text", text="x" * (MAX_TEXT_CHARS + 10))
     many = convert(types.CallToolResult(content=[image] * 6 + [long_text]))

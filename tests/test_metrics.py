@@ -13,8 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ollama_sim import Reply
-from palimpsest.v1 import (agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb, compressor_pb2_grpc,
-                           session_store_pb2 as store_pb, session_store_pb2_grpc)
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2, compressor_pb2_grpc, session_store_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.settings import Settings
 from tests.conftest import three_services
 
@@ -25,8 +27,11 @@ async def scrape(port: int) -> Samples:
     async with httpx.AsyncClient() as client:
         reply = await client.get(f"http://127.0.0.1:{port}/metrics")
     reply.raise_for_status()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(reply.text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(reply.text)
+        for s in family.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -73,9 +78,19 @@ async def test_a_refused_request_is_filed_under_its_status_code(observed):
             await agent_pb2_grpc.AgentStub(channel).Run(pb.RunRequest(text=""))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     after = await scrape(agent.metrics.port)
-    assert grew(before, after, "palimpsest_rpc_duration_seconds_count",
-                method="/palimpsest.v1.Agent/Run", code="INVALID_ARGUMENT") == 1
-    assert grew(before, after, "palimpsest_rpc_duration_seconds_count", method="/palimpsest.v1.Agent/Run", code="OK") == 0
+    assert (
+        grew(
+            before,
+            after,
+            "palimpsest_rpc_duration_seconds_count",
+            method="/palimpsest.v1.Agent/Run",
+            code="INVALID_ARGUMENT",
+        )
+        == 1
+    )
+    assert (
+        grew(before, after, "palimpsest_rpc_duration_seconds_count", method="/palimpsest.v1.Agent/Run", code="OK") == 0
+    )
 
 
 async def test_a_compression_is_counted_by_path_and_reason_with_its_summary_time(observed, ollama_sim):
@@ -83,27 +98,50 @@ async def test_a_compression_is_counted_by_path_and_reason_with_its_summary_time
     assert compressor.metrics is not None
     ollama_sim.set_responder(lambda body: Reply(text="- what was said\nKEYS: a, b"))
     try:
-        async with grpc.aio.insecure_channel(store.address) as store_channel, \
-                grpc.aio.insecure_channel(compressor.address) as compressor_channel:
+        async with (
+            grpc.aio.insecure_channel(store.address) as store_channel,
+            grpc.aio.insecure_channel(compressor.address) as compressor_channel,
+        ):
             stub = session_store_pb2_grpc.SessionStoreStub(store_channel)
-            session = (await stub.CreateSession(store_pb.CreateSessionRequest(profile_id="metrics",
-                                                                              model="qwen3.6"))).session
+            session = (
+                await stub.CreateSession(store_pb.CreateSessionRequest(profile_id="metrics", model="qwen3.6"))
+            ).session
             words = " ".join(f"word{i}" for i in range(150))
-            await stub.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=[
-                common_pb2.Message(role=role, content=f"{role} {turn}: {words}")
-                for turn in range(12) for role in ("user", "assistant")]))
+            await stub.AppendMessages(
+                store_pb.AppendMessagesRequest(
+                    session_id=session.id,
+                    messages=[
+                        common_pb2.Message(role=role, content=f"{role} {turn}: {words}")
+                        for turn in range(12)
+                        for role in ("user", "assistant")
+                    ],
+                )
+            )
             before = await scrape(compressor.metrics.port)
-            events = [e async for e in compressor_pb2_grpc.CompressorStub(compressor_channel).Compress(
-                cpb.CompressRequest(session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model="qwen3.6",
-                                    window=8192))]
+            events = [
+                e
+                async for e in compressor_pb2_grpc.CompressorStub(compressor_channel).Compress(
+                    cpb.CompressRequest(
+                        session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model="qwen3.6", window=8192
+                    )
+                )
+            ]
     finally:
         ollama_sim.set_responder(None)
     after = await scrape(compressor.metrics.port)
     assert events[-1].compressed.method == cpb.COMPRESSION_METHOD_SUMMARY
     assert grew(before, after, "palimpsest_compressions_total", path="summary", reason="forced") == 1
     assert grew(before, after, "palimpsest_summary_duration_seconds_count", outcome="ok") >= 1
-    assert grew(before, after, "palimpsest_rpc_duration_seconds_count",
-                method="/palimpsest.v1.Compressor/Compress", code="OK") == 1
+    assert (
+        grew(
+            before,
+            after,
+            "palimpsest_rpc_duration_seconds_count",
+            method="/palimpsest.v1.Compressor/Compress",
+            code="OK",
+        )
+        == 1
+    )
 
 
 async def test_a_cut_prompt_is_counted(observed):
@@ -111,9 +149,16 @@ async def test_a_cut_prompt_is_counted(observed):
     assert compressor.metrics is not None
     before = await scrape(compressor.metrics.port)
     async with grpc.aio.insecure_channel(compressor.address) as channel:
-        reply = await compressor_pb2_grpc.CompressorStub(channel).RecordBaseline(cpb.RecordBaselineRequest(
-            model=f"cut-{uuid.uuid4().hex[:6]}", prompt_eval_count=4098, sent_tokens=6000, window=8192,
-            method=cpb.ESTIMATE_METHOD_EXACT, shape=common_pb2.PromptShape(content_tokens=5900, messages=3)))
+        reply = await compressor_pb2_grpc.CompressorStub(channel).RecordBaseline(
+            cpb.RecordBaselineRequest(
+                model=f"cut-{uuid.uuid4().hex[:6]}",
+                prompt_eval_count=4098,
+                sent_tokens=6000,
+                window=8192,
+                method=cpb.ESTIMATE_METHOD_EXACT,
+                shape=common_pb2.PromptShape(content_tokens=5900, messages=3),
+            )
+        )
     assert reply.truncated
     after = await scrape(compressor.metrics.port)
     assert grew(before, after, "palimpsest_cut_prompts_total") == 1
@@ -142,5 +187,6 @@ async def test_a_taken_metrics_port_is_named_at_start(observed, base_settings):
     from services.compressor.app import start_compressor
 
     with pytest.raises(SystemExit, match="PALIMPSEST_METRICS_PORT"):
-        await start_compressor(replace(base_settings, metrics_port=store.metrics.port, store_addr=store.address),
-                               port=0)
+        await start_compressor(
+            replace(base_settings, metrics_port=store.metrics.port, store_addr=store.address), port=0
+        )

@@ -17,8 +17,9 @@ async def test_a_repulled_model_is_seen_after_the_ttl_without_a_restart():
         try:
             first = await client.model_facts("tiny")
             assert first.context_length == sim.models["tiny"].context_length and not first.vision
-            sim.models["tiny"] = replace(sim.models["tiny"], context_length=4_096,
-                                         capabilities=(*sim.models["tiny"].capabilities, "vision"))
+            sim.models["tiny"] = replace(
+                sim.models["tiny"], context_length=4_096, capabilities=(*sim.models["tiny"].capabilities, "vision")
+            )
             assert await client.model_facts("tiny") == first  # answered from the cache, read again behind it
 
             async def fresh() -> bool:

@@ -10,8 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_simulator_help_names_the_command_and_explains_each_option() -> None:
-    out = subprocess.run([sys.executable, "-m", "ollama_sim", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "ollama_sim", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert out.startswith("usage: python -m ollama_sim")
     assert "__main__.py" not in out
     assert "address to listen on" in out and "port to listen on" in out
@@ -31,24 +32,31 @@ VENV_BIN = str(Path(sys.executable).parent)
 
 def service_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PALIMPSEST_", "DATABASE_URL", "OLLAMA_"))}
-    env.update(PALIMPSEST_STORE_ADDR=f"127.0.0.1:{free_port()}", PALIMPSEST_COMPRESSOR_ADDR=f"127.0.0.1:{free_port()}",
-               PALIMPSEST_AGENT_ADDR=f"127.0.0.1:{free_port()}", PALIMPSEST_DATA_DIR=str(tmp_path / "data"),
-               OLLAMA_HOST="http://127.0.0.1:1", PYTHONPATH=str(ROOT))
+    env.update(
+        PALIMPSEST_STORE_ADDR=f"127.0.0.1:{free_port()}",
+        PALIMPSEST_COMPRESSOR_ADDR=f"127.0.0.1:{free_port()}",
+        PALIMPSEST_AGENT_ADDR=f"127.0.0.1:{free_port()}",
+        PALIMPSEST_DATA_DIR=str(tmp_path / "data"),
+        OLLAMA_HOST="http://127.0.0.1:1",
+        PYTHONPATH=str(ROOT),
+    )
     env.update(extra)
     return env
 
 
 def start_failure(module: str, env: dict[str, str]) -> list[str]:
-    ran = subprocess.run([sys.executable, "-m", module], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=60)
+    ran = subprocess.run([sys.executable, "-m", module], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 1, ran.stderr
     return [line for line in ran.stderr.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("url, says", [
-    ("postgresql://nobody@127.0.0.1:1/nowhere", "cannot reach PostgreSQL at 127.0.0.1:1"),
-    ("postgres.example.com", "not a usable PostgreSQL URL"),
-])
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("postgresql://nobody@127.0.0.1:1/nowhere", "cannot reach PostgreSQL at 127.0.0.1:1"),
+        ("postgres.example.com", "not a usable PostgreSQL URL"),
+    ],
+)
 def test_a_bad_database_url_is_one_line_naming_the_setting_and_the_fix(tmp_path, url, says) -> None:
     lines = start_failure("services.session_store", service_env(tmp_path, DATABASE_URL=url))
     assert len(lines) == 1, lines
@@ -72,8 +80,9 @@ def test_a_broken_profiles_file_stops_the_agent_with_its_file_and_line(tmp_path)
 
 def test_make_run_says_which_service_did_not_start_and_nothing_more(tmp_path) -> None:
     env = service_env(tmp_path, DATABASE_URL="postgresql://nobody@127.0.0.1:1/nowhere")
-    ran = subprocess.run([sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=90)
+    ran = subprocess.run(
+        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90
+    )
     assert ran.returncode == 1
     lines = [line for line in ran.stderr.splitlines() if line.strip()]
     assert len(lines) == 2, lines
@@ -84,8 +93,15 @@ def test_make_run_says_which_service_did_not_start_and_nothing_more(tmp_path) ->
 async def test_make_run_hints_commands_that_work_as_printed(tmp_path, database_url, ollama_sim) -> None:
     """The hint is typed into a new terminal: no virtualenv on PATH, none of make run's settings."""
     env = service_env(tmp_path, DATABASE_URL=database_url, OLLAMA_HOST=ollama_sim.url)
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.run", cwd=ROOT, env=env,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.run",
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         printed = ""
         while "Ctrl-C stops everything." not in printed:
@@ -96,14 +112,15 @@ async def test_make_run_hints_commands_that_work_as_printed(tmp_path, database_u
         assert any(" health" in c for c in commands) and any("grpcurl" in c for c in commands)
         assert "localhost:50051" not in printed and env["PALIMPSEST_STORE_ADDR"] in printed
         terminal = {k: v for k, v in os.environ.items() if not k.startswith(("PALIMPSEST_", "VIRTUAL_ENV"))}
-        terminal["PATH"] = os.pathsep.join(p for p in terminal.get("PATH", "").split(os.pathsep)
-                                           if p and Path(p).resolve() != Path(VENV_BIN).resolve())
+        terminal["PATH"] = os.pathsep.join(
+            p for p in terminal.get("PATH", "").split(os.pathsep) if p and Path(p).resolve() != Path(VENV_BIN).resolve()
+        )
         for command in commands:
             if command.endswith(" chat"):
                 command += " </dev/null"
-            typed = await asyncio.create_subprocess_shell(command, cwd=ROOT, env=terminal,
-                                                          stdout=asyncio.subprocess.PIPE,
-                                                          stderr=asyncio.subprocess.PIPE)
+            typed = await asyncio.create_subprocess_shell(
+                command, cwd=ROOT, env=terminal, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
             out, err = await asyncio.wait_for(typed.communicate(), 60)
             assert typed.returncode == 0, f"{command}\n{out.decode()}\n{err.decode()}"
     finally:
@@ -115,9 +132,20 @@ async def test_make_run_hints_commands_that_work_as_printed(tmp_path, database_u
 
 def test_finding_the_embedded_postgresql_warns_of_nothing_without_xdg_runtime_dir() -> None:
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
-    ran = subprocess.run([sys.executable, "-W", "error", "-c",
-                          "from services.shared.embedded_pg import _package_install; print(_package_install())"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-c",
+            "from services.shared.embedded_pg import _package_install; print(_package_install())",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stderr == ""
 
@@ -141,8 +169,9 @@ def test_make_demo_explains_its_numbers_and_ends_quietly() -> None:
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PALIMPSEST_", "DATABASE_URL", "GRPC_"))}
         env.update(PALIMPSEST_DATA_DIR=str(data), DEMO_TURNS="12", COLUMNS="200")
-        ran = subprocess.run([sys.executable, "-m", "ollama_sim.demo"], cwd=ROOT, env=env, capture_output=True,
-                             text=True, timeout=180)
+        ran = subprocess.run(
+            [sys.executable, "-m", "ollama_sim.demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+        )
     finally:
         shutil.rmtree(data, ignore_errors=True)
     assert ran.returncode == 0, ran.stderr

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from palimpsest.v1 import session_store_pb2 as pb
-from tests.pal_cli import pal_env
-from tests.pal_cli import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
+from tests.pal_cli import agent_server_fixture, pal_env, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "clients" / "node"
 
@@ -30,16 +29,23 @@ def node() -> str:
     with open(Path(tempfile.gettempdir()) / "palimpsest-node-install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not installed.exists() or installed.stat().st_mtime < (NODE_DIR / "package-lock.json").stat().st_mtime:
-            done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True,
-                                  text=True, timeout=600, check=False)
+            done = subprocess.run(
+                [npm, "ci", "--no-audit", "--no-fund"],
+                cwd=NODE_DIR,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
             if done.returncode != 0:
                 pytest.fail(f"npm ci in clients/node failed:\n{done.stderr[-2000:]}")
     return node
 
 
 async def run_node(node: str, *args: str, env: dict[str, str], timeout: float = 60) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(node, *args, cwd=NODE_DIR, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        node, *args, cwd=NODE_DIR, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     async with asyncio.timeout(timeout):
         out, err = await proc.communicate()
     return proc.returncode or 0, out.decode(), err.decode()
@@ -68,8 +74,9 @@ async def test_the_client_loads_the_protos_at_runtime_and_talks_to_the_store(nod
     assert (got.session.name, got.session.profile_id) == ("from node", profile)
 
 
-async def test_demo_creates_a_session_streams_a_turn_and_lists_sessions(node, agent_server, store, store_server,
-                                                                         compressor_server, pal_profiles):
+async def test_demo_creates_a_session_streams_a_turn_and_lists_sessions(
+    node, agent_server, store, store_server, compressor_server, pal_profiles
+):
     env = pal_env(store=store_server.address, agent=agent_server.address, compressor=compressor_server.address)
     code, out, err = await run_node(node, "demo.js", "Hello from Node", env=env)
     assert code == 0, err
@@ -79,10 +86,14 @@ async def test_demo_creates_a_session_streams_a_turn_and_lists_sessions(node, ag
     events = [line for line in lines if "kind" in line]
     assert {e["session_id"] for e in events} == {session_id}
     assert events[-1]["kind"] == "stream_end"
-    assert events[-1]["stream_end"] == {"reason": "STREAM_END_REASON_COMPLETED",
-                                        "text": "Simulated answer to: Hello from Node"}
-    assert "".join(e["text_delta"]["text"] for e in events if e["kind"] == "text_delta") == \
-        "Simulated answer to: Hello from Node"
+    assert events[-1]["stream_end"] == {
+        "reason": "STREAM_END_REASON_COMPLETED",
+        "text": "Simulated answer to: Hello from Node",
+    }
+    assert (
+        "".join(e["text_delta"]["text"] for e in events if e["kind"] == "text_delta")
+        == "Simulated answer to: Hello from Node"
+    )
     listed = [line["session"] for line in lines if "session" in line]
     assert session_id in {s["id"] for s in listed} and "total_sessions" in lines[-1]
     history = await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_DISPLAY))
@@ -125,8 +136,9 @@ async def test_struct_values_must_be_camel_case_even_with_keep_case(node, store,
     assert result["metadata"]["fields"]["camel"] == {"stringValue": "kept", "kind": "stringValue"}
 
 
-async def test_a_node_client_offers_a_tool_and_answers_the_models_call(node, agent_server, store, store_server,
-                                                                       compressor_server, pal_profiles, ollama_sim):
+async def test_a_node_client_offers_a_tool_and_answers_the_models_call(
+    node, agent_server, store, store_server, compressor_server, pal_profiles, ollama_sim
+):
     from ollama_sim import Reply
 
     ollama_sim.script(Reply(tool_calls=[("local_time", {"zone": "Europe/Paris"})]), Reply(text="It is noon."))
@@ -155,6 +167,7 @@ const store = sessionStore();
 
 async def test_the_client_reads_and_edits_the_callers_memory(node, store_server_auth, user):
     from conftest import JWT_SECRET
+
     from services.shared.auth import make_token
 
     env = pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
@@ -164,32 +177,46 @@ async def test_the_client_reads_and_edits_the_callers_memory(node, store_server_
 
 
 async def test_the_memory_and_mcp_example_reads_adds_lists_held_writes_and_each_profiles_servers(
-        node, base_settings, store_server, store_server_auth, store_auth, compressor_server, ollama_sim, tmp_path,
-        user):
+    node, base_settings, store_server, store_server_auth, store_auth, compressor_server, ollama_sim, tmp_path, user
+):
     from conftest import JWT_SECRET, bearer
+
     from palimpsest.v1 import agent_pb2
     from services.shared.auth import make_token
-    from tests.mcp_agents import agent_with, profile as mcp_profile, servers_settled, stdio_server
+    from tests.mcp_agents import agent_with, servers_settled, stdio_server
+    from tests.mcp_agents import profile as mcp_profile
     from tests.waiting import until
 
     me, add = bearer(user), pb.MEMORY_ACTION_ADD
     await store_auth.EditMemory(pb.EditMemoryRequest(action=add, text="Prefers tea"), metadata=me)
     held = await store_auth.EditMemory(pb.EditMemoryRequest(action=add, text="Lives in Lyon", hold=True), metadata=me)
-    profiles = [mcp_profile("tools", [stdio_server("echo", tmp_path)]),
-                mcp_profile("ghost", [{"name": "ghost", "command": [str(tmp_path / "no-such-server")]}]),
-                mcp_profile("plain", [])]
-    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path,
-                          profiles) as (stub, running):
+    profiles = [
+        mcp_profile("tools", [stdio_server("echo", tmp_path)]),
+        mcp_profile("ghost", [{"name": "ghost", "command": [str(tmp_path / "no-such-server")]}]),
+        mcp_profile("plain", []),
+    ]
+    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp_path, profiles) as (
+        stub,
+        running,
+    ):
         assert await until(lambda: servers_settled(stub), timeout=60)
-        env = pal_env(store=store_server_auth.address, agent=running.address,
-                      PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
+        env = pal_env(
+            store=store_server_auth.address, agent=running.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET)
+        )
         code, out, err = await run_node(node, "memory-and-mcp.js", "Prefers", "metric", "units", env=env)
     assert code == 0, err
     memory, added, pending, *servers = [json.loads(line) for line in out.splitlines()]
     assert [e["text"] for e in memory["memory"]["entries"]] == ["Prefers tea"]
     assert added["added"]["entry"]["text"] == "Prefers metric units" and added["added"]["revision"] == "2"
-    assert pending["pending"] == [{"id": str(held.held.id), "action": "MEMORY_ACTION_ADD", "text": "Lives in Lyon",
-                                   "old_text": "", "session_id": ""}]
+    assert pending["pending"] == [
+        {
+            "id": str(held.held.id),
+            "action": "MEMORY_ACTION_ADD",
+            "text": "Lives in Lyon",
+            "old_text": "",
+            "session_id": "",
+        }
+    ]
     by_profile = {line["profile"]: line["mcp_servers"] for line in servers}
     assert set(by_profile) == {"tools", "ghost"}  # a profile without servers is not listed
     (echo,) = by_profile["tools"]

@@ -305,9 +305,7 @@ def test_num_ctx_is_clamped_to_the_models_context(sim: OllamaSimulator) -> None:
 
 def test_truncate_false_refuses_instead_since_0_12_6() -> None:
     with OllamaSimulator(version="0.12.6") as sim:
-        response = post(
-            sim, "/api/chat", chat_body(text="word " * 1000, options={"num_ctx": 256}, truncate=False)
-        )
+        response = post(sim, "/api/chat", chat_body(text="word " * 1000, options={"num_ctx": 256}, truncate=False))
     assert response.status_code == 400
     assert response.json() == {"error": "the input length exceeds the context length"}
 

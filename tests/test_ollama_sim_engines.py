@@ -15,8 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ollama_sim import ModelSpec, OllamaSimulator, count_prompt_tokens, default_models
-from ollama_sim import engines
+from ollama_sim import ModelSpec, OllamaSimulator, count_prompt_tokens, default_models, engines
 from ollama_sim.engines import Turn, engine_for, fit_llama_server, parse_version
 
 LLAMA_SERVER_VERSION = "0.30.2"
@@ -24,8 +23,10 @@ LLAMA_SERVER_VERSION = "0.30.2"
 
 @pytest.fixture
 def new_sim() -> Iterator[OllamaSimulator]:
-    models = {**default_models(), "deepseek": ModelSpec(context_length=8_192, architecture="deepseek2",
-                                                        context_shift=False)}
+    models = {
+        **default_models(),
+        "deepseek": ModelSpec(context_length=8_192, architecture="deepseek2", context_shift=False),
+    }
     with OllamaSimulator(models, version=LLAMA_SERVER_VERSION) as server:
         yield server
 
@@ -34,8 +35,9 @@ def say(role: str, words: int, tag: str = "") -> dict[str, Any]:
     return {"role": role, "content": f"{tag} " + "word " * words}
 
 
-def chat(sim: OllamaSimulator, messages: list[dict[str, Any]], num_ctx: int, model: str = "qwen3.6",
-         **extra: Any) -> httpx.Response:
+def chat(
+    sim: OllamaSimulator, messages: list[dict[str, Any]], num_ctx: int, model: str = "qwen3.6", **extra: Any
+) -> httpx.Response:
     body = {"model": model, "messages": messages, "stream": False, "options": {"num_ctx": num_ctx}, **extra}
     return httpx.post(f"{sim.url}/api/chat", json=body, timeout=10)
 
@@ -57,11 +59,11 @@ def test_llama_server_drops_whole_old_messages_keeping_system_and_last(new_sim: 
     answer = chat(new_sim, messages, num_ctx=1_200).json()
     record = new_sim.chats[-1]
     assert record.engine == engines.LLAMA_SERVER and record.truncated
-    kept = [system, *history[record.dropped_messages:]]
+    kept = [system, *history[record.dropped_messages :]]
     # What was read is whole messages: exactly the count of the system prompt and the newest ones,
     # the fewest dropped for them to fit (one more message would not have).
     assert answer["prompt_eval_count"] == count_prompt_tokens(kept) <= 1_200
-    one_more = [system, *history[record.dropped_messages - 1:]]
+    one_more = [system, *history[record.dropped_messages - 1 :]]
     assert count_prompt_tokens(one_more) > 1_200
     assert 0 < record.dropped_messages < len(history)
     assert new_sim.refusals == 0
@@ -128,7 +130,10 @@ def test_fit_keeps_system_messages_it_skips_over() -> None:
 def test_the_command_line_chooses_the_engine() -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "ollama_sim", "--port", "0", "--version", LLAMA_SERVER_VERSION],
-        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         banner = process.stdout.readline()

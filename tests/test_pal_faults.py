@@ -39,7 +39,8 @@ from clients.pal.connection import UNARY_TIMEOUT_S
 from clients.pal.errors import EXIT_NOPERM, EXIT_TEMPFAIL, EXIT_UNAVAILABLE
 from clients.pal.render import WAITING
 from clients.pal.streaming import STOP_TIMEOUT_S
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 
 AGENT = pb.DESCRIPTOR.services_by_name["Agent"]
 STORE = store_pb.DESCRIPTOR.services_by_name["SessionStore"]
@@ -207,9 +208,11 @@ def event(seq: int, **kind: Any) -> pb.AgentEvent:
 
 
 def answer_start() -> list[pb.AgentEvent]:
-    return [event(1, model_info=pb.ModelInfo(model="qwen3.6", context_window=8192)),
-            event(2, text_delta=pb.TextDelta(text="The first half of the answer\nand a line")),
-            event(3, text_delta=pb.TextDelta(text=" still being written"))]
+    return [
+        event(1, model_info=pb.ModelInfo(model="qwen3.6", context_window=8192)),
+        event(2, text_delta=pb.TextDelta(text="The first half of the answer\nand a line")),
+        event(3, text_delta=pb.TextDelta(text=" still being written")),
+    ]
 
 
 def stream_end(seq: int, reason: int = pb.STREAM_END_REASON_COMPLETED, text: str = "") -> pb.AgentEvent:
@@ -229,8 +232,9 @@ class Pal:
         monkeypatch.delenv("PALIMPSEST_TOKEN", raising=False)
         monkeypatch.setenv("COLUMNS", "200")
 
-    def __call__(self, *argv: str, server: Callable[[Services], None],
-                 screen: io.StringIO | None = None, stdin: str = "") -> tuple[int, str, str]:
+    def __call__(
+        self, *argv: str, server: Callable[[Services], None], screen: io.StringIO | None = None, stdin: str = ""
+    ) -> tuple[int, str, str]:
         """`screen`: pal's stdout instead of the captured one; `stdin`: what pal reads (both set here,
         in the test's call phase: pytest puts its own capture back after a fixture's setup)."""
         if screen is not None:
@@ -318,8 +322,10 @@ def test_chat_goes_on_in_the_same_session_after_a_turn_is_cut(pal):
 
     code, out, err = pal("chat", "--json", server=cut_then_answer, stdin="write me an answer\nare you there?\n")
     assert [json.loads(line)["seq"] for line in out.splitlines()] == ["1", "2", "3", "1"]
-    assert f"error: the turn was interrupted: lost the connection to the Agent at 127.0.0.1:50053: did it stop? " \
-           f"· what the session kept: pal sessions show {SESSION}" in err
+    assert (
+        f"error: the turn was interrupted: lost the connection to the Agent at 127.0.0.1:50053: did it stop? "
+        f"· what the session kept: pal sessions show {SESSION}" in err
+    )
     assert "Traceback" not in err and code == 0
 
 
@@ -334,8 +340,12 @@ def turn_events(events: list[pb.AgentEvent]) -> list[pb.AgentEvent]:
 
 
 def rest_of_answer() -> list[pb.AgentEvent]:
-    return turn_events([event(4, text_delta=pb.TextDelta(text=", and its end.")),
-                        stream_end(5, text="The first half of the answer\nand a line still being written, and its end.")])
+    return turn_events(
+        [
+            event(4, text_delta=pb.TextDelta(text=", and its end.")),
+            stream_end(5, text="The first half of the answer\nand a line still being written, and its end."),
+        ]
+    )
 
 
 @pytest.fixture
@@ -438,6 +448,7 @@ def test_a_failed_unary_call_is_one_line_with_its_exit_code(pal, status, exit_co
 def test_a_server_that_explains_a_failure_is_quoted(pal, status, exit_code, words):
     """Our services' details are written for people (they name the limit, the owner, the state);
     DEADLINE_EXCEEDED is left out: its details are gRPC's, never the server's."""
+
     def explains(services: Services) -> None:
         _, rpc = services.take_unary(LIST_SESSIONS)
         rpc.terminate(None, (), status, "the server's own words")
@@ -449,8 +460,7 @@ def test_a_server_that_explains_a_failure_is_quoted(pal, status, exit_code, word
 
 @pytest.mark.parametrize(("status", "exit_code", "words"), STATUSES, ids=CODE_IDS)
 @pytest.mark.parametrize("json_mode", [False, True], ids=["human", "json"])
-def test_a_turn_refused_before_its_first_event_is_one_line_with_its_exit_code(pal, status, exit_code, words,
-                                                                              json_mode):
+def test_a_turn_refused_before_its_first_event_is_one_line_with_its_exit_code(pal, status, exit_code, words, json_mode):
     def refuses(services: Services) -> None:
         _, rpc = services.take_stream()
         rpc.terminate((), status, "")

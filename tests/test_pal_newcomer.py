@@ -10,10 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
-from tests.pal_cli import CLOSED, pal, pal_env
-from tests.pal_cli import chat_messages, new_session
-from tests.pal_cli import open_terminal
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
+from tests.pal_cli import CLOSED, chat_messages, new_session, open_terminal, pal, pal_env
 
 Message = common_pb2.Message
 
@@ -21,8 +20,11 @@ Message = common_pb2.Message
 @pytest.fixture(scope="module")
 def profiles_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("newcomer-profiles") / "profiles.json"
-    path.write_text(json.dumps({"default": "newcomer", "profiles": [
-        {"id": "newcomer", "model": "qwen3.6", "context_window": 8192}]}))
+    path.write_text(
+        json.dumps(
+            {"default": "newcomer", "profiles": [{"id": "newcomer", "model": "qwen3.6", "context_window": 8192}]}
+        )
+    )
     return path
 
 
@@ -30,8 +32,13 @@ def profiles_path(tmp_path_factory):
 async def agent_server(base_settings, store_server, compressor_server, ollama_sim, profiles_path):
     from services.agent.app import start_agent
 
-    settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                       compressor_addr=compressor_server.address, profiles_path=str(profiles_path))
+    settings = replace(
+        base_settings,
+        ollama_host=ollama_sim.url,
+        store_addr=store_server.address,
+        compressor_addr=compressor_server.address,
+        profiles_path=str(profiles_path),
+    )
     running = await start_agent(settings, port=0)
     yield running
     await running.stop(0)
@@ -80,12 +87,18 @@ async def test_health_shows_ollama_host(env, ollama_sim):
     assert (await pal("health", "--json", env=env)).json()["services_serving"] is True
 
 
-async def test_health_without_ollama_says_the_services_are_fine(base_settings, store_server, compressor_server,
-                                                                 profiles_path):
+async def test_health_without_ollama_says_the_services_are_fine(
+    base_settings, store_server, compressor_server, profiles_path
+):
     from services.agent.app import start_agent
 
-    settings = replace(base_settings, ollama_host=f"http://{CLOSED}", store_addr=store_server.address,
-                       compressor_addr=compressor_server.address, profiles_path=str(profiles_path))
+    settings = replace(
+        base_settings,
+        ollama_host=f"http://{CLOSED}",
+        store_addr=store_server.address,
+        compressor_addr=compressor_server.address,
+        profiles_path=str(profiles_path),
+    )
     agent = await start_agent(settings, port=0)
     try:
         env = pal_env(store=store_server.address, agent=agent.address, compressor=compressor_server.address)
@@ -102,8 +115,12 @@ async def test_health_without_ollama_says_the_services_are_fine(base_settings, s
 # -- after make demo ---------------------------------------------------------------------------------
 async def test_continue_a_session_whose_profile_this_agent_does_not_have(env, store):
     """`make demo` leaves a session of its own profile `demo` in make run's database."""
-    session = await new_session(store, f"demo-{uuid.uuid4().hex[:6]}", Message(role="user", content="hi"),
-                                Message(role="assistant", content="hello"))
+    session = await new_session(
+        store,
+        f"demo-{uuid.uuid4().hex[:6]}",
+        Message(role="user", content="hi"),
+        Message(role="assistant", content="hello"),
+    )
     ran = await pal("continue", "--id", session.id, "and now?", env=env)
     assert ran.code == 0, ran.stderr
     assert "Simulated answer to: and now?" in ran.stdout
@@ -167,14 +184,23 @@ async def test_trim_and_search_json_use_the_same_shapes_as_the_rest(env, store):
 
 
 async def test_show_counts_what_it_numbers_and_says_when_tokens_are_unmeasured(env, store):
-    s = await new_session(store, "newcomer", *chat_messages(("old question", "old answer"),
-                                                            ("recent question", "recent answer")))
-    await store.CommitCompression(pb.CommitCompressionRequest(
-        session_id=s.id, demote_seqs=[1, 2],
-        summary=Message(role="user", content="Summary: an old question.", replaces=common_pb2.SeqRange(first=1, last=2)),
-        marker=Message(role="assistant", content="Compressed 2 messages"), context_token_count=42))
-    await store.AppendMessages(pb.AppendMessagesRequest(session_id=s.id, messages=[
-        Message(role="user", content="newest question")]))
+    s = await new_session(
+        store, "newcomer", *chat_messages(("old question", "old answer"), ("recent question", "recent answer"))
+    )
+    await store.CommitCompression(
+        pb.CommitCompressionRequest(
+            session_id=s.id,
+            demote_seqs=[1, 2],
+            summary=Message(
+                role="user", content="Summary: an old question.", replaces=common_pb2.SeqRange(first=1, last=2)
+            ),
+            marker=Message(role="assistant", content="Compressed 2 messages"),
+            context_token_count=42,
+        )
+    )
+    await store.AppendMessages(
+        pb.AppendMessagesRequest(session_id=s.id, messages=[Message(role="user", content="newest question")])
+    )
     shown = (await pal("sessions", "show", s.id, env=env)).stdout
     numbers = [int(n) for n in __import__("re").findall(r"^#(\d+) ", shown, __import__("re").M)]
     header = next(line for line in shown.splitlines() if "messages" in line)
@@ -186,8 +212,9 @@ async def test_show_counts_what_it_numbers_and_says_when_tokens_are_unmeasured(e
 
 
 async def test_shared_opens_a_share_token(env, store):
-    s = await new_session(store, "newcomer", *chat_messages(*[(f"q{i}", f"a{i}") for i in range(3)]),
-                          name="for a friend")
+    s = await new_session(
+        store, "newcomer", *chat_messages(*[(f"q{i}", f"a{i}") for i in range(3)]), name="for a friend"
+    )
     token = (await pal("sessions", "share", s.id, env=env)).stdout.strip()
     ran = await pal("shared", token, env=env)
     assert ran.code == 0, ran.stderr

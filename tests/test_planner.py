@@ -41,7 +41,9 @@ class History:
     def assistant(self, text: str = "done", **kw: object) -> Message:
         return self.add("assistant", text, **kw)
 
-    def call(self, name: str = "run", args: str = '{"cmd": "ls"}', n_results: int = 1, result: str = "output") -> list[Message]:
+    def call(
+        self, name: str = "run", args: str = '{"cmd": "ls"}', n_results: int = 1, result: str = "output"
+    ) -> list[Message]:
         calls = [ToolCall(id=f"c{i}", name=name, arguments_json=args) for i in range(n_results)]
         group = [self.add("assistant", "", tool_calls=calls)]
         for i in range(n_results):
@@ -160,8 +162,8 @@ def test_system_messages_are_kept_whatever_their_position() -> None:
 def test_task_notes_and_recalled_excerpts_go_with_their_turn() -> None:
     """Stored where they were given so prompts only grow at the end, they must not pile up in
     the kept region the way service records do: they are compressed with their turn."""
-    from services.agent.context_builder import note_messages, recall_message
     from palimpsest.v1.common_pb2 import RawChunk
+    from services.agent.context_builder import note_messages, recall_message
 
     h = History()
     record = h.add("system", "event record")
@@ -485,8 +487,8 @@ def test_several_summaries_and_nothing_else_are_merged() -> None:
 
 
 def test_a_recalled_excerpt_is_cut_around_the_first_word_of_the_query_it_contains() -> None:
-    from services.agent.context_builder import excerpt, recall_message
     from palimpsest.v1.common_pb2 import RawChunk
+    from services.agent.context_builder import excerpt, recall_message
 
     text = "".join(f"line {i} nothing here\n" for i in range(200)) + "the vault code is 7741\n" + "tail\n" * 100
     cut = excerpt(text, "what is the VAULT code?", 300)
@@ -512,8 +514,11 @@ def test_a_retry_summarizes_the_older_half_of_the_turns_and_keeps_the_rest_in_or
     old_turns = split_turns(first.to_summarize)  # the old summary, then five turns
     assert len(old_turns) == 6
     assert seqs(wider.to_summarize) == seqs([m for t in old_turns[:3] for m in t])
-    assert seqs(wider.to_keep) == sorted(seqs(wider.to_keep)) == seqs([m for t in old_turns[3:] for m in t]) + \
-        seqs(first.to_keep)
+    assert (
+        seqs(wider.to_keep)
+        == sorted(seqs(wider.to_keep))
+        == seqs([m for t in old_turns[3:] for m in t]) + seqs(first.to_keep)
+    )
     assert wider.system == first.system and wider.kept_turns == first.kept_turns + 3
     # Nothing lost, nothing twice: the same messages, partitioned anew.
     assert sorted(seqs(wider.to_summarize + wider.to_keep)) == sorted(seqs(first.to_summarize + first.to_keep))

@@ -12,7 +12,9 @@ import asyncpg
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as apb, common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2 as apb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from services.session_store import convert
 from services.shared.validation import LATEST
 from tests.calls import conversation, full, new_session
@@ -30,21 +32,39 @@ WRITTEN_BY_AN_OLD_STORE = {  # seq → the created_at an old database holds for 
 async def poisoned(store, profile, database_url) -> str:
     """A session of six turns (its first three archived), with bad times in its messages (hot and
     archived), in a memory chunk of its and in a ref of its, written straight into the tables."""
-    session = await new_session(store, profile, external_refs=[common_pb2.ExternalRef(
-        kind="ci-run", uri="https://ci.example.test/runs/1", created_by="ci")])
-    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-        Message(role="system", content="You are terse."), *conversation(6)]))
-    await store.IndexChunks(pb.IndexChunksRequest(session_id=session.id, chunks=[
-        common_pb2.RawChunk(content="the deploy key rotation happened on tuesday")]))
+    session = await new_session(
+        store,
+        profile,
+        external_refs=[common_pb2.ExternalRef(kind="ci-run", uri="https://ci.example.test/runs/1", created_by="ci")],
+    )
+    await store.AppendMessages(
+        pb.AppendMessagesRequest(
+            session_id=session.id, messages=[Message(role="system", content="You are terse."), *conversation(6)]
+        )
+    )
+    await store.IndexChunks(
+        pb.IndexChunksRequest(
+            session_id=session.id, chunks=[common_pb2.RawChunk(content="the deploy key rotation happened on tuesday")]
+        )
+    )
     conn = await asyncpg.connect(database_url)
     try:
         for seq, value in {**WRITTEN_BY_AN_OLD_STORE, 9: "-infinity"}.items():
-            await conn.execute("UPDATE session_messages SET created_at = $2::text::timestamptz"
-                               " WHERE session_id = $1 AND seq = $3", uuid.UUID(session.id), value, seq)
-        await conn.execute("UPDATE memory_chunks SET first_at = '-infinity', last_at = 'infinity'"
-                           " WHERE session_id = $1", uuid.UUID(session.id))
-        await conn.execute("UPDATE sessions SET external_refs = jsonb_set(external_refs, '{0,created_at}',"
-                           " '\"0001-01-01T00:00:00+00:00\"') WHERE id = $1", uuid.UUID(session.id))
+            await conn.execute(
+                "UPDATE session_messages SET created_at = $2::text::timestamptz WHERE session_id = $1 AND seq = $3",
+                uuid.UUID(session.id),
+                value,
+                seq,
+            )
+        await conn.execute(
+            "UPDATE memory_chunks SET first_at = '-infinity', last_at = 'infinity' WHERE session_id = $1",
+            uuid.UUID(session.id),
+        )
+        await conn.execute(
+            "UPDATE sessions SET external_refs = jsonb_set(external_refs, '{0,created_at}',"
+            " '\"0001-01-01T00:00:00+00:00\"') WHERE id = $1",
+            uuid.UUID(session.id),
+        )
     finally:
         await conn.close()
     await store.ArchiveOldMessages(pb.ArchiveOldMessagesRequest(session_id=session.id, below_seq=8))

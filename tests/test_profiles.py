@@ -59,10 +59,21 @@ def test_an_edit_naming_a_missing_prompt_file_keeps_the_profiles_in_use(tmp_path
 
 def test_a_profiles_sandbox_is_read_with_its_limits_and_defaults(tmp_path):
     path = tmp_path / "profiles.json"
-    path.write_text(json.dumps({"profiles": [
-        {"id": "coder", "tools": {"agent": ["run_command"]}, "sandbox": {"network": True, "memory_mb": 512}},
-        {"id": "trusted", "tools": {"agent": ["run_command"]}, "sandbox": {"enabled": False}},
-        {"id": "chat"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "profiles": [
+                    {
+                        "id": "coder",
+                        "tools": {"agent": ["run_command"]},
+                        "sandbox": {"network": True, "memory_mb": 512},
+                    },
+                    {"id": "trusted", "tools": {"agent": ["run_command"]}, "sandbox": {"enabled": False}},
+                    {"id": "chat"},
+                ]
+            }
+        )
+    )
     registry = ProfileRegistry.load(str(path))
     coder = registry.get("coder").sandbox
     assert (coder.sandboxed, coder.network, coder.memory_mb, coder.wall_seconds) == (True, True, 512, 120.0)
@@ -72,13 +83,16 @@ def test_a_profiles_sandbox_is_read_with_its_limits_and_defaults(tmp_path):
     assert registry.sandboxed_profiles("off") == []
 
 
-@pytest.mark.parametrize(("sandbox", "named"), [
-    ({"memory_mb": 0}, "sandbox.memory_mb must be a whole number of at least 1, got 0"),
-    ({"wall_seconds": "60"}, "sandbox.wall_seconds must be a number of seconds above 0"),
-    ({"enabled": "yes"}, "sandbox.enabled must be true or false"),
-    ({"netwrok": True}, "sandbox: unknown key(s) netwrok"),
-    (True, "sandbox must be an object"),
-])
+@pytest.mark.parametrize(
+    ("sandbox", "named"),
+    [
+        ({"memory_mb": 0}, "sandbox.memory_mb must be a whole number of at least 1, got 0"),
+        ({"wall_seconds": "60"}, "sandbox.wall_seconds must be a number of seconds above 0"),
+        ({"enabled": "yes"}, "sandbox.enabled must be true or false"),
+        ({"netwrok": True}, "sandbox: unknown key(s) netwrok"),
+        (True, "sandbox must be an object"),
+    ],
+)
 def test_a_bad_sandbox_setting_is_refused_naming_the_key(tmp_path, sandbox, named):
     path = tmp_path / "profiles.json"
     write_profiles(path, sandbox=sandbox)

@@ -15,7 +15,9 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.watchers import WATCH_QUEUE_BYTES, WATCH_QUEUE_EVENTS, SessionWatchers
 from tests.conftest import agent_settings, bearer
 from tests.waiting import until
@@ -32,8 +34,13 @@ async def capped(base_settings, store_server_auth, compressor_server, ollama_sim
     """An Agent with auth on, 1 MB of kept events, and room for 3 followers per user, 2 per session."""
     from services.agent.app import start_agent
 
-    settings = replace(agent_settings(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file),
-                       auth_enabled=True, stream_keep_bytes=KEEP_BYTES, watchers_per_user=3, watchers_per_session=2)
+    settings = replace(
+        agent_settings(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file),
+        auth_enabled=True,
+        stream_keep_bytes=KEEP_BYTES,
+        watchers_per_user=3,
+        watchers_per_session=2,
+    )
     running = await start_agent(settings, port=0)
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield running, agent_pb2_grpc.AgentStub(channel)
@@ -41,8 +48,7 @@ async def capped(base_settings, store_server_auth, compressor_server, ollama_sim
 
 
 async def new_session(store_auth, who) -> str:
-    return (await store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id="small"),
-                                           metadata=who)).session.id
+    return (await store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id="small"), metadata=who)).session.id
 
 
 async def watching(agent, session_id: str, who) -> grpc.aio.UnaryStreamCall:
@@ -61,7 +67,8 @@ async def refusal(call) -> str:
 
 # -- slow readers --------------------------------------------------------------------------------
 async def test_a_client_that_never_reads_holds_only_the_kept_events_and_is_told_to_resume(
-        capped, store_auth, ollama_sim):
+    capped, store_auth, ollama_sim
+):
     """The turn runs to its end and stores its answer; what waited for the client was the turn's
     kept log (within PALIMPSEST_STREAM_KEEP_MB), not a queue of its own: reading at last, it gets
     what its connection took on the way, then OUT_OF_RANGE saying where to resume, and the resume
@@ -73,15 +80,19 @@ async def test_a_client_that_never_reads_holds_only_the_kept_events_and_is_told_
     ollama_sim.script(Reply(text=words))
 
     async def stored() -> bool:
-        messages = (await store_auth.GetSession(store_pb.GetSessionRequest(
-            session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY), metadata=me)).session.messages
+        messages = (
+            await store_auth.GetSession(
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY), metadata=me
+            )
+        ).session.messages
         return len(messages) == 2 and messages[-1].content == words
 
     # A client whose connection takes no more than HTTP/2's first window (no BDP probe to widen it):
     # what the Agent sends past that waits on the client, as on a slow link.
     async with grpc.aio.insecure_channel(running.address, options=[("grpc.http2.bdp_probe", 0)]) as narrow:
-        call = agent_pb2_grpc.AgentStub(narrow).RunStream(pb.RunStreamRequest(session_id=session_id,
-                                                                              text="a long one"), metadata=me)
+        call = agent_pb2_grpc.AgentStub(narrow).RunStream(
+            pb.RunStreamRequest(session_id=session_id, text="a long one"), metadata=me
+        )
         assert await until(stored, 120)  # the turn went on without its reader
         assert running.servicer.turn_logs.bytes <= KEEP_BYTES
         seen: list[pb.AgentEvent] = []
@@ -91,8 +102,14 @@ async def test_a_client_that_never_reads_holds_only_the_kept_events_and_is_told_
     assert behind.value.code() == grpc.StatusCode.OUT_OF_RANGE
     assert "fell behind" in behind.value.details() and not any(e.HasField("stream_end") for e in seen)
     resume_from = int(re.search(r"ResumeStream with after_seq (\d+)", behind.value.details())[1])
-    rest = [e async for e in agent.ResumeStream(pb.ResumeStreamRequest(
-        session_id=session_id, turn_id=seen[0].turn_id, after_seq=resume_from), metadata=me, timeout=60)]
+    rest = [
+        e
+        async for e in agent.ResumeStream(
+            pb.ResumeStreamRequest(session_id=session_id, turn_id=seen[0].turn_id, after_seq=resume_from),
+            metadata=me,
+            timeout=60,
+        )
+    ]
     assert [e.seq for e in rest] == list(range(resume_from + 1, resume_from + 1 + len(rest)))
     assert rest[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED and rest[-1].stream_end.text == words
 
@@ -116,7 +133,8 @@ def test_a_stalled_watcher_keeps_the_newest_events_within_its_bounds():
 
 # -- caps on the streams that follow a session ---------------------------------------------------
 async def test_streams_following_sessions_are_capped_per_user_and_per_session_naming_the_setting(
-        capped, store_auth, user):
+    capped, store_auth, user
+):
     _, agent = capped
     alice, bob = bearer(user), bearer(f"{user}-bob")
     first, second, third = [await new_session(store_auth, alice) for _ in range(3)]
@@ -164,13 +182,17 @@ async def test_a_client_that_left_while_it_was_answered_is_no_error(base_setting
             refused.set()
         yield b""
 
-    handler = grpc.method_handlers_generic_handler("test.Leaving", {
-        "Watch": grpc.unary_stream_rpc_method_handler(answer_after_the_client_left)})
-    running = await start_server(lambda server: server.add_generic_rpc_handlers((handler,)), [],
-                                 settings=base_settings, port=0)
+    handler = grpc.method_handlers_generic_handler(
+        "test.Leaving", {"Watch": grpc.unary_stream_rpc_method_handler(answer_after_the_client_left)}
+    )
+    running = await start_server(
+        lambda server: server.add_generic_rpc_handlers((handler,)), [], settings=base_settings, port=0
+    )
     try:
-        with caplog.at_level(logging.DEBUG, logger="palimpsest.server"), \
-                caplog.at_level(logging.DEBUG, logger="grpc._cython.cygrpc"):
+        with (
+            caplog.at_level(logging.DEBUG, logger="palimpsest.server"),
+            caplog.at_level(logging.DEBUG, logger="grpc._cython.cygrpc"),
+        ):
             async with grpc.aio.insecure_channel(running.address) as channel:
                 call = channel.unary_stream("/test.Leaving/Watch")(b"")
                 await asyncio.wait_for(started.wait(), 30)
@@ -180,7 +202,8 @@ async def test_a_client_that_left_while_it_was_answered_is_no_error(base_setting
                 raise ExecuteBatchError('Failed "execute_batch"')
             except ExecuteBatchError:
                 logging.getLogger("grpc._cython.cygrpc").exception(
-                    "ExecuteBatchError raised in core by servicer method [/test.Leaving/Watch]")
+                    "ExecuteBatchError raised in core by servicer method [/test.Leaving/Watch]"
+                )
     finally:
         await running.stop(0)
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -10,7 +10,8 @@ import grpc
 import httpx
 import pytest
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
 from services.shared.settings import _normalize_ollama_host
 
 HOST = _normalize_ollama_host(os.environ.get("OLLAMA_HOST", "http://127.0.0.1:11434"))
@@ -33,15 +34,25 @@ async def test_one_turn_against_a_real_ollama(base_settings, store_server, compr
     from services.agent.app import start_agent
 
     profiles = tmp_path / "profiles.json"
-    profiles.write_text(json.dumps({"profiles": [{"id": "real", "model": MODEL, "context_window": 4096,
-                                                  "max_iterations": 3}]}))
-    settings = replace(base_settings, ollama_host=HOST, store_addr=store_server.address,
-                       compressor_addr=compressor_server.address, profiles_path=str(profiles))
+    profiles.write_text(
+        json.dumps({"profiles": [{"id": "real", "model": MODEL, "context_window": 4096, "max_iterations": 3}]})
+    )
+    settings = replace(
+        base_settings,
+        ollama_host=HOST,
+        store_addr=store_server.address,
+        compressor_addr=compressor_server.address,
+        profiles_path=str(profiles),
+    )
     running = await start_agent(settings, port=0)
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
-            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
-                pb.RunStreamRequest(text="Reply with the single word: pong"))]
+            events = [
+                e
+                async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
+                    pb.RunStreamRequest(text="Reply with the single word: pong")
+                )
+            ]
         ends = [e.stream_end for e in events if e.HasField("stream_end")]
         assert ends and ends[0].reason == pb.STREAM_END_REASON_COMPLETED and ends[0].text.strip()
         assert any(e.HasField("usage") and e.usage.prompt_tokens > 0 for e in events)
@@ -60,10 +71,15 @@ async def test_the_models_own_vocabulary_counts_like_ollama(tmp_path):
         counter = await ModelTokenizers(client, tmp_path).counter(MODEL)
         if counter is None:
             pytest.skip(f"{MODEL}'s vocabulary is not one the Compressor builds exactly (it uses the calibrated line)")
-        text = ("Deploy 2026-11-30T10:14:37Z ERROR [worker-3] 10.0.0.17:5432 reset id=0xdeadbeef\n"
-                'def f(x):\n    return {"ok": x % 3 == 0}\n上下文窗口必须始终容纳完整的提示。 🎉')
-        reply = await client.chat(OllamaClient.chat_body(MODEL, [{"role": "user", "content": text}], num_ctx=4096,
-                                                         stream=False, options={"num_predict": 1}))
+        text = (
+            "Deploy 2026-11-30T10:14:37Z ERROR [worker-3] 10.0.0.17:5432 reset id=0xdeadbeef\n"
+            'def f(x):\n    return {"ok": x % 3 == 0}\n上下文窗口必须始终容纳完整的提示。 🎉'
+        )
+        reply = await client.chat(
+            OllamaClient.chat_body(
+                MODEL, [{"role": "user", "content": text}], num_ctx=4096, stream=False, options={"num_predict": 1}
+            )
+        )
     finally:
         await client.aclose()
     content = counter.count(text)

@@ -121,7 +121,7 @@ CODE = [
     "    password = getpass.getpass()",
     "    client = Client(api_key=api_key, token=settings.token)",
     "    const token = await getToken();",
-    "    curl -H \"Authorization: Bearer $TOKEN\" https://api.example.test",
+    '    curl -H "Authorization: Bearer $TOKEN" https://api.example.test',
     "    password=${DB_PASSWORD}",
     "    secret: {{ vault_secret }}",
     "    kwargs['token'] = value",
@@ -182,9 +182,15 @@ def test_redact_arguments_is_idempotent(arguments):
     assert redact_arguments(once) == once
 
 
-@pytest.mark.parametrize("uri", ["https://u:p@x.test/?sig=abc&a=1", "s3://bucket/key?X-Amz-Signature=f00",
-                                 "https://x.test/cart;jsessionid=5F4DCC3B5AA7?i=3",
-                                 "https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/W3bh00kS3cr3t"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "https://u:p@x.test/?sig=abc&a=1",
+        "s3://bucket/key?X-Amz-Signature=f00",
+        "https://x.test/cart;jsessionid=5F4DCC3B5AA7?i=3",
+        "https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/W3bh00kS3cr3t",
+    ],
+)
 def test_redact_uri_is_idempotent(uri):
     once = redact_uri(uri)
     assert redact_uri(once) == once
@@ -250,7 +256,7 @@ def test_non_secret_lookalike_keys_are_kept():
 
 def test_top_level_json_scalars_and_arrays():
     assert redact_arguments('"Bearer abc123def456"') == f'"Bearer {MASK}"'
-    assert redact_arguments("[1, \"password=x1\"]") == f'[1,"password={MASK}"]'
+    assert redact_arguments('[1, "password=x1"]') == f'[1,"password={MASK}"]'
     assert redact_arguments("42") == "42"
 
 
@@ -294,10 +300,31 @@ def test_redact_json_does_not_mutate_input():
 
 @pytest.mark.parametrize(
     "key",
-    ["password", "PASSWORD", "db_password", "Db-Password", "passwd", "secret", "client_secret",
-     "token", "access_token", "githubToken", "api_key", "apiKey", "API-KEY", "x-api-key", "apikey",
-     "access_key", "AWS_SECRET_ACCESS_KEY", "private_key", "privateKey", "Authorization",
-     "credentials", "auth", "Cookie"],
+    [
+        "password",
+        "PASSWORD",
+        "db_password",
+        "Db-Password",
+        "passwd",
+        "secret",
+        "client_secret",
+        "token",
+        "access_token",
+        "githubToken",
+        "api_key",
+        "apiKey",
+        "API-KEY",
+        "x-api-key",
+        "apikey",
+        "access_key",
+        "AWS_SECRET_ACCESS_KEY",
+        "private_key",
+        "privateKey",
+        "Authorization",
+        "credentials",
+        "auth",
+        "Cookie",
+    ],
 )
 def test_secret_key_names(key):
     assert is_secret_key(key)
@@ -335,24 +362,41 @@ def test_not_secret_key_names(key):
         ("s3://bucket/path/to/key", "s3://bucket/path/to/key"),
         ("https://hooks.slack.test/xoxb-1234567890-abcdefghij", f"https://hooks.slack.test/{MASK}"),
         # secrets in the path: session ids as path parameters, webhook URLs, tokens as segments
-        ("https://shop.example.test/cart;jsessionid=5F4DCC3B5AA765D61D8327DEB882CF99?item=3",
-         f"https://shop.example.test/cart;jsessionid={MASK}?item=3"),
-        ("https://app.example.test/a;JSESSIONID=0a1b2c.node7/b;v=2", f"https://app.example.test/a;JSESSIONID={MASK}/b;v=2"),
+        (
+            "https://shop.example.test/cart;jsessionid=5F4DCC3B5AA765D61D8327DEB882CF99?item=3",
+            f"https://shop.example.test/cart;jsessionid={MASK}?item=3",
+        ),
+        (
+            "https://app.example.test/a;JSESSIONID=0a1b2c.node7/b;v=2",
+            f"https://app.example.test/a;JSESSIONID={MASK}/b;v=2",
+        ),
         ("https://x.test/a;sessionid=abc123;lang=en", f"https://x.test/a;sessionid={MASK};lang=en"),
         ("https://x.test/a?PHPSESSID=9f8e7d6c5b&page=2", f"https://x.test/a?PHPSESSID={MASK}&page=2"),
         ("https://x.test/docs;v=1.2/page;rev=3", "https://x.test/docs;v=1.2/page;rev=3"),
-        ("https://hooks.slack.com/services/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",
-         f"https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/{MASK}"),
-        ("https://hooks.slack.com/workflows/T024BE7LD/A05QX2B3C4D/481234567890123456/Zq8vR2mK9pL4",
-         f"https://hooks.slack.com/workflows/T024BE7LD/A05QX2B3C4D/481234567890123456/{MASK}"),
-        ("https://discord.com/api/webhooks/1187651234567890123/Zx9-AbCdEfGhIjKl_MnOp?wait=true",
-         f"https://discord.com/api/webhooks/1187651234567890123/{MASK}?wait=true"),
-        ("https://discordapp.com/api/v10/webhooks/1187651234567890123/Zx9-AbCdEf",
-         f"https://discordapp.com/api/v10/webhooks/1187651234567890123/{MASK}"),
-        ("https://api.telegram.org/bot6123456789:AAHfiqksKZ8WmR2zSjiQ7_v4TMAKdiHm9T0/sendMessage",
-         f"https://api.telegram.org/bot6123456789:{MASK}/sendMessage"),
-        ("https://github.com/acme/app/tree/ghp_R2d2C3poBB8LukeSkywalker0123456789/src",
-         f"https://github.com/acme/app/tree/{MASK}/src"),
+        (
+            "https://hooks.slack.com/services/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",
+            f"https://hooks.slack.com/services/T024BE7LD/B08J2QX5M1S/{MASK}",
+        ),
+        (
+            "https://hooks.slack.com/workflows/T024BE7LD/A05QX2B3C4D/481234567890123456/Zq8vR2mK9pL4",
+            f"https://hooks.slack.com/workflows/T024BE7LD/A05QX2B3C4D/481234567890123456/{MASK}",
+        ),
+        (
+            "https://discord.com/api/webhooks/1187651234567890123/Zx9-AbCdEfGhIjKl_MnOp?wait=true",
+            f"https://discord.com/api/webhooks/1187651234567890123/{MASK}?wait=true",
+        ),
+        (
+            "https://discordapp.com/api/v10/webhooks/1187651234567890123/Zx9-AbCdEf",
+            f"https://discordapp.com/api/v10/webhooks/1187651234567890123/{MASK}",
+        ),
+        (
+            "https://api.telegram.org/bot6123456789:AAHfiqksKZ8WmR2zSjiQ7_v4TMAKdiHm9T0/sendMessage",
+            f"https://api.telegram.org/bot6123456789:{MASK}/sendMessage",
+        ),
+        (
+            "https://github.com/acme/app/tree/ghp_R2d2C3poBB8LukeSkywalker0123456789/src",
+            f"https://github.com/acme/app/tree/{MASK}/src",
+        ),
         ("https://discord.com/channels/1187651234567890123/22", "https://discord.com/channels/1187651234567890123/22"),
     ],
 )
@@ -396,8 +440,14 @@ def test_adversarial_input_is_fast(text):
     assert time.process_time() - started < 2.0
 
 
-@pytest.mark.parametrize("uri", ["https://hooks.slack.com/services/" + "a/" * 100_000,
-                                 "https://x.test/" + ";jsessionid=a" * 100_000, "https://discord.com/" + "/" * 200_000])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "https://hooks.slack.com/services/" + "a/" * 100_000,
+        "https://x.test/" + ";jsessionid=a" * 100_000,
+        "https://discord.com/" + "/" * 200_000,
+    ],
+)
 def test_adversarial_uris_are_fast(uri):
     import time
 
@@ -412,11 +462,14 @@ def test_a_bare_aws_secret_key_in_prose_is_masked():
     assert redact_text(redact_text(text)) == redact_text(text)
 
 
-@pytest.mark.parametrize("text", [
-    "commit 9fceb02d0ae598e95dc970b74767f19372d61af8 fixed it",  # a git hash
-    "path home/User1/Projects/MyAppFolder/Source22 ok",  # a path of words
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFGHIJ1234",  # no lowercase
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "commit 9fceb02d0ae598e95dc970b74767f19372d61af8 fixed it",  # a git hash
+        "path home/User1/Projects/MyAppFolder/Source22 ok",  # a path of words
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFGHIJ1234",  # no lowercase
+    ],
+)
 def test_forty_character_things_that_are_not_secrets_stay(text):
     assert redact_text(text) == text
 

@@ -10,8 +10,9 @@ import uuid
 import grpc
 import pytest
 
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from ollama_sim import Reply
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.replica_bus import ReplicaBus
 from tests.bus_faults import drop_listen_connection
 from tests.replica_agents import two_agents
@@ -40,9 +41,11 @@ async def a_turn_streaming(agent, store, ollama_sim) -> tuple[str, asyncio.Task]
 
 @pytest.mark.parametrize("bus", [True, False], ids=["bus", "no bus"])
 async def test_stop_from_the_other_agent_stops_the_turn_only_with_the_bus(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, bus):
-    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
-                          replica_events=bus) as agents:
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, bus
+):
+    async with two_agents(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, True, replica_events=bus
+    ) as agents:
         session_id, turn = await a_turn_streaming(agents[0], store, ollama_sim)
         stopped = await agents[1].Stop(pb.StopRequest(session_id=session_id))
         if not bus:
@@ -55,10 +58,12 @@ async def test_stop_from_the_other_agent_stops_the_turn_only_with_the_bus(
 
 
 async def test_stop_where_no_turn_runs_on_any_replica_says_so(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
-                          replica_events=True) as agents:
+    async with two_agents(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, True, replica_events=True
+    ) as agents:
         assert not (await agents[1].Stop(pb.StopRequest(session_id=session.id))).stopped
 
 
@@ -70,12 +75,14 @@ async def watched(watch) -> list[pb.AgentEvent]:
 
 
 async def test_a_watcher_on_one_agent_sees_a_turn_on_the_other_whole_and_in_order(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     # A stream_end of ~20 KB: four NOTIFYs. (In 400 deltas: a watcher keeps its newest 1,024 events.)
     long_answer = " ".join(f"{i:03d}-" + "x" * 45 for i in range(400))
-    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
-                          replica_events=True) as agents:
+    async with two_agents(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, True, replica_events=True
+    ) as agents:
         watch = agents[1].WatchSession(pb.WatchSessionRequest(session_id=session.id))
         await watch.initial_metadata()  # in place, the other replica's turns included
         ollama_sim.script(Reply(text=long_answer))
@@ -88,10 +95,12 @@ async def test_a_watcher_on_one_agent_sees_a_turn_on_the_other_whole_and_in_orde
 
 
 async def test_a_watcher_sees_each_event_once_when_the_turn_runs_on_its_own_agent(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
-                          replica_events=True) as agents:
+    async with two_agents(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, True, replica_events=True
+    ) as agents:
         watch = agents[0].WatchSession(pb.WatchSessionRequest(session_id=session.id))
         await watch.initial_metadata()
         ollama_sim.script(Reply(text="just once"))
@@ -107,10 +116,12 @@ async def test_a_watcher_sees_each_event_once_when_the_turn_runs_on_its_own_agen
 
 
 async def test_an_agent_listens_again_after_the_stores_listen_connection_drops(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, database_url):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, database_url
+):
     bus = store_server.servicer.bus
-    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
-                          replica_events=True) as agents:
+    async with two_agents(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, True, replica_events=True
+    ) as agents:
         dropped = await drop_listen_connection(bus, database_url)
         assert await until(lambda: bus.connection_pid not in (None, dropped))
         session_id, turn = await a_turn_streaming(agents[0], store, ollama_sim)
@@ -157,16 +168,18 @@ async def test_the_outbox_never_waits_for_the_store_and_keeps_the_newest_events(
 
 
 async def test_a_turn_on_one_agent_sees_what_a_turn_on_the_other_wrote_since_its_warm_copy(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
     """Agent A keeps a warm copy of the session after its turn; Agent B then runs a turn on it. A's
     next turn must start from the session as B left it: the warm copy is checked by revision (the
     store refuses A's first write as stale, A reloads), never trusted as it was kept."""
-    from services.agent.app import start_agent
     from palimpsest.v1 import agent_pb2_grpc
+    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
-    settings = agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                              turn_claims=True, turn_claim_ttl_s=5)
+    settings = agent_settings(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, turn_claims=True, turn_claim_ttl_s=5
+    )
     running = [await start_agent(settings, port=0) for _ in range(2)]
     prompts: list[list[str]] = []  # the user messages of each model call, as the model saw them
 
@@ -178,7 +191,10 @@ async def test_a_turn_on_one_agent_sees_what_a_turn_on_the_other_wrote_since_its
     ollama_sim.set_responder(answer)
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     try:
-        async with grpc.aio.insecure_channel(running[0].address) as a, grpc.aio.insecure_channel(running[1].address) as b:
+        async with (
+            grpc.aio.insecure_channel(running[0].address) as a,
+            grpc.aio.insecure_channel(running[1].address) as b,
+        ):
             on_a, on_b = agent_pb2_grpc.AgentStub(a), agent_pb2_grpc.AgentStub(b)
             await on_a.Run(pb.RunRequest(session_id=session.id, text="one on A"))
             await asyncio.gather(*running[0].servicer.deps.post_turn_tasks)  # A's warm copy is kept
@@ -191,7 +207,19 @@ async def test_a_turn_on_one_agent_sees_what_a_turn_on_the_other_wrote_since_its
             await r.stop(0)
     assert third.reason == END.STREAM_END_REASON_COMPLETED
     assert prompts[-1][-3:] == ["one on A", "two on B", "three on A"]
-    stored = [(m.role, m.content) for m in (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session.id, view=store_pb.SESSION_VIEW_DISPLAY))).session.messages]
-    assert stored == [("user", "one on A"), ("assistant", "answer to one on A"), ("user", "two on B"),
-                      ("assistant", "answer to two on B"), ("user", "three on A"), ("assistant", "answer to three on A")]
+    stored = [
+        (m.role, m.content)
+        for m in (
+            await store.GetSession(
+                store_pb.GetSessionRequest(session_id=session.id, view=store_pb.SESSION_VIEW_DISPLAY)
+            )
+        ).session.messages
+    ]
+    assert stored == [
+        ("user", "one on A"),
+        ("assistant", "answer to one on A"),
+        ("user", "two on B"),
+        ("assistant", "answer to two on B"),
+        ("user", "three on A"),
+        ("assistant", "answer to three on A"),
+    ]

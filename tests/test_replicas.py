@@ -36,7 +36,8 @@ async def cluster(database_url, ollama_sim, profiles_file, base_settings, tmp_pa
 
 
 async def test_two_replicas_of_each_service_lose_no_reply_and_never_overlap_turns_while_each_is_killed(
-        cluster, base_settings):
+    cluster, base_settings
+):
     agents = open_channel(cluster.targets(cluster.agents), base_settings)
     stores = open_channel(cluster.targets(cluster.stores), base_settings)
     store = session_store_pb2_grpc.SessionStoreStub(stores)
@@ -53,8 +54,9 @@ async def test_two_replicas_of_each_service_lose_no_reply_and_never_overlap_turn
         await asyncio.gather(*(replicas[0].start() for replicas in cluster.kinds().values()))
         await load.more(10)  # the restarted ones take their share again
         first, second = (a.address for a in cluster.agents)
-        stops = await asyncio.gather(rc.stop_from_the_other_agent(first, second, store),
-                                     rc.stop_from_the_other_agent(second, first, store))
+        stops = await asyncio.gather(
+            rc.stop_from_the_other_agent(first, second, store), rc.stop_from_the_other_agent(second, first, store)
+        )
         turns = await load.stop()
         checked = await rc.check(store, turns)
     finally:

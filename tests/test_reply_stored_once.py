@@ -10,11 +10,12 @@ from dataclasses import replace
 
 import grpc
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc
 from ollama_sim import Reply
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
+from tests.calls import full
 from tests.conftest import agent_settings
 from tests.relay import Relay
-from tests.calls import full
 from tests.waiting import until
 
 END = pb.StreamEndReason
@@ -29,8 +30,11 @@ async def relayed_agent(base_settings, store_server, compressor_server, ollama_s
     host, port = store_server.address.rsplit(":", 1)
     relay = Relay((host, int(port)))
     await relay.start()
-    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
-                       store_addr=f"127.0.0.1:{relay.port}", **overrides)
+    settings = replace(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file),
+        store_addr=f"127.0.0.1:{relay.port}",
+        **overrides,
+    )
     running = await start_agent(settings, port=0)
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
@@ -38,8 +42,6 @@ async def relayed_agent(base_settings, store_server, compressor_server, ollama_s
     finally:
         relay.thaw()
         await running.stop(0)
-
-
 
 
 async def first_text(stream) -> pb.AgentEvent:
@@ -55,9 +57,17 @@ async def rest_of(stream) -> list[pb.AgentEvent]:
 
 
 async def test_an_answer_whose_acknowledgement_was_lost_is_stored_once(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, caplog):
-    async with relayed_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                             rpc_timeout_s=4.0, reply_write_deadline_s=30.0) as (agent, relay):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store, caplog
+):
+    async with relayed_agent(
+        base_settings,
+        store_server,
+        compressor_server,
+        ollama_sim,
+        profiles_file,
+        rpc_timeout_s=4.0,
+        reply_write_deadline_s=30.0,
+    ) as (agent, relay):
         ollama_sim.script(Reply(text=ANSWER, chunk_delay=0.05))
         stream = agent.RunStream(pb.RunStreamRequest(text="count to six"))
         session_id = (await first_text(stream)).session_id
@@ -72,13 +82,23 @@ async def test_an_answer_whose_acknowledgement_was_lost_is_stored_once(
         events = await asyncio.wait_for(rest_of(stream), timeout=30)
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED, [e.error for e in events]
     assert [(m.role, m.content) for m in (await full(store, session_id)).messages] == [
-        ("user", "count to six"), ("assistant", ANSWER)]
+        ("user", "count to six"),
+        ("assistant", ANSWER),
+    ]
 
 
 async def test_an_answer_that_could_not_be_stored_says_so_and_where_its_text_is(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
-    async with relayed_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                             rpc_timeout_s=4.0, reply_write_deadline_s=1.5) as (agent, relay):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
+    async with relayed_agent(
+        base_settings,
+        store_server,
+        compressor_server,
+        ollama_sim,
+        profiles_file,
+        rpc_timeout_s=4.0,
+        reply_write_deadline_s=1.5,
+    ) as (agent, relay):
         ollama_sim.script(Reply(text=ANSWER, chunk_delay=0.05))
         stream = agent.RunStream(pb.RunStreamRequest(text="count to six"))
         first = await first_text(stream)
@@ -99,8 +119,9 @@ async def test_an_answer_that_could_not_be_stored_says_so_and_where_its_text_is(
             # Until the Agent's channel has found the store again (its reconnect backoff is up to
             # 2 s), opening the turn is a plain UNAVAILABLE the client may retry; nothing is stored.
             try:
-                again[:] = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=first.session_id,
-                                                                                 text="again"))]
+                again[:] = [
+                    e async for e in agent.RunStream(pb.RunStreamRequest(session_id=first.session_id, text="again"))
+                ]
                 return True
             except grpc.aio.AioRpcError as error:
                 assert error.code() == grpc.StatusCode.UNAVAILABLE, error
@@ -109,4 +130,5 @@ async def test_an_answer_that_could_not_be_stored_says_so_and_where_its_text_is(
         assert await until(next_turn, 30)
         assert again[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED, [e.error for e in again]
     assert [m.content for m in (await full(store, first.session_id)).messages if m.role == "assistant"] == [
-        "stored this time"]
+        "stored this time"
+    ]

@@ -12,18 +12,22 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from services.agent.app import LARGE_REQUESTS as AGENT_LARGE
 from services.compressor.app import LARGE_REQUESTS as COMPRESSOR_LARGE
-from services.session_store.app import LARGE_REQUESTS as STORE_LARGE, OPEN_METHODS
+from services.session_store.app import LARGE_REQUESTS as STORE_LARGE
+from services.session_store.app import OPEN_METHODS
 from tests.conftest import bearer
 from tests.relay import Relay
 from tests.waiting import raw_call_to_end
 
 SMALL_LIMIT = 64 * 1024  # PALIMPSEST_MAX_SMALL_REQUEST_BYTES here: oversized requests stay cheap to send
-DESCRIPTORS = {"store": pb.DESCRIPTOR.services_by_name["SessionStore"],
-               "compressor": compressor_pb2.DESCRIPTOR.services_by_name["Compressor"],
-               "agent": agent_pb2.DESCRIPTOR.services_by_name["Agent"]}
+DESCRIPTORS = {
+    "store": pb.DESCRIPTOR.services_by_name["SessionStore"],
+    "compressor": compressor_pb2.DESCRIPTOR.services_by_name["Compressor"],
+    "agent": agent_pb2.DESCRIPTOR.services_by_name["Agent"],
+}
 ALL = [(service, method) for service, descriptor in DESCRIPTORS.items() for method in descriptor.methods]
 LARGE = STORE_LARGE | COMPRESSOR_LARGE | AGENT_LARGE
 # Each fails to decode as any message: a varint that never ends, a field longer than what is left,
@@ -45,8 +49,13 @@ async def addresses(base_settings, database_url, ollama_sim, profiles_file):
     from services.compressor.app import start_compressor
     from tests.conftest import _start_store
 
-    settings = replace(base_settings, auth_enabled=True, max_small_request_bytes=SMALL_LIMIT,
-                       ollama_host=ollama_sim.url, profiles_path=profiles_file)
+    settings = replace(
+        base_settings,
+        auth_enabled=True,
+        max_small_request_bytes=SMALL_LIMIT,
+        ollama_host=ollama_sim.url,
+        profiles_path=profiles_file,
+    )
     store = await _start_store(settings, database_url)
     compressor = await start_compressor(replace(settings, store_addr=store.address), port=0)
     agent = await start_agent(replace(settings, store_addr=store.address, compressor_addr=compressor.address), port=0)
@@ -72,8 +81,11 @@ async def test_undecodable_bytes_are_refused_without_a_traceback(addresses, capl
     """Signed in (or on an open method): INVALID_ARGUMENT naming the request. Without credentials:
     UNAUTHENTICATED, the bytes never decoded."""
     metadata = bearer("admission-alice") if caller == "signed in" else ()
-    expected = (grpc.StatusCode.INVALID_ARGUMENT if metadata or path(method) in OPEN_METHODS
-                else grpc.StatusCode.UNAUTHENTICATED)
+    expected = (
+        grpc.StatusCode.INVALID_ARGUMENT
+        if metadata or path(method) in OPEN_METHODS
+        else grpc.StatusCode.UNAUTHENTICATED
+    )
     for name, body in UNDECODABLE.items():
         code, details = await raw_call(addresses[service], method, body, metadata)
         assert code == expected, f"{method.name}, {name}: {code} {details}"
@@ -85,8 +97,7 @@ async def test_undecodable_bytes_are_refused_without_a_traceback(addresses, capl
 @pytest.mark.parametrize("service, method", [(s, m) for s, m in ALL if path(m) not in LARGE], ids=ids)
 async def test_a_request_over_its_methods_limit_is_refused_before_it_is_decoded(addresses, service, method):
     """(Not a message at all: the size is refused before anything is decoded.)"""
-    code, details = await raw_call(addresses[service], method, b"\xff" * (SMALL_LIMIT + 1),
-                                   bearer("admission-alice"))
+    code, details = await raw_call(addresses[service], method, b"\xff" * (SMALL_LIMIT + 1), bearer("admission-alice"))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
     assert f"{path(method)} takes at most {SMALL_LIMIT:,} (PALIMPSEST_MAX_SMALL_REQUEST_BYTES)" in details
 
@@ -94,8 +105,9 @@ async def test_a_request_over_its_methods_limit_is_refused_before_it_is_decoded(
 @pytest.mark.parametrize("service, method", [(s, m) for s, m in ALL if path(m) in LARGE], ids=ids)
 async def test_requests_that_carry_content_take_the_large_limit(addresses, service, method):
     """Past the small limit, the request is decoded (here: found not to be a message)."""
-    code, details = await raw_call(addresses[service], method, b"\x0a" + b"\xff" * (SMALL_LIMIT * 2),
-                                   bearer("admission-alice"))
+    code, details = await raw_call(
+        addresses[service], method, b"\x0a" + b"\xff" * (SMALL_LIMIT * 2), bearer("admission-alice")
+    )
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
 
 
@@ -107,23 +119,43 @@ async def test_a_large_append_is_stored(addresses):
         store = session_store_pb2_grpc.SessionStoreStub(channel)
         session = (await store.CreateSession(pb.CreateSessionRequest(profile_id="p"), metadata=alice)).session
         content = "x" * (SMALL_LIMIT * 4)
-        await store.AppendMessages(pb.AppendMessagesRequest(session_id=session.id, messages=[
-            common_pb2.Message(role="user", content=content)]), metadata=alice)
-        stored = (await store.GetSession(pb.GetSessionRequest(session_id=session.id, view=pb.SESSION_VIEW_DISPLAY),
-                                         metadata=alice)).session
+        await store.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=session.id, messages=[common_pb2.Message(role="user", content=content)]
+            ),
+            metadata=alice,
+        )
+        stored = (
+            await store.GetSession(
+                pb.GetSessionRequest(session_id=session.id, view=pb.SESSION_VIEW_DISPLAY), metadata=alice
+            )
+        ).session
         assert [m.content for m in stored.messages] == [content]
 
 
 BODY = 48 * 1024 * 1024
 
 
-@pytest.mark.parametrize("service, request_", [
-    ("store", pb.AppendMessagesRequest(session_id="00000000-0000-0000-0000-000000000000", messages=[
-        common_pb2.Message(role="user", content="x" * BODY)])),
-    ("agent", agent_pb2.RunStreamRequest(text="look", images=[bytes(BODY)])),
-    ("compressor", compressor_pb2.CheckContextSizeRequest(model="qwen3.6", messages=[
-        common_pb2.Message(role="user", content="x" * BODY)])),
-], ids=["AppendMessages", "RunStream", "CheckContextSize"])
+@pytest.mark.parametrize(
+    "service, request_",
+    [
+        (
+            "store",
+            pb.AppendMessagesRequest(
+                session_id="00000000-0000-0000-0000-000000000000",
+                messages=[common_pb2.Message(role="user", content="x" * BODY)],
+            ),
+        ),
+        ("agent", agent_pb2.RunStreamRequest(text="look", images=[bytes(BODY)])),
+        (
+            "compressor",
+            compressor_pb2.CheckContextSizeRequest(
+                model="qwen3.6", messages=[common_pb2.Message(role="user", content="x" * BODY)]
+            ),
+        ),
+    ],
+    ids=["AppendMessages", "RunStream", "CheckContextSize"],
+)
 async def test_without_credentials_a_large_request_does_not_cross_the_wire(addresses, service, request_):
     """Nothing reads the request of a call refused for its credentials: HTTP/2 flow control stops
     the sender after its windows (1–9 MB crossed in runs here), and the rest is never sent (all
@@ -141,12 +173,15 @@ async def test_without_credentials_a_large_request_does_not_cross_the_wire(addre
     assert relay.forwarded < BODY // 3, f"{relay.forwarded:,} bytes of a {BODY:,}-byte request crossed"
 
 
-@pytest.mark.parametrize("method, request_", [
-    ("RunStream", agent_pb2.RunStreamRequest(text="x" * 1_000_001)),
-    ("Run", agent_pb2.RunRequest(text="")),
-    ("RunEphemeral", agent_pb2.RunEphemeralRequest(text="", max_iterations=-1)),
-    ("Compact", agent_pb2.CompactRequest()),
-])
+@pytest.mark.parametrize(
+    "method, request_",
+    [
+        ("RunStream", agent_pb2.RunStreamRequest(text="x" * 1_000_001)),
+        ("Run", agent_pb2.RunRequest(text="")),
+        ("RunEphemeral", agent_pb2.RunEphemeralRequest(text="", max_iterations=-1)),
+        ("Compact", agent_pb2.CompactRequest()),
+    ],
+)
 async def test_the_agent_asks_who_before_it_looks_at_the_request(addresses, method, request_):
     """An anonymous caller learns nothing from a bad request: not which field, not a size limit."""
     descriptor = DESCRIPTORS["agent"].methods_by_name[method]

@@ -12,11 +12,12 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from services.shared.errors import FailedPrecondition
 from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
-
 from tests.calls import expect_status, full
 from tests.resume_calls import turn
 
@@ -55,8 +56,9 @@ async def test_a_new_session_records_the_provider_and_model_it_runs_on(agent, st
 async def test_continue_runs_on_the_model_the_session_last_ran_on(agent, store, ollama_sim):
     """The profile's model changed since the session last ran (the file edited, here: stored on
     another): continuing without a profile stays on the session's model."""
-    session = (await store.CreateSession(store_pb.CreateSessionRequest(
-        profile_id="small", provider=PROVIDER, model="tiny"))).session
+    session = (
+        await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small", provider=PROVIDER, model="tiny"))
+    ).session
     events = await turn(agent, "go on", session_id=session.id)
     assert models_called(ollama_sim) == ["tiny"]
     assert [e.model_info.model for e in events if e.HasField("model_info")] == ["tiny"]
@@ -64,8 +66,9 @@ async def test_continue_runs_on_the_model_the_session_last_ran_on(agent, store, 
 
 
 async def test_a_profile_asked_for_moves_the_session_to_its_model_from_then_on(agent, store, ollama_sim):
-    session = (await store.CreateSession(store_pb.CreateSessionRequest(
-        profile_id="small", provider=PROVIDER, model="tiny"))).session
+    session = (
+        await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small", provider=PROVIDER, model="tiny"))
+    ).session
     await turn(agent, "use the profile's own model", session_id=session.id, profile_id="small")
     assert await ran_on(store, session.id) == ("small", PROVIDER, "qwen3.6")
     await turn(agent, "and again", session_id=session.id)
@@ -73,8 +76,11 @@ async def test_a_profile_asked_for_moves_the_session_to_its_model_from_then_on(a
 
 
 async def test_switch_profile_records_the_model_and_the_next_turn_resumes_on_it(agent, store, ollama_sim):
-    ollama_sim.script(Reply(tool_calls=[("switch_profile", {"profile_id": "tiny"})]), Reply(text="switched"),
-                      Reply(text="still quick"))
+    ollama_sim.script(
+        Reply(tool_calls=[("switch_profile", {"profile_id": "tiny"})]),
+        Reply(text="switched"),
+        Reply(text="still quick"),
+    )
     events = await turn(agent, "switch to the tiny profile", profile_id="small")
     session_id = events[0].session_id
     assert await ran_on(store, session_id) == ("tiny", PROVIDER, "tiny")
@@ -91,8 +97,9 @@ async def test_a_session_never_recorded_runs_on_its_profile_and_records_it(agent
 
 
 async def test_a_session_of_another_provider_is_refused_unless_a_profile_is_asked_for(agent, store, ollama_sim):
-    session = (await store.CreateSession(store_pb.CreateSessionRequest(
-        profile_id="small", provider="openai", model="gpt-4o"))).session
+    session = (
+        await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small", provider="openai", model="gpt-4o"))
+    ).session
     calls = agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="hello"))
     await expect_status(_drain(calls), grpc.StatusCode.FAILED_PRECONDITION, "provider", "'openai'", "profile_id")
     assert not (await full(store, session.id)).messages and not ollama_sim.bodies()
@@ -133,20 +140,24 @@ async def test_the_unary_run_stores_refs_too(agent, store):
     assert refs_of(await full(store, reply.session_id)) == [("ticket", "https://t.test/PAL-1", "ci", False)]
 
 
-@pytest.mark.parametrize("bad, field", [
-    (ref("CI Run", "https://ci.test/1"), "external_refs[1].kind"),
-    (ref("ci-run", "https://ci.test/1\nforged"), "external_refs[1].uri"),
-    (ref("ci-run", "https://ci.test/" + "a" * 2048), "external_refs[1].uri"),
-    (ref("ci-run", "https://ci.test/1", ""), "external_refs[1].created_by"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (ref("CI Run", "https://ci.test/1"), "external_refs[1].kind"),
+        (ref("ci-run", "https://ci.test/1\nforged"), "external_refs[1].uri"),
+        (ref("ci-run", "https://ci.test/" + "a" * 2048), "external_refs[1].uri"),
+        (ref("ci-run", "https://ci.test/1", ""), "external_refs[1].created_by"),
+    ],
+)
 async def test_a_bad_ref_is_refused_naming_it_and_nothing_is_stored_or_run(agent, store, ollama_sim, bad, field):
     good = ref("ci-run", "https://ci.test/0")
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     continued = agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go", external_refs=[good, bad]))
     await expect_status(_drain(continued), grpc.StatusCode.INVALID_ARGUMENT, field)
     marker = f"never-run-{uuid.uuid4().hex}"
-    await expect_status(agent.Run(pb.RunRequest(text=marker, external_refs=[good, bad])),
-                        grpc.StatusCode.INVALID_ARGUMENT, field)
+    await expect_status(
+        agent.Run(pb.RunRequest(text=marker, external_refs=[good, bad])), grpc.StatusCode.INVALID_ARGUMENT, field
+    )
     after = await full(store, session.id)
     assert not after.messages and not after.external_refs and after.revision == session.revision
     assert not ollama_sim.bodies()
@@ -158,11 +169,19 @@ async def test_a_turn_with_too_many_refs_is_refused_before_it_begins(agent, stor
     many = [ref("ci-run", f"https://ci.example.test/runs/{i}") for i in range(5_000)]  # what the probe sent
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     continued = agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go", external_refs=many))
-    await expect_status(_drain(continued), grpc.StatusCode.RESOURCE_EXHAUSTED, "external_refs", "5,000",
-                        f"at most {MAX_REFS_PER_REQUEST}")
+    await expect_status(
+        _drain(continued),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "external_refs",
+        "5,000",
+        f"at most {MAX_REFS_PER_REQUEST}",
+    )
     marker = f"never-run-{uuid.uuid4().hex}"
-    await expect_status(agent.Run(pb.RunRequest(text=marker, external_refs=many[:MAX_REFS_PER_REQUEST + 1])),
-                        grpc.StatusCode.RESOURCE_EXHAUSTED, "external_refs")
+    await expect_status(
+        agent.Run(pb.RunRequest(text=marker, external_refs=many[: MAX_REFS_PER_REQUEST + 1])),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "external_refs",
+    )
     after = await full(store, session.id)
     assert not after.messages and not after.external_refs and after.revision == session.revision
     assert not ollama_sim.bodies()
@@ -174,12 +193,20 @@ async def test_a_turn_with_too_many_refs_is_refused_before_it_begins(agent, stor
 async def test_a_turn_that_would_take_its_session_past_the_ref_cap_stores_nothing(agent, store, ollama_sim):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     for start in range(0, MAX_REFS_PER_SESSION, MAX_REFS_PER_REQUEST):
-        await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session.id, add_external_refs=[
-            ref("ci-run", f"https://ci.example.test/runs/{i}") for i in range(start, start + MAX_REFS_PER_REQUEST)]))
+        await store.UpdateSession(
+            store_pb.UpdateSessionRequest(
+                session_id=session.id,
+                add_external_refs=[
+                    ref("ci-run", f"https://ci.example.test/runs/{i}")
+                    for i in range(start, start + MAX_REFS_PER_REQUEST)
+                ],
+            )
+        )
     full_up = await full(store, session.id)
     one_more = [ref("ci-run", "https://ci.example.test/new")]
-    events = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go",
-                                                                   external_refs=one_more))]
+    events = [
+        e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="go", external_refs=one_more))
+    ]
     errors = [e.error for e in events if e.HasField("error")]
     assert [e.code for e in errors] == ["RESOURCE_EXHAUSTED"] and "external_refs" in errors[0].message, errors
     assert [e.stream_end.reason for e in events if e.HasField("stream_end")] == [pb.STREAM_END_REASON_ERROR]

@@ -11,11 +11,12 @@ import signal
 import grpc
 import pytest
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
 from ollama_sim import Reply
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
+from tests.calls import end_of, expect_status, full, text_of
 from tests.conftest import agent_settings
-from tests.calls import end_of, text_of
-from tests.calls import expect_status, full
 from tests.replica_agents import two_agents
 from tests.waiting import until
 
@@ -39,8 +40,12 @@ async def leave_after(agent, texts: int, **request) -> list[pb.AgentEvent]:
 
 
 async def resume(agent, session_id: str, turn_id: str = "", after_seq: int = 0) -> list[pb.AgentEvent]:
-    return [e async for e in agent.ResumeStream(pb.ResumeStreamRequest(
-        session_id=session_id, turn_id=turn_id, after_seq=after_seq), timeout=60)]
+    return [
+        e
+        async for e in agent.ResumeStream(
+            pb.ResumeStreamRequest(session_id=session_id, turn_id=turn_id, after_seq=after_seq), timeout=60
+        )
+    ]
 
 
 async def stored_answer(store, session_id: str) -> str:
@@ -134,13 +139,18 @@ async def test_resume_refuses_what_it_cannot_give_and_names_the_field(agent, sto
     ollama_sim.script(Reply(text="done"))
     events = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text="hi"))]
     turn_id = events[0].turn_id
-    details = await expect_status(resume_call(agent, pb.ResumeStreamRequest(
-        session_id=session.id, turn_id=turn_id, after_seq=events[-1].seq + 1)), grpc.StatusCode.OUT_OF_RANGE)
+    details = await expect_status(
+        resume_call(
+            agent, pb.ResumeStreamRequest(session_id=session.id, turn_id=turn_id, after_seq=events[-1].seq + 1)
+        ),
+        grpc.StatusCode.OUT_OF_RANGE,
+    )
     assert details.startswith("after_seq") and f"at seq {events[-1].seq}" in details
     # Another session's turn is not reached through this one.
     other = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
-    await expect_status(resume_call(agent, pb.ResumeStreamRequest(session_id=other.id, turn_id=turn_id)),
-                        grpc.StatusCode.NOT_FOUND)
+    await expect_status(
+        resume_call(agent, pb.ResumeStreamRequest(session_id=other.id, turn_id=turn_id)), grpc.StatusCode.NOT_FOUND
+    )
 
 
 async def resume_call(agent, request: pb.ResumeStreamRequest) -> list[pb.AgentEvent]:
@@ -152,8 +162,18 @@ async def forgetful_agent(base_settings, store_server, compressor_server, ollama
     """Keeps no ended turn, and little of a running one (10 kB)."""
     from services.agent.app import start_agent
 
-    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
-                                               profiles_file, stream_keep_s=0.0, stream_keep_bytes=10_000), port=0)
+    running = await start_agent(
+        agent_settings(
+            base_settings,
+            store_server,
+            compressor_server,
+            ollama_sim,
+            profiles_file,
+            stream_keep_s=0.0,
+            stream_keep_bytes=10_000,
+        ),
+        port=0,
+    )
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield agent_pb2_grpc.AgentStub(channel)
     await running.stop(0)
@@ -167,8 +187,10 @@ async def test_what_is_no_longer_kept_is_said_not_replayed_with_a_hole(forgetful
 
     async def trimmed() -> bool:
         try:
-            await resume_call(forgetful_agent, pb.ResumeStreamRequest(session_id=session_id, turn_id=turn_id,
-                                                                      after_seq=before[-1].seq))
+            await resume_call(
+                forgetful_agent,
+                pb.ResumeStreamRequest(session_id=session_id, turn_id=turn_id, after_seq=before[-1].seq),
+            )
         except grpc.aio.AioRpcError as err:
             return err.code() in (grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND)
         return False
@@ -177,14 +199,17 @@ async def test_what_is_no_longer_kept_is_said_not_replayed_with_a_hole(forgetful
     # it ended (kept 0 s: NOT_FOUND), it is told, never handed a stream with a hole in it.
     assert await until(trimmed, 60)
     assert await stored_answer(store, session_id) == words
-    await expect_status(resume_call(forgetful_agent, pb.ResumeStreamRequest(session_id=session_id)),
-                        grpc.StatusCode.NOT_FOUND)
+    await expect_status(
+        resume_call(forgetful_agent, pb.ResumeStreamRequest(session_id=session_id)), grpc.StatusCode.NOT_FOUND
+    )
 
 
 async def test_a_turn_is_resumed_on_another_replica_through_the_session_bus(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
-    async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True,
-                          replica_events=True) as agents:
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
+    async with two_agents(
+        base_settings, store_server, compressor_server, ollama_sim, profiles_file, True, replica_events=True
+    ) as agents:
         session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
         watch = agents[1].WatchSession(pb.WatchSessionRequest(session_id=session.id))
         await watch.initial_metadata()  # the second replica's bus listens: it hears the turn from its start
@@ -194,8 +219,10 @@ async def test_a_turn_is_resumed_on_another_replica_through_the_session_bus(
 
         async def heard() -> bool:  # the bus carries events after a moment, at most once
             try:
-                async for _ in agents[1].ResumeStream(pb.ResumeStreamRequest(
-                        session_id=session.id, turn_id=before[0].turn_id, after_seq=before[-1].seq), timeout=0.5):
+                async for _ in agents[1].ResumeStream(
+                    pb.ResumeStreamRequest(session_id=session.id, turn_id=before[0].turn_id, after_seq=before[-1].seq),
+                    timeout=0.5,
+                ):
                     break
             except grpc.aio.AioRpcError as err:
                 return err.code() != grpc.StatusCode.NOT_FOUND
@@ -212,7 +239,9 @@ async def test_a_compactions_events_name_no_turn_it_ends_with_its_call(agent, st
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     for i in range(5):
         ollama_sim.script(Reply(text=f"answer number {i} " + "filler " * 40))
-        turn = [e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text=f"question {i} " * 30))]
+        turn = [
+            e async for e in agent.RunStream(pb.RunStreamRequest(session_id=session.id, text=f"question {i} " * 30))
+        ]
     turn_id = turn[0].turn_id
     events = [e async for e in agent.Compact(pb.CompactRequest(session_id=session.id))]
     assert events and not any(e.turn_id for e in events)  # nothing to resume: ResumeStream would say so
@@ -227,15 +256,24 @@ async def killable_and_kept(base_settings, store_server, compressor_server, olla
     from tests.fault_services import Service
 
     port = free_port()
-    env = {**os.environ, "PALIMPSEST_STORE_ADDR": store_server.address,
-           "PALIMPSEST_COMPRESSOR_ADDR": compressor_server.address, "OLLAMA_HOST": ollama_sim.url,
-           "PALIMPSEST_PROFILES": profiles_file, "PALIMPSEST_REPLICA_EVENTS": "1", "PALIMPSEST_SESSION_TITLES": "0",
-           "PALIMPSEST_DATA_DIR": str(tmp_path / "a"), "PALIMPSEST_AUTH_ENABLED": "0",
-           "PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{port}"}
+    env = {
+        **os.environ,
+        "PALIMPSEST_STORE_ADDR": store_server.address,
+        "PALIMPSEST_COMPRESSOR_ADDR": compressor_server.address,
+        "OLLAMA_HOST": ollama_sim.url,
+        "PALIMPSEST_PROFILES": profiles_file,
+        "PALIMPSEST_REPLICA_EVENTS": "1",
+        "PALIMPSEST_SESSION_TITLES": "0",
+        "PALIMPSEST_DATA_DIR": str(tmp_path / "a"),
+        "PALIMPSEST_AUTH_ENABLED": "0",
+        "PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{port}",
+    }
     a = Service("services.agent", port, env, tmp_path / "agent-a.log")
     await a.start()
-    b = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file,
-                                         replica_events=True), port=0)
+    b = await start_agent(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file, replica_events=True),
+        port=0,
+    )
     channels = [grpc.aio.insecure_channel(a.address), grpc.aio.insecure_channel(b.address)]
     try:
         yield a, [agent_pb2_grpc.AgentStub(c) for c in channels]
@@ -262,10 +300,14 @@ async def test_a_turn_lost_with_its_killed_replica_is_not_found_on_the_other(kil
     await asyncio.to_thread(a.proc.wait, 30)
     resumed: list[pb.AgentEvent] = []
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        async for event in agent_b.ResumeStream(pb.ResumeStreamRequest(
-                session_id=session.id, turn_id=before[0].turn_id, after_seq=before[-1].seq), timeout=60):
+        async for event in agent_b.ResumeStream(
+            pb.ResumeStreamRequest(session_id=session.id, turn_id=before[0].turn_id, after_seq=before[-1].seq),
+            timeout=60,
+        ):
             resumed.append(event)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND and "lost with that replica" in caught.value.details()
     assert_continues(before, resumed)  # what B heard before A died, without a hole
-    await expect_status(resume_call(agent_b, pb.ResumeStreamRequest(session_id=session.id, turn_id=before[0].turn_id)),
-                        grpc.StatusCode.NOT_FOUND)
+    await expect_status(
+        resume_call(agent_b, pb.ResumeStreamRequest(session_id=session.id, turn_id=before[0].turn_id)),
+        grpc.StatusCode.NOT_FOUND,
+    )

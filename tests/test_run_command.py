@@ -15,12 +15,12 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.sandbox import availability
+from tests.calls import END, file_bytes, full, run
 from tests.conftest import agent_settings
-from tests.calls import END, run
-from tests.calls import file_bytes
-from tests.calls import full
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
@@ -31,31 +31,48 @@ HANDS = ["read_file", "write_file", "list_files", "run_command"]
 @pytest.fixture(scope="module")
 def command_profiles(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("cmd-profiles") / "profiles.json"
-    base = {"model": "qwen3.6", "context_window": 8192, "max_iterations": 6, "think_enabled": False,
-            "memory_recall_enabled": False, "tools": {"agent": HANDS}}
-    path.write_text(json.dumps({"default": "boxed", "profiles": [
-        {**base, "id": "boxed", "sandbox": {"wall_seconds": 20}},
-        {**base, "id": "open", "sandbox": {"enabled": False}},
-        {**base, "id": "online", "sandbox": {"network": True}},
-        {**base, "id": "quick", "sandbox": {"wall_seconds": 1}}]}))
+    base = {
+        "model": "qwen3.6",
+        "context_window": 8192,
+        "max_iterations": 6,
+        "think_enabled": False,
+        "memory_recall_enabled": False,
+        "tools": {"agent": HANDS},
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "default": "boxed",
+                "profiles": [
+                    {**base, "id": "boxed", "sandbox": {"wall_seconds": 20}},
+                    {**base, "id": "open", "sandbox": {"enabled": False}},
+                    {**base, "id": "online", "sandbox": {"network": True}},
+                    {**base, "id": "quick", "sandbox": {"wall_seconds": 1}},
+                ],
+            }
+        )
+    )
     return str(path)
 
 
 async def _agent(base_settings, store_server, compressor_server, ollama_sim, profiles, **overrides):
     from services.agent.app import start_agent
 
-    settings = replace(agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles),
-                       **overrides)
+    settings = replace(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles), **overrides
+    )
     return await start_agent(settings, port=0)
 
 
 @pytest.fixture(scope="module")
 async def agents(base_settings, store_server, compressor_server, ollama_sim, command_profiles):
     """Two Agent replicas on one store; and one whose operator turned the sandbox off."""
-    running = [await _agent(base_settings, store_server, compressor_server, ollama_sim, command_profiles)
-               for _ in range(2)]
-    running.append(await _agent(base_settings, store_server, compressor_server, ollama_sim, command_profiles,
-                                sandbox_mode="off"))
+    running = [
+        await _agent(base_settings, store_server, compressor_server, ollama_sim, command_profiles) for _ in range(2)
+    ]
+    running.append(
+        await _agent(base_settings, store_server, compressor_server, ollama_sim, command_profiles, sandbox_mode="off")
+    )
     channels = [grpc.aio.insecure_channel(r.address) for r in running]
     yield [agent_pb2_grpc.AgentStub(c) for c in channels]
     for channel in channels:
@@ -81,7 +98,8 @@ async def test_a_command_runs_in_the_workspace_and_what_it_wrote_is_kept(agents,
     ollama_sim.script(
         Reply(tool_calls=[("write_file", {"path": "src/app.py", "content": "print(sum(range(10)))\n"})]),
         command("cd src && python3 app.py > out.txt && cat out.txt && rm app.py && echo oops >&2"),
-        Reply(text="45"))
+        Reply(text="45"),
+    )
     events = await run(agent, "run it")
     session_id = events[0].session_id
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED
@@ -111,9 +129,15 @@ async def test_an_escape_through_the_tool_finds_only_the_sandbox(agents, store, 
     await file_bytes_put(store, other.id, "secret-marker.txt", b"the other session's secret 7741")
     host_path = base_settings.files_root / other.id / "secret-marker.txt"
     assert host_path.read_bytes() == b"the other session's secret 7741"
-    attempts = [f"cat {host_path}", f"cat /proc/1/root{host_path}", "find / -name secret-marker.txt 2>/dev/null",
-                "cat /etc/shadow", "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep PALIMPSEST_",
-                "echo x > /usr/owned && echo wrote", "ls ../.. /root 2>&1"]
+    attempts = [
+        f"cat {host_path}",
+        f"cat /proc/1/root{host_path}",
+        "find / -name secret-marker.txt 2>/dev/null",
+        "cat /etc/shadow",
+        "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep PALIMPSEST_",
+        "echo x > /usr/owned && echo wrote",
+        "ls ../.. /root 2>&1",
+    ]
     ollama_sim.script(Reply(tool_calls=[("run_command", {"command": a}) for a in attempts]), Reply(text="no"))
     await run(agents[0], "try")
     for attempt, ran in zip(attempts, results(ollama_sim)):
@@ -137,7 +161,8 @@ async def test_the_stores_port_is_out_of_reach_without_the_network(agents, store
 
 
 async def test_the_pin_outlives_a_profile_that_no_longer_sandboxes_until_the_operator_lifts_it(
-        agents, store, ollama_sim):
+    agents, store, ollama_sim
+):
     agent, _, lifted = agents
     ollama_sim.script(command("true"), Reply(text="ok"))
     session_id = (await run(agent, "first"))[0].session_id
@@ -154,8 +179,9 @@ async def test_the_pin_outlives_a_profile_that_no_longer_sandboxes_until_the_ope
     assert (await stored_results(store, session_id))[-1].metadata["sandboxed"] is False
 
 
-async def test_a_pinned_session_whose_sandbox_cannot_start_fails_its_command_clearly(agents, store, ollama_sim,
-                                                                                        monkeypatch, tmp_path):
+async def test_a_pinned_session_whose_sandbox_cannot_start_fails_its_command_clearly(
+    agents, store, ollama_sim, monkeypatch, tmp_path
+):
     agent = agents[0]
     ollama_sim.script(command("true"), Reply(text="ok"))
     session_id = (await run(agent, "pin it"))[0].session_id
@@ -207,8 +233,9 @@ async def test_a_command_with_the_network_is_outside_content_and_refused_once_ta
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        ollama_sim.script(command(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"),
-                          command("echo again"), Reply(text="ok"))
+        ollama_sim.script(
+            command(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"), command("echo again"), Reply(text="ok")
+        )
         events = await run(agent, "reach it", profile_id="online")
     session_id = events[0].session_id
     first, second = results(ollama_sim)

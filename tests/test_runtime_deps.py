@@ -27,15 +27,21 @@ def test_no_runtime_source_imports_a_test_demo_or_codegen_package() -> None:
     found = []
     for path in sorted([*ROOT.glob("services/**/*.py"), *ROOT.glob("clients/**/*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             found += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.split(".")[0] in NOT_AT_RUNTIME]
     assert not found
 
 
 def test_importing_every_runtime_module_loads_no_test_or_demo_package() -> None:
-    done = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = set(done.stdout.split())
     assert "services" in loaded and "clients" in loaded

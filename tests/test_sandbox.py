@@ -16,9 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from services.agent.sandbox import (SandboxError, SandboxPolicy, SandboxUnavailable, effective_policy, probe,
-                                    run_command)
-from services.agent.sandbox import availability, owner
+from services.agent.sandbox import (
+    SandboxError,
+    SandboxPolicy,
+    SandboxUnavailable,
+    availability,
+    effective_policy,
+    owner,
+    probe,
+    run_command,
+)
 from services.agent.sandbox.launch import SANDBOX_UID
 from tests.waiting import until
 
@@ -54,8 +61,12 @@ def host(base):
     other_secret, data_secret = secrets.token_hex(8), secrets.token_hex(8)
     (sessions / "other" / "secret.txt").write_text(other_secret)
     (base / "data" / "store.conf").write_text(f"password={data_secret}\n")
-    return {"workspace": sessions / "mine", "other": sessions / "other", "data": base / "data",
-            "secrets": (other_secret, data_secret)}
+    return {
+        "workspace": sessions / "mine",
+        "other": sessions / "other",
+        "data": base / "data",
+        "secrets": (other_secret, data_secret),
+    }
 
 
 def policy(sandboxed: bool = True, **limits) -> SandboxPolicy:
@@ -84,8 +95,11 @@ def alive(marker: str) -> list[int]:
 
 def pool_processes() -> list[int]:
     """Live processes of any pool uid: what commands left running."""
-    return [pid for pid in owner._pids()
-            if (uid := owner._real_uid(pid)) is not None and owner.FIRST_UID <= uid < owner.FIRST_UID + owner.POOL_SIZE]
+    return [
+        pid
+        for pid in owner._pids()
+        if (uid := owner._real_uid(pid)) is not None and owner.FIRST_UID <= uid < owner.FIRST_UID + owner.POOL_SIZE
+    ]
 
 
 def marker() -> str:
@@ -133,7 +147,10 @@ async def test_no_other_folder_of_the_host_can_be_read(host):
     result = await run_command(
         f"cat {other}/secret.txt; cat ../other/secret.txt; cat /workspace/../other/secret.txt; ls {data}; "
         f"cat {data}/store.conf; ls /root; cat /etc/shadow; ls {other.parent}; ls /var /home /opt /srv /run /mnt; "
-        "ls /etc", workspace=host["workspace"], policy=policy())
+        "ls /etc",
+        workspace=host["workspace"],
+        policy=policy(),
+    )
     text = said(result)
     assert not any(secret in text for secret in host["secrets"])
     for path in (f"{other}/secret.txt", "../other/secret.txt", str(data), "/root", "/etc/shadow", "/var", "/home"):
@@ -149,7 +166,9 @@ async def test_the_agents_processes_and_environment_are_out_of_sight(host, monke
     me = os.getpid()
     result = await run_command(
         f"env; cat /proc/{me}/environ; cat /proc/1/environ | tr '\\0' '\\n'; ls /proc | grep -c '^[0-9]*$'",
-        workspace=host["workspace"], policy=policy())
+        workspace=host["workspace"],
+        policy=policy(),
+    )
     text = said(result)
     assert secret not in text and "PALIMPSEST" not in text
     assert f"/proc/{me}/environ: No such file or directory" in text or me < 10
@@ -173,7 +192,9 @@ async def test_dotdot_and_symlink_escapes_find_only_the_sandbox(host):
     result = await run_command(
         f"ln -s / root; cat root{other}/secret.txt; ln -s {other} other; cat other/secret.txt; "
         f"cd ..; cd ..; pwd; cat .{other}/secret.txt; cat root/etc/shadow; ls root/workspace/../",
-        workspace=host["workspace"], policy=policy())
+        workspace=host["workspace"],
+        policy=policy(),
+    )
     text = said(result)
     assert not any(secret in text for secret in host["secrets"])
     assert "/\n" in result.stdout.text()  # `cd ..` from /workspace reaches the sandbox's own root
@@ -217,12 +238,19 @@ async def test_setuid_programs_gain_nothing(host):
                 os.chown(copy, 0, 0)
                 os.chmod(copy, 0o4755)
                 gate.write("go\n")
+
         await asyncio.to_thread(plant)
 
-    command = ("read x < go; ls -l suid-id; ./suid-id -u; su -c 'id -u' root < /dev/null; "
-               "mount -t tmpfs none /tmp; echo mount=$?; unshare -r id -u; echo unshare=$?")
-    result, _ = await asyncio.wait_for(asyncio.gather(
-        run_command(command, workspace=host["workspace"], policy=policy()), plant_a_setuid_root_program()), 120)
+    command = (
+        "read x < go; ls -l suid-id; ./suid-id -u; su -c 'id -u' root < /dev/null; "
+        "mount -t tmpfs none /tmp; echo mount=$?; unshare -r id -u; echo unshare=$?"
+    )
+    result, _ = await asyncio.wait_for(
+        asyncio.gather(
+            run_command(command, workspace=host["workspace"], policy=policy()), plant_a_setuid_root_program()
+        ),
+        120,
+    )
     lines = result.stdout.text().splitlines()
     assert lines[0].startswith("-rwsr-xr-x") and lines[1] == str(SANDBOX_UID)
     assert "mount=0" not in lines and "unshare=0" not in lines and "0" not in lines
@@ -231,8 +259,10 @@ async def test_setuid_programs_gain_nothing(host):
 async def test_nothing_outside_the_workspace_can_be_written_and_the_workspace_is_the_hosts(host):
     result = await run_command(
         "touch /usr/x || echo usr-refused; touch /etc/x || echo etc-refused; touch /x || echo root-refused; "
-        "mkdir -p sub && echo data > sub/f && echo tmp > /tmp/t && cat /tmp/t", workspace=host["workspace"],
-        policy=policy())
+        "mkdir -p sub && echo data > sub/f && echo tmp > /tmp/t && cat /tmp/t",
+        workspace=host["workspace"],
+        policy=policy(),
+    )
     assert result.stdout.text().split() == ["usr-refused", "etc-refused", "root-refused", "tmp"]
     made = host["workspace"] / "sub" / "f"
     assert made.read_text() == "data\n"
@@ -242,8 +272,9 @@ async def test_nothing_outside_the_workspace_can_be_written_and_the_workspace_is
 @needs_root
 @BOTH
 async def test_a_setuid_program_a_command_leaves_does_not_run_as_the_agent(host, sandboxed):
-    made = await run_command("cp /bin/id mine && chmod 6755 mine && ls -l mine", workspace=host["workspace"],
-                             policy=policy(sandboxed))
+    made = await run_command(
+        "cp /bin/id mine && chmod 6755 mine && ls -l mine", workspace=host["workspace"], policy=policy(sandboxed)
+    )
     assert made.stdout.text().startswith("-rwsr-sr-x")
     left = (host["workspace"] / "mine").stat()
     assert left.st_uid == 0 and not left.st_mode & (stat.S_ISUID | stat.S_ISGID)
@@ -290,8 +321,11 @@ async def test_the_processes_limit_holds_for_a_root_agent(host, sandboxed):
     # dash, which does not retry a failed fork: it says "Cannot fork" and stops. Each line is one
     # more sleep running; without the limit (bwrap run as root ignores RLIMIT_NPROC) all 60 start.
     sleep = marker()
-    result = await run_command(f"sh -c 'i=0; while [ $i -lt 60 ]; do sleep {sleep} & i=$((i+1)); echo $i; done'",
-                               workspace=host["workspace"], policy=policy(sandboxed, processes=20))
+    result = await run_command(
+        f"sh -c 'i=0; while [ $i -lt 60 ]; do sleep {sleep} & i=$((i+1)); echo $i; done'",
+        workspace=host["workspace"],
+        policy=policy(sandboxed, processes=20),
+    )
     started = int(result.stdout.text().split()[-1])
     assert started < 20 and "Cannot fork" in result.stderr.text()
     assert result.killed_for == "processes" and "processes limit (20" in result.render()
@@ -303,8 +337,11 @@ async def test_a_fork_bomb_is_held_to_the_limit_and_leaves_nothing(host, sandbox
     if not sandboxed and not ROOT:
         pytest.skip("on the host the limit counts the Agent user's own processes: not applied")
     sleep = marker()
-    result = await run_command(f"bomb() {{ bomb | bomb & }}; bomb; sleep {sleep}", workspace=host["workspace"],
-                               policy=policy(sandboxed, processes=32, wall_seconds=3))
+    result = await run_command(
+        f"bomb() {{ bomb | bomb & }}; bomb; sleep {sleep}",
+        workspace=host["workspace"],
+        policy=policy(sandboxed, processes=32, wall_seconds=3),
+    )
     assert result.killed_for == "wall_time"
     assert alive(sleep) == []
     if ROOT:
@@ -315,8 +352,11 @@ async def test_a_fork_bomb_is_held_to_the_limit_and_leaves_nothing(host, sandbox
 
 @BOTH
 async def test_a_command_that_allocates_without_end_runs_out_of_memory(host, sandboxed):
-    result = await run_command("ulimit -v; x=aaaaaaaa; while :; do x=$x$x; done", workspace=host["workspace"],
-                               policy=policy(sandboxed, memory_mb=64))
+    result = await run_command(
+        "ulimit -v; x=aaaaaaaa; while :; do x=$x$x; done",
+        workspace=host["workspace"],
+        policy=policy(sandboxed, memory_mb=64),
+    )
     assert result.stdout.text() == f"{64 * 1024}\n"
     assert result.exit_code not in (0, None) and result.killed_for == "memory"
     assert "64 MB of address space" in result.render()
@@ -325,12 +365,21 @@ async def test_a_command_that_allocates_without_end_runs_out_of_memory(host, san
 @BOTH
 async def test_gigabytes_of_output_are_cut_at_the_limit_and_never_held(host, sandboxed):
     def rss() -> int:
-        return int(next(line for line in Path("/proc/self/status").read_text().splitlines()
-                        if line.startswith("VmRSS")).split()[1]) * 1024
+        return (
+            int(
+                next(
+                    line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS")
+                ).split()[1]
+            )
+            * 1024
+        )
 
     before = rss()
-    result = await run_command("head -c 4000000000 /dev/zero; echo never", workspace=host["workspace"],
-                               policy=policy(sandboxed, output_kb=1024))
+    result = await run_command(
+        "head -c 4000000000 /dev/zero; echo never",
+        workspace=host["workspace"],
+        policy=policy(sandboxed, output_kb=1024),
+    )
     assert result.killed_for == "output" and result.signal == signal.SIGKILL
     assert 1024 * 1024 < result.output_bytes < 512 * 1024 * 1024  # killed long before the 4 GB
     assert len(result.stdout.head) + len(result.stdout.tail) == SandboxPolicy().keep_bytes
@@ -340,16 +389,18 @@ async def test_gigabytes_of_output_are_cut_at_the_limit_and_never_held(host, san
 
 @BOTH
 async def test_a_busy_loop_is_stopped_at_its_cpu_limit(host, sandboxed):
-    result = await run_command("while :; do :; done", workspace=host["workspace"],
-                               policy=policy(sandboxed, cpu_seconds=1))
+    result = await run_command(
+        "while :; do :; done", workspace=host["workspace"], policy=policy(sandboxed, cpu_seconds=1)
+    )
     assert result.killed_for == "cpu" and result.exit_code == 128 + signal.SIGXCPU
     assert "CPU time limit (1 s)" in result.render()
 
 
 @BOTH
 async def test_a_file_is_stopped_at_its_size_limit(host, sandboxed):
-    result = await run_command("head -c 3000000 /dev/zero > big", workspace=host["workspace"],
-                               policy=policy(sandboxed, file_size_mb=1))
+    result = await run_command(
+        "head -c 3000000 /dev/zero > big", workspace=host["workspace"], policy=policy(sandboxed, file_size_mb=1)
+    )
     assert result.killed_for == "file_size"
     assert (host["workspace"] / "big").stat().st_size == 1024 * 1024
 
@@ -358,8 +409,14 @@ async def test_a_file_is_stopped_at_its_size_limit(host, sandboxed):
 @BOTH
 async def test_stop_kills_the_whole_tree_at_once(host, sandboxed):
     sleep, stop = marker(), asyncio.Event()
-    running = asyncio.create_task(run_command(f"sleep {sleep} & sleep {sleep} & sleep {sleep}",
-                                              workspace=host["workspace"], policy=policy(sandboxed), stop=stop))
+    running = asyncio.create_task(
+        run_command(
+            f"sleep {sleep} & sleep {sleep} & sleep {sleep}",
+            workspace=host["workspace"],
+            policy=policy(sandboxed),
+            stop=stop,
+        )
+    )
     assert await until(lambda: len(alive(sleep)) == 3)
     stop.set()
     result = await running
@@ -370,8 +427,9 @@ async def test_stop_kills_the_whole_tree_at_once(host, sandboxed):
 @BOTH
 async def test_cancelling_the_call_kills_the_whole_tree(host, sandboxed):
     sleep = marker()
-    running = asyncio.create_task(run_command(f"sleep {sleep} & sleep {sleep}", workspace=host["workspace"],
-                                              policy=policy(sandboxed)))
+    running = asyncio.create_task(
+        run_command(f"sleep {sleep} & sleep {sleep}", workspace=host["workspace"], policy=policy(sandboxed))
+    )
     assert await until(lambda: len(alive(sleep)) == 2)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -383,8 +441,11 @@ async def test_cancelling_the_call_kills_the_whole_tree(host, sandboxed):
 async def test_what_a_command_left_running_ends_with_it(host, sandboxed):
     sleep = marker()
     escape = f"setsid sleep {sleep} > /dev/null 2>&1 < /dev/null &" if (sandboxed or ROOT) else ""
-    result = await run_command(f"sleep {sleep} & {escape} (sleep {sleep} &) ; echo started",
-                               workspace=host["workspace"], policy=policy(sandboxed))
+    result = await run_command(
+        f"sleep {sleep} & {escape} (sleep {sleep} &) ; echo started",
+        workspace=host["workspace"],
+        policy=policy(sandboxed),
+    )
     assert (result.exit_code, result.stdout.text()) == (0, "started\n")
     assert alive(sleep) == []
 
@@ -396,7 +457,8 @@ async def test_commands_in_one_workspace_share_its_uid_and_give_it_back(host):
     os.chmod(fifo, 0o666)
     first, second = await asyncio.gather(
         run_command("read x < gate; id -u", workspace=host["workspace"], policy=policy(sandboxed=False)),
-        run_command("id -u; echo go > gate", workspace=host["workspace"], policy=policy(sandboxed=False)))
+        run_command("id -u; echo go > gate", workspace=host["workspace"], policy=policy(sandboxed=False)),
+    )
     assert first.stdout.text() == second.stdout.text(), (first.render(), second.render())
     assert int(first.stdout.text()) in range(owner.FIRST_UID, owner.FIRST_UID + owner.POOL_SIZE)
     assert host["workspace"].stat().st_uid == 0 and fifo.stat().st_uid == 0
@@ -421,26 +483,59 @@ async def test_a_missing_bubblewrap_is_said_and_nothing_runs_unsandboxed(host, m
 async def test_user_namespaces_unavailable_are_said_with_the_fix(tmp_path):
     # An Agent where no user namespace can be made: itself inside a sandbox that forbids them.
     script = "import asyncio; from services.agent.sandbox import probe; print(asyncio.run(probe()).reason)"
-    ran = subprocess.run(["bwrap", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/", "--dev", "/dev",
-                          # (a scratch tmpfs beside the host's /tmp, where the checkout may be)
-                          "--proc", "/proc", "--tmpfs", "/var/tmp", "--setenv", "TMPDIR", "/var/tmp",
-                          "--uid", "1000", "--gid", "1000",
-                          "--chdir", os.getcwd(), "--", sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(
+        [
+            "bwrap",
+            "--unshare-user",
+            "--disable-userns",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            # (a scratch tmpfs beside the host's /tmp, where the checkout may be)
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/var/tmp",
+            "--setenv",
+            "TMPDIR",
+            "/var/tmp",
+            "--uid",
+            "1000",
+            "--gid",
+            "1000",
+            "--chdir",
+            os.getcwd(),
+            "--",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ran.returncode == 0, ran.stderr
     reason = ran.stdout.strip()
     assert "user namespace" in reason and "docs/deploying.md" in reason and "bwrap:" in reason
 
 
-@pytest.mark.parametrize(("sysctls", "fix"), [
-    ({"kernel.unprivileged_userns_clone": "0"}, "sysctl -w kernel.unprivileged_userns_clone=1"),
-    ({"user.max_user_namespaces": "0"}, "sysctl -w user.max_user_namespaces=15000"),
-    ({"kernel.apparmor_restrict_unprivileged_userns": "1"}, "apparmor_restrict_unprivileged_userns=0"),
-    ({}, "securityContext"),
-])
+@pytest.mark.parametrize(
+    ("sysctls", "fix"),
+    [
+        ({"kernel.unprivileged_userns_clone": "0"}, "sysctl -w kernel.unprivileged_userns_clone=1"),
+        ({"user.max_user_namespaces": "0"}, "sysctl -w user.max_user_namespaces=15000"),
+        ({"kernel.apparmor_restrict_unprivileged_userns": "1"}, "apparmor_restrict_unprivileged_userns=0"),
+        ({}, "securityContext"),
+    ],
+)
 def test_each_cause_of_a_failed_sandbox_names_its_own_fix(sysctls, fix):
-    reason = availability.diagnose("bwrap: No permissions to creating new namespace, likely because the kernel "
-                                   "does not allow non-privileged user namespaces", sysctls)
+    reason = availability.diagnose(
+        "bwrap: No permissions to creating new namespace, likely because the kernel "
+        "does not allow non-privileged user namespaces",
+        sysctls,
+    )
     assert fix in reason and reason.endswith("non-privileged user namespaces)")
 
 

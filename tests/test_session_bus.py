@@ -11,12 +11,13 @@ import uuid
 import grpc
 import pytest
 
-from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
+from palimpsest.v1 import session_store_pb2_grpc
 from services.session_store.session_bus import MAX_PAYLOAD_BYTES, Reassembly, notify_payloads
-from tests.conftest import _start_store, bearer
-from tests.calls import expect_status
-from tests.waiting import until
 from tests.bus_faults import drop_listen_connection
+from tests.calls import expect_status
+from tests.conftest import _start_store, bearer
+from tests.waiting import until
 
 
 # -- parts ---------------------------------------------------------------------------------
@@ -81,8 +82,9 @@ async def test_what_one_store_replica_publishes_every_replicas_listeners_get_in_
     here, there = await listening(store), await listening(other)
     big = bytes(range(256)) * 800  # 204,800 bytes: 36 NOTIFYs
     sent = [b"first", big, b"third"]
-    await other.PublishSessionMessages(pb.PublishSessionMessagesRequest(
-        messages=[message(session_id, p) for p in sent[:2]]))
+    await other.PublishSessionMessages(
+        pb.PublishSessionMessagesRequest(messages=[message(session_id, p) for p in sent[:2]])
+    )
     await store.PublishSessionMessages(pb.PublishSessionMessagesRequest(messages=[message(session_id, sent[2])]))
     assert await received(here, session_id, 3) == sent
     assert await received(there, session_id, 3) == sent
@@ -105,14 +107,20 @@ async def test_a_dropped_listen_connection_ends_the_streams_and_is_opened_again(
     again.cancel()
 
 
-@pytest.mark.parametrize("messages, code, field", [
-    ([], grpc.StatusCode.INVALID_ARGUMENT, "messages"),
-    ([message("", b"x")], grpc.StatusCode.INVALID_ARGUMENT, "messages[0].session_id"),
-    ([message(str(uuid.uuid4()), b"x", origin="")], grpc.StatusCode.INVALID_ARGUMENT, "messages[0].origin"),
-    ([message(str(uuid.uuid4()), b"x", origin="o" * 129)], grpc.StatusCode.INVALID_ARGUMENT, "messages[0].origin"),
-    ([message(str(uuid.uuid4()), b"x"), message(str(uuid.uuid4()), bytes(MAX_PAYLOAD_BYTES + 1))],
-     grpc.StatusCode.RESOURCE_EXHAUSTED, "messages[1].payload"),
-])
+@pytest.mark.parametrize(
+    "messages, code, field",
+    [
+        ([], grpc.StatusCode.INVALID_ARGUMENT, "messages"),
+        ([message("", b"x")], grpc.StatusCode.INVALID_ARGUMENT, "messages[0].session_id"),
+        ([message(str(uuid.uuid4()), b"x", origin="")], grpc.StatusCode.INVALID_ARGUMENT, "messages[0].origin"),
+        ([message(str(uuid.uuid4()), b"x", origin="o" * 129)], grpc.StatusCode.INVALID_ARGUMENT, "messages[0].origin"),
+        (
+            [message(str(uuid.uuid4()), b"x"), message(str(uuid.uuid4()), bytes(MAX_PAYLOAD_BYTES + 1))],
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "messages[1].payload",
+        ),
+    ],
+)
 async def test_a_bad_publish_is_refused_naming_its_field_and_nothing_is_sent(store, messages, code, field):
     watched = {m.session_id for m in messages}
     call = await listening(store)
@@ -128,15 +136,20 @@ async def test_a_bad_publish_is_refused_naming_its_field_and_nothing_is_sent(sto
 
 async def test_only_the_services_use_the_bus(store_auth):
     user = bearer("bus-user")
-    await expect_status(store_auth.PublishSessionMessages(pb.PublishSessionMessagesRequest(
-        messages=[message(str(uuid.uuid4()), b"x")]), metadata=user), grpc.StatusCode.PERMISSION_DENIED)
+    await expect_status(
+        store_auth.PublishSessionMessages(
+            pb.PublishSessionMessagesRequest(messages=[message(str(uuid.uuid4()), b"x")]), metadata=user
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
     call = store_auth.ListenSessionMessages(pb.ListenSessionMessagesRequest(), metadata=user)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await call.read()
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     service = bearer("palimpsest", role="service")
-    await store_auth.PublishSessionMessages(pb.PublishSessionMessagesRequest(
-        messages=[message(str(uuid.uuid4()), b"x")]), metadata=service)
+    await store_auth.PublishSessionMessages(
+        pb.PublishSessionMessagesRequest(messages=[message(str(uuid.uuid4()), b"x")]), metadata=service
+    )
 
 
 async def test_a_store_stopping_ends_its_listeners_at_once(base_settings, database_url):

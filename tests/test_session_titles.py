@@ -10,22 +10,27 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.titles import TITLE_MAX_CHARS, clean_title, title_first_words
 from tests.conftest import agent_settings
 
 
-@pytest.mark.parametrize("raw, title", [
-    ("Debugging the nginx 502s", "Debugging the nginx 502s"),
-    ('"Postgres vacuum tuning."\n', "Postgres vacuum tuning"),
-    ("Title: Kubernetes probes explained", "Kubernetes probes explained"),
-    ("## **Rust lifetimes**\nsome chatter after", "Rust lifetimes"),
-    ("\n\n  « Recette de crêpes »  ", "Recette de crêpes"),
-    ("数据库迁移问题。", "数据库迁移问题"),
-    ("Deploy 🚀 checklist", "Deploy 🚀 checklist"),
-    ("   \n  ", ""),
-    ('""', ""),
-])
+@pytest.mark.parametrize(
+    "raw, title",
+    [
+        ("Debugging the nginx 502s", "Debugging the nginx 502s"),
+        ('"Postgres vacuum tuning."\n', "Postgres vacuum tuning"),
+        ("Title: Kubernetes probes explained", "Kubernetes probes explained"),
+        ("## **Rust lifetimes**\nsome chatter after", "Rust lifetimes"),
+        ("\n\n  « Recette de crêpes »  ", "Recette de crêpes"),
+        ("数据库迁移问题。", "数据库迁移问题"),
+        ("Deploy 🚀 checklist", "Deploy 🚀 checklist"),
+        ("   \n  ", ""),
+        ('""', ""),
+    ],
+)
 def test_a_models_answer_is_cleaned_into_a_name(raw, title):
     assert clean_title(raw) == title
 
@@ -41,8 +46,10 @@ async def titled(base_settings, store_server, compressor_server, ollama_sim, pro
     """An Agent with titles on (the shared test Agent has them off: they add a model call)."""
     from services.agent.app import start_agent
 
-    running = await start_agent(agent_settings(base_settings, store_server, compressor_server, ollama_sim,
-                                               profiles_file, session_titles=True), port=0)
+    running = await start_agent(
+        agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file, session_titles=True),
+        port=0,
+    )
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield running, agent_pb2_grpc.AgentStub(channel)
     await running.stop(0)
@@ -61,15 +68,21 @@ def is_title_call(body) -> bool:
 
 
 async def name_of(store, session_id: str) -> str:
-    return (await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_SUMMARY))).session.name
+    return (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+    ).session.name
 
 
 async def test_a_new_session_is_named_by_the_model_after_its_first_answer(titled, store, ollama_sim):
     running, agent = titled
     question = "my nginx returns 502 behind the load balancer since this morning, what should I look at first?"
-    ollama_sim.set_responder(lambda body: Reply(text='Title: "Nginx 502 errors."') if is_title_call(body)
-                             else Reply(text="Check the upstream health first."))
+    ollama_sim.set_responder(
+        lambda body: (
+            Reply(text='Title: "Nginx 502 errors."')
+            if is_title_call(body)
+            else Reply(text="Check the upstream health first.")
+        )
+    )
     try:
         events = await turn(agent, question)
         session_id = events[0].session_id
@@ -99,8 +112,9 @@ async def test_a_watcher_hears_of_the_title(titled, store, ollama_sim):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="default"))).session
     watch = agent.WatchSession(pb.WatchSessionRequest(session_id=session.id))
     await watch.initial_metadata()
-    ollama_sim.set_responder(lambda body: Reply(text="Weekend hiking plan") if is_title_call(body)
-                             else Reply(text="Take water."))
+    ollama_sim.set_responder(
+        lambda body: Reply(text="Weekend hiking plan") if is_title_call(body) else Reply(text="Take water.")
+    )
     try:
         await turn(agent, "plan a hike for saturday", session.id)
         names = []

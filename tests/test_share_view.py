@@ -12,10 +12,11 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, session_store_pb2 as store_pb, \
-    session_store_pb2_grpc
-from tests.conftest import bearer
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from tests.calls import END
+from tests.conftest import bearer
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
@@ -30,18 +31,47 @@ async def sharing(base_settings, store_server_auth, ollama_sim, tmp_path_factory
 
     root = tmp_path_factory.mktemp("share-workspace")
     profiles = tmp_path_factory.mktemp("share-profiles") / "profiles.json"
-    profiles.write_text(json.dumps({"default": "sharer", "profiles": [
-        {"id": "sharer", "model": "qwen3.6", "context_window": 8192, "max_iterations": 8, "think_enabled": True,
-         "memory_recall_enabled": False,
-         "tools": {"agent": ["share_file", "content_publish", "session_search", "spawn_agent", "memory_search"],
-                   "subagent": ["memory_search"]}}]}))
-    settings = replace(base_settings, auth_enabled=True, ollama_host=ollama_sim.url,
-                       store_addr=store_server_auth.address, profiles_path=str(profiles),
-                       share_file_roots=(root, base_settings.data_dir / "workspace"))
+    profiles.write_text(
+        json.dumps(
+            {
+                "default": "sharer",
+                "profiles": [
+                    {
+                        "id": "sharer",
+                        "model": "qwen3.6",
+                        "context_window": 8192,
+                        "max_iterations": 8,
+                        "think_enabled": True,
+                        "memory_recall_enabled": False,
+                        "tools": {
+                            "agent": [
+                                "share_file",
+                                "content_publish",
+                                "session_search",
+                                "spawn_agent",
+                                "memory_search",
+                            ],
+                            "subagent": ["memory_search"],
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    settings = replace(
+        base_settings,
+        auth_enabled=True,
+        ollama_host=ollama_sim.url,
+        store_addr=store_server_auth.address,
+        profiles_path=str(profiles),
+        share_file_roots=(root, base_settings.data_dir / "workspace"),
+    )
     compressor = await start_compressor(settings, port=0)
     agent = await start_agent(replace(settings, compressor_addr=compressor.address), port=0)
-    async with grpc.aio.insecure_channel(agent.address) as agent_channel, \
-            grpc.aio.insecure_channel(store_server_auth.address) as store_channel:
+    async with (
+        grpc.aio.insecure_channel(agent.address) as agent_channel,
+        grpc.aio.insecure_channel(store_server_auth.address) as store_channel,
+    ):
         yield (agent_pb2_grpc.AgentStub(agent_channel), session_store_pb2_grpc.SessionStoreStub(store_channel), root)
     await agent.stop(0)
     await compressor.stop(0)
@@ -61,11 +91,21 @@ async def test_a_share_shows_no_id_no_owner_no_host_path_and_no_other_session(sh
     agent, store, root = sharing
     owner = f"owner-{uuid.uuid4().hex[:8]}"
     me = bearer(owner)
-    other = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="sharer", name="Divorce papers 4711"),
-                                       metadata=me)).session
-    await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=other.id, messages=[
-        common_pb2.Message(role="user", content="my lawyer's number is OTHER-SECRET-0042"),
-        common_pb2.Message(role="assistant", content="Noted.")]), metadata=me)
+    other = (
+        await store.CreateSession(
+            store_pb.CreateSessionRequest(profile_id="sharer", name="Divorce papers 4711"), metadata=me
+        )
+    ).session
+    await store.AppendMessages(
+        store_pb.AppendMessagesRequest(
+            session_id=other.id,
+            messages=[
+                common_pb2.Message(role="user", content="my lawyer's number is OTHER-SECRET-0042"),
+                common_pb2.Message(role="assistant", content="Noted."),
+            ],
+        ),
+        metadata=me,
+    )
     report = root / "report.html"
     report.write_text("<!doctype html><title>Q3</title><p>revenue up</p>")
 
@@ -74,11 +114,11 @@ async def test_a_share_shows_no_id_no_owner_no_host_path_and_no_other_session(sh
         Reply(tool_calls=[("share_file", {"source": str(report)})]),
         Reply(tool_calls=[("content_publish", {"path": "report.html", "title": "Q3"})]),
         Reply(tool_calls=[("share_file", {"source": "/etc/shadow"})]),
-        Reply(thinking=f"I copied {report} for the user.", text=f"Here it is (from {report})."))
+        Reply(thinking=f"I copied {report} for the user.", text=f"Here it is (from {report})."),
+    )
     events = await turn(agent, me, "make me the Q3 report")
     session_id = events[0].session_id
-    await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session_id, name=f"Q3 from {root}"),
-                              metadata=me)
+    await store.UpdateSession(store_pb.UpdateSessionRequest(session_id=session_id, name=f"Q3 from {root}"), metadata=me)
 
     # Turn 2: the model reads the owner's other sessions, directly and through a sub-agent.
     ollama_sim.script(
@@ -86,29 +126,46 @@ async def test_a_share_shows_no_id_no_owner_no_host_path_and_no_other_session(sh
         Reply(tool_calls=[("session_search", {"action": "get", "session_id": other.id})]),
         Reply(tool_calls=[("spawn_agent", {"task": f"what does session {other.id} hold?"})]),
         Reply(text="Session 'Divorce papers 4711' holds OTHER-SECRET-0042."),  # the sub-agent's report
-        Reply(thinking=f"{other.id} was read; this one is {session_id}.",
-              text=f"I looked at {other.id.upper()} for you."))
-    await turn(agent, me, f"is {session_id} like my other one? my notes are in /home/{owner}/notes.txt",
-               session_id=session_id)
+        Reply(
+            thinking=f"{other.id} was read; this one is {session_id}.", text=f"I looked at {other.id.upper()} for you."
+        ),
+    )
+    await turn(
+        agent, me, f"is {session_id} like my other one? my notes are in /home/{owner}/notes.txt", session_id=session_id
+    )
 
     # A compaction, then the model searches what it took out of the context: the session_search result
     # is among the passages, and the summary may speak of it.
     ollama_sim.script(Reply(text="The user compared this with 'Divorce papers 4711' (OTHER-SECRET-0042)."))
     compacted = [e async for e in agent.Compact(pb.CompactRequest(session_id=session_id), metadata=me)]
     assert any(e.HasField("context_compressed") for e in compacted), compacted
-    ollama_sim.script(Reply(tool_calls=[("memory_search", {"query": "lawyer's number OTHER-SECRET-0042"})]),
-                      Reply(text="Found it."))
+    ollama_sim.script(
+        Reply(tool_calls=[("memory_search", {"query": "lawyer's number OTHER-SECRET-0042"})]), Reply(text="Found it.")
+    )
     await turn(agent, me, "what was that number again?", session_id=session_id)
 
-    forbidden = [*spellings(session_id), *spellings(other.id), "Divorce papers 4711", "OTHER-SECRET-0042", owner,
-                 str(root), str(base_settings.data_dir), str(base_settings.files_root)]
-    owners = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_FULL),
-                                     metadata=me)).session
+    forbidden = [
+        *spellings(session_id),
+        *spellings(other.id),
+        "Divorce papers 4711",
+        "OTHER-SECRET-0042",
+        owner,
+        str(root),
+        str(base_settings.data_dir),
+        str(base_settings.files_root),
+    ]
+    owners = (
+        await store.GetSession(
+            store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_FULL), metadata=me
+        )
+    ).session
     assert [m for m in owners.messages if m.is_compression and "OTHER-SECRET-0042" in m.content]  # the summary
     owners_view = owners.SerializeToString().lower()
     # The owner's own history holds every one of them (ids dashed): the test below has something to find.
-    assert [s for s in forbidden[:-2] if s.lower().encode() not in owners_view] == [uuid.UUID(session_id).hex,
-                                                                                      uuid.UUID(other.id).hex]
+    assert [s for s in forbidden[:-2] if s.lower().encode() not in owners_view] == [
+        uuid.UUID(session_id).hex,
+        uuid.UUID(other.id).hex,
+    ]
 
     token = (await store.CreateShare(store_pb.CreateShareRequest(session_id=session_id), metadata=me)).token
     shared = await store.GetShared(store_pb.GetSharedRequest(token=token, limit=500))
@@ -137,19 +194,26 @@ async def test_a_share_shows_no_id_no_owner_no_host_path_and_no_other_session(sh
 THIS = "0b7e5c1e-8f6a-4d2b-9c3e-1a2b3c4d5e6f"
 
 
-@pytest.mark.parametrize("text, shown", [
-    (f"session {THIS} and {THIS.upper()}", "session [this session] and [this session]"),
-    (f"undashed {uuid.UUID(THIS).hex}, another 9f1c2d3e-0000-4000-8000-00000000abcd", "undashed [this session], "
-                                                                                       "another [id]"),
-    ("a SHA-256 " + "ab" * 32 + " stays", "a SHA-256 " + "ab" * 32 + " stays"),
-    ("Shared /home/alice/out/report.pdf as report.pdf", "Shared …/report.pdf as report.pdf"),
-    ("in /home/alice and file:///srv/data/x.csv", "in … and file://…/x.csv"),
-    ("roots: /var/lib/palimpsest/workspace, /srv/a/b.tar.gz", "roots: …, …/b.tar.gz"),
-    ('{"source":"/Users/bob/Desktop/q.png"}', '{"source":"…/q.png"}'),
-    (f"palimpsest://sessions/{THIS}/files/a%20b.pdf", "palimpsest://sessions/[this session]/files/a%20b.pdf"),
-    ("https://example.com/a/b, http://[::1]/x/y, src/app/main.py, /tmp, 1/2/3, and/or", "https://example.com/a/b, "
-     "http://[::1]/x/y, src/app/main.py, /tmp, 1/2/3, and/or"),
-])
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        (f"session {THIS} and {THIS.upper()}", "session [this session] and [this session]"),
+        (
+            f"undashed {uuid.UUID(THIS).hex}, another 9f1c2d3e-0000-4000-8000-00000000abcd",
+            "undashed [this session], another [id]",
+        ),
+        ("a SHA-256 " + "ab" * 32 + " stays", "a SHA-256 " + "ab" * 32 + " stays"),
+        ("Shared /home/alice/out/report.pdf as report.pdf", "Shared …/report.pdf as report.pdf"),
+        ("in /home/alice and file:///srv/data/x.csv", "in … and file://…/x.csv"),
+        ("roots: /var/lib/palimpsest/workspace, /srv/a/b.tar.gz", "roots: …, …/b.tar.gz"),
+        ('{"source":"/Users/bob/Desktop/q.png"}', '{"source":"…/q.png"}'),
+        (f"palimpsest://sessions/{THIS}/files/a%20b.pdf", "palimpsest://sessions/[this session]/files/a%20b.pdf"),
+        (
+            "https://example.com/a/b, http://[::1]/x/y, src/app/main.py, /tmp, 1/2/3, and/or",
+            "https://example.com/a/b, http://[::1]/x/y, src/app/main.py, /tmp, 1/2/3, and/or",
+        ),
+    ],
+)
 def test_ids_are_masked_and_paths_keep_only_a_file_name(text, shown):
     from services.session_store.shared_view import scrubbed
 
@@ -169,8 +233,11 @@ def test_metadata_is_scrubbed_to_its_keys_and_nested_lists():
 def test_a_compression_marker_keeps_its_headline_not_the_summary():
     from services.session_store.shared_view import shared_message
 
-    marker = common_pb2.Message(role="system", is_compression=True,
-                                content="Context compressed: 40 → 12 messages\nThe user read 'Divorce papers'…")
+    marker = common_pb2.Message(
+        role="system",
+        is_compression=True,
+        content="Context compressed: 40 → 12 messages\nThe user read 'Divorce papers'…",
+    )
     marker.metadata.update({"messages_before": 40})
     assert shared_message(marker, THIS).content == "Context compressed: 40 → 12 messages"
 

@@ -12,7 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
+from palimpsest.v1 import session_store_pb2_grpc
 from tests.relay import Relay
 from tests.waiting import until
 

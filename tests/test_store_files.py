@@ -9,7 +9,8 @@ import grpc
 import pytest
 from PIL import Image
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import common_pb2, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
 from tests.calls import conversation, expect_status, full, new_session
 
 Message = common_pb2.Message
@@ -20,8 +21,9 @@ async def small_store(base_settings, database_url, tmp_path_factory):
     """A store with tiny caps, to reach its limits cheaply."""
     from services.session_store.app import start_store
 
-    settings = replace(base_settings, files_root=tmp_path_factory.mktemp("small-files"), files_max_bytes=1000,
-                       hot_window_messages=10)
+    settings = replace(
+        base_settings, files_root=tmp_path_factory.mktemp("small-files"), files_max_bytes=1000, hot_window_messages=10
+    )
     running = await start_store(settings, port=0, dsn=database_url)
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield session_store_pb2_grpc.SessionStoreStub(channel)
@@ -44,7 +46,7 @@ async def put(store, session_id, data: bytes, filename="", kind=pb.FILE_KIND_UNS
     async def parts():
         yield pb.PutFileRequest(header=pb.PutFileHeader(session_id=session_id, filename=filename, kind=kind))
         for i in range(0, len(data), chunk):
-            yield pb.PutFileRequest(chunk=data[i:i + chunk])
+            yield pb.PutFileRequest(chunk=data[i : i + chunk])
 
     return await store.PutFile(parts())
 
@@ -81,32 +83,48 @@ async def test_names_never_escape_the_session_folder(store, profile):
 async def test_executables_are_rejected_by_extension_and_content(store, profile):
     s = await new_session(store, profile)
     await expect_status(put(store, s.id, b"echo hi", "run.sh"), grpc.StatusCode.INVALID_ARGUMENT)
-    await expect_status(put(store, s.id, b"\x7fELF\x02\x01\x01" + b"\0" * 100, "notes.txt"),
-                        grpc.StatusCode.INVALID_ARGUMENT)
+    await expect_status(
+        put(store, s.id, b"\x7fELF\x02\x01\x01" + b"\0" * 100, "notes.txt"), grpc.StatusCode.INVALID_ARGUMENT
+    )
     await expect_status(put(store, s.id, b"#!/bin/sh\nrm -rf /", "readme.txt"), grpc.StatusCode.INVALID_ARGUMENT)
     assert not (await store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files
 
 
-@pytest.mark.parametrize("name, data, field", [
-    ("app.js", b"alert(1)", "filename"), ("x.cgi", b"echo", "filename"), ("a.pif", b"MZ", "filename"),
-    ("a.msc", b"<?xml?>", "filename"), ("go.desktop", b"[Desktop Entry]\nExec=sh", "filename"),
-    ("m.wasm", b"\x00asm", "filename"), ("doc.ps", b"%!PS", "filename"),
-    ("module.dat", b"\x00asm\x01\x00\x00\x00" + b"\x00" * 40, "content"),
-    ("page.txt", b"%!PS-Adobe-3.0\n/Helvetica findfont", "content"),
-    ("link.bin.txt", b"L\x00\x00\x00\x01\x14\x02\x00" + b"\x00" * 40, "content"),
-])
+@pytest.mark.parametrize(
+    "name, data, field",
+    [
+        ("app.js", b"alert(1)", "filename"),
+        ("x.cgi", b"echo", "filename"),
+        ("a.pif", b"MZ", "filename"),
+        ("a.msc", b"<?xml?>", "filename"),
+        ("go.desktop", b"[Desktop Entry]\nExec=sh", "filename"),
+        ("m.wasm", b"\x00asm", "filename"),
+        ("doc.ps", b"%!PS", "filename"),
+        ("module.dat", b"\x00asm\x01\x00\x00\x00" + b"\x00" * 40, "content"),
+        ("page.txt", b"%!PS-Adobe-3.0\n/Helvetica findfont", "content"),
+        ("link.bin.txt", b"L\x00\x00\x00\x01\x14\x02\x00" + b"\x00" * 40, "content"),
+    ],
+)
 async def test_scripts_and_programs_of_every_platform_are_refused(store, profile, name, data, field):
     s = await new_session(store, profile)
     await expect_status(put(store, s.id, data, name), grpc.StatusCode.INVALID_ARGUMENT, field, "no programs")
     assert not (await store.ListFiles(pb.ListFilesRequest(session_id=s.id))).files
 
 
-@pytest.mark.parametrize("name", [
-    "x.py\u200b",  # shows as x.py; was stored as x.py_
-    "report\u202efdp.exe",  # a right-to-left override: shows as report‮exe.pdf
-    "\ufeffnotes.txt", "a\u00a0b.txt", "line\u2028two.txt", "tab\there.txt",
-    "notes.txt.", "notes.txt ", " notes.txt",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x.py\u200b",  # shows as x.py; was stored as x.py_
+        "report\u202efdp.exe",  # a right-to-left override: shows as report‮exe.pdf
+        "\ufeffnotes.txt",
+        "a\u00a0b.txt",
+        "line\u2028two.txt",
+        "tab\there.txt",
+        "notes.txt.",
+        "notes.txt ",
+        " notes.txt",
+    ],
+)
 async def test_a_name_that_does_not_show_what_it_is_is_refused_not_renamed(store, profile, name):
     s = await new_session(store, profile)
     await expect_status(put(store, s.id, b"some notes", name), grpc.StatusCode.INVALID_ARGUMENT, "header.filename")
@@ -147,8 +165,9 @@ async def test_file_calls_check_their_input(store, profile):
 
 async def test_hot_window_archives_oldest_groups_and_keeps_the_task_hot(small_store, profile):
     s = await new_session(small_store, profile)
-    await small_store.AppendMessages(pb.AppendMessagesRequest(
-        session_id=s.id, messages=[Message(role="system", content="record"), *conversation(4)]))
+    await small_store.AppendMessages(
+        pb.AppendMessagesRequest(session_id=s.id, messages=[Message(role="system", content="record"), *conversation(4)])
+    )
     await small_store.AppendMessages(pb.AppendMessagesRequest(session_id=s.id, messages=conversation(3)))
     archived = (await small_store.GetArchivedMessages(pb.GetArchivedMessagesRequest(session_id=s.id))).messages
     assert archived, "past the 10-row cap the oldest groups move out"
@@ -172,8 +191,11 @@ async def test_file_responses_never_show_the_hosts_layout(store, profile, base_s
 
 async def test_messages_from_before_keep_their_files_as_names(store, profile):
     s = await new_session(store, profile)
-    old = Message(role="user", content="look", files=[f"/var/lib/palimpsest/session_files/{s.id}/image_1.png",
-                                                      "/home/me/photo.png", "image_2.png"])
+    old = Message(
+        role="user",
+        content="look",
+        files=[f"/var/lib/palimpsest/session_files/{s.id}/image_1.png", "/home/me/photo.png", "image_2.png"],
+    )
     await store.AppendMessages(pb.AppendMessagesRequest(session_id=s.id, messages=[old]))
     # A path into a session folder was the store's; the others are what a client wrote.
     assert list((await full(store, s.id)).messages[0].files) == ["image_1.png", "/home/me/photo.png", "image_2.png"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from services.session_store.repository.sessions import rows_within
 from services.shared.settings import Settings
 from tests.calls import append, expect_status, new_session
@@ -73,8 +74,9 @@ async def test_the_display_history_of_a_huge_session_pages_back_in_time(store, h
 async def test_the_context_of_a_huge_session_reads_in_parts(store, huge_session):
     context, revisions, more = [], set(), True
     while more:
-        reply = await store.GetSession(pb.GetSessionRequest(session_id=huge_session, view=pb.SESSION_VIEW_CONTEXT,
-                                                            context_offset=len(context)))
+        reply = await store.GetSession(
+            pb.GetSessionRequest(session_id=huge_session, view=pb.SESSION_VIEW_CONTEXT, context_offset=len(context))
+        )
         context += reply.session.context
         revisions.add(reply.session.revision)
         more = reply.has_more_context
@@ -86,12 +88,19 @@ async def test_the_context_of_a_huge_session_reads_in_parts(store, huge_session)
 async def test_a_message_over_the_cap_is_refused_naming_it_and_changes_nothing(store, huge_session):
     before = (await store.GetSession(pb.GetSessionRequest(session_id=huge_session))).session.revision
     too_big = Message(role="user", content="y" * (16 * MB + 1))
-    details = await expect_status(append(store, huge_session, Message(role="user", content="fine"), too_big),
-                                  grpc.StatusCode.RESOURCE_EXHAUSTED, "messages[1]", "PALIMPSEST_MESSAGE_MAX_MB")
+    details = await expect_status(
+        append(store, huge_session, Message(role="user", content="fine"), too_big),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "messages[1]",
+        "PALIMPSEST_MESSAGE_MAX_MB",
+    )
     assert "16,777,216" in details
     assert (await store.GetSession(pb.GetSessionRequest(session_id=huge_session))).session.revision == before
-    await expect_status(store.GetSession(pb.GetSessionRequest(session_id=huge_session, context_offset=-1)),
-                        grpc.StatusCode.INVALID_ARGUMENT, "context_offset")
+    await expect_status(
+        store.GetSession(pb.GetSessionRequest(session_id=huge_session, context_offset=-1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "context_offset",
+    )
 
 
 async def test_the_services_read_a_huge_context_whole_and_of_one_revision(store, huge_session):

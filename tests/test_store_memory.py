@@ -7,7 +7,8 @@ import uuid
 
 import asyncpg
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from services.session_store.repository.memory import CANDIDATES_SQL, candidate_arguments, memory_score
 
 # The candidate query before the arms were split: one WHERE, the specification the split must meet.
@@ -37,13 +38,27 @@ def mixed_corpus() -> list[common_pb2.RawChunk]:
         common_pb2.RawChunk(content="?? was all the tool printed"),
         common_pb2.RawChunk(content=LONG_CHUNK),
     ]
-    chunks += [common_pb2.RawChunk(content=f"deploy step {i}: the proxy reloaded its config ({'ok' * (i % 4)})")
-               for i in range(60)]
+    chunks += [
+        common_pb2.RawChunk(content=f"deploy step {i}: the proxy reloaded its config ({'ok' * (i % 4)})")
+        for i in range(60)
+    ]
     return chunks
 
 
-QUERIES = ["nginx", "NGINX proxy", "arker-1", "marker-1", "src/api/handler.py", "handler", "proxy config reloaded",
-           "??", "deploy", "nothing like this", LONG_CHUNK[:620], "8080"]
+QUERIES = [
+    "nginx",
+    "NGINX proxy",
+    "arker-1",
+    "marker-1",
+    "src/api/handler.py",
+    "handler",
+    "proxy config reloaded",
+    "??",
+    "deploy",
+    "nothing like this",
+    LONG_CHUNK[:620],
+    "8080",
+]
 
 
 async def test_split_arms_find_what_the_or_predicate_found(store, profile, database_url):
@@ -59,8 +74,10 @@ async def test_split_arms_find_what_the_or_predicate_found(store, profile, datab
             # And through the RPC: the rows the OR form picks, scored and cut as the store does.
             expected = await conn.fetch(OR_PREDICATE_SQL, uuid.UUID(session_id), *candidate_arguments(query, 5))
             found = await store.SearchMemory(pb.SearchMemoryRequest(session_id=session_id, query=query, limit=5))
-            scored = sorted(((memory_score(query, r["content"], r["breadcrumbs"]), r["id"]) for r in expected),
-                            key=lambda pair: (-pair[0], pair[1]))
+            scored = sorted(
+                ((memory_score(query, r["content"], r["breadcrumbs"]), r["id"]) for r in expected),
+                key=lambda pair: (-pair[0], pair[1]),
+            )
             assert [c.id for c in found.chunks] == [i for score, i in scored if score > 0][:5], query
     finally:
         await conn.close()
@@ -69,18 +86,26 @@ async def test_split_arms_find_what_the_or_predicate_found(store, profile, datab
 
 async def test_a_batch_of_chunks_is_stored_in_its_order_once_each(store, profile, database_url):
     session_id = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
-    first = common_pb2.RawChunk(content="first", breadcrumbs=["src/ä.py", 'a "quoted", comma'],
-                                turn_range=common_pb2.SeqRange(first=3, last=4))
+    first = common_pb2.RawChunk(
+        content="first", breadcrumbs=["src/ä.py", 'a "quoted", comma'], turn_range=common_pb2.SeqRange(first=3, last=4)
+    )
     first.first_at.FromSeconds(1_700_000_000)
-    batch = [first, common_pb2.RawChunk(content="second"), common_pb2.RawChunk(content="first"),  # same hash
-             common_pb2.RawChunk(content="third", breadcrumbs=[])]
+    batch = [
+        first,
+        common_pb2.RawChunk(content="second"),
+        common_pb2.RawChunk(content="first"),  # same hash
+        common_pb2.RawChunk(content="third", breadcrumbs=[]),
+    ]
     assert (await store.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=batch))).indexed == 3
     more = [common_pb2.RawChunk(content="third"), common_pb2.RawChunk(content="fourth")]
     assert (await store.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=more))).indexed == 1
     conn = await asyncpg.connect(database_url)
     try:
-        rows = await conn.fetch("SELECT content, breadcrumbs, first_seq, last_seq, extract(epoch FROM first_at) AS at,"
-                                " last_at FROM memory_chunks WHERE session_id = $1 ORDER BY id", uuid.UUID(session_id))
+        rows = await conn.fetch(
+            "SELECT content, breadcrumbs, first_seq, last_seq, extract(epoch FROM first_at) AS at,"
+            " last_at FROM memory_chunks WHERE session_id = $1 ORDER BY id",
+            uuid.UUID(session_id),
+        )
     finally:
         await conn.close()
     assert [r["content"] for r in rows] == ["first", "second", "third", "fourth"]

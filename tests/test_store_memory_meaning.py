@@ -18,7 +18,8 @@ import grpc
 import pytest
 
 from ollama_sim import OllamaSimulator
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import common_pb2, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
 from services.session_store.repository.memory import meaning_scores, rank_together
 from services.session_store.semantic import MESSAGE_EMBED_CHARS, message_batch
 from tests.conftest import _start_store
@@ -38,6 +39,7 @@ DISTRACTORS = [
 
 # -- ranking (pure) ------------------------------------------------------------------------------
 
+
 def test_without_meaning_scores_the_order_is_the_lexical_tiers():
     lexical = {1: 0.5, 2: 2.0, 3: 0.5, 4: 0.0, 5: 0.1}
     assert rank_together(lexical, {}, 10, 0.0) == [(2, 2.0), (1, 0.5), (3, 0.5), (5, 0.1)]
@@ -52,6 +54,7 @@ def test_meaning_adds_to_words_and_never_passes_a_verbatim_hit():
 
 
 # -- stores of this module -----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 async def database_url(database_url):
@@ -95,16 +98,20 @@ async def has_pgvector(database_url) -> bool:
 async def semantic_store(base_settings, database_url, has_pgvector):
     """Start a store on the simulator (the test passes its own, and settings): yields a stub factory."""
     if not has_pgvector:
-        pytest.skip("this PostgreSQL has no pgvector: the semantic tier cannot run here (the lexical fallback is "
-                    "tested instead)")
+        pytest.skip(
+            "this PostgreSQL has no pgvector: the semantic tier cannot run here (the lexical fallback is "
+            "tested instead)"
+        )
     running = []
 
     async def start(sim: OllamaSimulator, **overrides):
         # A generous embed timeout unless a test is about it: on a loaded machine 2 s was passed,
         # and the embedder's 30 s back-off then outlasted the tests' wait for the index.
-        settings = replace(base_settings, ollama_host=sim.url,
-                           **({"embed_model": EMBED_MODEL, "embed_timeout_s": 20.0,
-                               "embed_messages_quiet_s": 0.0} | overrides))
+        settings = replace(
+            base_settings,
+            ollama_host=sim.url,
+            **({"embed_model": EMBED_MODEL, "embed_timeout_s": 20.0, "embed_messages_quiet_s": 0.0} | overrides),
+        )
         server = await _start_store(settings, database_url)
         channel = grpc.aio.insecure_channel(server.address)
         running.append((server, channel))
@@ -138,7 +145,11 @@ async def vectors(database_url: str, session_id: str, model: str = EMBED_MODEL, 
     try:
         return await conn.fetchval(
             "SELECT count(*) FROM memory_vectors WHERE session_id = $1 AND model = $2"
-            " AND ($3::int IS NULL OR vector_dims(embedding) = $3)", uuid.UUID(session_id), model, dimensions)
+            " AND ($3::int IS NULL OR vector_dims(embedding) = $3)",
+            uuid.UUID(session_id),
+            model,
+            dimensions,
+        )
     finally:
         await conn.close()
 
@@ -157,6 +168,7 @@ def search(session_id: str, query: str, **fields) -> pb.SearchMemoryRequest:
 
 # -- the semantic tier ---------------------------------------------------------------------------
 
+
 async def test_a_paraphrase_sharing_no_word_finds_its_target(semantic_store, sim, store, profile, database_url):
     stub = await semantic_store(sim)
     session_id = await session_with_chunks(stub, profile, [*DISTRACTORS, TARGET])
@@ -167,7 +179,8 @@ async def test_a_paraphrase_sharing_no_word_finds_its_target(semantic_store, sim
     assert found.semantic
     assert [c.content for c in found.chunks] == [TARGET]  # the distractors are unrelated: below the floor
     assert found.chunks[0].similarity > 0.9 and found.chunks[0].score == pytest.approx(
-        (found.chunks[0].similarity - 0.5) / 0.5)
+        (found.chunks[0].similarity - 0.5) / 0.5
+    )
     # The lexical tier alone (the shared store has no embedding model) finds nothing: no shared word.
     lexical = await store.SearchMemory(search(session_id, PARAPHRASE))
     assert not lexical.semantic and list(lexical.chunks) == []
@@ -181,8 +194,11 @@ async def test_a_compression_is_indexed_after_it_commits(semantic_store, sim, pr
     stub = await semantic_store(sim)
     session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
     summary = common_pb2.Message(role="user", content="Summary: a deploy went wrong.")
-    committed = await stub.CommitCompression(pb.CommitCompressionRequest(
-        session_id=session_id, summary=summary, chunks=[common_pb2.RawChunk(content=TARGET)]))
+    committed = await stub.CommitCompression(
+        pb.CommitCompressionRequest(
+            session_id=session_id, summary=summary, chunks=[common_pb2.RawChunk(content=TARGET)]
+        )
+    )
     assert committed.chunks_indexed == 1
     assert await until(async_equals(lambda: vectors(database_url, session_id), 1))
     found = await stub.SearchMemory(search(session_id, PARAPHRASE))
@@ -190,7 +206,8 @@ async def test_a_compression_is_indexed_after_it_commits(semantic_store, sim, pr
 
 
 async def test_an_embedder_down_falls_back_to_the_lexical_tier_and_is_retried(
-        semantic_store, sim, store, profile, database_url):
+    semantic_store, sim, store, profile, database_url
+):
     stub = await semantic_store(sim, embed_retry_s=30.0)
     sim.set_embed_fault(status=503)
     before = len(sim.bodies("/api/embed"))
@@ -274,28 +291,60 @@ async def test_a_profiles_embedding_model_is_indexed_when_searched(semantic_stor
 async def test_auto_recall_finds_by_meaning(semantic_store, sim, base_settings, profiles_file, database_url):
     """The Agent's recall before a turn goes through the same SearchMemory ranking: a question in
     other words brings the compressed-away passage back into the prompt."""
-    from palimpsest.v1 import agent_pb2 as agent_pb, agent_pb2_grpc
+    from palimpsest.v1 import agent_pb2 as agent_pb
+    from palimpsest.v1 import agent_pb2_grpc
     from services.agent.app import start_agent
     from services.compressor.app import start_compressor
 
     stub = await semantic_store(sim)
     store_address = semantic_store.address_of(stub)
     compressor = await start_compressor(replace(base_settings, ollama_host=sim.url, store_addr=store_address), port=0)
-    agent = await start_agent(replace(base_settings, ollama_host=sim.url, store_addr=store_address,
-                                      compressor_addr=compressor.address, profiles_path=profiles_file), port=0)
+    agent = await start_agent(
+        replace(
+            base_settings,
+            ollama_host=sim.url,
+            store_addr=store_address,
+            compressor_addr=compressor.address,
+            profiles_path=profiles_file,
+        ),
+        port=0,
+    )
     try:
         session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id="small"))).session.id
-        await stub.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
-            common_pb2.Message(role="user", content="[Summary] We looked into last week's incident.", is_summary=True,
-                               explicit_flags=True, is_context=True, is_display=False)]))
-        await stub.IndexChunks(pb.IndexChunksRequest(session_id=session_id, chunks=[
-            common_pb2.RawChunk(content=f"user: {TARGET}; we rotated it at 14:02"),
-            *[common_pb2.RawChunk(content=d) for d in DISTRACTORS]]))
+        await stub.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=session_id,
+                messages=[
+                    common_pb2.Message(
+                        role="user",
+                        content="[Summary] We looked into last week's incident.",
+                        is_summary=True,
+                        explicit_flags=True,
+                        is_context=True,
+                        is_display=False,
+                    )
+                ],
+            )
+        )
+        await stub.IndexChunks(
+            pb.IndexChunksRequest(
+                session_id=session_id,
+                chunks=[
+                    common_pb2.RawChunk(content=f"user: {TARGET}; we rotated it at 14:02"),
+                    *[common_pb2.RawChunk(content=d) for d in DISTRACTORS],
+                ],
+            )
+        )
         assert await until(async_equals(lambda: vectors(database_url, session_id), 5))
         async with grpc.aio.insecure_channel(agent.address) as channel:
-            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
-                agent_pb.RunStreamRequest(text="Why did our release fail? Postgres credentials lapsed?",
-                                          session_id=session_id))]
+            events = [
+                e
+                async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
+                    agent_pb.RunStreamRequest(
+                        text="Why did our release fail? Postgres credentials lapsed?", session_id=session_id
+                    )
+                )
+            ]
         assert any(e.HasField("stream_end") for e in events)
         prompt = " ".join(m["content"] for m in sim.bodies()[-1]["messages"])
         assert "Recalled from earlier" in prompt and "rotated it at 14:02" in prompt
@@ -310,8 +359,9 @@ async def test_sessions_are_found_by_the_meaning_of_their_summaries(semantic_sto
     ids = {}
     for name, summary in (("incident", f"Summary: {TARGET}."), ("team lunch", f"Summary: {DISTRACTORS[1]}.")):
         session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id=profile, name=name))).session.id
-        await stub.CommitCompression(pb.CommitCompressionRequest(
-            session_id=session_id, summary=common_pb2.Message(role="user", content=summary)))
+        await stub.CommitCompression(
+            pb.CommitCompressionRequest(session_id=session_id, summary=common_pb2.Message(role="user", content=summary))
+        )
         ids[name] = session_id
     # Embedded after the compression committed, in the background.
     assert await until(lambda: summary_vectors(database_url, ids["incident"]))
@@ -329,37 +379,54 @@ async def test_sessions_are_found_by_the_meaning_of_their_summaries(semantic_sto
 async def message_vectors(database_url: str, session_id: str) -> list[int]:
     conn = await asyncpg.connect(database_url)
     try:
-        return [r["seq"] for r in await conn.fetch(
-            "SELECT seq FROM message_vectors WHERE session_id = $1 AND model = $2 ORDER BY seq",
-            uuid.UUID(session_id), EMBED_MODEL)]
+        return [
+            r["seq"]
+            for r in await conn.fetch(
+                "SELECT seq FROM message_vectors WHERE session_id = $1 AND model = $2 ORDER BY seq",
+                uuid.UUID(session_id),
+                EMBED_MODEL,
+            )
+        ]
     finally:
         await conn.close()
 
 
 async def test_sessions_never_compressed_are_found_by_the_meaning_of_their_messages(
-        semantic_store, sim, store, profile, database_url):
+    semantic_store, sim, store, profile, database_url
+):
     stub = await semantic_store(sim)
     ids = {}
     for name, words in (("incident", TARGET), ("lunch", DISTRACTORS[1]), ("car", DISTRACTORS[2])):
         session_id = (await stub.CreateSession(pb.CreateSessionRequest(profile_id=profile, name=name))).session.id
-        await stub.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
-            common_pb2.Message(role="user", content=words),
-            common_pb2.Message(role="assistant", content="", tool_calls=[
-                common_pb2.ToolCall(id="c1", name="run_command", arguments_json="{}")]),
-            common_pb2.Message(role="tool", name="run_command", tool_call_id="c1", content="exit 0"),
-            common_pb2.Message(role="assistant", content="Noted.")]))
+        await stub.AppendMessages(
+            pb.AppendMessagesRequest(
+                session_id=session_id,
+                messages=[
+                    common_pb2.Message(role="user", content=words),
+                    common_pb2.Message(
+                        role="assistant",
+                        content="",
+                        tool_calls=[common_pb2.ToolCall(id="c1", name="run_command", arguments_json="{}")],
+                    ),
+                    common_pb2.Message(role="tool", name="run_command", tool_call_id="c1", content="exit 0"),
+                    common_pb2.Message(role="assistant", content="Noted."),
+                ],
+            )
+        )
         ids[name] = session_id
     # Embedded in the background: the user's and the assistant's text, not the tool row or the
     # call without text.
     assert await until(async_equals(lambda: message_vectors(database_url, ids["car"]), [1, 4]))
     assert await until(async_equals(lambda: message_vectors(database_url, ids["incident"]), [1, 4]))
 
-    found = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query=PARAPHRASE,
-                                                           sort_by=pb.SORT_BY_RELEVANCE))
+    found = await stub.ListSessions(
+        pb.ListSessionsRequest(profile_id=profile, query=PARAPHRASE, sort_by=pb.SORT_BY_RELEVANCE)
+    )
     assert found.semantic and [s.id for s in found.sessions] == [ids["incident"]]
     # One word of two is no lexical match; with the other's meaning ("automobile": a car) it is.
-    tyres = await stub.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="automobile tyres",
-                                                           sort_by=pb.SORT_BY_RELEVANCE))
+    tyres = await stub.ListSessions(
+        pb.ListSessionsRequest(profile_id=profile, query="automobile tyres", sort_by=pb.SORT_BY_RELEVANCE)
+    )
     assert [s.id for s in tyres.sessions] == [ids["car"]]
     assert (await store.ListSessions(pb.ListSessionsRequest(profile_id=profile, query="automobile tyres"))).total == 0
 
@@ -395,8 +462,13 @@ async def test_an_append_wakes_the_indexer_for_messages_only():
 
         store = store_summaries = store_messages = None  # nothing pending: never called
 
-    index = MemoryIndex(Vectors(), Embedder(None, retry_s=1.0), model="m", query_timeout_s=1.0,  # type: ignore[arg-type]
-                        min_similarity=0.5)
+    index = MemoryIndex(
+        Vectors(),
+        Embedder(None, retry_s=1.0),
+        model="m",
+        query_timeout_s=1.0,  # type: ignore[arg-type]
+        min_similarity=0.5,
+    )
     assert await index._index_pending(everything=False) is None and asked == ["messages"]
     asked.clear()
     assert await index._index_pending() is None and asked == ["chunks", "summaries", "messages"]
@@ -410,8 +482,14 @@ async def test_an_append_wakes_the_indexer_for_messages_only():
     # With a quiet period, an append schedules the messages' pass for when its session is quiet;
     # later appends do not push it back (a busy store still gets its passes).
     now = [100.0]
-    quiet = MemoryIndex(Vectors(), Embedder(None, retry_s=1.0, clock=lambda: now[0]),  # type: ignore[arg-type]
-                        model="m", query_timeout_s=1.0, min_similarity=0.5, messages_quiet_s=10.0)
+    quiet = MemoryIndex(
+        Vectors(),
+        Embedder(None, retry_s=1.0, clock=lambda: now[0]),  # type: ignore[arg-type]
+        model="m",
+        query_timeout_s=1.0,
+        min_similarity=0.5,
+        messages_quiet_s=10.0,
+    )
     quiet.enabled, quiet._everything = True, False
     quiet.poke(messages_only=True)
     assert quiet._messages_due == 111.0 and not quiet._everything
@@ -428,20 +506,24 @@ async def test_messages_wait_until_their_session_is_quiet(store, profile, databa
     if not has_pgvector:
         pytest.skip("no pgvector: no message vectors")
     session_id = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session.id
-    await store.AppendMessages(pb.AppendMessagesRequest(session_id=session_id, messages=[
-        common_pb2.Message(role="user", content=TARGET)]))
+    await store.AppendMessages(
+        pb.AppendMessagesRequest(session_id=session_id, messages=[common_pb2.Message(role="user", content=TARGET)])
+    )
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
     vectors = MemoryVectors(pool)
     model = f"quiet-{uuid.uuid4().hex[:8]}"  # a space of this test alone
     await vectors.keep_space(model, from_settings=False)
 
     async def pending(quiet_s: float) -> bool:
-        return uuid.UUID(session_id) in {r["session_id"] for r in await vectors.pending_messages(model, 10_000, quiet_s)}
+        return uuid.UUID(session_id) in {
+            r["session_id"] for r in await vectors.pending_messages(model, 10_000, quiet_s)
+        }
 
     try:
         assert await pending(0.0) and not await pending(3600.0)  # just written: in its turn
-        await pool.execute("UPDATE sessions SET last_active = now() - interval '2 hours' WHERE id = $1",
-                           uuid.UUID(session_id))
+        await pool.execute(
+            "UPDATE sessions SET last_active = now() - interval '2 hours' WHERE id = $1", uuid.UUID(session_id)
+        )
         assert await pending(3600.0)
     finally:
         await pool.execute("DELETE FROM memory_vector_spaces WHERE model = $1", model)
@@ -477,8 +559,10 @@ async def test_a_bad_embedding_model_name_is_invalid_argument(store, profile):
 
 # -- without pgvector ----------------------------------------------------------------------------
 
+
 async def test_without_pgvector_the_store_says_so_once_and_searches_lexically(
-        base_settings, database_url, has_pgvector, sim, store, profile, caplog):
+    base_settings, database_url, has_pgvector, sim, store, profile, caplog
+):
     if has_pgvector:
         pytest.skip("this PostgreSQL has pgvector (run with TEST_DATABASE_URL on a server without it)")
     caplog.set_level(logging.INFO, logger="palimpsest.store.semantic")
@@ -507,5 +591,5 @@ def tried(sim: OllamaSimulator, text: str) -> bool:
 def async_equals(read, expected):
     async def check() -> bool:
         return await read() == expected
-    return check
 
+    return check

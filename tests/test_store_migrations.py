@@ -22,14 +22,29 @@ PREVIOUS_RELEASE_STARTUP_DDL = (
     "CREATE INDEX IF NOT EXISTS sessions_name_trgm ON sessions USING gin (name gin_trgm_ops)",
 )
 PREVIOUS_RELEASE = 8
-TABLES = {"schema_migrations", "sessions", "session_messages", "session_messages_archive", "memory_chunks",
-          "session_shares", "calibration_observations", "session_baselines", "applied_appends", "tool_runs",
-          "owner_memory", "owner_memory_entries", "owner_memory_pending"}
+TABLES = {
+    "schema_migrations",
+    "sessions",
+    "session_messages",
+    "session_messages_archive",
+    "memory_chunks",
+    "session_shares",
+    "calibration_observations",
+    "session_baselines",
+    "applied_appends",
+    "tool_runs",
+    "owner_memory",
+    "owner_memory_entries",
+    "owner_memory_pending",
+}
 # Made only where pgvector is available (0011); without it memory search is lexical.
-VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors", "message_vectors",
-                 "message_vector_marks"}
-TRIGRAM_INDEXES = {"session_messages_content_trgm", "session_messages_archive_content_trgm", "sessions_name_trgm",
-                   "memory_chunks_content_trgm"}
+VECTOR_TABLES = {"memory_vectors", "memory_vector_spaces", "summary_vectors", "message_vectors", "message_vector_marks"}
+TRIGRAM_INDEXES = {
+    "session_messages_content_trgm",
+    "session_messages_archive_content_trgm",
+    "sessions_name_trgm",
+    "memory_chunks_content_trgm",
+}
 
 
 async def schema(pool: asyncpg.Pool) -> dict[str, list[tuple]]:
@@ -44,9 +59,9 @@ async def schema(pool: asyncpg.Pool) -> dict[str, list[tuple]]:
                AND a.attnum > 0 AND NOT a.attisdropped
              ORDER BY 1, 3""",
         "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
-                   " ORDER BY 1, 2",
+        " ORDER BY 1, 2",
         "constraints": "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint"
-                       " WHERE connamespace = current_schema()::regnamespace ORDER BY 1, 2",
+        " WHERE connamespace = current_schema()::regnamespace ORDER BY 1, 2",
         "extensions": "SELECT extname FROM pg_extension ORDER BY 1",
         "migrations": "SELECT version, name FROM schema_migrations ORDER BY 1",
     }
@@ -74,8 +89,12 @@ async def test_migrating_from_empty_gives_the_whole_schema(database_url):
         assert tables == TABLES | (VECTOR_TABLES if await vector_available(pool) else set())
         assert [version for version, _ in migrated["migrations"]] == [v for v, _, _ in db._migrations()]
         indexes = {name for _, name, _ in migrated["indexes"]}
-        assert {"memory_chunks_tsv", "memory_chunks_breadcrumbs", "sessions_owner_last_active",
-                "calibration_observations_exact"} <= indexes
+        assert {
+            "memory_chunks_tsv",
+            "memory_chunks_breadcrumbs",
+            "sessions_owner_last_active",
+            "calibration_observations_exact",
+        } <= indexes
         if await trigram_available(pool):
             assert TRIGRAM_INDEXES <= indexes
             assert "pg_trgm" in {name for (name,) in migrated["extensions"]}
@@ -89,8 +108,9 @@ async def test_a_database_at_the_previous_release_ends_identical(database_url):
         if await trigram_available(upgraded):
             for statement in PREVIOUS_RELEASE_STARTUP_DDL:
                 await upgraded.execute(statement)
-        await upgraded.execute("INSERT INTO sessions (id, owner, profile_id, name) VALUES ($1, 'o', 'p', 'old')",
-                               uuid.uuid4())
+        await upgraded.execute(
+            "INSERT INTO sessions (id, owner, profile_id, name) VALUES ($1, 'o', 'p', 'old')", uuid.uuid4()
+        )
         await db.migrate(upgraded)
         await db.migrate(fresh)
         before, after = await schema(fresh), await schema(upgraded)

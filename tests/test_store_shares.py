@@ -12,7 +12,8 @@ import asyncpg
 import grpc
 import pytest
 
-from palimpsest.v1 import session_store_pb2 as pb, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
+from palimpsest.v1 import session_store_pb2_grpc
 from services.session_store import db
 from services.session_store.share_links import load_key, token_hash
 from tests.calls import append, conversation, expect_status, new_session
@@ -97,12 +98,19 @@ async def test_links_made_before_the_upgrade_keep_working(schema_0004, base_sett
 
     dsn, pool = schema_0004
     session_id, old_token = uuid.uuid4(), "legacy-plaintext-token-of-an-old-share-link-0123"
-    await pool.execute("INSERT INTO sessions (id, owner, profile_id, name, next_seq) VALUES ($1, 'anonymous', 'p',"
-                       " 'from before', 2)", session_id)
-    await pool.execute("INSERT INTO session_messages (session_id, seq, role, content) VALUES ($1, 1, 'user', 'hi')",
-                       session_id)
-    await pool.execute("INSERT INTO session_shares (session_id, token, token_hash) VALUES ($1, $2, $3)",
-                       session_id, old_token, token_hash(old_token))
+    await pool.execute(
+        "INSERT INTO sessions (id, owner, profile_id, name, next_seq) VALUES ($1, 'anonymous', 'p', 'from before', 2)",
+        session_id,
+    )
+    await pool.execute(
+        "INSERT INTO session_messages (session_id, seq, role, content) VALUES ($1, 1, 'user', 'hi')", session_id
+    )
+    await pool.execute(
+        "INSERT INTO session_shares (session_id, token, token_hash) VALUES ($1, $2, $3)",
+        session_id,
+        old_token,
+        token_hash(old_token),
+    )
     running = await start_store(base_settings, port=0, dsn=dsn)  # applies 0005
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
@@ -115,6 +123,10 @@ async def test_links_made_before_the_upgrade_keep_working(schema_0004, base_sett
                 assert [m.content for m in (await store.GetShared(pb.GetSharedRequest(token=token))).messages] == ["hi"]
     finally:
         await running.stop(0)
-    columns = {r["column_name"] for r in await pool.fetch(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'session_shares'")}
+    columns = {
+        r["column_name"]
+        for r in await pool.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'session_shares'"
+        )
+    }
     assert "token" not in columns

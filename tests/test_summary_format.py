@@ -213,6 +213,7 @@ def test_keys_none_means_no_keys() -> None:
 
 # -- the summary's window -----------------------------------------------------------------
 
+
 def chars_over_2(messages) -> int:
     """A stand-in for the pricing: two chars per token, with images at 500 each."""
     return sum(len(m.content) for m in messages) // 2 + 500 * sum(len(m.images) for m in messages)
@@ -220,15 +221,17 @@ def chars_over_2(messages) -> int:
 
 def test_an_input_that_fits_the_window_is_not_cut() -> None:
     messages = [msg("user", "u" * 1_000), msg("assistant", "a" * 1_000)]
-    out = format_for_summary(messages, vision=False, window=8_192, prompt=SUMMARY_PROMPT,
-                             summary_max_tokens=2_000, estimate=chars_over_2)
+    out = format_for_summary(
+        messages, vision=False, window=8_192, prompt=SUMMARY_PROMPT, summary_max_tokens=2_000, estimate=chars_over_2
+    )
     assert out.text == text_of(*messages) and out.omitted_chars == 0
 
 
 def test_an_input_too_big_for_the_window_is_cut_until_prompt_and_summary_fit() -> None:
     messages = [msg("user", f"message {i} " + "." * 1_000) for i in range(20)]
-    out = format_for_summary(messages, vision=False, window=4_096, prompt=SUMMARY_PROMPT,
-                             summary_max_tokens=6_000, estimate=chars_over_2)
+    out = format_for_summary(
+        messages, vision=False, window=4_096, prompt=SUMMARY_PROMPT, summary_max_tokens=6_000, estimate=chars_over_2
+    )
     priced = chars_over_2(summary_messages(SUMMARY_PROMPT, out.text))
     limit = input_limit(4_096, 6_000)
     assert priced <= limit and priced > limit - 10  # no more is cut than needed
@@ -239,8 +242,14 @@ def test_an_input_too_big_for_the_window_is_cut_until_prompt_and_summary_fit() -
 
 def test_the_meta_summary_input_is_cut_to_the_window_too() -> None:
     summaries = [msg("user", f"summary {i} " + "s" * 6_000, is_summary=True) for i in range(3)]
-    out = format_for_summary(summaries, vision=False, window=4_096, prompt=META_SUMMARY_PROMPT,
-                             summary_max_tokens=1_000, estimate=chars_over_2)
+    out = format_for_summary(
+        summaries,
+        vision=False,
+        window=4_096,
+        prompt=META_SUMMARY_PROMPT,
+        summary_max_tokens=1_000,
+        estimate=chars_over_2,
+    )
     assert chars_over_2(summary_messages(META_SUMMARY_PROMPT, out.text)) <= input_limit(4_096, 1_000)
     assert "summary 0 " in out.text and out.omitted_chars > 0
 
@@ -250,12 +259,19 @@ def test_images_give_way_when_prompt_and_images_leave_no_room_for_the_words() ->
     messages = [msg("user", "look " * 100, images=[png(64), png(64)])]
     limit = input_limit(4_200, 3_000)
     prompt = "p" * (2 * (limit - 1_000) - 20)
-    out = format_for_summary(messages, vision=True, window=4_200, prompt=prompt, summary_max_tokens=3_000,
-                             estimate=chars_over_2)
+    out = format_for_summary(
+        messages, vision=True, window=4_200, prompt=prompt, summary_max_tokens=3_000, estimate=chars_over_2
+    )
     assert out.images == [] and out.omitted_images == 2 and "look" in out.text
 
 
 def test_a_prompt_that_alone_fills_the_window_is_an_error_not_a_silent_cut() -> None:
     with pytest.raises(ValueError, match="fills the summary's window"):
-        format_for_summary([msg("user", "hello")], vision=False, window=1_000, prompt="p" * 10_000,
-                           summary_max_tokens=100, estimate=chars_over_2)
+        format_for_summary(
+            [msg("user", "hello")],
+            vision=False,
+            window=1_000,
+            prompt="p" * 10_000,
+            summary_max_tokens=100,
+            estimate=chars_over_2,
+        )

@@ -10,34 +10,57 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.context_view import to_ollama_messages
 from tests.compressor_calls import compress, session_with, summary_bodies, turns
 
 Message = common_pb2.Message
 HEAD = [Message(role="system", content="You are the bench assistant. Answer briefly.")]
-SCHEMAS = [json.dumps({"type": "function", "function": {"name": "fetch_report", "description": "Fetch a report.",
-                                                        "parameters": {"type": "object", "properties": {}}}})]
+SCHEMAS = [
+    json.dumps(
+        {
+            "type": "function",
+            "function": {
+                "name": "fetch_report",
+                "description": "Fetch a report.",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    )
+]
 
 
 async def context_of(store, session_id: str) -> list[Message]:
-    return list((await store.GetSession(store_pb.GetSessionRequest(
-        session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))).session.context)
+    return list(
+        (
+            await store.GetSession(
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT)
+            )
+        ).session.context
+    )
 
 
 async def test_a_summary_begins_as_the_conversations_last_prompt_did(compressor, store, profile, ollama_sim):
     session_id = await session_with(store, profile, turns(14, 1_200))  # a prompt that fit the window
     stored = await context_of(store, session_id)
     asked = len(ollama_sim.bodies())
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
-                            prompt_head=HEAD, tool_schemas=SCHEMAS)
+    events = await compress(
+        compressor,
+        session_id,
+        reason=pb.COMPRESSION_REASON_PRETURN,
+        window=8192,
+        prompt_head=HEAD,
+        tool_schemas=SCHEMAS,
+    )
     done = events[-1].compressed
     assert done.method == pb.COMPRESSION_METHOD_SUMMARY
     [body] = summary_bodies(ollama_sim, asked)
     sent = body["messages"]
     # The head, then the stored context as the chat call sends it, up to the last message summarized.
     chat_prompt = to_ollama_messages([*HEAD, *stored])
-    assert sent[:-1] == chat_prompt[:len(sent) - 1]
+    assert sent[:-1] == chat_prompt[: len(sent) - 1]
     assert len(sent) - 2 == done.replaced.last  # every summarized row, in order, and nothing after
     assert body["tools"] == [json.loads(s) for s in SCHEMAS]
     assert body["options"]["num_ctx"] == 8192 and body.get("think") in (False, None)
@@ -49,6 +72,7 @@ async def test_a_summary_begins_as_the_conversations_last_prompt_did(compressor,
 async def test_a_summarizer_that_calls_a_tool_is_asked_again_on_its_own(compressor, store, profile, ollama_sim):
     """The prefix form carries the tool block: a model may answer it with a call. The standalone form
     follows at once, in the same compression."""
+
     def replies(body) -> Reply:
         if body.get("tools"):
             return Reply(tool_calls=[("fetch_report", {})])
@@ -58,8 +82,14 @@ async def test_a_summarizer_that_calls_a_tool_is_asked_again_on_its_own(compress
     session_id = await session_with(store, profile, turns(14, 1_200))
     asked = len(ollama_sim.bodies())
     try:
-        events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=8192,
-                                prompt_head=HEAD, tool_schemas=SCHEMAS)
+        events = await compress(
+            compressor,
+            session_id,
+            reason=pb.COMPRESSION_REASON_PRETURN,
+            window=8192,
+            prompt_head=HEAD,
+            tool_schemas=SCHEMAS,
+        )
     finally:
         ollama_sim.set_responder(None)
     assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
@@ -120,11 +150,14 @@ async def test_the_length_asked_for_follows_what_is_condensed(compressor, store,
     assert large < 6_000
 
 
-@pytest.mark.parametrize("field, head, schemas", [
-    ("prompt_head[0].role", [Message(role="user", content="hi")], []),
-    ("tool_schemas[0]", HEAD, ["{not json"]),
-    ("tool_schemas[0]", HEAD, ["[1, 2]"]),
-])
+@pytest.mark.parametrize(
+    "field, head, schemas",
+    [
+        ("prompt_head[0].role", [Message(role="user", content="hi")], []),
+        ("tool_schemas[0]", HEAD, ["{not json"]),
+        ("tool_schemas[0]", HEAD, ["[1, 2]"]),
+    ],
+)
 async def test_a_bad_prompt_head_is_refused_naming_the_field(compressor, store, profile, field, head, schemas):
     session_id = await session_with(store, profile, turns(4))
     with pytest.raises(grpc.aio.AioRpcError) as error:

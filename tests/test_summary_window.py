@@ -12,30 +12,41 @@ from services.compressor.summary_window import input_limit, num_predict, padded,
 from services.shared.errors import InvalidArgument
 from services.shared.settings import Settings
 
-
 # -- which num_ctx ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("conversation_window", [4096, 8192, 8193, 32_768])
 def test_the_conversations_own_model_gets_exactly_the_conversations_window(conversation_window: int) -> None:
-    assert summary_num_ctx(same_model=True, conversation_window=conversation_window, summarizer_window=65_536,
-                           context_length=262_144) == conversation_window
+    assert (
+        summary_num_ctx(
+            same_model=True, conversation_window=conversation_window, summarizer_window=65_536, context_length=262_144
+        )
+        == conversation_window
+    )
 
 
 def test_a_separate_summarizer_model_gets_its_own_window() -> None:
-    assert summary_num_ctx(same_model=False, conversation_window=8192, summarizer_window=16_384,
-                           context_length=32_768) == 16_384
+    assert (
+        summary_num_ctx(same_model=False, conversation_window=8192, summarizer_window=16_384, context_length=32_768)
+        == 16_384
+    )
 
 
 @pytest.mark.parametrize("same_model", [True, False])
 def test_the_window_is_never_above_the_models_context_length(same_model: bool) -> None:
-    assert summary_num_ctx(same_model=same_model, conversation_window=65_536, summarizer_window=65_536,
-                           context_length=32_768) == 32_768
+    assert (
+        summary_num_ctx(
+            same_model=same_model, conversation_window=65_536, summarizer_window=65_536, context_length=32_768
+        )
+        == 32_768
+    )
 
 
 def test_an_unknown_context_length_caps_nothing() -> None:
-    assert summary_num_ctx(same_model=False, conversation_window=8192, summarizer_window=65_536,
-                           context_length=0) == 65_536
+    assert (
+        summary_num_ctx(same_model=False, conversation_window=8192, summarizer_window=65_536, context_length=0)
+        == 65_536
+    )
 
 
 # -- room for the summary ---------------------------------------------------------------------
@@ -62,8 +73,7 @@ def test_num_predict_is_capped_so_prompt_and_summary_fit_the_window() -> None:
 
 @pytest.mark.parametrize("num_ctx", [1024, 4096, 8192, 100_000])
 @pytest.mark.parametrize("max_tokens", [0, 500, 6000, 200_000])
-def test_an_input_within_the_limit_leaves_the_summary_at_least_its_reserved_room(num_ctx: int,
-                                                                                 max_tokens: int) -> None:
+def test_an_input_within_the_limit_leaves_the_summary_at_least_its_reserved_room(num_ctx: int, max_tokens: int) -> None:
     prompt = input_limit(num_ctx, max_tokens)
     assert num_predict(num_ctx, prompt, max_tokens) >= min(max_tokens, num_ctx // 4)
     assert padded(prompt) + num_predict(num_ctx, prompt, max_tokens) <= num_ctx

@@ -14,7 +14,8 @@ import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared import tls
 from services.shared.channels import open_channel
 from tests.conftest import three_services
@@ -61,8 +62,9 @@ async def secured(base_settings, database_url, ollama_sim, profiles_file, pems):
 
 
 async def health(address: str, credentials: grpc.ChannelCredentials | None) -> int:
-    channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
-               else grpc.aio.insecure_channel(address))
+    channel = (
+        grpc.aio.secure_channel(address, credentials) if credentials is not None else grpc.aio.insecure_channel(address)
+    )
     async with channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     return reply.status
@@ -82,8 +84,11 @@ async def test_a_turn_runs_with_every_hop_over_mutual_tls(secured, base_settings
     async with open_channel(store.address, settings) as channel:
         from palimpsest.v1 import session_store_pb2_grpc
 
-        session = (await session_store_pb2_grpc.SessionStoreStub(channel).GetSession(store_pb.GetSessionRequest(
-            session_id=events[0].session_id, view=store_pb.SESSION_VIEW_FULL))).session
+        session = (
+            await session_store_pb2_grpc.SessionStoreStub(channel).GetSession(
+                store_pb.GetSessionRequest(session_id=events[0].session_id, view=store_pb.SESSION_VIEW_FULL)
+            )
+        ).session
     assert [m.content for m in session.messages if m.role == "assistant"] == ["Sealed."]
 
 
@@ -91,10 +96,12 @@ async def test_callers_without_a_trusted_client_certificate_are_turned_away(secu
     store, _, _ = secured
     ours = tls.channel_credentials(pems.ca, pems.cert, pems.key)
     assert await health(store.address, ours) == health_pb2.HealthCheckResponse.SERVING
-    refused = [None,  # plaintext
-               tls.channel_credentials(pems.ca),  # TLS, but no certificate of its own
-               tls.channel_credentials(pems.ca, stranger.cert, stranger.key),  # a certificate of another CA
-               tls.channel_credentials(stranger.ca, pems.cert, pems.key)]  # trusts another CA, not the server's
+    refused = [
+        None,  # plaintext
+        tls.channel_credentials(pems.ca),  # TLS, but no certificate of its own
+        tls.channel_credentials(pems.ca, stranger.cert, stranger.key),  # a certificate of another CA
+        tls.channel_credentials(stranger.ca, pems.cert, pems.key),
+    ]  # trusts another CA, not the server's
     for credentials in refused:
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await health(store.address, credentials)
@@ -133,13 +140,19 @@ async def test_pal_names_a_tls_setting_it_cannot_use(pems, tmp_path):
     ran.assert_one_line_error("PALIMPSEST_TLS_KEY")
 
 
-@pytest.mark.parametrize("setting, wants", [
-    ({"tls_cert": "CERT"}, "PALIMPSEST_TLS_KEY is required"),
-    ({"tls_client_ca": "CA"}, "PALIMPSEST_TLS_CLIENT_CA needs PALIMPSEST_TLS_CERT"),
-    ({"tls_cert": "CERT", "tls_key": "/nonexistent/key.pem"}, "PALIMPSEST_TLS_KEY: cannot read /nonexistent/key.pem"),
-    ({"tls_cert": "CERT", "tls_key": "TEXT"}, "PALIMPSEST_TLS_KEY: .* is not a PEM file"),
-    ({"tls_ca": "TEXT"}, "PALIMPSEST_TLS_CA: .* is not a PEM file"),
-])
+@pytest.mark.parametrize(
+    "setting, wants",
+    [
+        ({"tls_cert": "CERT"}, "PALIMPSEST_TLS_KEY is required"),
+        ({"tls_client_ca": "CA"}, "PALIMPSEST_TLS_CLIENT_CA needs PALIMPSEST_TLS_CERT"),
+        (
+            {"tls_cert": "CERT", "tls_key": "/nonexistent/key.pem"},
+            "PALIMPSEST_TLS_KEY: cannot read /nonexistent/key.pem",
+        ),
+        ({"tls_cert": "CERT", "tls_key": "TEXT"}, "PALIMPSEST_TLS_KEY: .* is not a PEM file"),
+        ({"tls_ca": "TEXT"}, "PALIMPSEST_TLS_CA: .* is not a PEM file"),
+    ],
+)
 async def test_a_service_names_the_tls_setting_it_cannot_use(base_settings, pems, tmp_path, setting, wants):
     from services.compressor.app import start_compressor
 

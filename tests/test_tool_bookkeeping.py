@@ -10,7 +10,9 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import ToolContext, ToolResult
 
 MODEL = "qwen3.6"
@@ -26,8 +28,12 @@ class LedgerTool:
     async def run(self, args: dict, ctx: ToolContext) -> ToolResult:
         if args["account"] == "closed":
             return ToolResult(content="account closed", is_error=True, untrusted=False)
-        return ToolResult(content=f"balance of {args['account']}: 1,204.17 EUR", critical=True, untrusted=False,
-                          metadata={"currency": "EUR", "rows": 3})
+        return ToolResult(
+            content=f"balance of {args['account']}: 1,204.17 EUR",
+            critical=True,
+            untrusted=False,
+            metadata={"currency": "EUR", "rows": 3},
+        )
 
 
 @pytest.fixture(scope="module")
@@ -35,24 +41,51 @@ async def ledger_agent(base_settings, store_server, compressor_server, ollama_si
     from services.agent.app import start_agent
 
     path = tmp_path_factory.mktemp("ledger") / "profiles.json"
-    path.write_text(json.dumps({"profiles": [{
-        "id": "ledger", "model": MODEL, "context_window": 8192, "max_iterations": 4,
-        "custom_tools": ["tests.test_tool_bookkeeping:LedgerTool"], "agent_tools": ["ledger"]}]}))
-    running = await start_agent(replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address,
-                                        compressor_addr=compressor_server.address, profiles_path=str(path)), port=0)
+    path.write_text(
+        json.dumps(
+            {
+                "profiles": [
+                    {
+                        "id": "ledger",
+                        "model": MODEL,
+                        "context_window": 8192,
+                        "max_iterations": 4,
+                        "custom_tools": ["tests.test_tool_bookkeeping:LedgerTool"],
+                        "agent_tools": ["ledger"],
+                    }
+                ]
+            }
+        )
+    )
+    running = await start_agent(
+        replace(
+            base_settings,
+            ollama_host=ollama_sim.url,
+            store_addr=store_server.address,
+            compressor_addr=compressor_server.address,
+            profiles_path=str(path),
+        ),
+        port=0,
+    )
     async with grpc.aio.insecure_channel(running.address) as channel:
         yield agent_pb2_grpc.AgentStub(channel)
     await running.stop(0)
 
 
 async def test_a_tools_metadata_error_and_critical_mark_are_stored_with_its_result(ledger_agent, store, ollama_sim):
-    ollama_sim.script(Reply(tool_calls=[("ledger", {"account": "main"}), ("ledger", {"account": "closed"})]),
-                      Reply(text="Your balance is 1,204.17 EUR."))
-    events = [e async for e in ledger_agent.RunStream(pb.RunStreamRequest(text="what is my balance?",
-                                                                          profile_id="ledger"))]
+    ollama_sim.script(
+        Reply(tool_calls=[("ledger", {"account": "main"}), ("ledger", {"account": "closed"})]),
+        Reply(text="Your balance is 1,204.17 EUR."),
+    )
+    events = [
+        e async for e in ledger_agent.RunStream(pb.RunStreamRequest(text="what is my balance?", profile_id="ledger"))
+    ]
     assert events[-1].stream_end.reason == pb.STREAM_END_REASON_COMPLETED
-    session = (await store.GetSession(store_pb.GetSessionRequest(session_id=events[0].session_id,
-                                                                 view=store_pb.SESSION_VIEW_FULL))).session
+    session = (
+        await store.GetSession(
+            store_pb.GetSessionRequest(session_id=events[0].session_id, view=store_pb.SESSION_VIEW_FULL)
+        )
+    ).session
     ok, failed = [m for m in session.messages if m.role == "tool"]
     assert ok.is_compression_critical and dict(ok.metadata) == {"currency": "EUR", "rows": 3}
     assert not failed.is_compression_critical and failed.metadata["is_error"] is True

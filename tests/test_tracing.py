@@ -13,19 +13,20 @@ import sys
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.trace import SpanKind
 
 from ollama_sim import Reply
-from palimpsest.v1 import (agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb, compressor_pb2_grpc,
-                           session_store_pb2_grpc)
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2, compressor_pb2_grpc, session_store_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as cpb
 from services.shared import tracing
 from services.shared.ports import free_port
-from tests.conftest import three_services
 from tests.calls import session_due_for_a_post_turn_compression
+from tests.conftest import three_services
 from tests.waiting import until
 
 
@@ -58,13 +59,18 @@ async def test_one_turn_is_one_trace_from_the_agent_to_the_store_and_the_model(t
     exporter, store, agent = traced
     async with grpc.aio.insecure_channel(store.address) as channel:
         session = await session_due_for_a_post_turn_compression(session_store_pb2_grpc.SessionStoreStub(channel))
-    ollama_sim.set_responder(lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False
-                             else Reply(text="traced answer"))
+    ollama_sim.set_responder(
+        lambda body: Reply(text="- summary\nKEYS: a") if body.get("stream") is False else Reply(text="traced answer")
+    )
     exporter.clear()
     try:
         async with grpc.aio.insecure_channel(agent.address) as channel:
-            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
-                pb.RunStreamRequest(text="trace me", session_id=session.id))]
+            events = [
+                e
+                async for e in agent_pb2_grpc.AgentStub(channel).RunStream(
+                    pb.RunStreamRequest(text="trace me", session_id=session.id)
+                )
+            ]
         await asyncio.gather(*agent.servicer.deps.post_turn_tasks)  # the post-turn compression belongs to it too
     finally:
         ollama_sim.set_responder(None)
@@ -87,8 +93,13 @@ async def test_one_turn_is_one_trace_from_the_agent_to_the_store_and_the_model(t
     assert commit and all(under(s, "/palimpsest.v1.Compressor/Compress") for s in commit)
     queries = [s for s in spans if s.attributes and s.attributes.get("db.system") == "postgresql"]
     assert any(under(q, "/palimpsest.v1.SessionStore/CommitCompression") for q in queries)
-    chats = [s for s in spans if s.kind == SpanKind.CLIENT and s.attributes
-             and str(s.attributes.get("url.full") or s.attributes.get("http.url") or "").endswith("/api/chat")]
+    chats = [
+        s
+        for s in spans
+        if s.kind == SpanKind.CLIENT
+        and s.attributes
+        and str(s.attributes.get("url.full") or s.attributes.get("http.url") or "").endswith("/api/chat")
+    ]
     assert any(under(c, "/palimpsest.v1.Compressor/Compress") for c in chats)  # the summary
     assert any(not under(c, "/palimpsest.v1.Compressor/Compress") for c in chats)  # the turn's own answer
 
@@ -110,14 +121,21 @@ async def test_a_failed_call_is_marked_on_its_span(traced):
 def test_tracing_off_imports_nothing_of_opentelemetry():
     """No endpoint: the services start without loading a module of OpenTelemetry (a process of its own,
     as this one has tracing loaded)."""
-    script = ("import sys\n"
-              "import services.agent.app, services.compressor.app, services.session_store.app\n"
-              "from services.shared import tracing\n"
-              "tracing.start('', 'palimpsest-tests')\n"
-              "assert tracing.server_interceptors() == [] and tracing.channel_interceptors() == []\n"
-              "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
-    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+    script = (
+        "import sys\n"
+        "import services.agent.app, services.compressor.app, services.session_store.app\n"
+        "from services.shared import tracing\n"
+        "tracing.start('', 'palimpsest-tests')\n"
+        "assert tracing.server_interceptors() == [] and tracing.channel_interceptors() == []\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "[]"
 
@@ -130,8 +148,9 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
 
     async def Export(self, request, context):
         for resource_spans in request.resource_spans:
-            service = next((a.value.string_value for a in resource_spans.resource.attributes
-                            if a.key == "service.name"), "")
+            service = next(
+                (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), ""
+            )
             self.spans += [(service, span.name) for scope in resource_spans.scope_spans for span in scope.spans]
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -143,18 +162,24 @@ async def test_a_service_exports_its_spans_over_otlp_when_an_endpoint_is_set(sto
     receiver_port = receiver.add_insecure_port("127.0.0.1:0")
     await receiver.start()
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PALIMPSEST_"))},
-           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver_port}", "OTEL_BSP_SCHEDULE_DELAY": "100",
-           "PALIMPSEST_STORE_ADDR": store_server.address, "PALIMPSEST_COMPRESSOR_ADDR": f"127.0.0.1:{port}"}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.compressor", env=env,
-                                                stderr=asyncio.subprocess.DEVNULL)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PALIMPSEST_"))},
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver_port}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "PALIMPSEST_STORE_ADDR": store_server.address,
+        "PALIMPSEST_COMPRESSOR_ADDR": f"127.0.0.1:{port}",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.compressor", env=env, stderr=asyncio.subprocess.DEVNULL
+    )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             estimate = compressor_pb2_grpc.CompressorStub(channel).EstimateTokens
             request = cpb.EstimateTokensRequest(model="m", messages=[common_pb2.Message(role="user", content="hi")])
             await estimate(request, wait_for_ready=True, timeout=60)
-        assert await until(lambda: ("palimpsest-compressor", "/palimpsest.v1.Compressor/EstimateTokens")
-                           in collector.spans), collector.spans
+        assert await until(
+            lambda: ("palimpsest-compressor", "/palimpsest.v1.Compressor/EstimateTokens") in collector.spans
+        ), collector.spans
     finally:
         proc.terminate()
         await proc.wait()

@@ -10,8 +10,9 @@ import uuid
 import grpc
 import pytest
 
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
 from ollama_sim import Reply
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from tests.calls import expect_status, full
 from tests.replica_agents import two_agents
 
@@ -39,17 +40,23 @@ async def interleaving(agents, store, ollama_sim) -> tuple[list[str], list[int]]
     return stored, [done[-1].stream_end.reason, second[-1].stream_end.reason]
 
 
-async def test_two_agents_never_run_two_turns_of_one_session_at_once(base_settings, store_server, compressor_server,
-                                                                    ollama_sim, profiles_file, store):
+async def test_two_agents_never_run_two_turns_of_one_session_at_once(
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
     async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, True) as agents:
         stored, ends = await interleaving(agents, store, ollama_sim)
     assert ends == [pb.STREAM_END_REASON_COMPLETED] * 2
-    assert stored == ["user:first question", "assistant:one two three four five six",
-                      "user:second question", "assistant:second answer"]
+    assert stored == [
+        "user:first question",
+        "assistant:one two three four five six",
+        "user:second question",
+        "assistant:second answer",
+    ]
 
 
-async def test_without_claims_two_agents_interleave_one_sessions_turns(base_settings, store_server, compressor_server,
-                                                                      ollama_sim, profiles_file, store):
+async def test_without_claims_two_agents_interleave_one_sessions_turns(
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
     """What the claims prevent (and what this suite would miss if they did nothing)."""
     async with two_agents(base_settings, store_server, compressor_server, ollama_sim, profiles_file, False) as agents:
         stored, ends = await interleaving(agents, store, ollama_sim)
@@ -59,7 +66,8 @@ async def test_without_claims_two_agents_interleave_one_sessions_turns(base_sett
 
 
 async def test_a_dead_replicas_claim_runs_out_and_the_next_turn_takes_the_session(
-        base_settings, store_server, compressor_server, ollama_sim, profiles_file, store):
+    base_settings, store_server, compressor_server, ollama_sim, profiles_file, store
+):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     taken = await store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session.id, holder="dead/1", ttl_seconds=1))
     assert taken.granted
@@ -68,16 +76,18 @@ async def test_a_dead_replicas_claim_runs_out_and_the_next_turn_takes_the_sessio
         events = await asyncio.wait_for(turn(agents[0], session.id, "anyone there?"), timeout=30)
     assert events[-1].stream_end.text == "after the claim ran out"
     # Released after the turn: another holder gets it at once.
-    assert (await store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session.id, holder="next/1",
-                                                            ttl_seconds=5))).granted
+    assert (
+        await store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session.id, holder="next/1", ttl_seconds=5))
+    ).granted
 
 
 async def test_a_claim_is_granted_renewed_refused_and_released(store):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="p"))).session
 
     async def claim(holder: str, ttl: int = 30, release: bool = False) -> store_pb.ClaimTurnResponse:
-        return await store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session.id, holder=holder,
-                                                               ttl_seconds=ttl, release=release))
+        return await store.ClaimTurn(
+            store_pb.ClaimTurnRequest(session_id=session.id, holder=holder, ttl_seconds=ttl, release=release)
+        )
 
     assert (await claim("a/1")).granted
     assert (await claim("a/1")).granted  # renewed by its holder
@@ -91,12 +101,18 @@ async def test_a_claim_is_granted_renewed_refused_and_released(store):
     assert before == session.revision  # a claim is not a change to the session
 
 
-@pytest.mark.parametrize("holder, ttl, field", [("", 30, "holder"), ("x" * 129, 30, "holder"),
-                                               ("a/1", 0, "ttl_seconds"), ("a/1", 3601, "ttl_seconds")])
+@pytest.mark.parametrize(
+    "holder, ttl, field",
+    [("", 30, "holder"), ("x" * 129, 30, "holder"), ("a/1", 0, "ttl_seconds"), ("a/1", 3601, "ttl_seconds")],
+)
 async def test_a_bad_claim_is_refused_naming_its_field(store, holder, ttl, field):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="p"))).session
-    await expect_status(store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session.id, holder=holder,
-                                                                  ttl_seconds=ttl)),
-                        grpc.StatusCode.INVALID_ARGUMENT, field)
-    await expect_status(store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=str(uuid.uuid4()), holder="a/1",
-                                                                  ttl_seconds=5)), grpc.StatusCode.NOT_FOUND)
+    await expect_status(
+        store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session.id, holder=holder, ttl_seconds=ttl)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        field,
+    )
+    await expect_status(
+        store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=str(uuid.uuid4()), holder="a/1", ttl_seconds=5)),
+        grpc.StatusCode.NOT_FOUND,
+    )

@@ -26,8 +26,13 @@ def text(seq: int, words: str = "w", turn: str = "t1", session: str = "s1") -> p
 
 
 def end(seq: int, turn: str = "t1", session: str = "s1", *, subagent: bool = False) -> pb.AgentEvent:
-    return pb.AgentEvent(session_id=session, turn_id=turn, seq=seq, is_subagent=subagent,
-                         stream_end=pb.StreamEnd(reason=pb.STREAM_END_REASON_COMPLETED, text="all"))
+    return pb.AgentEvent(
+        session_id=session,
+        turn_id=turn,
+        seq=seq,
+        is_subagent=subagent,
+        stream_end=pb.StreamEnd(reason=pb.STREAM_END_REASON_COMPLETED, text="all"),
+    )
 
 
 def cost(event: pb.AgentEvent) -> int:
@@ -257,8 +262,15 @@ def test_the_budget_bounds_the_memory_the_kept_events_take():
     more than 1 MB."""
     budget = 1024 * 1024
     turns = TurnLogs(300, budget)
-    events = [pb.AgentEvent(session_id="12345678-1234-4234-8234-123456789012", turn_id=f"{i // 5_000:032x}",
-                            seq=i % 5_000 + 1, text_delta=pb.TextDelta(text=" word")) for i in range(30_000)]
+    events = [
+        pb.AgentEvent(
+            session_id="12345678-1234-4234-8234-123456789012",
+            turn_id=f"{i // 5_000:032x}",
+            seq=i % 5_000 + 1,
+            text_delta=pb.TextDelta(text=" word"),
+        )
+        for i in range(30_000)
+    ]
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]

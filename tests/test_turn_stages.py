@@ -25,11 +25,7 @@ def test_the_first_call_carries_no_notes_and_later_calls_are_reminded_of_budget_
     assert call_notes(profile, 0, 10, 0, "find the needle") == []
     later = call_notes(profile, 2, 10, 3, "find the needle")
     assert len(later) == 3
-    assert (
-        "Iteration 3 of 10" in later[0]
-        and "find the needle" in later[1]
-        and "3 iterations" in later[2]
-    )
+    assert "Iteration 3 of 10" in later[0] and "find the needle" in later[1] and "3 iterations" in later[2]
 
 
 def test_the_last_call_is_told_to_wrap_up_even_when_it_is_the_first():
@@ -113,9 +109,5 @@ def test_the_turn_does_not_import_the_module_that_builds_sub_agents():
         AGENT / "turn_context.py",
         *sorted((AGENT / "stages").glob("*.py")),
     ]:
-        imported = {
-            node.module
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom)
-        }
+        imported = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
         assert "services.agent.subagent" not in imported, path

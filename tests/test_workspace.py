@@ -11,16 +11,17 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ollama_sim import Reply
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, session_store_pb2 as store_pb, session_store_pb2_grpc
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.auth import vouching_metadata
 from services.shared.workspace_paths import BadPath, matches, workspace_path
+from tests.calls import END, expect_status, file_bytes, full, inline, put_file, run
 from tests.conftest import JWT_SECRET, _start_store, agent_settings, bearer
-from tests.calls import END, run
-from tests.calls import file_bytes, inline, put_file
-from tests.calls import expect_status, full
 
 # Each test starts from the simulator's deterministic echo.
 pytestmark = pytest.mark.usefixtures("fresh_sim")
@@ -29,40 +30,46 @@ FILE_TOOLS = ["read_file", "write_file", "edit_file", "list_files", "grep", "ima
 
 
 # -- paths, pure ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("raw, cwd, expected", [
-    ("notes.txt", "", "notes.txt"),
-    ("src/app.py", "", "src/app.py"),
-    ("./src//app.py", "", "src/app.py"),
-    ("app.py", "src", "src/app.py"),
-    ("../lib/x.py", "src/a", "src/lib/x.py"),
-    ("/workspace/src/app.py", "docs", "src/app.py"),
-    (".gitignore", "", ".gitignore"),
-    ("données/été.csv", "", "données/été.csv"),
-])
+@pytest.mark.parametrize(
+    "raw, cwd, expected",
+    [
+        ("notes.txt", "", "notes.txt"),
+        ("src/app.py", "", "src/app.py"),
+        ("./src//app.py", "", "src/app.py"),
+        ("app.py", "src", "src/app.py"),
+        ("../lib/x.py", "src/a", "src/lib/x.py"),
+        ("/workspace/src/app.py", "docs", "src/app.py"),
+        (".gitignore", "", ".gitignore"),
+        ("données/été.csv", "", "données/été.csv"),
+    ],
+)
 def test_a_workspace_path_is_normalized_from_the_working_folder(raw, cwd, expected):
     assert workspace_path(raw, cwd) == expected
 
 
-@pytest.mark.parametrize("raw, why", [
-    ("", "empty"),
-    ("../etc/passwd", "leads out of the workspace"),
-    ("a/../../x", "leads out of the workspace"),
-    ("/etc/passwd", "is absolute"),
-    ("C:/Windows/x", "is absolute"),
-    ("a\x00b", "NUL"),
-    ("a\nb", "control"),
-    ("x.py\u200b", "invisible"),
-    ("\u202egnp.exe", "invisible"),
-    ("a\\b", "uses '\\'"),
-    ("CON", "device name"),
-    ("dir/nul.txt", "device name"),
-    ("x" * 256, "longer than 255 bytes"),
-    ("/".join(["d"] * 40), "folders deep"),
-    (".sha256/x", "keeps for itself"),
-    ("a/.upload-1.part", "keeps for itself"),
-    ("trailing. ", "ends with a space or a dot"),
-    ("/workspace", "the workspace itself"),
-])
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        ("", "empty"),
+        ("../etc/passwd", "leads out of the workspace"),
+        ("a/../../x", "leads out of the workspace"),
+        ("/etc/passwd", "is absolute"),
+        ("C:/Windows/x", "is absolute"),
+        ("a\x00b", "NUL"),
+        ("a\nb", "control"),
+        ("x.py\u200b", "invisible"),
+        ("\u202egnp.exe", "invisible"),
+        ("a\\b", "uses '\\'"),
+        ("CON", "device name"),
+        ("dir/nul.txt", "device name"),
+        ("x" * 256, "longer than 255 bytes"),
+        ("/".join(["d"] * 40), "folders deep"),
+        (".sha256/x", "keeps for itself"),
+        ("a/.upload-1.part", "keeps for itself"),
+        ("trailing. ", "ends with a space or a dot"),
+        ("/workspace", "the workspace itself"),
+    ],
+)
 def test_a_path_that_leaves_or_hides_is_refused_with_why(raw, why):
     with pytest.raises(BadPath) as refused:
         workspace_path(raw)
@@ -73,9 +80,31 @@ GREP_LINES = st.lists(st.text(alphabet="ab c\t\r\n\x0b\x85é1-", max_size=12), m
 
 
 @settings(max_examples=300, deadline=None)
-@given(lines=GREP_LINES, raw=st.sampled_from([
-    "a", "ab", "a b", "b+c", r"\d", "a|c", r"\s", r"a\sb", "[^a]b", r"\bab\b", "a.b", "é", r"(a)\1", "^a", "b$",
-    r"\Aa", r"a(?!\n)", "(?<=b)a"]))
+@given(
+    lines=GREP_LINES,
+    raw=st.sampled_from(
+        [
+            "a",
+            "ab",
+            "a b",
+            "b+c",
+            r"\d",
+            "a|c",
+            r"\s",
+            r"a\sb",
+            "[^a]b",
+            r"\bab\b",
+            "a.b",
+            "é",
+            r"(a)\1",
+            "^a",
+            "b$",
+            r"\Aa",
+            r"a(?!\n)",
+            "(?<=b)a",
+        ]
+    ),
+)
 def test_grep_skips_a_file_only_when_no_line_of_it_matches(lines, raw):
     import regex
 
@@ -99,6 +128,7 @@ async def write(store, session_id: str, path: str, data: bytes, metadata=(), **h
     async def parts():
         yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=session_id, path=path, **header))
         yield store_pb.PutFileRequest(chunk=data)
+
     return await store.PutFile(parts(), metadata=metadata)
 
 
@@ -108,15 +138,18 @@ async def test_the_store_keeps_files_at_paths_replacing_them_whole(store):
     await write(store, session.id, "src/app.py", b"print(2)\n", from_tool=True)
     await write(store, session.id, "docs/a/b.md", b"# b\n", from_tool=True, outside_content=True)
     listed = (await store.ListFiles(store_pb.ListFilesRequest(session_id=session.id))).files
-    assert [(f.name, f.size, f.outside_content) for f in listed] == [
-        ("docs/a/b.md", 4, True), ("src/app.py", 9, False)]
+    assert [(f.name, f.size, f.outside_content) for f in listed] == [("docs/a/b.md", 4, True), ("src/app.py", 9, False)]
     assert await file_bytes(store, session.id, "src/app.py") == b"print(2)\n"
     freed = await store.DeleteFile(store_pb.DeleteFileRequest(session_id=session.id, name="docs/a/b.md"))
     assert freed.freed == 4
     assert [f.name for f in (await store.ListFiles(store_pb.ListFilesRequest(session_id=session.id))).files] == [
-        "src/app.py"]
-    await expect_status(store.DeleteFile(store_pb.DeleteFileRequest(session_id=session.id, name="docs/a/b.md")),
-                        grpc.StatusCode.NOT_FOUND, "docs/a/b.md")
+        "src/app.py"
+    ]
+    await expect_status(
+        store.DeleteFile(store_pb.DeleteFileRequest(session_id=session.id, name="docs/a/b.md")),
+        grpc.StatusCode.NOT_FOUND,
+        "docs/a/b.md",
+    )
 
 
 async def test_a_listing_names_a_token_that_changes_with_every_write_and_delete(store):
@@ -141,26 +174,34 @@ async def test_a_listing_names_a_token_that_changes_with_every_write_and_delete(
     assert (await listing("not-a-token")).files  # an unknown token lists
 
 
-@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "a/../../x", ".sha256/x", "CON",
-                                  ".palimpsest-changes", "src/.palimpsest-changes"])
+@pytest.mark.parametrize(
+    "path",
+    ["../escape.txt", "/etc/passwd", "a/../../x", ".sha256/x", "CON", ".palimpsest-changes", "src/.palimpsest-changes"],
+)
 async def test_the_store_refuses_a_path_that_is_not_a_workspace_path(store, path):
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="p"))).session
-    await expect_status(write(store, session.id, path, b"x", from_tool=True), grpc.StatusCode.INVALID_ARGUMENT,
-                        "header.path")
+    await expect_status(
+        write(store, session.id, path, b"x", from_tool=True), grpc.StatusCode.INVALID_ARGUMENT, "header.path"
+    )
     assert not (await store.ListFiles(store_pb.ListFilesRequest(session_id=session.id))).files
 
 
 async def test_only_the_services_tool_writes_may_keep_source_code(store_auth, user):
     me = bearer(user)
     session = (await store_auth.CreateSession(store_pb.CreateSessionRequest(profile_id="p"), metadata=me)).session
-    await expect_status(write(store_auth, session.id, "app.py", b"print(1)\n", me, from_tool=True),
-                        grpc.StatusCode.INVALID_ARGUMENT, "program")
+    await expect_status(
+        write(store_auth, session.id, "app.py", b"print(1)\n", me, from_tool=True),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "program",
+    )
     vouched = me + vouching_metadata(True, JWT_SECRET)
-    kept = await write(store_auth, session.id, "app.py", b"#!/usr/bin/env python3\nprint(1)\n", vouched,
-                       from_tool=True)
+    kept = await write(store_auth, session.id, "app.py", b"#!/usr/bin/env python3\nprint(1)\n", vouched, from_tool=True)
     assert kept.file.name == "app.py" and not kept.file.outside_content
-    await expect_status(write(store_auth, session.id, "a.out", b"\x7fELF\x02\x01\x01" + b"\0" * 64, vouched,
-                              from_tool=True), grpc.StatusCode.INVALID_ARGUMENT, "program")
+    await expect_status(
+        write(store_auth, session.id, "a.out", b"\x7fELF\x02\x01\x01" + b"\0" * 64, vouched, from_tool=True),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "program",
+    )
     got = await store_auth.GetSession(store_pb.GetSessionRequest(session_id=session.id), metadata=me)
     assert not got.session.untrusted_ingested  # the conversation's own code does not taint
 
@@ -169,9 +210,24 @@ async def test_only_the_services_tool_writes_may_keep_source_code(store_auth, us
 @pytest.fixture(scope="module")
 def files_profiles(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ws-profiles") / "profiles.json"
-    path.write_text(json.dumps({"default": "hands", "profiles": [
-        {"id": "hands", "model": "qwen3.6", "context_window": 8192, "max_iterations": 8, "think_enabled": False,
-         "memory_recall_enabled": False, "tools": {"agent": [*FILE_TOOLS, "spawn_agent"], "subagent": FILE_TOOLS}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "default": "hands",
+                "profiles": [
+                    {
+                        "id": "hands",
+                        "model": "qwen3.6",
+                        "context_window": 8192,
+                        "max_iterations": 8,
+                        "think_enabled": False,
+                        "memory_recall_enabled": False,
+                        "tools": {"agent": [*FILE_TOOLS, "spawn_agent"], "subagent": FILE_TOOLS},
+                    }
+                ],
+            }
+        )
+    )
     return str(path)
 
 
@@ -214,7 +270,8 @@ async def test_a_model_writes_edits_and_reads_back_and_the_store_has_every_chang
         Reply(tool_calls=[("write_file", {"path": "src/app.py", "content": "def f():\n    return 1\n"})]),
         Reply(tool_calls=[("edit_file", {"path": "src/app.py", "old_string": "return 1", "new_string": "return 2"})]),
         Reply(tool_calls=[("read_file", {"path": "/workspace/src/app.py"})]),
-        Reply(text="done"))
+        Reply(text="done"),
+    )
     events = await run(agent, "write it")
     session_id = events[0].session_id
     assert finished(events) == [("write_file", False), ("edit_file", False), ("read_file", False)]
@@ -229,9 +286,13 @@ async def test_a_model_writes_edits_and_reads_back_and_the_store_has_every_chang
 
 async def test_what_one_replica_wrote_the_other_reads_in_the_next_turn(two_agents, store, ollama_sim):
     first, second = two_agents
-    ollama_sim.script(Reply(tool_calls=[("write_file", {"path": "plan.md", "content": "step one\n"})]), Reply(text="ok"))
+    ollama_sim.script(
+        Reply(tool_calls=[("write_file", {"path": "plan.md", "content": "step one\n"})]), Reply(text="ok")
+    )
     session_id = (await run(first, "note the plan"))[0].session_id
-    ollama_sim.script(Reply(tool_calls=[("write_file", {"path": "plan.md", "content": "step two\n"})]), Reply(text="ok"))
+    ollama_sim.script(
+        Reply(tool_calls=[("write_file", {"path": "plan.md", "content": "step two\n"})]), Reply(text="ok")
+    )
     await run(second, "change it", session_id=session_id)
 
     def read_when_asked(body):  # (the first replica's kept copy is stale: its first call is made again)
@@ -246,17 +307,24 @@ async def test_what_one_replica_wrote_the_other_reads_in_the_next_turn(two_agent
 
 async def test_a_sub_agent_works_in_its_parents_workspace(two_agents, store, ollama_sim):
     agent, _ = two_agents
-    ollama_sim.script(Reply(tool_calls=[("spawn_agent", {"task": "write the notes"})]),
-                      Reply(tool_calls=[("write_file", {"path": "notes/sub.md", "content": "from the sub-agent\n"})]),
-                      Reply(text="written"), Reply(text="done"))
+    ollama_sim.script(
+        Reply(tool_calls=[("spawn_agent", {"task": "write the notes"})]),
+        Reply(tool_calls=[("write_file", {"path": "notes/sub.md", "content": "from the sub-agent\n"})]),
+        Reply(text="written"),
+        Reply(text="done"),
+    )
     session_id = (await run(agent, "delegate"))[0].session_id
     assert await file_bytes(store, session_id, "notes/sub.md") == b"from the sub-agent\n"
 
 
 async def test_the_turns_working_folder_resolves_relative_paths(two_agents, store, ollama_sim):
     agent, _ = two_agents
-    ollama_sim.script(Reply(tool_calls=[("write_file", {"path": "app.py", "content": "x = 1\n"}),
-                                        ("list_files", {"pattern": "*.py"})]), Reply(text="ok"))
+    ollama_sim.script(
+        Reply(
+            tool_calls=[("write_file", {"path": "app.py", "content": "x = 1\n"}), ("list_files", {"pattern": "*.py"})]
+        ),
+        Reply(text="ok"),
+    )
     events = await run(agent, "write it here", cwd="src")
     assert await file_bytes(store, events[0].session_id, "src/app.py") == b"x = 1\n"
     assert tool_results(ollama_sim)[1] == "1 file in src matching '*.py':\nsrc/app.py  (6 bytes)"
@@ -267,11 +335,16 @@ async def test_edit_file_says_when_the_text_is_absent_or_not_unique(two_agents, 
     agent, _ = two_agents
     ollama_sim.script(
         Reply(tool_calls=[("write_file", {"path": "a.txt", "content": "one\ntwo\none\n"})]),
-        Reply(tool_calls=[("edit_file", {"path": "a.txt", "old_string": "three", "new_string": "3"}),
-                          ("edit_file", {"path": "a.txt", "old_string": "one", "new_string": "1"}),
-                          ("edit_file", {"path": "b.txt", "old_string": "one", "new_string": "1"}),
-                          ("edit_file", {"path": "a.txt", "old_string": "one", "new_string": "1", "replace_all": True})]),
-        Reply(text="ok"))
+        Reply(
+            tool_calls=[
+                ("edit_file", {"path": "a.txt", "old_string": "three", "new_string": "3"}),
+                ("edit_file", {"path": "a.txt", "old_string": "one", "new_string": "1"}),
+                ("edit_file", {"path": "b.txt", "old_string": "one", "new_string": "1"}),
+                ("edit_file", {"path": "a.txt", "old_string": "one", "new_string": "1", "replace_all": True}),
+            ]
+        ),
+        Reply(text="ok"),
+    )
     events = await run(agent, "edit")
     absent, twice, missing, replaced = tool_results(ollama_sim)[1:]
     assert "the text to replace is not in a.txt" in absent
@@ -284,13 +357,24 @@ async def test_edit_file_says_when_the_text_is_absent_or_not_unique(two_agents, 
 async def test_grep_and_list_files_find_what_is_there(two_agents, store, ollama_sim):
     agent, _ = two_agents
     ollama_sim.script(
-        Reply(tool_calls=[("write_file", {"path": "src/a.py", "content": "import os\n# TODO: fix\n"}),
-                          ("write_file", {"path": "src/b.py", "content": "x = 1  # todo later\n"}),
-                          ("write_file", {"path": "README.md", "content": "TODO list\n"})]),
-        Reply(tool_calls=[("grep", {"pattern": "todo", "ignore_case": True, "glob": "*.py"}),
-                          ("grep", {"pattern": "(a+)+$"}), ("grep", {"pattern": "[unclosed"}),
-                          ("list_files", {}), ("list_files", {"path": "src", "pattern": "b*"})]),
-        Reply(text="ok"))
+        Reply(
+            tool_calls=[
+                ("write_file", {"path": "src/a.py", "content": "import os\n# TODO: fix\n"}),
+                ("write_file", {"path": "src/b.py", "content": "x = 1  # todo later\n"}),
+                ("write_file", {"path": "README.md", "content": "TODO list\n"}),
+            ]
+        ),
+        Reply(
+            tool_calls=[
+                ("grep", {"pattern": "todo", "ignore_case": True, "glob": "*.py"}),
+                ("grep", {"pattern": "(a+)+$"}),
+                ("grep", {"pattern": "[unclosed"}),
+                ("list_files", {}),
+                ("list_files", {"path": "src", "pattern": "b*"}),
+            ]
+        ),
+        Reply(text="ok"),
+    )
     await run(agent, "look")
     found, nothing, bad, everything, some = tool_results(ollama_sim)[3:]
     assert found == "src/a.py:2: # TODO: fix\nsrc/b.py:1: x = 1  # todo later"
@@ -307,11 +391,19 @@ async def test_read_file_pages_a_long_file_and_describes_binary_and_images(two_a
     await write(store, session.id, "big.log", long, from_tool=True)
     await write(store, session.id, "blob.bin", bytes(range(256)) * 4, from_tool=True)
     from tests.calls import png_bytes
+
     await write(store, session.id, "shot.png", png_bytes(), from_tool=True)
-    ollama_sim.script(Reply(tool_calls=[("read_file", {"path": "big.log"}), ("read_file", {"path": "big.log",
-                                                                                        "offset": 2999}),
-                                        ("read_file", {"path": "blob.bin"}), ("read_file", {"path": "shot.png"})]),
-                      Reply(text="ok"))
+    ollama_sim.script(
+        Reply(
+            tool_calls=[
+                ("read_file", {"path": "big.log"}),
+                ("read_file", {"path": "big.log", "offset": 2999}),
+                ("read_file", {"path": "blob.bin"}),
+                ("read_file", {"path": "shot.png"}),
+            ]
+        ),
+        Reply(text="ok"),
+    )
     await run(agent, "read them", session_id=session.id)
     first, end, binary, image = tool_results(ollama_sim)
     assert first.startswith("     1\tline 1 ") and "the file goes on: read_file with offset=" in first
@@ -321,13 +413,15 @@ async def test_read_file_pages_a_long_file_and_describes_binary_and_images(two_a
     assert "shot.png is an image" in image and "image_view" in image
 
 
-@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "x\x00y", "CON", "a\u200b.txt",
-                                  "../" + "x" * 300, "/proc/self/environ"])
+@pytest.mark.parametrize(
+    "path", ["../../etc/passwd", "/etc/passwd", "x\x00y", "CON", "a\u200b.txt", "../" + "x" * 300, "/proc/self/environ"]
+)
 async def test_a_path_out_of_the_workspace_is_refused_with_a_reason(two_agents, ollama_sim, path):
     agent, _ = two_agents
-    ollama_sim.script(Reply(tool_calls=[("read_file", {"path": path}), ("write_file", {"path": path,
-                                                                                      "content": "x"})]),
-                      Reply(text="ok"))
+    ollama_sim.script(
+        Reply(tool_calls=[("read_file", {"path": path}), ("write_file", {"path": path, "content": "x"})]),
+        Reply(text="ok"),
+    )
     events = await run(agent, "try it")
     assert finished(events) == [("read_file", True), ("write_file", True)]
     read, wrote = tool_results(ollama_sim)
@@ -341,10 +435,16 @@ async def small_quota(base_settings, database_url, compressor_server, ollama_sim
 
     settings = replace(base_settings, files_max_bytes=2_000, auth_enabled=True)
     store_server = await _start_store(settings, database_url)
-    agent_server = await start_agent(replace(agent_settings(settings, store_server, compressor_server, ollama_sim,
-                                                            files_profiles), auth_enabled=True), port=0)
-    async with grpc.aio.insecure_channel(agent_server.address) as channel, \
-            grpc.aio.insecure_channel(store_server.address) as store_channel:
+    agent_server = await start_agent(
+        replace(
+            agent_settings(settings, store_server, compressor_server, ollama_sim, files_profiles), auth_enabled=True
+        ),
+        port=0,
+    )
+    async with (
+        grpc.aio.insecure_channel(agent_server.address) as channel,
+        grpc.aio.insecure_channel(store_server.address) as store_channel,
+    ):
         yield agent_pb2_grpc.AgentStub(channel), session_store_pb2_grpc.SessionStoreStub(store_channel)
     await agent_server.stop(0)
     await store_server.stop(0)
@@ -353,9 +453,15 @@ async def small_quota(base_settings, database_url, compressor_server, ollama_sim
 async def test_a_write_the_store_refuses_is_a_result_the_model_reads(small_quota, ollama_sim):
     agent, store = small_quota
     me = bearer(f"ws-{uuid.uuid4().hex[:8]}")
-    ollama_sim.script(Reply(tool_calls=[("write_file", {"path": "big.txt", "content": "x" * 5_000}),
-                                        ("write_file", {"path": "tool.exe", "content": "MZ" + "\0" * 100})]),
-                      Reply(text="could not"))
+    ollama_sim.script(
+        Reply(
+            tool_calls=[
+                ("write_file", {"path": "big.txt", "content": "x" * 5_000}),
+                ("write_file", {"path": "tool.exe", "content": "MZ" + "\0" * 100}),
+            ]
+        ),
+        Reply(text="could not"),
+    )
     events = [e async for e in agent.RunStream(pb.RunStreamRequest(text="write"), metadata=me)]
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED
     too_big, program = tool_results(ollama_sim)

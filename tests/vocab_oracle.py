@@ -36,16 +36,27 @@ SDIST = "llama-cpp-python==0.3.36"
 # Mistral's tokenizer library; llama.cpp's counts of them were made from the GGUF its converter
 # writes (tokens, scores, types, add_space_prefix), which spm_model_info gives too.
 MISTRAL_WHEEL = "mistral-common==1.13.1"
-SPM_FILES = {"mistral-v3": "mistral_instruct_tokenizer_240323.model.v3",
-             "mistral-v7": "mistral_instruct_tokenizer_241114.model.v7"}
+SPM_FILES = {
+    "mistral-v3": "mistral_instruct_tokenizer_240323.model.v3",
+    "mistral-v7": "mistral_instruct_tokenizer_241114.model.v7",
+}
 MODELS_IN_SDIST = "/vendor/llama.cpp/models/"
 VOCAB_PREFIX = "ggml-vocab-"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 DOWNLOAD_TIMEOUT_S = 600
 # What pip prints when it cannot reach the index (no network, DNS, proxy, TLS).
-_NETWORK_FAILURES = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
-                     "Name or service not known", "ConnectTimeout", "ReadTimeout", "ProxyError", "SSLError",
-                     "Network is unreachable", "Connection refused")
+_NETWORK_FAILURES = (
+    "NewConnectionError",
+    "Max retries exceeded",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "ProxyError",
+    "SSLError",
+    "Network is unreachable",
+    "Connection refused",
+)
 
 
 class OracleUnavailable(RuntimeError):
@@ -60,8 +71,9 @@ def cache_root() -> Path:
 
 def vocab_dir(root: Path | None = None) -> Path:
     """The folder of llama.cpp's vocab files and vectors, downloaded on first use."""
-    return _fetched(SDIST, root, lambda member: MODELS_IN_SDIST in member
-                    and member.rpartition("/")[2].startswith(VOCAB_PREFIX))
+    return _fetched(
+        SDIST, root, lambda member: MODELS_IN_SDIST in member and member.rpartition("/")[2].startswith(VOCAB_PREFIX)
+    )
 
 
 def mistral_dir(root: Path | None = None) -> Path:
@@ -89,9 +101,22 @@ def _fetched(requirement: str, root: Path | None, keep: Callable[[str], bool]) -
 def _download(requirement: str, target: Path, keep: Callable[[str], bool]) -> None:
     sdist = requirement == SDIST
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                   "--retries", "1", "--timeout", "30", "-d", scratch, requirement,
-                   *(["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"])]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--retries",
+            "1",
+            "--timeout",
+            "30",
+            "-d",
+            scratch,
+            requirement,
+            *(["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]),
+        ]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
@@ -154,8 +179,9 @@ class OracleVocab:
 
 
 def vocabularies(folder: Path) -> list[OracleVocab]:
-    return [OracleVocab(p.name[len(VOCAB_PREFIX):-len(".gguf")], p)
-            for p in sorted(folder.glob(VOCAB_PREFIX + "*.gguf"))]
+    return [
+        OracleVocab(p.name[len(VOCAB_PREFIX) : -len(".gguf")], p) for p in sorted(folder.glob(VOCAB_PREFIX + "*.gguf"))
+    ]
 
 
 def model_info(path: Path) -> dict[str, Any]:
@@ -175,8 +201,12 @@ def spm_model_info(path: Path) -> dict[str, Any]:
     size = processor.get_piece_size()
 
     def kind(i: int) -> int:  # GGUF token types, in the converter's order of precedence
-        checks = ((processor.is_unknown, 2), (processor.is_control, 3), (processor.is_byte, 6),
-                  (processor.is_unused, 5))
+        checks = (
+            (processor.is_unknown, 2),
+            (processor.is_control, 3),
+            (processor.is_byte, 6),
+            (processor.is_unused, 5),
+        )
         return next((value for check, value in checks if check(i)), 1)
 
     return {
@@ -199,6 +229,7 @@ def vocab_info(name: str, root: Path | None = None) -> dict[str, Any]:
         return spm_model_info(mistral_dir(root) / SPM_FILES[name])
     return model_info(vocab_dir(root) / f"{VOCAB_PREFIX}{name}.gguf")
 
+
 # -- our own texts, counted by llama.cpp itself -------------------------------------------------
 
 # The kinds of text whose tokens differ most between split rules: prose, code, JSON, dense logs,
@@ -219,7 +250,14 @@ VARIED_TEXTS = [
     "e\u0301 a\u0308 n\u0303 \u1100\u1161\u11a8 q\u0323\u0307 \u0915\u094d\u0937",
     "emoji 🎉 ok 👍🏽 👨‍👩‍👧‍👦 🇫🇷🇯🇵 ❤️‍🔥 😶‍🌫️ 🦙.cpp ✅ 🧑🏿‍💻",
     "   leading spaces\t\ttabs\n\n\nthree newlines\r\n\r\nwindows  \n  \n\t \n trailing   ",
-    "\n", " ", "  ", "\t", "\n\n\n\n\n\n\n\n", "a\n\n\n\n\nb", "x" + " " * 40 + "y", "\u00a0\u00a0nbsp\u3000ideographic\u2009thin",
+    "\n",
+    " ",
+    "  ",
+    "\t",
+    "\n\n\n\n\n\n\n\n",
+    "a\n\n\n\n\nb",
+    "x" + " " * 40 + "y",
+    "\u00a0\u00a0nbsp\u3000ideographic\u2009thin",
     "line\u0085next\u2028sep\u2029para\x0bvt\x0cff\x1cfs\x1dgs\x1ers\x1fus end",
     "3 33 333 3333 33333 333333 3333333 33333333 123456789012345678901234567890 0.000001 1e-9 ٣٤٥ ¹²³ ½ Ⅻ",
     "| col | value |\n|-----|-------|\n| a   | 1     |\n\n> quote\n- item\n* item\n```python\nprint('x')\n```",
@@ -236,10 +274,27 @@ VARIED_TEXTS = [
 def random_texts(seed: int, count: int) -> list[str]:
     """Random strings over an alphabet that crosses every character class the patterns name."""
     rnd = random.Random(seed)
-    pool = [*map(chr, range(32, 127)), *"\n\n\n\t\r  ", *"éüßøÆœçñ", "e\u0301", *"中文日本語한국어",
-            *"кириллицаΕλληνικά", *"١٢٣٣४५६", *"¹½Ⅻ", *"🎉👍🏽🦙",
-            "\u200d", "\u00a0", "\u3000", "\u2009", "\u0085",
-            *"，。！？「」", *"∑∞≠€©°", *"\u0915\u094d\u0937", *"ภาษา", *"ＡＢ１２"]
+    pool = [
+        *map(chr, range(32, 127)),
+        *"\n\n\n\t\r  ",
+        *"éüßøÆœçñ",
+        "e\u0301",
+        *"中文日本語한국어",
+        *"кириллицаΕλληνικά",
+        *"١٢٣٣४५६",
+        *"¹½Ⅻ",
+        *"🎉👍🏽🦙",
+        "\u200d",
+        "\u00a0",
+        "\u3000",
+        "\u2009",
+        "\u0085",
+        *"，。！？「」",
+        *"∑∞≠€©°",
+        *"\u0915\u094d\u0937",
+        *"ภาษา",
+        *"ＡＢ１２",
+    ]
     return ["".join(rnd.choice(pool) for _ in range(rnd.randint(1, 120))) for _ in range(count)]
 
 
@@ -272,14 +327,72 @@ EMBEDDING_ONLY = ("bert-bge", "nomic-bert-moe")
 # with the name (llama.cpp loads it with a tokenizer.ggml.pre override). Names where a piece that is
 # a token skips the merges get Llama 3's vocabulary, whose merges do not rebuild every token.
 RELABELLED = {
-    "gpt-2": ("deepseek-v3", "gpt-4o", "llama4", "smollm", "chatglm-bpe", "stablelm2", "olmo", "exaone",
-              "exaone4", "codeshell", "smaug-bpe", "dbrx", "deepseek-r1-qwen", "hunyuan", "megrez", "solar-open",
-              "kormo", "f2llmv2", "minimax-m2", "kanana2", "talkie", "hunyuan-dense", "joyai-llm", "hy_v4", "phi-2",
-              "jais", "trillion", "granite-docling", "gigachat", "a.x-4.0", "mellum", "minerva-7b", "mellum2",
-              "grok-2", "ufakzeka", "seed-coder", "bailingmoe", "bailingmoe2", "llada-moe", "exaone-moe", "laguna",
-              "poro-chat", "bloom", "gpt3-finnish", "viking", "jais-2", "spark2_5"),
-    "llama-bpe": ("tekken", "glm4", "llama3", "llama-v3", "falcon3", "pixtral", "lfm2", "gpt-4o", "deepseek-v3",
-                  "midm-2.0", "exaone-moe", "bailingmoe", "seed-coder", "minicpm5", "jais-2"),
+    "gpt-2": (
+        "deepseek-v3",
+        "gpt-4o",
+        "llama4",
+        "smollm",
+        "chatglm-bpe",
+        "stablelm2",
+        "olmo",
+        "exaone",
+        "exaone4",
+        "codeshell",
+        "smaug-bpe",
+        "dbrx",
+        "deepseek-r1-qwen",
+        "hunyuan",
+        "megrez",
+        "solar-open",
+        "kormo",
+        "f2llmv2",
+        "minimax-m2",
+        "kanana2",
+        "talkie",
+        "hunyuan-dense",
+        "joyai-llm",
+        "hy_v4",
+        "phi-2",
+        "jais",
+        "trillion",
+        "granite-docling",
+        "gigachat",
+        "a.x-4.0",
+        "mellum",
+        "minerva-7b",
+        "mellum2",
+        "grok-2",
+        "ufakzeka",
+        "seed-coder",
+        "bailingmoe",
+        "bailingmoe2",
+        "llada-moe",
+        "exaone-moe",
+        "laguna",
+        "poro-chat",
+        "bloom",
+        "gpt3-finnish",
+        "viking",
+        "jais-2",
+        "spark2_5",
+    ),
+    "llama-bpe": (
+        "tekken",
+        "glm4",
+        "llama3",
+        "llama-v3",
+        "falcon3",
+        "pixtral",
+        "lfm2",
+        "gpt-4o",
+        "deepseek-v3",
+        "midm-2.0",
+        "exaone-moe",
+        "bailingmoe",
+        "seed-coder",
+        "minicpm5",
+        "jais-2",
+    ),
 }
 DATA = Path(__file__).parent / "data" / "vocab_llamacpp_counts.json"
 
@@ -313,9 +426,14 @@ def llama_cpp_ids(driver: Path, gguf: Path, case: Case, texts: list[str]) -> lis
     llama-server does to a prompt less the BOS; ``driver`` is llamacpp_tokenize.cpp built."""
     payload = "\0".join(texts).encode("utf-8")
     flags = [f"{key}={int(value)}" for key, value in case.flags.items()]  # the driver takes one
-    done = subprocess.run([str(driver), str(gguf), case.pre or "", "1", *flags], input=payload,
-                          capture_output=True, check=True, timeout=600)
-    lines = done.stdout.decode().split("\n")[:len(texts)]
+    done = subprocess.run(
+        [str(driver), str(gguf), case.pre or "", "1", *flags],
+        input=payload,
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    lines = done.stdout.decode().split("\n")[: len(texts)]
     return [[int(i) for i in line.split()] for line in lines]
 
 
@@ -324,18 +442,18 @@ def regenerate(driver: Path) -> None:
     folder = vocab_dir()
     names = [v.name for v in vocabularies(folder)]
     common = [*VARIED_TEXTS, *random_texts(25, 300)]
-    data: dict[str, Any] = {"llama_cpp": SDIST, "cases": {}, "counts": {}, "common_texts": common,
-                            "special_texts": {}}
+    data: dict[str, Any] = {"llama_cpp": SDIST, "cases": {}, "counts": {}, "common_texts": common, "special_texts": {}}
     with tempfile.TemporaryDirectory() as scratch:
         for name, case in cases(names).items():
             data["cases"][name] = list(case)
             vocab = case.vocab
             gguf = folder / f"{VOCAB_PREFIX}{vocab}.gguf"
             if vocab in SPM_FILES:  # llama.cpp reads a GGUF file: the converter's, written here
-                gguf = _write_spm_gguf(vocab_info(vocab), folder / f"{VOCAB_PREFIX}llama-spm.gguf",
-                                       Path(scratch) / f"{vocab}.gguf")
+                gguf = _write_spm_gguf(
+                    vocab_info(vocab), folder / f"{VOCAB_PREFIX}llama-spm.gguf", Path(scratch) / f"{vocab}.gguf"
+                )
             info = relabelled(vocab_info(vocab), case)
-            special = data["special_texts"].setdefault(vocab, texts_for(info)[len(VARIED_TEXTS) + 300:])
+            special = data["special_texts"].setdefault(vocab, texts_for(info)[len(VARIED_TEXTS) + 300 :])
             ids = llama_cpp_ids(driver, gguf, case, [*common, *special])
             data["counts"][name] = [len(i) for i in ids]
             print(name, sum(data["counts"][name]), file=sys.stderr)
@@ -352,8 +470,11 @@ def _write_spm_gguf(info: dict[str, Any], like: Path, path: Path) -> Path:
         if key.startswith(("GGUF.", "general.architecture", "tokenizer")):
             continue
         value = len(info["tokenizer.ggml.tokens"]) if key == "llama.vocab_size" else field.contents()
-        adders = {GGUFValueType.STRING: writer.add_string, GGUFValueType.UINT32: writer.add_uint32,
-                  GGUFValueType.FLOAT32: writer.add_float32}
+        adders = {
+            GGUFValueType.STRING: writer.add_string,
+            GGUFValueType.UINT32: writer.add_uint32,
+            GGUFValueType.FLOAT32: writer.add_float32,
+        }
         adders[field.types[0]](key, value)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
@@ -373,13 +494,18 @@ def _write_spm_gguf(info: dict[str, Any], like: Path, path: Path) -> Path:
 
 def _one_entry_a_line(data: dict[str, Any]) -> str:
     """JSON a reviewer can diff: each case's counts, each text, on a line of its own."""
+
     def block(value: Any) -> str:
         if isinstance(value, dict):
-            return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}"
-                                      for k, v in value.items()) + "\n }"
+            return (
+                "{\n"
+                + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in value.items())
+                + "\n }"
+            )
         if isinstance(value, list):
             return "[\n" + ",\n".join(f"  {json.dumps(v, ensure_ascii=False)}" for v in value) + "\n ]"
         return json.dumps(value)
+
     return "{\n" + ",\n".join(f" {json.dumps(k)}: {block(v)}" for k, v in data.items()) + "\n}\n"
 
 
@@ -389,8 +515,10 @@ def table() -> str:
 
     folder = vocab_dir()
     data = json.loads(DATA.read_text(encoding="utf-8"))
-    rows = ["| vocabulary (`tokenizer.ggml.pre`) | llama.cpp's vectors: counts equal | our texts: counts equal "
-            "| counted |", "|---|---|---|---|"]
+    rows = [
+        "| vocabulary (`tokenizer.ggml.pre`) | llama.cpp's vectors: counts equal | our texts: counts equal | counted |",
+        "|---|---|---|---|",
+    ]
     for vocab in EMBEDDING_ONLY:
         kind = model_info(folder / f"{VOCAB_PREFIX}{vocab}.gguf")["tokenizer.ggml.model"]
         rows.append(f"| {vocab} (`{kind}`) | – | – | refused: embedding-only model kind |")

@@ -26,7 +26,7 @@ def read_message(read_line: ReadLine, prompt: str, more: str) -> str | None:
     except EOFError:
         return None
     if first.lstrip().startswith(FENCE):
-        return _read_block(read_line, first.lstrip()[len(FENCE):], more)
+        return _read_block(read_line, first.lstrip()[len(FENCE) :], more)
     lines: list[str] = []
     line = first
     while line.endswith(CONTINUATION):
@@ -73,7 +73,7 @@ def image_paths_in(text: str) -> list[Path]:
     for token in _tokens(text):
         token = token.strip("'\"")
         if token.startswith("file://"):
-            token = unquote(token[len("file://"):])
+            token = unquote(token[len("file://") :])
         path = Path(token).expanduser()
         if path.suffix.lower() in IMAGE_SUFFIXES and path not in found and path.is_file():
             found.append(path)

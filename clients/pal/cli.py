@@ -26,15 +26,25 @@ PALIMPSEST_TLS_CERT and PALIMPSEST_TLS_KEY are yours."""
 def build_parser() -> argparse.ArgumentParser:
     # --json is accepted before or after the subcommand; SUPPRESS keeps a subparser from resetting it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="machine-readable output: one JSON object per line")
-    parser = argparse.ArgumentParser(prog="pal", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", action="store_true", default=False,
-                        help="machine-readable output: one JSON object per line")
-    parser.add_argument("--tls-ca", metavar="PEM", default=None,
-                        help="connect over TLS, trusting services whose certificates this CA signed "
-                             "(default: PALIMPSEST_TLS_CA; unset: plaintext)")
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="machine-readable output: one JSON object per line",
+    )
+    parser = argparse.ArgumentParser(
+        prog="pal", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=False, help="machine-readable output: one JSON object per line"
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        default=None,
+        help="connect over TLS, trusting services whose certificates this CA signed "
+        "(default: PALIMPSEST_TLS_CA; unset: plaintext)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chat.register(sub, common)
     turns.register(sub, common)

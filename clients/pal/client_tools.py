@@ -64,8 +64,12 @@ class LocalTool:
     read_only: bool = False
 
     def declaration(self) -> agent_pb2.ClientTool:
-        return agent_pb2.ClientTool(name=self.name, description=self.description,
-                                    parameters_json=json.dumps(self.parameters), read_only=self.read_only)
+        return agent_pb2.ClientTool(
+            name=self.name,
+            description=self.description,
+            parameters_json=json.dumps(self.parameters),
+            read_only=self.read_only,
+        )
 
 
 def load_tools(path: str) -> list[LocalTool]:
@@ -82,8 +86,7 @@ def load_tools(path: str) -> list[LocalTool]:
     for i, entry in enumerate(raw):
         tool = tool_from_entry(entry, f"{path}: tools[{i}]")
         if any(t.name == tool.name for t in tools):
-            raise CliError(f"--client-tools: {path}: tools[{i}].name: {tool.name!r} is declared twice",
-                           exit_code=2)
+            raise CliError(f"--client-tools: {path}: tools[{i}].name: {tool.name!r} is declared twice", exit_code=2)
         tools.append(tool)
     return tools
 
@@ -93,8 +96,7 @@ def tool_from_entry(entry: Any, where: str) -> LocalTool:
         return CliError(f"--client-tools: {where}.{name}: {why}", exit_code=2)
 
     if not isinstance(entry, dict):
-        raise CliError(f"--client-tools: {where}: must be an object with name, parameters and command",
-                       exit_code=2)
+        raise CliError(f"--client-tools: {where}: must be an object with name, parameters and command", exit_code=2)
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise bad("name", "required: 1 to 64 letters, digits, '_' or '-'")
@@ -125,9 +127,15 @@ def tool_from_entry(entry: Any, where: str) -> LocalTool:
 
 
 def add_client_tools_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--client-tools", dest="client_tools", type=_tools_flag, default=[], metavar="TOOLS.JSON",
-                   help="offer the model these local tools: a JSON list of {name, description, parameters, "
-                        "command, timeout_s, read_only}; pal runs the command with the call's arguments on stdin")
+    p.add_argument(
+        "--client-tools",
+        dest="client_tools",
+        type=_tools_flag,
+        default=[],
+        metavar="TOOLS.JSON",
+        help="offer the model these local tools: a JSON list of {name, description, parameters, "
+        "command, timeout_s, read_only}; pal runs the command with the call's arguments on stdin",
+    )
 
 
 def _tools_flag(path: str) -> list[LocalTool]:
@@ -162,8 +170,9 @@ class Outcome:
     elapsed_s: float
 
 
-def run_tool(tool: LocalTool, arguments_json: str, started: Callable[[subprocess.Popen[bytes]], None]
-             = lambda proc: None) -> Outcome:
+def run_tool(
+    tool: LocalTool, arguments_json: str, started: Callable[[subprocess.Popen[bytes]], None] = lambda proc: None
+) -> Outcome:
     """Run the tool's command with the arguments on stdin; its stdout is the result."""
     begun = time.monotonic()
 
@@ -172,8 +181,9 @@ def run_tool(tool: LocalTool, arguments_json: str, started: Callable[[subprocess
 
     try:
         # A session of its own: a timeout kills the command and whatever it started.
-        proc = subprocess.Popen(tool.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            tool.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
     except OSError as err:
         return done(f"{tool.name}: cannot run {tool.command[0]}: {err.strerror or err}", True)
     started(proc)
@@ -246,7 +256,7 @@ class _Capped:
         self._thread.join(PIPE_DRAIN_S)
 
     def text(self) -> str:
-        data = bytes(self.head) if self.keep == "head" else b"".join(self.tail)[-self.cap:]
+        data = bytes(self.head) if self.keep == "head" else b"".join(self.tail)[-self.cap :]
         return data.decode("utf-8", errors="replace")
 
 
@@ -284,9 +294,13 @@ class ClientToolRunner:
             outcome = run_tool(tool, asked.arguments_json or "{}", self._track)
         if self._closing.is_set():
             return  # the turn is over (stopped, or pal is leaving): nobody waits for this answer
-        request = agent_pb2.SubmitToolResultRequest(session_id=event.session_id, turn_id=event.turn_id,
-                                                    call_id=asked.call_id, content=outcome.content,
-                                                    is_error=outcome.is_error)
+        request = agent_pb2.SubmitToolResultRequest(
+            session_id=event.session_id,
+            turn_id=event.turn_id,
+            call_id=asked.call_id,
+            content=outcome.content,
+            is_error=outcome.is_error,
+        )
         what = "failed" if outcome.is_error else f"{len(outcome.content.encode()):,} bytes"
         # Said before the answer goes, so it comes before the tool's card, which follows the answer.
         self.say(f"⇠ {asked.name} answered ({what}, {outcome.elapsed_s:.1f} s)")

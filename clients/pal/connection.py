@@ -43,8 +43,9 @@ AGENT = Endpoint("Agent", "PALIMPSEST_AGENT_ADDR", "127.0.0.1:50053")
 ENDPOINTS = (STORE, COMPRESSOR, AGENT)
 
 
-def open_channel(target: str, options: list[tuple[str, Any]],
-                 credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+def open_channel(
+    target: str, options: list[tuple[str, Any]], credentials: grpc.ChannelCredentials | None = None
+) -> grpc.Channel:
     """The one place pal makes a channel: tests put grpc_testing's channel here to play the server's side."""
     if credentials is not None:
         return grpc.secure_channel(target, credentials, options=options)
@@ -132,8 +133,9 @@ class Connection:
     def credentials(self) -> grpc.ChannelCredentials | None:
         """TLS when PALIMPSEST_TLS_CA (or --tls-ca) is set; with PALIMPSEST_TLS_CERT and _KEY, mutual TLS."""
         try:
-            return tls.channel_credentials(*(self.environ.get(name, "").strip() for name in (
-                tls.CA_ENV, tls.CERT_ENV, tls.KEY_ENV)))
+            return tls.channel_credentials(
+                *(self.environ.get(name, "").strip() for name in (tls.CA_ENV, tls.CERT_ENV, tls.KEY_ENV))
+            )
         except tls.TlsSettingError as exc:
             raise CliError(str(exc)) from None
 
@@ -143,7 +145,9 @@ class Connection:
 
     # The casts keep call sites readable; a GuardedStub answers every method its stub has.
     def store(self) -> session_store_pb2_grpc.SessionStoreStub:
-        return cast(session_store_pb2_grpc.SessionStoreStub, self._guarded(STORE, session_store_pb2_grpc.SessionStoreStub))
+        return cast(
+            session_store_pb2_grpc.SessionStoreStub, self._guarded(STORE, session_store_pb2_grpc.SessionStoreStub)
+        )
 
     def agent(self) -> agent_pb2_grpc.AgentStub:
         return cast(agent_pb2_grpc.AgentStub, self._guarded(AGENT, agent_pb2_grpc.AgentStub))

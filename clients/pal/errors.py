@@ -38,7 +38,9 @@ _QUOTED = {
     grpc.StatusCode.PERMISSION_DENIED: ("not allowed", " (PALIMPSEST_TOKEN says who you are: is it the right one?)"),
     # The store's quotas and size limits: its own details say what to delete.
     grpc.StatusCode.RESOURCE_EXHAUSTED: (
-        "{where} refused: a quota or size limit was reached; delete or trim sessions, or send less", ""),
+        "{where} refused: a quota or size limit was reached; delete or trim sessions, or send less",
+        "",
+    ),
     grpc.StatusCode.ABORTED: ("another change to the session got there first", ": try again"),
     grpc.StatusCode.FAILED_PRECONDITION: ("{where} refused the call in the session's present state", ""),
 }
@@ -89,7 +91,10 @@ def describe_rpc_error(err: grpc.RpcError, service: str, address: str) -> Servic
         message = f"{where} does not implement this call: is that the right address?"
     elif code == grpc.StatusCode.CANCELLED:
         message = "cancelled"
-    elif code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS) and details:
+    elif (
+        code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS)
+        and details
+    ):
         message = details
     else:
         message = f"{service} failed ({code.name}): {details or 'no details'}"

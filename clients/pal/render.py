@@ -122,8 +122,13 @@ class ContextMeter:
         grid = Table.grid(padding=(0, 1))
         grid.add_row(
             Text("context", style="dim"),
-            ProgressBar(total=max(self.window, 1), completed=min(self.tokens, self.window), width=24,
-                        complete_style=color, finished_style=color),
+            ProgressBar(
+                total=max(self.window, 1),
+                completed=min(self.tokens, self.window),
+                width=24,
+                complete_style=color,
+                finished_style=color,
+            ),
             Text(f"{self.tokens:,} / {self.window:,} tokens ({share:.0%})", style=color),
             Text(self.model, style="dim"),
         )
@@ -153,8 +158,10 @@ def file_line(shared: agent_pb2.FileShared) -> Text:
     """A file a tool offered: what it is, and the command that fetches it."""
     what = f"{shared.title} · " if shared.title else ""
     how = f"to view ({shared.viewer}{', sandboxed' if shared.sandbox else ''})" if shared.viewer else "to download"
-    return Text(f"📎 {what}{shared.name} · {shared.content_type} · {shared.size:,} bytes · {how}: "
-                f"pal files get {shared.link}", style="green")
+    return Text(
+        f"📎 {what}{shared.name} · {shared.content_type} · {shared.size:,} bytes · {how}: pal files get {shared.link}",
+        style="green",
+    )
 
 
 def compressed_tokens(event: compressor_pb2.ContextCompressed) -> int:
@@ -190,8 +197,9 @@ def plan_card(plan: agent_pb2.PlanReady) -> Panel:
         body.append(f"{number}. {step}\n")
     body.rstrip()  # in place
     title = "Plan" + (f" · {plan.complexity}" if plan.complexity else "")
-    return Panel(body if body.plain else Text("(empty)", style="dim"), title=title, title_align="left",
-                 border_style="magenta")
+    return Panel(
+        body if body.plain else Text("(empty)", style="dim"), title=title, title_align="left", border_style="magenta"
+    )
 
 
 _TODO_MARKS = {"done": ("✔", "green"), "in_progress": ("▶", "yellow"), "pending": ("○", "")}
@@ -204,8 +212,12 @@ def todo_card(items: list[agent_pb2.TodoItem]) -> Panel:
         body.append(f"{mark} {item.text}\n", style=style)
     body.rstrip()  # in place
     done = sum(1 for item in items if item.status == "done")
-    return Panel(body if body.plain else Text("(empty)", style="dim"), title=f"Todo · {done}/{len(items)} done",
-                 title_align="left", border_style="magenta")
+    return Panel(
+        body if body.plain else Text("(empty)", style="dim"),
+        title=f"Todo · {done}/{len(items)} done",
+        title_align="left",
+        border_style="magenta",
+    )
 
 
 class TurnRenderer(Protocol):
@@ -264,8 +276,14 @@ class LiveTurn:
         self._plan = b""  # nothing shown yet: an empty plan or todo is not news
         self._todo = b""
         self._meter_moved = False
-        self._live = Live(console=console, get_renderable=self._render, refresh_per_second=10,
-                          transient=False, redirect_stdout=False, redirect_stderr=False)
+        self._live = Live(
+            console=console,
+            get_renderable=self._render,
+            refresh_per_second=10,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
 
     # -- the live area -------------------------------------------------------------------------
     def _render(self) -> RenderableType:
@@ -335,9 +353,11 @@ class LiveTurn:
             if event.model_info.context_window and not self.meter.window:
                 self.meter.window = event.model_info.context_window
             if event.model_info.requested_context_window:
-                self.note(f"the profile asks for a {event.model_info.requested_context_window:,}-token window; "
-                          f"{event.model_info.model} was trained on {event.model_info.context_window:,}, "
-                          "so that is what this turn uses")
+                self.note(
+                    f"the profile asks for a {event.model_info.requested_context_window:,}-token window; "
+                    f"{event.model_info.model} was trained on {event.model_info.context_window:,}, "
+                    "so that is what this turn uses"
+                )
         elif kind == "usage":
             self.meter.update(event.usage.context_tokens, event.usage.max_context_tokens)
             self._meter_moved = True
@@ -385,8 +405,11 @@ class LiveTurn:
         if end.reason != agent_pb2.STREAM_END_REASON_COMPLETED:
             # A reason from a newer server has no name here: its number still tells it apart.
             reason = REASON_NAMES.get(end.reason, f"ended (reason {end.reason})")
-            style = "yellow" if end.reason in (agent_pb2.STREAM_END_REASON_STOPPED,
-                                               agent_pb2.STREAM_END_REASON_MAX_ITERATIONS) else "bold red"
+            style = (
+                "yellow"
+                if end.reason in (agent_pb2.STREAM_END_REASON_STOPPED, agent_pb2.STREAM_END_REASON_MAX_ITERATIONS)
+                else "bold red"
+            )
             self._print(Text(f"■ turn {reason}", style=style))
 
     def note(self, text: str) -> None:

@@ -121,10 +121,15 @@ def stream_turn(
                         raise
                     where = renderer.outcome.session_id or session_id
                     if cut is not None and err.code not in DROPPED:  # the Agent answered: not resumable
-                        raise ServiceError(f"{cut} (resuming it: {err})", cut.code,
-                                           cut.details).interrupted_turn(where) from None
-                    if err.code not in DROPPED or not position.turn_id or tries == len(RESUME_WAITS_S) \
-                            or cancelled.is_set():
+                        raise ServiceError(f"{cut} (resuming it: {err})", cut.code, cut.details).interrupted_turn(
+                            where
+                        ) from None
+                    if (
+                        err.code not in DROPPED
+                        or not position.turn_id
+                        or tries == len(RESUME_WAITS_S)
+                        or cancelled.is_set()
+                    ):
                         # Cut mid-turn: what arrived is on screen, and the session holds what the
                         # Agent kept of the turn.
                         raise (cut or err).interrupted_turn(where) from None
@@ -134,8 +139,11 @@ def stream_turn(
                     if cancelled.wait(RESUME_WAITS_S[tries]):
                         break  # Ctrl-C twice while waiting: the user leaves
                     tries += 1
-                    stream = agent.ResumeStream(agent_pb2.ResumeStreamRequest(
-                        session_id=position.session_id, turn_id=position.turn_id, after_seq=position.seq))
+                    stream = agent.ResumeStream(
+                        agent_pb2.ResumeStreamRequest(
+                            session_id=position.session_id, turn_id=position.turn_id, after_seq=position.seq
+                        )
+                    )
             if result.interrupts and not renderer.outcome.ended:
                 renderer.note("■ turn stopped")
     finally:

@@ -9,7 +9,8 @@ from typing import BinaryIO
 
 from clients.pal.app import App
 from clients.pal.errors import CliError
-from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 
 UPLOAD_CHUNK = 256 * 1024
 

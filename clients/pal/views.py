@@ -35,8 +35,9 @@ def ago(stamp: Timestamp, now: datetime | None = None) -> str:
     return when.astimezone().strftime("%Y-%m-%d")
 
 
-def sessions_table(sessions: Iterable[common_pb2.SessionSummary],
-                   snippets: dict[str, tuple[int, str]] | None = None) -> Table:
+def sessions_table(
+    sessions: Iterable[common_pb2.SessionSummary], snippets: dict[str, tuple[int, str]] | None = None
+) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("", width=1)
     table.add_column("id", style="cyan", no_wrap=True)
@@ -51,8 +52,15 @@ def sessions_table(sessions: Iterable[common_pb2.SessionSummary],
             last = f"{count}× {shorten(' '.join(snippet.split()), 80)}" if count else ""
         else:
             last = shorten(" ".join(s.preview.split()), 60)
-        table.add_row("*" if s.pinned else "", s.id, s.name or Text("(unnamed)", style="dim"), s.profile_id,
-                      str(s.display_message_count), ago(s.last_active), last)
+        table.add_row(
+            "*" if s.pinned else "",
+            s.id,
+            s.name or Text("(unnamed)", style="dim"),
+            s.profile_id,
+            str(s.display_message_count),
+            ago(s.last_active),
+            last,
+        )
     return table
 
 
@@ -68,15 +76,27 @@ def session_header(session: common_pb2.Session) -> Panel:
         ("created", ago(session.created_at)),
         ("active", ago(session.last_active)),
         ("messages", messages_line(session)),
-        ("context", f"{session.context_token_count:,} tokens" if session.context_token_count
-         else "not measured yet (the next turn measures it)" if session.display_message_count else "empty"),
+        (
+            "context",
+            f"{session.context_token_count:,} tokens"
+            if session.context_token_count
+            else "not measured yet (the next turn measures it)"
+            if session.display_message_count
+            else "empty",
+        ),
         ("revision", str(session.revision)),
     ]
     if session.pinned:
         rows.append(("pinned", "yes"))
     if session.untrusted_ingested or session.episode_untrusted:
-        flags = [n for n, on in (("untrusted content", session.untrusted_ingested),
-                                 ("episode untrusted", session.episode_untrusted)) if on]
+        flags = [
+            n
+            for n, on in (
+                ("untrusted content", session.untrusted_ingested),
+                ("episode untrusted", session.episode_untrusted),
+            )
+            if on
+        ]
         rows.append(("trust", ", ".join(flags)))
     for ref in session.external_refs:
         rows.append(("ref", f"{ref.kind}: {ref.uri}" + (" (read-only)" if ref.read_only else "")))
@@ -89,13 +109,20 @@ def shared_header(shared: session_store_pb2.GetSharedResponse) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="dim")
     grid.add_column()
-    for label, value in (("profile", shared.profile_id), ("created", ago(shared.created_at)),
-                         ("active", ago(shared.last_active)),
-                         ("shown", f"{len(shared.messages)} message(s)" + (", older ones before them" if shared.has_more
-                                                                           else ""))):
+    for label, value in (
+        ("profile", shared.profile_id),
+        ("created", ago(shared.created_at)),
+        ("active", ago(shared.last_active)),
+        ("shown", f"{len(shared.messages)} message(s)" + (", older ones before them" if shared.has_more else "")),
+    ):
         grid.add_row(label, value)
-    return Panel(grid, title=f"shared · {shared.name or '(unnamed session)'}", title_align="left",
-                 subtitle="read-only", border_style="blue")
+    return Panel(
+        grid,
+        title=f"shared · {shared.name or '(unnamed session)'}",
+        title_align="left",
+        subtitle="read-only",
+        border_style="blue",
+    )
 
 
 def messages_line(session: common_pb2.Session) -> str:
@@ -103,26 +130,38 @@ def messages_line(session: common_pb2.Session) -> str:
     rows of it, and summaries (context only) take numbers of their own, so #N may pass the count."""
     shown = list(session.messages)
     markers = sum(1 for m in shown if m.is_compression)
-    line = f"{session.display_message_count - markers:,}" if len(shown) == session.display_message_count else (
-        f"{session.display_message_count:,}")
+    line = (
+        f"{session.display_message_count - markers:,}"
+        if len(shown) == session.display_message_count
+        else (f"{session.display_message_count:,}")
+    )
     if markers and len(shown) == session.display_message_count:
         line += f" + {markers} compression marker{'s' if markers > 1 else ''}"
     last = max((m.seq for m in shown), default=0)
     if last > session.display_message_count:
-        line += (f" · numbered #1–#{last} by their place in the session: the numbers missing here are the "
-                 "summaries written for the model (pal context shows the current one)")
+        line += (
+            f" · numbered #1–#{last} by their place in the session: the numbers missing here are the "
+            "summaries written for the model (pal context shows the current one)"
+        )
     return line
 
 
 def message_view(message: common_pb2.Message, *, brief: bool = False, show_thinking: bool = False) -> RenderableType:
     """One message as a labelled block; compression markers become a rule where the context was rewritten."""
     if message.is_compression:
-        return Rule(Text(f"context compressed here · {shorten(message.content, 80)}", style="yellow"),
-                    style="yellow")
+        return Rule(Text(f"context compressed here · {shorten(message.content, 80)}", style="yellow"), style="yellow")
     label = Text(f"#{message.seq} ", style="dim")
     label.append(message.role, style=ROLE_STYLES.get(message.role, "bold"))
-    flags = [name for name, on in (("summary", message.is_summary), ("plan", message.is_plan),
-                                   ("recall", message.is_recall), ("archived", message.archived)) if on]
+    flags = [
+        name
+        for name, on in (
+            ("summary", message.is_summary),
+            ("plan", message.is_plan),
+            ("recall", message.is_recall),
+            ("archived", message.archived),
+        )
+        if on
+    ]
     if message.role == "tool" and message.name:
         flags.insert(0, message.name)
     if message.token_count:
@@ -165,9 +204,16 @@ def profiles_table(response: agent_pb2.ListProfilesResponse) -> Table:
         table.add_column(column, no_wrap=True)
     table.add_column("description")
     for p in response.profiles:
-        table.add_row("*" if p.id == response.default_profile_id else "", Text(p.id, style="cyan"), p.name, p.model,
-                      f"{p.context_window:,}" if p.context_window else "—", "yes" if p.think_enabled else "no",
-                      str(len(p.agent_tools)), p.description)
+        table.add_row(
+            "*" if p.id == response.default_profile_id else "",
+            Text(p.id, style="cyan"),
+            p.name,
+            p.model,
+            f"{p.context_window:,}" if p.context_window else "—",
+            "yes" if p.think_enabled else "no",
+            str(len(p.agent_tools)),
+            p.description,
+        )
     return table
 
 
@@ -190,8 +236,14 @@ def mcp_servers_view(response: agent_pb2.ListProfilesResponse) -> RenderableType
             line = Text(f"{p.id} · ", style="dim")
             line.append(server.name, style="cyan")
             line.append(f" ({server.target}): ", style="dim")
-            line.append(mcp_state(server), style="green" if server.state == agent_pb2.MCP_SERVER_STATE_READY
-                        else "yellow" if server.state == agent_pb2.MCP_SERVER_STATE_CONNECTING else "red")
+            line.append(
+                mcp_state(server),
+                style="green"
+                if server.state == agent_pb2.MCP_SERVER_STATE_READY
+                else "yellow"
+                if server.state == agent_pb2.MCP_SERVER_STATE_CONNECTING
+                else "red",
+            )
             lines.append(line)
             if server.tools:
                 lines.append(Text(f"    {len(server.tools)} tool(s): {', '.join(server.tools)}", style="dim"))
@@ -241,13 +293,23 @@ def tool_runs_table(runs: Iterable[session_store_pb2.ToolRun]) -> Table:
     table.add_column("out", justify="right", no_wrap=True)
     table.add_column("arguments", overflow="fold")
     for run in runs:
-        outcome = session_store_pb2.ToolRunOutcome.Name(run.outcome).removeprefix("TOOL_RUN_OUTCOME_").lower() \
-            if run.outcome in session_store_pb2.ToolRunOutcome.values() else str(run.outcome)
+        outcome = (
+            session_store_pb2.ToolRunOutcome.Name(run.outcome).removeprefix("TOOL_RUN_OUTCOME_").lower()
+            if run.outcome in session_store_pb2.ToolRunOutcome.values()
+            else str(run.outcome)
+        )
         detail = Text(arguments_line(run.arguments_json))
         if run.error:
             detail.append("\n" + shorten(" ".join(run.error.split()), 160), style=OUTCOME_STYLES.get(outcome, "red"))
         when = run.started_at.ToDatetime(tzinfo=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(str(run.seq), when, ("↳ " if run.is_subagent else "") + run.tool,
-                      Text(outcome, style=OUTCOME_STYLES.get(outcome, "")), duration(run.duration_seconds),
-                      byte_size(run.bytes_in), byte_size(run.bytes_out), detail)
+        table.add_row(
+            str(run.seq),
+            when,
+            ("↳ " if run.is_subagent else "") + run.tool,
+            Text(outcome, style=OUTCOME_STYLES.get(outcome, "")),
+            duration(run.duration_seconds),
+            byte_size(run.bytes_in),
+            byte_size(run.bytes_out),
+            detail,
+        )
     return table

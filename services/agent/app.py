@@ -60,8 +60,10 @@ async def check_sandbox(running: RunningServer, deps: AgentDeps, said: str = "")
     broken = not status.available and bool(needing)
     if broken and said != status.reason:
         log.warning("sandbox unavailable: %s; commands of %s fail until it is fixed", status.reason, ", ".join(needing))
-    await running.health.set(SANDBOX_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING if broken
-                             else health_pb2.HealthCheckResponse.SERVING)
+    await running.health.set(
+        SANDBOX_HEALTH_NAME,
+        health_pb2.HealthCheckResponse.NOT_SERVING if broken else health_pb2.HealthCheckResponse.SERVING,
+    )
     return status.reason if broken else ""
 
 
@@ -119,8 +121,10 @@ async def watch_mcp(running: RunningServer, mcp: McpManager) -> None:
         mcp.changed.clear()
         if mcp.configured:
             serving = not mcp.not_ready()
-            await running.health.set(MCP_HEALTH_NAME, health_pb2.HealthCheckResponse.SERVING if serving
-                                     else health_pb2.HealthCheckResponse.NOT_SERVING)
+            await running.health.set(
+                MCP_HEALTH_NAME,
+                health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
 
 
 async def compressor_serving(channel, timeout: float) -> bool:
@@ -128,7 +132,8 @@ async def compressor_serving(channel, timeout: float) -> bool:
     with tracing.untraced():
         # (types-grpcio-health-checking declares HealthStub without the methods its __init__ sets)
         reply = await health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
-            health_pb2.HealthCheckRequest(service=COMPRESSOR_SERVICE), timeout=timeout)
+            health_pb2.HealthCheckRequest(service=COMPRESSOR_SERVICE), timeout=timeout
+        )
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -136,8 +141,9 @@ def load_profiles(path: str) -> ProfileRegistry:
     try:
         return ProfileRegistry.load(path)
     except ProfilesFileError as exc:
-        raise SystemExit(f"PALIMPSEST_PROFILES: {exc}; fix the file, or unset PALIMPSEST_PROFILES "
-                         "for the built-in default profile") from None
+        raise SystemExit(
+            f"PALIMPSEST_PROFILES: {exc}; fix the file, or unset PALIMPSEST_PROFILES for the built-in default profile"
+        ) from None
 
 
 async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1") -> RunningServer:
@@ -148,9 +154,12 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     mcp = McpManager()
     store = SessionStoreStub(store_channel)
     mirrors = workspace_root(settings.data_dir)
-    compressor = GuardedCompressor(CompressorStub(compressor_channel), settings.compressor_addr,
-                                   retry_s=settings.compressor_retry_s,
-                                   probe=lambda: compressor_serving(compressor_channel, settings.rpc_timeout_s))
+    compressor = GuardedCompressor(
+        CompressorStub(compressor_channel),
+        settings.compressor_addr,
+        retry_s=settings.compressor_retry_s,
+        probe=lambda: compressor_serving(compressor_channel, settings.rpc_timeout_s),
+    )
     deps = AgentDeps(
         store=store,
         compressor=cast(CompressorStub, compressor),

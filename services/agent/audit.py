@@ -11,7 +11,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import ToolResult
 from services.shared.errors import PalimpsestError
 
@@ -51,8 +52,11 @@ class Recording:
         self.run.outcome = outcome_of(result)
         self.run.duration_seconds = seconds
         self.run.bytes_out = result_bytes(result)
-        self.run.error = "" if self.run.outcome == Outcome.TOOL_RUN_OUTCOME_OK else \
-            result.content[:ERROR_CHARS].replace(NUL, REPLACEMENT)
+        self.run.error = (
+            ""
+            if self.run.outcome == Outcome.TOOL_RUN_OUTCOME_OK
+            else result.content[:ERROR_CHARS].replace(NUL, REPLACEMENT)
+        )
         self.ended = True
 
     def as_now(self) -> store_pb.ToolRun:
@@ -71,9 +75,16 @@ class ToolRunLog:
 
     def start(self, call: common_pb2.ToolCall, *, turn_id: str, is_subagent: bool) -> Recording:
         arguments = call.arguments_json.replace(NUL, REPLACEMENT)
-        run = store_pb.ToolRun(turn_id=turn_id, call_id=call.id, is_subagent=is_subagent, tool=call.name,
-                               arguments_json=arguments, outcome=Outcome.TOOL_RUN_OUTCOME_STOPPED, error=CUT_SHORT,
-                               bytes_in=len(call.arguments_json.encode()))
+        run = store_pb.ToolRun(
+            turn_id=turn_id,
+            call_id=call.id,
+            is_subagent=is_subagent,
+            tool=call.name,
+            arguments_json=arguments,
+            outcome=Outcome.TOOL_RUN_OUTCOME_STOPPED,
+            error=CUT_SHORT,
+            bytes_in=len(call.arguments_json.encode()),
+        )
         run.started_at.FromNanoseconds(time.time_ns())
         recording = Recording(run, time.monotonic())
         self._recordings.append(recording)
@@ -106,8 +117,15 @@ def _by_reference(run: store_pb.ToolRun, call_seq: int) -> store_pb.ToolRun:
 AppendMethod = Callable[..., Awaitable[store_pb.AppendMessagesResponse]]
 
 
-async def store_tool_runs(append: AppendMethod, session_id: str, runs: list[store_pb.ToolRun], *,
-                          key: str, metadata: tuple[tuple[str, str], ...], timeout: float) -> None:
+async def store_tool_runs(
+    append: AppendMethod,
+    session_id: str,
+    runs: list[store_pb.ToolRun],
+    *,
+    key: str,
+    metadata: tuple[tuple[str, str], ...],
+    timeout: float,
+) -> None:
     """Records no append of messages carried (a turn that ended under its tools; a RunEphemeral's
     runs) as an append of their own, with the services' vouch. A failure is logged, never raised: it
     must not cost the turn its end."""

@@ -65,8 +65,11 @@ def client_tools_from_proto(tools: Sequence[pb.ClientTool], taken: Collection[st
         seen.add(tool.name)
         if len(tool.description) > MAX_DESCRIPTION_CHARS:
             raise InvalidArgument(f"{field}.description", f"at most {MAX_DESCRIPTION_CHARS} characters")
-        made.append(ClientTool(tool.name, tool.description, _schema(tool.parameters_json, f"{field}.parameters_json"),
-                               tool.read_only))
+        made.append(
+            ClientTool(
+                tool.name, tool.description, _schema(tool.parameters_json, f"{field}.parameters_json"), tool.read_only
+            )
+        )
     return made
 
 
@@ -129,8 +132,11 @@ class ClientTool:
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         asked = ctx.client_calls
         if asked is None or not ctx.turn_id:
-            return ToolResult(content=f"{self.name} is a client's tool and this run has no client to ask.",
-                              is_error=True, untrusted=False)
+            return ToolResult(
+                content=f"{self.name} is a client's tool and this run has no client to ask.",
+                is_error=True,
+                untrusted=False,
+            )
         key = (ctx.session_id, ctx.turn_id, ctx.call_id)
         answer = asked.open(key)
         timeout = ctx.client_tool_timeout_s
@@ -147,11 +153,19 @@ class ClientTool:
                 stopped.cancel()
         if answer.done() and not answer.cancelled():
             got = answer.result()
-            return ToolResult(content=got.content, is_error=got.is_error, untrusted=not got.trusted,
-                              metadata={"client_tool": True})
+            return ToolResult(
+                content=got.content, is_error=got.is_error, untrusted=not got.trusted, metadata={"client_tool": True}
+            )
         answer.cancel()
         if stopped is not None and ctx.stop is not None and ctx.stop.is_set():
-            return ToolResult(content=f"{self.name} was not answered: the turn was stopped.", is_error=True,
-                              untrusted=False, metadata={"stopped": True})
-        return ToolResult(content=f"{self.name} was not answered: the client gave no result within {timeout} s.",
-                          is_error=True, untrusted=False)
+            return ToolResult(
+                content=f"{self.name} was not answered: the turn was stopped.",
+                is_error=True,
+                untrusted=False,
+                metadata={"stopped": True},
+            )
+        return ToolResult(
+            content=f"{self.name} was not answered: the client gave no result within {timeout} s.",
+            is_error=True,
+            untrusted=False,
+        )

@@ -30,8 +30,9 @@ log = logging.getLogger("palimpsest.agent")
 
 # What a turn is told while the breaker is open (tests look for it).
 NOT_CALLED = "not called until it answers again"
-_STREAMS = frozenset(m.name for m in compressor_pb2.DESCRIPTOR.services_by_name["Compressor"].methods
-                     if m.server_streaming)
+_STREAMS = frozenset(
+    m.name for m in compressor_pb2.DESCRIPTOR.services_by_name["Compressor"].methods if m.server_streaming
+)
 
 
 def _being_cancelled() -> bool:
@@ -43,8 +44,15 @@ class GuardedCompressor:
     """The Compressor stub as the Agent's turns use it: every call through the breaker.
     ``probe``: True when the Compressor answers SERVING (raises, or False, when not)."""
 
-    def __init__(self, stub: Any, address: str, *, retry_s: float, probe: Callable[[], Awaitable[bool]],
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        stub: Any,
+        address: str,
+        *,
+        retry_s: float,
+        probe: Callable[[], Awaitable[bool]],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._stub = stub
         self.address = address
         self.retry_s = retry_s
@@ -74,12 +82,15 @@ class GuardedCompressor:
     def _refuse_while_open(self) -> None:
         if self._failure is not None:
             since, what = self._failure
-            raise Unavailable(f"Compressor at {self.address} {NOT_ANSWERING} ({what}, {self._clock() - since:.0f}s "
-                              f"ago): {NOT_CALLED} (asked every {self.retry_s:g}s)")
+            raise Unavailable(
+                f"Compressor at {self.address} {NOT_ANSWERING} ({what}, {self._clock() - since:.0f}s "
+                f"ago): {NOT_CALLED} (asked every {self.retry_s:g}s)"
+            )
 
     def _given_up_error(self) -> Unavailable:
-        return Unavailable(f"Compressor at {self.address} {NOT_ANSWERING}: this call was given up when another "
-                           "one went unanswered")
+        return Unavailable(
+            f"Compressor at {self.address} {NOT_ANSWERING}: this call was given up when another one went unanswered"
+        )
 
     async def _unary(self, method, request, **kwargs):
         self._refuse_while_open()

@@ -15,6 +15,7 @@ from services.shared.context_view import TASK_NOTE, heuristic_tokens, reaches_mo
 
 Message = common_pb2.Message
 
+
 def note_messages(notes: Sequence[str]) -> list[Message]:
     """Notes as stored task notes: in the model's context where they were given, never shown.
     Sent only with one call, they made every later prompt differ from the one before at that
@@ -104,8 +105,10 @@ def goal_anchor_note(goal: str) -> str:
 
 
 def anti_stall_note(iterations: int) -> str:
-    return (f"[Warning: {iterations} iterations without progress on the todo list. You may be looping. "
-            "Step back: check what is blocking you, update the todo, or give the user your best answer.]")
+    return (
+        f"[Warning: {iterations} iterations without progress on the todo list. You may be looping. "
+        "Step back: check what is blocking you, update the todo, or give the user your best answer.]"
+    )
 
 
 # Recalled excerpts take at most a sixteenth of the window (a quarter of the room the default
@@ -136,12 +139,17 @@ def excerpt(content: str, query: str, limit: int) -> str:
     words = sorted({w for w in re.findall(r"\w{3,}", query.lower())}, key=len, reverse=True)
     at = next((i for i in (lowered.find(w) for w in words) if i >= 0), 0)
     start = max(0, min(at - limit // 4, len(content) - limit))
-    text = content[start:start + limit]
+    text = content[start : start + limit]
     return ("…" if start else "") + text + ("…" if start + limit < len(content) else "")
 
 
-def recall_message(chunks: Sequence[common_pb2.RawChunk], query: str = "",
-                   max_chars: int = 2 * EXCERPT_MAX_CHARS + 200, *, untrusted: bool = False) -> Message:
+def recall_message(
+    chunks: Sequence[common_pb2.RawChunk],
+    query: str = "",
+    max_chars: int = 2 * EXCERPT_MAX_CHARS + 200,
+    *,
+    untrusted: bool = False,
+) -> Message:
     """Excerpts of compressed-away history, recalled because they match the new request: stored
     in the context just before it (is_recall), never shown; at most ``max_chars`` in all.
     ``untrusted``: the session has taken in outside content, and each excerpt is fenced as such."""
@@ -155,5 +163,11 @@ def recall_message(chunks: Sequence[common_pb2.RawChunk], query: str = "",
     if untrusted:
         excerpts = [fence(text, RECALL_SOURCE) for text in excerpts]
     parts = [RECALL_HEADING] + [label + text for label, text in zip(labels, excerpts)]
-    return Message(role="system", content="\n\n".join(parts), is_recall=True, explicit_flags=True, is_context=True,
-                   is_display=False)
+    return Message(
+        role="system",
+        content="\n\n".join(parts),
+        is_recall=True,
+        explicit_flags=True,
+        is_context=True,
+        is_display=False,
+    )

@@ -11,7 +11,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.audit import ToolRunLog, store_tool_runs
 from services.shared.auth import serving_credentials
@@ -28,7 +29,7 @@ NUL, REPLACEMENT = "\x00", "\ufffd"
 def retry_delay(attempt: int) -> float:
     """Seconds before retry `attempt` (0-based) of a write that must land: soon at first (a store
     restarting is back in a second or two), then every 2 s, never hammering one that is down."""
-    return min(2.0, 0.2 * 2 ** attempt)
+    return min(2.0, 0.2 * 2**attempt)
 
 
 class TurnAppends:
@@ -60,8 +61,9 @@ class TurnAppends:
         """A call is open and, as far as this side knows, alive."""
         return self._call is not None and not self._call.done()
 
-    async def __call__(self, request: store_pb.AppendMessagesRequest, *, metadata=None,
-                       timeout: float) -> store_pb.AppendMessagesResponse:
+    async def __call__(
+        self, request: store_pb.AppendMessagesRequest, *, metadata=None, timeout: float
+    ) -> store_pb.AppendMessagesResponse:
         async with self._lock:
             if self._closed or (self._call is not None and self._caller != serving_credentials()):
                 # (an append for another caller than the stream's, e.g. under as_service(): its own call)
@@ -177,9 +179,14 @@ class Conversation(Protocol):
 
     async def load(self) -> list[Message]: ...
 
-    async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
-                     attempt_timeout: float | None = None,
-                     report: store_pb.ModelReport | None = None) -> list[int]: ...
+    async def append(
+        self,
+        messages: Sequence[Message],
+        *,
+        retry_for: float = 0.0,
+        attempt_timeout: float | None = None,
+        report: store_pb.ModelReport | None = None,
+    ) -> list[int]: ...
 
     async def done_appending(self) -> None: ...
 
@@ -228,8 +235,11 @@ class StoredConversation:
     async def _call(self, method, request, timeout: float | None = None):
         # A model report or tool runs ride with the caller's credentials (the interceptor's) and the
         # services' vouch.
-        metadata = self.vouch if isinstance(request, store_pb.AppendMessagesRequest) and (
-            request.HasField("report") or request.tool_runs) else ()
+        metadata = (
+            self.vouch
+            if isinstance(request, store_pb.AppendMessagesRequest) and (request.HasField("report") or request.tool_runs)
+            else ()
+        )
         try:
             return await method(request, metadata=metadata or None, timeout=timeout)
         except Aborted as exc:
@@ -274,12 +284,23 @@ class StoredConversation:
                 if loop.time() + delay >= deadline:
                     raise
                 attempt += 1
-                log.warning("session %s: a write that must land failed (%s); retry %d in %.1fs",
-                            self.session_id, exc, attempt, delay)
+                log.warning(
+                    "session %s: a write that must land failed (%s); retry %d in %.1fs",
+                    self.session_id,
+                    exc,
+                    attempt,
+                    delay,
+                )
                 await asyncio.sleep(delay)
 
-    async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
-                     attempt_timeout: float | None = None, report: store_pb.ModelReport | None = None) -> list[int]:
+    async def append(
+        self,
+        messages: Sequence[Message],
+        *,
+        retry_for: float = 0.0,
+        attempt_timeout: float | None = None,
+        report: store_pb.ModelReport | None = None,
+    ) -> list[int]:
         """Store messages after this session's last. Every attempt carries one idempotency key, so
         an attempt whose answer was lost is never stored twice; ``retry_for``: keep retrying that
         long while the store does not answer (the write of a turn's answer). ``report``: what the
@@ -292,9 +313,14 @@ class StoredConversation:
         carried = len(runs)
 
         def request() -> store_pb.AppendMessagesRequest:
-            built = store_pb.AppendMessagesRequest(session_id=self.session_id, messages=messages,
-                                                   expected_revision=self.revision, idempotency_key=key, report=report,
-                                                   tool_runs=runs)
+            built = store_pb.AppendMessagesRequest(
+                session_id=self.session_id,
+                messages=messages,
+                expected_revision=self.revision,
+                idempotency_key=key,
+                report=report,
+                tool_runs=runs,
+            )
             if self.next_seq is not None:
                 built.expected_next_seq = self.next_seq
             return built
@@ -305,8 +331,12 @@ class StoredConversation:
             if report is None and not runs:
                 raise
             # A report or records the store will not take never cost the answer: stored without them.
-            log.warning("session %s: the model report or the tool runs' records were refused (%s); the messages "
-                        "are stored without them", self.session_id, exc)
+            log.warning(
+                "session %s: the model report or the tool runs' records were refused (%s); the messages "
+                "are stored without them",
+                self.session_id,
+                exc,
+            )
             report, runs = None, []
             reply = await self._append(request, retry_for, attempt_timeout)
         self.tool_runs.stored(carried)
@@ -332,11 +362,15 @@ class StoredConversation:
         by someone else (a rename, a pin, a taint) while this turn ran; the context stays ours. When
         they cannot be read, this copy is not kept warm for the next turn."""
         try:
-            fresh = (await self.store.GetSession(store_pb.GetSessionRequest(
-                session_id=self.session_id, view=store_pb.SESSION_VIEW_SUMMARY))).session
+            fresh = (
+                await self.store.GetSession(
+                    store_pb.GetSessionRequest(session_id=self.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+                )
+            ).session
         except PalimpsestError as exc:
-            log.warning("session %s changed meanwhile and could not be read again (%s): not kept warm",
-                        self.session_id, exc)
+            log.warning(
+                "session %s changed meanwhile and could not be read again (%s): not kept warm", self.session_id, exc
+            )
             self.warm_worthy = False
             return
         self.session = fresh
@@ -352,8 +386,9 @@ class StoredConversation:
         runs = self.tool_runs.unstored(self.call_seqs)
         try:
             if runs:
-                await store_tool_runs(self.appends, self.session_id, runs, key=uuid.uuid4().hex,
-                                      metadata=self.vouch, timeout=self.timeout)
+                await store_tool_runs(
+                    self.appends, self.session_id, runs, key=uuid.uuid4().hex, metadata=self.vouch, timeout=self.timeout
+                )
                 self.tool_runs.stored(len(runs))
         finally:
             await self.appends.close()
@@ -381,8 +416,7 @@ class StoredConversation:
         structs = {name: fields.pop(name) for name in ("metadata", "planning_log") if name in fields}
 
         def request() -> store_pb.UpdateSessionRequest:
-            built = store_pb.UpdateSessionRequest(session_id=self.session_id, expected_revision=self.revision,
-                                                  **fields)
+            built = store_pb.UpdateSessionRequest(session_id=self.session_id, expected_revision=self.revision, **fields)
             for name, data in structs.items():
                 getattr(built, name).CopyFrom(to_struct(data))
             return built
@@ -433,8 +467,14 @@ class EphemeralConversation:
     async def load(self) -> list[Message]:
         return self.context
 
-    async def append(self, messages: Sequence[Message], *, retry_for: float = 0.0,
-                     attempt_timeout: float | None = None, report: store_pb.ModelReport | None = None) -> list[int]:
+    async def append(
+        self,
+        messages: Sequence[Message],
+        *,
+        retry_for: float = 0.0,
+        attempt_timeout: float | None = None,
+        report: store_pb.ModelReport | None = None,
+    ) -> list[int]:
         self.context.extend(messages)
         return [0] * len(messages)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from palimpsest.v1 import agent_pb2 as pb, compressor_pb2
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import compressor_pb2
 
 AgentEvent = pb.AgentEvent
 
@@ -25,8 +26,9 @@ class EventSink:
 
     def emit(self, **kind) -> AgentEvent:
         self._seq[0] += 1
-        event = AgentEvent(session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent,
-                           turn_id=self.turn_id, **kind)
+        event = AgentEvent(
+            session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent, turn_id=self.turn_id, **kind
+        )
         if self.publish is not None:
             self.publish(event)
         return event
@@ -55,22 +57,35 @@ class EventSink:
         self.emit(tool_started=pb.ToolStarted(call_id=call_id, name=name, arguments_json=arguments_json))
 
     def tool_call_requested(self, call_id: str, name: str, arguments_json: str, timeout_seconds: int) -> None:
-        self.emit(tool_call_requested=pb.ToolCallRequested(call_id=call_id, name=name, arguments_json=arguments_json,
-                                                           timeout_seconds=timeout_seconds))
+        self.emit(
+            tool_call_requested=pb.ToolCallRequested(
+                call_id=call_id, name=name, arguments_json=arguments_json, timeout_seconds=timeout_seconds
+            )
+        )
 
     def tool_finished(self, call_id: str, name: str, preview: str, is_error: bool, elapsed: float) -> None:
-        self.emit(tool_finished=pb.ToolFinished(call_id=call_id, name=name, preview=preview, is_error=is_error,
-                                                elapsed_seconds=elapsed))
+        self.emit(
+            tool_finished=pb.ToolFinished(
+                call_id=call_id, name=name, preview=preview, is_error=is_error, elapsed_seconds=elapsed
+            )
+        )
 
     def model_info(self, model: str, window: int, requested: int = 0) -> None:
         """The model and the window of the turn; ``requested``: a larger window the profile asked for."""
         self.emit(model_info=pb.ModelInfo(model=model, context_window=window, requested_context_window=requested))
 
-    def usage(self, context_tokens: int, window: int, prompt_tokens: int, completion_tokens: int,
-              count_method: str = "") -> None:
-        self.emit(usage=pb.Usage(context_tokens=context_tokens, max_context_tokens=window,
-                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                 count_method=count_method))
+    def usage(
+        self, context_tokens: int, window: int, prompt_tokens: int, completion_tokens: int, count_method: str = ""
+    ) -> None:
+        self.emit(
+            usage=pb.Usage(
+                context_tokens=context_tokens,
+                max_context_tokens=window,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                count_method=count_method,
+            )
+        )
 
     def compression(self, event: compressor_pb2.CompressionEvent, *, watchers_only: bool = False) -> AgentEvent | None:
         """A Compressor event as the turn's own (or, after its stream_end, the watchers' only)."""

@@ -9,7 +9,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from palimpsest.v1 import common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.agent.attachments import upload_requests, uploads_notice
@@ -62,11 +64,15 @@ def notice(paths: Sequence[str | None], sent: int) -> str:
     if not stored:
         return ""
     if sent == total:
-        return (f"[{total} image(s) attached inline — already in your context, no extra loading needed.\n"
-                f"Stored with this session as: {', '.join(stored)}]")
+        return (
+            f"[{total} image(s) attached inline — already in your context, no extra loading needed.\n"
+            f"Stored with this session as: {', '.join(stored)}]"
+        )
     rest = [p for p in paths[sent:] if p]
-    return (f"[{total} image(s) attached inline — {sent} in your context, the rest were not loaded;\n"
-            f"open them with image_view: {', '.join(rest) or '(they could not be stored)'}]")
+    return (
+        f"[{total} image(s) attached inline — {sent} in your context, the rest were not loaded;\n"
+        f"open them with image_view: {', '.join(rest) or '(they could not be stored)'}]"
+    )
 
 
 async def _store_image(target: ImageTarget, data: bytes) -> str | None:
@@ -84,23 +90,32 @@ async def _context_tokens(target: ImageTarget) -> int:
     if not target.stored:
         return 0
     try:
-        reply = await target.compressor.EstimateTokens(cpb.EstimateTokensRequest(
-            session_id=target.session_id, model=target.model, window=target.window, settings=target.settings,
-            preamble=target.preamble, tool_schemas=target.tool_schemas))
+        reply = await target.compressor.EstimateTokens(
+            cpb.EstimateTokensRequest(
+                session_id=target.session_id,
+                model=target.model,
+                window=target.window,
+                settings=target.settings,
+                preamble=target.preamble,
+                tool_schemas=target.tool_schemas,
+            )
+        )
         return reply.tokens
     except PalimpsestError:
         return 0
 
 
-async def user_messages(target: ImageTarget, text: str, images: Sequence[bytes], hidden: bool,
-                        files: Sequence[str] = ()) -> list[Message]:
+async def user_messages(
+    target: ImageTarget, text: str, images: Sequence[bytes], hidden: bool, files: Sequence[str] = ()
+) -> list[Message]:
     """The message(s) to append for this input: one row, or a display row (as typed, with the
     turn's files) and a context row (with the notices saying where images and files are)."""
     images = list(images)
     if hidden:
         # Machine payloads: nothing is stored as files and nothing is displayed.
-        return [Message(role="user", content=text, images=images, explicit_flags=True, is_context=True,
-                        is_display=False)]
+        return [
+            Message(role="user", content=text, images=images, explicit_flags=True, is_context=True, is_display=False)
+        ]
     if not images and not files:
         return [Message(role="user", content=text)]
     paths: list[str | None] = [await _store_image(target, data) for data in images] if target.stored else []
@@ -111,9 +126,14 @@ async def user_messages(target: ImageTarget, text: str, images: Sequence[bytes],
         sent = await asyncio.to_thread(images_within_budget, images, max(0, budget), target.image_fallback)
     notes = [note for note in (notice(paths, sent), uploads_notice(target.session_id, files)) if note]
     attached = [*(p for p in paths if p), *files]
-    shown = Message(role="user", content=text, files=attached, explicit_flags=True, is_context=False,
-                    is_display=True)
-    context_copy = Message(role="user", content="\n\n".join([text, *notes]) if text.strip() else "\n\n".join(notes),
-                           images=images[:sent], files=attached, explicit_flags=True, is_context=True,
-                           is_display=False)
+    shown = Message(role="user", content=text, files=attached, explicit_flags=True, is_context=False, is_display=True)
+    context_copy = Message(
+        role="user",
+        content="\n\n".join([text, *notes]) if text.strip() else "\n\n".join(notes),
+        images=images[:sent],
+        files=attached,
+        explicit_flags=True,
+        is_context=True,
+        is_display=False,
+    )
     return [shown, context_copy]

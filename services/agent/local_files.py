@@ -22,8 +22,13 @@ from pathlib import Path, PurePosixPath
 
 CHUNK = 1 << 20
 # Open flags: never follow a link at the last step, never block on a FIFO, never become a tty's.
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
-    | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 class Refused(Exception):
@@ -78,8 +83,9 @@ def open_shareable(raw: str, roots: Sequence[Path], max_bytes: int) -> OpenedFil
 
     def outside(real: str) -> Refused:
         where = f" (it resolves to {real})" if real != os.path.normpath(raw) else ""
-        return Refused(f"{raw}{where} is outside the folders files may be shared from: {allowed} "
-                       "(PALIMPSEST_SHARE_FILE_ROOTS)")
+        return Refused(
+            f"{raw}{where} is outside the folders files may be shared from: {allowed} (PALIMPSEST_SHARE_FILE_ROOTS)"
+        )
 
     # Judged by name before anything is opened: opening a device can act (rewind a tape, arm a watchdog).
     if not _inside(os.path.realpath(raw), roots):
@@ -111,8 +117,10 @@ def open_shareable(raw: str, roots: Sequence[Path], max_bytes: int) -> OpenedFil
         if st.st_nlink > 1:
             raise Refused(f"{raw} has {st.st_nlink} names (hard links): copy it to a file of its own first")
         if st.st_size > max_bytes:
-            raise Refused(f"{raw} is {st.st_size / 2**20:.1f} MB; share_file copies at most "
-                          f"{max_bytes / 2**20:g} MB (SHARE_FILE_MAX_SIZE_MB)")
+            raise Refused(
+                f"{raw} is {st.st_size / 2**20:.1f} MB; share_file copies at most "
+                f"{max_bytes / 2**20:g} MB (SHARE_FILE_MAX_SIZE_MB)"
+            )
         return OpenedFile(fd, real, st.st_size, st.st_mtime_ns)
     except BaseException:
         os.close(fd)

@@ -45,11 +45,11 @@ def halve_biggest_tool_result(view: Sequence[Message]) -> list[Message] | None:
 def refused_answer(window: int, requested: int, shrunk_by: str) -> str:
     """The turn's answer when Ollama refused its prompt and nothing on the turn's path made it fit;
     ``shrunk_by`` says what was tried ("": nothing could be compressed or cut)."""
-    asked = (f" (the profile asks for {requested:,}, more than the model was trained on)"
-             if requested > window else "")
-    tried = (f"it was still too long after {shrunk_by}" if shrunk_by
-             else "there was nothing left to compress or cut")
-    return (f"This conversation no longer fits the model's context window: Ollama refused the prompt as longer "
-            f"than its {window:,} tokens{asked}, and {tried}. The model was not called again and nothing is "
-            "lost: run /compact and try again, start a new session, or use a profile whose model has a larger "
-            "context window.")
+    asked = f" (the profile asks for {requested:,}, more than the model was trained on)" if requested > window else ""
+    tried = f"it was still too long after {shrunk_by}" if shrunk_by else "there was nothing left to compress or cut"
+    return (
+        f"This conversation no longer fits the model's context window: Ollama refused the prompt as longer "
+        f"than its {window:,} tokens{asked}, and {tried}. The model was not called again and nothing is "
+        "lost: run /compact and try again, start a new session, or use a profile whose model has a larger "
+        "context window."
+    )

@@ -113,12 +113,15 @@ class Profile:
         settings = compressor_pb2.CompressionSettings(
             summarizer_model=self.summarizer_model, critical_tools=list(self.critical_tools)
         )
-        for attr, target in (("compression_threshold", "threshold"), ("compression_target", "target"),
-                             ("compression_keep_recent", "keep_recent"),
-                             ("compression_max_tokens", "summary_max_tokens"),
-                             ("compression_temperature", "summary_temperature"),
-                             ("compression_prune_tool_results", "prune_tool_results"),
-                             ("compression_min_freed", "min_freed")):
+        for attr, target in (
+            ("compression_threshold", "threshold"),
+            ("compression_target", "target"),
+            ("compression_keep_recent", "keep_recent"),
+            ("compression_max_tokens", "summary_max_tokens"),
+            ("compression_temperature", "summary_temperature"),
+            ("compression_prune_tool_results", "prune_tool_results"),
+            ("compression_min_freed", "min_freed"),
+        ):
             value = getattr(self, attr)
             if value is not None:
                 setattr(settings, target, value)
@@ -132,10 +135,16 @@ class Profile:
 
     def to_proto(self, default_window: int) -> agent_pb2.Profile:
         return agent_pb2.Profile(
-            id=self.id, name=self.name, model=self.model, context_window=self.window(default_window),
-            max_iterations=self.max_iterations, think_enabled=self.think_enabled,
-            agent_tools=list(self.agent_tools), subagent_tools=list(self.tools_for_subagent),
-            compression=self.compression_settings(), description=self.description,
+            id=self.id,
+            name=self.name,
+            model=self.model,
+            context_window=self.window(default_window),
+            max_iterations=self.max_iterations,
+            think_enabled=self.think_enabled,
+            agent_tools=list(self.agent_tools),
+            subagent_tools=list(self.tools_for_subagent),
+            compression=self.compression_settings(),
+            description=self.description,
         )
 
 
@@ -144,8 +153,9 @@ def _read_prompt(path: str, profile_id: str) -> str:
         return Path(path).expanduser().read_text()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise InvalidArgument("compression_prompt_file",
-                              f"cannot read {path} (profile {profile_id!r}): {reason}") from None
+        raise InvalidArgument(
+            "compression_prompt_file", f"cannot read {path} (profile {profile_id!r}): {reason}"
+        ) from None
 
 
 _FIELDS = {f.name: f for f in fields(Profile) if f.init}
@@ -173,8 +183,11 @@ def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Prof
         except ValueError as exc:
             raise InvalidArgument("profiles", f"profile {data.get('id', (base or Profile()).id)!r}: {exc}") from None
     profile = replace(base or Profile(), **data)
-    for attr, key in (("agent_tools", "tools.agent"), ("subagent_tools", "tools.subagent"),
-                      ("critical_tools", "critical_tools")):
+    for attr, key in (
+        ("agent_tools", "tools.agent"),
+        ("subagent_tools", "tools.subagent"),
+        ("critical_tools", "critical_tools"),
+    ):
         check_tool_names(getattr(profile, attr), profile.mcp_servers, key, profile_id)
     return profile
 
@@ -232,8 +245,9 @@ class ProfileRegistry:
         try:
             return self.profiles[profile_id]
         except KeyError:
-            raise NotFound(f"profile_id: profile {profile_id!r} is not configured "
-                           f"(known: {', '.join(self.profiles)})") from None
+            raise NotFound(
+                f"profile_id: profile {profile_id!r} is not configured (known: {', '.join(self.profiles)})"
+            ) from None
 
     def for_session(self, profile_id: str) -> Profile:
         """A session's own profile, or the default when it is no longer configured (removed from the
@@ -253,15 +267,19 @@ class ProfileRegistry:
         if provider and provider != PROVIDER:
             raise FailedPrecondition(
                 f"provider: the session last ran on {provider!r}, and this Agent runs {PROVIDER} models only; "
-                "pass profile_id to continue it on one of the Agent's profiles")
+                "pass profile_id to continue it on one of the Agent's profiles"
+            )
         return self.for_session(profile_id).on_model(model)
 
     def sandboxed_profiles(self, operator_mode: str) -> list[str]:
         """The profiles whose commands run sandboxed (they offer run_command, to the agent or its
         sub-agents, and the sandbox is on for them): those that fail when it cannot start."""
-        return [p.id for p in self.profiles.values()
-                if COMMAND_TOOL in (*p.agent_tools, *p.tools_for_subagent)
-                and effective_policy(p.sandbox, pinned=False, operator_mode=operator_mode).sandboxed]
+        return [
+            p.id
+            for p in self.profiles.values()
+            if COMMAND_TOOL in (*p.agent_tools, *p.tools_for_subagent)
+            and effective_policy(p.sandbox, pinned=False, operator_mode=operator_mode).sandboxed
+        ]
 
     def changed(self) -> bool:
         """Whether the file differs from what was read (its mtime or size): one stat, cheap enough

@@ -22,7 +22,8 @@ from contextlib import suppress
 
 from google.protobuf.message import DecodeError
 
-from palimpsest.v1 import agent_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.client_tools import Answer, Key, Outcome
 from services.agent.turn_logs import ALIVE_EVERY_S
 from services.shared import tracing
@@ -62,11 +63,18 @@ def relayable(event: pb.AgentEvent) -> bytes | None:
 
 
 class ReplicaBus:
-    def __init__(self, store, replica: str, *, deliver: Callable[[pb.AgentEvent], None],
-                 stop_here: Callable[[str], bool], running: Callable[[], list[tuple[str, str]]] = list,
-                 answer_here: Callable[[Key, Answer], Outcome] = lambda key, answer: "unknown",
-                 alive: Callable[[str], None] = lambda turn_id: None,
-                 hearing: Callable[[bool], None] = lambda hearing: None):
+    def __init__(
+        self,
+        store,
+        replica: str,
+        *,
+        deliver: Callable[[pb.AgentEvent], None],
+        stop_here: Callable[[str], bool],
+        running: Callable[[], list[tuple[str, str]]] = list,
+        answer_here: Callable[[Key, Answer], Outcome] = lambda key, answer: "unknown",
+        alive: Callable[[str], None] = lambda turn_id: None,
+        hearing: Callable[[bool], None] = lambda hearing: None,
+    ):
         """``deliver``: an event from another replica, to this replica's watchers. ``stop_here``:
         stop the session's turn if this replica runs it (True then). ``running``: (session id, turn
         id) of the turns this replica runs, announced every ALIVE_EVERY_S; ``alive``: another
@@ -91,8 +99,11 @@ class ReplicaBus:
     def start(self) -> None:
         # The bus is the services' own (never a caller's credentials), and its listen no one's trace.
         with as_service(), tracing.untraced():
-            self._tasks = [asyncio.create_task(self._listen_forever()), asyncio.create_task(self._send_forever()),
-                           asyncio.create_task(self._announce_forever())]
+            self._tasks = [
+                asyncio.create_task(self._listen_forever()),
+                asyncio.create_task(self._send_forever()),
+                asyncio.create_task(self._announce_forever()),
+            ]
 
     async def close(self, flush_s: float = 0.0) -> None:
         """Stop listening and sending; the outbox (the stopped turns' last events) gets ``flush_s``."""
@@ -111,8 +122,12 @@ class ReplicaBus:
         """Queue a turn's event for the other replicas' watchers; never waits."""
         payload = relayable(event)
         if payload is None:
-            log.warning("session %s: a %s event of more than %d bytes not sent to other replicas",
-                        event.session_id, event.WhichOneof("event"), MAX_PAYLOAD_BYTES)
+            log.warning(
+                "session %s: a %s event of more than %d bytes not sent to other replicas",
+                event.session_id,
+                event.WhichOneof("event"),
+                MAX_PAYLOAD_BYTES,
+            )
             return
         self._post(event.session_id, payload)
 
@@ -160,9 +175,16 @@ class ReplicaBus:
         """Hand a client tool's answer to the replica whose turn waits for it; "unknown" when none
         takes it within STOP_REACH_S."""
         request_id = secrets.token_hex(8)
-        message = pb.ReplicaMessage(tool_answer=pb.ToolAnswer(
-            request_id=request_id, turn_id=key[1], call_id=key[2], content=answer.content, is_error=answer.is_error,
-            trusted=answer.trusted))
+        message = pb.ReplicaMessage(
+            tool_answer=pb.ToolAnswer(
+                request_id=request_id,
+                turn_id=key[1],
+                call_id=key[2],
+                content=answer.content,
+                is_error=answer.is_error,
+                trusted=answer.trusted,
+            )
+        )
         outcome = await self._ask(session_id, request_id, message)
         return outcome if outcome in ("taken", "answered") else "unknown"
 
@@ -187,8 +209,9 @@ class ReplicaBus:
 
     async def _send_now(self, session_id: str, message: pb.ReplicaMessage) -> None:
         """A Stop or its answer: ahead of the outbox, whose events may be queued behind a slow store."""
-        await self.store.PublishSessionMessages(store_pb.PublishSessionMessagesRequest(
-            messages=[self._message(session_id, message.SerializeToString())]))
+        await self.store.PublishSessionMessages(
+            store_pb.PublishSessionMessagesRequest(messages=[self._message(session_id, message.SerializeToString())])
+        )
 
     async def _reply(self, session_id: str, message: pb.ReplicaMessage) -> None:
         try:
@@ -207,8 +230,9 @@ class ReplicaBus:
         wait = RELISTEN_FIRST_S
         while True:
             try:
-                async for reply in self.store.ListenSessionMessages(store_pb.ListenSessionMessagesRequest(),
-                                                                    timeout=LISTEN_SPAN_S):
+                async for reply in self.store.ListenSessionMessages(
+                    store_pb.ListenSessionMessagesRequest(), timeout=LISTEN_SPAN_S
+                ):
                     if not reply.messages:  # the first: in place from now on
                         self.listening.set()
                         self._hearing(True)
@@ -216,8 +240,11 @@ class ReplicaBus:
                     for message in reply.messages:
                         self._receive(message)
             except PalimpsestError as exc:
-                log.log(logging.WARNING if self.listening.is_set() else logging.DEBUG,
-                        "session bus: listening again (%s)", exc)
+                log.log(
+                    logging.WARNING if self.listening.is_set() else logging.DEBUG,
+                    "session bus: listening again (%s)",
+                    exc,
+                )
             finally:
                 self.listening.clear()
                 self._hearing(False)
@@ -240,11 +267,14 @@ class ReplicaBus:
                 self._reply_soon(message.session_id, pb.ReplicaMessage(stopped=parsed.stop))
         elif kind == "tool_answer":
             got = parsed.tool_answer
-            outcome = self._answer_here((message.session_id, got.turn_id, got.call_id),
-                                        Answer(got.content, got.is_error, got.trusted))
+            outcome = self._answer_here(
+                (message.session_id, got.turn_id, got.call_id), Answer(got.content, got.is_error, got.trusted)
+            )
             if outcome != "unknown":  # (the replica running the turn answers; the others keep quiet)
-                self._reply_soon(message.session_id, pb.ReplicaMessage(tool_answered=pb.ToolAnswered(
-                    request_id=got.request_id, outcome=outcome)))
+                self._reply_soon(
+                    message.session_id,
+                    pb.ReplicaMessage(tool_answered=pb.ToolAnswered(request_id=got.request_id, outcome=outcome)),
+                )
         elif kind == "alive":
             self._alive(parsed.alive)
         elif kind == "stopped":

@@ -19,7 +19,8 @@ import logging
 from collections.abc import Awaitable
 from typing import Generic, Protocol, TypeVar
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.warm_cache import WarmCache
 
 log = logging.getLogger("palimpsest.agent")
@@ -152,12 +153,17 @@ class TurnClaims:
         holder = f"{self.replica}/{turn_id}"
         wait, waited = self.FIRST_WAIT_S, False
         while True:
-            reply = await self.store.ClaimTurn(store_pb.ClaimTurnRequest(
-                session_id=session_id, holder=holder, ttl_seconds=self.ttl_s))
+            reply = await self.store.ClaimTurn(
+                store_pb.ClaimTurnRequest(session_id=session_id, holder=holder, ttl_seconds=self.ttl_s)
+            )
             if reply.granted:
                 break
-            log.info("session %s: turn held by %s for %.1fs more; waiting", session_id, reply.holder,
-                     reply.expires_in_seconds)
+            log.info(
+                "session %s: turn held by %s for %.1fs more; waiting",
+                session_id,
+                reply.holder,
+                reply.expires_in_seconds,
+            )
             waited = True
             await asyncio.sleep(min(wait, max(0.01, reply.expires_in_seconds)))
             wait = min(wait * 2, self.MOST_WAIT_S)
@@ -168,8 +174,9 @@ class TurnClaims:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                await self.store.ClaimTurn(store_pb.ClaimTurnRequest(session_id=session_id, holder=holder,
-                                                                     ttl_seconds=self.ttl_s))
+                await self.store.ClaimTurn(
+                    store_pb.ClaimTurnRequest(session_id=session_id, holder=holder, ttl_seconds=self.ttl_s)
+                )
             except Exception as exc:  # noqa: BLE001 — the next renewal tries again; the claim may run out
                 log.warning("session %s: renewing the turn's claim failed: %s", session_id, exc)
 

@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 from contextlib import suppress
 from types import MappingProxyType
 
-from palimpsest.v1 import agent_pb2 as pb, agent_pb2_grpc, common_pb2, compressor_pb2 as cpb
+from palimpsest.v1 import agent_pb2 as pb
+from palimpsest.v1 import agent_pb2_grpc, common_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent import sandbox
 from services.agent.attachments import check_request, store_attachments
@@ -21,19 +23,17 @@ from services.agent.client_tools import MAX_ANSWER_BYTES, Answer, ClientTool, cl
 from services.agent.conversation import StoredConversation, conflict
 from services.agent.events import EventSink
 from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
+from services.agent.replica_bus import ReplicaBus
+from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.subagent import run_subagent
 from services.agent.tools.base import SpawnRequest
+from services.agent.tools.registry import BUILTIN, tools_for
 from services.agent.turn import Turn
 from services.agent.turn_context import AgentDeps, TurnContext, TurnInput
 from services.agent.turn_logs import TurnLogs
-from services.agent.replica_bus import ReplicaBus
-from services.agent.runtime import SessionRuntime, TurnClaims
 from services.agent.warm_cache import WarmCache
-from services.agent.tools.registry import BUILTIN, tools_for
 from services.agent.watchers import SessionWatchers
 from services.shared.auth import SERVICE_ROLE, caller, forwarded_metadata, vouching_metadata
-from services.shared.workspace_paths import BadPath, workspace_path
-from services.shared.external_refs import refs_from_proto
 from services.shared.errors import (
     Aborted,
     FailedPrecondition,
@@ -43,7 +43,9 @@ from services.shared.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from services.shared.external_refs import refs_from_proto
 from services.shared.session_reads import whole_context
+from services.shared.workspace_paths import BadPath, workspace_path
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -75,9 +77,11 @@ def turn_client_tools(request, profile: Profile, settings) -> tuple[list[ClientT
     """The client's tools for the turn, and how long one call waits for its answer."""
     wait = request.client_tool_timeout_seconds
     if not 0 <= wait <= settings.client_tool_max_timeout_s:
-        raise InvalidArgument("client_tool_timeout_seconds",
-                              f"0 (the default, {settings.client_tool_timeout_s} s) to "
-                              f"{settings.client_tool_max_timeout_s} s (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S)")
+        raise InvalidArgument(
+            "client_tool_timeout_seconds",
+            f"0 (the default, {settings.client_tool_timeout_s} s) to "
+            f"{settings.client_tool_max_timeout_s} s (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S)",
+        )
     if not request.client_tools:
         return [], wait
     taken = {*BUILTIN, *tools_for((), profile.custom_tools)}  # built-ins, and the profile's custom tools
@@ -115,29 +119,42 @@ def _other_model_hint(profiles: ProfileRegistry, profile: Profile) -> str:
     configured = profiles.profiles.get(profile.id)
     if configured is None or configured.model == profile.model:
         return ""
-    return (f" (the model this session last ran on), or continue it on the profile's model "
-            f"{configured.model!r} by passing profile_id={profile.id!r}")
+    return (
+        f" (the model this session last ran on), or continue it on the profile's model "
+        f"{configured.model!r} by passing profile_id={profile.id!r}"
+    )
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
     def __init__(self, deps: AgentDeps):
         self.deps = deps
         self.sessions: SessionRuntime[Turn] = SessionRuntime(
-            WarmCache(WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024))
+            WarmCache(WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024)
+        )
         self.replica = uuid.uuid4().hex[:12]  # this process, as other replicas know it
         # Across replicas (when on): the store says whose turn it is.
-        self.claims = TurnClaims(deps.store, deps.settings.turn_claim_ttl_s, self.replica) \
-            if deps.settings.turn_claims else None
+        self.claims = (
+            TurnClaims(deps.store, deps.settings.turn_claim_ttl_s, self.replica) if deps.settings.turn_claims else None
+        )
         # WatchSession's clients by session, and every stream that follows a session, counted.
         self._watchers = SessionWatchers(deps.settings.watchers_per_user, deps.settings.watchers_per_session)
         # Each turn's events, for the client that lost its stream (ResumeStream).
         self.turn_logs = TurnLogs(deps.settings.stream_keep_s, deps.settings.stream_keep_bytes)
         # Across replicas (when on): Stop and the watchers' events travel through the store.
-        self.bus = ReplicaBus(deps.store, self.replica, deliver=self._heard, stop_here=self.sessions.stop,
-                              answer_here=deps.client_calls.answer,
-                              running=self._running_turns, alive=self.turn_logs.heard_alive,
-                              hearing=self.turn_logs.set_hearing) \
-            if deps.settings.replica_events else None
+        self.bus = (
+            ReplicaBus(
+                deps.store,
+                self.replica,
+                deliver=self._heard,
+                stop_here=self.sessions.stop,
+                answer_here=deps.client_calls.answer,
+                running=self._running_turns,
+                alive=self.turn_logs.heard_alive,
+                hearing=self.turn_logs.set_hearing,
+            )
+            if deps.settings.replica_events
+            else None
+        )
 
     def _publish(self, event: pb.AgentEvent) -> None:
         """A turn's event to its log and the session's watchers (serialized once for all of them):
@@ -198,35 +215,67 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             warm = self.sessions.take_warm(request.session_id, metadata)
             # Else the CONTEXT view: the turn starts from it without loading the session again.
             session = warm or await whole_context(self.deps.store.GetSession, request.session_id)
-            profile = (self.deps.profiles.get(request.profile_id) if request.profile_id
-                       else self.deps.profiles.resumed(session.profile_id, session.provider, session.model))
+            profile = (
+                self.deps.profiles.get(request.profile_id)
+                if request.profile_id
+                else self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
+            )
         else:
             profile = self.deps.profiles.get(request.profile_id)
         client_tools, client_wait = turn_client_tools(request, profile, self.deps.settings)
         try:
             facts = await self.deps.ollama.model_facts(profile.model)
         except Unavailable as exc:
-            raise Unavailable(f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}"
-                              + _other_model_hint(self.deps.profiles, profile)) from None
+            raise Unavailable(
+                f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}"
+                + _other_model_hint(self.deps.profiles, profile)
+            ) from None
         if not request.session_id:
-            session = (await self.deps.store.CreateSession(store_pb.CreateSessionRequest(
-                profile_id=profile.id, provider=PROVIDER, model=profile.model,
-                external_refs=request.external_refs))).session
+            session = (
+                await self.deps.store.CreateSession(
+                    store_pb.CreateSessionRequest(
+                        profile_id=profile.id,
+                        provider=PROVIDER,
+                        model=profile.model,
+                        external_refs=request.external_refs,
+                    )
+                )
+            ).session
         files = await self._turn_files(request, session.id)
         if request.inline_attachments:  # storing them moved the session on (its taint): start from the store
             session, warm = await whole_context(self.deps.store.GetSession, session.id), None
         settings = self.deps.settings
-        conversation = StoredConversation(self.deps.store, session.id,
-                                          vouching_metadata(settings.auth_enabled, settings.jwt_secret),
-                                          timeout=settings.rpc_timeout_s)
+        conversation = StoredConversation(
+            self.deps.store,
+            session.id,
+            vouching_metadata(settings.auth_enabled, settings.jwt_secret),
+            timeout=settings.rpc_timeout_s,
+        )
         conversation.adopt(session)
         conversation.from_cache = warm is not None
         sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
-        turn = Turn(TurnContext(self.deps, conversation, profile, sink, metadata, facts, spawn=run_subagent,
-                                opened_generation=self.sessions.generation(session.id),
-                                session_changes=MappingProxyType(session_changes(session, profile, request))))
-        return turn, TurnInput(request.text, list(request.images), request.hidden, files, cwd=turn_cwd(request.cwd),
-                               client_tools=client_tools, client_tool_timeout_s=client_wait)
+        turn = Turn(
+            TurnContext(
+                self.deps,
+                conversation,
+                profile,
+                sink,
+                metadata,
+                facts,
+                spawn=run_subagent,
+                opened_generation=self.sessions.generation(session.id),
+                session_changes=MappingProxyType(session_changes(session, profile, request)),
+            )
+        )
+        return turn, TurnInput(
+            request.text,
+            list(request.images),
+            request.hidden,
+            files,
+            cwd=turn_cwd(request.cwd),
+            client_tools=client_tools,
+            client_tool_timeout_s=client_wait,
+        )
 
     async def _turn_files(self, request, session_id: str) -> list[str]:
         """The turn's files, stored before the stream begins so a refusal is the call's status. A
@@ -323,44 +372,61 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         parent_profile = None
         untrusted = pinned = False
         if request.parent_session_id:
-            parent = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
-                session_id=request.parent_session_id))).session
+            parent = (
+                await self.deps.store.GetSession(store_pb.GetSessionRequest(session_id=request.parent_session_id))
+            ).session
             parent_profile = self.deps.profiles.resumed(parent.profile_id, parent.provider, parent.model)
             untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
             pinned = parent.sandboxed
         spawn = SpawnRequest(
-            text=request.text, profile_id=request.profile_id, max_iterations=request.max_iterations or 40,
-            exclude_tools=tuple(request.exclude_tools), briefing=request.briefing,
-            custom_system_prompt=request.custom_system_prompt, inherit_system_prompt=request.inherit_system_prompt,
-            context_transfer=request.context_transfer, parent_session_id=request.parent_session_id,
+            text=request.text,
+            profile_id=request.profile_id,
+            max_iterations=request.max_iterations or 40,
+            exclude_tools=tuple(request.exclude_tools),
+            briefing=request.briefing,
+            custom_system_prompt=request.custom_system_prompt,
+            inherit_system_prompt=request.inherit_system_prompt,
+            context_transfer=request.context_transfer,
+            parent_session_id=request.parent_session_id,
             timeout_seconds=request.timeout_seconds or 300.0,
         )
 
         async def taint_parent() -> None:  # (the parent's own turns read the flag from the store)
-            await self.deps.store.UpdateSession(store_pb.UpdateSessionRequest(
-                session_id=request.parent_session_id, mark_untrusted_ingested=True))
+            await self.deps.store.UpdateSession(
+                store_pb.UpdateSessionRequest(session_id=request.parent_session_id, mark_untrusted_ingested=True)
+            )
 
         tool_runs = ToolRunLog()
         try:
-            result = await run_subagent(self.deps, spawn, sink=EventSink(request.parent_session_id, is_subagent=True),
-                                        metadata=metadata, untrusted=untrusted, parent_profile=parent_profile,
-                                        taint_parent=taint_parent if request.parent_session_id else None,
-                                        sandbox_pinned=lambda: pinned, tool_runs=tool_runs)
+            result = await run_subagent(
+                self.deps,
+                spawn,
+                sink=EventSink(request.parent_session_id, is_subagent=True),
+                metadata=metadata,
+                untrusted=untrusted,
+                parent_profile=parent_profile,
+                taint_parent=taint_parent if request.parent_session_id else None,
+                sandbox_pinned=lambda: pinned,
+                tool_runs=tool_runs,
+            )
         finally:
             runs = tool_runs.unstored()
             if runs and request.parent_session_id:  # audited under the session it worked for, in one write
                 settings = self.deps.settings
-                await store_tool_runs(self.deps.store.AppendMessages, request.parent_session_id, runs,
-                                      key=uuid.uuid4().hex, metadata=vouching_metadata(settings.auth_enabled,
-                                                                                       settings.jwt_secret),
-                                      timeout=settings.rpc_timeout_s)
+                await store_tool_runs(
+                    self.deps.store.AppendMessages,
+                    request.parent_session_id,
+                    runs,
+                    key=uuid.uuid4().hex,
+                    metadata=vouching_metadata(settings.auth_enabled, settings.jwt_secret),
+                    timeout=settings.rpc_timeout_s,
+                )
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
     async def Compact(self, request, context):
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
-        session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(
-            session_id=request.session_id))).session
+        session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(session_id=request.session_id))).session
         profile = self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
         window = profile.window(self.deps.settings.ollama_num_ctx)
         with suppress(PalimpsestError):  # Ollama away: the profile's window (the summary call will say)
@@ -370,9 +436,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         holder, _ = await self._hold(session.id)
         try:
             try:
-                async for event in self.deps.compressor.Compress(cpb.CompressRequest(
-                        session_id=session.id, reason=cpb.COMPRESSION_REASON_FORCED, model=profile.model,
-                        window=window, settings=profile.compression_settings())):
+                async for event in self.deps.compressor.Compress(
+                    cpb.CompressRequest(
+                        session_id=session.id,
+                        reason=cpb.COMPRESSION_REASON_FORCED,
+                        model=profile.model,
+                        window=window,
+                        settings=profile.compression_settings(),
+                    )
+                ):
                     emitted = sink.compression(event)
                     if emitted is not None:
                         yield emitted
@@ -390,13 +462,13 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Only the session's owner (or an admin) may stop it, or learn whether a turn runs in it:
         # reading the session checks exactly that, before anything is said.
         if self.deps.settings.auth_enabled:
-            await self.deps.store.GetSession(store_pb.GetSessionRequest(
-                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+            await self.deps.store.GetSession(
+                store_pb.GetSessionRequest(session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+            )
         stopped = self.sessions.stop(request.session_id)
         if not stopped and self.bus is not None:  # the turn may run on another replica
             stopped = await self.bus.stop_elsewhere(request.session_id)
         return pb.StopResponse(stopped=stopped)
-
 
     async def WatchSession(self, request, context):
         who = caller()  # (verified by the server's interceptor)
@@ -405,8 +477,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Counted first (a refusal costs nothing more), and in place before the watch is confirmed.
         with self._watchers.watching(request.session_id, who.sub) as watch:
             # Who may read the session may watch it: the store answers for the caller.
-            await self.deps.store.GetSession(store_pb.GetSessionRequest(
-                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+            await self.deps.store.GetSession(
+                store_pb.GetSessionRequest(session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+            )
             if self.bus is not None:  # other replicas' turns reach this one only while the bus listens
                 with suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.bus.listening.wait(), WATCH_BUS_WAIT_S)
@@ -422,12 +495,17 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("after_seq", "must not be negative")
         with self._watchers.following(request.session_id, who.sub):
             # Who may read the session may resume its turns: the store answers for the caller.
-            await self.deps.store.GetSession(store_pb.GetSessionRequest(
-                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+            await self.deps.store.GetSession(
+                store_pb.GetSessionRequest(session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+            )
             # Checked before the stream begins, so a refusal is the call's status; a turn of another
             # replica gets a moment to arrive, should the client have seen more of it there.
-            log = await self.turn_logs.open(request.session_id, request.turn_id, request.after_seq,
-                                            catch_up_s=RESUME_CATCH_UP_S if self.bus is not None else 0.0)
+            log = await self.turn_logs.open(
+                request.session_id,
+                request.turn_id,
+                request.after_seq,
+                catch_up_s=RESUME_CATCH_UP_S if self.bus is not None else 0.0,
+            )
             async for payload in self.turn_logs.follow(log, request.after_seq):
                 yield payload
 
@@ -453,28 +531,36 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             if not getattr(request, name):
                 raise InvalidArgument(name, "required: as the tool_call_requested event named it")
         if len(request.content.encode()) > MAX_ANSWER_BYTES:
-            raise ResourceExhausted(f"content: at most {MAX_ANSWER_BYTES} bytes (a larger result belongs in a "
-                                    "session file the model can read)")
+            raise ResourceExhausted(
+                f"content: at most {MAX_ANSWER_BYTES} bytes (a larger result belongs in a "
+                "session file the model can read)"
+            )
         me = caller()
         # Who may read the session may answer its client's tools: the turn running here knows its
         # session's owner; for any other, the store answers for the caller (one round trip more).
         turn = self.sessions.running_turn(request.session_id)
         here = turn is not None and turn.sink.turn_id == request.turn_id and turn.conv.session is not None
         if not (here and me.can_access(turn.conv.session.owner or None)):
-            await self.deps.store.GetSession(store_pb.GetSessionRequest(
-                session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
-        answer = Answer(request.content, request.is_error,
-                        trusted=self.deps.settings.auth_enabled and me.role == SERVICE_ROLE)
+            await self.deps.store.GetSession(
+                store_pb.GetSessionRequest(session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+            )
+        answer = Answer(
+            request.content, request.is_error, trusted=self.deps.settings.auth_enabled and me.role == SERVICE_ROLE
+        )
         key = (request.session_id, request.turn_id, request.call_id)
         outcome = self.deps.client_calls.answer(key, answer)
         if outcome == "unknown" and self.bus is not None:  # the turn may run on another replica
             outcome = await self.bus.answer_elsewhere(request.session_id, key, answer)
         if outcome == "answered":
-            raise FailedPrecondition(f"call {request.call_id} of turn {request.turn_id} no longer waits: it was "
-                                     "answered already, timed out, or its turn was stopped")
+            raise FailedPrecondition(
+                f"call {request.call_id} of turn {request.turn_id} no longer waits: it was "
+                "answered already, timed out, or its turn was stopped"
+            )
         if outcome == "unknown":
-            raise NotFound(f"no call {request.call_id} of turn {request.turn_id} waits for an answer in session "
-                           f"{request.session_id}")
+            raise NotFound(
+                f"no call {request.call_id} of turn {request.turn_id} waits for an answer in session "
+                f"{request.session_id}"
+            )
         return pb.SubmitToolResultResponse()
 
     async def finish_turns(self, grace: float) -> None:
@@ -494,4 +580,3 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if tasks:
             with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout)
-

@@ -77,6 +77,7 @@ def read_rest_in_background(stream: AsyncGenerator[T, None]) -> None:
     """Read what is left of ``stream`` (after Ollama's final chunk: the HTTP response's end) and
     close it, off the caller's path. Read to its end, the response hands its connection back to
     the pool for the next call; closed before that, the connection would be dropped."""
+
     async def read() -> None:
         with suppress(Exception):  # the reply is already whole: nothing here concerns it
             async with aclosing(stream):

@@ -61,18 +61,33 @@ async def run_subagent(
     facts = await deps.ollama.model_facts(profile.model)
     seed: list[Message] = []
     if request.context_transfer:
-        seed = [Message(role="user", content=f"Context from the parent task:\n{request.context_transfer}"),
-                Message(role="assistant", content="Understood. I have the context.")]
+        seed = [
+            Message(role="user", content=f"Context from the parent task:\n{request.context_transfer}"),
+            Message(role="assistant", content="Understood. I have the context."),
+        ]
     conversation = EphemeralConversation(seed, untrusted=untrusted, tool_runs=tool_runs)
-    turn = Turn(TurnContext(
-        deps, conversation, profile, sink, metadata, facts,
-        subagent=SubagentOptions(
-            parent_session_id=request.parent_session_id,
-            system_prompt=_system_prompt(deps, request, profile, parent_profile),
-            max_iterations=request.max_iterations or 40, exclude_tools=tuple(request.exclude_tools),
-            depth=depth, session_writer=session_writer, taint_parent=taint_parent, cwd=cwd,
-            sandbox_pinned=sandbox_pinned),
-        spawn=run_subagent))
+    turn = Turn(
+        TurnContext(
+            deps,
+            conversation,
+            profile,
+            sink,
+            metadata,
+            facts,
+            subagent=SubagentOptions(
+                parent_session_id=request.parent_session_id,
+                system_prompt=_system_prompt(deps, request, profile, parent_profile),
+                max_iterations=request.max_iterations or 40,
+                exclude_tools=tuple(request.exclude_tools),
+                depth=depth,
+                session_writer=session_writer,
+                taint_parent=taint_parent,
+                cwd=cwd,
+                sandbox_pinned=sandbox_pinned,
+            ),
+            spawn=run_subagent,
+        )
+    )
     text = request.text
     if profile.subagent_planning_enabled:
         from services.agent.tools.plan import run_subagent_planning

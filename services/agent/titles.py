@@ -19,8 +19,10 @@ TITLE_TOKENS = 24
 # A title is a nicety: a model that takes longer is busy with more important work.
 TITLE_TIMEOUT_S = 30.0
 
-_INSTRUCTION = ("Name the conversation below with a title of at most six words, in the language the user "
-                "wrote in. Answer with the title alone: no quotes, no label, no final punctuation.")
+_INSTRUCTION = (
+    "Name the conversation below with a title of at most six words, in the language the user "
+    "wrote in. Answer with the title alone: no quotes, no label, no final punctuation."
+)
 _LABEL = re.compile(r"^(title|titre|titel|título)\s*[:：-]\s*", re.IGNORECASE)
 
 
@@ -32,9 +34,13 @@ def title_first_words(text: str) -> str:
 def title_request(model: str, num_ctx: int, user_text: str, answer: str, thinking_model: bool) -> dict[str, Any]:
     exchange = f"User: {user_text[:EXCHANGE_CHARS]}\n\nAssistant: {answer[:EXCHANGE_CHARS]}"
     return OllamaClient.chat_body(
-        model, [{"role": "system", "content": _INSTRUCTION}, {"role": "user", "content": exchange}],
-        num_ctx=num_ctx, think=False if thinking_model else None, stream=False,
-        options={"temperature": 0.2, "num_predict": TITLE_TOKENS})
+        model,
+        [{"role": "system", "content": _INSTRUCTION}, {"role": "user", "content": exchange}],
+        num_ctx=num_ctx,
+        think=False if thinking_model else None,
+        stream=False,
+        options={"temperature": 0.2, "num_predict": TITLE_TOKENS},
+    )
 
 
 def clean_title(raw: str) -> str:

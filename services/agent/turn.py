@@ -12,7 +12,9 @@ import logging
 import uuid
 from collections.abc import Sequence
 
-from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2 as cpb, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent import context_builder as cb
 from services.agent.client_tools import ClientTool
 from services.agent.images import ImageTarget, user_messages
@@ -33,6 +35,8 @@ from services.agent.stages.storing import (
 from services.agent.stages.tools import MAX_SPAWN_DEPTH, ToolRun, run_tools
 from services.agent.stages.upkeep import (
     compress as run_compression,
+)
+from services.agent.stages.upkeep import (
     compress_after_turn,
     name_session,
     recall,
@@ -126,9 +130,17 @@ class Turn:
         return not self.conv.ephemeral
 
     def _runs_on(self, profile: Profile, facts: ModelFacts) -> RunsOn:
-        return runs_on(profile, facts, num_ctx=self.settings.ollama_num_ctx, mcp=self.deps.mcp,
-                       is_subagent=self.is_subagent, exclude=self.exclude_tools, depth=self.depth,
-                       client_tools=self.client_tools, clamped=self.clamped)
+        return runs_on(
+            profile,
+            facts,
+            num_ctx=self.settings.ollama_num_ctx,
+            mcp=self.deps.mcp,
+            is_subagent=self.is_subagent,
+            exclude=self.exclude_tools,
+            depth=self.depth,
+            client_tools=self.client_tools,
+            clamped=self.clamped,
+        )
 
     def _system_prompt(self) -> str:
         if self.system_prompt_override is not None:
@@ -182,14 +194,25 @@ class Turn:
         if self.ctx.session_changes:
             await self.conv.update(**self.ctx.session_changes)
         self.state.goal = turn_input.text
-        messages = await user_messages(ImageTarget(
-            session_id=self.session_id, stored=self.stored, store=self.deps.store, compressor=self.deps.compressor,
-            model=self.on.profile.model, window=self.on.window, settings=self.on.profile.compression_settings(),
-            image_fallback=self.settings.image_tokens_fallback,
-            # (only pictures need the context's count: the rest of the time nothing is built for it)
-            preamble=self._prompt_head() if turn_input.images else (),
-            tool_schemas=self.on.tool_schemas_json() if turn_input.images else ()),
-            turn_input.text, turn_input.images, turn_input.hidden, turn_input.files)
+        messages = await user_messages(
+            ImageTarget(
+                session_id=self.session_id,
+                stored=self.stored,
+                store=self.deps.store,
+                compressor=self.deps.compressor,
+                model=self.on.profile.model,
+                window=self.on.window,
+                settings=self.on.profile.compression_settings(),
+                image_fallback=self.settings.image_tokens_fallback,
+                # (only pictures need the context's count: the rest of the time nothing is built for it)
+                preamble=self._prompt_head() if turn_input.images else (),
+                tool_schemas=self.on.tool_schemas_json() if turn_input.images else (),
+            ),
+            turn_input.text,
+            turn_input.images,
+            turn_input.hidden,
+            turn_input.files,
+        )
         if not turn_input.hidden:  # (a sub-agent's conversation has no session to name)
             self.first_words = await name_session(self.conv, self.sink, turn_input.text)
         recalled = await recall(self.deps.store, self.conv, self.on.profile, self.on.window, turn_input.text)
@@ -226,9 +249,19 @@ class Turn:
                 except ContextRefused as exc:  # proven over the window: shrunk and sent once more, or the end
                     refusals += 1
                     prepared = await after_refusal(
-                        self, exc, built, check, iteration, refusals, conv=self.conv, window=self.on.window,
-                        requested_window=self.on.requested_window, compression_on=self._compression_on(),
-                        keep_recent=self._keep_for(iteration), shrunk_before=self._shrunk_by)
+                        self,
+                        exc,
+                        built,
+                        check,
+                        iteration,
+                        refusals,
+                        conv=self.conv,
+                        window=self.on.window,
+                        requested_window=self.on.requested_window,
+                        compression_on=self._compression_on(),
+                        keep_recent=self._keep_for(iteration),
+                        shrunk_before=self._shrunk_by,
+                    )
                 except StreamStopped:
                     await self._save_partial("stopped")
                     return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
@@ -245,8 +278,20 @@ class Turn:
                 return self._end(END.STREAM_END_REASON_COMPLETED, reply.content)
             calls = tool_calls_of(reply)
             await self.conv.append([answer_message(reply, tool_calls=calls)], report=report)
-            await run_tools(calls, ToolRun(self.on.tools, self.on.clamped_out, self.conv, self.sink, self.stop,
-                                           self.state, self.is_subagent, self.tool_context, self.taint))
+            await run_tools(
+                calls,
+                ToolRun(
+                    self.on.tools,
+                    self.on.clamped_out,
+                    self.conv,
+                    self.sink,
+                    self.stop,
+                    self.state,
+                    self.is_subagent,
+                    self.tool_context,
+                    self.taint,
+                ),
+            )
             if self.stop.is_set():
                 return self._end(END.STREAM_END_REASON_STOPPED, self.result.text)
             if self.state.todo_progress > progress_seen:
@@ -261,8 +306,9 @@ class Turn:
         """The prompt for the next call (see stages.prepare), with this call's notes once."""
         if self._noted_iteration != iteration:  # a call made again (StalePrompt) has its notes
             self._noted_iteration = iteration
-            self._pending.extend(cb.note_messages(
-                call_notes(self.on.profile, iteration, self.max_iterations, stalled, self.state.goal)))
+            self._pending.extend(
+                cb.note_messages(call_notes(self.on.profile, iteration, self.max_iterations, stalled, self.state.goal))
+            )
         built = self.build(self._pending)
         # This turn's user message on its way to the store while the first size check runs and the
         # model starts reading the prompt: the fewest waits before the first token.
@@ -305,18 +351,25 @@ class Turn:
         announce_model(self.sink, self.on)
 
     # -- the model call --------------------------------------------------------------------------
-    async def check_size(self, built: list[Message], iteration: int, *,
-                          decide: bool = True) -> cpb.CheckContextSizeResponse:
+    async def check_size(
+        self, built: list[Message], iteration: int, *, decide: bool = True
+    ) -> cpb.CheckContextSizeResponse:
         """The one question before a model call, answered by the Compressor: the view to send, its
         count, and fits / compress first / too large. While the Compressor is away the turn goes on
         uncompressed, its view cut at the fixed heuristic rate, and the client is told once."""
         try:
-            return await self.deps.compressor.CheckContextSize(cpb.CheckContextSizeRequest(
-                model=self.on.profile.model, messages=sliced_for_size_check(built), window=self.on.window,
-                session_id=self.session_id,
-                settings=self.on.profile.compression_settings(), tool_schemas=self.on.tool_schemas_json(),
-                keep_recent_messages=self._keep_for(iteration),
-                decide_compression=decide and self._compression_on()))
+            return await self.deps.compressor.CheckContextSize(
+                cpb.CheckContextSizeRequest(
+                    model=self.on.profile.model,
+                    messages=sliced_for_size_check(built),
+                    window=self.on.window,
+                    session_id=self.session_id,
+                    settings=self.on.profile.compression_settings(),
+                    tool_schemas=self.on.tool_schemas_json(),
+                    keep_recent_messages=self._keep_for(iteration),
+                    decide_compression=decide and self._compression_on(),
+                )
+            )
         except Unavailable as exc:
             if not self._compressor_away:
                 self._compressor_away = True
@@ -330,10 +383,23 @@ class Turn:
         self._partial = reply = ChatResult()
         return await call_model(
             self.deps.ollama,
-            lambda: request_body(built, model=self.on.profile.model, facts=self.on.facts, window=self.on.window,
-                                 tools=self.on.tool_schemas(), think_enabled=self.on.profile.think_enabled),
-            reply, sink=self.sink, stop=self.stop, settings=self.settings, storing=storing, model=self.on.profile.model,
-            window=self.on.window, said=self._said)
+            lambda: request_body(
+                built,
+                model=self.on.profile.model,
+                facts=self.on.facts,
+                window=self.on.window,
+                tools=self.on.tool_schemas(),
+                think_enabled=self.on.profile.think_enabled,
+            ),
+            reply,
+            sink=self.sink,
+            stop=self.stop,
+            settings=self.settings,
+            storing=storing,
+            model=self.on.profile.model,
+            window=self.on.window,
+            said=self._said,
+        )
 
     def _said(self, text: str) -> None:
         self.result.text = text
@@ -342,21 +408,37 @@ class Turn:
         await save_partial(self.conv, self._partial, why)
         self._partial = None
 
-    async def _account(self, reply: ChatResult, check: cpb.CheckContextSizeResponse,
-                       built: list[Message]) -> store_pb.ModelReport:
+    async def _account(
+        self, reply: ChatResult, check: cpb.CheckContextSizeResponse, built: list[Message]
+    ) -> store_pb.ModelReport:
         """The call's report, judged for the append of its answer, and the meter. The meter goes
         first: it is the call's, known once its report is judged, and on its way to the client
         while the answer is stored (after the store, its write to the client was one more step
         between the last token and stream_end)."""
         self.last_trigger = check.trigger  # where this size check said compression starts
         # (through_seq: the stored rows this prompt carries)
-        report, self.prompt_cut = model_report(reply, check, built, self.conv.through_seq,
-                                               model=self.on.profile.model, window=self.on.window,
-                                               stored=self.stored, session_id=self.session_id)
+        report, self.prompt_cut = model_report(
+            reply,
+            check,
+            built,
+            self.conv.through_seq,
+            model=self.on.profile.model,
+            window=self.on.window,
+            stored=self.stored,
+            session_id=self.session_id,
+        )
         self.last_prompt_tokens = await record_usage(
-            reply, check, built, report, compressor=self.deps.compressor, sink=self.sink,
-            model=self.on.profile.model, window=self.on.window, stored=self.stored,
-            parent_session_id=self.parent_session_id)
+            reply,
+            check,
+            built,
+            report,
+            compressor=self.deps.compressor,
+            sink=self.sink,
+            model=self.on.profile.model,
+            window=self.on.window,
+            stored=self.stored,
+            parent_session_id=self.parent_session_id,
+        )
         return report
 
     # -- tools -----------------------------------------------------------------------------------
@@ -406,21 +488,43 @@ class Turn:
 
     async def _spawn(self, request: SpawnRequest) -> tuple[str, bool]:
         assert self.spawner is not None  # (offered to the tools only with one)
-        result = await self.spawner(self.deps, request, sink=self.sink.for_subagent(), metadata=self.metadata,
-                                    untrusted=self.conv.untrusted, depth=self.depth + 1,
-                                    parent_profile=self.on.profile, session_writer=self.session_writer,
-                                    taint_parent=self.taint, cwd=self.cwd, parent_stop=self.stop,
-                                    sandbox_pinned=self.sandbox_pinned, tool_runs=self.conv.tool_runs)
+        result = await self.spawner(
+            self.deps,
+            request,
+            sink=self.sink.for_subagent(),
+            metadata=self.metadata,
+            untrusted=self.conv.untrusted,
+            depth=self.depth + 1,
+            parent_profile=self.on.profile,
+            session_writer=self.session_writer,
+            taint_parent=self.taint,
+            cwd=self.cwd,
+            parent_stop=self.stop,
+            sandbox_pinned=self.sandbox_pinned,
+            tool_runs=self.conv.tool_runs,
+        )
         return result.text, result.completed_normally
 
     # -- compression -----------------------------------------------------------------------------
     async def compress(self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0) -> bool:
         """Run one compression (see stages.upkeep.compress); a failure is logged and the turn goes on."""
-        return await run_compression(self.deps.compressor, self.conv, self.sink, cpb.CompressRequest(
-            session_id=self.session_id, reason=reason, model=self.on.profile.model, window=self.on.window,
-            keep_recent_messages=keep_recent_messages, settings=self.on.profile.compression_settings(),
-            current_tokens=current_tokens, expected_revision=self.conv.revision,
-            prompt_head=self._prompt_head(), tool_schemas=self.on.tool_schemas_json()))
+        return await run_compression(
+            self.deps.compressor,
+            self.conv,
+            self.sink,
+            cpb.CompressRequest(
+                session_id=self.session_id,
+                reason=reason,
+                model=self.on.profile.model,
+                window=self.on.window,
+                keep_recent_messages=keep_recent_messages,
+                settings=self.on.profile.compression_settings(),
+                current_tokens=current_tokens,
+                expected_revision=self.conv.revision,
+                prompt_head=self._prompt_head(),
+                tool_schemas=self.on.tool_schemas_json(),
+            ),
+        )
 
     def _midturn_keep(self) -> int:
         return max(12, 2 * self._keep_recent())
@@ -436,18 +540,40 @@ class Turn:
         session's flag)."""
         answered = self.result.reason == END.STREAM_END_REASON_COMPLETED and self.result.text.strip()
         if self.first_words and answered and self.settings.session_titles:
-            await title_session(self.deps.ollama, self.conv, self.sink, model=self.on.profile.model,
-                                window=self.on.window, thinking=self.on.facts.thinking, goal=self.state.goal,
-                                answer=self.result.text, first_words=self.first_words)
+            await title_session(
+                self.deps.ollama,
+                self.conv,
+                self.sink,
+                model=self.on.profile.model,
+                window=self.on.window,
+                thinking=self.on.facts.thinking,
+                goal=self.state.goal,
+                answer=self.result.text,
+                first_words=self.first_words,
+            )
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
-        if self.last_trigger and self.last_prompt_tokens < self.last_trigger and not self.prompt_cut \
-                and not self.conv.flagged_cut:
+        if (
+            self.last_trigger
+            and self.last_prompt_tokens < self.last_trigger
+            and not self.prompt_cut
+            and not self.conv.flagged_cut
+        ):
             return  # the last prompt was under the trigger and whole: the Compressor would say so
-        compressed = await compress_after_turn(self.deps.compressor, self.sink, cpb.CompressRequest(
-            session_id=self.session_id, reason=cpb.COMPRESSION_REASON_POSTTURN, model=self.on.profile.model,
-            window=self.on.window, keep_recent_messages=self._midturn_keep(), only_if_over_threshold=True,
-            current_tokens=self.last_prompt_tokens, settings=self.on.profile.compression_settings(),
-            prompt_head=self._prompt_head(), tool_schemas=self.on.tool_schemas_json()))
+        compressed = await compress_after_turn(
+            self.deps.compressor,
+            self.sink,
+            cpb.CompressRequest(
+                session_id=self.session_id,
+                reason=cpb.COMPRESSION_REASON_POSTTURN,
+                model=self.on.profile.model,
+                window=self.on.window,
+                keep_recent_messages=self._midturn_keep(),
+                only_if_over_threshold=True,
+                current_tokens=self.last_prompt_tokens,
+                settings=self.on.profile.compression_settings(),
+                prompt_head=self._prompt_head(),
+                tool_schemas=self.on.tool_schemas_json(),
+            ),
+        )
         self.compressed_after = self.compressed_after or compressed
-

@@ -126,7 +126,7 @@ class TurnLog:
         self.first_seq += 1
         self.bytes -= size
         if self._start * 2 > len(self._events):
-            del self._events[:self._start]
+            del self._events[: self._start]
             self._start = 0
         self.pulse()
         return size
@@ -149,17 +149,22 @@ class TurnLog:
     def check_reader(self, seq: int) -> None:
         """Behind unless the event after ``seq`` (what a reader has read to) is kept or still to come."""
         if seq + 1 < self.first_seq:
-            raise Behind(f"this stream fell behind turn {self.turn_id}: its events are kept from seq {self.first_seq} "
-                         f"on (older ones went to stay within PALIMPSEST_STREAM_KEEP_MB, or were lost on the session "
-                         f"bus) and the stream had read to seq {seq}. The turn goes on and stores its answer: "
-                         f"ResumeStream with after_seq {self.first_seq - 1} follows the rest, and the session's "
-                         "history has it whole")
+            raise Behind(
+                f"this stream fell behind turn {self.turn_id}: its events are kept from seq {self.first_seq} "
+                f"on (older ones went to stay within PALIMPSEST_STREAM_KEEP_MB, or were lost on the session "
+                f"bus) and the stream had read to seq {seq}. The turn goes on and stores its answer: "
+                f"ResumeStream with after_seq {self.first_seq - 1} follows the rest, and the session's "
+                "history has it whole"
+            )
 
     def check(self, after_seq: int) -> None:
         """OutOfRange unless every event after ``after_seq`` is here or still to come."""
         if after_seq + 1 < self.first_seq:
-            raise OutOfRange("after_seq", f"events of turn {self.turn_id} are kept from seq {self.first_seq} on; "
-                                          f"{after_seq + 1} is gone (the session's history has what the turn stored)")
+            raise OutOfRange(
+                "after_seq",
+                f"events of turn {self.turn_id} are kept from seq {self.first_seq} on; "
+                f"{after_seq + 1} is gone (the session's history has what the turn stored)",
+            )
         if after_seq > self.last_seq and (self.ended or self.kept):
             raise Ahead("after_seq", f"turn {self.turn_id} is at seq {self.last_seq}")
 
@@ -199,8 +204,9 @@ class TurnLogs:
         log = self._logs.get(event.turn_id)
         if log is None:
             self._expire(now)
-            log = self._logs[event.turn_id] = TurnLog(event.session_id, event.turn_id, local=local,
-                                                       first_seq=event.seq, now=now)
+            log = self._logs[event.turn_id] = TurnLog(
+                event.session_id, event.turn_id, local=local, first_seq=event.seq, now=now
+            )
             self._latest[event.session_id] = event.turn_id
             if not local:
                 self._remote_running[event.turn_id] = log
@@ -218,8 +224,13 @@ class TurnLogs:
         Agent is stopping) tells its readers so."""
         log = self._logs.get(turn_id)
         if log is not None and not log.ended:
-            log.end(self.clock(), Unavailable(f"turn {turn_id} ended without its stream_end: its Agent is "
-                                              "stopping; the session has what the turn stored"))
+            log.end(
+                self.clock(),
+                Unavailable(
+                    f"turn {turn_id} ended without its stream_end: its Agent is "
+                    "stopping; the session has what the turn stored"
+                ),
+            )
             self._now_ended(turn_id)
 
     def set_hearing(self, hearing: bool) -> None:
@@ -247,10 +258,13 @@ class TurnLogs:
         self._expire(self.clock())
         log = self._logs.get(turn_id or self._latest.get(session_id, ""))
         if log is None or log.session_id != session_id:
-            which = (f"turn {turn_id} of session {session_id} is not" if turn_id
-                     else f"no turn of session {session_id} is")
-            raise NotFound(f"{which} kept by this Agent (a turn's events are kept {self.keep_s:g}s after it "
-                           "ends; with several Agent replicas, PALIMPSEST_REPLICA_EVENTS lets each keep the others')")
+            which = (
+                f"turn {turn_id} of session {session_id} is not" if turn_id else f"no turn of session {session_id} is"
+            )
+            raise NotFound(
+                f"{which} kept by this Agent (a turn's events are kept {self.keep_s:g}s after it "
+                "ends; with several Agent replicas, PALIMPSEST_REPLICA_EVENTS lets each keep the others')"
+            )
         return log
 
     async def open(self, session_id: str, turn_id: str, after_seq: int, *, catch_up_s: float) -> TurnLog:
@@ -322,9 +336,11 @@ class TurnLogs:
         if not self.hearing:
             return  # the others' silence is this replica's deafness
         for log in [log for log in self._remote_running.values() if log.heard_at + LOST_AFTER_S <= now]:
-            lost = NotFound(f"turn {log.turn_id} runs on another Agent replica, not heard of for "
-                            f"{now - log.heard_at:.0f}s: it is lost with that replica; the session has what "
-                            "the turn stored")
+            lost = NotFound(
+                f"turn {log.turn_id} runs on another Agent replica, not heard of for "
+                f"{now - log.heard_at:.0f}s: it is lost with that replica; the session has what "
+                "the turn stored"
+            )
             self._lost[log.turn_id] = lost
             if len(self._lost) > LOST_REMEMBERED:
                 self._lost.popitem(last=False)
@@ -344,8 +360,7 @@ class TurnLogs:
                 return
             self._forget(turn_id)
         while self.bytes > floor:
-            largest = max((log for log in self._logs.values() if log.kept > 1), key=lambda log: log.bytes,
-                          default=None)
+            largest = max((log for log in self._logs.values() if log.kept > 1), key=lambda log: log.bytes, default=None)
             if largest is None:
                 break
             self.bytes -= largest.drop_oldest()

@@ -65,11 +65,13 @@ class SessionWatchers:
         if self.per_user and self._by_user[user] >= self.per_user:
             raise ResourceExhausted(
                 f"PALIMPSEST_WATCHERS_PER_USER: {user} already has {self._by_user[user]} streams following sessions "
-                "(WatchSession, ResumeStream) on this Agent, the most allowed; end one first")
+                "(WatchSession, ResumeStream) on this Agent, the most allowed; end one first"
+            )
         if self.per_session and self._by_session[session_id] >= self.per_session:
             raise ResourceExhausted(
                 f"PALIMPSEST_WATCHERS_PER_SESSION: session {session_id} already has {self._by_session[session_id]} "
-                "streams following it (WatchSession, ResumeStream) on this Agent, the most allowed; end one first")
+                "streams following it (WatchSession, ResumeStream) on this Agent, the most allowed; end one first"
+            )
         self._by_user[user] += 1
         self._by_session[session_id] += 1
         try:

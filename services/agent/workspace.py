@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.shared.auth import vouching_metadata
 from services.shared.errors import PalimpsestError
@@ -64,8 +65,11 @@ class WriteBack:
         if self.deleted:
             parts.append(f"deleted from it: {_listed(self.deleted)}")
         if self.refused:
-            parts.append("not kept: " + "; ".join(f"{path} ({why})" for path, why in self.refused[:20])
-                         + (f"; and {len(self.refused) - 20} more" if len(self.refused) > 20 else ""))
+            parts.append(
+                "not kept: "
+                + "; ".join(f"{path} ({why})" for path, why in self.refused[:20])
+                + (f"; and {len(self.refused) - 20} more" if len(self.refused) > 20 else "")
+            )
         return "\n".join(parts)
 
 
@@ -115,8 +119,9 @@ class Workspace:
     async def sync(self) -> None:
         """One ListFiles, one thread hop to stat the whole mirror, downloads of what differs (a few
         at once): a turn on a large workspace that changed little pays for little more than the listing."""
-        reply = await self.store.ListFiles(store_pb.ListFilesRequest(session_id=self.session_id,
-                                                                    unless_token=self._token))
+        reply = await self.store.ListFiles(
+            store_pb.ListFilesRequest(session_id=self.session_id, unless_token=self._token)
+        )
         if reply.unchanged:  # nothing written or deleted since the mirror was last synced whole
             return
         self._token = ""  # until this sync has completed
@@ -223,7 +228,7 @@ class Workspace:
         async def parts() -> AsyncIterator[store_pb.PutFileRequest]:
             yield store_pb.PutFileRequest(header=header)
             for start in range(0, len(data), CHUNK):
-                yield store_pb.PutFileRequest(chunk=data[start:start + CHUNK])
+                yield store_pb.PutFileRequest(chunk=data[start : start + CHUNK])
 
         info = (await self.store.PutFile(parts(), metadata=self._vouch)).file
         await asyncio.to_thread(self._mirror, path, data, info)

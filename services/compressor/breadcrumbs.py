@@ -25,8 +25,25 @@ BREADCRUMB_CAP = 60
 CHUNK_CHARS = 4_000
 
 _COMMAND_WORDS = (
-    "git", "make", "pip", "pip3", "npm", "npx", "yarn", "docker", "kubectl", "python", "python3",
-    "pytest", "uv", "cargo", "go", "helm", "terraform", "curl", "grpcurl",
+    "git",
+    "make",
+    "pip",
+    "pip3",
+    "npm",
+    "npx",
+    "yarn",
+    "docker",
+    "kubectl",
+    "python",
+    "python3",
+    "pytest",
+    "uv",
+    "cargo",
+    "go",
+    "helm",
+    "terraform",
+    "curl",
+    "grpcurl",
 )
 _CMD = "|".join(_COMMAND_WORDS)
 _TRAILING_PUNCTUATION = ".,;:!?)]}'\""
@@ -148,9 +165,7 @@ class _Spans:
         self._ends[lo:hi] = [end]
 
 
-def merge_breadcrumbs(
-    keys: Iterable[str], entities: Iterable[str], cap: int = BREADCRUMB_CAP
-) -> list[str]:
+def merge_breadcrumbs(keys: Iterable[str], entities: Iterable[str], cap: int = BREADCRUMB_CAP) -> list[str]:
     """The summary's keys first, then extracted entities; case-insensitive dedupe, ``cap`` at most."""
     merged: list[str] = []
     seen: set[str] = set()

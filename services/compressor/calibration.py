@@ -55,17 +55,14 @@ class Line:
 
     overhead: float
     tokens_per_char: float
+
     def predict(self, chars: int) -> float:
         return self.overhead + chars * self.tokens_per_char
 
     @property
     def is_plausible(self) -> bool:
         """True when the slope is within one token per six chars (``MIN_TOKENS_PER_CHAR``) … one per char."""
-        return (
-            MIN_TOKENS_PER_CHAR - _SLOPE_TOLERANCE
-            <= self.tokens_per_char
-            <= MAX_TOKENS_PER_CHAR + _SLOPE_TOLERANCE
-        )
+        return MIN_TOKENS_PER_CHAR - _SLOPE_TOLERANCE <= self.tokens_per_char <= MAX_TOKENS_PER_CHAR + _SLOPE_TOLERANCE
 
 
 def _usable(line: Line | None) -> Line | None:
@@ -204,8 +201,10 @@ class Rates:
         # may come out odd (a negative cost per message) while its predictions are right, so they
         # are not clamped one by one (measured: clamping made counts 6–10% high). Only the result
         # is kept plausible: never below one token per six characters.
-        return max(self.per_message * messages + sum(r * c for r, c in zip(self.rates, classes)),
-                   sum(classes) * MIN_TOKENS_PER_CHAR)
+        return max(
+            self.per_message * messages + sum(r * c for r, c in zip(self.rates, classes)),
+            sum(classes) * MIN_TOKENS_PER_CHAR,
+        )
 
     def marginal(self, messages: int, classes: Sequence[int]) -> int:
         """What these messages add to a prompt whose fixed cost is paid."""
@@ -232,11 +231,13 @@ def _fit_rates(reports: tuple[tuple[int, tuple[int, ...], int], ...]) -> Rates |
     k = len(RATES_PRIOR)
     spread = [max(1.0, statistics.pstdev(row[i] for row in rows)) for i in range(k)]
     penalty = [RATES_RIDGE * s * s for s in spread]
-    gram = [[sum(row[i] * row[j] for row in rows) + (penalty[i] if i == j else 0.0) for j in range(k)]
-            for i in range(k)]
+    gram = [
+        [sum(row[i] * row[j] for row in rows) + (penalty[i] if i == j else 0.0) for j in range(k)] for i in range(k)
+    ]
     rhs = [sum(row[i] * t for row, (_, _, t) in zip(rows, usable)) + penalty[i] * RATES_PRIOR[i] for i in range(k)]
     w = solve_linear(gram, rhs)
     fitted = Rates(overhead=w[0], per_message=w[1], rates=tuple(w[2:]), margin=0, observed=len(usable))
     worst = max(t - fitted.whole(m, classes) for m, classes, t in usable)
-    return Rates(fitted.overhead, fitted.per_message, fitted.rates, min(max(0, worst), MAX_RATES_MARGIN),
-                 fitted.observed)
+    return Rates(
+        fitted.overhead, fitted.per_message, fitted.rates, min(max(0, worst), MAX_RATES_MARGIN), fitted.observed
+    )

@@ -203,14 +203,12 @@ def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
         content = counts[at]
         # The size check got only its head and tail: scaled to its length.
         content = scaled_count(content, len(message.content), message.sliced_from_chars)
-        out.append(content + sum(counts[at + 1:at + span]))
+        out.append(content + sum(counts[at + 1 : at + span]))
         at += span
     return out
 
 
-def shape_of(
-    messages: Sequence[Message], tool_schemas: Sequence[str], counter: Counter, image_fallback: int
-) -> Shape:
+def shape_of(messages: Sequence[Message], tool_schemas: Sequence[str], counter: Counter, image_fallback: int) -> Shape:
     """The shape of a prompt made of ``messages`` (the view the model gets) and ``tool_schemas``."""
     content = sum(message_tokens(messages, counter)) + sum(counter.counts(list(tool_schemas)))
     images = [image for m in messages for image in m.images]
@@ -244,7 +242,10 @@ def cut_content(message: Message, tokens: int, budget: int, counter: Counter) ->
 
 
 def exact_view(
-    messages: Sequence[Message], budget: int, counter: Counter, budgets: dict[int, int] | None = None,
+    messages: Sequence[Message],
+    budget: int,
+    counter: Counter,
+    budgets: dict[int, int] | None = None,
 ) -> tuple[list[Message], dict[int, str]]:
     """The view the model is sent: every oversized assistant/tool message cut to ``budget`` content
     tokens (``budgets`` overrides it per index). Returns the view and the cut contents by index."""

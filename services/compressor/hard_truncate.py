@@ -72,6 +72,4 @@ def hard_truncate(
     tokens = estimate(system + keep)
     ids = {id(m) for m in keep}
     dropped = [m for m in context if m.role != "system" and id(m) not in ids]
-    return Truncation(
-        dropped=dropped, to_keep=keep, system=system, tokens=tokens, fits=tokens < budget
-    )
+    return Truncation(dropped=dropped, to_keep=keep, system=system, tokens=tokens, fits=tokens < budget)

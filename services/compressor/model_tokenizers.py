@@ -104,8 +104,7 @@ class TokenCounter:
             if key in self._cuts:
                 self._cuts.move_to_end(key)
                 return self._cuts[key]
-        cut = self._cut_from_slices(text, head_tokens, tail_tokens) if len(text) > 2 * SIZE_CHECK_SLICE_CHARS \
-            else None
+        cut = self._cut_from_slices(text, head_tokens, tail_tokens) if len(text) > 2 * SIZE_CHECK_SLICE_CHARS else None
         if cut is None:
             cut = _cut(text, self.tokenizer.encode(text, add_special_tokens=False).offsets, head_tokens, tail_tokens)
         with self._lock:
@@ -118,8 +117,10 @@ class TokenCounter:
 def _cut(text: str, offsets, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
     if head_tokens + tail_tokens >= len(offsets):
         return text, ""
-    return (text[: offsets[head_tokens - 1][1]] if head_tokens > 0 else "",
-            text[offsets[len(offsets) - tail_tokens][0]:] if tail_tokens > 0 else "")
+    return (
+        text[: offsets[head_tokens - 1][1]] if head_tokens > 0 else "",
+        text[offsets[len(offsets) - tail_tokens][0] :] if tail_tokens > 0 else "",
+    )
 
 
 # Bump when build_tokenizer changes what it builds: tokenizers cached by an older build are ignored.
@@ -185,8 +186,7 @@ class ModelTokenizers:
             if path:
                 await asyncio.to_thread(_write_cached, path, tokenizer)
         self._by_digest[digest] = TokenCounter(tokenizer, digest)
-        log.info("model %s: exact token counts from its own vocabulary (%d tokens)", model,
-                 tokenizer.get_vocab_size())
+        log.info("model %s: exact token counts from its own vocabulary (%d tokens)", model, tokenizer.get_vocab_size())
 
 
 def _read_cached(path: Path) -> Tokenizer | None:

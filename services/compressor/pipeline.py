@@ -10,11 +10,15 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from palimpsest.v1 import common_pb2, compressor_pb2 as pb, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.compressor.breadcrumbs import chunk_messages, entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.hard_truncate import hard_truncate
 from services.compressor.planner import (
-    Plan, freed_tokens, plan_compression,
+    Plan,
+    freed_tokens,
+    plan_compression,
 )
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import Pruning
@@ -66,8 +70,15 @@ def summary_target(knobs: Knobs, window: int) -> float:
     return max(0.05, effective_target(knobs, window) * SUMMARY_DEPTH)
 
 
-def make_plan(context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
-              keep_recent_messages: int, prompt_tokens: int = 0, target: float | None = None) -> Plan:
+def make_plan(
+    context: list[Message],
+    pricing: Pricing,
+    knobs: Knobs,
+    window: int,
+    keep_recent_messages: int,
+    prompt_tokens: int = 0,
+    target: float | None = None,
+) -> Plan:
     """The one plan WouldCompress, Compress and the size check's dry run share. ``prompt_tokens``:
     the whole prompt's count when known (the rest of it shares the target with the kept region);
     ``target``: the share of the window to reach (``summary_target`` unless given)."""
@@ -102,8 +113,9 @@ def expected_summary_tokens(context: list[Message], pricing: Pricing, knobs: Kno
     return min(summary, knobs.summary_max_tokens, window // 8)
 
 
-def worth_running(plan: Plan, context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
-                  any_gain: bool = False) -> tuple[bool, int]:
+def worth_running(
+    plan: Plan, context: list[Message], pricing: Pricing, knobs: Knobs, window: int, any_gain: bool = False
+) -> tuple[bool, int]:
     """(whether the summary ``plan`` describes should run, what it is expected to free). It must
     shrink the context, and free ``min_freed`` of the window unless ``any_gain`` will do (a forced
     compaction; a prompt over the limit, whose alternative is cutting it): an LLM call that frees a
@@ -120,9 +132,11 @@ def shortfall(tokens_after: int, target: int, kept: int, summary: int, outside: 
     """Why a compression ended above its target, in words; empty when it did not."""
     if tokens_after <= target:
         return ""
-    return (f"ended at ~{tokens_after:,} tokens, above the target of {target:,}: the messages kept verbatim "
-            f"(at least the newest turn's) take {kept:,}, the summary {summary:,}, the system prompt, tool "
-            f"schemas and template {outside:,}")
+    return (
+        f"ended at ~{tokens_after:,} tokens, above the target of {target:,}: the messages kept verbatim "
+        f"(at least the newest turn's) take {kept:,}, the summary {summary:,}, the system prompt, tool "
+        f"schemas and template {outside:,}"
+    )
 
 
 @dataclass
@@ -152,8 +166,9 @@ class Accounting:
     shortfall: str  # empty at or below the target
 
 
-def account(outcome: Outcome, context: list[Message], pricing: Pricing, knobs: Knobs, window: int,
-            current: int) -> Accounting:
+def account(
+    outcome: Outcome, context: list[Message], pricing: Pricing, knobs: Knobs, window: int, current: int
+) -> Accounting:
     """The prompt after ``outcome``: its new context plus what the prompt of ``current`` tokens
     carried besides the old one (system prompt, tool schemas, the template)."""
     tokens = pricing.estimate(outcome.new_context)
@@ -161,15 +176,21 @@ def account(outcome: Outcome, context: list[Message], pricing: Pricing, knobs: K
     summary = pricing.estimate([outcome.summary]) if outcome.summary is not None else 0
     target = int(effective_target(knobs, window) * window)
     after = tokens + outside
-    return Accounting(tokens, max(current, pricing.estimate(context)), after, target,
-                      shortfall(after, target, tokens - summary, summary, outside))
+    return Accounting(
+        tokens,
+        max(current, pricing.estimate(context)),
+        after,
+        target,
+        shortfall(after, target, tokens - summary, summary, outside),
+    )
 
 
 def prune_outcome(context: list[Message], pruning: Pruning) -> Outcome:
     """Old tool results replaced by their previews: no LLM call, nothing summarized."""
     crumbs = merge_breadcrumbs([], extract_entities(entity_source(pruning.pruned)))
-    return Outcome(pb.COMPRESSION_METHOD_PRUNE, list(pruning.pruned), pruning.apply(context), None, crumbs,
-                   list(pruning.previews))
+    return Outcome(
+        pb.COMPRESSION_METHOD_PRUNE, list(pruning.pruned), pruning.apply(context), None, crumbs, list(pruning.previews)
+    )
 
 
 def truncate_outcome(context: list[Message], pricing: Pricing, window: int, error: Exception | None) -> Outcome:
@@ -211,16 +232,25 @@ def chunks_past(commit: store_pb.CommitCompressionRequest, budget: int) -> list[
     return batches
 
 
-def commit_request(session: common_pb2.Session, context: list[Message], outcome: Outcome, reason: int,
-                   accounting: Accounting, *, index_memory: bool = True) -> store_pb.CommitCompressionRequest:
+def commit_request(
+    session: common_pb2.Session,
+    context: list[Message],
+    outcome: Outcome,
+    reason: int,
+    accounting: Accounting,
+    *,
+    index_memory: bool = True,
+) -> store_pb.CommitCompressionRequest:
     """The one-transaction store write for an outcome; with `index_memory`, the dropped messages
     travel with it as memory chunks."""
     chunks = []
     kept = [m for m in outcome.demoted if not is_transient(m)] if index_memory else []
     for data in chunk_messages(kept, outcome.breadcrumbs):
         chunk = common_pb2.RawChunk(
-            content=data.content, content_hash=data.content_hash,
-            turn_range=common_pb2.SeqRange(first=data.first_seq, last=data.last_seq), breadcrumbs=data.breadcrumbs,
+            content=data.content,
+            content_hash=data.content_hash,
+            turn_range=common_pb2.SeqRange(first=data.first_seq, last=data.last_seq),
+            breadcrumbs=data.breadcrumbs,
         )
         if data.first_at:
             chunk.first_at.FromDatetime(data.first_at)
@@ -256,20 +286,26 @@ def commit_request(session: common_pb2.Session, context: list[Message], outcome:
     return request
 
 
-def log_compressed(session_id: str, reason: int, outcome: Outcome, before: int, after: int,
-                   accounting: Accounting, window: int) -> None:
+def log_compressed(
+    session_id: str, reason: int, outcome: Outcome, before: int, after: int, accounting: Accounting, window: int
+) -> None:
     """The structured `compressor.compressed` line (a warning when it stopped short of its target)."""
-    (log.warning if accounting.shortfall else log.info)("compressor.compressed %s", json.dumps({
-        "event": "compressor.compressed",
-        "session_id": session_id,
-        "reason": reason_name(reason),
-        "method": method_name(outcome.method),
-        "messages_before": before,
-        "messages_after": after,
-        "tokens_before": accounting.tokens_before,
-        "tokens_after": accounting.tokens_after,
-        "context_tokens": accounting.context_tokens,
-        "target_tokens": accounting.target_tokens,
-        "window": window,
-        **({"shortfall": accounting.shortfall} if accounting.shortfall else {}),
-    }))
+    (log.warning if accounting.shortfall else log.info)(
+        "compressor.compressed %s",
+        json.dumps(
+            {
+                "event": "compressor.compressed",
+                "session_id": session_id,
+                "reason": reason_name(reason),
+                "method": method_name(outcome.method),
+                "messages_before": before,
+                "messages_after": after,
+                "tokens_before": accounting.tokens_before,
+                "tokens_after": accounting.tokens_after,
+                "context_tokens": accounting.context_tokens,
+                "target_tokens": accounting.target_tokens,
+                "window": window,
+                **({"shortfall": accounting.shortfall} if accounting.shortfall else {}),
+            }
+        ),
+    )

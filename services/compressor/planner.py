@@ -36,6 +36,7 @@ def intra_turn_keep(keep_recent_turns: int) -> int:
     """Messages an intra-turn compression keeps: twice the turns kept, at least a dozen."""
     return max(INTRA_TURN_MIN_KEEP, 2 * keep_recent_turns)
 
+
 # Importance scores (a plain turn scores BASE_IMPORTANCE). An old turn at least IMPORTANT_AT_LEAST
 # may displace a kept turn at most FILLER_AT_MOST: a plain turn never displaces another.
 BASE_IMPORTANCE = 1.0
@@ -52,18 +53,39 @@ FILLER_MAX_CHARS = 200
 
 _ACKNOWLEDGEMENTS = frozenset(
     {
-        "ok", "okay", "k", "kk", "thanks", "thank you", "thx", "ty", "cool", "great", "nice",
-        "yes", "no", "sure", "got it", "fine", "good", "perfect", "yep", "nope", "alright",
-        "👍", "ok thanks", "ok, thanks", "thanks!", "great, thanks",
+        "ok",
+        "okay",
+        "k",
+        "kk",
+        "thanks",
+        "thank you",
+        "thx",
+        "ty",
+        "cool",
+        "great",
+        "nice",
+        "yes",
+        "no",
+        "sure",
+        "got it",
+        "fine",
+        "good",
+        "perfect",
+        "yep",
+        "nope",
+        "alright",
+        "👍",
+        "ok thanks",
+        "ok, thanks",
+        "thanks!",
+        "great, thanks",
     }
 )
 _USER_MARKED = re.compile(
     r"\b(important|remember( this| that)?|don'?t forget|do not forget|keep in mind|note that)\b", re.I
 )
 _ERROR = re.compile(r"\b(error|errors|exception|traceback|failed|failure|fatal|panic)\b", re.I)
-_DECISION = re.compile(
-    r"\b(decided|decision|we will|we'll go with|let'?s go with|agreed|chose|settled on)\b", re.I
-)
+_DECISION = re.compile(r"\b(decided|decision|we will|we'll go with|let'?s go with|agreed|chose|settled on)\b", re.I)
 _REFERENCE = re.compile(
     r"(?:^|[\s(\"'`])(?:~|\.{1,2})?/[\w.\-]+/[\w.\-/]*"  # /a/b, ./x/y, ~/z/w
     r"|\b[\w.\-]+/[\w.\-/]*\.\w{1,8}\b"  # src/app.py
@@ -130,10 +152,7 @@ def tool_groups(messages: Sequence[Message]) -> list[list[Message]]:
     units: list[list[Message]] = []
     for message in messages:
         joins_call = bool(
-            message.role == "tool"
-            and units
-            and units[-1][0].role == "assistant"
-            and len(units[-1][0].tool_calls) > 0
+            message.role == "tool" and units and units[-1][0].role == "assistant" and len(units[-1][0].tool_calls) > 0
         )
         if joins_call:
             units[-1].append(message)
@@ -211,9 +230,12 @@ def widen_kept(plan: Plan) -> Plan:
         return plan
     older = (len(units) + 1) // 2
     moved = [m for unit in units[older:] for m in unit]
-    return replace(plan, to_summarize=[m for unit in units[:older] for m in unit],
-                   to_keep=sorted([*moved, *plan.to_keep], key=lambda m: m.seq),
-                   kept_turns=plan.kept_turns + (len(units) - older if units is turns else 0))
+    return replace(
+        plan,
+        to_summarize=[m for unit in units[:older] for m in unit],
+        to_keep=sorted([*moved, *plan.to_keep], key=lambda m: m.seq),
+        kept_turns=plan.kept_turns + (len(units) - older if units is turns else 0),
+    )
 
 
 def apply_plan(plan: Plan, summary: Message | None) -> list[Message]:
@@ -250,9 +272,7 @@ class _Partitioner:
     def fits(self, kept: Sequence[Message]) -> bool:
         return self.estimate(self.system + list(kept)) <= self.budget
 
-    def plan(
-        self, summarize: Iterable[Message], keep: Iterable[Message], mode: str, kept_turns: int
-    ) -> Plan:
+    def plan(self, summarize: Iterable[Message], keep: Iterable[Message], mode: str, kept_turns: int) -> Plan:
         return Plan(
             to_summarize=_in_order(self.context, list(self.summaries) + list(summarize)),
             to_keep=_in_order(self.context, keep),
@@ -283,14 +303,13 @@ class _Partitioner:
         """Swap important old turns in for filler kept ones; the newest turn never leaves."""
         newest = len(self.turns) - 1
         score = {i: turn_importance(self.turns[i], self.critical_tools) for i in kept}
-        fillers = sorted(
-            (i for i in kept if i != newest and score[i] <= FILLER_AT_MOST), key=lambda i: (score[i], i)
-        )
+        fillers = sorted((i for i in kept if i != newest and score[i] <= FILLER_AT_MOST), key=lambda i: (score[i], i))
         if not fillers:  # nothing to swap out: spare scoring the whole history (O(history) regexes)
             return kept
         kept_set = set(kept)
-        score.update({i: turn_importance(t, self.critical_tools)
-                      for i, t in enumerate(self.turns) if i not in kept_set})
+        score.update(
+            {i: turn_importance(t, self.critical_tools) for i, t in enumerate(self.turns) if i not in kept_set}
+        )
         old = sorted(
             (i for i in range(len(self.turns)) if i not in kept_set and score[i] >= IMPORTANT_AT_LEAST),
             key=lambda i: (-score[i], -i),

@@ -5,14 +5,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
-from palimpsest.v1 import common_pb2, compressor_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2, compressor_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.compressor.calibration import (
-    CHAR_CLASSES, Line, Observation, Rates, fit_line, fit_rates, prompt_classes,
+    CHAR_CLASSES,
+    Line,
+    Observation,
+    Rates,
+    fit_line,
+    fit_rates,
+    prompt_classes,
 )
 from services.compressor.exact_count import (
-    Counter, ExactObservation, Shape, Template, content_md5, exact_view, fit_template, message_texts, message_tokens,
+    Counter,
+    ExactObservation,
+    Shape,
+    Template,
+    content_md5,
+    exact_view,
+    fit_template,
+    message_texts,
+    message_tokens,
     shape_of,
 )
 from services.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens, priced_view
@@ -82,14 +97,17 @@ def _check_overrides(o: compressor_pb2.CompressionSettings) -> None:
     """Refuse profile overrides no arithmetic can use (a threshold of -1e15 overflowed the trigger)."""
     for name in _SHARES:
         if o.HasField(name) and not (math.isfinite(getattr(o, name)) and 0 < getattr(o, name) <= 1):
-            raise InvalidArgument(f"settings.{name}", f"must be a share of the window in (0, 1], got {getattr(o, name)}")
+            raise InvalidArgument(
+                f"settings.{name}", f"must be a share of the window in (0, 1], got {getattr(o, name)}"
+            )
     for name, most in _COUNTS.items():
         if o.HasField(name) and not 0 <= getattr(o, name) <= most:
             raise InvalidArgument(f"settings.{name}", f"must be between 0 and {most}, got {getattr(o, name)}")
     if o.HasField("min_freed") and not (math.isfinite(o.min_freed) and 0 <= o.min_freed < 1):
         raise InvalidArgument("settings.min_freed", f"must be a share of the window in [0, 1), got {o.min_freed}")
-    if o.HasField("summary_temperature") and not (math.isfinite(o.summary_temperature)
-                                                   and 0 <= o.summary_temperature <= 2):
+    if o.HasField("summary_temperature") and not (
+        math.isfinite(o.summary_temperature) and 0 <= o.summary_temperature <= 2
+    ):
         raise InvalidArgument("settings.summary_temperature", f"must be between 0 and 2, got {o.summary_temperature}")
 
 
@@ -115,17 +133,30 @@ class Pricing:
     rates: Rates | None = None  # per character class, for a model without a usable vocabulary
 
     @classmethod
-    def build(cls, observations: Sequence[store_pb.Observation], window: int, knobs: Knobs,
-              baseline: store_pb.Baseline | None = None, counter: Counter | None = None) -> "Pricing":
+    def build(
+        cls,
+        observations: Sequence[store_pb.Observation],
+        window: int,
+        knobs: Knobs,
+        baseline: store_pb.Baseline | None = None,
+        counter: Counter | None = None,
+    ) -> "Pricing":
         # The store lists newest first; the fit wants them in the order they happened.
         ordered = list(reversed(observations))
         line = fit_line([Observation(o.chars, o.tokens) for o in ordered if o.chars > 0])
-        template = fit_template([ExactObservation(shape_from_proto(o.exact), o.tokens)
-                                 for o in ordered if o.exact.content_tokens > 0])
-        rates = None if counter is not None else fit_rates(
-            [(o.exact.messages, shape_classes(o.exact), o.tokens) for o in ordered if o.exact.content_tokens == 0])
-        return cls(line, message_budget(window, knobs.message_budget), knobs.image_fallback, baseline, counter,
-                   template, rates)
+        template = fit_template(
+            [ExactObservation(shape_from_proto(o.exact), o.tokens) for o in ordered if o.exact.content_tokens > 0]
+        )
+        rates = (
+            None
+            if counter is not None
+            else fit_rates(
+                [(o.exact.messages, shape_classes(o.exact), o.tokens) for o in ordered if o.exact.content_tokens == 0]
+            )
+        )
+        return cls(
+            line, message_budget(window, knobs.message_budget), knobs.image_fallback, baseline, counter, template, rates
+        )
 
     def plans_like(self, other: "Pricing") -> bool:
         """Whether a plan made with ``other`` is the plan this pricing would make. With the model's
@@ -147,8 +178,9 @@ class Pricing:
         calibrated = self.line is not None or self.rates is not None
         return compressor_pb2.ESTIMATE_METHOD_CALIBRATED if calibrated else compressor_pb2.ESTIMATE_METHOD_FALLBACK
 
-    def view(self, messages: Sequence[Message], budgets: dict[int, int] | None = None) -> tuple[list[Message],
-                                                                                              dict[int, str]]:
+    def view(
+        self, messages: Sequence[Message], budgets: dict[int, int] | None = None
+    ) -> tuple[list[Message], dict[int, str]]:
         """The view the model is sent and the cut contents by index. The same message always gets
         the same cut: exact token boundaries, or (without a tokenizer) the fixed chars / 1.8 rate."""
         if self.counter is not None:
@@ -187,19 +219,28 @@ class Pricing:
     def _exact(self, shape: Shape, view: Sequence[Message]) -> Estimate:
         images = self.template.image_tokens(shape)
         tokens = self.template.tokens(shape)
-        return Estimate(tokens=tokens, text_tokens=tokens - images, image_tokens=images,
-                        chars=sum(len(m.content) for m in view), shape=shape)
+        return Estimate(
+            tokens=tokens,
+            text_tokens=tokens - images,
+            image_tokens=images,
+            chars=sum(len(m.content) for m in view),
+            shape=shape,
+        )
 
-    def stored_estimate(self, stored: store_pb.ContextTokens, incoming: Sequence[Message] = (),
-                        tool_schemas: Sequence[str] = ()) -> tuple[Estimate, list[tuple[int, int, str]]]:
+    def stored_estimate(
+        self, stored: store_pb.ContextTokens, incoming: Sequence[Message] = (), tool_schemas: Sequence[str] = ()
+    ) -> tuple[Estimate, list[tuple[int, int, str]]]:
         """An exact count of a stored context from the store's sum of per-message counts, plus the
         rows it had no count for and ``incoming``; returns the estimate and the fresh (seq, tokens)
         counts to store as (seq, tokens, content md5) (rows with images are counted each time: their
         images are priced apart)."""
         assert self.counter is not None
         uncounted = list(stored.uncounted)
-        fresh = [(m.seq, tokens, content_md5(m)) for m, tokens in zip(uncounted, message_tokens(uncounted, self.counter))
-                 if not m.images]
+        fresh = [
+            (m.seq, tokens, content_md5(m))
+            for m, tokens in zip(uncounted, message_tokens(uncounted, self.counter))
+            if not m.images
+        ]
         view, _ = self.view([*uncounted, *incoming])
         shape = shape_of(view, tool_schemas, self.counter, self.image_fallback)
         shape = Shape(
@@ -207,7 +248,9 @@ class Pricing:
             messages=shape.messages + stored.counted_messages,
             tool_results=shape.tool_results + stored.counted_tool_results,
             tool_calls=shape.tool_calls + stored.counted_tool_calls,
-            tools=shape.tools, image_prior_tokens=shape.image_prior_tokens, images=shape.images,
+            tools=shape.tools,
+            image_prior_tokens=shape.image_prior_tokens,
+            images=shape.images,
         )
         return self._exact(shape, view), fresh
 
@@ -215,8 +258,9 @@ class Pricing:
     def has_baseline(self) -> bool:
         return self.baseline is not None and self.baseline.tokens > 0
 
-    def with_baseline(self, messages: Sequence[Message], incoming: Sequence[Message] = (),
-                      tool_schemas: Sequence[str] = ()) -> tuple[Estimate, int]:
+    def with_baseline(
+        self, messages: Sequence[Message], incoming: Sequence[Message] = (), tool_schemas: Sequence[str] = ()
+    ) -> tuple[Estimate, int]:
         """(estimate, method): exact when the model's tokenizer is known; else the real baseline plus
         the calibrated delta when there is one; else the calibrated line over everything."""
         if self.exact:
@@ -233,8 +277,14 @@ class Pricing:
         stored = [m for m in body if m.seq > 0]
         unstored = [m for m in body if m.seq == 0]
         estimate = baseline_delta_estimate(
-            stored, self.baseline.tokens, self.baseline.through_seq, self.line, self.image_fallback, self.budget,
-            incoming=[*unstored, *incoming], rates=self.rates,
+            stored,
+            self.baseline.tokens,
+            self.baseline.through_seq,
+            self.line,
+            self.image_fallback,
+            self.budget,
+            incoming=[*unstored, *incoming],
+            rates=self.rates,
         )
         return estimate, compressor_pb2.ESTIMATE_METHOD_BASELINE_DELTA
 
@@ -246,10 +296,13 @@ def shape_classes(shape: common_pb2.PromptShape | Shape) -> tuple[int, ...]:
 def calibrated_shape(view: Sequence[Message]) -> Shape:
     """What a calibrated report learns from: the prompt's messages and its characters by class."""
     classes = prompt_classes([text for m in view for text in message_texts(m)])
-    return Shape(messages=len(view), tool_results=sum(1 for m in view if m.role == "tool"),
-                 tool_calls=sum(len(m.tool_calls) for m in view),
-                 images=sum(len(m.images) for m in view),
-                 **{f"chars_{name}": count for name, count in zip(CHAR_CLASSES, classes)})
+    return Shape(
+        messages=len(view),
+        tool_results=sum(1 for m in view if m.role == "tool"),
+        tool_calls=sum(len(m.tool_calls) for m in view),
+        images=sum(len(m.images) for m in view),
+        **{f"chars_{name}": count for name, count in zip(CHAR_CLASSES, classes)},
+    )
 
 
 @dataclass

@@ -66,9 +66,13 @@ def prunable(message: Message, kept_seqs: set[int], critical_tools: Iterable[str
 
 def arguments_prunable(message: Message, kept_seqs: set[int]) -> bool:
     """An older assistant message whose tool calls carry long arguments."""
-    return (message.role == "assistant" and message.seq > 0 and message.seq not in kept_seqs
-            and PRUNED_FROM not in message.metadata
-            and sum(len(c.arguments_json) for c in message.tool_calls) >= ARGUMENTS_PRUNE_MIN_CHARS)
+    return (
+        message.role == "assistant"
+        and message.seq > 0
+        and message.seq not in kept_seqs
+        and PRUNED_FROM not in message.metadata
+        and sum(len(c.arguments_json) for c in message.tool_calls) >= ARGUMENTS_PRUNE_MIN_CHARS
+    )
 
 
 def protected(context: Sequence[Message]) -> list[Message]:
@@ -80,7 +84,7 @@ def protected(context: Sequence[Message]) -> list[Message]:
         return []
     newest = turns[-1]
     request = newest[:1] if is_turn_start(newest[0]) else []
-    groups = tool_groups(newest[len(request):])
+    groups = tool_groups(newest[len(request) :])
     last_call = next((i for i in range(len(groups) - 1, -1, -1) if groups[i][0].tool_calls), 0)
     return [*request, *(m for group in groups[last_call:] for m in group)]
 
@@ -108,11 +112,18 @@ def preview(message: Message, critical_tools: Iterable[str] = ()) -> Message:
         else:
             head = message.content[:PREVIEW_CHARS]
         rest = len(message.content) - len(head)
-        note = (f"\n[… {rest:,} more characters of this {message.name or 'tool'} result were pruned from the "
-                "context to make room; the full output stays in the session's history, and memory_search "
-                "finds it by its words …]")
-        out = Message(role="tool", name=message.name, tool_call_id=message.tool_call_id, content=head + note,
-                      is_compression_critical=message.is_compression_critical)
+        note = (
+            f"\n[… {rest:,} more characters of this {message.name or 'tool'} result were pruned from the "
+            "context to make room; the full output stays in the session's history, and memory_search "
+            "finds it by its words …]"
+        )
+        out = Message(
+            role="tool",
+            name=message.name,
+            tool_call_id=message.tool_call_id,
+            content=head + note,
+            is_compression_critical=message.is_compression_critical,
+        )
     out.replaces.CopyFrom(SeqRange(first=message.seq, last=message.seq))
     out.metadata[PRUNED_FROM] = message.seq
     return out

@@ -11,13 +11,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from palimpsest.v1 import common_pb2, compressor_pb2 as pb, compressor_pb2_grpc, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2, compressor_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.compressor import pipeline
 from services.compressor.calibration import tokens_per_char
 from services.compressor.exact_count import content_md5, message_tokens
-from services.compressor.planner import intra_turn_keep
 from services.compressor.model_tokenizers import ModelTokenizers
+from services.compressor.planner import intra_turn_keep
 from services.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from services.compressor.size_check import deepen_cuts
 from services.compressor.stages import Staged, decide, stage, summarize_or_truncate
@@ -31,8 +33,8 @@ from services.compressor.token_estimate import (
 )
 from services.shared import metrics
 from services.shared.auth import as_service, caller, vouching_metadata
-from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.context_view import message_budget
+from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from services.shared.ollama import OllamaClient
 from services.shared.reports import judge
 from services.shared.session_reads import whole_context
@@ -66,8 +68,12 @@ def counted_parts(method: int, *, preamble: bool, incoming: bool, schemas: bool)
     """What an estimate counts, as EstimateTokensResponse.counted names it. The baseline method
     starts from the model's own count of the last prompt, which held its preamble and tool schemas."""
     from_baseline = method == pb.ESTIMATE_METHOD_BASELINE_DELTA
-    parts = {"context": True, "incoming": incoming, "preamble": preamble or from_baseline,
-             "tool_schemas": schemas or from_baseline}
+    parts = {
+        "context": True,
+        "incoming": incoming,
+        "preamble": preamble or from_baseline,
+        "tool_schemas": schemas or from_baseline,
+    }
     return [name for name, counted in parts.items() if counted]
 
 
@@ -94,8 +100,9 @@ class DryRun:
     prompt_tokens: int
     plans: dict[int, Staged] = field(default_factory=dict)  # by keep_recent_messages
 
-    def plan_for(self, keep: int, pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int,
-                 prune: bool) -> Staged | None:
+    def plan_for(
+        self, keep: int, pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int, prune: bool
+    ) -> Staged | None:
         if keep not in self.plans or (knobs, window, prompt_tokens) != (self.knobs, self.window, self.prompt_tokens):
             return None
         staged = self.plans[keep]
@@ -144,16 +151,32 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             reply = await self.store.ListObservations(store_pb.ListObservationsRequest(model=model))
         return list(reply.observations)
 
-    async def _load(self, session_id: str, model: str, *, with_context: bool = True,
-                    token_digest: str = "", view_budget: int = 0, with_counts: bool = False) -> SessionState:
+    async def _load(
+        self,
+        session_id: str,
+        model: str,
+        *,
+        with_context: bool = True,
+        token_digest: str = "",
+        view_budget: int = 0,
+        with_counts: bool = False,
+    ) -> SessionState:
         """Baseline and calibration in one read (with a digest, also the context's stored counts);
         the stored context itself only when the caller sent none and it cannot be summed."""
         # The caller's credentials read the session; the services' vouch, beside them, the model's
         # observations (every user's prompt sizes).
-        loads = [self.store.GetBaseline(store_pb.GetBaselineRequest(
-            session_id=session_id, model=model, token_digest=token_digest, view_budget=view_budget,
-            with_counts=with_counts),
-            metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret))]
+        loads = [
+            self.store.GetBaseline(
+                store_pb.GetBaselineRequest(
+                    session_id=session_id,
+                    model=model,
+                    token_digest=token_digest,
+                    view_budget=view_budget,
+                    with_counts=with_counts,
+                ),
+                metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret),
+            )
+        ]
         if with_context:
             loads.append(whole_context(self.store.GetSession, session_id))
         pricing, *rest = await asyncio.gather(*loads)
@@ -162,8 +185,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         counted = pricing.context_tokens if pricing.HasField("context_tokens") else None
         return SessionState(session, baseline, list(pricing.observations), counted)
 
-    async def _pricing(self, model: str, window: int, knobs: Knobs, observations,
-                       baseline: store_pb.Baseline | None = None) -> Pricing:
+    async def _pricing(
+        self, model: str, window: int, knobs: Knobs, observations, baseline: store_pb.Baseline | None = None
+    ) -> Pricing:
         counter = await self.tokenizers.counter(model)
         return Pricing.build(observations, window, knobs, baseline, counter)
 
@@ -183,27 +207,42 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         knobs = Knobs.resolve(self.settings, request.settings)
         incoming, schemas, preamble = list(request.incoming), list(request.tool_schemas), list(request.preamble)
         if preamble and request.messages:
-            raise InvalidArgument("preamble", "only with a session's stored context (no messages): the built "
-                                              "context in messages already begins with it")
+            raise InvalidArgument(
+                "preamble",
+                "only with a session's stored context (no messages): the built "
+                "context in messages already begins with it",
+            )
         counter = await self.tokenizers.counter(request.model)
         if request.session_id and not request.messages and counter is not None:
             # The stored context as a sum of per-message counts: only rows never counted are read
             # and counted (then written back), so the cost follows new messages, not the history.
             state, observations = await asyncio.gather(
-                self._load(request.session_id, "", with_context=False, token_digest=counter.digest,
-                           view_budget=message_budget(window, knobs.message_budget)),
-                self._recent_observations(request.model))
+                self._load(
+                    request.session_id,
+                    "",
+                    with_context=False,
+                    token_digest=counter.digest,
+                    view_budget=message_budget(window, knobs.message_budget),
+                ),
+                self._recent_observations(request.model),
+            )
             pricing = Pricing.build(observations, window, knobs, None, counter)
             unstored = [*preamble, *incoming]
-            estimate, fresh = await _priced(pricing.stored_estimate, state.context_tokens, unstored, schemas,
-                                            chars=_chars(state.context_tokens.uncounted) + _chars(unstored))
+            estimate, fresh = await _priced(
+                pricing.stored_estimate,
+                state.context_tokens,
+                unstored,
+                schemas,
+                chars=_chars(state.context_tokens.uncounted) + _chars(unstored),
+            )
             self._remember_counts(request.session_id, counter.digest, fresh)
             method = pb.ESTIMATE_METHOD_EXACT
         else:
             if request.session_id:
                 state = await self._load(request.session_id, request.model, with_context=not request.messages)
-                pricing = await self._pricing(request.model, window, knobs, state.observations,
-                                              self._usable_baseline(state, request.model))
+                pricing = await self._pricing(
+                    request.model, window, knobs, state.observations, self._usable_baseline(state, request.model)
+                )
                 messages = [*preamble, *(list(request.messages) or state.context)]
             else:
                 pricing = await self._pricing(request.model, window, knobs, await self._observations(request.model))
@@ -211,15 +250,21 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if not pricing.exact and not pricing.has_baseline and schemas:
                 # The calibrated line prices text, not schemas: they are priced as the text the model gets.
                 incoming.append(common_pb2.Message(role="system", content="\n".join(schemas)))
-            estimate, method = await _priced(pricing.with_baseline, messages, incoming, schemas,
-                                             chars=_chars(messages) + _chars(incoming))
+            estimate, method = await _priced(
+                pricing.with_baseline, messages, incoming, schemas, chars=_chars(messages) + _chars(incoming)
+            )
         return pb.EstimateTokensResponse(
-            tokens=estimate.tokens, text_tokens=estimate.text_tokens, image_tokens=estimate.image_tokens,
-            chars=estimate.chars, method=method, baseline_tokens=estimate.baseline_tokens,
+            tokens=estimate.tokens,
+            text_tokens=estimate.text_tokens,
+            image_tokens=estimate.image_tokens,
+            chars=estimate.chars,
+            method=method,
+            baseline_tokens=estimate.baseline_tokens,
             delta_tokens=estimate.tokens - estimate.baseline_tokens,
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
-            counted=counted_parts(method, preamble=bool(preamble), incoming=bool(request.incoming),
-                                  schemas=bool(schemas)),
+            counted=counted_parts(
+                method, preamble=bool(preamble), incoming=bool(request.incoming), schemas=bool(schemas)
+            ),
         )
 
     def _new_counts(self, session_id: str, counter, messages) -> list[common_pb2.TokenCount]:
@@ -237,16 +282,21 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             while len(self._counted_through) > COUNTED_SESSIONS:
                 self._counted_through.popitem(last=False)
         # Counted a moment ago for the view: the counter's cache answers.
-        return [common_pb2.TokenCount(seq=m.seq, tokens=tokens, content_md5=content_md5(m))
-                for m, tokens in zip(new, message_tokens(new, counter))]
+        return [
+            common_pb2.TokenCount(seq=m.seq, tokens=tokens, content_md5=content_md5(m))
+            for m, tokens in zip(new, message_tokens(new, counter))
+        ]
 
     def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int, str]]) -> None:
         """Write fresh per-message counts back, off the request's path; a lost write only means the
         rows are counted again next time."""
         if not counts:
             return
-        request = store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=digest, counts=[
-            common_pb2.TokenCount(seq=seq, tokens=tokens, content_md5=md5) for seq, tokens, md5 in counts])
+        request = store_pb.SetTokenCountsRequest(
+            session_id=session_id,
+            token_digest=digest,
+            counts=[common_pb2.TokenCount(seq=seq, tokens=tokens, content_md5=md5) for seq, tokens, md5 in counts],
+        )
 
         async def write() -> None:
             try:
@@ -274,24 +324,28 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if counter is not None:
             # Exact: nothing of the session is needed, only the model's template reports (no store
             # round trip on the way to the first token while they are fresh).
-            pricing = Pricing.build(await self._recent_observations(request.model), window, knobs,
-                                    None, counter)
+            pricing = Pricing.build(await self._recent_observations(request.model), window, knobs, None, counter)
         elif request.session_id:
             state = await self._load(request.session_id, request.model, with_context=False)
-            pricing = await self._pricing(request.model, window, knobs, state.observations,
-                                          self._usable_baseline(state, request.model))
+            pricing = await self._pricing(
+                request.model, window, knobs, state.observations, self._usable_baseline(state, request.model)
+            )
         else:
-            pricing = await self._pricing(request.model, window, knobs,
-                                          await self._observations(request.model))
+            pricing = await self._pricing(request.model, window, knobs, await self._observations(request.model))
         messages, schemas = list(request.messages), list(request.tool_schemas)
-        view, cuts, estimate, method = await _priced(self._price_view, pricing, messages, schemas,
-                                                     chars=_chars(messages))
-        new_counts = self._new_counts(request.session_id, counter, messages) \
-            if counter is not None and request.session_id else []
+        view, cuts, estimate, method = await _priced(
+            self._price_view, pricing, messages, schemas, chars=_chars(messages)
+        )
+        new_counts = (
+            self._new_counts(request.session_id, counter, messages)
+            if counter is not None and request.session_id
+            else []
+        )
         limit = self._limit(window, knobs)
         trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))
-        decision = pb.SIZE_DECISION_FITS if fits(estimate.tokens, window, knobs.output_reserve) \
-            else pb.SIZE_DECISION_TOO_LARGE
+        decision = (
+            pb.SIZE_DECISION_FITS if fits(estimate.tokens, window, knobs.output_reserve) else pb.SIZE_DECISION_TOO_LARGE
+        )
         keep = await self._shrinking_keep(request, estimate.tokens, trigger, limit, window, knobs, pricing)
         if keep is not None:
             decision = pb.SIZE_DECISION_COMPRESS_FIRST
@@ -323,8 +377,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         view, cuts = pricing.view(messages)
         return view, cuts, _reportable(pricing, view, pricing.count_view(view, schemas)), pricing.method
 
-    async def _shrinking_keep(self, request, tokens: int, trigger: int, limit: int, window: int, knobs: Knobs,
-                              pricing: Pricing) -> int | None:
+    async def _shrinking_keep(
+        self, request, tokens: int, trigger: int, limit: int, window: int, knobs: Knobs, pricing: Pricing
+    ) -> int | None:
         """The keep_recent_messages of a compression that would shrink the stored context, when one
         is due: over the trigger, the request's own plan (whole turns before the first call, the
         long turn's newest messages later); over the limit, also the intra-turn plan, which can
@@ -343,8 +398,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if tokens > limit:
             candidates.append(intra_turn_keep(knobs.keep_recent))
         for keep in dict.fromkeys(candidates):
-            staged = dry.plans[keep] = await self._plan(stored, pricing, knobs, window, keep, tokens,
-                                                        self._prunes(knobs, pb.COMPRESSION_REASON_PRETURN))
+            staged = dry.plans[keep] = await self._plan(
+                stored, pricing, knobs, window, keep, tokens, self._prunes(knobs, pb.COMPRESSION_REASON_PRETURN)
+            )
             if (await self._decide(staged, pricing, knobs, window, tokens > limit))[0] != "none":
                 return keep
         return None
@@ -375,10 +431,18 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         exact = request.method == pb.ESTIMATE_METHOD_EXACT and shape.content_tokens > 0
         if exact and not 0 < request.window <= MAX_WINDOW:
             raise InvalidArgument("window", "the num_ctx the prompt was sent with is required with an exact shape")
-        verdict = judge(request.prompt_eval_count, model=request.model, method=request.method, shape=shape,
-                        window=request.window, sent_chars=request.sent_chars, had_images=request.had_images)
-        metrics.model_report(verdict, method=request.method, counted=request.sent_tokens,
-                             reported=request.prompt_eval_count)
+        verdict = judge(
+            request.prompt_eval_count,
+            model=request.model,
+            method=request.method,
+            shape=shape,
+            window=request.window,
+            sent_chars=request.sent_chars,
+            had_images=request.had_images,
+        )
+        metrics.model_report(
+            verdict, method=request.method, counted=request.sent_tokens, reported=request.prompt_eval_count
+        )
         if verdict.problem:
             field, _, why = verdict.problem.partition(": ")
             raise InvalidArgument(field, why)
@@ -388,22 +452,37 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             # post-turn pass. An estimate never raises this alarm (it cannot prove anything).
             if request.session_id:
                 with as_service():
-                    await self.store.SetBaseline(store_pb.SetBaselineRequest(
-                        session_id=request.session_id, only_truncated_flag=True,
-                        baseline=store_pb.Baseline(context_truncated=True)))
-            log.warning("cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
-                        request.prompt_eval_count, request.shape.content_tokens, request.session_id or "-")
+                    await self.store.SetBaseline(
+                        store_pb.SetBaselineRequest(
+                            session_id=request.session_id,
+                            only_truncated_flag=True,
+                            baseline=store_pb.Baseline(context_truncated=True),
+                        )
+                    )
+            log.warning(
+                "cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
+                request.prompt_eval_count,
+                request.shape.content_tokens,
+                request.session_id or "-",
+            )
             return pb.RecordBaselineResponse(recorded=False, truncated=True)
         if not verdict.learned:
-            log.info("report of %d tokens is about half of num_ctx %d: not learned from", request.prompt_eval_count,
-                     request.window)
+            log.info(
+                "report of %d tokens is about half of num_ctx %d: not learned from",
+                request.prompt_eval_count,
+                request.window,
+            )
             return pb.RecordBaselineResponse(recorded=False, truncated=False)
         with as_service():
             if request.session_id:
-                await self.store.SetBaseline(store_pb.SetBaselineRequest(
-                    session_id=request.session_id,
-                    baseline=store_pb.Baseline(tokens=request.prompt_eval_count, through_seq=request.through_seq,
-                                               model=request.model)))
+                await self.store.SetBaseline(
+                    store_pb.SetBaselineRequest(
+                        session_id=request.session_id,
+                        baseline=store_pb.Baseline(
+                            tokens=request.prompt_eval_count, through_seq=request.through_seq, model=request.model
+                        ),
+                    )
+                )
             if verdict.observation is not None:
                 await self.store.RecordObservation(store_pb.RecordObservationRequest(observation=verdict.observation))
         return pb.RecordBaselineResponse(recorded=True, truncated=False)
@@ -438,9 +517,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         # Without the dry run's read, this replica may never have counted the session: the store's
         # counts of it spare encoding it all again.
         counter = await self.tokenizers.counter(request.model) if request.model and dry is None else None
-        state = await self._load(request.session_id, request.model, with_context=dry is None,
-                                 token_digest=counter.digest if counter is not None else "",
-                                 with_counts=counter is not None)
+        state = await self._load(
+            request.session_id,
+            request.model,
+            with_context=dry is None,
+            token_digest=counter.digest if counter is not None else "",
+            with_counts=counter is not None,
+        )
         if dry is not None:
             state.session = dry.session
         model = request.model or state.session.model
@@ -454,11 +537,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return window, knobs, state, model, pricing, context_messages, current, dry
 
     @staticmethod
-    async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int,
-                    prune: bool) -> Staged:
+    async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int, prune: bool) -> Staged:
         # Pure CPU over the whole context: off the event loop, so other sessions keep streaming.
-        return await asyncio.to_thread(stage, messages, pricing, knobs, window, keep_recent_messages,
-                                       prompt_tokens, prune)
+        return await asyncio.to_thread(
+            stage, messages, pricing, knobs, window, keep_recent_messages, prompt_tokens, prune
+        )
 
     async def _prefix_source(self, request, summarizer: Summarizer, messages, pricing: Pricing):
         """How a summary's prefix form is built for this request: only when the session's own model
@@ -488,8 +571,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
 
     async def WouldCompress(self, request, context):
         window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
-        staged = await self._plan(messages, pricing, knobs, window, request.keep_recent_messages, current,
-                                  self._prunes(knobs, pb.COMPRESSION_REASON_PRETURN))
+        staged = await self._plan(
+            messages,
+            pricing,
+            knobs,
+            window,
+            request.keep_recent_messages,
+            current,
+            self._prunes(knobs, pb.COMPRESSION_REASON_PRETURN),
+        )
         plan = staged.plan
         kept = pricing.estimate(plan.system + plan.to_keep)
         mode, _ = await self._decide(staged, pricing, knobs, window, current > self._limit(window, knobs))
@@ -516,8 +606,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._check_prompt_head(request)
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
         if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
-            raise Aborted(f"session {state.session.id} is at revision {state.session.revision}, not the expected "
-                          f"{request.expected_revision}: another writer changed it")
+            raise Aborted(
+                f"session {state.session.id} is at revision {state.session.revision}, not the expected "
+                f"{request.expected_revision}: another writer changed it"
+            )
         truncated_flag = state.baseline is not None and state.baseline.context_truncated
         if request.only_if_over_threshold and request.reason != pb.COMPRESSION_REASON_FORCED:
             if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
@@ -528,19 +620,25 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         if staged is None:
             staged = await self._plan(messages, pricing, knobs, window, keep, current, prune)
         # Any gain will do when it was asked for, or when the prompt did not fit (the alternative is a cut).
-        any_gain = (request.reason == pb.COMPRESSION_REASON_FORCED or truncated_flag
-                    or current > self._limit(window, knobs))
+        any_gain = (
+            request.reason == pb.COMPRESSION_REASON_FORCED or truncated_flag or current > self._limit(window, knobs)
+        )
         mode, frees = await self._decide(staged, pricing, knobs, window, any_gain)
         if mode == "none":
             if truncated_flag:  # consumed: there is nothing this session can shed
                 with as_service():
-                    await self.store.SetBaseline(store_pb.SetBaselineRequest(
-                        session_id=state.session.id, only_truncated_flag=True,
-                        baseline=store_pb.Baseline(context_truncated=False)))
+                    await self.store.SetBaseline(
+                        store_pb.SetBaselineRequest(
+                            session_id=state.session.id,
+                            only_truncated_flag=True,
+                            baseline=store_pb.Baseline(context_truncated=False),
+                        )
+                    )
             if frees > 0:
                 raise FailedPrecondition(
                     f"compression of session {state.session.id} not run: it would free ~{frees} tokens, less than "
-                    f"the minimum of {knobs.min_freed:.0%} of the {window}-token window (min_freed)")
+                    f"the minimum of {knobs.min_freed:.0%} of the {window}-token window (min_freed)"
+                )
             raise FailedPrecondition(
                 f"nothing to compress in session {state.session.id}: the context cannot shrink "
                 f"({len(messages)} messages, ~{current} tokens)"
@@ -550,41 +648,64 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, staged.pruning)
         else:
             summarizer = Summarizer(self.ollama, knobs, model, window)
-            outcome = await summarize_or_truncate(messages, staged, pricing, knobs, summarizer, window,
-                                                  await self._prefix_source(request, summarizer, messages, pricing))
+            outcome = await summarize_or_truncate(
+                messages,
+                staged,
+                pricing,
+                knobs,
+                summarizer,
+                window,
+                await self._prefix_source(request, summarizer, messages, pricing),
+            )
         if not outcome.demoted:  # the fallback found nothing it may drop: say so, change nothing
             log.warning("compression of %s changed nothing: the newest turn alone is the context", state.session.id)
-            yield pb.CompressionEvent(compressed=pb.ContextCompressed(
-                messages_before=len(messages), messages_after=len(messages), context_tokens=current,
-                max_context_tokens=window, method=outcome.method))
+            yield pb.CompressionEvent(
+                compressed=pb.ContextCompressed(
+                    messages_before=len(messages),
+                    messages_after=len(messages),
+                    context_tokens=current,
+                    max_context_tokens=window,
+                    method=outcome.method,
+                )
+            )
             return
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
-        commit = pipeline.commit_request(state.session, messages, outcome, request.reason, accounting,
-                                         index_memory=knobs.index_memory)
+        commit = pipeline.commit_request(
+            state.session, messages, outcome, request.reason, accounting, index_memory=knobs.index_memory
+        )
         # Half the services' message limit: room for whatever a store replica adds to its reply.
         indexed_apart = 0
         for batch in pipeline.chunks_past(commit, self.settings.max_message_bytes // 2):
-            indexed_apart += (await self.store.IndexChunks(store_pb.IndexChunksRequest(
-                session_id=commit.session_id, chunks=batch))).indexed
+            indexed_apart += (
+                await self.store.IndexChunks(store_pb.IndexChunksRequest(session_id=commit.session_id, chunks=batch))
+            ).indexed
         result = await self.store.CommitCompression(commit)
-        pipeline.log_compressed(state.session.id, request.reason, outcome, len(messages), len(outcome.new_context),
-                                accounting, window)
+        pipeline.log_compressed(
+            state.session.id, request.reason, outcome, len(messages), len(outcome.new_context), accounting, window
+        )
         metrics.COMPRESSIONS.labels(pipeline.method_name(outcome.method), pipeline.reason_name(request.reason)).inc()
-        replaced = outcome.summary.replaces if outcome.summary is not None else common_pb2.SeqRange(
-            first=min(m.seq for m in outcome.demoted), last=max(m.seq for m in outcome.demoted))
-        yield pb.CompressionEvent(compressed=pb.ContextCompressed(
-            summary=outcome.summary_text,
-            messages_before=len(messages),
-            messages_after=len(outcome.new_context),
-            context_tokens=accounting.context_tokens,
-            max_context_tokens=window,
-            method=outcome.method,
-            breadcrumbs=outcome.breadcrumbs,
-            replaced=replaced,
-            chunks_indexed=result.chunks_indexed + indexed_apart,
-            revision=result.revision,
-            tokens_before=accounting.tokens_before,
-            tokens_after=accounting.tokens_after,
-            target_tokens=accounting.target_tokens,
-            shortfall=accounting.shortfall,
-        ))
+        replaced = (
+            outcome.summary.replaces
+            if outcome.summary is not None
+            else common_pb2.SeqRange(
+                first=min(m.seq for m in outcome.demoted), last=max(m.seq for m in outcome.demoted)
+            )
+        )
+        yield pb.CompressionEvent(
+            compressed=pb.ContextCompressed(
+                summary=outcome.summary_text,
+                messages_before=len(messages),
+                messages_after=len(outcome.new_context),
+                context_tokens=accounting.context_tokens,
+                max_context_tokens=window,
+                method=outcome.method,
+                breadcrumbs=outcome.breadcrumbs,
+                replaced=replaced,
+                chunks_indexed=result.chunks_indexed + indexed_apart,
+                revision=result.revision,
+                tokens_before=accounting.tokens_before,
+                tokens_after=accounting.tokens_after,
+                target_tokens=accounting.target_tokens,
+                shortfall=accounting.shortfall,
+            )
+        )

@@ -14,8 +14,9 @@ from services.shared.context_view import TRUNCATABLE_ROLES
 MIN_RESULT_TOKENS = 64
 
 
-def deepen_cuts(pricing, messages: Sequence[Message], tool_schemas: Sequence[str],
-                limit: int) -> tuple[list[Message], dict[int, str], Estimate] | None:
+def deepen_cuts(
+    pricing, messages: Sequence[Message], tool_schemas: Sequence[str], limit: int
+) -> tuple[list[Message], dict[int, str], Estimate] | None:
     """A view that fits ``limit`` by cutting assistant and tool messages further, largest first,
     each down to ``MIN_RESULT_TOKENS`` at most; None when even that cannot fit (the system prompt,
     the tool schemas, tool-call arguments and the users' own words are never cut).
@@ -30,8 +31,11 @@ def deepen_cuts(pricing, messages: Sequence[Message], tool_schemas: Sequence[str
     saved_in_baseline = 0
     while estimate.tokens > limit:
         sizes = pricing.message_costs(view)
-        candidates = [i for i, m in enumerate(messages)
-                      if m.role in TRUNCATABLE_ROLES and i not in done and sizes[i] > MIN_RESULT_TOKENS]
+        candidates = [
+            i
+            for i, m in enumerate(messages)
+            if m.role in TRUNCATABLE_ROLES and i not in done and sizes[i] > MIN_RESULT_TOKENS
+        ]
         if not candidates:
             return None
         index = max(candidates, key=lambda i: (sizes[i], i))  # the largest; the newest of equals

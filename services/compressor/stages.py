@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from palimpsest.v1 import common_pb2, compressor_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
 from services.compressor import pipeline
 from services.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
 from services.compressor.planner import Plan, apply_plan, kept_always, split_turns, widen_kept
@@ -70,7 +71,7 @@ def turn_growth(context: list[Message], pricing: Pricing) -> float:
     """What a turn of this conversation adds to the prompt, on average over its newest complete
     turns: each as the model was first sent it (a result pruned since at its size then)."""
     turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
-    recent = turns[-GROWTH_TURNS - 1:-1] or turns[-1:]
+    recent = turns[-GROWTH_TURNS - 1 : -1] or turns[-1:]
     if not recent:
         return 0.0
     messages = [m for turn in recent for m in turn]
@@ -85,8 +86,15 @@ def headroom_level(context: list[Message], pricing: Pricing, knobs: Knobs, windo
     return (trigger - HEADROOM_TURNS * turn_growth(context, pricing)) / window
 
 
-def stage(context: list[Message], pricing: Pricing, knobs: Knobs, window: int, keep_recent_messages: int,
-          prompt_tokens: int, prune: bool) -> Staged:
+def stage(
+    context: list[Message],
+    pricing: Pricing,
+    knobs: Knobs,
+    window: int,
+    keep_recent_messages: int,
+    prompt_tokens: int,
+    prune: bool,
+) -> Staged:
     """Prune (when ``prune``), then plan the summary over what is left, at the prompt's size less
     what pruning freed. Either stage aims below the level that leaves HEADROOM_TURNS of room."""
     level = headroom_level(context, pricing, knobs, window)
@@ -104,8 +112,10 @@ def stage(context: list[Message], pricing: Pricing, knobs: Knobs, window: int, k
     # Pruning alone must leave the same room, but never has to go deeper than a summary would:
     # where turns are mostly tool output the level is out of reach, and a summary every time
     # would cost the LLM calls pruning is there to save.
-    reaches = after <= min(pipeline.effective_target(knobs, window),
-                           max(level, pipeline.summary_target(knobs, window))) * window
+    reaches = (
+        after
+        <= min(pipeline.effective_target(knobs, window), max(level, pipeline.summary_target(knobs, window))) * window
+    )
     plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
     return Staged(pruning, pruned, freed, plan, reaches, prune)
 
@@ -128,8 +138,9 @@ def originals(context: list[Message]) -> dict[int, Message]:
     return {m.seq: m for m in context}
 
 
-def summary_outcome(context: list[Message], staged: Staged, plan: Plan, summary: Message,
-                    crumbs: list[str]) -> pipeline.Outcome:
+def summary_outcome(
+    context: list[Message], staged: Staged, plan: Plan, summary: Message, crumbs: list[str]
+) -> pipeline.Outcome:
     """The outcome of a summary over the pruned context: what was summarized is demoted as it is
     stored (the originals of its previews), and the pruned rows the kept region still holds are
     replaced by their previews."""
@@ -144,8 +155,9 @@ def summary_outcome(context: list[Message], staged: Staged, plan: Plan, summary:
         out.ClearField("seq")
         replacements.append(out)
     demoted = summarized + [rows[m.seq] for m in kept_previews]
-    return pipeline.Outcome(pb.COMPRESSION_METHOD_SUMMARY, demoted, apply_plan(plan, summary), summary,
-                            crumbs, replacements)
+    return pipeline.Outcome(
+        pb.COMPRESSION_METHOD_SUMMARY, demoted, apply_plan(plan, summary), summary, crumbs, replacements
+    )
 
 
 def summarized_originals(context: list[Message], staged: Staged, plan: Plan) -> list[Message]:
@@ -169,15 +181,15 @@ def folds(live: list[Message], fresh: list[Message], pricing: Pricing, budget: i
     if len(live) != 1 or not fresh:
         return False
     added = summary_length(condensed_tokens(fresh, pricing), budget)
-    return (pricing.estimate(live) + added <= budget
-            and len(live[0].content) + added * 4 <= META_SUMMARY_THRESHOLD)
+    return pricing.estimate(live) + added <= budget and len(live[0].content) + added * 4 <= META_SUMMARY_THRESHOLD
 
 
 PrefixSource = Callable[[list[Message], str], "Prefix | None"]
 
 
-async def _summary(summarizer: Summarizer, summarized: list[Message], pricing: Pricing,
-                   prefix_for: PrefixSource | None) -> tuple[str, list[str]]:
+async def _summary(
+    summarizer: Summarizer, summarized: list[Message], pricing: Pricing, prefix_for: PrefixSource | None
+) -> tuple[str, list[str]]:
     """(text, keys) of the new live summary: the new history folded into the live one, or the
     whole rewritten; through the prefix form when there is one, else (or when it fails) standalone."""
     live = [m for m in summarized if m.is_summary]
@@ -200,9 +212,15 @@ async def _summary(summarizer: Summarizer, summarized: list[Message], pricing: P
     return text, keys
 
 
-async def summarize_or_truncate(context: list[Message], staged: Staged, pricing: Pricing, knobs: Knobs,
-                                summarizer: Summarizer, window: int,
-                                prefix_for: PrefixSource | None = None) -> pipeline.Outcome:
+async def summarize_or_truncate(
+    context: list[Message],
+    staged: Staged,
+    pricing: Pricing,
+    knobs: Knobs,
+    summarizer: Summarizer,
+    window: int,
+    prefix_for: PrefixSource | None = None,
+) -> pipeline.Outcome:
     """The summary of what remains over the target after pruning (one retry that summarizes
     less, standalone), or the hard-truncate fallback when the summarizer fails twice."""
     plan = staged.plan
@@ -216,8 +234,13 @@ async def summarize_or_truncate(context: list[Message], staged: Staged, pricing:
             break
         except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
             last_error = exc
-            log.warning("summarizer attempt %d/%d failed (%d messages to summarize): %s", attempt,
-                        pipeline.SUMMARY_ATTEMPTS, len(plan.to_summarize), exc)
+            log.warning(
+                "summarizer attempt %d/%d failed (%d messages to summarize): %s",
+                attempt,
+                pipeline.SUMMARY_ATTEMPTS,
+                len(plan.to_summarize),
+                exc,
+            )
     else:
         return await asyncio.to_thread(pipeline.truncate_outcome, context, pricing, window, last_error)
     dropped_text = entity_source([m for m in summarized if not m.is_summary])
@@ -226,8 +249,13 @@ async def summarize_or_truncate(context: list[Message], staged: Staged, pricing:
     assert replaced is not None  # a plan that summarizes has messages to summarize
     covered = common_pb2.SeqRange(first=replaced[0], last=replaced[1])
     summary = Message(
-        role="user", content=f"{SUMMARY_HEADER}, messages {covered.first}–{covered.last}]\n{text}",
-        is_summary=True, is_context=True, is_display=False, explicit_flags=True, breadcrumbs=crumbs,
+        role="user",
+        content=f"{SUMMARY_HEADER}, messages {covered.first}–{covered.last}]\n{text}",
+        is_summary=True,
+        is_context=True,
+        is_display=False,
+        explicit_flags=True,
+        breadcrumbs=crumbs,
         replaces=covered,
     )
     return summary_outcome(context, staged, plan, summary, crumbs)

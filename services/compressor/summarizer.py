@@ -32,7 +32,13 @@ from services.compressor.summary_format import (
     summary_messages,
 )
 from services.compressor.summary_window import (
-    num_predict, padded, predict_for, summary_budget, summary_length, summary_num_ctx, words_for,
+    num_predict,
+    padded,
+    predict_for,
+    summary_budget,
+    summary_length,
+    summary_num_ctx,
+    words_for,
 )
 from services.shared import metrics
 from services.shared.context_view import to_ollama_messages
@@ -71,9 +77,11 @@ def condensed_tokens(messages: list[Message], pricing: Pricing) -> int:
 
 def length_line(tokens: int) -> str:
     """The request's last line: how long, and the KEYS line the breadcrumbs come from."""
-    return (f"\n\nWrite at most {words_for(tokens)} words. Finish with exactly one line of the form\n"
-            "KEYS: item, item, item\nlisting the names, commands, paths, config keys, amounts, tickets, "
-            "decisions and links a reader would search for later.")
+    return (
+        f"\n\nWrite at most {words_for(tokens)} words. Finish with exactly one line of the form\n"
+        "KEYS: item, item, item\nlisting the names, commands, paths, config keys, amounts, tickets, "
+        "decisions and links a reader would search for later."
+    )
 
 
 @dataclass(frozen=True)
@@ -104,33 +112,55 @@ class Summarizer:
         # priced at chars / 1.8 rather than at a rate that may be too low for it.
         return pricing if self.same_model else Pricing.build([], self.window, self.knobs)
 
-    async def _input(self, messages: list[Message], prompt: str, num_ctx: int, vision: bool,
-                     pricing: Pricing) -> SummaryInput:
+    async def _input(
+        self, messages: list[Message], prompt: str, num_ctx: int, vision: bool, pricing: Pricing
+    ) -> SummaryInput:
         formatted = await asyncio.to_thread(  # prices the input repeatedly while cutting it: off the loop
-            format_for_summary, messages, critical_tools=self.knobs.critical_tools, vision=vision, window=num_ctx,
-            image_fallback=self.knobs.image_fallback, prompt=prompt,
-            summary_max_tokens=self.knobs.summary_max_tokens, estimate=pricing.estimate)
+            format_for_summary,
+            messages,
+            critical_tools=self.knobs.critical_tools,
+            vision=vision,
+            window=num_ctx,
+            image_fallback=self.knobs.image_fallback,
+            prompt=prompt,
+            summary_max_tokens=self.knobs.summary_max_tokens,
+            estimate=pricing.estimate,
+        )
         if formatted.omitted_chars or formatted.omitted_images:
-            log.info("summary input for %s cut to its num_ctx %d: %d chars and %d image(s) left out", self.model,
-                     num_ctx, formatted.omitted_chars, formatted.omitted_images)
+            log.info(
+                "summary input for %s cut to its num_ctx %d: %d chars and %d image(s) left out",
+                self.model,
+                num_ctx,
+                formatted.omitted_chars,
+                formatted.omitted_images,
+            )
         return formatted
 
-    async def _send(self, messages: list[dict[str, Any]], predict: int, num_ctx: int,
-                    tools: list[dict[str, Any]] | None = None) -> str:
+    async def _send(
+        self, messages: list[dict[str, Any]], predict: int, num_ctx: int, tools: list[dict[str, Any]] | None = None
+    ) -> str:
         facts = await self.ollama.model_facts(self.model)
         body = OllamaClient.chat_body(
-            self.model, messages, num_ctx=num_ctx, tools=tools, think=False if facts.thinking else None,
-            stream=False, options={"temperature": self.knobs.summary_temperature, "num_predict": predict},
+            self.model,
+            messages,
+            num_ctx=num_ctx,
+            tools=tools,
+            think=False if facts.thinking else None,
+            stream=False,
+            options={"temperature": self.knobs.summary_temperature, "num_predict": predict},
         )
         with metrics.summary_call():
             result = await self.ollama.chat(body)
         if not result.content.strip():
-            raise ValueError("the summarizer returned an empty summary"
-                             + (" (it called a tool instead)" if result.tool_calls else ""))
+            raise ValueError(
+                "the summarizer returned an empty summary"
+                + (" (it called a tool instead)" if result.tool_calls else "")
+            )
         return result.content.strip()
 
-    async def _call(self, prompt: str, formatted: SummaryInput, num_ctx: int, pricing: Pricing,
-                    length: int | None = None) -> str:
+    async def _call(
+        self, prompt: str, formatted: SummaryInput, num_ctx: int, pricing: Pricing, length: int | None = None
+    ) -> str:
         text = formatted.text + (length_line(length) if length else "")
         messages = summary_messages(prompt, text, formatted.images)
         predict = num_predict(num_ctx, pricing.estimate(messages), self.knobs.summary_max_tokens)
@@ -142,9 +172,12 @@ class Summarizer:
 
     async def num_ctx(self) -> int:
         facts = await self.ollama.model_facts(self.model)
-        return summary_num_ctx(same_model=self.same_model, conversation_window=self.window,
-                               summarizer_window=self.knobs.summarizer_window,
-                               context_length=facts.context_length)
+        return summary_num_ctx(
+            same_model=self.same_model,
+            conversation_window=self.window,
+            summarizer_window=self.knobs.summarizer_window,
+            context_length=facts.context_length,
+        )
 
     async def summarize(self, messages: list[Message], pricing: Pricing) -> tuple[str, list[str]]:
         """The standalone form: (summary, keys) of ``messages`` (old summaries among them are
@@ -162,8 +195,9 @@ class Summarizer:
         text = await self._written(messages, prompt, num_ctx, facts.vision, pricing, sized=True)
         return split_keys_line(text)
 
-    async def _written(self, messages: list[Message], prompt: str, num_ctx: int, vision: bool,
-                       pricing: Pricing, *, sized: bool = False) -> str:
+    async def _written(
+        self, messages: list[Message], prompt: str, num_ctx: int, vision: bool, pricing: Pricing, *, sized: bool = False
+    ) -> str:
         """One standalone summary call (``sized``: asked for a length that follows what it reads).
         Its prompt refused by Ollama as over num_ctx (our count of it was low), the input is cut to
         fit half the window and sent once more, in the same num_ctx (another would reload the
@@ -172,8 +206,9 @@ class Summarizer:
         try:
             return await self._call(prompt, formatted, num_ctx, pricing, self._length(formatted, pricing, sized))
         except ContextRefused as exc:
-            log.warning("summary prompt for %s refused as over num_ctx %d: its input cut to half: %s",
-                        self.model, num_ctx, exc)
+            log.warning(
+                "summary prompt for %s refused as over num_ctx %d: its input cut to half: %s", self.model, num_ctx, exc
+            )
         formatted = await self._input(messages, prompt, num_ctx // 2, vision, pricing)
         return await self._call(prompt, formatted, num_ctx, pricing, self._length(formatted, pricing, sized))
 
@@ -192,8 +227,9 @@ class Summarizer:
         instruction = Message(role="user", content=body + length_line(length))
         predict = predict_for(length, self.knobs.summary_max_tokens)
         if padded(prefix.tokens + pricing.estimate([instruction])) + predict > num_ctx:
-            raise ValueError(f"the conversation's prompt (~{prefix.tokens:,} tokens) and a summary of {predict} "
-                             f"pass num_ctx {num_ctx}")
-        text = await self._send([*prefix.messages, *to_ollama_messages([instruction])], predict, num_ctx,
-                                prefix.tools)
+            raise ValueError(
+                f"the conversation's prompt (~{prefix.tokens:,} tokens) and a summary of {predict} "
+                f"pass num_ctx {num_ctx}"
+            )
+        text = await self._send([*prefix.messages, *to_ollama_messages([instruction])], predict, num_ctx, prefix.tools)
         return split_keys_line(text)

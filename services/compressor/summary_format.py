@@ -188,8 +188,9 @@ def summary_messages(prompt: str, text: str, images: Sequence[bytes] = ()) -> li
     return [Message(role="system", content=prompt), Message(role="user", content=text, images=list(images))]
 
 
-def fit_text(text: str, fits: Callable[[str], bool], price: Callable[[str], int] | None = None,
-             limit: int = 0, rate: float = 0.0) -> tuple[str, int]:
+def fit_text(
+    text: str, fits: Callable[[str], bool], price: Callable[[str], int] | None = None, limit: int = 0, rate: float = 0.0
+) -> tuple[str, int]:
     """(``text`` cut as ``cut_text`` does, at MAX_SUMMARY_INPUT_CHARS and further until it ``fits``;
     chars cut out). ValueError when not even the omission marker alone fits.
 
@@ -253,15 +254,24 @@ def format_for_summary(
         chars = sum(len(m.content) for m in messages)
         rate = estimate(list(messages)) / chars if chars and len(rendered) > MAX_SUMMARY_INPUT_CHARS else 0.0
         try:
-            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t, images)) <= limit,
-                                 lambda t: estimate(summary_messages(prompt, t, images)), limit, rate)
+            text, cut = fit_text(
+                rendered,
+                lambda t: estimate(summary_messages(prompt, t, images)) <= limit,
+                lambda t: estimate(summary_messages(prompt, t, images)),
+                limit,
+                rate,
+            )
         except ValueError:
             if not images:
                 raise
             # Prompt and images alone leave no room for the history: the words matter more.
             images, omitted = [], omitted + len(images)
-            text, cut = fit_text(rendered, lambda t: estimate(summary_messages(prompt, t)) <= limit,
-                                 lambda t: estimate(summary_messages(prompt, t)), limit)
+            text, cut = fit_text(
+                rendered,
+                lambda t: estimate(summary_messages(prompt, t)) <= limit,
+                lambda t: estimate(summary_messages(prompt, t)),
+                limit,
+            )
     return SummaryInput(text=text, images=images, omitted_images=omitted, omitted_chars=cut)
 
 

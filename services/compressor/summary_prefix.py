@@ -29,8 +29,15 @@ def scope_of(summarized: Sequence[Message], folds: bool) -> str:
     return SCOPE_AFTER_SUMMARY if folds else SCOPE_MERGE
 
 
-def build_prefix(head: Sequence[Message], tool_schemas: Sequence[str], context: Sequence[Message],
-                 summarized: Sequence[Message], pricing: Pricing, vision: bool, scope: str) -> Prefix | None:
+def build_prefix(
+    head: Sequence[Message],
+    tool_schemas: Sequence[str],
+    context: Sequence[Message],
+    summarized: Sequence[Message],
+    pricing: Pricing,
+    vision: bool,
+    scope: str,
+) -> Prefix | None:
     """The prefix that ends with the last of ``summarized`` (stored rows of ``context``); None
     without the head the Agent's prompts begin with (an older Agent, a forced compaction from
     another client), or when no summarized row is in the prompt."""
@@ -53,11 +60,17 @@ def build_prefix(head: Sequence[Message], tool_schemas: Sequence[str], context: 
     tools = [json.loads(s) for s in tool_schemas] or None
     tokens = pricing.count_view(part, list(tool_schemas)).tokens
     baseline = pricing.baseline
-    if not pricing.exact and baseline is not None and 0 < baseline.tokens and built[end - 1].seq <= baseline.through_seq:
+    if (
+        not pricing.exact
+        and baseline is not None
+        and 0 < baseline.tokens
+        and built[end - 1].seq <= baseline.through_seq
+    ):
         # A prefix of the last prompt costs at most what Ollama said that prompt cost: a real count,
         # where the calibrated line over-counts by design.
         tokens = min(tokens, baseline.tokens)
     # A merge rewrites the earlier summary too; a fold condenses only what follows it.
-    condensed = condensed_tokens([part[i] for i in positions if scope == SCOPE_MERGE or not part[i].is_summary],
-                                 pricing)
+    condensed = condensed_tokens(
+        [part[i] for i in positions if scope == SCOPE_MERGE or not part[i].is_summary], pricing
+    )
     return Prefix(messages, tools, tokens, condensed, scope)

@@ -18,8 +18,7 @@ from services.compressor.token_estimate import output_reserve
 ESTIMATE_HEADROOM_PERCENT = 5
 
 
-def summary_num_ctx(*, same_model: bool, conversation_window: int, summarizer_window: int,
-                    context_length: int) -> int:
+def summary_num_ctx(*, same_model: bool, conversation_window: int, summarizer_window: int, context_length: int) -> int:
     """The num_ctx of a summary call.
 
     The conversation's own model gets exactly the conversation's window (the num_ctx its chat calls

@@ -26,7 +26,6 @@ DEFAULT_OUTPUT_RESERVE = 2048
 OUTPUT_RESERVE_WINDOW_DIVISOR = 4
 
 
-
 @dataclass(frozen=True)
 class Estimate:
     """Prompt tokens = baseline_tokens + text_tokens + image_tokens; chars are the priced text."""
@@ -39,8 +38,9 @@ class Estimate:
     shape: Shape | None = None  # set by an exact count
 
 
-def priced_view(messages: Sequence[Message], budget_tokens: int | None,
-                budgets: dict[int, int] | None = None) -> list[Message]:
+def priced_view(
+    messages: Sequence[Message], budget_tokens: int | None, budgets: dict[int, int] | None = None
+) -> list[Message]:
     """The view the model is sent when its tokenizer is unknown; ``budget_tokens=None`` prices the
     rows uncut. Cut at the fixed chars / 1.8 rate, never the calibrated line's: the line moves with
     every report, and a cut that moves changes old messages between two calls (measured: 7.8k more
@@ -114,7 +114,9 @@ def delta_estimate(
 
 
 def cautious_tokens(view: Sequence[Message], chars: int, line: Line | None, rates: Rates | None = None) -> int:
-    calibrated = rates.marginal(len(view), _classes(view)) if rates is not None else line_tokens(chars, line, whole=False)
+    calibrated = (
+        rates.marginal(len(view), _classes(view)) if rates is not None else line_tokens(chars, line, whole=False)
+    )
     return max(calibrated, heuristic_tokens(chars))
 
 

@@ -110,7 +110,7 @@ def _pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
         cut = merge.find(" ", 1)
         if cut < 0:
             raise UnsupportedVocabulary(f"malformed merge {merge!r}")
-        pairs.append((merge[:cut], merge[cut + 1:]))
+        pairs.append((merge[:cut], merge[cut + 1 :]))
     return pairs
 
 
@@ -131,9 +131,12 @@ def _byte_level_bpe(vocab: GgufVocabulary) -> Tokenizer:
     if not vocab.merges:
         raise UnsupportedVocabulary("a byte-level BPE vocabulary without merges")
     tokenizer = Tokenizer(models.BPE(_ids(vocab), _pairs(vocab.merges), ignore_merges=rule.ignore_merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        *_splits(rule), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            *_splits(rule),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
@@ -148,9 +151,13 @@ def _gemma4_bpe(vocab: GgufVocabulary) -> Tokenizer:
     tokenizer = Tokenizer(bpe)
     tokenizer.normalizer = normalizers.Replace(" ", SPM_SPACE)
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated", invert=False)
-    tokenizer.decoder = decoders.Sequence([
-        decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
-    ])
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace(SPM_SPACE, " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+        ]
+    )
     return tokenizer
 
 
@@ -179,9 +186,13 @@ def _sentencepiece_bpe(vocab: GgufVocabulary) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(ids, merges, unk_token=unknown, fuse_unk=True, byte_fallback=True))
     steps = [normalizers.Prepend(SPM_SPACE)] if vocab.add_space_prefix else []
     tokenizer.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPM_SPACE)])
-    tokenizer.decoder = decoders.Sequence([
-        decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
-    ])
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace(SPM_SPACE, " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+        ]
+    )
     return tokenizer
 
 
@@ -189,9 +200,13 @@ def _add_special_tokens(tokenizer: Tokenizer, vocab: GgufVocabulary) -> None:
     """The tokens llama.cpp matches whole in a prompt (see special_tokens) are one token each:
     control ones as special tokens, user-defined ones as ordinary text."""
     matched = matched_tokens(vocab.tokens, vocab.token_types, vocab.model_name)
+
     def added(special: bool) -> list[AddedToken]:
-        return [AddedToken(m.text, special=special, normalized=False, rstrip=m.rstrip)
-                for m in matched if m.special == special]
+        return [
+            AddedToken(m.text, special=special, normalized=False, rstrip=m.rstrip)
+            for m in matched
+            if m.special == special
+        ]
 
     special, user = added(True), added(False)
     if special:

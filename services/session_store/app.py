@@ -7,9 +7,6 @@ import logging
 from contextlib import suppress
 
 from palimpsest.v1 import session_store_pb2, session_store_pb2_grpc
-from services.shared import metrics, tracing
-from services.shared.server import RunningServer, method_paths, start_server
-from services.shared.settings import Settings
 from services.session_store import db, share_links
 from services.session_store.files import FileStore
 from services.session_store.repository import HotWindow, MemoryCaps, Quotas, SessionRepository
@@ -17,7 +14,10 @@ from services.session_store.repository.vectors import MemoryVectors
 from services.session_store.semantic import Embedder, MemoryIndex
 from services.session_store.servicer import SessionStoreServicer
 from services.session_store.session_bus import SessionBus
+from services.shared import metrics, tracing
 from services.shared.ollama import OllamaClient
+from services.shared.server import RunningServer, method_paths, start_server
+from services.shared.settings import Settings
 
 log = logging.getLogger("palimpsest.store")
 
@@ -26,8 +26,15 @@ SERVICE_NAME = session_store_pb2.DESCRIPTOR.services_by_name["SessionStore"].ful
 OPEN_METHODS = method_paths(SERVICE_NAME, "GetShared")
 # Requests that carry a conversation's content (messages, raw history, files, a batch of events);
 # every other request takes PALIMPSEST_MAX_SMALL_REQUEST_BYTES.
-LARGE_REQUESTS = method_paths(SERVICE_NAME, "AppendMessages", "AppendStream", "CommitCompression", "IndexChunks",
-                              "PutFile", "PublishSessionMessages")
+LARGE_REQUESTS = method_paths(
+    SERVICE_NAME,
+    "AppendMessages",
+    "AppendStream",
+    "CommitCompression",
+    "IndexChunks",
+    "PutFile",
+    "PublishSessionMessages",
+)
 
 
 def database(settings: Settings):
@@ -55,15 +62,19 @@ async def sweep_files_forever(files: FileStore, repo: SessionRepository, interva
             log.exception("file sweep failed")
 
 
-async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None) -> RunningServer:
+async def start_store(
+    settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None
+) -> RunningServer:
     if settings.embed_retry_s <= 0 or settings.embed_timeout_s <= 0:
         raise SystemExit("PALIMPSEST_EMBED_RETRY_S and PALIMPSEST_EMBED_TIMEOUT_S must be positive")
     if not 0 <= settings.embed_min_similarity < 1:
         raise SystemExit(f"PALIMPSEST_EMBED_MIN_SIMILARITY must be in [0, 1), got {settings.embed_min_similarity}")
     if settings.message_max_bytes > settings.read_budget_bytes:
-        raise SystemExit(f"PALIMPSEST_MESSAGE_MAX_MB ({settings.message_max_bytes // 2**20}) must not pass half of "
-                         f"PALIMPSEST_MAX_MESSAGE_BYTES ({settings.read_budget_bytes:,} bytes): every read must hold "
-                         "at least one whole message")
+        raise SystemExit(
+            f"PALIMPSEST_MESSAGE_MAX_MB ({settings.message_max_bytes // 2**20}) must not pass half of "
+            f"PALIMPSEST_MAX_MESSAGE_BYTES ({settings.read_budget_bytes:,} bytes): every read must hold "
+            "at least one whole message"
+        )
     url, embedded = (dsn, None) if dsn else await asyncio.to_thread(database, settings)
     try:
         pool = await db.create_pool(url, command_timeout=settings.db_command_timeout_s)
@@ -75,16 +86,24 @@ async def start_store(settings: Settings, *, port: int, host: str = "127.0.0.1",
     await db.migrate(pool)
     metrics.watch_pool(pool)
     share_key = await asyncio.to_thread(share_links.load_key, settings.share_key, settings.data_dir)
-    repo = SessionRepository(pool, hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
-                             share_key=share_key, quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes),
-                             memory_caps=MemoryCaps(settings.memory_max_entries, settings.memory_max_chars,
-                                                    settings.memory_max_pending))
+    repo = SessionRepository(
+        pool,
+        hot_window=HotWindow(settings.hot_window_messages, settings.hot_window_bytes),
+        share_key=share_key,
+        quotas=Quotas(settings.owner_max_sessions, settings.owner_max_bytes),
+        memory_caps=MemoryCaps(settings.memory_max_entries, settings.memory_max_chars, settings.memory_max_pending),
+    )
     files = FileStore(settings.files_root, max_bytes=settings.files_max_bytes)
     ollama = OllamaClient(settings.ollama_host)
-    memory_index = MemoryIndex(MemoryVectors(pool), Embedder(ollama, retry_s=settings.embed_retry_s),
-                               model=settings.embed_model, query_timeout_s=settings.embed_timeout_s,
-                               min_similarity=settings.embed_min_similarity, where=f"PostgreSQL at {db.where(url)}",
-                               messages_quiet_s=settings.embed_messages_quiet_s)
+    memory_index = MemoryIndex(
+        MemoryVectors(pool),
+        Embedder(ollama, retry_s=settings.embed_retry_s),
+        model=settings.embed_model,
+        query_timeout_s=settings.embed_timeout_s,
+        min_similarity=settings.embed_min_similarity,
+        where=f"PostgreSQL at {db.where(url)}",
+        messages_quiet_s=settings.embed_messages_quiet_s,
+    )
     await memory_index.start()
     bus = SessionBus(url, pool)
     bus.start()

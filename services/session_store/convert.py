@@ -51,9 +51,12 @@ def _out_of_range_read(stored: datetime, read: datetime) -> None:
     global _said_out_of_range
     if not _said_out_of_range:
         _said_out_of_range = True
-        log.warning("a stored time, %s, is outside what the store takes (written before times were checked): "
-                    "read as %s; any more such times are read the same way without saying so",
-                    stored.isoformat(), read.isoformat())
+        log.warning(
+            "a stored time, %s, is outside what the store takes (written before times were checked): "
+            "read as %s; any more such times are read the same way without saying so",
+            stored.isoformat(),
+            read.isoformat(),
+        )
 
 
 def to_datetime(ts: timestamp_pb2.Timestamp | None) -> datetime | None:
@@ -64,9 +67,7 @@ def to_datetime(ts: timestamp_pb2.Timestamp | None) -> datetime | None:
 
 def tool_calls_json(message: common_pb2.Message) -> list[dict[str, str]]:
     """Tool calls as stored: arguments redacted so secrets never reach the database."""
-    return [
-        {"id": c.id, "name": c.name, "arguments": redact_arguments(c.arguments_json)} for c in message.tool_calls
-    ]
+    return [{"id": c.id, "name": c.name, "arguments": redact_arguments(c.arguments_json)} for c in message.tool_calls]
 
 
 def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime) -> tuple:
@@ -140,7 +141,9 @@ def message_from_row(row, *, archived: bool = False) -> common_pb2.Message:
         explicit_flags=True,
     )
     for call in row["tool_calls"] or []:
-        message.tool_calls.add(id=call.get("id", ""), name=call.get("name", ""), arguments_json=call.get("arguments", ""))
+        message.tool_calls.add(
+            id=call.get("id", ""), name=call.get("name", ""), arguments_json=call.get("arguments", "")
+        )
     if row["metadata"]:
         message.metadata.update(row["metadata"])
     message.created_at.CopyFrom(timestamp(row["created_at"]))
@@ -265,27 +268,40 @@ def tool_run_row(run: session_store_pb2.ToolRun) -> dict[str, Any]:
         "outcome": OUTCOME_NAMES[run.outcome],
         "bytes_in": run.bytes_in,
         "bytes_out": run.bytes_out,
-        "error": error if len(error) <= TOOL_RUN_ERROR_CHARS else error[:TOOL_RUN_ERROR_CHARS - 1] + "…",
+        "error": error if len(error) <= TOOL_RUN_ERROR_CHARS else error[: TOOL_RUN_ERROR_CHARS - 1] + "…",
     }
 
 
 def tool_run_from_row(row) -> session_store_pb2.ToolRun:
     run = session_store_pb2.ToolRun(
-        seq=row["seq"], turn_id=row["turn_id"], call_id=row["call_id"], is_subagent=row["is_subagent"],
-        tool=row["tool"], arguments_json=row["arguments"], call_seq=row["call_seq"],
+        seq=row["seq"],
+        turn_id=row["turn_id"],
+        call_id=row["call_id"],
+        is_subagent=row["is_subagent"],
+        tool=row["tool"],
+        arguments_json=row["arguments"],
+        call_seq=row["call_seq"],
         duration_seconds=row["duration_seconds"],
-        outcome=_OUTCOMES[row["outcome"]], bytes_in=row["bytes_in"], bytes_out=row["bytes_out"], error=row["error"])
+        outcome=_OUTCOMES[row["outcome"]],
+        bytes_in=row["bytes_in"],
+        bytes_out=row["bytes_out"],
+        error=row["error"],
+    )
     run.started_at.CopyFrom(timestamp(row["started_at"]))
     return run
 
 
-_MEMORY_ACTIONS = {"add": session_store_pb2.MEMORY_ACTION_ADD, "replace": session_store_pb2.MEMORY_ACTION_REPLACE,
-                   "remove": session_store_pb2.MEMORY_ACTION_REMOVE}
+_MEMORY_ACTIONS = {
+    "add": session_store_pb2.MEMORY_ACTION_ADD,
+    "replace": session_store_pb2.MEMORY_ACTION_REPLACE,
+    "remove": session_store_pb2.MEMORY_ACTION_REMOVE,
+}
 
 
 def memory_entry(row) -> session_store_pb2.MemoryEntry:
-    entry = session_store_pb2.MemoryEntry(id=row["id"], text=row["text"],
-                                          session_id=str(row["session_id"]) if row["session_id"] else "")
+    entry = session_store_pb2.MemoryEntry(
+        id=row["id"], text=row["text"], session_id=str(row["session_id"]) if row["session_id"] else ""
+    )
     entry.created_at.CopyFrom(timestamp(row["created_at"]))
     entry.updated_at.CopyFrom(timestamp(row["updated_at"]))
     return entry
@@ -293,9 +309,13 @@ def memory_entry(row) -> session_store_pb2.MemoryEntry:
 
 def pending_memory_write(row) -> session_store_pb2.PendingMemoryWrite:
     held = session_store_pb2.PendingMemoryWrite(
-        id=row["id"], action=_MEMORY_ACTIONS[row["action"]],
-        entry_id=row["entry_id"] or 0, old_text=row["old_text"], text=row["text"],
-        session_id=str(row["session_id"]) if row["session_id"] else "")
+        id=row["id"],
+        action=_MEMORY_ACTIONS[row["action"]],
+        entry_id=row["entry_id"] or 0,
+        old_text=row["old_text"],
+        text=row["text"],
+        session_id=str(row["session_id"]) if row["session_id"] else "",
+    )
     held.created_at.CopyFrom(timestamp(row["created_at"]))
     return held
 

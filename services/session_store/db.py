@@ -64,8 +64,7 @@ _MIGRATION_LOCK = 0x7061_6C69  # "pali"
 async def _init_connection(conn: Connection) -> None:
     # Binary, so jsonb can travel inside a composite too (the append function takes its rows as
     # session_messages[]; asyncpg encodes composites in binary only): a version byte, then the text.
-    await conn.set_type_codec("jsonb", encoder=_jsonb_bytes, decoder=_jsonb_value, schema="pg_catalog",
-                              format="binary")
+    await conn.set_type_codec("jsonb", encoder=_jsonb_bytes, decoder=_jsonb_value, schema="pg_catalog", format="binary")
 
 
 def _jsonb_bytes(value: Any) -> bytes:
@@ -76,11 +75,18 @@ def _jsonb_value(data: bytes) -> Any:
     return json.loads(data[1:])
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10,
-                      command_timeout: float | None = None) -> asyncpg.Pool:
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, command_timeout: float | None = None
+) -> asyncpg.Pool:
     """``command_timeout``: no statement may hold a request (and its pooled connection) longer."""
-    return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
-                                     command_timeout=command_timeout, reset=_end_transaction)
+    return await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init_connection,
+        command_timeout=command_timeout,
+        reset=_end_transaction,
+    )
 
 
 async def _end_transaction(conn: Connection) -> None:
@@ -136,9 +142,11 @@ def unusable_database(dsn: str, exc: BaseException) -> SystemExit | None:
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
         return SystemExit(f"DATABASE_URL: {exc} at {address}; create it (createdb) or {fix}")
     if isinstance(exc, (asyncpg.ClientConfigurationError, ValueError)) and not isinstance(exc, UnicodeError):
-        return SystemExit(f"DATABASE_URL is not a usable PostgreSQL URL ({exc}); "
-                          "write it as postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or unset it to use the "
-                          "embedded PostgreSQL")
+        return SystemExit(
+            f"DATABASE_URL is not a usable PostgreSQL URL ({exc}); "
+            "write it as postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or unset it to use the "
+            "embedded PostgreSQL"
+        )
     if isinstance(exc, _DATABASE_DOWN):
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         return SystemExit(f"DATABASE_URL: cannot reach PostgreSQL at {address} ({reason}); start it there, or {fix}")

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from services.shared.content_types import SNIFF_BYTES, content_type
-from services.shared.workspace_paths import CHANGES_NAME, RESERVED_NAMES, RESERVED_PREFIXES, is_workspace_path
 from services.shared.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -65,6 +64,7 @@ from services.shared.file_policy import (  # noqa: F401 — the rules the store 
     safe_name,
     split_extension,
 )
+from services.shared.workspace_paths import CHANGES_NAME, RESERVED_NAMES, RESERVED_PREFIXES, is_workspace_path
 
 DEFAULT_MAX_BYTES = 200 * 1024 * 1024
 CHUNK_SIZE = 64 * 1024
@@ -418,8 +418,9 @@ class FileStore:
         """Start a streaming upload; the name is sanitised and checked up front."""
         name = safe_name(filename)
         if has_executable_extension(name):
-            raise InvalidArgument("filename", refused_as_program(
-                name, f"{split_extension(name.lower())[1]} is the extension of one"))
+            raise InvalidArgument(
+                "filename", refused_as_program(name, f"{split_extension(name.lower())[1]} is the extension of one")
+            )
         folder = self._created_dir(session_id)
         _inside(folder, name)
         return Upload(folder, name, self.max_bytes)
@@ -431,8 +432,9 @@ class FileStore:
         if not is_workspace_path(path):
             raise InvalidArgument("header.path", f"{path!r} is not a workspace path (relative, e.g. 'src/app.py')")
         if not scripts_allowed and has_executable_extension(path):
-            raise InvalidArgument("header.path", refused_as_program(
-                path, f"{split_extension(path.lower())[1]} is the extension of one"))
+            raise InvalidArgument(
+                "header.path", refused_as_program(path, f"{split_extension(path.lower())[1]} is the extension of one")
+            )
         folder = self._created_dir(session_id)
         target = _inside(folder, path)
         if target.is_dir():
@@ -484,9 +486,7 @@ class FileStore:
         if not data:
             raise InvalidArgument("images", "image is empty")
         if len(data) > self.max_bytes:
-            raise ResourceExhausted(
-                f"image exceeds the session file limit of {self.max_bytes} bytes"
-            )
+            raise ResourceExhausted(f"image exceeds the session file limit of {self.max_bytes} bytes")
         ext = image_extension(data)
         folder = self._created_dir(session_id)
         existing = self._same_image(folder, data)

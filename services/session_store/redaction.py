@@ -109,9 +109,18 @@ _SECRET_WORDS = (
 )
 # Spelled out for the lookbehind below, which needs fixed-width alternatives.
 _SECRET_WORD_SPELLINGS = (
-    "password", "passwd", "passphrase", "secret", "token", "credential", "credentials",
-    *(f"{a}{sep}{b}" for a, b in (("api", "key"), ("access", "key"), ("secret", "key"),
-                                  ("private", "key"), ("client", "secret")) for sep in ("", "_", "-")),
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "credential",
+    "credentials",
+    *(
+        f"{a}{sep}{b}"
+        for a, b in (("api", "key"), ("access", "key"), ("secret", "key"), ("private", "key"), ("client", "secret"))
+        for sep in ("", "_", "-")
+    ),
 )
 _ENDS_WITH_SECRET_WORD = "(?:%s)" % "|".join(f"(?<={word})" for word in _SECRET_WORD_SPELLINGS)
 _ASSIGNMENT = re.compile(
@@ -133,10 +142,42 @@ _SECRET_VARIABLE = re.compile(rf"(?:[A-Za-z_][A-Za-z0-9_]*?)?(?:{_SECRET_WORDS})
 # annotations ("password: str"), constants, keywords that start expressions.
 _CODE_WORDS = frozenset(
     {
-        "none", "null", "nil", "true", "false", "undefined", "str", "string", "bytes",
-        "int", "bool", "dict", "list", "any", "optional", "await", "new", "this", "self",
-        "lambda", "yield", "not", "function", "async", "secretstr", "required",
-        "object", "number", "char", "void", "const", "let", "var", "is", "in", "if",
+        "none",
+        "null",
+        "nil",
+        "true",
+        "false",
+        "undefined",
+        "str",
+        "string",
+        "bytes",
+        "int",
+        "bool",
+        "dict",
+        "list",
+        "any",
+        "optional",
+        "await",
+        "new",
+        "this",
+        "self",
+        "lambda",
+        "yield",
+        "not",
+        "function",
+        "async",
+        "secretstr",
+        "required",
+        "object",
+        "number",
+        "char",
+        "void",
+        "const",
+        "let",
+        "var",
+        "is",
+        "in",
+        "if",
     }
 )
 _DOTTED_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
@@ -151,8 +192,12 @@ _RANDOM_DISTINCT_CHARS = 26
 
 
 def _random_looking(candidate: str) -> bool:
-    return (any(c.isdigit() for c in candidate) and any(c.isupper() for c in candidate)
-            and any(c.islower() for c in candidate) and len(set(candidate)) >= _RANDOM_DISTINCT_CHARS)
+    return (
+        any(c.isdigit() for c in candidate)
+        and any(c.isupper() for c in candidate)
+        and any(c.islower() for c in candidate)
+        and len(set(candidate)) >= _RANDOM_DISTINCT_CHARS
+    )
 
 
 def redact_text(text: str) -> str:
@@ -349,11 +394,33 @@ def _unique_key(key: str, taken: dict[str, Any]) -> str:
 # credential: OAuth tokens, presigned-URL signatures, plain keys, session ids.
 _SECRET_URI_PARAMS = frozenset(
     {
-        "token", "accesstoken", "idtoken", "refreshtoken", "authtoken", "key", "apikey",
-        "signature", "sig", "password", "pass", "passwd", "pwd", "secret", "clientsecret",
-        "code", "auth", "xamzsignature", "xamzcredential", "xamzsecuritytoken",
-        "xgoogsignature", "xgoogcredential", "sessiontoken", "jwt",
-        "jsessionid", "phpsessid", "aspnetsessionid",  # (sessionid: is_secret_key)
+        "token",
+        "accesstoken",
+        "idtoken",
+        "refreshtoken",
+        "authtoken",
+        "key",
+        "apikey",
+        "signature",
+        "sig",
+        "password",
+        "pass",
+        "passwd",
+        "pwd",
+        "secret",
+        "clientsecret",
+        "code",
+        "auth",
+        "xamzsignature",
+        "xamzcredential",
+        "xamzsecuritytoken",
+        "xgoogsignature",
+        "xgoogcredential",
+        "sessiontoken",
+        "jwt",
+        "jsessionid",
+        "phpsessid",
+        "aspnetsessionid",  # (sessionid: is_secret_key)
     }
 )
 _PARAM = re.compile(r"(?P<key>[^&;=#]+)=(?P<value>[^&;#]*)")

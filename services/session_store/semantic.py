@@ -29,9 +29,9 @@ from typing import Any
 
 import asyncpg
 
+from services.session_store.repository.vectors import MemoryVectors, vector_text
 from services.shared.errors import PalimpsestError
 from services.shared.ollama import OllamaClient
-from services.session_store.repository.vectors import MemoryVectors, vector_text
 
 log = logging.getLogger("palimpsest.store.semantic")
 
@@ -89,8 +89,12 @@ class Embedder:
             vectors, problem = None, str(exc)
         if vectors is None:
             if model not in self._retry_at:  # once per outage, not once per search
-                log.warning("embedding model %s is not usable (%s): memory search is lexical, retrying every %g s",
-                            model, problem, self.retry_s)
+                log.warning(
+                    "embedding model %s is not usable (%s): memory search is lexical, retrying every %g s",
+                    model,
+                    problem,
+                    self.retry_s,
+                )
             self._retry_at[model] = self.clock() + self.retry_s
             return None
         if self._retry_at.pop(model, None) is not None:
@@ -102,8 +106,17 @@ class MemoryIndex:
     """The semantic tier: `start` decides whether it is on, `nearest` serves searches, `poke`
     wakes the indexer."""
 
-    def __init__(self, vectors: MemoryVectors, embedder: Embedder, *, model: str, query_timeout_s: float,
-                 min_similarity: float, where: str = "PostgreSQL", messages_quiet_s: float = 0.0):
+    def __init__(
+        self,
+        vectors: MemoryVectors,
+        embedder: Embedder,
+        *,
+        model: str,
+        query_timeout_s: float,
+        min_similarity: float,
+        where: str = "PostgreSQL",
+        messages_quiet_s: float = 0.0,
+    ):
         self.vectors = vectors
         self.embedder = embedder
         self.model = model
@@ -124,17 +137,24 @@ class MemoryIndex:
 
     async def start(self) -> None:
         if not self.model:
-            log.info("semantic memory search is off: no embedding model (PALIMPSEST_EMBED_MODEL is empty); "
-                     "memory search is lexical")
+            log.info(
+                "semantic memory search is off: no embedding model (PALIMPSEST_EMBED_MODEL is empty); "
+                "memory search is lexical"
+            )
             return
         if not await self.vectors.available():
-            log.warning("semantic memory search is off: %s has no pgvector (the `vector` extension); "
-                        "memory search is lexical", self.where)
+            log.warning(
+                "semantic memory search is off: %s has no pgvector (the `vector` extension); memory search is lexical",
+                self.where,
+            )
             return
         dropped = await self.vectors.keep_space(self.model, from_settings=True)
         if dropped:
-            log.info("memory index: dropped the vectors of %s; building them in %s in the background",
-                     ", ".join(dropped), self.model)
+            log.info(
+                "memory index: dropped the vectors of %s; building them in %s in the background",
+                ", ".join(dropped),
+                self.model,
+            )
         self.enabled = True
         self._task = asyncio.create_task(self._run(), name="memory-index")
         self.poke()
@@ -180,8 +200,9 @@ class MemoryIndex:
         vectors = await self.embedder.embed(model, [query], timeout=self.query_timeout_s)
         return vectors[0] if vectors else None
 
-    async def nearest(self, session_id: uuid.UUID, model: str, vector: Sequence[float],
-                      limit: int) -> list[dict[str, Any]] | None:
+    async def nearest(
+        self, session_id: uuid.UUID, model: str, vector: Sequence[float], limit: int
+    ) -> list[dict[str, Any]] | None:
         """The session's chunks nearest `vector` at or above the similarity floor, nearest first."""
         model = model or self.model
         try:
@@ -211,8 +232,11 @@ class MemoryIndex:
         if self._dimensions.get(model) == dimensions:
             return
         if await self.vectors.settle_dimensions(model, dimensions):
-            log.info("embedding model %s now answers %d dimensions: rebuilding its memory index in the background",
-                     model, dimensions)
+            log.info(
+                "embedding model %s now answers %d dimensions: rebuilding its memory index in the background",
+                model,
+                dimensions,
+            )
             self.poke()
         self._dimensions[model] = dimensions
 
@@ -246,10 +270,16 @@ class MemoryIndex:
         """Embed every pending chunk, summary and message of every space (only messages unless
         `everything`); returns when to try again (None: when poked)."""
         retry: float | None = None
-        kinds: list[tuple[Callable[[str], Awaitable[tuple[Any, list[str]] | None]],
-                          Callable[[str, Any, Sequence[Sequence[float]]], Awaitable[None]]]] = [
-            (self._pending_chunks, self.vectors.store), (self._pending_summaries, self.vectors.store_summaries),
-            (self._pending_messages, self._store_messages)]
+        kinds: list[
+            tuple[
+                Callable[[str], Awaitable[tuple[Any, list[str]] | None]],
+                Callable[[str, Any, Sequence[Sequence[float]]], Awaitable[None]],
+            ]
+        ] = [
+            (self._pending_chunks, self.vectors.store),
+            (self._pending_summaries, self.vectors.store_summaries),
+            (self._pending_messages, self._store_messages),
+        ]
         for model in await self.vectors.spaces():
             for pending, store in kinds if everything else kinds[-1:]:
                 while batch := await pending(model):
@@ -272,7 +302,9 @@ class MemoryIndex:
 
     async def _pending_summaries(self, model: str) -> tuple[list[Any], list[str]] | None:
         rows = await self.vectors.pending_summaries(model, INDEX_BATCH)
-        return ([(r["session_id"], r["seq"]) for r in rows], [r["content"][:EMBED_CHARS] for r in rows]) if rows else None
+        return (
+            ([(r["session_id"], r["seq"]) for r in rows], [r["content"][:EMBED_CHARS] for r in rows]) if rows else None
+        )
 
     async def _pending_messages(self, model: str) -> tuple[Any, list[str]] | None:
         rows = await self.vectors.pending_messages(model, INDEX_BATCH, self.messages_quiet_s)
@@ -286,8 +318,9 @@ class MemoryIndex:
         await self.vectors.store_messages(model, messages, vectors, marks)
 
 
-def message_batch(rows: Sequence[Any], limit: int) -> tuple[list[tuple[uuid.UUID, int]], list[str],
-                                                               list[tuple[uuid.UUID, int]]]:
+def message_batch(
+    rows: Sequence[Any], limit: int
+) -> tuple[list[tuple[uuid.UUID, int]], list[str], list[tuple[uuid.UUID, int]]]:
     """From _PENDING_MESSAGES_SQL's rows (session, last, seq, content; seq None for a session with
     nothing to embed past its mark): at most `limit` messages to embed, and how far each session
     is then embedded. A session whose rows all fit is done through `last` (tool rows, hidden rows

@@ -10,27 +10,28 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb, session_store_pb2_grpc
-from services.shared.auth import Identity, caller, vouched_by_services
-from services.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
-from services.shared.settings import Settings
+from palimpsest.v1 import common_pb2, session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2 as pb
 from services.session_store import convert
-from services.shared.structs import from_struct
-from services.session_store.redaction import redact_uri
-from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
 from services.session_store.files import FileStore
-from services.shared.file_policy import unseen_character_problem
-from services.shared.validation import first_nul, first_out_of_range
-from services.shared import metrics
-from services.shared.stopping import Stopping
+from services.session_store.redaction import redact_uri
 from services.session_store.repository import SessionRepository
 from services.session_store.repository.access import parse_session_id
+from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from services.session_store.repository.owner_memory import MemoryEdit, checked_text
 from services.session_store.repository.sessions import Report
-from services.session_store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from services.session_store.semantic import MemoryIndex
-from services.session_store.shared_view import scrubbed, shared_message
 from services.session_store.session_bus import MAX_PAYLOAD_BYTES, ListenerGone, SessionBus
+from services.session_store.shared_view import scrubbed, shared_message
+from services.shared import metrics
+from services.shared.auth import Identity, caller, vouched_by_services
+from services.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
+from services.shared.external_refs import ExternalRef, merge_refs, refs_from_proto
+from services.shared.file_policy import unseen_character_problem
+from services.shared.settings import Settings
+from services.shared.stopping import Stopping
+from services.shared.structs import from_struct
+from services.shared.validation import first_nul, first_out_of_range
 
 log = logging.getLogger("palimpsest.store")
 
@@ -76,8 +77,13 @@ def _refs_from_json(items) -> list[ExternalRef]:
     from datetime import datetime
 
     return [
-        ExternalRef(r["kind"], r["uri"], r["created_by"], bool(r.get("read_only")),
-                    datetime.fromisoformat(r["created_at"]) if r.get("created_at") else None)
+        ExternalRef(
+            r["kind"],
+            r["uri"],
+            r["created_by"],
+            bool(r.get("read_only")),
+            datetime.fromisoformat(r["created_at"]) if r.get("created_at") else None,
+        )
         for r in items
     ]
 
@@ -93,8 +99,10 @@ def check_message_size(message: common_pb2.Message, field: str, limit: int) -> N
     """One message must fit in any read of it; its encoded size is what a read will carry."""
     size = message.ByteSize()
     if size > limit:
-        raise ResourceExhausted(f"{field} is {size:,} bytes; one message may hold at most {limit:,} "
-                                "(PALIMPSEST_MESSAGE_MAX_MB): store large content as a file (PutFile)")
+        raise ResourceExhausted(
+            f"{field} is {size:,} bytes; one message may hold at most {limit:,} "
+            "(PALIMPSEST_MESSAGE_MAX_MB): store large content as a file (PutFile)"
+        )
 
 
 def _checked_observation(obs: pb.Observation, field: str) -> tuple[str, int, int, dict[str, int]]:
@@ -116,7 +124,9 @@ def _check_token_counts(digest: str, counts, prefix: str, field: str = "token_co
     if any(c.seq <= 0 or c.tokens < 0 for c in counts):
         raise InvalidArgument(f"{prefix}{field}", "seq must be positive and tokens not negative")
     if any(not re.fullmatch(r"[0-9a-f]{32}", c.content_md5) for c in counts):
-        raise InvalidArgument(f"{prefix}{field}", "content_md5 must be the md5 (32 lowercase hex) of the counted content")
+        raise InvalidArgument(
+            f"{prefix}{field}", "content_md5 must be the md5 (32 lowercase hex) of the counted content"
+        )
 
 
 def _validate_messages(messages, max_bytes: int) -> None:
@@ -145,6 +155,7 @@ def check_message(m: common_pb2.Message, field: str, max_bytes: int) -> None:
 
 def check_struct(struct, field: str) -> None:
     """JSON can hold neither NaN nor infinities; PostgreSQL's jsonb refuses them."""
+
     def walk(value) -> None:
         kind = value.WhichOneof("kind")
         if kind == "number_value" and not math.isfinite(value.number_value):
@@ -155,6 +166,7 @@ def check_struct(struct, field: str) -> None:
         if kind == "list_value":
             for v in value.list_value.values:
                 walk(v)
+
     for v in struct.fields.values():
         walk(v)
 
@@ -170,6 +182,7 @@ async def _begun(starting):
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
+
         def drop(done: asyncio.Future) -> None:
             if not done.cancelled() and done.exception() is None:
                 done.result().abort()
@@ -179,8 +192,14 @@ async def _begun(starting):
 
 
 class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
-    def __init__(self, repo: SessionRepository, files: FileStore, settings: Settings,
-                 memory_index: MemoryIndex | None = None, bus: SessionBus | None = None):
+    def __init__(
+        self,
+        repo: SessionRepository,
+        files: FileStore,
+        settings: Settings,
+        memory_index: MemoryIndex | None = None,
+        bus: SessionBus | None = None,
+    ):
         self.repo = repo
         self.bus = bus  # messages between Agent replicas (None: a store without a listen connection)
         self.files = files
@@ -221,8 +240,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.context_offset < 0:
             raise InvalidArgument("context_offset", "must not be negative")
         display, context_ = view_budgets(request.view, self.settings.read_budget_bytes)
-        read = await self.repo.sessions.read_session(identity, session_id, display_budget=display,
-                                                     context_budget=context_, context_offset=request.context_offset)
+        read = await self.repo.sessions.read_session(
+            identity, session_id, display_budget=display, context_budget=context_, context_offset=request.context_offset
+        )
         response = pb.GetSessionResponse(session=convert.session_from_row(read.row))
         if read.display is not None:
             response.session.messages.extend(read.display.messages)
@@ -241,8 +261,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         limit = page_size(request.page_size, "page_size")
         query = request.query.strip()
         embed_model = checked_model(request.embed_model)
-        meaning = (await self.memory_index.sessions_query(query, embed_model)
-                   if query and self.memory_index is not None else None)
+        meaning = (
+            await self.memory_index.sessions_query(query, embed_model)
+            if query and self.memory_index is not None
+            else None
+        )
         rows, total = await self.repo.sessions.list_sessions(
             identity,
             profile_id=request.profile_id,
@@ -284,8 +307,14 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.before_seq < 0:
             raise InvalidArgument("before_seq", "must not be negative")
         limit = page_size(request.limit, "limit")
-        page = await self.repo.sessions.history_page(identity, session_id, request.before_seq, limit,
-                                            archive_only=archive_only, budget=self.settings.read_budget_bytes)
+        page = await self.repo.sessions.history_page(
+            identity,
+            session_id,
+            request.before_seq,
+            limit,
+            archive_only=archive_only,
+            budget=self.settings.read_budget_bytes,
+        )
         return {"messages": page.messages, "has_more": page.has_more}
 
     async def AppendMessages(self, request, context):
@@ -300,13 +329,23 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.HasField("expected_next_seq") and request.expected_next_seq < 1:
             raise InvalidArgument("expected_next_seq", "a seq is at least 1")
         result = await self.repo.sessions.append_messages(
-            identity, session_id, request.messages, _expected(request), request.idempotency_key, report,
-            request.expected_next_seq if request.HasField("expected_next_seq") else None, tool_runs)
+            identity,
+            session_id,
+            request.messages,
+            _expected(request),
+            request.idempotency_key,
+            report,
+            request.expected_next_seq if request.HasField("expected_next_seq") else None,
+            tool_runs,
+        )
         if request.messages and self.memory_index is not None:
             self.memory_index.poke(messages_only=True)  # embedded for session search
-        return pb.AppendMessagesResponse(seqs=result.seqs, revision=result.revision,
-                                         context_truncated=result.context_truncated,
-                                         session_changed=result.session_changed)
+        return pb.AppendMessagesResponse(
+            seqs=result.seqs,
+            revision=result.revision,
+            context_truncated=result.context_truncated,
+            session_changed=result.session_changed,
+        )
 
     async def AppendStream(self, request_iterator, context):
         async for request in self.stopping.until(aiter(request_iterator), STOPPING_APPENDS):
@@ -321,20 +360,30 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("holder", "required, at most 128 characters")
         if not request.release and not 1 <= request.ttl_seconds <= 3600:
             raise InvalidArgument("ttl_seconds", f"must be 1–3600 seconds, got {request.ttl_seconds}")
-        granted, holder, left = await self.repo.sessions.claim_turn(identity, session_id, request.holder,
-                                                                    request.ttl_seconds, request.release)
+        granted, holder, left = await self.repo.sessions.claim_turn(
+            identity, session_id, request.holder, request.ttl_seconds, request.release
+        )
         return pb.ClaimTurnResponse(granted=granted, holder=holder, expires_in_seconds=left)
 
     def _report(self, report: pb.ModelReport, identity: Identity, context) -> Report:
         """A model report to write with an append, checked as the calls it stands for check theirs."""
         if report.HasField("context_token_count") and report.context_token_count < 0:
             raise InvalidArgument("report.context_token_count", "must not be negative")
-        learns = report.HasField("baseline") or report.prompt_cut or report.HasField("observation") \
+        learns = (
+            report.HasField("baseline")
+            or report.prompt_cut
+            or report.HasField("observation")
             or bool(report.token_counts)
-        if learns and not (identity.is_service or vouched_by_services(
-                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
-            raise PermissionDenied("a model report (baseline, observation, token counts) is written by the "
-                                   "Palimpsest services only")
+        )
+        if learns and not (
+            identity.is_service
+            or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret
+            )
+        ):
+            raise PermissionDenied(
+                "a model report (baseline, observation, token counts) is written by the Palimpsest services only"
+            )
         b = report.baseline
         if b.tokens < 0 or b.through_seq < 0:
             raise InvalidArgument("report.baseline", "tokens and through_seq must not be negative")
@@ -344,19 +393,26 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         _check_token_counts(report.token_digest, report.token_counts, "report.")
         return Report(
             baseline={"tokens": b.tokens, "through_seq": b.through_seq, "model": b.model, "context_truncated": False}
-            if report.HasField("baseline") else None,
-            prompt_cut=report.prompt_cut, observation=observation,
+            if report.HasField("baseline")
+            else None,
+            prompt_cut=report.prompt_cut,
+            observation=observation,
             context_token_count=report.context_token_count if report.HasField("context_token_count") else None,
-            token_digest=report.token_digest, token_counts=[(c.seq, c.tokens, c.content_md5)
-                                                            for c in report.token_counts])
+            token_digest=report.token_digest,
+            token_counts=[(c.seq, c.tokens, c.content_md5) for c in report.token_counts],
+        )
 
     def _tool_runs(self, runs, identity: Identity, context) -> list[dict]:
         """Audit records to write with an append, as the log keeps them: only from the services (a
         user must not write their own trail), each checked field by field."""
         if not runs:
             return []
-        if not (identity.is_service or vouched_by_services(
-                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+        if not (
+            identity.is_service
+            or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret
+            )
+        ):
             raise PermissionDenied("tool runs (the session's audit log) are written by the Palimpsest services only")
         for i, run in enumerate(runs):
             field = f"tool_runs[{i}]"
@@ -386,8 +442,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if after is not None and (after < 0 or request.before_seq):
             raise InvalidArgument("after_seq", "must not be negative, and not with before_seq (one direction a page)")
         limit = page_size(request.limit, "limit")
-        rows, has_more = await self.repo.tool_runs.list_runs(identity, session_id, before_seq=request.before_seq,
-                                                             after_seq=after, limit=limit)
+        rows, has_more = await self.repo.tool_runs.list_runs(
+            identity, session_id, before_seq=request.before_seq, after_seq=after, limit=limit
+        )
         return pb.ListToolRunsResponse(runs=[convert.tool_run_from_row(r) for r in rows], has_more=has_more)
 
     async def UpdateSession(self, request, context):
@@ -407,8 +464,8 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if request.add_external_refs:
             new = _refs_from_proto(request.add_external_refs, "add_external_refs")
             changes["external_refs"] = lambda current: [  # (merged under the session's lock)
-                convert.external_ref_to_json(r) for r in merge_refs(_refs_from_json(current), new,
-                                                                    field="add_external_refs")
+                convert.external_ref_to_json(r)
+                for r in merge_refs(_refs_from_json(current), new, field="add_external_refs")
             ]
         if request.mark_untrusted_ingested:
             changes["untrusted_ingested"] = True
@@ -489,8 +546,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if not request.HasField("older_than_days"):
             raise InvalidArgument("older_than_days", "required (0 deletes every session you can see)")
         if not 0 <= request.older_than_days <= MAX_CLEANUP_DAYS:
-            raise InvalidArgument("older_than_days",
-                                  f"must be between 0 (deletes every session) and {MAX_CLEANUP_DAYS}")
+            raise InvalidArgument(
+                "older_than_days", f"must be between 0 (deletes every session) and {MAX_CLEANUP_DAYS}"
+            )
         ids = await self.repo.sessions.cleanup_sessions(identity, request.older_than_days)
         for session_id in ids:
             await asyncio.to_thread(self.files.delete_session, session_id)
@@ -519,13 +577,16 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument("before_seq", "must not be negative")
         limit = page_size(request.limit, "limit")
         shared = await self.repo.shares.shared_session(request.token)
-        page = await self.repo.sessions.history_page(None, shared["id"], request.before_seq, limit, archive_only=False,
-                                            budget=self.settings.read_budget_bytes)
+        page = await self.repo.sessions.history_page(
+            None, shared["id"], request.before_seq, limit, archive_only=False, budget=self.settings.read_budget_bytes
+        )
         session_id = str(shared["id"])
         # A page may hold 32 MB of text to scrub: off the event loop.
         messages = await asyncio.to_thread(lambda: [shared_message(m, session_id) for m in page.messages])
         response = pb.GetSharedResponse(
-            name=scrubbed(shared["name"], session_id), profile_id=shared["profile_id"], messages=messages,
+            name=scrubbed(shared["name"], session_id),
+            profile_id=shared["profile_id"],
+            messages=messages,
             has_more=page.has_more,
         )
         response.created_at.CopyFrom(convert.timestamp(shared["created_at"]))
@@ -542,8 +603,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if not 0 <= request.min_similarity <= 1:
             raise InvalidArgument("min_similarity", "must be between 0 and 1")
         embed_model = checked_model(request.embed_model)
-        rows, semantic = await self.repo.memory.search_memory(identity, session_id, request.query.strip(), limit,
-                                                              request.min_similarity, self.memory_index, embed_model)
+        rows, semantic = await self.repo.memory.search_memory(
+            identity, session_id, request.query.strip(), limit, request.min_similarity, self.memory_index, embed_model
+        )
         return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows], semantic=semantic)
 
     async def IndexChunks(self, request, context):
@@ -574,8 +636,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             if not message.origin.strip() or len(message.origin) > 128:
                 raise InvalidArgument(f"messages[{i}].origin", "required, at most 128 characters")
             if len(message.payload) > MAX_PAYLOAD_BYTES:
-                raise ResourceExhausted(f"messages[{i}].payload: {len(message.payload):,} bytes, "
-                                        f"at most {MAX_PAYLOAD_BYTES:,}")
+                raise ResourceExhausted(
+                    f"messages[{i}].payload: {len(message.payload):,} bytes, at most {MAX_PAYLOAD_BYTES:,}"
+                )
         await bus.publish(list(request.messages))
         return pb.PublishSessionMessagesResponse()
 
@@ -618,8 +681,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             b = request.baseline
             if b.tokens < 0 or b.through_seq < 0:
                 raise InvalidArgument("baseline", "tokens and through_seq must not be negative")
-            baseline = {"tokens": b.tokens, "through_seq": b.through_seq, "model": b.model,
-                        "context_truncated": b.context_truncated}
+            baseline = {
+                "tokens": b.tokens,
+                "through_seq": b.through_seq,
+                "model": b.model,
+                "context_truncated": b.context_truncated,
+            }
         elif request.only_truncated_flag:
             raise InvalidArgument("baseline", "required with only_truncated_flag")
         await self.repo.calibration.set_baseline(identity, session_id, baseline, request.only_truncated_flag)
@@ -630,18 +697,28 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         session_id = parse_session_id(request.session_id)
         if request.view_budget < 0:
             raise InvalidArgument("view_budget", "must not be negative")
-        if request.model and not (identity.is_service or vouched_by_services(
-                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret)):
+        if request.model and not (
+            identity.is_service
+            or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret
+            )
+        ):
             raise PermissionDenied(f"model: {OBSERVATIONS_FOR_SERVICES}; leave it empty for the session's baseline")
-        row, observations, tokens = await self.repo.calibration.get_baseline(identity, session_id, request.model,
-                                                                 request.token_digest, request.view_budget,
-                                                                 request.with_counts)
+        row, observations, tokens = await self.repo.calibration.get_baseline(
+            identity, session_id, request.model, request.token_digest, request.view_budget, request.with_counts
+        )
         response = pb.GetBaselineResponse(observations=[_observation(r) for r in observations])
         if tokens is not None:
             response.context_tokens.CopyFrom(pb.ContextTokens(**tokens))
         if row is not None:
-            response.baseline.CopyFrom(pb.Baseline(tokens=row["tokens"], through_seq=row["through_seq"],
-                                                   model=row["model"], context_truncated=row["context_truncated"]))
+            response.baseline.CopyFrom(
+                pb.Baseline(
+                    tokens=row["tokens"],
+                    through_seq=row["through_seq"],
+                    model=row["model"],
+                    context_truncated=row["context_truncated"],
+                )
+            )
             response.baseline.recorded_at.CopyFrom(convert.timestamp(row["recorded_at"]))
         return response
 
@@ -652,9 +729,14 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         if not request.token_digest:
             raise InvalidArgument("token_digest", "required: a count means nothing without its tokenizer")
         _check_token_counts(request.token_digest, request.counts, "", field="counts")
-        updated = await self.repo.sessions.set_token_counts(identity, session_id, request.token_digest,
-                                                   [c.seq for c in request.counts], [c.tokens for c in request.counts],
-                                                   [c.content_md5 for c in request.counts])
+        updated = await self.repo.sessions.set_token_counts(
+            identity,
+            session_id,
+            request.token_digest,
+            [c.seq for c in request.counts],
+            [c.tokens for c in request.counts],
+            [c.content_md5 for c in request.counts],
+        )
         return pb.SetTokenCountsResponse(updated=updated)
 
     # -- files -----------------------------------------------------------------------------
@@ -672,8 +754,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise InvalidArgument(*out_of_range)
         session_id = parse_session_id(header.session_id, "header.session_id")
         session = await self.repo.sessions.get_session(identity, session_id)
-        from_tool = header.from_tool and (identity.is_service or vouched_by_services(
-            context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret))
+        from_tool = header.from_tool and (
+            identity.is_service
+            or vouched_by_services(
+                context.invocation_metadata(), enabled=self.settings.auth_enabled, secret=self.settings.jwt_secret
+            )
+        )
         if header.path:
             return await self._write_path(identity, session_id, header, request_iterator, from_tool=from_tool)
         reply = await self._put_file(identity, session_id, header, request_iterator)
@@ -684,8 +770,13 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             await self.repo.sessions.mark_untrusted(session_id)
         return reply
 
-    async def _put_file(self, identity: Identity, session_id: uuid.UUID, header: pb.PutFileHeader,
-                        request_iterator: AsyncIterator[pb.PutFileRequest]) -> pb.PutFileResponse:
+    async def _put_file(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        header: pb.PutFileHeader,
+        request_iterator: AsyncIterator[pb.PutFileRequest],
+    ) -> pb.PutFileResponse:
         if header.kind == pb.FILE_KIND_IMAGE:
             data = bytearray()
             async for part in request_iterator:
@@ -719,17 +810,30 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await self.repo.usage.add_file_bytes(session_id, info.size)
         return pb.PutFileResponse(file=_file_info(info))
 
-    async def _write_path(self, identity: Identity, session_id: uuid.UUID, header: pb.PutFileHeader,
-                          request_iterator: AsyncIterator[pb.PutFileRequest], *, from_tool: bool) -> pb.PutFileResponse:
+    async def _write_path(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        header: pb.PutFileHeader,
+        request_iterator: AsyncIterator[pb.PutFileRequest],
+        *,
+        from_tool: bool,
+    ) -> pb.PutFileResponse:
         """A workspace write: the file at ``header.path`` replaced whole. Only the services' tool
         writes may keep source code, or count as the conversation's own content; a write by anyone
         else is an upload (it taints the session)."""
         if header.filename or header.kind != pb.FILE_KIND_UNSPECIFIED:
             raise InvalidArgument("header.path", "a write at a path takes neither filename nor kind")
         sid = str(session_id)
-        upload = await _begun(asyncio.to_thread(self.files.begin_write, sid, header.path,
-                                                own=from_tool and not header.outside_content,
-                                                scripts_allowed=from_tool))
+        upload = await _begun(
+            asyncio.to_thread(
+                self.files.begin_write,
+                sid,
+                header.path,
+                own=from_tool and not header.outside_content,
+                scripts_allowed=from_tool,
+            )
+        )
         try:
             async for part in request_iterator:
                 if part.HasField("header"):
@@ -780,16 +884,19 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             return pb.ListFilesResponse(token=token, unchanged=True)
         return pb.ListFilesResponse(files=[_file_info(f) for f in files], token=token)
 
-
     # -- what the agent remembers about the caller -------------------------------------------
     async def GetMemory(self, request, context):
         owner = caller().sub
         memory = await self.repo.owner_memory.read(owner)
         caps = self.repo.owner_memory.caps
         return pb.GetMemoryResponse(
-            revision=memory.revision, entries=[convert.memory_entry(r) for r in memory.entries],
+            revision=memory.revision,
+            entries=[convert.memory_entry(r) for r in memory.entries],
             pending=[convert.pending_memory_write(r) for r in memory.pending],
-            max_entries=caps.max_entries, max_chars=caps.max_chars, chars=sum(len(r["text"]) for r in memory.entries))
+            max_entries=caps.max_entries,
+            max_chars=caps.max_chars,
+            chars=sum(len(r["text"]) for r in memory.entries),
+        )
 
     async def EditMemory(self, request, context):
         identity = caller()
@@ -806,8 +913,12 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             # whoever asks for it: an order planted in that content reads like the user's own.
             hold = hold or (await self.repo.sessions.get_session(identity, session_id))["untrusted_ingested"]
         result = await self.repo.owner_memory.edit(
-            identity.sub, MemoryEdit(action, text, request.entry_id, request.old_text),
-            expected_revision=_expected(request), session_id=session_id, hold=hold)
+            identity.sub,
+            MemoryEdit(action, text, request.entry_id, request.old_text),
+            expected_revision=_expected(request),
+            session_id=session_id,
+            hold=hold,
+        )
         response = pb.EditMemoryResponse(revision=result.revision)
         if result.entry is not None:
             response.entry.CopyFrom(convert.memory_entry(result.entry))
@@ -829,8 +940,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.RejectMemoryWriteResponse()
 
 
-MEMORY_ACTIONS = {pb.MEMORY_ACTION_ADD: "add", pb.MEMORY_ACTION_REPLACE: "replace",
-                  pb.MEMORY_ACTION_REMOVE: "remove"}
+MEMORY_ACTIONS = {pb.MEMORY_ACTION_ADD: "add", pb.MEMORY_ACTION_REPLACE: "replace", pb.MEMORY_ACTION_REMOVE: "remove"}
 
 
 def _held_id(value: int) -> int:
@@ -843,13 +953,16 @@ def checked_model(raw: str) -> str:
     """An `embed_model` field: empty (the store's), or an Ollama model name."""
     model = raw.strip()
     if len(model) > MAX_MODEL_NAME or any(c.isspace() or not c.isprintable() for c in model):
-        raise InvalidArgument("embed_model", f"must be an Ollama model name (at most {MAX_MODEL_NAME} "
-                                             "characters, no spaces)")
+        raise InvalidArgument(
+            "embed_model", f"must be an Ollama model name (at most {MAX_MODEL_NAME} characters, no spaces)"
+        )
     return model
 
 
 # Every user's prompt sizes and character mixes, by model: what the Compressor calibrates with.
-OBSERVATIONS_FOR_SERVICES = "calibration observations (every user's prompt sizes) are read by the Palimpsest services only"
+OBSERVATIONS_FOR_SERVICES = (
+    "calibration observations (every user's prompt sizes) are read by the Palimpsest services only"
+)
 # A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
 MAX_CLEANUP_DAYS = 36_500
 
@@ -866,6 +979,11 @@ def _observation(row) -> pb.Observation:
 def _file_info(info) -> common_pb2.FileInfo:
     # The path is the name within the session's folder: where the store keeps its files is its
     # own business (and the absolute path named the session id to anyone shown it).
-    return common_pb2.FileInfo(name=info.name, path=info.name, size=info.size, sha256=info.sha256,
-                               content_type=info.content_type, outside_content=info.outside_content)
-
+    return common_pb2.FileInfo(
+        name=info.name,
+        path=info.name,
+        size=info.size,
+        sha256=info.sha256,
+        content_type=info.content_type,
+        outside_content=info.outside_content,
+    )

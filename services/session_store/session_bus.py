@@ -46,7 +46,7 @@ def notify_payloads(message: bytes, message_id: str) -> list[str]:
     """The NOTIFY payloads that carry one encoded message."""
     text = base64.b64encode(message).decode()
     step = PART_BYTES // 3 * 4
-    parts = [text[i:i + step] for i in range(0, len(text), step)] or [""]
+    parts = [text[i : i + step] for i in range(0, len(text), step)] or [""]
     return [f"{message_id}:{i}:{len(parts)}:{part}" for i, part in enumerate(parts)]
 
 
@@ -131,8 +131,9 @@ class SessionBus:
         self.connection_pid: int | None = None  # the listen connection's backend, for tests and logs
 
     async def publish(self, messages: list[pb.SessionMessage]) -> None:
-        payloads = [part for message in messages
-                    for part in notify_payloads(message.SerializeToString(), secrets.token_hex(8))]
+        payloads = [
+            part for message in messages for part in notify_payloads(message.SerializeToString(), secrets.token_hex(8))
+        ]
         # One statement, one transaction: the parts reach every listener together, in this order.
         await self._pool.execute("SELECT count(pg_notify($1, p)) FROM unnest($2::text[]) AS p", CHANNEL, payloads)
 

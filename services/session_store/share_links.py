@@ -41,8 +41,9 @@ def load_key(configured: str, data_dir: Path) -> bytes:
     first use. Every store replica must use the same key, or links made by one fail on another."""
     if configured:
         if len(configured) < MIN_KEY_CHARS:
-            raise SystemExit(f"PALIMPSEST_SHARE_KEY must be at least {MIN_KEY_CHARS} characters "
-                             "(e.g. `openssl rand -hex 32`)")
+            raise SystemExit(
+                f"PALIMPSEST_SHARE_KEY must be at least {MIN_KEY_CHARS} characters (e.g. `openssl rand -hex 32`)"
+            )
         return configured.encode()
     return _key_file(data_dir / KEY_FILE)
 
@@ -73,6 +74,7 @@ def _key_file(path: Path) -> bytes:
 def _read_key(path: Path) -> bytes:
     text = path.read_text().strip()
     if len(text) < MIN_KEY_CHARS:
-        raise SystemExit(f"{path} holds no usable share key; delete it to make a new one "
-                         "(every existing share link stops working)")
+        raise SystemExit(
+            f"{path} holds no usable share key; delete it to make a new one (every existing share link stops working)"
+        )
     return text.encode()

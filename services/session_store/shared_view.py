@@ -108,7 +108,7 @@ def _scrub(message: ProtoMessage, text: Callable[[str], str]) -> None:
 def _scrub_map(entries: Any, entry: Descriptor, text: Callable[[str], str]) -> None:
     """A map's keys and values: a Struct's keys may be ids or paths too."""
     key_type, value_type = entry.fields_by_name["key"].type, entry.fields_by_name["value"].type
-    same = (lambda v: v)
+    same = lambda v: v
     new_key = text if key_type == FieldDescriptor.TYPE_STRING else same
     if value_type == FieldDescriptor.TYPE_MESSAGE:
         items = []

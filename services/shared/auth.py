@@ -125,7 +125,8 @@ def _authorization(metadata) -> tuple[tuple[str, str], ...]:
 # while serving it. SERVICE_CREDENTIALS instead: the call is made on the services' own behalf.
 SERVICE_CREDENTIALS = None
 _credentials: contextvars.ContextVar[tuple[tuple[str, str], ...] | None] = contextvars.ContextVar(
-    "palimpsest_credentials", default=())
+    "palimpsest_credentials", default=()
+)
 
 
 def serve_caller(invocation_metadata) -> None:

@@ -8,10 +8,10 @@ import json
 
 import grpc
 
+from services.shared import tls, tracing
 from services.shared.addresses import channel_target
 from services.shared.auth import outgoing_credentials
 from services.shared.errors import PalimpsestError, Unavailable, from_rpc_error
-from services.shared import tls, tracing
 from services.shared.server import channel_options, settings_tls
 from services.shared.settings import Settings
 
@@ -24,20 +24,27 @@ _RETRY = {
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
 # Calls that may rightly take long: a compression waits for a summary, files stream megabytes.
-LONG_CALLS = frozenset({
-    "/palimpsest.v1.Compressor/Compress",
-    "/palimpsest.v1.SessionStore/PutFile",
-    "/palimpsest.v1.SessionStore/GetFile",
-})
+LONG_CALLS = frozenset(
+    {
+        "/palimpsest.v1.Compressor/Compress",
+        "/palimpsest.v1.SessionStore/PutFile",
+        "/palimpsest.v1.SessionStore/GetFile",
+    }
+)
 _SERVICE_CONFIG = {
     "loadBalancingConfig": [{"round_robin": {}}],
-    "methodConfig": [{"name": [{"service": "palimpsest.v1.SessionStore"}, {"service": "palimpsest.v1.Compressor"}],
-                      "retryPolicy": _RETRY}],
+    "methodConfig": [
+        {
+            "name": [{"service": "palimpsest.v1.SessionStore"}, {"service": "palimpsest.v1.Compressor"}],
+            "retryPolicy": _RETRY,
+        }
+    ],
 }
 
 
-class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
-                      grpc.aio.StreamUnaryClientInterceptor):
+class DefaultDeadline(
+    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamUnaryClientInterceptor
+):
     """A deadline on every call whose caller sets none: one hung store or Compressor must never
     hold a turn (and its session) forever. (Not the service config's `timeout`: gRPC 1.85 ended
     calls after ~0.15 s of a configured 2 s, measured through a frozen connection.) Not on a
@@ -55,8 +62,13 @@ class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStream
     def _with_deadline(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         if details.timeout is not None:
             return details
-        return grpc.aio.ClientCallDetails(details.method, self.timeout_for(details.method), details.metadata,
-                                          details.credentials, details.wait_for_ready)
+        return grpc.aio.ClientCallDetails(
+            details.method,
+            self.timeout_for(details.method),
+            details.metadata,
+            details.credentials,
+            details.wait_for_ready,
+        )
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._with_deadline(client_call_details), request)
@@ -68,8 +80,9 @@ class DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStream
         return await continuation(self._with_deadline(client_call_details), request_iterator)
 
 
-class ServiceCalls(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
-                   grpc.aio.StreamUnaryClientInterceptor):
+class ServiceCalls(
+    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamUnaryClientInterceptor
+):
     """Every call to ``service``: carries the credentials of the caller being served (or the
     services' own, under ``auth.as_service()``), and a failed call raises the PalimpsestError for its
     status, naming ``service`` and ``address`` when it is down — so no call site handles
@@ -90,8 +103,13 @@ class ServiceCalls(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamCli
         return metadata
 
     def _with_credentials(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        return grpc.aio.ClientCallDetails(details.method, details.timeout, self.with_credentials(details.metadata),
-                                          details.credentials, details.wait_for_ready)
+        return grpc.aio.ClientCallDetails(
+            details.method,
+            details.timeout,
+            self.with_credentials(details.metadata),
+            details.credentials,
+            details.wait_for_ready,
+        )
 
     def error(self, exc: grpc.aio.AioRpcError) -> PalimpsestError:
         return from_rpc_error(exc, self.service, self.address)
@@ -174,9 +192,12 @@ def each_kind(*interceptors) -> list[grpc.aio.ClientInterceptor]:
     interceptor under the first kind it is an instance of only, so one class serving all kinds
     would silently skip the streams (server streams such as Compress, and PutFile, went without
     their default deadline that way)."""
-    kinds = ((grpc.aio.UnaryUnaryClientInterceptor, _UnaryUnary), (grpc.aio.UnaryStreamClientInterceptor, _UnaryStream),
-             (grpc.aio.StreamUnaryClientInterceptor, _StreamUnary),
-             (grpc.aio.StreamStreamClientInterceptor, _StreamStream))
+    kinds = (
+        (grpc.aio.UnaryUnaryClientInterceptor, _UnaryUnary),
+        (grpc.aio.UnaryStreamClientInterceptor, _UnaryStream),
+        (grpc.aio.StreamUnaryClientInterceptor, _StreamUnary),
+        (grpc.aio.StreamStreamClientInterceptor, _StreamStream),
+    )
     return [adapter(i) for base, adapter in kinds for i in interceptors if isinstance(i, base)]
 
 
@@ -191,12 +212,19 @@ class _DirectUnary:
         self._timeout = deadline.timeout_for(method)
         self._calls = calls
 
-    def __call__(self, request, *, timeout=None, metadata=None, credentials=None, wait_for_ready=None,
-                 compression=None):
+    def __call__(
+        self, request, *, timeout=None, metadata=None, credentials=None, wait_for_ready=None, compression=None
+    ):
         if self._calls is not None:
             metadata = self._calls.with_credentials(metadata)
-        call = self._inner(request, timeout=self._timeout if timeout is None else timeout, metadata=metadata,
-                           credentials=credentials, wait_for_ready=wait_for_ready, compression=compression)
+        call = self._inner(
+            request,
+            timeout=self._timeout if timeout is None else timeout,
+            metadata=metadata,
+            credentials=credentials,
+            wait_for_ready=wait_for_ready,
+            compression=compression,
+        )
         return call if self._calls is None else _Answered(call, self._calls)
 
 
@@ -209,12 +237,26 @@ class _DirectStream:
         self._inner = inner
         self._calls = calls
 
-    def __call__(self, request_iterator=None, *, timeout=None, metadata=None, credentials=None, wait_for_ready=None,
-                 compression=None):
+    def __call__(
+        self,
+        request_iterator=None,
+        *,
+        timeout=None,
+        metadata=None,
+        credentials=None,
+        wait_for_ready=None,
+        compression=None,
+    ):
         if self._calls is not None:
             metadata = self._calls.with_credentials(metadata)
-        call = self._inner(request_iterator, timeout=timeout, metadata=metadata, credentials=credentials,
-                           wait_for_ready=wait_for_ready, compression=compression)
+        call = self._inner(
+            request_iterator,
+            timeout=timeout,
+            metadata=metadata,
+            credentials=credentials,
+            wait_for_ready=wait_for_ready,
+            compression=compression,
+        )
         return call if self._calls is None else _MappedStream(call, self._calls)
 
 
@@ -250,8 +292,13 @@ class _ServiceChannel:
     _DirectStream; every other kind of call, and everything else, is the wrapped channel's (its
     interceptors handle those streams)."""
 
-    def __init__(self, channel: grpc.aio.Channel, deadline: DefaultDeadline, calls: ServiceCalls | None,
-                 direct_unary: bool = True):
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        deadline: DefaultDeadline,
+        calls: ServiceCalls | None,
+        direct_unary: bool = True,
+    ):
         self._channel = channel
         self._deadline = deadline
         self._calls = calls
@@ -280,8 +327,11 @@ def open_channel(addresses: str, settings: Settings, *, service: str = "") -> gr
     """A channel to ``addresses`` (one, or replicas). With ``service`` (its name as errors say it) a
     service's own channel: calls carry the served caller's credentials and raise PalimpsestErrors
     (ServiceCalls); without, a plain client's (tests, benchmarks) that sees the raw statuses."""
-    options = [*channel_options(settings), ("grpc.service_config", json.dumps(_SERVICE_CONFIG)),
-               ("grpc.enable_retries", 1)]
+    options = [
+        *channel_options(settings),
+        ("grpc.service_config", json.dumps(_SERVICE_CONFIG)),
+        ("grpc.enable_retries", 1),
+    ]
     # The span innermost: it sees the call as sent (deadline, credentials) and its raw status.
     deadline = DefaultDeadline(settings.rpc_timeout_s, settings.compress_timeout_s)
     calls = ServiceCalls(service, addresses, settings) if service else None
@@ -291,8 +341,9 @@ def open_channel(addresses: str, settings: Settings, *, service: str = "") -> gr
         interceptors = [i for i in interceptors if not isinstance(i, grpc.aio.UnaryUnaryClientInterceptor)]
     credentials = settings_tls(lambda: tls.channel_credentials(settings.tls_ca, settings.tls_cert, settings.tls_key))
     if credentials is not None:
-        channel = grpc.aio.secure_channel(channel_target(addresses), credentials, options=options,
-                                          interceptors=interceptors)
+        channel = grpc.aio.secure_channel(
+            channel_target(addresses), credentials, options=options, interceptors=interceptors
+        )
     else:
         channel = grpc.aio.insecure_channel(channel_target(addresses), options=options, interceptors=interceptors)
     return _ServiceChannel(channel, deadline, calls, direct_unary=not traced)  # type: ignore[return-value]

@@ -38,28 +38,63 @@ _SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
 )
 _RIFF_FORMS = {b"WEBP": "image/webp", b"WAVE": "audio/wav", b"AVI ": "video/x-msvideo"}
 # ISO base media files ("....ftyp<brand>"): the brand says what the box holds.
-_FTYP_BRANDS = {b"M4A ": "audio/mp4", b"M4B ": "audio/mp4", b"qt  ": "video/quicktime",
-                b"avif": "image/avif", b"avis": "image/avif", b"heic": "image/heic", b"heix": "image/heic",
-                b"mif1": "image/heic", b"msf1": "image/heic"}
+_FTYP_BRANDS = {
+    b"M4A ": "audio/mp4",
+    b"M4B ": "audio/mp4",
+    b"qt  ": "video/quicktime",
+    b"avif": "image/avif",
+    b"avis": "image/avif",
+    b"heic": "image/heic",
+    b"heix": "image/heic",
+    b"mif1": "image/heic",
+    b"msf1": "image/heic",
+}
 # Types whose files are text: a text body under one of these names keeps the name's type.
-_TEXT_BASED = frozenset({"image/svg+xml", "application/json", "application/xml", "application/javascript",
-                         "application/x-javascript", "application/ecmascript", "application/x-sh",
-                         "application/x-python-code", "application/toml", "application/yaml",
-                         "application/x-yaml", "application/sql", "application/x-tex", "application/rtf",
-                         "application/xhtml+xml", "model/gltf+json", "model/stl", "model/obj"})
+_TEXT_BASED = frozenset(
+    {
+        "image/svg+xml",
+        "application/json",
+        "application/xml",
+        "application/javascript",
+        "application/x-javascript",
+        "application/ecmascript",
+        "application/x-sh",
+        "application/x-python-code",
+        "application/toml",
+        "application/yaml",
+        "application/x-yaml",
+        "application/sql",
+        "application/x-tex",
+        "application/rtf",
+        "application/xhtml+xml",
+        "model/gltf+json",
+        "model/stl",
+        "model/obj",
+    }
+)
 # A built-in table only: the module-level mimetypes functions also read the host's /etc/mime.types,
 # which would make content types differ by machine.
 _MIME = mimetypes.MimeTypes()
-for _ext, _type in ((".stl", "model/stl"), (".gltf", "model/gltf+json"), (".glb", "model/gltf-binary"),
-                    (".obj", "model/obj"), (".ts", "video/mp2t"), (".md", "text/markdown"),
-                    (".yaml", "application/yaml"), (".yml", "application/yaml"), (".toml", "application/toml"),
-                    (".webm", "video/webm"), (".flac", "audio/flac"), (".opus", "audio/ogg")):
+for _ext, _type in (
+    (".stl", "model/stl"),
+    (".gltf", "model/gltf+json"),
+    (".glb", "model/gltf-binary"),
+    (".obj", "model/obj"),
+    (".ts", "video/mp2t"),
+    (".md", "text/markdown"),
+    (".yaml", "application/yaml"),
+    (".yml", "application/yaml"),
+    (".toml", "application/toml"),
+    (".webm", "video/webm"),
+    (".flac", "audio/flac"),
+    (".opus", "audio/ogg"),
+):
     _MIME.add_type(_type, _ext)
 
 
 def _signature_type(head: bytes) -> str | None:
     for offset, signature, mime in _SIGNATURES:
-        if head[offset:offset + len(signature)] == signature:
+        if head[offset : offset + len(signature)] == signature:
             return mime
     if head[:4] == b"RIFF" and head[8:12] in _RIFF_FORMS:
         return _RIFF_FORMS[head[8:12]]
@@ -74,7 +109,7 @@ def _signature_type(head: bytes) -> str | None:
 _TEXT_CONTROLS = frozenset(b"\t\n\r\f\x1b")
 # Every byte text may hold; deleting them leaves the ones it never does (in C: a listing sniffs
 # every file of a workspace).
-_TEXT_BYTES = bytes(b for b in range(256) if not ((b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7f))
+_TEXT_BYTES = bytes(b for b in range(256) if not ((b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7F))
 
 
 def _text_of(head: bytes) -> str | None:
@@ -84,7 +119,7 @@ def _text_of(head: bytes) -> str | None:
         return None
     for cut in range(4):  # the head may end inside a multi-byte character
         try:
-            return head[:len(head) - cut].decode("utf-8")
+            return head[: len(head) - cut].decode("utf-8")
         except UnicodeDecodeError:
             continue
     return None

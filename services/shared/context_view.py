@@ -49,9 +49,7 @@ TRUNCATABLE_ROLES = frozenset({"assistant", "tool"})
 
 def message_chars(message: Message) -> int:
     """Characters of a message as sent: content plus each tool call's name and arguments."""
-    return len(message.content) + sum(
-        len(call.name) + len(call.arguments_json) for call in message.tool_calls
-    )
+    return len(message.content) + sum(len(call.name) + len(call.arguments_json) for call in message.tool_calls)
 
 
 def view_chars(messages: Sequence[Message]) -> int:
@@ -204,8 +202,9 @@ def truncate_oversized(
     return view
 
 
-def heuristic_view(messages: Sequence[Message], budget_tokens: int,
-                   budgets: dict[int, int] | None = None) -> list[Message]:
+def heuristic_view(
+    messages: Sequence[Message], budget_tokens: int, budgets: dict[int, int] | None = None
+) -> list[Message]:
     """The view without the model's tokenizer: oversized messages cut at the fixed chars / 1.8 rate
     (the Compressor's fallback, and the Agent's while the Compressor is away)."""
     return truncate_oversized(messages, budget_tokens, heuristic_tokens, budgets)

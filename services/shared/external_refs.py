@@ -77,8 +77,9 @@ def _validated(ref: ExternalRef, prefix: str, now: datetime | None) -> ExternalR
     return replace(ref, created_at=_utc(ref.created_at, now))
 
 
-def refs_from_proto(refs: Sequence[common_pb2.ExternalRef], *, field: str = "external_refs",
-                    now: datetime | None = None) -> list[ExternalRef]:
+def refs_from_proto(
+    refs: Sequence[common_pb2.ExternalRef], *, field: str = "external_refs", now: datetime | None = None
+) -> list[ExternalRef]:
     """The refs of a request, each validated (errors name ``<field>[<index>]``), at most
     MAX_REFS_PER_REQUEST of them."""
     if len(refs) > MAX_REFS_PER_REQUEST:
@@ -91,8 +92,9 @@ def refs_from_proto(refs: Sequence[common_pb2.ExternalRef], *, field: str = "ext
             raise InvalidArgument(f"{prefix}.created_at", problem)
         stamped = ref.HasField("created_at") and (ref.created_at.seconds or ref.created_at.nanos)
         created = ref.created_at.ToDatetime(tzinfo=timezone.utc) if stamped else None  # the epoch: unset
-        validated.append(_validated(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), prefix,
-                                    now))
+        validated.append(
+            _validated(ExternalRef(ref.kind, ref.uri, ref.created_by, ref.read_only, created), prefix, now)
+        )
     return validated
 
 
@@ -126,9 +128,7 @@ def _check_created_by(created_by: object, field: str) -> None:
     if not isinstance(created_by, str) or not created_by:
         raise InvalidArgument(field, "must be a non-empty string")
     if len(created_by) > CREATED_BY_MAX_CHARS:
-        raise InvalidArgument(
-            field, f"must be at most {CREATED_BY_MAX_CHARS} characters, got {len(created_by)}"
-        )
+        raise InvalidArgument(field, f"must be at most {CREATED_BY_MAX_CHARS} characters, got {len(created_by)}")
     # Not in the original rules, but created_by is echoed into audit lines just
     # like the URI, so the same forging concern applies.
     bad = _CONTROL.search(created_by)
@@ -146,8 +146,9 @@ def _utc(created_at: datetime | None, now: datetime | None) -> datetime:
     return created_at.astimezone(timezone.utc)
 
 
-def merge_refs(existing: Iterable[ExternalRef], new: Iterable[ExternalRef], *,
-               field: str = "external_refs") -> list[ExternalRef]:
+def merge_refs(
+    existing: Iterable[ExternalRef], new: Iterable[ExternalRef], *, field: str = "external_refs"
+) -> list[ExternalRef]:
     """Return ``existing`` followed by the refs of ``new`` not already present.
 
     Merging only ever adds: a continue that omits a ref does not drop it.  The
@@ -169,8 +170,10 @@ def check_room(stored: int, adding: int, field: str = "external_refs") -> None:
     """Refuse ``adding`` new refs to a session holding ``stored`` when that passes
     MAX_REFS_PER_SESSION; a session already past it (refs stored before the cap) keeps them."""
     if adding and stored + adding > MAX_REFS_PER_SESSION:
-        raise ResourceExhausted(f"{field}: the session holds {stored:,} refs and this adds {adding:,}; a session "
-                                f"keeps at most {MAX_REFS_PER_SESSION:,} (refs are never removed)")
+        raise ResourceExhausted(
+            f"{field}: the session holds {stored:,} refs and this adds {adding:,}; a session "
+            f"keeps at most {MAX_REFS_PER_SESSION:,} (refs are never removed)"
+        )
 
 
 def parse_ref_flag(text: str, *, now: datetime | None = None) -> ExternalRef:

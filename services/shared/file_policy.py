@@ -22,14 +22,87 @@ LINK_PREFIX = "palimpsest://sessions/"
 # the content check still catches it if it starts with a shebang.
 EXECUTABLE_EXTENSIONS = frozenset(
     {
-        ".sh", ".bash", ".zsh", ".ksh", ".csh", ".fish", ".command", ".desktop", ".cgi",
-        ".py", ".pyc", ".pyo", ".pyw", ".pyz", ".pl", ".rb", ".php", ".lua", ".tcl",
-        ".js", ".mjs", ".cjs", ".jse", ".vbs", ".vbe", ".vb", ".wsf", ".wsh", ".ws", ".wsc", ".sct",
-        ".ps1", ".psm1", ".psd1", ".ps1xml", ".psc1", ".msh", ".ps", ".eps",  # PowerShell; PostScript
-        ".exe", ".bat", ".cmd", ".com", ".pif", ".scr", ".cpl", ".msc", ".hta", ".chm", ".inf", ".reg",
-        ".lnk", ".url", ".scf", ".msi", ".msp", ".mst", ".msix", ".appx", ".application", ".gadget",
-        ".dll", ".so", ".dylib", ".bin", ".app", ".jar", ".class", ".jnlp", ".wasm", ".dex", ".apk",
-        ".elf", ".run", ".out", ".appimage", ".deb", ".rpm", ".pkg", ".dmg", ".xll",
+        ".sh",
+        ".bash",
+        ".zsh",
+        ".ksh",
+        ".csh",
+        ".fish",
+        ".command",
+        ".desktop",
+        ".cgi",
+        ".py",
+        ".pyc",
+        ".pyo",
+        ".pyw",
+        ".pyz",
+        ".pl",
+        ".rb",
+        ".php",
+        ".lua",
+        ".tcl",
+        ".js",
+        ".mjs",
+        ".cjs",
+        ".jse",
+        ".vbs",
+        ".vbe",
+        ".vb",
+        ".wsf",
+        ".wsh",
+        ".ws",
+        ".wsc",
+        ".sct",
+        ".ps1",
+        ".psm1",
+        ".psd1",
+        ".ps1xml",
+        ".psc1",
+        ".msh",
+        ".ps",
+        ".eps",  # PowerShell; PostScript
+        ".exe",
+        ".bat",
+        ".cmd",
+        ".com",
+        ".pif",
+        ".scr",
+        ".cpl",
+        ".msc",
+        ".hta",
+        ".chm",
+        ".inf",
+        ".reg",
+        ".lnk",
+        ".url",
+        ".scf",
+        ".msi",
+        ".msp",
+        ".mst",
+        ".msix",
+        ".appx",
+        ".application",
+        ".gadget",
+        ".dll",
+        ".so",
+        ".dylib",
+        ".bin",
+        ".app",
+        ".jar",
+        ".class",
+        ".jnlp",
+        ".wasm",
+        ".dex",
+        ".apk",
+        ".elf",
+        ".run",
+        ".out",
+        ".appimage",
+        ".deb",
+        ".rpm",
+        ".pkg",
+        ".dmg",
+        ".xll",
     }
 )
 
@@ -39,17 +112,21 @@ EXECUTABLE_EXTENSIONS = frozenset(
 _EXECUTABLE_MAGICS = (
     b"\x7fELF",
     b"MZ",  # DOS/PE
-    b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe",  # Mach-O 32-bit
-    b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",  # Mach-O 64-bit
-    b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca",  # fat binary / Java class
+    b"\xfe\xed\xfa\xce",
+    b"\xce\xfa\xed\xfe",  # Mach-O 32-bit
+    b"\xfe\xed\xfa\xcf",
+    b"\xcf\xfa\xed\xfe",  # Mach-O 64-bit
+    b"\xca\xfe\xba\xbe",
+    b"\xbe\xba\xfe\xca",  # fat binary / Java class
     b"#!",  # interpreter script
     b"\x00asm",  # WebAssembly
     b"dex\n0",  # Android (Dalvik) bytecode, "dex\n035\0" and later
     b"L\x00\x00\x00\x01\x14\x02\x00",  # Windows shortcut (.lnk)
     b"%!PS",  # PostScript: a program its viewers run
 )
-PROGRAM_CONTENT = ("its content starts like one (#!, or the header of an executable, WebAssembly, "
-                   "PostScript or a shortcut)")
+PROGRAM_CONTENT = (
+    "its content starts like one (#!, or the header of an executable, WebAssembly, PostScript or a shortcut)"
+)
 
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._ -]")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -58,8 +135,10 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def refused_as_program(name: str, why: str, *, by_name: bool = True) -> str:
     """Why a file was refused, and what a session does take."""
     other_name = f"attach it under a text name such as {name + '.txt'!r}, or " if by_name else ""
-    return (f"{name!r} is refused: a session keeps no programs or scripts, and {why}. Text, data, documents "
-            f"and images are accepted; to show the model code, {other_name}paste it into your message")
+    return (
+        f"{name!r} is refused: a session keeps no programs or scripts, and {why}. Text, data, documents "
+        f"and images are accepted; to show the model code, {other_name}paste it into your message"
+    )
 
 
 def split_extension(name: str) -> tuple[str, str]:
@@ -136,8 +215,10 @@ def unseen_character_problem(name: str) -> str:
     for char in name:
         category = unicodedata.category(char)
         if category in ("Cc", "Cf", "Zl", "Zp") or (category == "Zs" and char != " "):
-            return (f"{name!r} holds U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
-                    "which does not show as what it is: name the file without it")
+            return (
+                f"{name!r} holds U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
+                "which does not show as what it is: name the file without it"
+            )
     if name != name.strip(" ") or name.endswith("."):
         return f"{name!r} begins or ends with a space, or ends with a dot, which file systems drop"
     return ""
@@ -158,7 +239,7 @@ def parse_file_link(link: str) -> tuple[str, str] | None:
     """(session id, file name) of a link made by :func:`file_link`; None for anything else."""
     if not link.startswith(LINK_PREFIX):
         return None
-    session_id, sep, name = link[len(LINK_PREFIX):].partition("/files/")
+    session_id, sep, name = link[len(LINK_PREFIX) :].partition("/files/")
     if not sep or not session_id or not name or "/" in session_id:
         return None
     return session_id, unquote(name)

@@ -24,6 +24,7 @@ MIN_TOKENS = 256
 MAX_TOKENS = 4096
 DEFAULT_FALLBACK_TOKENS = 1024
 
+
 class _TooLarge(Exception):
     """The header is readable but declares more pixels than Pillow agrees to open."""
 

@@ -36,20 +36,37 @@ _SUMMARY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 # |count − reported| ÷ reported: exact counts land under 1%, a bare heuristic can miss by half.
 _ERROR_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
-RPC_SECONDS = Histogram("palimpsest_rpc_duration_seconds", "Time to serve one RPC, by method and status code",
-                        ["method", "code"], buckets=_RPC_BUCKETS)
+RPC_SECONDS = Histogram(
+    "palimpsest_rpc_duration_seconds",
+    "Time to serve one RPC, by method and status code",
+    ["method", "code"],
+    buckets=_RPC_BUCKETS,
+)
 TURNS = Counter("palimpsest_turns_total", "Turns ended (their stream_end), by end reason", ["reason"])
-MODEL_TOKENS = Counter("palimpsest_model_tokens_total",
-                       "Tokens the model reported per call: prompt tokens in, generated tokens out", ["direction"])
-COMPRESSIONS = Counter("palimpsest_compressions_total", "Compressions committed, by path and reason",
-                       ["path", "reason"])
-SUMMARY_SECONDS = Histogram("palimpsest_summary_duration_seconds", "One summarizer call to the model, by outcome",
-                            ["outcome"], buckets=_SUMMARY_BUCKETS)
-COUNT_ERROR = Histogram("palimpsest_token_count_error_ratio",
-                        "How far a prompt's count was from the model's report (|count - reported| / reported), "
-                        "by the method that made the count", ["method"], buckets=_ERROR_BUCKETS)
-CUT_PROMPTS = Counter("palimpsest_cut_prompts_total",
-                      "Model reports that proved the prompt was cut (fewer tokens than its content alone)")
+MODEL_TOKENS = Counter(
+    "palimpsest_model_tokens_total",
+    "Tokens the model reported per call: prompt tokens in, generated tokens out",
+    ["direction"],
+)
+COMPRESSIONS = Counter(
+    "palimpsest_compressions_total", "Compressions committed, by path and reason", ["path", "reason"]
+)
+SUMMARY_SECONDS = Histogram(
+    "palimpsest_summary_duration_seconds",
+    "One summarizer call to the model, by outcome",
+    ["outcome"],
+    buckets=_SUMMARY_BUCKETS,
+)
+COUNT_ERROR = Histogram(
+    "palimpsest_token_count_error_ratio",
+    "How far a prompt's count was from the model's report (|count - reported| / reported), "
+    "by the method that made the count",
+    ["method"],
+    buckets=_ERROR_BUCKETS,
+)
+CUT_PROMPTS = Counter(
+    "palimpsest_cut_prompts_total", "Model reports that proved the prompt was cut (fewer tokens than its content alone)"
+)
 
 
 def _enum_label(enum, value: int, prefix: str) -> str:
@@ -110,13 +127,17 @@ class _PoolCollector(Collector):
             self._pools = pools = [p for p in self._pools if not p.is_closing()]
         size = sum(p.get_size() for p in pools)
         idle = sum(p.get_idle_size() for p in pools)
-        in_use = GaugeMetricFamily("palimpsest_db_pool_connections", "Database pool connections, by state",
-                                   labels=["state"])
+        in_use = GaugeMetricFamily(
+            "palimpsest_db_pool_connections", "Database pool connections, by state", labels=["state"]
+        )
         in_use.add_metric(["in_use"], size - idle)
         in_use.add_metric(["idle"], idle)
         yield in_use
-        yield GaugeMetricFamily("palimpsest_db_pool_max_connections", "The database pools' size limit",
-                                value=sum(p.get_max_size() for p in pools))
+        yield GaugeMetricFamily(
+            "palimpsest_db_pool_max_connections",
+            "The database pools' size limit",
+            value=sum(p.get_max_size() for p in pools),
+        )
 
 
 _POOLS = _PoolCollector()
@@ -136,15 +157,19 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        for kind, make in ((handler.unary_unary, grpc.unary_unary_rpc_method_handler),
-                           (handler.unary_stream, grpc.unary_stream_rpc_method_handler),
-                           (handler.stream_unary, grpc.stream_unary_rpc_method_handler),
-                           (handler.stream_stream, grpc.stream_stream_rpc_method_handler)):
+        for kind, make in (
+            (handler.unary_unary, grpc.unary_unary_rpc_method_handler),
+            (handler.unary_stream, grpc.unary_stream_rpc_method_handler),
+            (handler.stream_unary, grpc.stream_unary_rpc_method_handler),
+            (handler.stream_stream, grpc.stream_stream_rpc_method_handler),
+        ):
             if kind is not None:
                 streams = kind in (handler.unary_stream, handler.stream_stream)
-                return make((_timed_stream if streams else _timed_unary)(kind, method),
-                            request_deserializer=handler.request_deserializer,
-                            response_serializer=handler.response_serializer)
+                return make(
+                    (_timed_stream if streams else _timed_unary)(kind, method),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
         return handler
 
 
@@ -179,8 +204,13 @@ def timed_as(method: str) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:  # (what the server's error guard will answer for it)
-        code = ("CANCELLED" if isinstance(exc, asyncio.CancelledError) else exc.code.name
-                if isinstance(exc, PalimpsestError) else "INTERNAL")
+        code = (
+            "CANCELLED"
+            if isinstance(exc, asyncio.CancelledError)
+            else exc.code.name
+            if isinstance(exc, PalimpsestError)
+            else "INTERNAL"
+        )
         raise
     finally:
         RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
@@ -210,7 +240,9 @@ class MetricsEndpoint:
         try:
             self._server, self._thread = start_http_server(port, addr=host)
         except OSError as exc:
-            raise SystemExit(f"PALIMPSEST_METRICS_PORT: cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+            raise SystemExit(
+                f"PALIMPSEST_METRICS_PORT: cannot serve metrics on {host}:{port}: {exc.strerror}"
+            ) from None
         self.port: int = self._server.server_port
         log.info("metrics on http://%s:%d/metrics", host, self.port)
 

@@ -31,8 +31,11 @@ class ContextRefused(FailedPrecondition):
 
 # How each engine words that refusal: llama-server's, Ollama's own where a model has no context
 # shift, and the old runners' (which honour `truncate` since v0.12.6).
-CONTEXT_REFUSALS = ("exceeds the available context size", "longer than the context length",
-                    "input length exceeds the context length")
+CONTEXT_REFUSALS = (
+    "exceeds the available context size",
+    "longer than the context length",
+    "input length exceeds the context length",
+)
 
 
 def is_context_refusal(status: int, message: str) -> bool:
@@ -104,8 +107,9 @@ def _error_for(status: int, body: str, model: str, host: str) -> PalimpsestError
     if status == 404:
         return NotFound(f"model '{model}' is not available in Ollama at {host}: run `ollama pull {model}`")
     if is_context_refusal(status, str(message)):
-        return ContextRefused(f"Ollama refused the prompt for model '{model}' as longer than its context window: "
-                              f"{message}")
+        return ContextRefused(
+            f"Ollama refused the prompt for model '{model}' as longer than its context window: {message}"
+        )
     if status == 400:
         return FailedPrecondition(f"Ollama refused the request for model '{model}': {message}")
     return Unavailable(f"Ollama at {host} answered {status}: {message}")
@@ -117,12 +121,11 @@ FACTS_TTL_S = 60.0
 
 
 class OllamaClient:
-    def __init__(self, host: str, *, timeout: float = 600.0, connect_timeout: float = 5.0,
-                 facts_ttl_s: float = FACTS_TTL_S):
+    def __init__(
+        self, host: str, *, timeout: float = 600.0, connect_timeout: float = 5.0, facts_ttl_s: float = FACTS_TTL_S
+    ):
         self.host = host.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.host, timeout=httpx.Timeout(timeout, connect=connect_timeout)
-        )
+        self._http = httpx.AsyncClient(base_url=self.host, timeout=httpx.Timeout(timeout, connect=connect_timeout))
         self._facts: dict[str, tuple[ModelFacts, float]] = {}  # by model: the facts, when read
         self._facts_lock = asyncio.Lock()
         self._facts_ttl_s = facts_ttl_s
@@ -142,8 +145,11 @@ class OllamaClient:
             raise _error_for(response.status_code, response.text, model, self.host)
         # A verbose /api/show (a model's whole vocabulary, ~13 MB) takes Python ~0.1 s to parse: in
         # a thread, so a tokenizer being built never stalls the sessions this replica serves.
-        data = (response.json() if len(response.content) < LARGE_BODY_BYTES
-                else await asyncio.to_thread(json.loads, response.content))
+        data = (
+            response.json()
+            if len(response.content) < LARGE_BODY_BYTES
+            else await asyncio.to_thread(json.loads, response.content)
+        )
         if "error" in data:
             raise _error_for(500, response.text, model, self.host)
         return data
@@ -219,8 +225,9 @@ class OllamaClient:
         never blocks the others. A short ``timeout`` of its own: an embedding sits on a search's
         path, where a slow embedder must cost little."""
         try:
-            response = await self._http.post("/api/embed", json={"model": model, "input": list(texts), "truncate": True},
-                                             timeout=timeout)
+            response = await self._http.post(
+                "/api/embed", json={"model": model, "input": list(texts), "truncate": True}, timeout=timeout
+            )
         except httpx.TransportError as exc:  # timeouts included
             raise _not_running(self.host) from exc
         if response.status_code != 200:
@@ -230,7 +237,9 @@ class OllamaClient:
         except (ValueError, KeyError, TypeError):
             raise Unavailable(f"Ollama at {self.host} answered /api/embed without embeddings") from None
         if not isinstance(vectors, list) or len(vectors) != len(texts):
-            raise Unavailable(f"Ollama at {self.host} answered {len(texts)} texts with a different number of embeddings")
+            raise Unavailable(
+                f"Ollama at {self.host} answered {len(texts)} texts with a different number of embeddings"
+            )
         return vectors
 
     @staticmethod
@@ -267,16 +276,18 @@ class OllamaClient:
         try:
             async with self._http.stream("POST", "/api/chat", json={**body, "stream": True}) as response:
                 if response.status_code != 200:
-                    raise _error_for(response.status_code, (await response.aread()).decode(errors="replace"),
-                                     model, self.host)
+                    raise _error_for(
+                        response.status_code, (await response.aread()).decode(errors="replace"), model, self.host
+                    )
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue
                     try:
                         chunk = json.loads(line)
                     except ValueError:
-                        raise OllamaStreamError(f"Ollama at {self.host} sent a line that is not JSON: "
-                                                f"{line[:200]!r}") from None
+                        raise OllamaStreamError(
+                            f"Ollama at {self.host} sent a line that is not JSON: {line[:200]!r}"
+                        ) from None
                     if "error" in chunk:
                         raise OllamaStreamError(f"Ollama stopped with an error mid-stream: {chunk['error']}")
                     yield chunk

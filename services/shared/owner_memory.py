@@ -17,5 +17,7 @@ def snapshot(revision: int, texts: Sequence[str]) -> dict[str, Any]:
 
 
 def snapshot_proto(stored: Mapping[str, Any]) -> common_pb2.MemorySnapshot:
-    return common_pb2.MemorySnapshot(revision=int(stored.get("revision") or 0),
-                                     entries=[t for t in stored.get("entries") or [] if isinstance(t, str)])
+    return common_pb2.MemorySnapshot(
+        revision=int(stored.get("revision") or 0),
+        entries=[t for t in stored.get("entries") or [] if isinstance(t, str)],
+    )

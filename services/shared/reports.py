@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from palimpsest.v1 import common_pb2, compressor_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2, compressor_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 
 # A report this far under the content's own exact count is a cut prompt; the slack covers tokens
 # that merge across a message's seam with its template (a few per message, never 2% of them).
@@ -33,8 +34,12 @@ def plausible_report(reported: int, shape: common_pb2.PromptShape) -> bool:
     """False when Ollama's count is more than any template could add to the exact content: such
     an observation would swell every later count of the model (the services alone may report, so
     this guards against a broken or compromised one)."""
-    ceiling = (shape.content_tokens + MAX_TEMPLATE_FIXED + MAX_TEMPLATE_PER_MESSAGE * (shape.messages + shape.tool_calls)
-               + MAX_IMAGE_SCALE * shape.image_prior_tokens)
+    ceiling = (
+        shape.content_tokens
+        + MAX_TEMPLATE_FIXED
+        + MAX_TEMPLATE_PER_MESSAGE * (shape.messages + shape.tool_calls)
+        + MAX_IMAGE_SCALE * shape.image_prior_tokens
+    )
     return shape.content_tokens <= 0 or reported <= ceiling
 
 
@@ -62,16 +67,26 @@ def counted_exactly(method: int, shape: common_pb2.PromptShape) -> bool:
     return method == compressor_pb2.ESTIMATE_METHOD_EXACT and shape.content_tokens > 0
 
 
-def judge(reported: int, *, model: str, method: int, shape: common_pb2.PromptShape, window: int,
-          sent_chars: int, had_images: bool) -> Verdict:
+def judge(
+    reported: int,
+    *,
+    model: str,
+    method: int,
+    shape: common_pb2.PromptShape,
+    window: int,
+    sent_chars: int,
+    had_images: bool,
+) -> Verdict:
     """The verdict on a report of ``reported`` tokens for a prompt sized by ``method`` with ``shape``
     and sent with num_ctx ``window``."""
     exact = counted_exactly(method, shape)
     if window > 0 and reported > window:
         return Verdict(problem=f"prompt_eval_count: more than the window of {window} tokens")
     if exact and not plausible_report(reported, shape):
-        return Verdict(problem=f"prompt_eval_count: {reported} tokens is more than any chat template adds to "
-                               f"this prompt's {shape.content_tokens} content tokens")
+        return Verdict(
+            problem=f"prompt_eval_count: {reported} tokens is more than any chat template adds to "
+            f"this prompt's {shape.content_tokens} content tokens"
+        )
     if exact and proves_cut(reported, shape.content_tokens):
         return Verdict(prompt_cut=True)
     # Images are priced apart from the content, so a cut of an image-heavy prompt cannot be proven
@@ -83,6 +98,7 @@ def judge(reported: int, *, model: str, method: int, shape: common_pb2.PromptSha
     if sent_chars > 0 and not had_images:
         # Image tokens are not chars: a prompt with images would bend the line for text. The shape
         # (its characters by class) teaches the per-class rates.
-        return Verdict(learned=True, observation=store_pb.Observation(model=model, chars=sent_chars, tokens=reported,
-                                                                      exact=shape))
+        return Verdict(
+            learned=True, observation=store_pb.Observation(model=model, chars=sent_chars, tokens=reported, exact=shape)
+        )
     return Verdict(learned=True)

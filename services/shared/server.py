@@ -17,20 +17,21 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
+
 # gRPC's refusal of a send on a call that is over: not exported, and without type stubs.
 from grpc._cython.cygrpc import ExecuteBatchError  # type: ignore[import-not-found]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
-from google.protobuf.message import DecodeError, Message as ProtoMessage
 
 from services.shared import tls, tracing
 from services.shared.auth import Identity, identity_from_metadata, serve_caller, serve_identity
 from services.shared.errors import InvalidArgument, PalimpsestError, ResourceExhausted, Unauthenticated
 from services.shared.metrics import MetricsEndpoint, MetricsInterceptor
 from services.shared.reflection import DocumentedPool
-from services.shared.validation import capped, first_nul, first_out_of_range, first_too_long
 from services.shared.settings import Settings
+from services.shared.validation import capped, first_nul, first_out_of_range, first_too_long
 
 log = logging.getLogger("palimpsest.server")
 
@@ -60,12 +61,20 @@ class Admission:
     small_limit: tuple[int, str]
 
     @classmethod
-    def of(cls, settings: Settings, services: Iterable[str], open_methods: Iterable[str] = (),
-           large_requests: Iterable[str] = ()) -> Admission:
+    def of(
+        cls,
+        settings: Settings,
+        services: Iterable[str],
+        open_methods: Iterable[str] = (),
+        large_requests: Iterable[str] = (),
+    ) -> Admission:
         return cls(
-            lambda metadata: identity_from_metadata(metadata, enabled=settings.auth_enabled,
-                                                    secret=settings.jwt_secret),
-            tuple(f"/{name}/" for name in services), frozenset(open_methods), frozenset(large_requests),
+            lambda metadata: identity_from_metadata(
+                metadata, enabled=settings.auth_enabled, secret=settings.jwt_secret
+            ),
+            tuple(f"/{name}/" for name in services),
+            frozenset(open_methods),
+            frozenset(large_requests),
             (settings.max_message_bytes, "PALIMPSEST_MAX_MESSAGE_BYTES"),
             (min(settings.max_small_request_bytes, settings.max_message_bytes), "PALIMPSEST_MAX_SMALL_REQUEST_BYTES"),
         )
@@ -141,6 +150,7 @@ def _refusal(error: PalimpsestError) -> grpc.RpcMethodHandler:
     """A handler that answers ``error`` without reading the request. gRPC receives a unary request
     whole before its handler runs; here nothing asks for it, so HTTP/2 flow control holds the
     sender to a window's worth, dropped when the call ends."""
+
     async def refuse(_requests, context):
         await context.abort(error.code, capped(str(error)))
 
@@ -154,15 +164,18 @@ class Refused:
     error: PalimpsestError
 
 
-def _reading(deserialize: Callable[[bytes], Any] | None, method: str, limit: int,
-             setting: str) -> Callable[[bytes], Any]:
+def _reading(
+    deserialize: Callable[[bytes], Any] | None, method: str, limit: int, setting: str
+) -> Callable[[bytes], Any]:
     """The method's request deserializer, refusing a request over the method's limit before it is
     decoded, and one that does not decode. (gRPC would log a deserializer's exception as the
     servicer's, with its traceback, and answer UNKNOWN.)"""
+
     def read(data: bytes):
         if len(data) > limit:
-            return Refused(ResourceExhausted(f"request: {len(data):,} bytes; {method} takes at most {limit:,} "
-                                             f"({setting})"))
+            return Refused(
+                ResourceExhausted(f"request: {len(data):,} bytes; {method} takes at most {limit:,} ({setting})")
+            )
         if deserialize is None:
             return data
         try:
@@ -205,8 +218,9 @@ class ClientLeftFilter(logging.Filter):
 CLIENT_LEFT_FILTER = ClientLeftFilter()
 
 
-async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str,
-                     translate: Translate | None = None) -> None:
+async def _abort_for(
+    exc: BaseException, context: grpc.aio.ServicerContext, method: str, translate: Translate | None = None
+) -> None:
     if translate is not None and not isinstance(exc, PalimpsestError):
         exc = translate(exc) or exc
     try:
@@ -240,6 +254,7 @@ def _checking_each(fn, deep: bool | None):
     """A client-streaming method whose requests are refused, as a unary call's request is, when the
     servicer reads one that was refused before decoding or (``deep`` not None) one with a NUL or an
     over-long identifying string."""
+
     async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async for request in requests:
             _refuse_bad_request(request, deep)
@@ -296,8 +311,11 @@ def settings_tls(make: Callable[[], T]) -> T:
 def server_options(settings: Settings) -> list[tuple[str, int]]:
     # A GOAWAY after this long (no grace: calls in flight run to their end) makes clients resolve
     # their `dns:///` target again, so replicas added since get their share of new calls.
-    age = ([("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000))]
-           if settings.max_connection_age_s > 0 else [])
+    age = (
+        [("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000))]
+        if settings.max_connection_age_s > 0
+        else []
+    )
     return [
         *age,
         # gRPC shares a port by default (SO_REUSEPORT): a second server on a taken port would start
@@ -384,28 +402,38 @@ async def start_server(
     refuse NUL characters in nested messages too (the store, which keeps every string).
     ``open_methods``: the services' methods called without credentials; ``large_requests``: those
     whose requests may be as large as PALIMPSEST_MAX_MESSAGE_BYTES (see ``Admission``)."""
-    credentials = settings_tls(lambda: tls.server_credentials(settings.tls_cert, settings.tls_key,
-                                                               settings.tls_client_ca))
+    credentials = settings_tls(
+        lambda: tls.server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    )
     names = tuple(service_names)
     # Outermost first: the metrics and the RPC's span see the status the ErrorInterceptor gave.
     interceptors: list[grpc.aio.ServerInterceptor] = [
         *([MetricsInterceptor()] if settings.metrics_port is not None else []),
         *tracing.server_interceptors(),
-        ErrorInterceptor(Admission.of(settings, names, open_methods, large_requests),
-                         deep_nul_check=deep_nul_check, translate=translate),
+        ErrorInterceptor(
+            Admission.of(settings, names, open_methods, large_requests),
+            deep_nul_check=deep_nul_check,
+            translate=translate,
+        ),
     ]
     logging.getLogger("grpc._cython.cygrpc").addFilter(CLIENT_LEFT_FILTER)  # (added once, however many servers)
     server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
-                                        # reflection only asks the pool for files and symbols: a stand-in
-                                        # that adds the comments is all it needs
-                                        pool=DocumentedPool())  # type: ignore[arg-type]
+    reflection.enable_server_reflection(
+        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME),
+        server,
+        # reflection only asks the pool for files and symbols: a stand-in
+        # that adds the comments is all it needs
+        pool=DocumentedPool(),  # type: ignore[arg-type]
+    )
     try:
-        bound = (server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
-                 else server.add_insecure_port(f"{host}:{port}"))
+        bound = (
+            server.add_secure_port(f"{host}:{port}", credentials)
+            if credentials is not None
+            else server.add_insecure_port(f"{host}:{port}")
+        )
     except RuntimeError:  # grpc's own words for it: "Failed to bind to address"
         bound = 0
     if bound == 0:
@@ -455,8 +483,10 @@ def startup_failure(name: str, exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"{name} did not start: {exc.code}"
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return (f"{name} did not start: {type(exc).__name__}{': ' + detail if detail else ''} "
-            f"(set {DEBUG_ENV}=1 for the traceback)")
+    return (
+        f"{name} did not start: {type(exc).__name__}{': ' + detail if detail else ''} "
+        f"(set {DEBUG_ENV}=1 for the traceback)"
+    )
 
 
 def run_service(start, listen_address: Callable[[Settings], str], name: str) -> None:

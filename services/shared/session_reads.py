@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.shared.errors import Aborted
 
 # A write between two parts starts the read over; a session written this often mid-read is busy
@@ -18,12 +19,14 @@ async def whole_context(get_session: GetSession, session_id: str) -> common_pb2.
     """The session in the CONTEXT view with its whole context. One response carries at most half
     the gRPC limit; a bigger context comes in parts, all of one revision."""
     for _ in range(READ_ATTEMPTS):
-        reply = await get_session(store_pb.GetSessionRequest(session_id=session_id,
-                                                             view=store_pb.SESSION_VIEW_CONTEXT))
+        reply = await get_session(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
         session, more = reply.session, reply.has_more_context
         while more:
-            part = await get_session(store_pb.GetSessionRequest(
-                session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT, context_offset=len(session.context)))
+            part = await get_session(
+                store_pb.GetSessionRequest(
+                    session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT, context_offset=len(session.context)
+                )
+            )
             if part.session.revision != session.revision:
                 break
             session.context.extend(part.session.context)

@@ -248,7 +248,9 @@ class Settings:
             client_tool_max_timeout_s=_env_int("PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S", 3600),
             session_titles=_env_bool("PALIMPSEST_SESSION_TITLES", True),
             metrics_port=_env_optional_int("PALIMPSEST_METRICS_PORT"),
-            otlp_endpoint=(_env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or _env("OTEL_EXPORTER_OTLP_ENDPOINT", "")).strip(),
+            otlp_endpoint=(
+                _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or _env("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+            ).strip(),
             tls_cert=_env("PALIMPSEST_TLS_CERT", "").strip(),
             tls_key=_env("PALIMPSEST_TLS_KEY", "").strip(),
             tls_client_ca=_env("PALIMPSEST_TLS_CLIENT_CA", "").strip(),

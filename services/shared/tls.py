@@ -11,8 +11,12 @@ from __future__ import annotations
 import grpc
 
 # The settings as the environment names them, for messages that say what to fix.
-CERT_ENV, KEY_ENV, CLIENT_CA_ENV, CA_ENV = ("PALIMPSEST_TLS_CERT", "PALIMPSEST_TLS_KEY", "PALIMPSEST_TLS_CLIENT_CA",
-                                            "PALIMPSEST_TLS_CA")
+CERT_ENV, KEY_ENV, CLIENT_CA_ENV, CA_ENV = (
+    "PALIMPSEST_TLS_CERT",
+    "PALIMPSEST_TLS_KEY",
+    "PALIMPSEST_TLS_CLIENT_CA",
+    "PALIMPSEST_TLS_CA",
+)
 
 
 class TlsSettingError(ValueError):
@@ -33,7 +37,9 @@ def _read(path: str, setting: str) -> bytes:
 def _key_pair(cert: str, key: str) -> tuple[bytes, bytes] | None:
     if bool(cert) != bool(key):
         missing = KEY_ENV if cert else CERT_ENV
-        raise TlsSettingError(f"{missing} is required with {CERT_ENV if cert else KEY_ENV}: a certificate goes with its key")
+        raise TlsSettingError(
+            f"{missing} is required with {CERT_ENV if cert else KEY_ENV}: a certificate goes with its key"
+        )
     if not cert:
         return None
     return _read(key, KEY_ENV), _read(cert, CERT_ENV)
@@ -55,6 +61,8 @@ def channel_credentials(ca: str, cert: str = "", key: str = "") -> grpc.ChannelC
     if not ca:
         return None
     pair = _key_pair(cert, key)
-    return grpc.ssl_channel_credentials(root_certificates=_read(ca, CA_ENV),
-                                        private_key=pair[0] if pair else None,
-                                        certificate_chain=pair[1] if pair else None)
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca, CA_ENV),
+        private_key=pair[0] if pair else None,
+        certificate_chain=pair[1] if pair else None,
+    )

@@ -43,8 +43,9 @@ def install(processor: SpanProcessor, service: str) -> TracerProvider:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    provider = TracerProvider(resource=Resource.create(
-        {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}))
+    provider = TracerProvider(
+        resource=Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service})
+    )
     provider.add_span_processor(processor)
     # Both patch their library's classes, so the pool and the Ollama client made later are traced.
     AsyncPGInstrumentor().instrument(tracer_provider=provider)

@@ -51,10 +51,12 @@ def workspace_path(raw: str, cwd: str = "", *, allow_root: bool = False) -> str:
     if "\\" in raw:
         raise BadPath(f"{raw!r} uses '\\': workspace paths are written with '/', e.g. 'src/app.py'")
     if raw == MOUNT or raw.startswith(MOUNT + "/"):
-        raw, cwd = raw[len(MOUNT):].lstrip("/") or ".", ""
+        raw, cwd = raw[len(MOUNT) :].lstrip("/") or ".", ""
     elif raw.startswith("/") or re.match(r"[A-Za-z]:", raw):
-        raise BadPath(f"{raw!r} is absolute: give a path inside the workspace, relative to it "
-                      f"(e.g. 'src/app.py', or {MOUNT}/src/app.py)")
+        raise BadPath(
+            f"{raw!r} is absolute: give a path inside the workspace, relative to it "
+            f"(e.g. 'src/app.py', or {MOUNT}/src/app.py)"
+        )
     parts: list[str] = [p for p in cwd.split("/") if p] if cwd else []
     for part in raw.split("/"):
         if part in ("", "."):

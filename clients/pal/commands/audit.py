@@ -18,8 +18,9 @@ MAX_PAGE = 500
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("audit", help="a session's audit log: every tool run, its outcome, time and bytes",
-                       parents=[common])
+    p = sub.add_parser(
+        "audit", help="a session's audit log: every tool run, its outcome, time and bytes", parents=[common]
+    )
     p.add_argument("session_id", nargs="?", default="", help="the session (default: the most recent one)")
     p.add_argument("--last", type=int, default=0, metavar="N", help="only the newest N runs (default: all)")
     p.set_defaults(handler=audit)
@@ -31,8 +32,9 @@ def tool_runs(store: SessionStoreStub, session_id: str, last: int = 0) -> list[p
     if last:
         before = 0
         while len(runs) < last:
-            page = store.ListToolRuns(pb.ListToolRunsRequest(session_id=session_id, before_seq=before,
-                                                             limit=min(MAX_PAGE, last - len(runs))))
+            page = store.ListToolRuns(
+                pb.ListToolRunsRequest(session_id=session_id, before_seq=before, limit=min(MAX_PAGE, last - len(runs)))
+            )
             runs[:0] = page.runs
             if not page.has_more or not page.runs:
                 break

@@ -15,16 +15,17 @@ import grpc
 from rich.text import Text
 
 from clients.pal.app import App
-from clients.pal.commands import Subparsers
-from clients.pal.client_tools import LocalTool, add_client_tools_flag, declare, runner_for
 from clients.pal.chat_input import image_paths_in, parse_command, read_message
+from clients.pal.client_tools import LocalTool, add_client_tools_flag, declare, runner_for
+from clients.pal.commands import Subparsers
+from clients.pal.commands.turns import add_ref_flag
 from clients.pal.errors import CliError, ServiceError
 from clients.pal.render import ContextMeter, compressed_tokens, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
-from clients.pal.commands.turns import add_ref_flag
 from clients.pal.uploads import local_file, new_session, upload
 from clients.pal.views import message_view
-from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 
 # On resuming a session, this many of its newest messages are shown as a reminder.
 RESUME_MESSAGES = 6
@@ -43,8 +44,10 @@ def nothing_to_compact(details: str) -> str:
     """The Agent's refusal of a compaction, said for someone who typed /compact."""
     short = re.search(r"nothing to compress in session \S+: the context cannot shrink \(([^)]*)\)", details)
     if short:
-        return (f"nothing to compact yet: the context is only {short.group(1)}, and the newest turns are always "
-                "kept as they are; /compact frees room once the conversation is longer")
+        return (
+            f"nothing to compact yet: the context is only {short.group(1)}, and the newest turns are always "
+            "kept as they are; /compact frees room once the conversation is longer"
+        )
     return details.removeprefix("nothing to compact: ")  # the Agent's own words for any other reason
 
 
@@ -170,8 +173,9 @@ class Chat:
         return line.rstrip("\n")
 
     def say(self, text: str, style: str = "dim") -> None:
-        (self.app.out.errors if self.app.out.json else self.app.out.console).print(Text(text, style=style),
-                                                                                   soft_wrap=True)
+        (self.app.out.errors if self.app.out.json else self.app.out.console).print(
+            Text(text, style=style), soft_wrap=True
+        )
 
     # -- the loop --------------------------------------------------------------------------------
     def loop(self) -> int:
@@ -261,8 +265,10 @@ class Chat:
         """What happened to the session since the last answer: a compression after it."""
         done = self._watch.take() if self._watch is not None else None
         if done is not None:
-            self.say(f"context compressed after the last answer: {done.messages_before} → {done.messages_after} "
-                     f"messages, {compressed_tokens(done):,} tokens")
+            self.say(
+                f"context compressed after the last answer: {done.messages_before} → {done.messages_after} "
+                f"messages, {compressed_tokens(done):,} tokens"
+            )
             self.app.out.console.print(self.meter.renderable())
 
     def greet(self) -> None:
@@ -282,16 +288,25 @@ class Chat:
         for path in image_paths_in(text):
             images.append(path.read_bytes())
             self.say(f"sending image {path}")
-        request = agent_pb2.RunStreamRequest(session_id=self.session_id,
-                                             profile_id=self.profile_id if self.profile_pending else "",
-                                             text=text, images=images, external_refs=self.refs,
-                                             attachments=self.attachments)
+        request = agent_pb2.RunStreamRequest(
+            session_id=self.session_id,
+            profile_id=self.profile_id if self.profile_pending else "",
+            text=text,
+            images=images,
+            external_refs=self.refs,
+            attachments=self.attachments,
+        )
         declare(request, self.tools)
         agent = self.app.conn.agent()
         renderer = renderer_for(self.app.out, self.meter)
         try:
-            result = stream_turn(agent, lambda: agent.RunStream(request), renderer, self.session_id,
-                                 tools=runner_for(agent, self.tools, renderer.note))
+            result = stream_turn(
+                agent,
+                lambda: agent.RunStream(request),
+                renderer,
+                self.session_id,
+                tools=runner_for(agent, self.tools, renderer.note),
+            )
         except ServiceError:
             if renderer.outcome.session_id:  # cut off mid-turn, but it began: the session has the message
                 self._sent(renderer.outcome.session_id)
@@ -315,9 +330,13 @@ class Chat:
         agent = self.app.conn.agent()
         request = agent_pb2.CompactRequest(session_id=self.session_id)
         try:
-            stream_turn(agent, lambda: agent.Compact(request),
-                        renderer_for(self.app.out, self.meter, "compressing the context"), self.session_id,
-                        require_end=False)
+            stream_turn(
+                agent,
+                lambda: agent.Compact(request),
+                renderer_for(self.app.out, self.meter, "compressing the context"),
+                self.session_id,
+                require_end=False,
+            )
         except ServiceError as err:
             if err.code != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
@@ -405,5 +424,6 @@ def chat(app: App, args: argparse.Namespace) -> int:
     if args.session_id:
         # Fail early, with the store's message, on an id that does not exist.
         app.conn.store().GetSession(pb.GetSessionRequest(session_id=args.session_id, view=pb.SESSION_VIEW_SUMMARY))
-    return Chat(app, session_id=args.session_id, profile_id=args.profile, refs=list(args.refs),
-                tools=args.client_tools).loop()
+    return Chat(
+        app, session_id=args.session_id, profile_id=args.profile, refs=list(args.refs), tools=args.client_tools
+    ).loop()

@@ -25,12 +25,18 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("session_id")
     p.set_defaults(handler=list_files)
 
-    p = actions.add_parser("get", help="fetch a file: by its palimpsest:// link, or by session id and name",
-                           parents=[common])
+    p = actions.add_parser(
+        "get", help="fetch a file: by its palimpsest:// link, or by session id and name", parents=[common]
+    )
     p.add_argument("link", help="the palimpsest://sessions/…/files/… link, or a session id")
     p.add_argument("name", nargs="?", default="", help="the file's name (with a session id)")
-    p.add_argument("-o", "--output", default="", metavar="PATH",
-                   help="where to write it (default: its name in this folder; '-' for stdout)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="",
+        metavar="PATH",
+        help="where to write it (default: its name in this folder; '-' for stdout)",
+    )
     p.add_argument("--force", action="store_true", help="replace a file already at the output path")
     p.set_defaults(handler=get_file)
 

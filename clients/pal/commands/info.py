@@ -12,7 +12,8 @@ from clients.pal.commands import Subparsers
 from clients.pal.connection import AGENT, COMPRESSOR, ENDPOINTS
 from clients.pal.errors import ServiceError
 from clients.pal.views import context_view, health_table, mcp_servers_view, mcp_state, profiles_table
-from palimpsest.v1 import agent_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from services.shared.addresses import replicas
 
 # A health check that takes longer than this is as good as down for someone asking "is it up?".
@@ -47,8 +48,11 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 def context(app: App, args: argparse.Namespace) -> int:
-    session = app.conn.store().GetSession(pb.GetSessionRequest(session_id=args.session_id,
-                                                               view=pb.SESSION_VIEW_CONTEXT)).session
+    session = (
+        app.conn.store()
+        .GetSession(pb.GetSessionRequest(session_id=args.session_id, view=pb.SESSION_VIEW_CONTEXT))
+        .session
+    )
     if app.out.json:
         app.out.emit(session)
     else:
@@ -67,15 +71,22 @@ def profiles(app: App, args: argparse.Namespace) -> int:
             app.out.console.print(servers)
     if response.profiles_error:
         # On stderr in both modes: the listing is right (what the next turn uses), the file is not.
-        app.out.errors.print(f"the profiles file's last edit is not in use: {response.profiles_error} "
-                             "(the profiles above are the last good ones; fix the file and they follow it)",
-                             style="red", markup=False, highlight=False, soft_wrap=True)
+        app.out.errors.print(
+            f"the profiles file's last edit is not in use: {response.profiles_error} "
+            "(the profiles above are the last good ones; fix the file and they follow it)",
+            style="red",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     return 0
 
 
 def _status(stub: object, service: str) -> str:
-    reply = stub.Check(health_pb2.HealthCheckRequest(service=service),  # type: ignore[attr-defined]
-                       timeout=HEALTH_TIMEOUT_S)
+    reply = stub.Check(  # type: ignore[attr-defined]
+        health_pb2.HealthCheckRequest(service=service),
+        timeout=HEALTH_TIMEOUT_S,
+    )
     statuses = health_pb2.HealthCheckResponse.ServingStatus
     # A status a newer server added has no name here: its number, rather than a crash.
     return statuses.Name(reply.status) if reply.status in statuses.values() else str(reply.status)
@@ -109,8 +120,11 @@ def _dependency_rows(app: App, stub: object, agent_address: str) -> list[dict[st
     for each it keeps; ListProfiles, once, for what they name."""
     rows = []
     facts: agent_pb2.ListProfilesResponse | None = None
-    for entry, row in ((OLLAMA_HEALTH_ENTRY, _ollama_row), (SANDBOX_HEALTH_ENTRY, _sandbox_row),
-                       (MCP_HEALTH_ENTRY, _mcp_row)):
+    for entry, row in (
+        (OLLAMA_HEALTH_ENTRY, _ollama_row),
+        (SANDBOX_HEALTH_ENTRY, _sandbox_row),
+        (MCP_HEALTH_ENTRY, _mcp_row),
+    ):
         try:
             status = _status(stub, entry)
         except ServiceError:
@@ -123,18 +137,29 @@ def _dependency_rows(app: App, stub: object, agent_address: str) -> list[dict[st
 def _ollama_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
     host = facts.ollama_host
     where = f"OLLAMA_HOST={host}" if host else "its OLLAMA_HOST"
-    detail = "" if status == "SERVING" else (
-        f"the Agent cannot reach Ollama at {where}: start it (ollama serve) and pull the profile's model")
-    return {"service": "Ollama", "address": host or f"via the Agent at {agent_address}", "status": status,
-            "error": detail}
+    detail = (
+        ""
+        if status == "SERVING"
+        else (f"the Agent cannot reach Ollama at {where}: start it (ollama serve) and pull the profile's model")
+    )
+    return {
+        "service": "Ollama",
+        "address": host or f"via the Agent at {agent_address}",
+        "status": status,
+        "error": detail,
+    }
 
 
 def _mcp_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
     """The Agent's MCP servers (its `mcp` health entry), with those not ready named."""
     servers = {s.name: s for p in facts.profiles for s in p.mcp_servers}
     down = [f"{name}: {mcp_state(s)}" for name, s in servers.items() if s.state != agent_pb2.MCP_SERVER_STATE_READY]
-    return {"service": "MCP", "address": f"via the Agent at {agent_address}", "status": status,
-            "error": "; ".join(down) if status != "SERVING" else ""}
+    return {
+        "service": "MCP",
+        "address": f"via the Agent at {agent_address}",
+        "status": status,
+        "error": "; ".join(down) if status != "SERVING" else "",
+    }
 
 
 def _sandbox_row(status: str, agent_address: str, facts: agent_pb2.ListProfilesResponse) -> dict[str, str]:
@@ -163,13 +188,20 @@ def health(app: App, args: argparse.Namespace) -> int:
         app.out.console.print(health_table(rows))
         if services_serving and not healthy:
             # Exit 1 all the same: a turn would fail. But the system itself is up, and that is news too.
-            missing = [row["service"] for row in rows
-                       if row["service"] in DEPENDENCIES and row["service"] != "MCP" and row["status"] != "SERVING"]
+            missing = [
+                row["service"]
+                for row in rows
+                if row["service"] in DEPENDENCIES and row["service"] != "MCP" and row["status"] != "SERVING"
+            ]
             if missing == ["Sandbox"]:
-                news = ("The three services are fine (SERVING); only the sandbox cannot start, so commands of "
-                        "sandboxed profiles fail until it is fixed (see its row). Everything else works.")
+                news = (
+                    "The three services are fine (SERVING); only the sandbox cannot start, so commands of "
+                    "sandboxed profiles fail until it is fixed (see its row). Everything else works."
+                )
             else:
-                news = ("The three services are fine (SERVING); only Ollama is missing, so turns fail until it runs. "
-                        "Sessions, search and shares work meanwhile.")
+                news = (
+                    "The three services are fine (SERVING); only Ollama is missing, so turns fail until it runs. "
+                    "Sessions, search and shares work meanwhile."
+                )
             app.out.console.print(news, style="yellow", markup=False, soft_wrap=True)
     return 0 if healthy else 1

@@ -16,14 +16,22 @@ WHEN_SEEN = "new sessions see it at once; a session under way at its next compac
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
-    memory = sub.add_parser("memory", parents=[common],
-                            help="what the agent remembers about you: view it (no action), edit it, approve held writes")
+    memory = sub.add_parser(
+        "memory",
+        parents=[common],
+        help="what the agent remembers about you: view it (no action), edit it, approve held writes",
+    )
     memory.set_defaults(handler=view)
     actions = memory.add_subparsers(dest="action", metavar="ACTION")
 
     def with_revision(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--revision", type=int, default=None, metavar="N",
-                       help="refuse the change unless the memory is still at revision N (pal memory shows it)")
+        p.add_argument(
+            "--revision",
+            type=int,
+            default=None,
+            metavar="N",
+            help="refuse the change unless the memory is still at revision N (pal memory shows it)",
+        )
         return p
 
     p = with_revision(actions.add_parser("add", help="remember a new entry", parents=[common]))
@@ -39,8 +47,9 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("id", type=int)
     p.set_defaults(handler=remove)
 
-    p = actions.add_parser("pending", help="writes of tainted conversations waiting for your approval",
-                           parents=[common])
+    p = actions.add_parser(
+        "pending", help="writes of tainted conversations waiting for your approval", parents=[common]
+    )
     p.set_defaults(handler=pending)
 
     p = with_revision(actions.add_parser("approve", help="apply a held write", parents=[common]))
@@ -61,9 +70,12 @@ def view(app: App, args: argparse.Namespace) -> int:
     if app.out.json:
         app.out.emit(memory)
         return 0
-    app.out.console.print(f"memory at revision {memory.revision}: {len(memory.entries)} of {memory.max_entries} "
-                          f"entries, {memory.chars:,} of {memory.max_chars:,} characters", style="bold",
-                          markup=False)
+    app.out.console.print(
+        f"memory at revision {memory.revision}: {len(memory.entries)} of {memory.max_entries} "
+        f"entries, {memory.chars:,} of {memory.max_chars:,} characters",
+        style="bold",
+        markup=False,
+    )
     if memory.entries:
         table = Table("id", "entry", "written by", box=None)
         for entry in memory.entries:
@@ -81,8 +93,9 @@ def _edit(app: App, args: argparse.Namespace, request: pb.EditMemoryRequest) -> 
     if app.out.json:
         app.out.emit(reply)
         return 0
-    done = {pb.MEMORY_ACTION_ADD: "remembered", pb.MEMORY_ACTION_REPLACE: "changed",
-            pb.MEMORY_ACTION_REMOVE: "forgot"}[request.action]
+    done = {pb.MEMORY_ACTION_ADD: "remembered", pb.MEMORY_ACTION_REPLACE: "changed", pb.MEMORY_ACTION_REMOVE: "forgot"}[
+        request.action
+    ]
     app.out.console.print(f"{done} entry {reply.entry.id}: {reply.entry.text}", markup=False)
     app.out.note(f"memory at revision {reply.revision}; {WHEN_SEEN}")
     return 0
@@ -93,8 +106,9 @@ def add(app: App, args: argparse.Namespace) -> int:
 
 
 def edit(app: App, args: argparse.Namespace) -> int:
-    return _edit(app, args, pb.EditMemoryRequest(action=pb.MEMORY_ACTION_REPLACE, entry_id=args.id,
-                                                 text=" ".join(args.text)))
+    return _edit(
+        app, args, pb.EditMemoryRequest(action=pb.MEMORY_ACTION_REPLACE, entry_id=args.id, text=" ".join(args.text))
+    )
 
 
 def remove(app: App, args: argparse.Namespace) -> int:

@@ -15,7 +15,8 @@ from clients.pal.commands.turns import most_recent_session
 from clients.pal.errors import CliError
 from clients.pal.output import to_dict
 from clients.pal.views import message_view, session_header, sessions_table, shared_header
-from palimpsest.v1 import common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 
 SORTS = {
     "active": pb.SORT_BY_LAST_ACTIVE,
@@ -39,8 +40,9 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--oldest-first", action="store_true", help="ascending order")
     p.set_defaults(handler=list_sessions)
 
-    p = actions.add_parser("show", help="a session and its display history (default: the most recent)",
-                           parents=[common])
+    p = actions.add_parser(
+        "show", help="a session and its display history (default: the most recent)", parents=[common]
+    )
     p.add_argument("session_id", nargs="?", default="", help="the session (default: the most recently active one)")
     p.add_argument("--profile", default="", help="without an id: the most recent session of this profile")
     p.add_argument("--last", type=int, default=0, metavar="N", help="only the newest N messages")
@@ -61,8 +63,11 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", action="store_true", help="confirm --older-than 0, which deletes every session")
     p.set_defaults(handler=cleanup)
 
-    p = actions.add_parser("search", help="sessions whose name or messages contain a text or two of its words, "
-                                          "best match first", parents=[common])
+    p = actions.add_parser(
+        "search",
+        help="sessions whose name or messages contain a text or two of its words, best match first",
+        parents=[common],
+    )
     p.add_argument("query", nargs="+")
     p.add_argument("-n", "--limit", type=int, default=20, help="how many sessions (default 20)")
     p.add_argument("--profile", default="", help="only sessions of this profile")
@@ -84,7 +89,9 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("shared", help="read a session someone shared with you (its share token)", parents=[common])
     p.add_argument("token", help="the token `pal sessions share ID` printed")
-    p.add_argument("--last", type=int, default=0, metavar="N", help=f"the newest N messages (default 50, at most {MAX_PAGE})")
+    p.add_argument(
+        "--last", type=int, default=0, metavar="N", help=f"the newest N messages (default 50, at most {MAX_PAGE})"
+    )
     p.add_argument("--before", type=int, default=0, metavar="SEQ", help="messages before #SEQ (older pages)")
     p.set_defaults(handler=shared)
 
@@ -96,14 +103,20 @@ def _page_size(limit: int) -> int:
 
 
 def list_sessions(app: App, args: argparse.Namespace) -> int:
-    response = app.conn.store().ListSessions(pb.ListSessionsRequest(
-        profile_id=args.profile, sort_by=SORTS[args.sort], descending=not args.oldest_first,
-        page_size=_page_size(args.limit), offset=max(args.offset, 0)))
+    response = app.conn.store().ListSessions(
+        pb.ListSessionsRequest(
+            profile_id=args.profile,
+            sort_by=SORTS[args.sort],
+            descending=not args.oldest_first,
+            page_size=_page_size(args.limit),
+            offset=max(args.offset, 0),
+        )
+    )
     if app.out.json:
         app.out.emit(response)
         return 0
     if not response.sessions:
-        app.out.console.print("no sessions yet: start one with [bold]pal chat[/] or [bold]pal run \"…\"[/]")
+        app.out.console.print('no sessions yet: start one with [bold]pal chat[/] or [bold]pal run "…"[/]')
         return 0
     app.out.console.print(sessions_table(response.sessions))
     shown = args.offset + len(response.sessions)
@@ -116,14 +129,17 @@ def show(app: App, args: argparse.Namespace) -> int:
     store = app.conn.store()
     args.session_id = args.session_id or most_recent_session(store, args.profile)
     if args.last > 0:
-        session = store.GetSession(pb.GetSessionRequest(session_id=args.session_id,
-                                                        view=pb.SESSION_VIEW_SUMMARY)).session
-        page = store.GetHistoryPage(pb.GetHistoryPageRequest(session_id=args.session_id,
-                                                             limit=min(args.last, MAX_PAGE)))
+        session = store.GetSession(
+            pb.GetSessionRequest(session_id=args.session_id, view=pb.SESSION_VIEW_SUMMARY)
+        ).session
+        page = store.GetHistoryPage(
+            pb.GetHistoryPageRequest(session_id=args.session_id, limit=min(args.last, MAX_PAGE))
+        )
         session.messages.extend(page.messages)
     else:
-        session = store.GetSession(pb.GetSessionRequest(session_id=args.session_id,
-                                                        view=pb.SESSION_VIEW_DISPLAY)).session
+        session = store.GetSession(
+            pb.GetSessionRequest(session_id=args.session_id, view=pb.SESSION_VIEW_DISPLAY)
+        ).session
     if app.out.json:
         app.out.emit(session)
         return 0
@@ -131,8 +147,9 @@ def show(app: App, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_history(app: App, header: RenderableType, messages: Iterable[common_pb2.Message], empty: str,
-                   show_thinking: bool = False) -> None:
+def _print_history(
+    app: App, header: RenderableType, messages: Iterable[common_pb2.Message], empty: str, show_thinking: bool = False
+) -> None:
     console = app.out.console
     console.print(header)
     shown = 0
@@ -161,8 +178,9 @@ def trim(app: App, args: argparse.Namespace) -> int:
     if app.out.json:
         app.out.emit({"session_id": args.session_id, **to_dict(response)})
     else:
-        app.out.console.print(f"kept {response.after} of {response.before} messages "
-                              f"(dropped {response.dropped}) in {args.session_id}")
+        app.out.console.print(
+            f"kept {response.after} of {response.before} messages (dropped {response.dropped}) in {args.session_id}"
+        )
     return 0
 
 
@@ -186,18 +204,21 @@ def search(app: App, args: argparse.Namespace) -> int:
     if not query:
         raise CliError("search needs a query", exit_code=2)
     store = app.conn.store()
-    found = store.ListSessions(pb.ListSessionsRequest(query=query, profile_id=args.profile,
-                                                      sort_by=pb.SORT_BY_RELEVANCE, page_size=_page_size(args.limit)))
+    found = store.ListSessions(
+        pb.ListSessionsRequest(
+            query=query, profile_id=args.profile, sort_by=pb.SORT_BY_RELEVANCE, page_size=_page_size(args.limit)
+        )
+    )
     matches: dict[str, pb.SessionMatch] = {}
     if found.sessions:
-        response = store.SearchMatches(pb.SearchMatchesRequest(session_ids=[s.id for s in found.sessions],
-                                                               query=query))
+        response = store.SearchMatches(pb.SearchMatchesRequest(session_ids=[s.id for s in found.sessions], query=query))
         matches = {m.session_id: m for m in response.matches}
     if app.out.json:
         # `list`'s object (ListSessionsResponse: `total` an int64, so a string), each session with its matches.
         listed = to_dict(found)
-        listed["sessions"] = [dict(to_dict(s), matches=to_dict(matches[s.id]) if s.id in matches else {})
-                              for s in found.sessions]
+        listed["sessions"] = [
+            dict(to_dict(s), matches=to_dict(matches[s.id]) if s.id in matches else {}) for s in found.sessions
+        ]
         app.out.emit({"query": query, **listed})
         return 0
     if not found.sessions:
@@ -244,8 +265,11 @@ def share(app: App, args: argparse.Namespace) -> int:
     # The bare token on stdout so `TOKEN=$(pal sessions share ID)` works; the hint goes to stderr.
     sys.stdout.write(response.token + "\n")
     sys.stdout.flush()
-    app.out.errors.print("read-only share token for this session; anyone holding it can read the history "
-                         "with `pal shared TOKEN` (SessionStore.GetShared)", style="dim")
+    app.out.errors.print(
+        "read-only share token for this session; anyone holding it can read the history "
+        "with `pal shared TOKEN` (SessionStore.GetShared)",
+        style="dim",
+    )
     return 0
 
 
@@ -255,8 +279,9 @@ def shared(app: App, args: argparse.Namespace) -> int:
     token = args.token.strip()
     if not token:
         raise CliError("the share token is empty", exit_code=2)
-    response = app.conn.store().GetShared(pb.GetSharedRequest(
-        token=token, before_seq=args.before, limit=_page_size(args.last) if args.last else 0))
+    response = app.conn.store().GetShared(
+        pb.GetSharedRequest(token=token, before_seq=args.before, limit=_page_size(args.last) if args.last else 0)
+    )
     if app.out.json:
         app.out.emit(response)
         return 0

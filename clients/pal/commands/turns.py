@@ -14,7 +14,8 @@ from clients.pal.errors import CliError
 from clients.pal.render import ContextMeter, renderer_for
 from clients.pal.streaming import StreamResult, stream_turn
 from clients.pal.uploads import local_file, new_session, upload
-from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as pb
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import session_store_pb2 as pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from services.shared.errors import InvalidArgument
 from services.shared.external_refs import FLAG_NAME, parse_ref_flag, ref_to_proto
@@ -33,9 +34,17 @@ def ref_flag(value: str) -> common_pb2.ExternalRef:
 
 
 def add_ref_flag(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--ref", "--external-ref", dest="refs", action="append", default=[], type=ref_flag,
-                   metavar="KIND=URI", help=f"{what} a pointer to outside state, stored and never opened "
-                                            "(repeatable; long form kind=…,uri=…,created_by=…,read_only=true)")
+    p.add_argument(
+        "--ref",
+        "--external-ref",
+        dest="refs",
+        action="append",
+        default=[],
+        type=ref_flag,
+        metavar="KIND=URI",
+        help=f"{what} a pointer to outside state, stored and never opened "
+        "(repeatable; long form kind=…,uri=…,created_by=…,read_only=true)",
+    )
 
 
 def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -44,8 +53,13 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="", help="agent profile (default: the Agent's default)")
     p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
     add_ref_flag(p, "give the session")
-    p.add_argument("--attach", action="append", default=[], metavar="FILE",
-                   help="upload a file to the session and tell the model where it is (repeatable)")
+    p.add_argument(
+        "--attach",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="upload a file to the session and tell the model where it is (repeatable)",
+    )
     add_client_tools_flag(p)
     p.set_defaults(handler=run)
 
@@ -55,8 +69,13 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="", help="the most recent session of this profile")
     p.add_argument("--image", action="append", default=[], metavar="PATH", help="send an image (repeatable)")
     add_ref_flag(p, "add to the session")
-    p.add_argument("--attach", action="append", default=[], metavar="FILE",
-                   help="upload a file to the session and tell the model where it is (repeatable)")
+    p.add_argument(
+        "--attach",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="upload a file to the session and tell the model where it is (repeatable)",
+    )
     add_client_tools_flag(p)
     p.set_defaults(handler=continue_)
 
@@ -84,8 +103,15 @@ def most_recent_session(store: SessionStoreStub, profile_id: str = "") -> str:
     best: tuple[int, str] | None = None
     offset = 0
     while True:
-        page = store.ListSessions(pb.ListSessionsRequest(profile_id=profile_id, sort_by=pb.SORT_BY_LAST_ACTIVE,
-                                                         descending=True, page_size=_SCAN_PAGE, offset=offset))
+        page = store.ListSessions(
+            pb.ListSessionsRequest(
+                profile_id=profile_id,
+                sort_by=pb.SORT_BY_LAST_ACTIVE,
+                descending=True,
+                page_size=_SCAN_PAGE,
+                offset=offset,
+            )
+        )
         for summary in page.sessions:
             stamp = summary.last_active.ToNanoseconds()
             if best is None or stamp > best[0]:
@@ -98,19 +124,25 @@ def most_recent_session(store: SessionStoreStub, profile_id: str = "") -> str:
         offset += len(page.sessions)
     if best is None:
         where = f" of profile {profile_id!r}" if profile_id else ""
-        raise CliError(f"no sessions{where} yet: start one with pal run \"…\"")
+        raise CliError(f'no sessions{where} yet: start one with pal run "…"')
     return best[1]
 
 
-def stream_one_turn(app: App, request: agent_pb2.RunStreamRequest,
-                    tools: list[LocalTool] | None = None) -> StreamResult:
+def stream_one_turn(
+    app: App, request: agent_pb2.RunStreamRequest, tools: list[LocalTool] | None = None
+) -> StreamResult:
     agent = app.conn.agent()
     renderer = renderer_for(app.out, ContextMeter())
     declare(request, tools or [])
-    result = stream_turn(agent, lambda: agent.RunStream(request), renderer, request.session_id,
-                         tools=runner_for(agent, tools or [], renderer.note))
+    result = stream_turn(
+        agent,
+        lambda: agent.RunStream(request),
+        renderer,
+        request.session_id,
+        tools=runner_for(agent, tools or [], renderer.note),
+    )
     if not app.out.json and result.outcome.session_id:
-        app.out.note(f"session {result.outcome.session_id} · pal continue --id {result.outcome.session_id} \"…\"")
+        app.out.note(f'session {result.outcome.session_id} · pal continue --id {result.outcome.session_id} "…"')
     return result
 
 
@@ -137,8 +169,14 @@ def run(app: App, args: argparse.Namespace) -> int:
         except CliError:
             app.conn.store().DeleteSession(pb.DeleteSessionRequest(session_id=session_id))
             raise
-    request = agent_pb2.RunStreamRequest(session_id=session_id, profile_id=args.profile, text=text, images=images,
-                                         external_refs=args.refs, attachments=names)
+    request = agent_pb2.RunStreamRequest(
+        session_id=session_id,
+        profile_id=args.profile,
+        text=text,
+        images=images,
+        external_refs=args.refs,
+        attachments=names,
+    )
     return stream_one_turn(app, request, args.client_tools).exit_code
 
 
@@ -147,6 +185,11 @@ def continue_(app: App, args: argparse.Namespace) -> int:
     images = read_images(args.image)
     files = [local_file(raw) for raw in args.attach]
     session_id = args.session_id or most_recent_session(app.conn.store(), args.profile)
-    request = agent_pb2.RunStreamRequest(session_id=session_id, text=text, images=images, external_refs=args.refs,
-                                         attachments=attach_all(app, session_id, files))
+    request = agent_pb2.RunStreamRequest(
+        session_id=session_id,
+        text=text,
+        images=images,
+        external_refs=args.refs,
+        attachments=attach_all(app, session_id, files),
+    )
     return stream_one_turn(app, request, args.client_tools).exit_code

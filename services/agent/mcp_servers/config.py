@@ -81,7 +81,7 @@ def server_of(name: str) -> str:
     """The server part of mcp__<server> or mcp__<server>__<tool> ("" for other names)."""
     if not is_mcp_name(name):
         return ""
-    return name[len(PREFIX):].split(SEPARATOR, 1)[0]
+    return name[len(PREFIX) :].split(SEPARATOR, 1)[0]
 
 
 def parse_servers(raw: Any, profile_id: str) -> tuple[McpServerConfig, ...]:
@@ -92,8 +92,10 @@ def parse_servers(raw: Any, profile_id: str) -> tuple[McpServerConfig, ...]:
     for index, entry in enumerate(raw):
         server = _parse_entry(entry, f"mcp_servers[{index}]", profile_id)
         if any(s.name == server.name for s in servers):
-            raise InvalidArgument(f"mcp_servers[{index}].name", f"{server.name!r} is named twice (profile "
-                                                                f"{profile_id!r}); names are unique per profile")
+            raise InvalidArgument(
+                f"mcp_servers[{index}].name",
+                f"{server.name!r} is named twice (profile {profile_id!r}); names are unique per profile",
+            )
         servers.append(server)
     return tuple(servers)
 
@@ -104,8 +106,11 @@ def check_tool_names(names: Iterable[str], servers: Iterable[McpServerConfig], f
     known = {s.name for s in servers}
     for name in names:
         if is_mcp_name(name) and server_of(name) not in known:
-            raise InvalidArgument(field, f"{name!r} names no MCP server of profile {profile_id!r} "
-                                         f"(its servers: {', '.join(sorted(known)) or 'none'})")
+            raise InvalidArgument(
+                field,
+                f"{name!r} names no MCP server of profile {profile_id!r} "
+                f"(its servers: {', '.join(sorted(known)) or 'none'})",
+            )
 
 
 def _parse_entry(entry: Any, where: str, profile_id: str) -> McpServerConfig:
@@ -121,8 +126,11 @@ def _parse_entry(entry: Any, where: str, profile_id: str) -> McpServerConfig:
     if not isinstance(name, str) or not name:
         raise bad("name", "required, a string")
     if len(name) > NAME_MAX_CHARS or not _NAME.fullmatch(name):
-        raise bad("name", f"{name!r}: at most {NAME_MAX_CHARS} of a-z, 0-9, '-' and single '_' inside the name "
-                          "(the model calls its tools mcp__<name>__<tool>)")
+        raise bad(
+            "name",
+            f"{name!r}: at most {NAME_MAX_CHARS} of a-z, 0-9, '-' and single '_' inside the name "
+            "(the model calls its tools mcp__<name>__<tool>)",
+        )
     command, url = entry.get("command"), entry.get("url")
     if (command is None) == (url is None):
         raise bad("command" if command is not None else "url", "give exactly one of command (stdio) or url (HTTP)")
@@ -144,11 +152,22 @@ def _parse_entry(entry: Any, where: str, profile_id: str) -> McpServerConfig:
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools)):
         raise bad("tools", "a list of the server's tool names")
     timeout = entry.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) \
-            or not 0 < timeout <= MAX_TIMEOUT_S:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT_S
+    ):
         raise bad("timeout_s", f"seconds, more than 0 and at most {MAX_TIMEOUT_S:.0f}")
-    return McpServerConfig(name=name, command=tuple(command or ()), url=url or "", env=env, headers=headers,
-                           tools=tuple(dict.fromkeys(tools)) if tools is not None else None, timeout_s=float(timeout))
+    return McpServerConfig(
+        name=name,
+        command=tuple(command or ()),
+        url=url or "",
+        env=env,
+        headers=headers,
+        tools=tuple(dict.fromkeys(tools)) if tools is not None else None,
+        timeout_s=float(timeout),
+    )
 
 
 def _string_pairs(raw: Any, key_pattern: re.Pattern[str], bad, field: str) -> tuple[tuple[str, str], ...]:

@@ -163,7 +163,8 @@ class McpConnection:
             failures += 1
             delay = backoff(failures)
             (log.warning if failures == 1 else log.info)(
-                "MCP server %s (%s): %s; trying again in %.0f s", self.config.name, self.config.target, reason, delay)
+                "MCP server %s (%s): %s; trying again in %.0f s", self.config.name, self.config.target, reason, delay
+            )
             self._set(State.FAILED, reason, retry_in=delay)
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
@@ -176,8 +177,14 @@ class McpConnection:
         self._lost.clear()  # (in the tick the supervisor saw no stop: a close() cannot fall in between)
         self._changed.clear()
         async with AsyncExitStack() as stack:
-            client = Client(await self._transport(stack), mode="auto", message_handler=self._on_message, cache=None,
-                            client_info=CLIENT_INFO, read_timeout_seconds=self.config.timeout_s)
+            client = Client(
+                await self._transport(stack),
+                mode="auto",
+                message_handler=self._on_message,
+                cache=None,
+                client_info=CLIENT_INFO,
+                read_timeout_seconds=self.config.timeout_s,
+            )
             async with asyncio.timeout(max(self.config.timeout_s, MIN_CONNECT_S)):
                 await stack.enter_async_context(client)
                 await self._list(client)
@@ -204,12 +211,12 @@ class McpConnection:
         if config.command:
             # The server gets only what its entry gives, over the SDK's short list of harmless
             # variables (HOME, LOGNAME, PATH, SHELL, TERM, USER): none of the Agent's own settings.
-            return StdioServerParameters(command=config.command[0], args=list(config.command[1:]),
-                                         env=dict(config.env))
+            return StdioServerParameters(command=config.command[0], args=list(config.command[1:]), env=dict(config.env))
         # The SDK's way to send headers: a client of our own. No read timeout: the listen stream may stay
         # quiet for hours, and every call has its own deadline.
         http = await stack.enter_async_context(
-            httpx2.AsyncClient(headers=dict(config.headers), timeout=httpx2.Timeout(MIN_CONNECT_S, read=None)))
+            httpx2.AsyncClient(headers=dict(config.headers), timeout=httpx2.Timeout(MIN_CONNECT_S, read=None))
+        )
         return streamable_http_client(config.url, http_client=http)
 
     # -- the tool list ---------------------------------------------------------------------------
@@ -248,9 +255,12 @@ class McpConnection:
                     log.warning("MCP server %s: tool %r left out: %s", self.config.name, tool.name, exc)
                 continue
             annotations = tool.annotations
-            tools[name] = ServerTool(name=name, description=description_of(tool.description, tool.title),
-                                     parameters=params,
-                                     read_only=bool(annotations is not None and annotations.read_only_hint is True))
+            tools[name] = ServerTool(
+                name=name,
+                description=description_of(tool.description, tool.title),
+                parameters=params,
+                read_only=bool(annotations is not None and annotations.read_only_hint is True),
+            )
         self.tools, self.skipped = tuple(tools.values()), skipped
         self._on_change()
 
@@ -283,8 +293,11 @@ class McpConnection:
                 if exc.code == CONNECTION_CLOSED:
                     self._lost.set()
                 else:
-                    log.info("MCP server %s does not stream changes (%s): its tools are read at connect only",
-                             self.config.name, exc.message)
+                    log.info(
+                        "MCP server %s does not stream changes (%s): its tools are read at connect only",
+                        self.config.name,
+                        exc.message,
+                    )
                 return
             except SubscriptionLost as exc:
                 if isinstance(exc.__cause__, MCPError) and exc.__cause__.code == CONNECTION_CLOSED:
@@ -314,8 +327,9 @@ class McpConnection:
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 self._lost.set()
-                raise CallFailed(f"MCP server {self.config.name} closed the connection; it is being restarted") \
-                    from None
+                raise CallFailed(
+                    f"MCP server {self.config.name} closed the connection; it is being restarted"
+                ) from None
             if exc.code == REQUEST_TIMEOUT:  # the SDK's own clock for the same deadline
                 self._changed.set()
                 raise CallFailed(f"no answer from MCP server {self.config.name} within {timeout:g} s") from None
@@ -330,8 +344,7 @@ class McpConnection:
     def _unavailable(self) -> str:
         if self.state is State.FAILED:
             wait = math.ceil(max(0.0, self.retry_at - time.monotonic()))
-            return (f"MCP server {self.config.name} is not available ({self.error}); "
-                    f"it is tried again in {wait} s")
+            return f"MCP server {self.config.name} is not available ({self.error}); it is tried again in {wait} s"
         if self.state is State.STOPPED:
             return f"MCP server {self.config.name} is no longer configured"
         return f"MCP server {self.config.name} is not connected"

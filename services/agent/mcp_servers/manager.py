@@ -27,8 +27,11 @@ log = logging.getLogger("palimpsest.agent.mcp")
 # costs the first turns this much once, and its tools afterwards.
 SETTLE_MAX_S = 10.0
 
-_STATES = {"connecting": agent_pb2.MCP_SERVER_STATE_CONNECTING, "ready": agent_pb2.MCP_SERVER_STATE_READY,
-           "failed": agent_pb2.MCP_SERVER_STATE_FAILED}
+_STATES = {
+    "connecting": agent_pb2.MCP_SERVER_STATE_CONNECTING,
+    "ready": agent_pb2.MCP_SERVER_STATE_READY,
+    "failed": agent_pb2.MCP_SERVER_STATE_FAILED,
+}
 
 
 def named(tools: dict[str, Tool], names: Iterable[str]) -> dict[str, Tool]:
@@ -99,8 +102,9 @@ class McpManager:
     def statuses(self, profile: "Profile") -> list[agent_pb2.McpServerStatus]:
         statuses = []
         for server in profile.mcp_servers:
-            status = agent_pb2.McpServerStatus(name=server.name, target=server.target,
-                                               state=agent_pb2.MCP_SERVER_STATE_CONNECTING)
+            status = agent_pb2.McpServerStatus(
+                name=server.name, target=server.target, state=agent_pb2.MCP_SERVER_STATE_CONNECTING
+            )
             connection = self.connection(server)
             if connection is not None:
                 status.state = _STATES.get(connection.state.value, agent_pb2.MCP_SERVER_STATE_UNSPECIFIED)
@@ -108,12 +112,16 @@ class McpManager:
                 if connection.retry_at:
                     status.retry_in_seconds = max(0.0, connection.retry_at - time.monotonic())
                 status.tools.extend(server.tool_name(t.name) for t in connection.tools if server.offers(t.name))
-                status.skipped_tools.extend(f"{name}: {why}" for name, why in connection.skipped.items()
-                                            if server.offers(name))
+                status.skipped_tools.extend(
+                    f"{name}: {why}" for name, why in connection.skipped.items() if server.offers(name)
+                )
             statuses.append(status)
         return statuses
 
     def not_ready(self) -> list[str]:
         """The servers that are not ready, each as "<name>: <state and why>" (the health entry's say)."""
-        return [f"{c.config.name}: {c.state.value}" + (f" ({c.error})" if c.error else "")
-                for c in self._connections.values() if c.state.value != "ready"]
+        return [
+            f"{c.config.name}: {c.state.value}" + (f" ({c.error})" if c.error else "")
+            for c in self._connections.values()
+            if c.state.value != "ready"
+        ]

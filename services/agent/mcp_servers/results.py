@@ -42,8 +42,10 @@ def convert(result: Any) -> Converted:
             if size is None:
                 parts.append(f"[an image ({block.mime_type}) that could not be read was left out]")
             elif len(images) >= MAX_IMAGES or image_bytes + len(data) > MAX_IMAGE_BYTES:
-                parts.append(f"[an image left out: at most {MAX_IMAGES} images and "
-                             f"{MAX_IMAGE_BYTES // (1024 * 1024)} MB per result]")
+                parts.append(
+                    f"[an image left out: at most {MAX_IMAGES} images and "
+                    f"{MAX_IMAGE_BYTES // (1024 * 1024)} MB per result]"
+                )
             else:
                 images.append(data)
                 image_bytes += len(data)

@@ -38,15 +38,25 @@ class McpTool:
         try:
             result = await self._connection.call(self.server_tool, args, self._timeout_s)
         except CallFailed as exc:  # our own words, nothing from the server: no taint
-            return ToolResult(content=f"{self.name} failed: {exc}", is_error=True, untrusted=False,
-                              metadata={"mcp_server": self.server})
+            return ToolResult(
+                content=f"{self.name} failed: {exc}",
+                is_error=True,
+                untrusted=False,
+                metadata={"mcp_server": self.server},
+            )
         if ctx.update_session is not None and not ctx.state.episode_untrusted:
             # What came back crossed the episode's trust boundary: recorded before the model reads it.
             await ctx.update_session(mark_episode_untrusted=True)
             ctx.state.episode_untrusted = True
         converted = convert(result)
-        text = converted.text or ("(the tool reported an error and said nothing more)" if converted.is_error
-                                  else "(no content)")
-        return ToolResult(content=text, images=converted.images, is_error=converted.is_error, untrusted=True,
-                          critical=is_critical(self.name, ctx.profile.critical_tools),
-                          metadata={"mcp_server": self.server, **converted.metadata})
+        text = converted.text or (
+            "(the tool reported an error and said nothing more)" if converted.is_error else "(no content)"
+        )
+        return ToolResult(
+            content=text,
+            images=converted.images,
+            is_error=converted.is_error,
+            untrusted=True,
+            critical=is_critical(self.name, ctx.profile.critical_tools),
+            metadata={"mcp_server": self.server, **converted.metadata},
+        )

@@ -2,15 +2,27 @@
 /workspace, the system read-only, nothing else of the host, and hard limits (policy.py). The
 ``run_command`` tool calls ``run_command`` here; the Agent reports ``probe()`` at start and in health."""
 
+from services.agent.sandbox.availability import SandboxStatus, probe
 from services.agent.sandbox.owner import SandboxError
 from services.agent.sandbox.policy import OPERATOR_MODES, SandboxPolicy, effective_policy, policy_from_config
-from services.agent.sandbox.availability import SandboxStatus, probe
 from services.agent.sandbox.result import CapturedOutput, CommandResult, StopReason
 from services.agent.sandbox.runner import SandboxUnavailable, run_command
 
 # The tool that runs commands (its name is fixed by the issue that asked for it).
 COMMAND_TOOL = "run_command"
 
-__all__ = ["COMMAND_TOOL", "OPERATOR_MODES", "CapturedOutput", "CommandResult", "SandboxError", "SandboxPolicy",
-           "SandboxStatus", "SandboxUnavailable", "StopReason", "effective_policy", "policy_from_config", "probe",
-           "run_command"]
+__all__ = [
+    "COMMAND_TOOL",
+    "OPERATOR_MODES",
+    "CapturedOutput",
+    "CommandResult",
+    "SandboxError",
+    "SandboxPolicy",
+    "SandboxStatus",
+    "SandboxUnavailable",
+    "StopReason",
+    "effective_policy",
+    "policy_from_config",
+    "probe",
+    "run_command",
+]

@@ -21,8 +21,11 @@ log = logging.getLogger("palimpsest.agent")
 RETRY_S = 30.0
 INSTALL_HINT = "bubblewrap is not installed: apt-get install bubblewrap (dnf/apk/pacman: the bubblewrap package)"
 _POLICY = SandboxPolicy(wall_seconds=30, cpu_seconds=10, processes=16, output_kb=64)
-_SYSCTLS = ("kernel/unprivileged_userns_clone", "user/max_user_namespaces",
-            "kernel/apparmor_restrict_unprivileged_userns")
+_SYSCTLS = (
+    "kernel/unprivileged_userns_clone",
+    "user/max_user_namespaces",
+    "kernel/apparmor_restrict_unprivileged_userns",
+)
 
 
 @dataclass(frozen=True)
@@ -92,12 +95,17 @@ def diagnose(stderr: str, sysctls: dict[str, str]) -> str:
     if sysctls.get("user.max_user_namespaces") == "0":
         return f"user namespaces are off: sysctl -w user.max_user_namespaces=15000 {said}"
     if sysctls.get("kernel.apparmor_restrict_unprivileged_userns") == "1":
-        return ("AppArmor keeps unprivileged programs from making user namespaces: give bwrap an AppArmor "
-                f"profile that allows them, or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 {said}")
+        return (
+            "AppArmor keeps unprivileged programs from making user namespaces: give bwrap an AppArmor "
+            f"profile that allows them, or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 {said}"
+        )
     lowered = said.lower()
     if "namespace" in lowered or "operation not permitted" in lowered or "uid map" in lowered:
-        return ("bubblewrap cannot make its user namespace: allow unprivileged user namespaces where the Agent "
-                "runs (in a container, its runtime or the pod's securityContext must; docs/deploying.md, Commands in a pod) " + said)
+        return (
+            "bubblewrap cannot make its user namespace: allow unprivileged user namespaces where the Agent "
+            "runs (in a container, its runtime or the pod's securityContext must; docs/deploying.md, Commands in a pod) "
+            + said
+        )
     return f"a sandboxed test command failed {said}"
 
 

@@ -25,21 +25,32 @@ ENVIRONMENT = {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb"}
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What of the host's /etc a command may see: the loader's cache, CA certificates, alternatives'
 # symlinks and public tables; never the whole of it (/etc/shadow, the services' configuration).
-_ETC_SHARED = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
-               "/etc/ca-certificates.conf", "/etc/services", "/etc/protocols", "/etc/localtime",
-               "/etc/os-release", "/etc/mime.types")
+_ETC_SHARED = (
+    "/etc/ld.so.cache",
+    "/etc/alternatives",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+    "/etc/ca-certificates.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/localtime",
+    "/etc/os-release",
+    "/etc/mime.types",
+)
 _ETC_NETWORK = ("/etc/resolv.conf", "/etc/gai.conf")
 
 # The sandbox's own /etc files (accounts of its one user, names, lookups), written by bwrap.
 ETC_FILES = {
-    "/etc/passwd": (f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                    f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:/tmp:/bin/sh\n"
-                    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
+    "/etc/passwd": (
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:/tmp:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ),
     "/etc/group": f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_UID}:\nnogroup:x:65534:\n",
     "/etc/hosts": f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
     "/etc/hostname": f"{HOSTNAME}\n",
     "/etc/nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
-                          "protocols: files\nservices: files\n",
+    "protocols: files\nservices: files\n",
 }
 
 
@@ -105,8 +116,7 @@ def limits_prefix(policy: SandboxPolicy, *, bash: bool, processes: bool = True) 
     # Traps keep the shell from exec'ing the last command: the shell stays the sandbox's pid 1 (it
     # reaps orphans) and the command runs as its child, where the limits' signals land. The kernel
     # spares a pid 1 the signals it has no handler for: the shell's own say how it ended.
-    traps = (f"trap : EXIT; trap 'exit {128 + signal.SIGXCPU}' XCPU; "
-             f"trap 'exit {128 + signal.SIGXFSZ}' XFSZ; ")
+    traps = f"trap : EXIT; trap 'exit {128 + signal.SIGXCPU}' XCPU; trap 'exit {128 + signal.SIGXFSZ}' XFSZ; "
     return traps + " && ".join(limits) + " || exit 125; "
 
 
@@ -114,15 +124,35 @@ def shell_argv(command: str, policy: SandboxPolicy, layout: HostLayout, *, proce
     return [layout.shell, "-c", limits_prefix(policy, bash=layout.bash, processes=processes) + command]
 
 
-def bwrap_argv(bwrap: str, command: str, policy: SandboxPolicy, layout: HostLayout, *, cwd: str,
-               workspace_fd: int, status_fd: int, etc_fds: dict[str, int]) -> list[str]:
+def bwrap_argv(
+    bwrap: str,
+    command: str,
+    policy: SandboxPolicy,
+    layout: HostLayout,
+    *,
+    cwd: str,
+    workspace_fd: int,
+    status_fd: int,
+    etc_fds: dict[str, int],
+) -> list[str]:
     """bubblewrap's arguments: every namespace new (the network's too unless the policy opens it),
     the system read-only, a minimal /etc, fresh /proc, /dev and /tmp, the workspace read-write (from
     an open descriptor, whose path bwrap still resolves: owner.unreachable_folder), and the root left
     read-only. The command's shell is the sandbox's pid 1 (limits_prefix). ``cwd`` is relative to the
     workspace, already checked."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--as-pid-1", "--cap-drop", "ALL", "--hostname", HOSTNAME]
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        HOSTNAME,
+    ]
     if policy.network:
         argv.append("--share-net")
     argv += ["--ro-bind", "/usr", "/usr"]
@@ -132,10 +162,22 @@ def bwrap_argv(bwrap: str, command: str, policy: SandboxPolicy, layout: HostLayo
         argv += ["--perms", "0644", "--file", str(fd), path]
     for path in layout.etc_shared + (layout.etc_network if policy.network else ()):
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind-fd", str(workspace_fd), WORKSPACE, "--remount-ro", "/",
-             "--chdir", str(Path(WORKSPACE, cwd)) if cwd else WORKSPACE,
-             "--clearenv"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--bind-fd",
+        str(workspace_fd),
+        WORKSPACE,
+        "--remount-ro",
+        "/",
+        "--chdir",
+        str(Path(WORKSPACE, cwd)) if cwd else WORKSPACE,
+        "--clearenv",
+    ]
     for name, value in ENVIRONMENT.items():
         argv += ["--setenv", name, value]
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--json-status-fd", str(status_fd), "--"]

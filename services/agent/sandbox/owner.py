@@ -69,8 +69,10 @@ class UidPool:
         lease = self._leases.get(workspace)
         if lease is None:
             if not self._free:
-                raise SandboxError(f"too many commands are running at once ({len(self._leases)} workspaces); "
-                                   "try again when one has finished")
+                raise SandboxError(
+                    f"too many commands are running at once ({len(self._leases)} workspaces); "
+                    "try again when one has finished"
+                )
             lease = self._leases[workspace] = _Lease(self._free.popleft())
         lease.holders += 1
         try:

@@ -11,9 +11,15 @@ from services.shared.settings import SANDBOX_MODES as OPERATOR_MODES
 
 # Profile keys (`"sandbox": {…}`) and the policy attribute each sets.
 _KEYS = {
-    "enabled": "sandboxed", "network": "network", "wall_seconds": "wall_seconds", "cpu_seconds": "cpu_seconds",
-    "memory_mb": "memory_mb", "processes": "processes", "output_kb": "output_kb",
-    "file_size_mb": "file_size_mb", "open_files": "open_files",
+    "enabled": "sandboxed",
+    "network": "network",
+    "wall_seconds": "wall_seconds",
+    "cpu_seconds": "cpu_seconds",
+    "memory_mb": "memory_mb",
+    "processes": "processes",
+    "output_kb": "output_kb",
+    "file_size_mb": "file_size_mb",
+    "open_files": "open_files",
 }
 
 
@@ -46,8 +52,9 @@ def policy_from_config(raw: Any, where: str = "sandbox") -> SandboxPolicy:
     """A profile's ``"sandbox": {…}`` as a policy; ValueError naming the key (``sandbox.memory_mb``)
     and what it must be when a value cannot be used."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{where} must be an object such as {{\"enabled\": true, \"network\": false}}, "
-                         f"got {type(raw).__name__}")
+        raise ValueError(
+            f'{where} must be an object such as {{"enabled": true, "network": false}}, got {type(raw).__name__}'
+        )
     unknown = sorted(set(raw) - set(_KEYS))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(_KEYS)})")

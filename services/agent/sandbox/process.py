@@ -30,10 +30,16 @@ LIMITS_FAILED = 125
 # bwrap names the sandbox's init on its status descriptor right after making it.
 NAMED_WAIT_S = 5.0
 
-_MEMORY_WORDS = re.compile(rb"cannot allocate|out of memory|memoryerror|bad_alloc|memory exhausted"
-                           rb"|failed to reserve virtual memory|allocation failed", re.IGNORECASE)
-_FORK_WORDS = re.compile(rb"cannot fork|fork: retry|fork: resource temporarily unavailable"
-                         rb"|can't fork|unable to create (a )?(new )?(native )?thread", re.IGNORECASE)
+_MEMORY_WORDS = re.compile(
+    rb"cannot allocate|out of memory|memoryerror|bad_alloc|memory exhausted"
+    rb"|failed to reserve virtual memory|allocation failed",
+    re.IGNORECASE,
+)
+_FORK_WORDS = re.compile(
+    rb"cannot fork|fork: retry|fork: resource temporarily unavailable"
+    rb"|can't fork|unable to create (a )?(new )?(native )?thread",
+    re.IGNORECASE,
+)
 
 
 class Run:
@@ -78,8 +84,16 @@ class Run:
                 os.close(write_end)
                 etc_fds[path] = read_end
                 passed.append(read_end)
-            argv = bwrap_argv(bwrap, self.command, self.policy, host_layout(), cwd=relative,
-                              workspace_fd=passed[0], status_fd=status_w, etc_fds=etc_fds)
+            argv = bwrap_argv(
+                bwrap,
+                self.command,
+                self.policy,
+                host_layout(),
+                cwd=relative,
+                workspace_fd=passed[0],
+                status_fd=status_w,
+                etc_fds=etc_fds,
+            )
             popen = self._spawn(argv, cwd="/", pass_fds=tuple(passed), no_new_privs=False)  # bwrap sets it
         except BaseException:
             if status_fd >= 0:
@@ -106,10 +120,19 @@ class Run:
 
     def _spawn(self, argv: list[str], *, cwd: str, pass_fds: tuple[int, ...], no_new_privs: bool) -> subprocess.Popen:
         try:
-            argv = as_user(argv, host_layout(), uid=self.who.uid if self.who.switched else None,
-                           no_new_privs=no_new_privs)
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=dict(ENVIRONMENT), cwd=cwd, start_new_session=True, pass_fds=pass_fds)
+            argv = as_user(
+                argv, host_layout(), uid=self.who.uid if self.who.switched else None, no_new_privs=no_new_privs
+            )
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(ENVIRONMENT),
+                cwd=cwd,
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
         except FileNotFoundError as exc:
             missing = exc.filename or str(exc) or argv[0]
             hint = " (util-linux)" if "setpriv" in missing else ""
@@ -121,8 +144,14 @@ class Run:
         if self.output_bytes > self.policy.output_limit_bytes:
             self.over_limit.set()
 
-    async def _supervise(self, popen: subprocess.Popen, kill_tree: Callable[[], Awaitable[None]],
-                         after_exit: Callable[[], Awaitable[None]], *, sandboxed: bool) -> CommandResult:
+    async def _supervise(
+        self,
+        popen: subprocess.Popen,
+        kill_tree: Callable[[], Awaitable[None]],
+        after_exit: Callable[[], Awaitable[None]],
+        *,
+        sandboxed: bool,
+    ) -> CommandResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert popen.stdout is not None and popen.stderr is not None
@@ -132,8 +161,10 @@ class Run:
             _kill_group(popen.pid)
             popen.wait()
             raise
-        pipes = [_PipeReader(popen.stdout, lambda chunk: self._count(self.stdout, chunk)),
-                 _PipeReader(popen.stderr, lambda chunk: self._count(self.stderr, chunk))]
+        pipes = [
+            _PipeReader(popen.stdout, lambda chunk: self._count(self.stdout, chunk)),
+            _PipeReader(popen.stderr, lambda chunk: self._count(self.stderr, chunk)),
+        ]
         waits: list[asyncio.Task[bool]] = [asyncio.create_task(self.over_limit.wait())]
         if self.stop is not None:
             waits.append(asyncio.create_task(self.stop.wait()))
@@ -142,8 +173,13 @@ class Run:
             watched: list[asyncio.Future[Any]] = [exit_watch.exited, *waits]
             await asyncio.wait(watched, timeout=self.policy.wall_seconds, return_when=asyncio.FIRST_COMPLETED)
             if not exit_watch.exited.done():
-                killed_for = ("output" if self.over_limit.is_set()
-                              else "stop" if self.stop is not None and self.stop.is_set() else "wall_time")
+                killed_for = (
+                    "output"
+                    if self.over_limit.is_set()
+                    else "stop"
+                    if self.stop is not None and self.stop.is_set()
+                    else "wall_time"
+                )
                 await kill_tree()
             returncode = await exit_watch.exited
             duration = loop.time() - started
@@ -162,15 +198,17 @@ class Run:
         return self._result(returncode, duration, killed_for, sandboxed)
 
     @staticmethod
-    async def _end_now(exit_watch: "_ExitWatch", kill_tree: Callable[[], Awaitable[None]],
-                       after_exit: Callable[[], Awaitable[None]]) -> None:
+    async def _end_now(
+        exit_watch: "_ExitWatch", kill_tree: Callable[[], Awaitable[None]], after_exit: Callable[[], Awaitable[None]]
+    ) -> None:
         if not exit_watch.exited.done():
             await kill_tree()
         await exit_watch.exited
         await after_exit()
 
-    def _result(self, returncode: int, duration: float, killed_for: StopReason | None,
-                sandboxed: bool) -> CommandResult:
+    def _result(
+        self, returncode: int, duration: float, killed_for: StopReason | None, sandboxed: bool
+    ) -> CommandResult:
         stderr = self.stderr.captured()
         exit_code: int | None
         if killed_for is not None:
@@ -181,10 +219,17 @@ class Run:
             exit_code, number = returncode, None
         if killed_for is None:
             killed_for = classify_end(exit_code, number, stderr.head + stderr.tail)
-        return CommandResult(command=self.command, exit_code=exit_code, signal=number,
-                             stdout=self.stdout.captured(), stderr=stderr, duration_s=duration,
-                             sandboxed=sandboxed, killed_for=killed_for,
-                             note=describe_end(killed_for, exit_code, self.policy, self.output_bytes))
+        return CommandResult(
+            command=self.command,
+            exit_code=exit_code,
+            signal=number,
+            stdout=self.stdout.captured(),
+            stderr=stderr,
+            duration_s=duration,
+            sandboxed=sandboxed,
+            killed_for=killed_for,
+            note=describe_end(killed_for, exit_code, self.policy, self.output_bytes),
+        )
 
 
 def classify_end(exit_code: int | None, number: int | None, stderr: bytes) -> StopReason | None:

@@ -31,10 +31,10 @@ class StreamCapture:
         if not data or not self._tail_room:
             return
         if len(data) >= self._tail_room:
-            self._tail[:] = data[-self._tail_room:]
+            self._tail[:] = data[-self._tail_room :]
         else:
             self._tail += data
-            del self._tail[:-self._tail_room]
+            del self._tail[: -self._tail_room]
 
     def captured(self) -> "CapturedOutput":
         return CapturedOutput(bytes(self._head), bytes(self._tail), self.total)

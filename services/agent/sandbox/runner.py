@@ -8,9 +8,9 @@ import os
 import posixpath
 from pathlib import Path
 
+from services.agent.sandbox.availability import probe
 from services.agent.sandbox.owner import SandboxError, run_as, unreachable_folder
 from services.agent.sandbox.policy import SandboxPolicy
-from services.agent.sandbox.availability import probe
 from services.agent.sandbox.process import Run
 from services.agent.sandbox.result import CommandResult
 
@@ -19,8 +19,9 @@ class SandboxUnavailable(SandboxError):
     """The policy asks for the sandbox and it cannot start here; never run unsandboxed instead."""
 
 
-async def run_command(command: str, *, workspace: Path, cwd: str = "", policy: SandboxPolicy,
-                      stop: asyncio.Event | None = None) -> CommandResult:
+async def run_command(
+    command: str, *, workspace: Path, cwd: str = "", policy: SandboxPolicy, stop: asyncio.Event | None = None
+) -> CommandResult:
     """Run ``command`` with the shell, the workspace as /workspace (sandboxed) or as it is (on the
     host), from ``cwd`` relative to it. SandboxError when it cannot be run as asked (a bad cwd, the
     sandbox unavailable, too many commands at once); otherwise a result, however the command ended.
@@ -38,8 +39,10 @@ async def run_command(command: str, *, workspace: Path, cwd: str = "", policy: S
             raise SandboxUnavailable(f"commands run sandboxed here and the sandbox cannot start: {status.reason}")
         bwrap = status.bwrap
         if os.geteuid() == 0 and (closed := unreachable_folder(workspace)) is not None:
-            raise SandboxError(f"the sandbox's user cannot reach the workspace {workspace}: {closed} is closed to "
-                               f"other users (chmod o+x {closed}: every folder above a workspace must be searchable)")
+            raise SandboxError(
+                f"the sandbox's user cannot reach the workspace {workspace}: {closed} is closed to "
+                f"other users (chmod o+x {closed}: every folder above a workspace must be searchable)"
+            )
     async with run_as(workspace) as who:
         run = Run(command, policy, who, stop)
         if policy.sandboxed:
@@ -73,8 +76,9 @@ def _host_folders(workspace: Path, relative: str) -> tuple[Path, Path]:
     except (OSError, RuntimeError):
         folder, inside = top / relative, False
     if not top.is_dir() or not inside or not folder.is_dir():
-        raise SandboxError(f"cwd {relative!r} is not a folder in the workspace" if relative
-                           else f"the workspace {workspace} is not a folder")
+        raise SandboxError(
+            f"cwd {relative!r} is not a folder in the workspace"
+            if relative
+            else f"the workspace {workspace} is not a folder"
+        )
     return top, folder
-
-

@@ -108,9 +108,7 @@ async def _stream_reply(
             if message.get("thinking"):
                 thinking_open = True
                 sink.thinking(message["thinking"])
-            if thinking_open and (
-                message.get("content") or message.get("tool_calls") or chunk.get("done")
-            ):
+            if thinking_open and (message.get("content") or message.get("tool_calls") or chunk.get("done")):
                 thinking_open = False
                 sink.thinking_end()
             if message.get("content"):

@@ -89,9 +89,7 @@ async def prepare(
         # Pre-turn (first call) or mid-turn (later calls): the Compressor decided on its own
         # count and its dry run, so compression_started never lies. Then one more check,
         # which no longer offers compression: fits, cut further, or too large.
-        if await sizing.compress(
-            _reason(iteration), check.tokens, check.compress_keep_recent_messages
-        ):
+        if await sizing.compress(_reason(iteration), check.tokens, check.compress_keep_recent_messages):
             built = sizing.build()
         check = await sizing.check_size(built, iteration, decide=False)
     if check.decision != cpb.SIZE_DECISION_FITS:

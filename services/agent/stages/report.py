@@ -54,9 +54,7 @@ def model_report(
     # The prompt's characters only for a report of a prompt not counted exactly: summed over the
     # whole prompt they stood between the model's last token and stream_end for nothing.
     sent_chars, had_images = (
-        (0, False)
-        if counted_exactly(check.method, check.shape)
-        else (view_chars(built), any(m.images for m in built))
+        (0, False) if counted_exactly(check.method, check.shape) else (view_chars(built), any(m.images for m in built))
     )
     verdict = judge(
         reply.prompt_eval_count,
@@ -67,9 +65,7 @@ def model_report(
         sent_chars=sent_chars,
         had_images=had_images,
     )
-    metrics.model_report(
-        verdict, method=check.method, counted=check.tokens, reported=reply.prompt_eval_count
-    )
+    metrics.model_report(verdict, method=check.method, counted=check.tokens, reported=reply.prompt_eval_count)
     if verdict.problem:
         log.warning("the model's report for %s is not kept: %s", session_id or "-", verdict.problem)
     elif verdict.prompt_cut:
@@ -128,9 +124,7 @@ async def record_usage(
                 )
             reported = recorded.recorded
         except PalimpsestError as exc:  # the answer is there; a lost report only costs precision
-            log.warning(
-                "could not record the report of a sub-agent of %s: %s", parent_session_id, exc
-            )
+            log.warning("could not record the report of a sub-agent of %s: %s", parent_session_id, exc)
     tokens = reply.prompt_eval_count if reported and reply.prompt_eval_count else check.tokens
     metrics.model_call(reply.prompt_eval_count or 0, reply.eval_count or 0)
     sink.usage(

@@ -65,9 +65,7 @@ def runs_on(
         client_tools=client_tools,
         clamped=clamped,
     )
-    return RunsOn(
-        profile, facts, requested, facts.usable_window(requested), tools, tuple(clamped_out)
-    )
+    return RunsOn(profile, facts, requested, facts.usable_window(requested), tools, tuple(clamped_out))
 
 
 async def settle_mcp(mcp: McpManager | None, profile: Profile) -> bool:

@@ -71,9 +71,7 @@ def tool_calls_of(reply: ChatResult) -> list[common_pb2.ToolCall]:
             common_pb2.ToolCall(
                 id=raw.get("id") or f"call_{i}",
                 name=fn.get("name", ""),
-                arguments_json=json.dumps(arguments)
-                if not isinstance(arguments, str)
-                else arguments,
+                arguments_json=json.dumps(arguments) if not isinstance(arguments, str) else arguments,
             )
         )
     return calls

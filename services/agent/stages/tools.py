@@ -58,9 +58,7 @@ def tool_set(
     # The profile's MCP tools as their servers list them now, kept for the whole turn (the tool
     # block leads the prompt Ollama reuses); a sub-agent gets those its tools list names.
     offered = mcp.tools_for(profile) if mcp is not None else {}
-    tools = tools_for(
-        names, profile.custom_tools, excluded, mcp=named(offered, names) if is_subagent else offered
-    )
+    tools = tools_for(names, profile.custom_tools, excluded, mcp=named(offered, names) if is_subagent else offered)
     tools.update((tool.name, tool) for tool in client_tools)  # the turn's own, after the profile's
     if not clamped:
         return tools, []
@@ -81,9 +79,7 @@ class ToolRun:
     state: TurnState
     is_subagent: bool
     context_for: Callable[[str], ToolContext]  # what the call with this id sees of its turn
-    taint: Callable[
-        [], Awaitable[None]
-    ]  # outside content came in: this run and its parents are marked
+    taint: Callable[[], Awaitable[None]]  # outside content came in: this run and its parents are marked
 
 
 async def run_tools(calls: Sequence[common_pb2.ToolCall], run: ToolRun) -> None:
@@ -93,9 +89,7 @@ async def run_tools(calls: Sequence[common_pb2.ToolCall], run: ToolRun) -> None:
     for call in calls:
         if run.stop.is_set():
             # Every call gets a result, so the context stays valid for the next turn.
-            results.append(
-                Message(role="tool", name=call.name, tool_call_id=call.id, content=NOT_RUN.content)
-            )
+            results.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=NOT_RUN.content))
             _audit(run, call).end(NOT_RUN, 0.0)
             continue
         outcome, elapsed = await run_tool(call, run)
@@ -163,7 +157,5 @@ async def run_tool(call: common_pb2.ToolCall, run: ToolRun) -> tuple[ToolResult,
             outcome = await execute(tool, args, run.context_for(call.id))
     elapsed = time.monotonic() - started
     audited.end(outcome, elapsed)
-    run.sink.tool_finished(
-        call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed
-    )
+    run.sink.tool_finished(call.id, call.name, outcome.content[:PREVIEW_CHARS], outcome.is_error, elapsed)
     return outcome, elapsed

@@ -46,15 +46,11 @@ async def compress(
         return False
     await conv.load()
     if committed and conv.revision != committed:
-        raise Aborted(
-            f"another writer changed session {request.session_id} right after its compression"
-        )
+        raise Aborted(f"another writer changed session {request.session_id} right after its compression")
     return True
 
 
-async def compress_after_turn(
-    compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest
-) -> bool:
+async def compress_after_turn(compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest) -> bool:
     """The post-turn compression, its events for the session's watchers (the turn's stream has
     ended); whether it committed one. A failure is logged."""
     compressed = False
@@ -89,9 +85,7 @@ async def title_session(
         async with asyncio.timeout(TITLE_TIMEOUT_S):
             reply = await ollama.chat(title_request(model, window, goal, answer, thinking))
     except (PalimpsestError, TimeoutError) as exc:
-        log.info(
-            "no title for session %s (%s): its first words stay its name", conv.session_id, exc
-        )
+        log.info("no title for session %s (%s): its first words stay its name", conv.session_id, exc)
         return
     title = clean_title(reply.content)
     if not title or title == first_words:
@@ -147,11 +141,7 @@ async def recall(
         log.warning("memory recall failed for %s: %s", conv.session_id, exc)
         return []
     session = conv.session
-    injected = (
-        session.metadata["injected_chunk_ids"]
-        if session and "injected_chunk_ids" in session.metadata
-        else None
-    )
+    injected = session.metadata["injected_chunk_ids"] if session and "injected_chunk_ids" in session.metadata else None
     seen = set(injected) if isinstance(injected, struct_pb2.ListValue) else set()
     # Each excerpt long enough to say something.
     fits = min(p.memory_recall_k, room // cb.MIN_EXCERPT_CHARS)

@@ -10,8 +10,8 @@ from google.protobuf import timestamp_pb2
 
 from services.agent.tools.base import ToolResult
 from services.shared.file_policy import parse_file_link
-from services.shared.workspace_paths import BadPath, workspace_path
 from services.shared.structs import from_struct, to_struct  # noqa: F401 — the tools' one import site
+from services.shared.workspace_paths import BadPath, workspace_path
 
 
 class ToolInputError(Exception):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, file_name, shorten, text_arg
 from services.shared.content_types import sandboxed, viewer
@@ -25,8 +26,10 @@ class ContentPublishTool:
     parameters = {
         "type": "object",
         "properties": {
-            "path": {"type": "string",
-                     "description": "The file's name in the session (report.html), its session_files path or link."},
+            "path": {
+                "type": "string",
+                "description": "The file's name in the session (report.html), its session_files path or link.",
+            },
             "title": {"type": "string", "description": "A short caption for the card."},
         },
         "required": ["path"],
@@ -47,19 +50,41 @@ class ContentPublishTool:
         if info is None:
             names = ", ".join(f.name for f in listed.files)
             known = f"Its files: {shorten(names, 1_000)}." if names else "It has no files yet."
-            return error(f"content_publish: this session has no file {name!r}. {known} "
-                         "A file from elsewhere goes in with share_file first.")
+            return error(
+                f"content_publish: this session has no file {name!r}. {known} "
+                "A file from elsewhere goes in with share_file first."
+            )
         link = file_link(ctx.session_id, name)
         shown_as = viewer(info.content_type)
         if not shown_as:
-            return error(f"content_publish: {name} is {info.content_type}, which has no inline view; "
-                         f"the user can download it at {link}")
+            return error(
+                f"content_publish: {name} is {info.content_type}, which has no inline view; "
+                f"the user can download it at {link}"
+            )
         sandbox = sandboxed(shown_as)
-        ctx.events.file_shared(agent_pb2.FileShared(name=name, link=link, content_type=info.content_type,
-                                                    size=info.size, viewer=shown_as, title=title, sandbox=sandbox))
+        ctx.events.file_shared(
+            agent_pb2.FileShared(
+                name=name,
+                link=link,
+                content_type=info.content_type,
+                size=info.size,
+                viewer=shown_as,
+                title=title,
+                sandbox=sandbox,
+            )
+        )
         where = " in a sandbox (scripts in it do not run)" if sandbox else ""
-        return ToolResult(content=f"Published {name} ({info.content_type}, {info.size:,} bytes): the user sees it "
-                                  f"inline as {shown_as}{where}. Link: {link}",
-                          untrusted=False, files=[name],
-                          metadata={"name": name, "link": link, "viewer": shown_as, "title": title,
-                                    "content_type": info.content_type, "sandbox": sandbox})
+        return ToolResult(
+            content=f"Published {name} ({info.content_type}, {info.size:,} bytes): the user sees it "
+            f"inline as {shown_as}{where}. Link: {link}",
+            untrusted=False,
+            files=[name],
+            metadata={
+                "name": name,
+                "link": link,
+                "viewer": shown_as,
+                "title": title,
+                "content_type": info.content_type,
+                "sandbox": sandbox,
+            },
+        )

@@ -46,8 +46,9 @@ class Located:
     path: str
 
 
-async def _locate(args: dict[str, Any], ctx: ToolContext, key: str = "path", *, allow_root: bool = False,
-                  default: str | None = None) -> Located:
+async def _locate(
+    args: dict[str, Any], ctx: ToolContext, key: str = "path", *, allow_root: bool = False, default: str | None = None
+) -> Located:
     if ctx.workspace is None:
         raise ToolInputError("this run has no session, so it has no workspace")
     raw = text_arg(args, key, required=default is None, default=default or "")
@@ -63,8 +64,11 @@ def _missing(where: Located, tool: str) -> ToolResult:
     if where.workspace.is_folder(where.path):
         return error(f"{tool}: {where.path} is a folder; list it with list_files")
     close = difflib.get_close_matches(where.path, list(where.workspace.files), n=5, cutoff=0.5)
-    hint = f" Did you mean: {', '.join(close)}?" if close else (
-        " The workspace is empty." if not where.workspace.files else " list_files shows what is there.")
+    hint = (
+        f" Did you mean: {', '.join(close)}?"
+        if close
+        else (" The workspace is empty." if not where.workspace.files else " list_files shows what is there.")
+    )
     return error(f"{tool}: there is no file {where.path!r} in the workspace.{hint}")
 
 
@@ -84,8 +88,10 @@ def read_budget(window: int) -> int:
 
 
 def numbered(lines: list[str], first: int) -> str:
-    return "\n".join(f"{n:>6}\t{line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + ' […line cut]'}"
-                     for n, line in enumerate(lines, first))
+    return "\n".join(
+        f"{n:>6}\t{line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + ' […line cut]'}"
+        for n, line in enumerate(lines, first)
+    )
 
 
 class ReadFileTool:
@@ -119,13 +125,19 @@ class ReadFileTool:
         head = await asyncio.to_thread(where.workspace.read_bytes, where.path, SNIFF)
         kind = content_type(where.path, head)
         if kind.startswith("image/"):
-            return ToolResult(content=f"{where.path} is an image ({kind}, {entry.size:,} bytes): look at it with "
-                                      f"image_view.", untrusted=False, metadata={"path": where.path})
+            return ToolResult(
+                content=f"{where.path} is an image ({kind}, {entry.size:,} bytes): look at it with image_view.",
+                untrusted=False,
+                metadata={"path": where.path},
+            )
         if _is_binary(head) or entry.size > TEXT_MAX_BYTES:
             what = "binary" if _is_binary(head) else f"over {TEXT_MAX_BYTES // (1024 * 1024)} MB"
-            return ToolResult(content=f"{where.path} is {what} ({kind or 'unknown type'}, {entry.size:,} bytes); "
-                                      "its content is not shown. A command can inspect it (file, head, unzip -l).",
-                              untrusted=False, metadata={"path": where.path, "size": entry.size})
+            return ToolResult(
+                content=f"{where.path} is {what} ({kind or 'unknown type'}, {entry.size:,} bytes); "
+                "its content is not shown. A command can inspect it (file, head, unzip -l).",
+                untrusted=False,
+                metadata={"path": where.path, "size": entry.size},
+            )
         data = await asyncio.to_thread(where.workspace.read_bytes, where.path)
         lines = data.decode("utf-8", errors="replace").splitlines()
         total = len(lines)
@@ -134,7 +146,7 @@ class ReadFileTool:
         budget = read_budget(ctx.window)
         shown: list[str] = []
         used = 0
-        for line in lines[offset - 1:offset - 1 + limit]:
+        for line in lines[offset - 1 : offset - 1 + limit]:
             cost = min(len(line), LINE_CHARS) + 8
             if shown and used + cost > budget:
                 break
@@ -143,10 +155,12 @@ class ReadFileTool:
         last = offset + len(shown) - 1
         text = numbered(shown, offset) if shown else "(empty file)"
         if last < total:
-            text += (f"\n[lines {offset}–{last} of {total}; the file goes on: read_file with "
-                     f"offset={last + 1}]")
-        return ToolResult(content=text, untrusted=entry.outside,
-                          metadata={"path": where.path, "lines": [offset, last], "total_lines": total})
+            text += f"\n[lines {offset}–{last} of {total}; the file goes on: read_file with offset={last + 1}]"
+        return ToolResult(
+            content=text,
+            untrusted=entry.outside,
+            metadata={"path": where.path, "lines": [offset, last], "total_lines": total},
+        )
 
 
 class WriteFileTool:
@@ -183,9 +197,11 @@ class WriteFileTool:
         except PalimpsestError as exc:
             return error(f"write_file: {where.path} was not written: {exc}")
         lines = content.count("\n") + (1 if content and not content.endswith("\n") else 0)
-        return ToolResult(content=f"{'Replaced' if existed else 'Created'} {where.path} ({len(data):,} bytes, "
-                                  f"{lines} lines).", untrusted=False,
-                          metadata={"path": where.path, "bytes": len(data)})
+        return ToolResult(
+            content=f"{'Replaced' if existed else 'Created'} {where.path} ({len(data):,} bytes, {lines} lines).",
+            untrusted=False,
+            metadata={"path": where.path, "bytes": len(data)},
+        )
 
 
 class EditFileTool:
@@ -229,23 +245,30 @@ class EditFileTool:
             count = text.count(old)
             if count == 0:
                 hint = " (it differs in whitespace or line breaks)" if _squeezed(old) in _squeezed(text) else ""
-                return error(f"edit_file: the text to replace is not in {where.path}{hint}; read_file shows "
-                             "the file as it is now")
+                return error(
+                    f"edit_file: the text to replace is not in {where.path}{hint}; read_file shows "
+                    "the file as it is now"
+                )
             if count > 1 and args.get("replace_all") is not True:
                 at = _line_numbers(text, old)
-                return error(f"edit_file: the text appears {count} times in {where.path} (lines "
-                             f"{', '.join(map(str, at[:10]))}{'…' if len(at) > 10 else ''}): include more "
-                             "surrounding text to pick one, or set replace_all")
+                return error(
+                    f"edit_file: the text appears {count} times in {where.path} (lines "
+                    f"{', '.join(map(str, at[:10]))}{'…' if len(at) > 10 else ''}): include more "
+                    "surrounding text to pick one, or set replace_all"
+                )
             updated = text.replace(old, new)
             try:
                 await where.workspace.write(where.path, updated.encode())
             except PalimpsestError as exc:
                 return error(f"edit_file: {where.path} was not written: {exc}")
         first = _line_numbers(updated, new)[0] if new else _line_numbers(text, old)[0]
-        around = updated.splitlines()[max(0, first - 3):first + new.count("\n") + 2]
-        return ToolResult(content=f"Edited {where.path}: {count} replacement{'s' if count != 1 else ''}.\n"
-                                  f"{numbered(around, max(1, first - 2))}",
-                          untrusted=entry.outside, metadata={"path": where.path, "replacements": count})
+        around = updated.splitlines()[max(0, first - 3) : first + new.count("\n") + 2]
+        return ToolResult(
+            content=f"Edited {where.path}: {count} replacement{'s' if count != 1 else ''}.\n"
+            f"{numbered(around, max(1, first - 2))}",
+            untrusted=entry.outside,
+            metadata={"path": where.path, "replacements": count},
+        )
 
 
 def _squeezed(text: str) -> str:
@@ -282,19 +305,29 @@ class ListFilesTool:
         except ToolInputError as exc:
             return error(f"list_files: {exc}")
         prefix = f"{where.path}/" if where.path else ""
-        found = sorted((path, entry) for path, entry in where.workspace.files.items()
-                       if path.startswith(prefix) and (not pattern or matches(path[len(prefix):], pattern)))
+        found = sorted(
+            (path, entry)
+            for path, entry in where.workspace.files.items()
+            if path.startswith(prefix) and (not pattern or matches(path[len(prefix) :], pattern))
+        )
         place = where.path or "the workspace"
         if not found:
-            return ToolResult(content=f"No files in {place}{f' match {pattern!r}' if pattern else ''}.",
-                              untrusted=False)
-        lines = [f"{len(found)} file{'s' if len(found) != 1 else ''} in {place}"
-                 + (f" matching {pattern!r}" if pattern else "") + ":"]
+            return ToolResult(
+                content=f"No files in {place}{f' match {pattern!r}' if pattern else ''}.", untrusted=False
+            )
+        lines = [
+            f"{len(found)} file{'s' if len(found) != 1 else ''} in {place}"
+            + (f" matching {pattern!r}" if pattern else "")
+            + ":"
+        ]
         lines += [f"{path}  ({entry.size:,} bytes)" for path, entry in found[:LIST_MAX]]
         if len(found) > LIST_MAX:
             lines.append(f"[… {len(found) - LIST_MAX} more: narrow it with `pattern` or `path`]")
-        return ToolResult(content="\n".join(lines), untrusted=any(e.outside for _, e in found[:LIST_MAX]),
-                          metadata={"files": len(found)})
+        return ToolResult(
+            content="\n".join(lines),
+            untrusted=any(e.outside for _, e in found[:LIST_MAX]),
+            metadata={"files": len(found)},
+        )
 
 
 class GrepTool:
@@ -330,16 +363,19 @@ class GrepTool:
             return error(f"grep: {exc}")
         workspace = where.workspace
         prefix = f"{where.path}/" if where.path else ""
-        paths = sorted(p for p in workspace.files
-                       if (p == where.path or p.startswith(prefix)) and (not glob or matches(p, glob)))
+        paths = sorted(
+            p for p in workspace.files if (p == where.path or p.startswith(prefix)) and (not glob or matches(p, glob))
+        )
         try:
             hits, outside, searched = await asyncio.to_thread(_grep, workspace, paths, pattern, cap)
         except TimeoutError:
             return error(f"grep: the expression took longer than {GREP_SECONDS:g} s on one line; simplify it")
         place = where.path or "the workspace"
         if not hits:
-            return ToolResult(content=f"No match for {raw!r} in {searched} file{'s' if searched != 1 else ''} "
-                                      f"of {place}.", untrusted=False)
+            return ToolResult(
+                content=f"No match for {raw!r} in {searched} file{'s' if searched != 1 else ''} of {place}.",
+                untrusted=False,
+            )
         text = "\n".join(hits[:cap])
         if len(hits) > cap:
             text += f"\n[more matches past {cap}: narrow the search, or raise max_matches]"

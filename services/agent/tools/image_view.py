@@ -11,6 +11,7 @@ from services.agent.tools.common import ToolInputError, error, file_name, text_a
 from services.shared.errors import InvalidArgument, NotFound, PalimpsestError
 from services.shared.image_tokens import image_size
 
+
 async def _download(ctx: ToolContext, name: str) -> tuple[str, bytes]:
     content_type, data = "", bytearray()
     async for part in ctx.store.GetFile(store_pb.GetFileRequest(session_id=ctx.session_id, name=name)):
@@ -51,8 +52,10 @@ class ImageViewTool:
             return error("image_view: this run has no stored session, so it has no files.")
         facts = await ctx.ollama.model_facts(ctx.profile.model)
         if not facts.vision:
-            return error(f"image_view: the model {ctx.profile.model} cannot see images; "
-                         "describe what you need from the user instead.")
+            return error(
+                f"image_view: the model {ctx.profile.model} cannot see images; "
+                "describe what you need from the user instead."
+            )
         try:
             content_type, data = await _download(ctx, name)
         except (NotFound, InvalidArgument):
@@ -64,5 +67,9 @@ class ImageViewTool:
             return error(f"image_view: {name} is not an image ({content_type or 'unknown type'}).")
         width, height = size
         # The bytes come from the store, but what they show came from outside the engine.
-        return ToolResult(content=f"Image {name} ({width}×{height}) is attached.", images=[data], untrusted=True,
-                          metadata={"name": name, "width": width, "height": height})
+        return ToolResult(
+            content=f"Image {name} ({width}×{height}) is attached.",
+            images=[data],
+            untrusted=True,
+            metadata={"name": name, "width": width, "height": height},
+        )

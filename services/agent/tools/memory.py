@@ -21,13 +21,18 @@ from services.agent.tools.common import ToolInputError, error, int_arg, shorten,
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 ACTIONS = ("view", "add", "replace", "remove")
-_WRITES = {"add": store_pb.MEMORY_ACTION_ADD, "replace": store_pb.MEMORY_ACTION_REPLACE,
-           "remove": store_pb.MEMORY_ACTION_REMOVE}
+_WRITES = {
+    "add": store_pb.MEMORY_ACTION_ADD,
+    "replace": store_pb.MEMORY_ACTION_REPLACE,
+    "remove": store_pb.MEMORY_ACTION_REMOVE,
+}
 # What the model can correct from the store's answer; anything else is the registry's failure.
 _CORRECTABLE = (InvalidArgument, NotFound, ResourceExhausted, Aborted, FailedPrecondition)
 QUOTED_CHARS = 200
-WHEN_SEEN = ("New sessions see it at once; this session's prompt shows the memory as it was when the session began "
-             "or was last compressed, and takes the change at its next compression.")
+WHEN_SEEN = (
+    "New sessions see it at once; this session's prompt shows the memory as it was when the session began "
+    "or was last compressed, and takes the change at its next compression."
+)
 
 
 def render(memory: store_pb.GetMemoryResponse) -> str:
@@ -36,12 +41,16 @@ def render(memory: store_pb.GetMemoryResponse) -> str:
     if not memory.entries:
         lines = ["Memory is empty."]
     else:
-        lines = [f"Memory ({len(memory.entries)} of {memory.max_entries} entries, {memory.chars:,} of "
-                 f"{memory.max_chars:,} characters):"]
+        lines = [
+            f"Memory ({len(memory.entries)} of {memory.max_entries} entries, {memory.chars:,} of "
+            f"{memory.max_chars:,} characters):"
+        ]
         lines += [f"[{e.id}] {e.text}" for e in memory.entries]
     if memory.pending:
-        lines.append(f"{len(memory.pending)} write(s) wait for the user's approval: "
-                     + "; ".join(f"#{p.id} {_held_words(p)}" for p in memory.pending))
+        lines.append(
+            f"{len(memory.pending)} write(s) wait for the user's approval: "
+            + "; ".join(f"#{p.id} {_held_words(p)}" for p in memory.pending)
+        )
     return "\n".join(lines)
 
 
@@ -106,14 +115,21 @@ class MemoryTool:
         if reply.HasField("held"):
             held = reply.held.id
             return ToolResult(
-                content=(f"Held for the user's approval as write #{held}, not remembered yet: this conversation has "
-                         "taken in content from outside, which may carry instructions someone planted, so changes "
-                         f"to memory wait until the user approves them (`pal memory approve {held}`) or rejects "
-                         "them. Tell the user what you asked to remember and why."),
-                untrusted=False, metadata={"held": held})
+                content=(
+                    f"Held for the user's approval as write #{held}, not remembered yet: this conversation has "
+                    "taken in content from outside, which may carry instructions someone planted, so changes "
+                    f"to memory wait until the user approves them (`pal memory approve {held}`) or rejects "
+                    "them. Tell the user what you asked to remember and why."
+                ),
+                untrusted=False,
+                metadata={"held": held},
+            )
         entry = reply.entry
-        done = {"add": f"Remembered as entry {entry.id}: {shorten(entry.text, QUOTED_CHARS)}",
-                "replace": f"Entry {entry.id} now reads: {shorten(entry.text, QUOTED_CHARS)}",
-                "remove": f"Forgot entry {entry.id}: {shorten(entry.text, QUOTED_CHARS)}"}[action]
-        return ToolResult(content=f"{done}\n{WHEN_SEEN}", untrusted=False,
-                          metadata={"entry": entry.id, "revision": reply.revision})
+        done = {
+            "add": f"Remembered as entry {entry.id}: {shorten(entry.text, QUOTED_CHARS)}",
+            "replace": f"Entry {entry.id} now reads: {shorten(entry.text, QUOTED_CHARS)}",
+            "remove": f"Forgot entry {entry.id}: {shorten(entry.text, QUOTED_CHARS)}",
+        }[action]
+        return ToolResult(
+            content=f"{done}\n{WHEN_SEEN}", untrusted=False, metadata={"entry": entry.id, "revision": reply.revision}
+        )

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
 from services.agent.untrusted import fence
@@ -37,10 +38,14 @@ def render_chunk(n: int, chunk: common_pb2.RawChunk, untrusted: bool = False) ->
 
 def render_chunks(query: str, chunks: list[common_pb2.RawChunk], untrusted: bool = False) -> str:
     if not chunks:
-        return (f"No matches for {query!r} in this session's compressed history. "
-                "Try other words, or the earlier details may never have been compressed out of the context.")
-    parts = [f"{len(chunks)} passage{'s' if len(chunks) != 1 else ''} from earlier in this session "
-             f"(verbatim, compressed out of the context), best first:"]
+        return (
+            f"No matches for {query!r} in this session's compressed history. "
+            "Try other words, or the earlier details may never have been compressed out of the context."
+        )
+    parts = [
+        f"{len(chunks)} passage{'s' if len(chunks) != 1 else ''} from earlier in this session "
+        f"(verbatim, compressed out of the context), best first:"
+    ]
     parts += [render_chunk(n, c, untrusted) for n, c in enumerate(chunks, 1)]
     return "\n\n".join(parts)
 
@@ -55,8 +60,10 @@ class MemorySearchTool:
     parameters = {
         "type": "object",
         "properties": {
-            "query": {"type": "string",
-                      "description": "What the passage you need says: its words, or the same thing in other words."},
+            "query": {
+                "type": "string",
+                "description": "What the passage you need says: its words, or the same thing in other words.",
+            },
             "limit": {"type": "integer", "description": f"Passages to return, 1 to {MAX_LIMIT} (default 5)."},
         },
         "required": ["query"],
@@ -71,8 +78,17 @@ class MemorySearchTool:
         if not ctx.session_id:
             return error("memory_search: this run has no stored session, so there is no earlier history to search.")
         reply = await ctx.store.SearchMemory(
-            store_pb.SearchMemoryRequest(session_id=ctx.session_id, query=query, limit=limit,
-                                         min_similarity=MIN_SIMILARITY, embed_model=ctx.profile.embed_model))
+            store_pb.SearchMemoryRequest(
+                session_id=ctx.session_id,
+                query=query,
+                limit=limit,
+                min_similarity=MIN_SIMILARITY,
+                embed_model=ctx.profile.embed_model,
+            )
+        )
         chunks = list(reply.chunks)
-        return ToolResult(content=render_chunks(query, chunks, ctx.untrusted), untrusted=ctx.untrusted,
-                          metadata={"matches": len(chunks)})
+        return ToolResult(
+            content=render_chunks(query, chunks, ctx.untrusted),
+            untrusted=ctx.untrusted,
+            metadata={"matches": len(chunks)},
+        )

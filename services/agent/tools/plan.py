@@ -22,7 +22,8 @@ from typing import Any
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import role_and_content, shorten, text_arg
 from services.agent.tools.scratchpad import load_notes
-from services.agent.tools.todo import load_todo, render as render_todo, replace_todo
+from services.agent.tools.todo import load_todo, replace_todo
+from services.agent.tools.todo import render as render_todo
 
 log = logging.getLogger("palimpsest.agent.plan")
 
@@ -94,8 +95,14 @@ _HEADER_ANY_CASE = re.compile(r"^[\s*_#>]*" + _NAMES + r"[\s*_]*:[\s*_]*(.*)$", 
 _DIRECT_LINE = re.compile(r"^[\s*_#`]*DIRECT[\s*_.!`]*$", re.IGNORECASE)
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)])\s+")
 _EMPTY_ITEMS = {"", "-", "none", "n/a", "na", "nothing", "none.", "no"}
-_COMPLEXITY_WORDS = {"simple": "simple", "trivial": "simple", "medium": "medium", "moderate": "medium",
-                     "complex": "complex", "autonomous": "complex"}
+_COMPLEXITY_WORDS = {
+    "simple": "simple",
+    "trivial": "simple",
+    "medium": "medium",
+    "moderate": "medium",
+    "complex": "complex",
+    "autonomous": "complex",
+}
 
 
 def _clean(text: str) -> str:
@@ -143,8 +150,9 @@ def parse_analysis(text: str) -> Analysis:
 
 
 _STEP_LINE = re.compile(r"^[\s*_>\-]*(?:step\s*)?(\d{1,3})\s*[.):][\s*_]*(.+)$", re.IGNORECASE)
-_MILESTONE_LINE = re.compile(r"^[\s*_#>\-]*milestone\b\s*(?:\d+|[A-Z]\b)?[.)]?[\s*_]*[:\-—–]?[\s*_]*(.*)$",
-                             re.IGNORECASE)
+_MILESTONE_LINE = re.compile(
+    r"^[\s*_#>\-]*milestone\b\s*(?:\d+|[A-Z]\b)?[.)]?[\s*_]*[:\-—–]?[\s*_]*(.*)$", re.IGNORECASE
+)
 _STEPS_HEADER = re.compile(r"^[\s*_#>]*(?:STEPS|EXECUTION PLAN|PLAN)[\s*_]*:?[\s*_]*$", re.IGNORECASE)
 # TOOL: name / AGENT: profile in any case (the colon makes them unambiguous); SELF only in capitals,
 # so "self-check" in a description is not read as an executor.
@@ -163,7 +171,7 @@ def _step_from(text: str, milestone: str) -> Step | None:
         last = matches[-1]
         if last.group("kind"):
             executor, target = last.group("kind").upper(), last.group("target").rstrip(".:")
-        text = text[: last.start()] + text[last.end():]
+        text = text[: last.start()] + text[last.end() :]
     text = _LEADING.sub("", _TRAILING.sub("", text.replace("**", "").replace("__", ""))).strip()
     if not text:
         return None
@@ -199,8 +207,11 @@ def cap_steps(steps: Sequence[Step], complexity: str) -> list[Step]:
 # -- prompts -----------------------------------------------------------------------------------
 def windowed_request(conversation: Sequence[Any], task: str = "", limit: int = REQUEST_WINDOW_CHARS) -> str:
     """The conversation as the planner reads it: the newest `limit` chars, the first request pinned."""
-    turns = [(role, content.strip()) for role, content in map(role_and_content, conversation)
-             if role != "system" and content.strip()]
+    turns = [
+        (role, content.strip())
+        for role, content in map(role_and_content, conversation)
+        if role != "system" and content.strip()
+    ]
     if task and not (turns and turns[-1] == ("user", task)):
         turns.append(("user", task))
     lines = [f"{role.upper()}: {content}" for role, content in turns]
@@ -209,7 +220,7 @@ def windowed_request(conversation: Sequence[Any], task: str = "", limit: int = R
         return whole
     original = next((content for role, content in turns if role == "user"), "")
     pinned = f"ORIGINAL TASK (pinned): {shorten(original, min(PINNED_TASK_CHARS, limit // 4))}\n\n"
-    recent = whole[-max(0, limit - len(pinned) - 40):]
+    recent = whole[-max(0, limit - len(pinned) - 40) :]
     return pinned + "[… earlier conversation omitted …]\n\n" + recent
 
 
@@ -246,26 +257,36 @@ def analysis_prompt(*, is_subagent: bool, revision: str = "") -> str:
         "complex: many actions, research or delegation, or a costly mistake if done wrong."
     )
     if is_subagent:
-        prompt += ("\n\nYou are planning for a sub-agent. If its subtask is trivial (one obvious action), "
-                   "answer with the single word DIRECT instead, and no plan will be made.")
+        prompt += (
+            "\n\nYou are planning for a sub-agent. If its subtask is trivial (one obvious action), "
+            "answer with the single word DIRECT instead, and no plan will be made."
+        )
     if revision:
-        prompt += ("\n\nThis is a REVISION: an earlier plan no longer fits. Analyse what remains, keep the "
-                   "finished work, and do not repeat it.")
+        prompt += (
+            "\n\nThis is a REVISION: an earlier plan no longer fits. Analyse what remains, keep the "
+            "finished work, and do not repeat it."
+        )
     return prompt
 
 
-def plan_prompt(complexity: str, tools: Sequence[tuple[str, str]], *, can_delegate: bool, profile_id: str,
-                revision: bool = False) -> str:
+def plan_prompt(
+    complexity: str, tools: Sequence[tuple[str, str]], *, can_delegate: bool, profile_id: str, revision: bool = False
+) -> str:
     low, high = DEPTH.get(complexity, DEPTH[DEFAULT_COMPLEXITY])
     executors = ["TOOL: <tool name> — one call of one of the tools listed below"]
     if can_delegate:
-        executors.append(f"AGENT: <profile id> — a bounded subtask of three or more tool calls, handed to a "
-                         f"sub-agent with spawn_agent (this agent's profile is {profile_id!r})")
+        executors.append(
+            f"AGENT: <profile id> — a bounded subtask of three or more tool calls, handed to a "
+            f"sub-agent with spawn_agent (this agent's profile is {profile_id!r})"
+        )
     executors.append("SELF — reasoning, synthesis or writing you do directly")
     tool_lines = "\n".join(f"- {name}: {about}" for name, about in tools) or "- (no tools)"
     return (
-        ("Revise the execution plan: the steps still to do, given the progress so far. " if revision else
-         "Write the execution plan for the analysed task. ")
+        (
+            "Revise the execution plan: the steps still to do, given the progress so far. "
+            if revision
+            else "Write the execution plan for the analysed task. "
+        )
         + "Do not carry it out.\n\nLayout:\n"
         "MILESTONE: <an intermediate result worth checking>\n"
         "1. <one action> — <executor>\n"
@@ -316,10 +337,14 @@ def follow_up(complexity: str, *, is_subagent: bool) -> str:
     if is_subagent:
         return SUBAGENT_FOLLOW_UP
     if complexity == "complex":
-        return ("This is a complex task. Present the plan to the user briefly and WAIT for the user's "
-                "confirmation before carrying out any step: end your turn after presenting it.")
-    return ("The plan is in the todo list. Proceed now with step 1, marking each step in_progress when you "
-            "start it and done when it is finished.")
+        return (
+            "This is a complex task. Present the plan to the user briefly and WAIT for the user's "
+            "confirmation before carrying out any step: end your turn after presenting it."
+        )
+    return (
+        "The plan is in the todo list. Proceed now with step 1, marking each step in_progress when you "
+        "start it and done when it is finished."
+    )
 
 
 # -- the pipeline ------------------------------------------------------------------------------
@@ -362,12 +387,17 @@ async def build_plan(ctx: ToolContext, *, task: str = "", reason: str = "", upda
 
     ctx.events.planning_status("Re-planning: analyzing what changed…" if reason else "Analyzing the request…")
     analysis_input = f"REQUEST:\n{request}" + (f"\n\nREVISION:\n{revision}" if revision else "")
-    analysis_text = await _chat(ctx, analysis_prompt(is_subagent=ctx.is_subagent, revision=revision),
-                                analysis_input, think)
+    analysis_text = await _chat(
+        ctx, analysis_prompt(is_subagent=ctx.is_subagent, revision=revision), analysis_input, think
+    )
     analysis = parse_analysis(analysis_text)
     entry: dict[str, Any] = {
-        "at": datetime.now(UTC).isoformat(), "kind": "replan" if reason else "plan", "subagent": ctx.is_subagent,
-        "model": ctx.profile.model, "reason": reason, "analysis": shorten(analysis_text, LOG_TEXT_CHARS),
+        "at": datetime.now(UTC).isoformat(),
+        "kind": "replan" if reason else "plan",
+        "subagent": ctx.is_subagent,
+        "model": ctx.profile.model,
+        "reason": reason,
+        "analysis": shorten(analysis_text, LOG_TEXT_CHARS),
     }
     if analysis.direct and ctx.is_subagent:
         ctx.events.planning_status("Simple subtask: no plan needed")
@@ -377,8 +407,14 @@ async def build_plan(ctx: ToolContext, *, task: str = "", reason: str = "", upda
     ctx.events.planning_status("Writing the execution plan…")
     tools, can_delegate = planning_tools(ctx.tool_schemas)
     plan_input = f"{analysis_input}\n\nANALYSIS:\n{analysis_text.strip()}"
-    plan_text = await _chat(ctx, plan_prompt(analysis.complexity, tools, can_delegate=can_delegate,
-                                             profile_id=ctx.profile.id, revision=bool(reason)), plan_input, think)
+    plan_text = await _chat(
+        ctx,
+        plan_prompt(
+            analysis.complexity, tools, can_delegate=can_delegate, profile_id=ctx.profile.id, revision=bool(reason)
+        ),
+        plan_input,
+        think,
+    )
     steps = cap_steps(parse_steps(plan_text), analysis.complexity)
     if not steps:  # an answer without numbered steps still leaves the agent one honest step
         steps = [Step(1, analysis.task or "Carry out the request", "SELF")]
@@ -389,8 +425,16 @@ async def build_plan(ctx: ToolContext, *, task: str = "", reason: str = "", upda
     labels = [s.render() for s in steps]
     await replace_todo(ctx, labels)
     ctx.events.plan_ready(rendered, labels, analysis.complexity)
-    await _store_log(ctx, {**entry, "direct": False, "complexity": analysis.complexity,
-                           "plan": shorten(plan_text, LOG_TEXT_CHARS), "steps": labels})
+    await _store_log(
+        ctx,
+        {
+            **entry,
+            "direct": False,
+            "complexity": analysis.complexity,
+            "plan": shorten(plan_text, LOG_TEXT_CHARS),
+            "steps": labels,
+        },
+    )
     return PlanOutcome(analysis, steps, rendered)
 
 
@@ -413,20 +457,30 @@ class PlanTool:
     }
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        outcome = await build_plan(ctx, task=text_arg(args, "task"), reason=text_arg(args, "reason"),
-                                   updated_goal=text_arg(args, "updated_goal"))
+        outcome = await build_plan(
+            ctx,
+            task=text_arg(args, "task"),
+            reason=text_arg(args, "reason"),
+            updated_goal=text_arg(args, "updated_goal"),
+        )
         if outcome.direct:
-            return ToolResult(content="This subtask is simple enough to do directly: no plan was made. Do it now.",
-                              untrusted=False)
+            return ToolResult(
+                content="This subtask is simple enough to do directly: no plan was made. Do it now.", untrusted=False
+            )
         steps = [s.render() for s in outcome.steps]
         complexity = outcome.analysis.complexity
         # The loop appends metadata["plan"] right after this result as an assistant message (is_plan),
         # so the plan reaches the model once, as its own words, instead of twice.
-        content = (f"{follow_up(complexity, is_subagent=ctx.is_subagent)}\n\nThe plan ({complexity}, "
-                   f"{len(steps)} step{'s' if len(steps) != 1 else ''}) follows as your own message; "
-                   "its steps are now the todo list.")
-        return ToolResult(content=content, untrusted=False,
-                          metadata={"plan": outcome.text, "steps": steps, "complexity": outcome.analysis.complexity})
+        content = (
+            f"{follow_up(complexity, is_subagent=ctx.is_subagent)}\n\nThe plan ({complexity}, "
+            f"{len(steps)} step{'s' if len(steps) != 1 else ''}) follows as your own message; "
+            "its steps are now the todo list."
+        )
+        return ToolResult(
+            content=content,
+            untrusted=False,
+            metadata={"plan": outcome.text, "steps": steps, "complexity": outcome.analysis.complexity},
+        )
 
 
 async def run_subagent_planning(ctx: ToolContext, task: str) -> str | None:
@@ -444,4 +498,3 @@ async def run_subagent_planning(ctx: ToolContext, task: str) -> str | None:
         log.warning("sub-agent planning failed; the sub-agent runs without a plan", exc_info=True)
         return None
     return None if outcome.direct else outcome.text
-

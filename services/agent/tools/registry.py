@@ -16,7 +16,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from services.agent.mcp_servers.config import PREFIX as MCP_PREFIX, is_mcp_name
+from services.agent.mcp_servers.config import PREFIX as MCP_PREFIX
+from services.agent.mcp_servers.config import is_mcp_name
 from services.agent.tools.base import Tool, ToolContext, ToolResult, refusal
 from services.agent.tools.content_publish import ContentPublishTool
 from services.agent.tools.files import FILE_TOOLS
@@ -37,9 +38,21 @@ log = logging.getLogger("palimpsest.agent.tools")
 
 BUILTIN: dict[str, Tool] = {
     tool.name: tool
-    for tool in (PlanTool(), TodoTool(), SpawnAgentTool(), MemorySearchTool(), SessionSearchTool(),
-                 ImageViewTool(), SwitchProfileTool(), ShareFileTool(), ContentPublishTool(), MemoryTool(),
-                 ScratchpadTool(), *FILE_TOOLS, RunCommandTool())
+    for tool in (
+        PlanTool(),
+        TodoTool(),
+        SpawnAgentTool(),
+        MemorySearchTool(),
+        SessionSearchTool(),
+        ImageViewTool(),
+        SwitchProfileTool(),
+        ShareFileTool(),
+        ContentPublishTool(),
+        MemoryTool(),
+        ScratchpadTool(),
+        *FILE_TOOLS,
+        RunCommandTool(),
+    )
 }
 
 # Custom tools already warned about for saying nothing of their reach (once each per process).
@@ -68,18 +81,23 @@ def load_custom(path: str) -> Tool:
         except Exception as exc:  # noqa: BLE001 — any constructor failure is a configuration error
             raise InvalidArgument("custom_tools", f"cannot instantiate {path!r}: {exc}") from None
     if not isinstance(obj, Tool) or not inspect.iscoroutinefunction(obj.run):
-        raise InvalidArgument("custom_tools", f"{path!r} is not a tool: it needs name, description, "
-                                              "parameters and an async run(args, ctx)")
+        raise InvalidArgument(
+            "custom_tools",
+            f"{path!r} is not a tool: it needs name, description, parameters and an async run(args, ctx)",
+        )
     if not isinstance(obj.name, str) or not obj.name or not isinstance(obj.parameters, dict):
         raise InvalidArgument("custom_tools", f"{path!r} needs a non-empty name and a JSON-schema dict parameters")
     if is_mcp_name(obj.name):
-        raise InvalidArgument("custom_tools", f"{path!r} is named {obj.name!r}: names starting with {MCP_PREFIX} "
-                                              "are the MCP servers' tools")
+        raise InvalidArgument(
+            "custom_tools",
+            f"{path!r} is named {obj.name!r}: names starting with {MCP_PREFIX} are the MCP servers' tools",
+        )
     return obj
 
 
-def tools_for(names: Iterable[str], custom: Iterable[str] = (), exclude: Iterable[str] = (),
-              mcp: dict[str, Tool] | None = None) -> dict[str, Tool]:
+def tools_for(
+    names: Iterable[str], custom: Iterable[str] = (), exclude: Iterable[str] = (), mcp: dict[str, Tool] | None = None
+) -> dict[str, Tool]:
     """The tools a profile asks for, in its order, then its custom tools, then `mcp` (the MCP tools
     it offers), minus `exclude`.
 
@@ -103,8 +121,9 @@ def tools_for(names: Iterable[str], custom: Iterable[str] = (), exclude: Iterabl
         elif name not in excluded:
             chosen[name] = available[name]
     if unknown:
-        raise InvalidArgument("tools", f"unknown tool(s) {', '.join(map(repr, unknown))}; "
-                                       f"known: {', '.join(available)}")
+        raise InvalidArgument(
+            "tools", f"unknown tool(s) {', '.join(map(repr, unknown))}; known: {', '.join(available)}"
+        )
     for name, tool in (*extras.items(), *(mcp or {}).items()):
         if name not in excluded:
             chosen.setdefault(name, tool)
@@ -112,8 +131,14 @@ def tools_for(names: Iterable[str], custom: Iterable[str] = (), exclude: Iterabl
 
 
 # -- checking the model's arguments ------------------------------------------------------------
-_TYPE_NAMES = {"string": "a string", "integer": "a whole number", "number": "a number",
-               "boolean": "true or false", "array": "a list", "object": "an object"}
+_TYPE_NAMES = {
+    "string": "a string",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "an object",
+}
 
 
 def _coerce(value: Any, expected: str) -> tuple[bool, Any]:
@@ -219,16 +244,22 @@ async def execute(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
     checked, problem = check_arguments(tool, args)
     if checked is None:
         properties = ", ".join((tool.parameters or {}).get("properties") or {}) or "none"
-        return ToolResult(content=f"Invalid arguments for {tool.name}: {problem}. Parameters: {properties}.",
-                          is_error=True, untrusted=False)
+        return ToolResult(
+            content=f"Invalid arguments for {tool.name}: {problem}. Parameters: {properties}.",
+            is_error=True,
+            untrusted=False,
+        )
     refused = refusal(tool, checked, ctx)
     if refused:  # judged on every call: the conversation may have been tainted earlier in this batch
         log.info("tool %s refused in a tainted conversation (session %s)", tool.name, ctx.session_id or "-")
         if not hasattr(tool, "reach") and not hasattr(tool, "reach_of") and tool.name not in _SILENT_REACH:
             _SILENT_REACH.add(tool.name)
-            log.warning("custom tool %s says nothing of its reach, so it counts as acting outside the "
-                        "conversation and is refused once outside content is in it; if it only reads, or acts "
-                        "on nothing outside Palimpsest, give it reach = \"engine\" (or \"session\")", tool.name)
+            log.warning(
+                "custom tool %s says nothing of its reach, so it counts as acting outside the "
+                "conversation and is refused once outside content is in it; if it only reads, or acts "
+                'on nothing outside Palimpsest, give it reach = "engine" (or "session")',
+                tool.name,
+            )
         return ToolResult(content=refused, is_error=True, untrusted=False, metadata={"refused": "untrusted content"})
     try:
         result = await tool.run(checked, ctx)

@@ -53,8 +53,10 @@ class RunCommandTool:
         try:
             command = text_arg(args, "command", required=True)
             if len(command) > MAX_COMMAND_CHARS:
-                raise ToolInputError(f"'command' is {len(command):,} characters; at most {MAX_COMMAND_CHARS:,} "
-                                     "(write a script with write_file and run that)")
+                raise ToolInputError(
+                    f"'command' is {len(command):,} characters; at most {MAX_COMMAND_CHARS:,} "
+                    "(write a script with write_file and run that)"
+                )
         except ToolInputError as exc:
             return error(f"run_command: {exc}")
         workspace = ctx.workspace
@@ -65,8 +67,9 @@ class RunCommandTool:
             await workspace.ready(ctx.turn_key)
             await asyncio.to_thread((workspace.folder / ctx.cwd).mkdir, parents=True, exist_ok=True)
             try:
-                result = await run_in_sandbox(command, workspace=workspace.folder, cwd=ctx.cwd, policy=policy,
-                                              stop=ctx.stop)
+                result = await run_in_sandbox(
+                    command, workspace=workspace.folder, cwd=ctx.cwd, policy=policy, stop=ctx.stop
+                )
             except SandboxError as exc:
                 pinned = " (this session's commands are pinned to the sandbox)" if ctx.sandbox_pinned else ""
                 return error(f"run_command: the command was not run: {exc}{pinned}")
@@ -77,9 +80,13 @@ class RunCommandTool:
         summary = kept.summary()
         if summary:
             text += "\n" + summary
-        metadata: dict[str, Any] = {"exit_code": result.exit_code if result.exit_code is not None else -1,
-                                    "sandboxed": result.sandboxed, "network": policy.network,
-                                    "duration_s": round(result.duration_s, 3), "output_bytes": result.output_bytes}
+        metadata: dict[str, Any] = {
+            "exit_code": result.exit_code if result.exit_code is not None else -1,
+            "sandboxed": result.sandboxed,
+            "network": policy.network,
+            "duration_s": round(result.duration_s, 3),
+            "output_bytes": result.output_bytes,
+        }
         if result.killed_for is not None:
             metadata["killed_for"] = str(result.killed_for)
         if ctx.stop is not None and ctx.stop.is_set():
@@ -101,8 +108,12 @@ class RunCommandTool:
             if ctx.update_session is not None:
                 await ctx.update_session(**changes)
             else:  # a RunEphemeral sub-agent: its parent's session, directly
-                await ctx.store.UpdateSession(store_pb.UpdateSessionRequest(
-                    session_id=ctx.session_id, mark_sandboxed=changes.get("mark_sandboxed", False),
-                    mark_episode_untrusted=changes.get("mark_episode_untrusted", False)))
+                await ctx.store.UpdateSession(
+                    store_pb.UpdateSessionRequest(
+                        session_id=ctx.session_id,
+                        mark_sandboxed=changes.get("mark_sandboxed", False),
+                        mark_episode_untrusted=changes.get("mark_episode_untrusted", False),
+                    )
+                )
         except PalimpsestError as exc:  # the command ran; the flag is written by the next one
             log.warning("session %s not marked %s: %s", ctx.session_id, ", ".join(changes), exc)

@@ -34,8 +34,10 @@ def notes_from_metadata(metadata: dict[str, Any]) -> list[dict[str, str]]:
 def render(notes: Sequence[dict[str, str]]) -> str:
     if not notes:
         return "The scratchpad is empty."
-    return "\n".join([f"Scratchpad ({len(notes)} note{'s' if len(notes) != 1 else ''}):"]
-                     + [f"{n}. [{note['kind']}] {note['text']}" for n, note in enumerate(notes, 1)])
+    return "\n".join(
+        [f"Scratchpad ({len(notes)} note{'s' if len(notes) != 1 else ''}):"]
+        + [f"{n}. [{note['kind']}] {note['text']}" for n, note in enumerate(notes, 1)]
+    )
 
 
 def _persistent(ctx: ToolContext) -> bool:
@@ -47,7 +49,8 @@ async def load_notes(ctx: ToolContext) -> list[dict[str, str]]:
     if not _persistent(ctx):
         return list(ctx.state.scratchpad)
     reply = await ctx.store.GetSession(
-        store_pb.GetSessionRequest(session_id=ctx.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+        store_pb.GetSessionRequest(session_id=ctx.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+    )
     return notes_from_metadata(from_struct(reply.session.metadata))
 
 
@@ -61,8 +64,10 @@ async def save_notes(ctx: ToolContext, notes: list[dict[str, str]]) -> None:
 class ScratchpadTool:
     name = "scratchpad"
     reach = Reach.SESSION  # its own session (a sub-agent: its parent's) and the model only
-    description = ("Notes of what you found and what failed, which a re-plan (plan with a reason) reads: add a "
-                   "`note` (`kind` finding or error), list, clear.")
+    description = (
+        "Notes of what you found and what failed, which a re-plan (plan with a reason) reads: add a "
+        "`note` (`kind` finding or error), list, clear."
+    )
     parameters = {
         "type": "object",
         "properties": {
@@ -90,15 +95,18 @@ class ScratchpadTool:
             raise ToolInputError(f"unknown action {action!r}: use add, list or clear")
         text = text_arg(args, "note", required=True)
         if len(text) > NOTE_CHARS:
-            raise ToolInputError(f"a note holds at most {NOTE_CHARS:,} characters, this one {len(text):,}: "
-                                 "keep what matters")
+            raise ToolInputError(
+                f"a note holds at most {NOTE_CHARS:,} characters, this one {len(text):,}: keep what matters"
+            )
         kind = text_arg(args, "kind", default="finding")
         if kind not in KINDS:
             raise ToolInputError(f"'kind' must be one of {', '.join(KINDS)}")
         notes = await load_notes(ctx)
         if len(notes) >= MAX_NOTES:
-            raise ToolInputError(f"the scratchpad is full ({MAX_NOTES} notes): clear it once a re-plan has used "
-                                 "them, or fold several into one")
+            raise ToolInputError(
+                f"the scratchpad is full ({MAX_NOTES} notes): clear it once a re-plan has used "
+                "them, or fold several into one"
+            )
         notes.append({"kind": kind, "text": text})
         await save_notes(ctx, notes)
         return self._result(notes)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from palimpsest.v1 import common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, int_arg, shorten, text_arg, when
 from services.agent.untrusted import fence
@@ -31,8 +32,10 @@ def session_line(s: common_pb2.SessionSummary, current: str = "") -> str:
     title = s.name or shorten(s.preview, 80) or "(untitled)"
     mark = " (this session)" if s.id == current else ""
     taint = " · has taken in outside content" if s.untrusted_ingested else ""
-    return (f"- {s.id}{mark} · {title} · {s.display_message_count} messages · "
-            f"last active {when(s.last_active)} · model {s.model or '?'}{taint}")
+    return (
+        f"- {s.id}{mark} · {title} · {s.display_message_count} messages · "
+        f"last active {when(s.last_active)} · model {s.model or '?'}{taint}"
+    )
 
 
 def render_message(index: int, m: common_pb2.Message) -> str:
@@ -50,9 +53,11 @@ def render_message(index: int, m: common_pb2.Message) -> str:
 def render_history(session: common_pb2.Session, start: int = 0, budget: int = GET_CHARS) -> str:
     """The display history from `start`, compact, within `budget` chars, saying where it stopped."""
     total = len(session.messages)
-    head = (f"Session {session.id} · {session.name or '(untitled)'} · {total} messages · "
-            f"created {when(session.created_at)} · last active {when(session.last_active)} · "
-            f"model {session.model or '?'}")
+    head = (
+        f"Session {session.id} · {session.name or '(untitled)'} · {total} messages · "
+        f"created {when(session.created_at)} · last active {when(session.last_active)} · "
+        f"model {session.model or '?'}"
+    )
     lines, used = [head], len(head)
     shown_to = start
     for index in range(start, total):
@@ -63,8 +68,10 @@ def render_history(session: common_pb2.Session, start: int = 0, budget: int = GE
         used += len(line) + 1
         shown_to = index + 1
     if shown_to < total:
-        lines.append(f"[… {total - shown_to} later messages not shown (about {budget:,} chars per call); "
-                     f"call get again with start={shown_to} to read on]")
+        lines.append(
+            f"[… {total - shown_to} later messages not shown (about {budget:,} chars per call); "
+            f"call get again with start={shown_to} to read on]"
+        )
     elif start >= total and total:
         lines.append(f"(start={start} is past the last message; the history has {total} messages)")
     return "\n".join(lines)
@@ -111,11 +118,14 @@ class SessionSearchTool:
         return ToolResult(content=text, untrusted=True)
 
     @staticmethod
-    async def _summaries(ctx: ToolContext, query: str, page_size: int,
-                         sort_by: store_pb.SortBy = store_pb.SORT_BY_LAST_ACTIVE) -> store_pb.ListSessionsResponse:
+    async def _summaries(
+        ctx: ToolContext, query: str, page_size: int, sort_by: store_pb.SortBy = store_pb.SORT_BY_LAST_ACTIVE
+    ) -> store_pb.ListSessionsResponse:
         return await ctx.store.ListSessions(
-            store_pb.ListSessionsRequest(query=query, sort_by=sort_by, page_size=page_size,
-                                         embed_model=ctx.profile.embed_model))
+            store_pb.ListSessionsRequest(
+                query=query, sort_by=sort_by, page_size=page_size, embed_model=ctx.profile.embed_model
+            )
+        )
 
     async def _list(self, ctx: ToolContext, limit: int) -> str:
         reply = await self._summaries(ctx, "", limit)
@@ -131,10 +141,14 @@ class SessionSearchTool:
         if not reply.sessions:
             return f"No session mentions {query!r} or its words, or is about it."
         matches = await ctx.store.SearchMatches(
-            store_pb.SearchMatchesRequest(session_ids=[s.id for s in reply.sessions], query=query))
+            store_pb.SearchMatchesRequest(session_ids=[s.id for s in reply.sessions], query=query)
+        )
         found = {m.session_id: m for m in matches.matches}
-        lines = [f"{reply.total} session{'s' if reply.total != 1 else ''} match {query!r}, best first"
-                 + (f" (showing {len(reply.sessions)})" if reply.total > len(reply.sessions) else "") + ":"]
+        lines = [
+            f"{reply.total} session{'s' if reply.total != 1 else ''} match {query!r}, best first"
+            + (f" (showing {len(reply.sessions)})" if reply.total > len(reply.sessions) else "")
+            + ":"
+        ]
         for s in reply.sessions:
             lines.append(session_line(s, ctx.session_id))
             match = found.get(s.id)
@@ -168,9 +182,11 @@ class SessionSearchTool:
     async def _get(ctx: ToolContext, session_id: str, start: int) -> str:
         try:
             reply = await ctx.store.GetSession(
-                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
+                store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY)
+            )
         except _NOT_READABLE:
-            raise ToolInputError(f"no session {session_id!r} that you can read "
-                                 "(use list, search or find for valid ids)") from None
+            raise ToolInputError(
+                f"no session {session_id!r} that you can read (use list, search or find for valid ids)"
+            ) from None
         history = render_history(reply.session, start)
         return fence(history, f"session {session_id}") if reply.session.untrusted_ingested else history

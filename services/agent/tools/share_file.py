@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import PurePosixPath
 from typing import Any
 
-from palimpsest.v1 import agent_pb2, common_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.local_files import OpenedFile, Refused, open_shareable, read_chunk
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, text_arg
@@ -22,8 +23,9 @@ async def copy_to_session(ctx: ToolContext, opened: OpenedFile, name: str) -> co
     changed: list[Refused] = []
 
     async def parts() -> AsyncIterator[store_pb.PutFileRequest]:
-        yield store_pb.PutFileRequest(header=store_pb.PutFileHeader(session_id=ctx.session_id, filename=name,
-                                                                    from_tool=True))
+        yield store_pb.PutFileRequest(
+            header=store_pb.PutFileHeader(session_id=ctx.session_id, filename=name, from_tool=True)
+        )
         copied = 0
         while True:
             try:
@@ -39,8 +41,11 @@ async def copy_to_session(ctx: ToolContext, opened: OpenedFile, name: str) -> co
     try:
         # The services' vouch: the copy's content reaches the model only through a later tool result
         # (which taints then), so storing it leaves the conversation as trusted as it was.
-        return (await ctx.store.PutFile(parts(), metadata=vouching_metadata(ctx.settings.auth_enabled,
-                                                                             ctx.settings.jwt_secret))).file
+        return (
+            await ctx.store.PutFile(
+                parts(), metadata=vouching_metadata(ctx.settings.auth_enabled, ctx.settings.jwt_secret)
+            )
+        ).file
     except (asyncio.CancelledError, PalimpsestError):
         if changed:  # our own cancellation, not a Stop
             raise changed[0] from None
@@ -74,8 +79,9 @@ class ShareFileTool:
             return error("share_file: this run has no stored session to share files in.")
         settings = ctx.settings
         try:
-            opened = await asyncio.to_thread(open_shareable, source, settings.share_file_roots,
-                                             settings.share_file_max_bytes)
+            opened = await asyncio.to_thread(
+                open_shareable, source, settings.share_file_roots, settings.share_file_max_bytes
+            )
         except Refused as exc:
             return error(f"share_file: {exc}")
         try:
@@ -85,10 +91,14 @@ class ShareFileTool:
         finally:
             await asyncio.to_thread(opened.close)
         link = file_link(ctx.session_id, info.name)
-        ctx.events.file_shared(agent_pb2.FileShared(name=info.name, link=link, content_type=info.content_type,
-                                                    size=info.size))
+        ctx.events.file_shared(
+            agent_pb2.FileShared(name=info.name, link=link, content_type=info.content_type, size=info.size)
+        )
         # Our own words about the file, not its content: nothing untrusted reaches the context.
-        return ToolResult(content=f"Shared {source} as {info.name} ({info.size:,} bytes, {info.content_type}). "
-                                  f"The user can download it at {link}",
-                          untrusted=False, files=[info.name],
-                          metadata={"name": info.name, "link": link, "size": info.size, "sha256": info.sha256})
+        return ToolResult(
+            content=f"Shared {source} as {info.name} ({info.size:,} bytes, {info.content_type}). "
+            f"The user can download it at {link}",
+            untrusted=False,
+            files=[info.name],
+            metadata={"name": info.name, "link": link, "size": info.size, "sha256": info.sha256},
+        )

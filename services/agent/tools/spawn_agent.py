@@ -24,8 +24,12 @@ def spawn_request(args: dict[str, Any], parent_session_id: str) -> SpawnRequest:
     max_iterations = args.get("max_iterations")
     if max_iterations is None:
         max_iterations = DEFAULT_MAX_ITERATIONS
-    if isinstance(max_iterations, bool) or not isinstance(max_iterations, int | float) \
-            or not 1 <= max_iterations <= MAX_ITERATIONS or int(max_iterations) != max_iterations:
+    if (
+        isinstance(max_iterations, bool)
+        or not isinstance(max_iterations, int | float)
+        or not 1 <= max_iterations <= MAX_ITERATIONS
+        or int(max_iterations) != max_iterations
+    ):
         raise ToolInputError(f"'max_iterations' must be a whole number from 1 to {MAX_ITERATIONS}")
     timeout = args.get("timeout_seconds")
     if timeout is None:
@@ -59,14 +63,21 @@ class SpawnAgentTool:
         "properties": {
             "task": {"type": "string", "description": "What the sub-agent must do and report back."},
             "profile_id": {"type": "string", "description": "Agent profile to run it with (default: this one)."},
-            "exclude_tools": {"type": "array", "items": {"type": "string"},
-                              "description": "Tools the sub-agent must not have."},
+            "exclude_tools": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Tools the sub-agent must not have.",
+            },
             "briefing": {"type": "string", "description": "Background added to the sub-agent's instructions."},
             "custom_system_prompt": {"type": "string", "description": "Replaces the sub-agent's instructions."},
-            "inherit_system_prompt": {"type": "boolean",
-                                      "description": "Give the sub-agent this agent's instructions."},
-            "context_transfer": {"type": "string",
-                                 "description": "Facts from this conversation the sub-agent should know."},
+            "inherit_system_prompt": {
+                "type": "boolean",
+                "description": "Give the sub-agent this agent's instructions.",
+            },
+            "context_transfer": {
+                "type": "string",
+                "description": "Facts from this conversation the sub-agent should know.",
+            },
             "timeout_seconds": {"type": "number", "description": "Wall-clock limit (default 300)."},
             "max_iterations": {"type": "integer", "description": "Model calls allowed (default 40)."},
         },
@@ -75,8 +86,10 @@ class SpawnAgentTool:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if ctx.spawn is None:
-            return error("spawn_agent is not available here: this agent may not start sub-agents "
-                         "(the maximum nesting depth is reached). Do the subtask yourself.")
+            return error(
+                "spawn_agent is not available here: this agent may not start sub-agents "
+                "(the maximum nesting depth is reached). Do the subtask yourself."
+            )
         try:
             request = spawn_request(args, ctx.session_id)
         except ToolInputError as exc:
@@ -86,8 +99,11 @@ class SpawnAgentTool:
         if completed:
             head = f"{who} finished normally. Its report:"
         else:
-            head = (f"{who} did NOT finish (it hit its iteration limit or its {request.timeout_seconds:.0f}s "
-                    "timeout). Its partial report:")
+            head = (
+                f"{who} did NOT finish (it hit its iteration limit or its {request.timeout_seconds:.0f}s "
+                "timeout). Its partial report:"
+            )
         # Whatever the sub-agent read (files, the web, other sessions) reaches us through its text.
-        return ToolResult(content=f"{head}\n\n{text or '(no text)'}", untrusted=True,
-                          metadata={"completed_normally": completed})
+        return ToolResult(
+            content=f"{head}\n\n{text or '(no text)'}", untrusted=True, metadata={"completed_normally": completed}
+        )

@@ -67,5 +67,8 @@ class SwitchProfileTool:
             await ctx.update_session(profile_id=profile_id, provider=PROVIDER, model=target.model if target else "")
         ctx.state.switched_profile = profile_id
         about = f" ({target.name}: {target.description})" if target else ""
-        return ToolResult(content=f"Switched to profile {profile_id}{about}. Its model, instructions and tools "
-                                  "apply from the next step.", untrusted=False)
+        return ToolResult(
+            content=f"Switched to profile {profile_id}{about}. Its model, instructions and tools "
+            "apply from the next step.",
+            untrusted=False,
+        )

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from palimpsest.v1 import agent_pb2, session_store_pb2 as store_pb
+from palimpsest.v1 import agent_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
 from services.agent.tools.base import Reach, ToolContext, ToolResult
 from services.agent.tools.common import ToolInputError, error, from_struct, text_arg
 
@@ -36,8 +37,14 @@ def items_from_metadata(metadata: dict[str, Any]) -> list[TodoItem]:
         if not isinstance(entry, dict) or not entry.get("text"):
             continue
         status = entry.get("status") if entry.get("status") in STATUSES else "pending"
-        items.append(TodoItem(id=str(entry.get("id") or len(items) + 1), text=str(entry["text"]), status=status,
-                              validation=str(entry.get("validation") or "")))
+        items.append(
+            TodoItem(
+                id=str(entry.get("id") or len(items) + 1),
+                text=str(entry["text"]),
+                status=status,
+                validation=str(entry.get("validation") or ""),
+            )
+        )
     return items
 
 
@@ -72,7 +79,8 @@ async def load_todo(ctx: ToolContext) -> list[TodoItem]:
     """The turn's list, read from the session's metadata when the turn holds none yet."""
     if not ctx.state.todo and _persistent(ctx):
         reply = await ctx.store.GetSession(
-            store_pb.GetSessionRequest(session_id=ctx.session_id, view=store_pb.SESSION_VIEW_SUMMARY))
+            store_pb.GetSessionRequest(session_id=ctx.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
+        )
         ctx.state.todo = items_from_metadata(from_struct(reply.session.metadata))
     return ctx.state.todo
 
@@ -108,8 +116,7 @@ def _new_items(raw: Any, start: int, validation_required: bool) -> list[TodoItem
         validation = str(entry.get("validation") or "").strip()
         if status == "done" and validation_required and not validation:
             raise ToolInputError(f"items[{n}] is marked done without a 'validation': say how the step was checked")
-        items.append(TodoItem(id=str(start + n), text=str(entry["text"]).strip(), status=status,
-                              validation=validation))
+        items.append(TodoItem(id=str(start + n), text=str(entry["text"]).strip(), status=status, validation=validation))
     return items
 
 
@@ -160,8 +167,9 @@ class TodoTool:
         return self._result(items)
 
     @staticmethod
-    def _updated(items: list[TodoItem], args: dict[str, Any], ctx: ToolContext,
-                 validation_required: bool) -> list[TodoItem]:
+    def _updated(
+        items: list[TodoItem], args: dict[str, Any], ctx: ToolContext, validation_required: bool
+    ) -> list[TodoItem]:
         item_id = text_arg(args, "id", required=True)
         status = text_arg(args, "status", required=True)
         if status not in STATUSES:
@@ -183,5 +191,4 @@ class TodoTool:
 
     @staticmethod
     def _result(items: list[TodoItem]) -> ToolResult:
-        return ToolResult(content=render(items), untrusted=False,
-                          metadata={"todo": [item_to_dict(i) for i in items]})
+        return ToolResult(content=render(items), untrusted=False, metadata={"todo": [item_to_dict(i) for i in items]})

@@ -32,8 +32,15 @@ __all__ = ["HotWindow", "MemoryCaps", "Quotas", "SessionRepository"]
 class SessionRepository:
     """The parts over one pool; the servicer calls each part for its own tables."""
 
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, share_key: bytes,
-                 quotas: Quotas = Quotas(0, 0), memory_caps: MemoryCaps = MemoryCaps(0, 0, 0)):
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        hot_window: HotWindow,
+        share_key: bytes,
+        quotas: Quotas = Quotas(0, 0),
+        memory_caps: MemoryCaps = MemoryCaps(0, 0, 0),
+    ):
         self.usage = OwnerUsage(pool, quotas)
         self.sessions = Sessions(pool, hot_window=hot_window, usage=self.usage)
         self.memory = MemoryChunks(pool)

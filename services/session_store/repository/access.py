@@ -11,9 +11,9 @@ from typing import Any
 
 import asyncpg
 
+from services.session_store.db import Connection
 from services.shared.auth import Identity
 from services.shared.errors import Aborted, InvalidArgument, NotFound
-from services.session_store.db import Connection
 
 
 def check_revision(session_id: uuid.UUID, revision: int, expected_revision: int | None) -> None:
@@ -24,8 +24,9 @@ def check_revision(session_id: uuid.UUID, revision: int, expected_revision: int 
         )
 
 
-async def lock_session(conn: Connection, session_id: uuid.UUID, identity: Identity,
-                       expected_revision: int | None) -> asyncpg.Record:
+async def lock_session(
+    conn: Connection, session_id: uuid.UUID, identity: Identity, expected_revision: int | None
+) -> asyncpg.Record:
     """The session's row, locked for this transaction, after the access and revision checks."""
     row = await conn.fetchrow(
         "SELECT owner, revision, next_seq, hot_count, hot_bytes FROM sessions WHERE id = $1 FOR UPDATE",

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 import asyncpg
 
 from palimpsest.v1 import common_pb2
-from services.shared.auth import Identity
 from services.session_store import convert
 from services.session_store.db import Connection
 from services.session_store.repository.access import like_pattern, readable, rows_affected
+from services.shared.auth import Identity
 
 # A recall query is the user's whole message; its first words carry enough to find candidates.
 MEMORY_QUERY_CHARS = 500
@@ -62,8 +62,12 @@ CANDIDATES_SQL = """
 def candidate_arguments(query: str, limit: int) -> tuple[str, str, int, str]:
     """CANDIDATES_SQL's arguments after the session: the query's words, the query as a substring,
     how many candidates, the query as a whole token."""
-    return (query[:MEMORY_QUERY_CHARS], like_pattern(query), limit * MEMORY_CANDIDATES_PER_RESULT,
-            whole_token_pattern(query))
+    return (
+        query[:MEMORY_QUERY_CHARS],
+        like_pattern(query),
+        limit * MEMORY_CANDIDATES_PER_RESULT,
+        whole_token_pattern(query),
+    )
 
 
 # All of a batch's chunks in one statement (one round trip), rather than one INSERT each. Not
@@ -96,8 +100,7 @@ def chunk_columns(chunks: Sequence[common_pb2.RawChunk]) -> list[list[Any]]:
     ]
 
 
-async def insert_chunks(conn: Connection, session_id: uuid.UUID,
-                        chunks: Sequence[common_pb2.RawChunk]) -> int:
+async def insert_chunks(conn: Connection, session_id: uuid.UUID, chunks: Sequence[common_pb2.RawChunk]) -> int:
     """Store the chunks not stored yet (by content hash); returns how many were new."""
     return rows_affected(await conn.execute(_INSERT_CHUNKS_SQL, session_id, *chunk_columns(chunks)))
 
@@ -106,15 +109,23 @@ class MemoryChunks:
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
 
-    async def index_chunks(self, identity: Identity, session_id: uuid.UUID,
-                           chunks: Sequence[common_pb2.RawChunk]) -> int:
+    async def index_chunks(
+        self, identity: Identity, session_id: uuid.UUID, chunks: Sequence[common_pb2.RawChunk]
+    ) -> int:
         async with self.pool.acquire() as conn, conn.transaction():
             await readable(conn, session_id, identity)
             return await insert_chunks(conn, session_id, chunks)
 
-    async def search_memory(self, identity: Identity, session_id: uuid.UUID, query: str, limit: int,
-                            min_similarity: float, semantic: SemanticTier | None = None,
-                            embed_model: str = "") -> tuple[list[dict[str, Any]], bool]:
+    async def search_memory(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        query: str,
+        limit: int,
+        min_similarity: float,
+        semantic: SemanticTier | None = None,
+        embed_model: str = "",
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Chunks ranked by how much of the query they hold, and by meaning when the semantic tier
         answers; a verbatim hit (an id, a path) first. Also whether the semantic tier ranked them.
 
@@ -123,8 +134,11 @@ class MemoryChunks:
         score is computed over those few. The query is embedded while they are read."""
         async with self.pool.acquire() as conn:
             await readable(conn, session_id, identity)
-            embedding = (asyncio.create_task(semantic.embed_query(query[:MEMORY_QUERY_CHARS], embed_model))
-                         if semantic is not None else None)
+            embedding = (
+                asyncio.create_task(semantic.embed_query(query[:MEMORY_QUERY_CHARS], embed_model))
+                if semantic is not None
+                else None
+            )
             try:
                 rows = await conn.fetch(CANDIDATES_SQL, session_id, *candidate_arguments(query, limit))
             except BaseException:
@@ -138,11 +152,17 @@ class MemoryChunks:
             near = await semantic.nearest(session_id, embed_model, vector, limit * MEMORY_CANDIDATES_PER_RESULT)
         similarity = {row["id"]: row["similarity"] for row in near or ()}
         chunks = {row["id"]: dict(row) for row in [*rows, *(near or ())]}
-        ranked = rank_together(lexical, meaning_scores(similarity, semantic.min_similarity if semantic else 0.0),
-                               limit, min_similarity)
-        return ([{k: v for k, v in chunks[i].items() if k != "similarity"}
-                 | {"score": score, "similarity": similarity.get(i, 0.0)} for i, score in ranked],
-                near is not None)
+        ranked = rank_together(
+            lexical, meaning_scores(similarity, semantic.min_similarity if semantic else 0.0), limit, min_similarity
+        )
+        return (
+            [
+                {k: v for k, v in chunks[i].items() if k != "similarity"}
+                | {"score": score, "similarity": similarity.get(i, 0.0)}
+                for i, score in ranked
+            ],
+            near is not None,
+        )
 
 
 class SemanticTier(Protocol):
@@ -152,8 +172,9 @@ class SemanticTier(Protocol):
 
     async def embed_query(self, query: str, model: str) -> list[float] | None: ...
 
-    async def nearest(self, session_id: uuid.UUID, model: str, vector: Sequence[float],
-                      limit: int) -> list[dict[str, Any]] | None: ...
+    async def nearest(
+        self, session_id: uuid.UUID, model: str, vector: Sequence[float], limit: int
+    ) -> list[dict[str, Any]] | None: ...
 
 
 def meaning_scores(similarity: Mapping[int, float], floor: float) -> dict[int, float]:
@@ -164,8 +185,9 @@ def meaning_scores(similarity: Mapping[int, float], floor: float) -> dict[int, f
     return {i: (s - floor) / span if span > 0 else 1.0 for i, s in similarity.items() if s >= floor}
 
 
-def rank_together(lexical: Mapping[int, float], meaning: Mapping[int, float], limit: int,
-                  min_score: float) -> list[tuple[int, float]]:
+def rank_together(
+    lexical: Mapping[int, float], meaning: Mapping[int, float], limit: int, min_score: float
+) -> list[tuple[int, float]]:
     """(chunk id, score), best first: the lexical score (memory_score, 0–2) plus the meaning
     score (0–1). Without meaning scores this is the lexical tier's own order. A whole-token
     verbatim hit scores at least 2, which meaning alone (at most 1 plus a partial word share

@@ -16,10 +16,10 @@ from typing import Any
 
 import asyncpg
 
+from services.session_store.db import Connection, fetch_one
 from services.shared.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from services.shared.owner_memory import snapshot
 from services.shared.validation import capped
-from services.session_store.db import Connection, fetch_one
 
 ACTIONS = ("add", "replace", "remove")
 # How much of an entry an error quotes.
@@ -69,9 +69,12 @@ def find_entry(entries: Sequence[Entry], entry_id: int, old_text: str) -> Entry:
         return (exact or found)[0]
     if not found:
         raise NotFound(f"no memory entry contains {capped(old_text, QUOTED_CHARS)!r} (ids: {_ids(entries)})")
-    raise InvalidArgument("old_text", f"{len(found)} entries contain {capped(old_text, QUOTED_CHARS)!r} "
-                                      f"(ids {', '.join(str(e.id) for e in found)}): give its entry_id, or more "
-                                      "of its text")
+    raise InvalidArgument(
+        "old_text",
+        f"{len(found)} entries contain {capped(old_text, QUOTED_CHARS)!r} "
+        f"(ids {', '.join(str(e.id) for e in found)}): give its entry_id, or more "
+        "of its text",
+    )
 
 
 def _ids(entries: Sequence[Entry]) -> str:
@@ -83,12 +86,14 @@ def check_caps(texts: Sequence[str], caps: MemoryCaps) -> None:
     if caps.max_entries and len(texts) > caps.max_entries:
         raise ResourceExhausted(
             f"memory holds at most {caps.max_entries} entries (PALIMPSEST_MEMORY_MAX_ENTRIES); remove or "
-            "merge entries first")
+            "merge entries first"
+        )
     chars = sum(len(t) for t in texts)
     if caps.max_chars and chars > caps.max_chars:
         raise ResourceExhausted(
             f"memory would hold {chars:,} characters, past the {caps.max_chars:,} it may hold "
-            "(PALIMPSEST_MEMORY_MAX_CHARS); shorten or remove entries first")
+            "(PALIMPSEST_MEMORY_MAX_CHARS); shorten or remove entries first"
+        )
 
 
 def checked_text(text: str) -> str:
@@ -133,7 +138,9 @@ async def memory_snapshot(conn: Connection, owner: str | None) -> dict[str, Any]
     row = await conn.fetchrow(
         "SELECT m.revision, array_remove(array_agg(e.text ORDER BY e.id), NULL) AS texts"
         "  FROM owner_memory m LEFT JOIN owner_memory_entries e ON e.owner = m.owner"
-        " WHERE m.owner = $1 GROUP BY m.revision", owner)
+        " WHERE m.owner = $1 GROUP BY m.revision",
+        owner,
+    )
     return snapshot(row["revision"], row["texts"]) if row is not None else snapshot(0, [])
 
 
@@ -145,14 +152,17 @@ class OwnerMemory:
     async def read(self, owner: str) -> Memory:
         async with self.pool.acquire() as conn:
             revision = await conn.fetchval("SELECT revision FROM owner_memory WHERE owner = $1", owner)
-            entries = await conn.fetch(f"SELECT {_ENTRY_COLUMNS} FROM owner_memory_entries WHERE owner = $1"
-                                       " ORDER BY id", owner)
-            pending = await conn.fetch(f"SELECT {_PENDING_COLUMNS} FROM owner_memory_pending WHERE owner = $1"
-                                       " ORDER BY id", owner)
+            entries = await conn.fetch(
+                f"SELECT {_ENTRY_COLUMNS} FROM owner_memory_entries WHERE owner = $1 ORDER BY id", owner
+            )
+            pending = await conn.fetch(
+                f"SELECT {_PENDING_COLUMNS} FROM owner_memory_pending WHERE owner = $1 ORDER BY id", owner
+            )
         return Memory(revision or 0, list(entries), list(pending))
 
-    async def edit(self, owner: str, edit: MemoryEdit, *, expected_revision: int | None,
-                   session_id: uuid.UUID | None, hold: bool) -> EditResult:
+    async def edit(
+        self, owner: str, edit: MemoryEdit, *, expected_revision: int | None, session_id: uuid.UUID | None, hold: bool
+    ) -> EditResult:
         """Apply ``edit``, or (``hold``) keep it for the owner's approval: checked the same way
         first, so the model hears at once of an entry it misnamed or a memory that is full."""
         async with self.pool.acquire() as conn, conn.transaction():
@@ -171,8 +181,9 @@ class OwnerMemory:
         """A held write, applied as if it were made now (the caps and its entry checked again)."""
         async with self.pool.acquire() as conn, conn.transaction():
             revision, next_id = await self._lock(conn, owner, expected_revision)
-            held = await conn.fetchrow(f"SELECT {_PENDING_COLUMNS} FROM owner_memory_pending"
-                                       " WHERE owner = $1 AND id = $2", owner, pending_id)
+            held = await conn.fetchrow(
+                f"SELECT {_PENDING_COLUMNS} FROM owner_memory_pending WHERE owner = $1 AND id = $2", owner, pending_id
+            )
             if held is None:
                 raise NotFound(f"held memory write {pending_id} not found (approved or rejected already?)")
             edit = MemoryEdit(held["action"], held["text"], held["entry_id"] or 0)
@@ -181,8 +192,10 @@ class OwnerMemory:
             if edit.action != "add":
                 target = next((e for e in entries if e.id == edit.entry_id), None)
                 if target is None:
-                    raise FailedPrecondition(f"memory entry {edit.entry_id}, which held write {pending_id} changes, "
-                                             "is gone: reject the write")
+                    raise FailedPrecondition(
+                        f"memory entry {edit.entry_id}, which held write {pending_id} changes, "
+                        "is gone: reject the write"
+                    )
             if edit.action != "remove":
                 check_caps(texts_after(entries, edit, target), self.caps)
             entry = await self._apply(conn, owner, next_id, edit, target, held["session_id"])
@@ -190,8 +203,9 @@ class OwnerMemory:
             return EditResult(await self._bump(conn, owner, next_id + (edit.action == "add")), entry=entry)
 
     async def reject(self, owner: str, pending_id: int) -> None:
-        dropped = await self.pool.fetchval("DELETE FROM owner_memory_pending WHERE owner = $1 AND id = $2"
-                                           " RETURNING id", owner, pending_id)
+        dropped = await self.pool.fetchval(
+            "DELETE FROM owner_memory_pending WHERE owner = $1 AND id = $2 RETURNING id", owner, pending_id
+        )
         if dropped is None:
             raise NotFound(f"held memory write {pending_id} not found (approved or rejected already?)")
 
@@ -202,8 +216,10 @@ class OwnerMemory:
         await conn.execute("INSERT INTO owner_memory (owner) VALUES ($1) ON CONFLICT (owner) DO NOTHING", owner)
         row = await fetch_one(conn, "SELECT revision, next_id FROM owner_memory WHERE owner = $1 FOR UPDATE", owner)
         if expected_revision is not None and row["revision"] != expected_revision:
-            raise Aborted(f"memory is at revision {row['revision']}, not the expected {expected_revision}: it "
-                          "changed meanwhile; read it again and retry")
+            raise Aborted(
+                f"memory is at revision {row['revision']}, not the expected {expected_revision}: it "
+                "changed meanwhile; read it again and retry"
+            )
         return row["revision"], row["next_id"]
 
     @staticmethod
@@ -211,36 +227,72 @@ class OwnerMemory:
         rows = await conn.fetch("SELECT id, text FROM owner_memory_entries WHERE owner = $1 ORDER BY id", owner)
         return [Entry(r["id"], r["text"]) for r in rows]
 
-    async def _hold(self, conn: Connection, owner: str, next_id: int, edit: MemoryEdit, target: Entry | None,
-                    session_id: uuid.UUID | None) -> asyncpg.Record:
+    async def _hold(
+        self,
+        conn: Connection,
+        owner: str,
+        next_id: int,
+        edit: MemoryEdit,
+        target: Entry | None,
+        session_id: uuid.UUID | None,
+    ) -> asyncpg.Record:
         waiting = await conn.fetchval("SELECT count(*) FROM owner_memory_pending WHERE owner = $1", owner)
         if self.caps.max_pending and waiting >= self.caps.max_pending:
             raise ResourceExhausted(
                 f"{waiting} memory writes already wait for the owner's approval, the most kept "
-                "(PALIMPSEST_MEMORY_MAX_PENDING); the owner must approve or reject them first")
+                "(PALIMPSEST_MEMORY_MAX_PENDING); the owner must approve or reject them first"
+            )
         await conn.execute("UPDATE owner_memory SET next_id = $2 WHERE owner = $1", owner, next_id + 1)
         return await fetch_one(
-            conn, "INSERT INTO owner_memory_pending (owner, id, action, entry_id, old_text, text, session_id)"
+            conn,
+            "INSERT INTO owner_memory_pending (owner, id, action, entry_id, old_text, text, session_id)"
             f" VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {_PENDING_COLUMNS}",
-            owner, next_id, edit.action, target.id if target else None, target.text if target else "", edit.text,
-            session_id)
+            owner,
+            next_id,
+            edit.action,
+            target.id if target else None,
+            target.text if target else "",
+            edit.text,
+            session_id,
+        )
 
     @staticmethod
-    async def _apply(conn: Connection, owner: str, next_id: int, edit: MemoryEdit, target: Entry | None,
-                     session_id: uuid.UUID | None) -> asyncpg.Record:
+    async def _apply(
+        conn: Connection, owner: str, next_id: int, edit: MemoryEdit, target: Entry | None, session_id: uuid.UUID | None
+    ) -> asyncpg.Record:
         if edit.action == "add":
             return await fetch_one(
-                conn, f"INSERT INTO owner_memory_entries (owner, id, text, session_id) VALUES ($1, $2, $3, $4)"
-                f" RETURNING {_ENTRY_COLUMNS}", owner, next_id, edit.text, session_id)
+                conn,
+                f"INSERT INTO owner_memory_entries (owner, id, text, session_id) VALUES ($1, $2, $3, $4)"
+                f" RETURNING {_ENTRY_COLUMNS}",
+                owner,
+                next_id,
+                edit.text,
+                session_id,
+            )
         assert target is not None
         if edit.action == "replace":
             return await fetch_one(
-                conn, "UPDATE owner_memory_entries SET text = $3, session_id = $4, updated_at = now()"
-                f" WHERE owner = $1 AND id = $2 RETURNING {_ENTRY_COLUMNS}", owner, target.id, edit.text, session_id)
-        return await fetch_one(conn, f"DELETE FROM owner_memory_entries WHERE owner = $1 AND id = $2"
-                                   f" RETURNING {_ENTRY_COLUMNS}", owner, target.id)
+                conn,
+                "UPDATE owner_memory_entries SET text = $3, session_id = $4, updated_at = now()"
+                f" WHERE owner = $1 AND id = $2 RETURNING {_ENTRY_COLUMNS}",
+                owner,
+                target.id,
+                edit.text,
+                session_id,
+            )
+        return await fetch_one(
+            conn,
+            f"DELETE FROM owner_memory_entries WHERE owner = $1 AND id = $2 RETURNING {_ENTRY_COLUMNS}",
+            owner,
+            target.id,
+        )
 
     @staticmethod
     async def _bump(conn: Connection, owner: str, next_id: int) -> int:
-        return await conn.fetchval("UPDATE owner_memory SET revision = revision + 1, next_id = $2, updated_at = now()"
-                                   " WHERE owner = $1 RETURNING revision", owner, next_id)
+        return await conn.fetchval(
+            "UPDATE owner_memory SET revision = revision + 1, next_id = $2, updated_at = now()"
+            " WHERE owner = $1 RETURNING revision",
+            owner,
+            next_id,
+        )

@@ -68,8 +68,7 @@ def _arms(pattern: str, mark: int) -> list[str]:
     ]
 
 
-def matched_sql(query: str, params: list[Any],
-                meaning: tuple[str, str, int, float] | None) -> tuple[str, str]:
+def matched_sql(query: str, params: list[Any], meaning: tuple[str, str, int, float] | None) -> tuple[str, str]:
     """A FROM item `matched (id, whole, words, similarity)` of the sessions the query matches
     (binding its values onto `params`), and the relevance expression over it.
 

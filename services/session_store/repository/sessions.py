@@ -17,21 +17,26 @@ from typing import Any
 import asyncpg
 
 from palimpsest.v1 import common_pb2
-from services.shared.auth import Identity
-from services.shared.errors import NotFound
 from services.session_store import convert
 from services.session_store.convert import INSERT_COLUMNS
 from services.session_store.db import Connection, commit_one, fetch_one
 from services.session_store.repository.access import (
-    check_revision, like_pattern, lock_session, readable, rows_affected, visible,
+    check_revision,
+    like_pattern,
+    lock_session,
+    readable,
+    rows_affected,
+    visible,
 )
 from services.session_store.repository.calibration import EXACT_FIELDS, forget_baseline
 from services.session_store.repository.memory import insert_chunks
-from services.session_store.repository.owner_memory import memory_snapshot
 from services.session_store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
+from services.session_store.repository.owner_memory import memory_snapshot
 from services.session_store.repository.session_matches import matched_sql, matching_words, snippet_around
 from services.session_store.repository.trim import TrimRow, displayed, kept_seqs
 from services.session_store.repository.usage import OwnerUsage
+from services.shared.auth import Identity
+from services.shared.errors import NotFound
 
 log = logging.getLogger("palimpsest.store.sessions")
 
@@ -45,13 +50,11 @@ _SORT_COLUMNS = {
     "message_count": "s.display_count",
 }
 
-_INSERT_SQL = (
-    f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES "
-    f"({', '.join(f'${i}' for i in range(1, 26))})"
-)
+_INSERT_SQL = f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES ({', '.join(f'${i}' for i in range(1, 26))})"
 _ROW_FIELDS = [c.strip() for c in INSERT_COLUMNS.split(",")]
-_APPEND_SQL = ("SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9, $10, $11, $12,"
-               " $13, $14)")
+_APPEND_SQL = (
+    "SELECT * FROM append_messages($1, $2, $3, $4, $5::session_messages[], $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+)
 
 
 # A retry comes within its writer's deadline (seconds to minutes); a day of keys is plenty.
@@ -59,15 +62,18 @@ APPEND_KEY_DAYS = 1
 # The sizes of a page's candidate rows, in page order: display rows newest first before $2 (at most
 # $3), archived rows the same, the context in its order from offset $2.
 _SIZES = f"SELECT seq, replaces_first, {ROW_BYTES} AS bytes FROM {{table}} WHERE session_id = $1 AND {{where}}"
-_DISPLAY_NEWEST = (f"{_SIZES.format(table='session_messages', where='is_display AND seq < $2')} UNION ALL "
-                   f"{_SIZES.format(table='session_messages_archive', where='is_display AND seq < $2')}"
-                   " ORDER BY seq DESC LIMIT $3")
-_ARCHIVED_NEWEST = (f"{_SIZES.format(table='session_messages_archive', where='seq < $2')}"
-                    " ORDER BY seq DESC LIMIT $3")
+_DISPLAY_NEWEST = (
+    f"{_SIZES.format(table='session_messages', where='is_display AND seq < $2')} UNION ALL "
+    f"{_SIZES.format(table='session_messages_archive', where='is_display AND seq < $2')}"
+    " ORDER BY seq DESC LIMIT $3"
+)
+_ARCHIVED_NEWEST = f"{_SIZES.format(table='session_messages_archive', where='seq < $2')} ORDER BY seq DESC LIMIT $3"
 # A summary stands where the history it replaced stood, so it sorts at its range's start.
-_CONTEXT_FROM = (f"SELECT * FROM ({_SIZES.format(table='session_messages', where='is_context')} UNION ALL "
-                 f"{_SIZES.format(table='session_messages_archive', where='is_context')}) rows"
-                 " ORDER BY coalesce(replaces_first, seq), seq OFFSET $2")
+_CONTEXT_FROM = (
+    f"SELECT * FROM ({_SIZES.format(table='session_messages', where='is_context')} UNION ALL "
+    f"{_SIZES.format(table='session_messages_archive', where='is_context')}) rows"
+    " ORDER BY coalesce(replaces_first, seq), seq OFFSET $2"
+)
 
 
 def rows_within(sizes: Sequence[int], budget: int) -> int:
@@ -147,10 +153,19 @@ class Sessions:
             await self.usage.check_session_count(conn, owner)
             # The owner's memory as the session's prompts carry it until its first compression.
             memory = await memory_snapshot(conn, owner)
-            return await fetch_one(conn,
+            return await fetch_one(
+                conn,
                 "INSERT INTO sessions (id, owner, profile_id, name, provider, model, external_refs, metadata,"
                 " memory_snapshot) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
-                uuid.uuid4(), owner, profile_id, name, provider, model, external_refs, metadata, memory,
+                uuid.uuid4(),
+                owner,
+                profile_id,
+                name,
+                provider,
+                model,
+                external_refs,
+                metadata,
+                memory,
             )
 
     async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
@@ -162,11 +177,21 @@ class Sessions:
         the one time the flag does, so a copy of the session kept elsewhere (the Agent's warm one)
         is known stale; a session already flagged is not written at all."""
         async with self.pool.acquire() as conn:
-            await conn.execute("UPDATE sessions SET untrusted_ingested = true, revision = revision + 1"
-                               " WHERE id = $1 AND NOT untrusted_ingested", session_id)
+            await conn.execute(
+                "UPDATE sessions SET untrusted_ingested = true, revision = revision + 1"
+                " WHERE id = $1 AND NOT untrusted_ingested",
+                session_id,
+            )
 
-    async def read_session(self, identity: Identity, session_id: uuid.UUID, *, display_budget: int = 0,
-                           context_budget: int = 0, context_offset: int = 0) -> SessionRead:
+    async def read_session(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        *,
+        display_budget: int = 0,
+        context_budget: int = 0,
+        context_offset: int = 0,
+    ) -> SessionRead:
         """The session's row and, for each budget given, its newest display messages / its context
         from `context_offset` on, each within its budget in bytes; all from one snapshot."""
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
@@ -179,8 +204,14 @@ class Sessions:
         return read
 
     @staticmethod
-    async def _page(conn: Connection, session_id: uuid.UUID, sizes_sql: str, params: list[Any],
-                    budget: int, max_rows: int | None = None) -> Page:
+    async def _page(
+        conn: Connection,
+        session_id: uuid.UUID,
+        sizes_sql: str,
+        params: list[Any],
+        budget: int,
+        max_rows: int | None = None,
+    ) -> Page:
         """The rows `sizes_sql` lists (seq and bytes, in page order), at most `max_rows` and as many
         as fit `budget`. Sizes come first, so rows past the budget are never read."""
         sizes = await conn.fetch(sizes_sql, session_id, *params)
@@ -254,7 +285,9 @@ class Sessions:
         # One arm per table and pattern, each on its trigram index (an OR of patterns used none).
         arms = " UNION ".join(
             f"SELECT session_id, seq FROM {table} WHERE session_id = ANY($1) AND is_display AND content ILIKE {p}"
-            for p in patterns for table in ("session_messages", "session_messages_archive"))
+            for p in patterns
+            for table in ("session_messages", "session_messages_archive")
+        )
         rows = await self.pool.fetch(
             f"""
             WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {callers}),
@@ -290,7 +323,13 @@ class Sessions:
         return [(str(r["session_id"]), list(r["indices"]), snippet_around(r["best_content"], query)) for r in rows]
 
     async def history_page(
-        self, identity: Identity | None, session_id: uuid.UUID, before_seq: int, limit: int, *, archive_only: bool,
+        self,
+        identity: Identity | None,
+        session_id: uuid.UUID,
+        before_seq: int,
+        limit: int,
+        *,
+        archive_only: bool,
         budget: int,
     ) -> Page:
         """Up to `limit` display (or archived) messages before `before_seq`, newest of them, oldest
@@ -299,8 +338,14 @@ class Sessions:
             if identity is not None:
                 await readable(conn, session_id, identity)
             before = before_seq if before_seq > 0 else 2**62
-            page = await self._page(conn, session_id, _ARCHIVED_NEWEST if archive_only else _DISPLAY_NEWEST,
-                                    [before, limit + 1], budget, max_rows=limit)
+            page = await self._page(
+                conn,
+                session_id,
+                _ARCHIVED_NEWEST if archive_only else _DISPLAY_NEWEST,
+                [before, limit + 1],
+                budget,
+                max_rows=limit,
+            )
         page.messages.reverse()
         return page
 
@@ -328,9 +373,24 @@ class Sessions:
         quota_owner = identity.sub if quotas else None
         while True:
             allowance = await self.usage.allowance(self.pool, quota_owner) if quota_owner is not None else None
-            row = await commit_one(self.pool, _APPEND_SQL, session_id, _only_owner(identity), expected_revision,
-                                   expected_next_seq, rows, now, preview, idempotency_key, APPEND_KEY_DAYS, quota_owner, allowance,
-                                   adding, _report_json(report), list(tool_runs) or None)
+            row = await commit_one(
+                self.pool,
+                _APPEND_SQL,
+                session_id,
+                _only_owner(identity),
+                expected_revision,
+                expected_next_seq,
+                rows,
+                now,
+                preview,
+                idempotency_key,
+                APPEND_KEY_DAYS,
+                quota_owner,
+                allowance,
+                adding,
+                _report_json(report),
+                list(tool_runs) or None,
+            )
             if row["status"] != "quota_owner":
                 break
             quota_owner = row["owner"]  # another owner's session (an admin's write): their allowance
@@ -352,8 +412,13 @@ class Sessions:
         archived = 0
         if self._over_hot_window(row["hot_count"], row["hot_bytes"]):
             archived = await self._archive_if_over(session_id)
-        return AppendResult(seqs=list(row["seqs"]), revision=row["revision"], archived=archived,
-                            context_truncated=bool(row["truncated"]), session_changed=bool(row["changed"]))
+        return AppendResult(
+            seqs=list(row["seqs"]),
+            revision=row["revision"],
+            archived=archived,
+            context_truncated=bool(row["truncated"]),
+            session_changed=bool(row["changed"]),
+        )
 
     async def _archive_if_over(self, session_id: uuid.UUID) -> int:
         """After an append took the session past the hot window: its own transaction, the counters
@@ -362,40 +427,57 @@ class Sessions:
         again."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                locked = await conn.fetchrow("SELECT hot_count, hot_bytes FROM sessions WHERE id = $1 FOR UPDATE",
-                                             session_id)
+                locked = await conn.fetchrow(
+                    "SELECT hot_count, hot_bytes FROM sessions WHERE id = $1 FOR UPDATE", session_id
+                )
                 if locked is None or not self._over_hot_window(locked["hot_count"], locked["hot_bytes"]):
                     return 0
                 return await self._archive_overflow(conn, session_id)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-            log.warning("session %s: moving rows past the hot window to the archive failed (%s); the next "
-                        "append tries again", session_id, exc)
+            log.warning(
+                "session %s: moving rows past the hot window to the archive failed (%s); the next append tries again",
+                session_id,
+                exc,
+            )
             return 0
 
-    async def claim_turn(self, identity: Identity, session_id: uuid.UUID, holder: str, ttl_seconds: int,
-                         release: bool) -> tuple[bool, str, float]:
+    async def claim_turn(
+        self, identity: Identity, session_id: uuid.UUID, holder: str, ttl_seconds: int, release: bool
+    ) -> tuple[bool, str, float]:
         """(granted, the holder when not, its seconds left). The claim is the holder's when the
         session's turn is free, expired, or already its own; the revision stays (a claim is not a
         change to the session, and must not make the holder's next write stale)."""
         async with self.pool.acquire() as conn, conn.transaction():
             await readable(conn, session_id, identity)
             if release:
-                await conn.execute("UPDATE sessions SET turn_holder = '', turn_until = NULL"
-                                   " WHERE id = $1 AND turn_holder = $2", session_id, holder)
+                await conn.execute(
+                    "UPDATE sessions SET turn_holder = '', turn_until = NULL WHERE id = $1 AND turn_holder = $2",
+                    session_id,
+                    holder,
+                )
                 return True, "", 0.0
-            row = await fetch_one(conn, """
+            row = await fetch_one(
+                conn,
+                """
                 SELECT turn_holder, coalesce(turn_until > now(), false) AS live,
                        greatest(0, extract(epoch FROM turn_until - now()))::float8 AS left
                   FROM sessions WHERE id = $1 FOR UPDATE
-                """, session_id)
+                """,
+                session_id,
+            )
             if row["live"] and row["turn_holder"] not in ("", holder):
                 return False, row["turn_holder"], row["left"] or 0.0
-            await conn.execute("UPDATE sessions SET turn_holder = $2, turn_until = now() + make_interval(secs => $3)"
-                               " WHERE id = $1", session_id, holder, float(ttl_seconds))
+            await conn.execute(
+                "UPDATE sessions SET turn_holder = $2, turn_until = now() + make_interval(secs => $3) WHERE id = $1",
+                session_id,
+                holder,
+                float(ttl_seconds),
+            )
             return True, "", float(ttl_seconds)
 
-    async def update_session(self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any],
-                             expected_revision: int | None) -> asyncpg.Record:
+    async def update_session(
+        self, identity: Identity, session_id: uuid.UUID, changes: dict[str, Any], expected_revision: int | None
+    ) -> asyncpg.Record:
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_session(conn, session_id, identity, expected_revision)
             current = await fetch_one(conn, "SELECT * FROM sessions WHERE id = $1", session_id)
@@ -423,14 +505,22 @@ class Sessions:
                 sets["planning_logs"] = (list(current["planning_logs"]) + [changes["planning_log"]])[-PLANNING_LOG_CAP:]
             columns = list(sets)
             assignments = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(columns))
-            return await fetch_one(conn,
+            return await fetch_one(
+                conn,
                 f"UPDATE sessions SET {assignments}{',' if assignments else ''} revision = revision + 1"
                 " WHERE id = $1 RETURNING *",
-                session_id, *[sets[c] for c in columns],
+                session_id,
+                *[sets[c] for c in columns],
             )
 
-    async def set_context_flag(self, identity: Identity, session_id: uuid.UUID, seqs: list[int], is_context: bool,
-                               expected_revision: int | None) -> tuple[int, int]:
+    async def set_context_flag(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        seqs: list[int],
+        is_context: bool,
+        expected_revision: int | None,
+    ) -> tuple[int, int]:
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_session(conn, session_id, identity, expected_revision)
             updated = await self._set_flag(conn, session_id, seqs, is_context)
@@ -444,7 +534,9 @@ class Sessions:
         for table in ("session_messages", "session_messages_archive"):
             status = await conn.execute(
                 f"UPDATE {table} SET is_context = $3 WHERE session_id = $1 AND seq = ANY($2::bigint[])",
-                session_id, seqs, is_context,
+                session_id,
+                seqs,
+                is_context,
             )
             total += rows_affected(status)
         return total
@@ -498,7 +590,8 @@ class Sessions:
             # The prompt is rewritten here anyway: the owner's memory as it is now joins it, the one
             # moment a change of memory can reach a running session without costing Ollama its prefix.
             memory = await memory_snapshot(conn, locked["owner"])
-            updated = await fetch_one(conn,
+            updated = await fetch_one(
+                conn,
                 f"""
                 UPDATE sessions SET revision = revision + 1, next_seq = $2, last_active = $3,
                        context_token_count = $4, display_count = display_count + $5,
@@ -508,8 +601,14 @@ class Sessions:
                   FROM (SELECT {new_rows_bytes("$7")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
-                session_id, next_seq, now, context_token_count, 1 if marker is not None else 0,
-                len(added), locked["next_seq"], memory,
+                session_id,
+                next_seq,
+                now,
+                context_token_count,
+                1 if marker is not None else 0,
+                len(added),
+                locked["next_seq"],
+                memory,
             )
             result["revision"] = updated["revision"]
             # The context just shrank: the last real prompt size no longer describes it.
@@ -549,9 +648,7 @@ class Sessions:
         return await self._move_to_archive(conn, session_id, threshold, sorted(protected))
 
     @staticmethod
-    async def _move_to_archive(
-        conn: Connection, session_id: uuid.UUID, below_seq: int, protected: list[int]
-    ) -> int:
+    async def _move_to_archive(conn: Connection, session_id: uuid.UUID, below_seq: int, protected: list[int]) -> int:
         status = await conn.execute(
             f"""
             WITH moved AS (
@@ -562,7 +659,9 @@ class Sessions:
             INSERT INTO session_messages_archive ({INSERT_COLUMNS}, token_digest)
             SELECT {INSERT_COLUMNS}, token_digest FROM moved
             """,
-            session_id, below_seq, protected,
+            session_id,
+            below_seq,
+            protected,
         )
         moved = rows_affected(status)
         if moved:
@@ -582,11 +681,13 @@ class Sessions:
             await lock_session(conn, session_id, identity, None)
             rows = await conn.fetch(
                 "SELECT seq, role, is_summary FROM session_messages WHERE session_id = $1 AND seq < $2 ORDER BY seq",
-                session_id, below_seq,
+                session_id,
+                below_seq,
             )
             first_rows = await conn.fetch(
                 "SELECT seq, role, is_summary FROM session_messages WHERE session_id = $1 AND role IN ('system', 'user')"
-                " ORDER BY seq", session_id,
+                " ORDER BY seq",
+                session_id,
             )
             protected = _protected_seqs(first_rows)
             moved = await self._move_to_archive(conn, session_id, below_seq, sorted(protected)) if rows else 0
@@ -599,12 +700,15 @@ class Sessions:
         (trim.kept_seqs); returns the displayed messages before and after."""
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_session(conn, session_id, identity, None)
-            rows = [TrimRow(r["seq"], r["role"], r["is_display"], r["is_compression"]) for r in await conn.fetch(
-                "SELECT seq, role, is_display, is_compression FROM session_messages WHERE session_id = $1"
-                " UNION ALL SELECT seq, role, is_display, is_compression FROM session_messages_archive"
-                " WHERE session_id = $1 ORDER BY seq",
-                session_id,
-            )]
+            rows = [
+                TrimRow(r["seq"], r["role"], r["is_display"], r["is_compression"])
+                for r in await conn.fetch(
+                    "SELECT seq, role, is_display, is_compression FROM session_messages WHERE session_id = $1"
+                    " UNION ALL SELECT seq, role, is_display, is_compression FROM session_messages_archive"
+                    " WHERE session_id = $1 ORDER BY seq",
+                    session_id,
+                )
+            ]
             kept = kept_seqs(rows, keep)
             drop = [r.seq for r in rows if r.seq not in kept]
             if drop:
@@ -614,8 +718,11 @@ class Sessions:
                     )
                 if await conn.fetchval("SELECT to_regclass('message_vectors') IS NOT NULL"):
                     # Search by meaning must not find the session by what was trimmed away.
-                    await conn.execute("DELETE FROM message_vectors WHERE session_id = $1 AND seq = ANY($2::bigint[])",
-                                       session_id, drop)
+                    await conn.execute(
+                        "DELETE FROM message_vectors WHERE session_id = $1 AND seq = ANY($2::bigint[])",
+                        session_id,
+                        drop,
+                    )
                 await self._recount(conn, session_id)
                 # The last real prompt size described rows that are gone.
                 await forget_baseline(conn, session_id)
@@ -667,8 +774,15 @@ class Sessions:
         self.usage.forget()
         return [str(r["id"]) for r in rows]
 
-    async def set_token_counts(self, identity: Identity, session_id: uuid.UUID, token_digest: str,
-                               seqs: Sequence[int], tokens: Sequence[int], content_md5: Sequence[str]) -> int:
+    async def set_token_counts(
+        self,
+        identity: Identity,
+        session_id: uuid.UUID,
+        token_digest: str,
+        seqs: Sequence[int],
+        tokens: Sequence[int],
+        content_md5: Sequence[str],
+    ) -> int:
         """Store counts made by one tokenizer, each only on the row whose content it was made from
         (its md5): a size check counts what its caller sent, and a caller without access to a row
         could otherwise put any count on it. Counts are derived data, not content: the revision
@@ -683,8 +797,14 @@ class Sessions:
         return {str(r["id"]) for r in rows}
 
 
-async def write_token_counts(conn: Connection, session_id: uuid.UUID, token_digest: str,
-                             seqs: Sequence[int], tokens: Sequence[int], content_md5: Sequence[str]) -> int:
+async def write_token_counts(
+    conn: Connection,
+    session_id: uuid.UUID,
+    token_digest: str,
+    seqs: Sequence[int],
+    tokens: Sequence[int],
+    content_md5: Sequence[str],
+) -> int:
     """Counts onto the rows whose content they were made from; the archive is looked at only for
     counts the hot table did not take (new counts are of recent rows, and the archive is the big one)."""
     updated = 0
@@ -695,7 +815,11 @@ async def write_token_counts(conn: Connection, session_id: uuid.UUID, token_dige
               FROM unnest($3::bigint[], $4::int[], $5::text[]) AS c(seq, tokens, md5)
              WHERE m.session_id = $1 AND m.seq = c.seq AND md5(m.content) = c.md5
             """,
-            session_id, token_digest, list(seqs), list(tokens), list(content_md5),
+            session_id,
+            token_digest,
+            list(seqs),
+            list(tokens),
+            list(content_md5),
         )
         updated += rows_affected(status)
         if updated == len(seqs):
@@ -712,16 +836,23 @@ def _report_json(report: Report | None) -> dict[str, Any] | None:
     """A report as the append function reads it (see migration 0013)."""
     if report is None:
         return None
-    out: dict[str, Any] = {"prompt_cut": report.prompt_cut, "token_digest": report.token_digest,
-                           "token_counts": [list(c) for c in report.token_counts]}
+    out: dict[str, Any] = {
+        "prompt_cut": report.prompt_cut,
+        "token_digest": report.token_digest,
+        "token_counts": [list(c) for c in report.token_counts],
+    }
     if report.context_token_count is not None:
         out["context_token_count"] = report.context_token_count
     if report.baseline is not None:
         out["baseline"] = {k: report.baseline[k] for k in ("tokens", "through_seq", "model")}
     if report.observation is not None:
         model, chars, tokens, exact = report.observation
-        out["observation"] = {"model": model, "chars": chars, "tokens": tokens,
-                              **{name: exact.get(name, 0) for name in EXACT_FIELDS}}
+        out["observation"] = {
+            "model": model,
+            "chars": chars,
+            "tokens": tokens,
+            **{name: exact.get(name, 0) for name in EXACT_FIELDS},
+        }
     return out
 
 

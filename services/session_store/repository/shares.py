@@ -9,10 +9,10 @@ from datetime import datetime
 
 import asyncpg
 
-from services.shared.auth import Identity
-from services.shared.errors import FailedPrecondition, NotFound
 from services.session_store import share_links
 from services.session_store.repository.access import lock_session
+from services.shared.auth import Identity
+from services.shared.errors import FailedPrecondition, NotFound
 
 
 class Shares:
@@ -28,8 +28,9 @@ class Shares:
             row = await lock_session(conn, session_id, identity, None)
             if row["next_seq"] <= 1:
                 raise FailedPrecondition(f"session {session_id} has no messages yet; share it after the first one")
-            existing = await conn.fetchrow("SELECT nonce, created_at FROM session_shares WHERE session_id = $1",
-                                           session_id)
+            existing = await conn.fetchrow(
+                "SELECT nonce, created_at FROM session_shares WHERE session_id = $1", session_id
+            )
             if existing is not None and existing["nonce"] is not None:
                 return share_links.share_token(self.share_key, session_id, existing["nonce"]), existing["created_at"]
             nonce = share_links.new_nonce()
@@ -39,7 +40,9 @@ class Shares:
                 " ON CONFLICT (session_id) DO UPDATE SET nonce = $2, token_hash = $3,"
                 "     legacy_token_hash = session_shares.token_hash"
                 " RETURNING created_at",
-                session_id, nonce, share_links.token_hash(token),
+                session_id,
+                nonce,
+                share_links.token_hash(token),
             )
             return token, created_at
 

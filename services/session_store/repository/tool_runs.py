@@ -8,11 +8,13 @@ import uuid
 
 import asyncpg
 
-from services.shared.auth import Identity
 from services.session_store.repository.access import readable
+from services.shared.auth import Identity
 
-_COLUMNS = ("seq, turn_id, call_id, is_subagent, tool, arguments, call_seq, started_at, duration_seconds, outcome,"
-            " bytes_in, bytes_out, error")
+_COLUMNS = (
+    "seq, turn_id, call_id, is_subagent, tool, arguments, call_seq, started_at, duration_seconds, outcome,"
+    " bytes_in, bytes_out, error"
+)
 # One more row than the page, to know whether more remain; both walk the primary key.
 _NEWEST_BEFORE = f"SELECT {_COLUMNS} FROM tool_runs WHERE session_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
 _OLDEST_AFTER = f"SELECT {_COLUMNS} FROM tool_runs WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
@@ -22,8 +24,9 @@ class ToolRuns:
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
 
-    async def list_runs(self, identity: Identity, session_id: uuid.UUID, *, before_seq: int,
-                        after_seq: int | None, limit: int) -> tuple[list[asyncpg.Record], bool]:
+    async def list_runs(
+        self, identity: Identity, session_id: uuid.UUID, *, before_seq: int, after_seq: int | None, limit: int
+    ) -> tuple[list[asyncpg.Record], bool]:
         """Up to `limit` runs, oldest first: the newest before `before_seq` (0: the newest of all), or
         with `after_seq` the oldest after it; and whether more remain that way. Only for a caller who
         may read the session."""

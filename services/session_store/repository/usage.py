@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.session_store.db import Connection
+from services.session_store.repository.access import readable
 from services.shared.auth import Identity
 from services.shared.errors import ResourceExhausted
 from services.shared.validation import capped
-from services.session_store.db import Connection
-from services.session_store.repository.access import readable
 
 # How stale an owner's stored bytes may be when a write is checked against the quota; other
 # replicas' writes meanwhile may pass it by their own size, as concurrent writes always could.
@@ -54,7 +54,8 @@ class OwnerUsage:
             raise ResourceExhausted(
                 f"session quota: {capped(owner, 100)} has {count:,} sessions, the most one "
                 f"owner may keep (PALIMPSEST_OWNER_MAX_SESSIONS = {self.quotas.max_sessions:,}); "
-                "delete or clean up sessions first")
+                "delete or clean up sessions first"
+            )
 
     async def check_storage(self, conn: Connection, owner: str | None, adding: int) -> None:
         """Refuse a write that would take the owner past the storage quota (messages and files of
@@ -76,7 +77,8 @@ class OwnerUsage:
         raise ResourceExhausted(
             f"storage quota: {capped(owner, 100)} stores {used:,} bytes; {adding:,} more would pass "
             f"the {self.quotas.max_bytes:,} one owner may keep (PALIMPSEST_OWNER_MAX_MB); "
-            "delete or trim sessions first")
+            "delete or trim sessions first"
+        )
 
     def record(self, owner: str, adding: int) -> None:
         """A write of `adding` bytes for the owner has been let through."""
@@ -96,8 +98,9 @@ class OwnerUsage:
         cached = self._usage.get(owner)
         if cached is not None and now - cached[1] < USAGE_REFRESH_S:
             return cached[0]
-        used = await conn.fetchval("SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions"
-                                   " WHERE owner = $1", owner)
+        used = await conn.fetchval(
+            "SELECT coalesce(sum(message_bytes + file_bytes), 0) FROM sessions WHERE owner = $1", owner
+        )
         self._usage[owner] = (used, now)
         self._usage.move_to_end(owner)
         while len(self._usage) > USAGE_OWNERS:

@@ -167,13 +167,20 @@ class MemoryVectors:
                 "INSERT INTO memory_vector_spaces (model, from_settings) VALUES ($1, $2)"
                 " ON CONFLICT (model) DO UPDATE SET searched_at = now(),"
                 " from_settings = memory_vector_spaces.from_settings OR EXCLUDED.from_settings",
-                model, from_settings)
+                model,
+                from_settings,
+            )
             if not from_settings:
                 return []
-            dropped = [r["model"] for r in await conn.fetch(
-                "DELETE FROM memory_vector_spaces WHERE model <> $1"
-                " AND (from_settings OR searched_at < now() - make_interval(days => $2)) RETURNING model",
-                model, PROFILE_SPACE_DAYS)]
+            dropped = [
+                r["model"]
+                for r in await conn.fetch(
+                    "DELETE FROM memory_vector_spaces WHERE model <> $1"
+                    " AND (from_settings OR searched_at < now() - make_interval(days => $2)) RETURNING model",
+                    model,
+                    PROFILE_SPACE_DAYS,
+                )
+            ]
             return dropped  # their vectors went with them (ON DELETE CASCADE)
 
     async def spaces(self) -> list[str]:
@@ -187,12 +194,15 @@ class MemoryVectors:
                 "UPDATE memory_vector_spaces s SET dimensions = $2"
                 "  FROM (SELECT dimensions AS old FROM memory_vector_spaces WHERE model = $1 FOR UPDATE) o"
                 " WHERE s.model = $1 AND s.dimensions IS DISTINCT FROM $2 RETURNING o.old",
-                model, dimensions)
+                model,
+                dimensions,
+            )
             if row is None:
                 return False
             for table in ("memory_vectors", "summary_vectors", "message_vectors"):
-                await conn.execute(f"DELETE FROM {table} WHERE model = $1 AND vector_dims(embedding) <> $2",
-                                   model, dimensions)
+                await conn.execute(
+                    f"DELETE FROM {table} WHERE model = $1 AND vector_dims(embedding) <> $2", model, dimensions
+                )
             # The messages whose vectors went are embedded again from the start.
             await conn.execute("DELETE FROM message_vector_marks WHERE model = $1", model)
             return row["old"] is not None
@@ -209,25 +219,39 @@ class MemoryVectors:
     async def pending_summaries(self, model: str, limit: int) -> list[asyncpg.Record]:
         return await self.pool.fetch(_PENDING_SUMMARIES_SQL, model, limit)
 
-    async def store_summaries(self, model: str, keys: Sequence[tuple[uuid.UUID, int]],
-                              vectors: Sequence[Sequence[float]]) -> None:
-        await self.pool.execute(_STORE_SUMMARIES_SQL, model, [k[0] for k in keys], [k[1] for k in keys],
-                                [vector_text(v) for v in vectors])
+    async def store_summaries(
+        self, model: str, keys: Sequence[tuple[uuid.UUID, int]], vectors: Sequence[Sequence[float]]
+    ) -> None:
+        await self.pool.execute(
+            _STORE_SUMMARIES_SQL, model, [k[0] for k in keys], [k[1] for k in keys], [vector_text(v) for v in vectors]
+        )
 
     async def pending_messages(self, model: str, limit: int, quiet_s: float = 0.0) -> list[asyncpg.Record]:
         return await self.pool.fetch(_PENDING_MESSAGES_SQL, model, limit, quiet_s)
 
-    async def store_messages(self, model: str, keys: Sequence[tuple[uuid.UUID, int]],
-                             vectors: Sequence[Sequence[float]], marks: Sequence[tuple[uuid.UUID, int]]) -> None:
+    async def store_messages(
+        self,
+        model: str,
+        keys: Sequence[tuple[uuid.UUID, int]],
+        vectors: Sequence[Sequence[float]],
+        marks: Sequence[tuple[uuid.UUID, int]],
+    ) -> None:
         """The messages' vectors and how far each session is now embedded, together."""
         async with self.pool.acquire() as conn, conn.transaction():
             if keys:
-                await conn.execute(_STORE_MESSAGES_SQL, model, [k[0] for k in keys], [k[1] for k in keys],
-                                   [vector_text(v) for v in vectors])
+                await conn.execute(
+                    _STORE_MESSAGES_SQL,
+                    model,
+                    [k[0] for k in keys],
+                    [k[1] for k in keys],
+                    [vector_text(v) for v in vectors],
+                )
             await conn.execute(_STORE_MARKS_SQL, model, [m[0] for m in marks], [m[1] for m in marks])
 
-    async def nearest(self, session_id: uuid.UUID, model: str, vector: Sequence[float], limit: int,
-                      min_similarity: float) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(_NEAREST_SQL, session_id, model, vector_text(vector), len(vector), limit,
-                                     min_similarity)
+    async def nearest(
+        self, session_id: uuid.UUID, model: str, vector: Sequence[float], limit: int, min_similarity: float
+    ) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(
+            _NEAREST_SQL, session_id, model, vector_text(vector), len(vector), limit, min_similarity
+        )
         return [dict(row) for row in rows]
