@@ -247,7 +247,7 @@ def _inside(folder: Path, name: str) -> Path:
     return path
 
 
-def _mark_changed(folder: Path) -> None:
+def _mark_changed(folder: Path) -> str:
     """A new changes token for ``folder``, written after each change to its files: a reader that
     read the old one before listing sees that it must list again. One write wins whole (a rename);
     two writers leave either token, both new. Kept among the top level's digests (no file may
@@ -255,18 +255,18 @@ def _mark_changed(folder: Path) -> None:
     kept = folder / DIGEST_DIR
     kept.mkdir(exist_ok=True)
     temp = kept / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
-    temp.write_text(uuid.uuid4().hex)
+    token = uuid.uuid4().hex
+    temp.write_text(token)
     os.replace(temp, kept / CHANGES_NAME)
+    return token
 
 
 def _changes_token(folder: Path) -> str:
     """The folder's changes token, made on first need (a folder from before tokens were kept)."""
-    for _ in range(2):
-        try:
-            return (folder / DIGEST_DIR / CHANGES_NAME).read_text().strip()
-        except FileNotFoundError:
-            _mark_changed(folder)
-    return ""
+    try:
+        return (folder / DIGEST_DIR / CHANGES_NAME).read_text().strip()
+    except FileNotFoundError:
+        return _mark_changed(folder)
 
 
 def _reserved(name: str) -> bool:
