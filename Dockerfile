@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# One image, three services: `docker run IMAGE services.session_store` (or services.compressor,
-# services.agent; the default). Kubernetes picks one with `args` (deploy/base).
+# One image, three services: `docker run IMAGE palimpsest.store` (or palimpsest.compressor,
+# palimpsest.agent; the default). Kubernetes picks one with `args` (deploy/base).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: the package and its dependencies into /opt/venv (wheels only, no compiler needed) ---
@@ -11,8 +11,6 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY palimpsest ./palimpsest
-COPY services ./services
-COPY clients ./clients
 # Not an editable install: the runtime stage gets /opt/venv alone, never the source tree.
 # The Ollama simulator (tests, `make demo`, benchmarks) is left out by .dockerignore.
 RUN /opt/venv/bin/pip install --no-cache-dir . \
@@ -50,4 +48,4 @@ USER 10001:10001
 EXPOSE 50051 50052 50053
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["python", "-m"]
-CMD ["services.agent"]
+CMD ["palimpsest.agent"]

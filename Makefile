@@ -37,15 +37,15 @@ protos-check: protos
 
 lint: node_modules/.installed $(VENV)/.installed
 	cd protos && ../node_modules/.bin/buf lint
-	$(BIN)/ruff check services clients bench ollama_sim tests deploy
-	$(BIN)/ruff format --check services clients bench ollama_sim tests deploy
+	$(BIN)/ruff check palimpsest bench ollama_sim tests deploy
+	$(BIN)/ruff format --check palimpsest bench ollama_sim tests deploy
 
-# mypy over services/ and clients/ with the generated .pyi stubs (settings in pyproject.toml).
+# mypy over palimpsest/ with the generated .pyi stubs (settings in pyproject.toml).
 typecheck: install
 	$(BIN)/python -m mypy
 
 run: install
-	$(BIN)/python -m services.run
+	$(BIN)/python -m palimpsest.run
 
 demo: install
 	$(BIN)/python -m ollama_sim.demo

@@ -54,7 +54,7 @@ class Server:
 def start_server(database_url: str | None, data_dir: Path | None, keep: bool) -> Server:
     if database_url:
         return Server(url=database_url, description=f"given server {redact_url(database_url)}")
-    from services.shared.embedded_pg import EmbeddedPostgres
+    from palimpsest.shared.embedded_pg import EmbeddedPostgres
 
     embedded = EmbeddedPostgres(Path(data_dir or default_data_dir()))
     already_running = embedded.pgdata.exists() and embedded.running_port() is not None
@@ -107,8 +107,8 @@ async def running_store(dsn: str, **overrides) -> AsyncIterator[tuple[object, se
     """A real SessionStore on a loopback port 0 against `dsn`, and a stub on a real channel.
     Memory search is lexical unless `embed_model` is given: whatever answers on Ollama's default
     port must not make a benchmark's numbers (store_memory measures the semantic tier itself)."""
-    from services.session_store.app import start_store
-    from services.shared.settings import Settings
+    from palimpsest.shared.settings import Settings
+    from palimpsest.store.app import start_store
 
     with tempfile.TemporaryDirectory(prefix="palimpsest-bench-files-") as files_root:
         settings = replace(

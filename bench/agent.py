@@ -19,10 +19,10 @@ import httpx
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply
 from ollama_sim.server import VERSION
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.ports import free_port
 from tests.test_agent_long import BigOutputTool
 
 NEEDS_POSTGRES = True
@@ -34,9 +34,9 @@ WINDOW = 8192
 async def system(server, label: str, profiles: list[dict], version: str = VERSION):
     """Store, Compressor and Agent on loopback ports, the simulator for Ollama (``version``: the
     Ollama it stands for, which chooses its engine)."""
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.shared.settings import Settings
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
+    from palimpsest.shared.settings import Settings
 
     with OllamaSimulator(version=version) as sim, tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profiles.json"
@@ -74,11 +74,11 @@ async def service_processes(server, label: str, profiles: list[dict]):
                 "PALIMPSEST_FILES_ROOT": str(Path(tmp) / "files"),
                 **{f"PALIMPSEST_{name.upper()}_ADDR": f"127.0.0.1:{port}" for name, port in ports.items()},
             }
-            async with _common.processes([("services.session_store", env)]):
+            async with _common.processes([("palimpsest.store", env)]):
                 await _common.wait_ready(f"127.0.0.1:{ports['store']}")
-                async with _common.processes([("services.compressor", env)]):
+                async with _common.processes([("palimpsest.compressor", env)]):
                     await _common.wait_ready(f"127.0.0.1:{ports['compressor']}")
-                    async with _common.processes([("services.agent", env)]):
+                    async with _common.processes([("palimpsest.agent", env)]):
                         await _common.wait_ready(f"127.0.0.1:{ports['agent']}")
                         async with (
                             grpc.aio.insecure_channel(f"127.0.0.1:{ports['agent']}") as agent,
@@ -233,7 +233,7 @@ class DenseOutputTool(BigOutputTool):
     description = "Fetch a report of the given kind (json, log, code or dense) for a topic."
 
     async def run(self, args: dict, ctx):
-        from services.agent.tools.base import ToolResult
+        from palimpsest.agent.tools.base import ToolResult
 
         if args.get("kind") != "dense":
             return await super().run(args, ctx)
@@ -292,8 +292,8 @@ async def _long_path(
     """The long conversation on the simulator's qwen3.6 (``path`` "exact") or on it without its
     vocabulary; ``spec``, when given, is the model to run instead (another family's)."""
     from ollama_sim.models import default_models
-    from services.compressor.token_estimate import output_reserve
-    from services.shared.settings import Settings
+    from palimpsest.compressor.token_estimate import output_reserve
+    from palimpsest.shared.settings import Settings
     from tests.test_agent_long import png
 
     turns = 60 if quick else 300
@@ -412,8 +412,8 @@ async def nothing_lost(store, session_id: str, turns: int) -> list[str]:
     """What the run must not have lost: every tool result compressed out of the context found by
     memory_search's store call with words from beyond its preview, every user message shown
     once, at most one live summary."""
-    from services.compressor.pruning import PREVIEW_CHARS
-    from services.shared.session_reads import whole_context
+    from palimpsest.compressor.pruning import PREVIEW_CHARS
+    from palimpsest.shared.session_reads import whole_context
 
     shown, before = [], 0
     while True:

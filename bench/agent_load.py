@@ -24,11 +24,11 @@ import grpc
 
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply
+from palimpsest.shared.auth import make_token
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.auth import make_token
-from services.shared.ports import free_port
 from tests.test_faults import Service
 
 NEEDS_POSTGRES = True
@@ -97,9 +97,9 @@ async def services(server, label: str, logs: Path, env: dict[str, str] | None = 
             running = [
                 Service(module, ports[name], common, logs / f"{label}-{name}.log")
                 for name, module in (
-                    ("store", "services.session_store"),
-                    ("compressor", "services.compressor"),
-                    ("agent", "services.agent"),
+                    ("store", "palimpsest.store"),
+                    ("compressor", "palimpsest.compressor"),
+                    ("agent", "palimpsest.agent"),
                 )
             ]
             try:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from bench import _common
 from bench.agent import WINDOW, prefix_reuse, settled, system
 from ollama_sim import Reply
+from palimpsest.agent.context_builder import MEMORY_HEADING, memory_message
+from palimpsest.shared.settings import Settings
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.context_builder import MEMORY_HEADING, memory_message
-from services.shared.settings import Settings
 
 NEEDS_POSTGRES = True
 FILLER = (

@@ -124,7 +124,7 @@ class VariedTool:
     }
 
     async def run(self, args: dict, ctx):
-        from services.agent.tools.base import ToolResult
+        from palimpsest.agent.tools.base import ToolResult
 
         turn = int(str(args["topic"]).rsplit("-", 1)[-1])
         kind = args["kind"]

@@ -17,17 +17,17 @@ from PIL import Image
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply, count_prompt_tokens
 from ollama_sim.vocabulary import tokenizer_metadata
+from palimpsest.compressor.calibration import Observation, fit_line, fit_rates, line_tokens, prompt_classes
+from palimpsest.compressor.exact_count import ExactObservation, fit_template, message_texts, shape_of
+from palimpsest.compressor.model_tokenizers import TokenCounter
+from palimpsest.compressor.vocabulary import build_tokenizer
+from palimpsest.shared.context_view import to_ollama_messages, view_chars
+from palimpsest.shared.image_tokens import image_tokens
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.compressor.calibration import Observation, fit_line, fit_rates, line_tokens, prompt_classes
-from services.compressor.exact_count import ExactObservation, fit_template, message_texts, shape_of
-from services.compressor.model_tokenizers import TokenCounter
-from services.compressor.vocabulary import build_tokenizer
-from services.shared.context_view import to_ollama_messages, view_chars
-from services.shared.image_tokens import image_tokens
-from services.shared.ports import free_port
 
 Message = common_pb2.Message
 NEEDS_POSTGRES = True
@@ -343,9 +343,9 @@ async def throughput(server, quick: bool) -> str:
                         "OLLAMA_HOST": sim.url,
                         "PALIMPSEST_FILES_ROOT": "/tmp/palimpsest-bench-files",
                     }
-                    specs = [("services.session_store", base)] + [
+                    specs = [("palimpsest.store", base)] + [
                         (
-                            "services.compressor",
+                            "palimpsest.compressor",
                             {
                                 **base,
                                 "PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{grpc_port}",
@@ -385,8 +385,8 @@ async def throughput(server, quick: bool) -> str:
 
 async def _compress_all(store_port: int, ports: list[tuple[int, int]], sessions: int) -> tuple[float, float]:
     """(compressions a second, the replicas' CPU seconds per compression)."""
-    from services.shared.channels import open_channel
-    from services.shared.settings import Settings
+    from palimpsest.shared.channels import open_channel
+    from palimpsest.shared.settings import Settings
 
     settings = Settings()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{store_port}") as store_channel:
@@ -445,8 +445,8 @@ async def run(args) -> str:
             with OllamaSimulator() as sim:
                 from dataclasses import replace
 
-                from services.compressor.app import start_compressor
-                from services.shared.settings import Settings
+                from palimpsest.compressor.app import start_compressor
+                from palimpsest.shared.settings import Settings
 
                 settings = replace(Settings(), ollama_host=sim.url, store_addr=store_server.address)
                 compressor = await start_compressor(settings, port=0)

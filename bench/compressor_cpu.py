@@ -10,16 +10,16 @@ import time
 
 from bench import _common
 from bench.compressor import conversation, exact_counter
+from palimpsest.compressor import pipeline, stages
+from palimpsest.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
+from palimpsest.compressor.exact_count import content_md5, message_tokens
+from palimpsest.compressor.model_tokenizers import TokenCounter
+from palimpsest.compressor.pricing import Knobs, Pricing
+from palimpsest.compressor.stored_counts import PrimedCounter, known_counts
+from palimpsest.compressor.summary_format import SUMMARY_PROMPT, format_for_summary
+from palimpsest.compressor.summary_prefix import build_prefix, scope_of
+from palimpsest.shared.settings import Settings
 from palimpsest.v1 import common_pb2
-from services.compressor import pipeline, stages
-from services.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
-from services.compressor.exact_count import content_md5, message_tokens
-from services.compressor.model_tokenizers import TokenCounter
-from services.compressor.pricing import Knobs, Pricing
-from services.compressor.stored_counts import PrimedCounter, known_counts
-from services.compressor.summary_format import SUMMARY_PROMPT, format_for_summary
-from services.compressor.summary_prefix import build_prefix, scope_of
-from services.shared.settings import Settings
 
 NEEDS_POSTGRES = False
 Message = common_pb2.Message

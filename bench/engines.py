@@ -23,7 +23,7 @@ class GlyphOutputTool(DenseOutputTool):
     """The long run's tool, whose dense outputs are text in a script three tokens a character."""
 
     async def run(self, args: dict, ctx):
-        from services.agent.tools.base import ToolResult
+        from palimpsest.agent.tools.base import ToolResult
 
         if args.get("kind") != "dense":
             return await super().run(args, ctx)

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 from bench._common import percentile, table
-from services.agent.events import EventSink
-from services.agent.mcp_servers.config import McpServerConfig
-from services.agent.mcp_servers.manager import McpManager
-from services.agent.profiles import Profile, ProfileRegistry
-from services.agent.tools.base import ToolContext, TurnState
-from services.agent.tools.registry import execute
-from services.shared.settings import Settings
+from palimpsest.agent.events import EventSink
+from palimpsest.agent.mcp_servers.config import McpServerConfig
+from palimpsest.agent.mcp_servers.manager import McpManager
+from palimpsest.agent.profiles import Profile, ProfileRegistry
+from palimpsest.agent.tools.base import ToolContext, TurnState
+from palimpsest.agent.tools.registry import execute
+from palimpsest.shared.settings import Settings
 
 NEEDS_POSTGRES = False
 CHECKOUT = Path(__file__).resolve().parents[1]

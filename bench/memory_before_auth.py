@@ -1,5 +1,5 @@
 """Memory a service holds for requests it refuses: N concurrent requests of about 60 MB each, sent to
-real processes (`python -m services.session_store`, `python -m services.agent`, auth on), each
+real processes (`python -m palimpsest.store`, `python -m palimpsest.agent`, auth on), each
 service a fresh process per case; its resident memory (VmRSS) before, at its peak (VmHWM, reset
 just before the requests) and once every request has been answered.
 
@@ -24,10 +24,10 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from bench import _common
+from palimpsest.shared.auth import make_token
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2, common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.auth import make_token
-from services.shared.ports import free_port
 
 log = logging.getLogger("bench.memory_before_auth")
 
@@ -116,7 +116,7 @@ async def service(dsn: str, which: str, tmp: str):
         "PALIMPSEST_COMPRESSOR_ADDR": f"127.0.0.1:{free_port()}",
         "PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{port}",
     }
-    module = {"store": "services.session_store", "agent": "services.agent"}[which]
+    module = {"store": "palimpsest.store", "agent": "palimpsest.agent"}[which]
     async with _common.processes([(module, env)]) as (proc,):
         await _common.wait_ready(f"127.0.0.1:{port}")
         yield proc, f"127.0.0.1:{port}"

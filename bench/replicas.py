@@ -16,9 +16,9 @@ from pathlib import Path
 
 from bench import _common
 from ollama_sim import OllamaSimulator
+from palimpsest.shared.channels import open_channel
+from palimpsest.shared.settings import Settings
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
-from services.shared.channels import open_channel
-from services.shared.settings import Settings
 from tests import replica_cluster as rc
 from tests.conftest import TEST_PROFILES
 from tests.test_faults import responder

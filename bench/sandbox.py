@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from bench import _common
-from services.agent.sandbox import SandboxPolicy, probe, run_command
-from services.agent.sandbox.launch import ETC_FILES, as_user, bwrap_argv, host_layout
-from services.agent.sandbox.owner import FIRST_UID
+from palimpsest.agent.sandbox import SandboxPolicy, probe, run_command
+from palimpsest.agent.sandbox.launch import ETC_FILES, as_user, bwrap_argv, host_layout
+from palimpsest.agent.sandbox.owner import FIRST_UID
 
 NEEDS_POSTGRES = False
 RUNS = 200

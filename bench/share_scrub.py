@@ -9,8 +9,8 @@ import uuid
 from pathlib import Path
 
 from bench._common import table
+from palimpsest.store.shared_view import shared_message
 from palimpsest.v1 import common_pb2
-from services.session_store.shared_view import shared_message
 
 NEEDS_POSTGRES = False
 MB = 1 << 20

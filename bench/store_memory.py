@@ -19,10 +19,10 @@ import uuid
 import asyncpg
 
 from bench._common import Chatter, fresh_database, ms, p50, percentile, running_store, table
+from palimpsest.store.repository.memory import CANDIDATES_SQL, candidate_arguments
+from palimpsest.store.repository.vectors import _NEAREST_SQL, vector_text
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
-from services.session_store.repository.memory import CANDIDATES_SQL, candidate_arguments
-from services.session_store.repository.vectors import _NEAREST_SQL, vector_text
 
 log = logging.getLogger("bench.store_memory")
 

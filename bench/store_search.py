@@ -406,7 +406,7 @@ async def load_message_vectors(conn: asyncpg.Connection, dimensions: int) -> int
     """The simulator's embeddings of each session's first VECTORS_PER_SESSION displayed messages,
     and marks saying every session is embedded (so the store's indexer finds nothing to do)."""
     from ollama_sim.embed import embed_text
-    from services.session_store.repository.vectors import vector_text
+    from palimpsest.store.repository.vectors import vector_text
 
     await conn.execute(
         "INSERT INTO memory_vector_spaces (model, dimensions, from_settings) VALUES ($1, $2, true)",

@@ -22,7 +22,7 @@ from pathlib import Path
 from dockerfile_parse import DockerfileParser
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ["services.session_store", "services.compressor", "services.agent"]
+MODULES = ["palimpsest.store", "palimpsest.compressor", "palimpsest.agent"]
 # Never in the image: test code and doubles, local environments, the repository itself.
 KEPT_OUT = [
     "tests/conftest.py",

@@ -16,9 +16,9 @@ import yaml
 
 METRICS_PORT = 9464  # every pod's /metrics (PALIMPSEST_METRICS_PORT)
 SERVICES = {  # Deployment name → (port, module)
-    "palimpsest-session-store": (50051, "services.session_store"),
-    "palimpsest-compressor": (50052, "services.compressor"),
-    "palimpsest-agent": (50053, "services.agent"),
+    "palimpsest-session-store": (50051, "palimpsest.store"),
+    "palimpsest-compressor": (50052, "palimpsest.compressor"),
+    "palimpsest-agent": (50053, "palimpsest.agent"),
 }
 PEER_SERVICES = {"palimpsest-session-store", "palimpsest-compressor"}  # dialled by the services: headless
 AUTOSCALED = {"palimpsest-compressor", "palimpsest-agent"}

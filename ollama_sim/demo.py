@@ -17,10 +17,10 @@ import grpc  # noqa: E402
 from rich.console import Console
 
 from ollama_sim import OllamaSimulator, Reply  # noqa: E402
+from palimpsest.run import command_as_typed  # noqa: E402
+from palimpsest.shared.settings import Settings  # noqa: E402
 from palimpsest.v1 import agent_pb2 as pb  # noqa: E402
 from palimpsest.v1 import agent_pb2_grpc
-from services.run import command_as_typed  # noqa: E402
-from services.shared.settings import Settings  # noqa: E402
 
 TURNS = int(os.environ.get("DEMO_TURNS", "40"))
 WINDOW = 4096
@@ -67,9 +67,9 @@ def meter(tokens: int, window: int, width: int = 40) -> str:
 
 
 async def main() -> None:
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.session_store.app import start_store
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
+    from palimpsest.store.app import start_store
 
     with OllamaSimulator() as sim, tempfile.TemporaryDirectory() as tmp:
         sim.set_responder(scripted_model)
@@ -84,7 +84,7 @@ async def main() -> None:
         embedded = None
         dsn = settings.database_url
         if not dsn:  # a database of our own that we also stop: the demo leaves nothing running
-            from services.shared.embedded_pg import EmbeddedPostgres
+            from palimpsest.shared.embedded_pg import EmbeddedPostgres
 
             embedded = EmbeddedPostgres(settings.data_dir)
             was_running = embedded.running_port() is not None

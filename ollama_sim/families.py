@@ -3,7 +3,7 @@
 llama.cpp ships ``ggml-vocab-<name>.gguf`` files holding a model's whole tokenizer (no weights);
 the simulator reports such a file's fields in ``/api/show`` as Ollama reports a model's, and counts
 ``prompt_eval_count`` with that vocabulary. The counter is the project's own tokenizer build
-(services/compressor/vocabulary.py): for the vocabularies served here, the vocabulary tests prove
+(palimpsest/compressor/vocabulary.py): for the vocabularies served here, the vocabulary tests prove
 its counts equal to llama.cpp's on llama.cpp's test vectors and our varied texts
 (tests/test_vocab_families.py), so it stands in for llama.cpp's tokenizer. The files are not in the
 repository: tests/vocab_oracle.py fetches them into a cache, whose folder is passed in here.
@@ -69,7 +69,7 @@ def file_header(path: Path) -> dict[str, Any]:
 @functools.cache
 def _tokenizer(path: Path) -> Tokenizer:
     # Imported here: the simulator needs the services' code only for models of these families.
-    from services.compressor.vocabulary import build_tokenizer
+    from palimpsest.compressor.vocabulary import build_tokenizer
 
     return build_tokenizer(file_metadata(path))
 

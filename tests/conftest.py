@@ -13,9 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from palimpsest.shared.auth import make_token
+from palimpsest.shared.settings import Settings
 from palimpsest.v1 import session_store_pb2_grpc
-from services.shared.auth import make_token
-from services.shared.settings import Settings
 
 JWT_SECRET = "test-secret-for-palimpsest-tests-only"
 
@@ -27,7 +27,7 @@ def checkout_test_dir(checkout: Path) -> Path:
     """The test database folder of one checkout: beside the data folder (as root, under /var/lib,
     where the database's own user can reach it), named after the checkout and a hash of its path, so
     two checkouts (worktrees, clones) never share a database or wait on each other's lock."""
-    from services.shared.settings import default_data_dir
+    from palimpsest.shared.settings import default_data_dir
 
     name = "".join(c if c.isalnum() or c in "-_" else "-" for c in checkout.name)[:40]
     digest = hashlib.sha256(str(checkout).encode()).hexdigest()[:8]
@@ -42,7 +42,7 @@ def _test_pg_dir() -> Path:
 def pytest_configure(config) -> None:
     """The run's controller (not an xdist worker) notes whether the test database was already up."""
     if not hasattr(config, "workerinput") and not os.environ.get("TEST_DATABASE_URL"):
-        from services.shared.embedded_pg import EmbeddedPostgres
+        from palimpsest.shared.embedded_pg import EmbeddedPostgres
 
         config.test_pg_was_running = bool(EmbeddedPostgres(_test_pg_dir()).running_port())
 
@@ -98,13 +98,13 @@ def pytest_unconfigure(config) -> None:
     """A run leaves no database behind that it started (workers share one; the controller stops it)."""
     if getattr(config, "test_pg_was_running", True):
         return
-    from services.shared.embedded_pg import EmbeddedPostgres
+    from palimpsest.shared.embedded_pg import EmbeddedPostgres
 
     EmbeddedPostgres(_test_pg_dir(), started_here=True).stop()
 
 
 def _embedded_url() -> str:
-    from services.shared.embedded_pg import EmbeddedPostgres
+    from palimpsest.shared.embedded_pg import EmbeddedPostgres
 
     data_dir = _test_pg_dir()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +123,7 @@ def database_url() -> str:
 def _test_data_dir() -> Path:
     """Shared by the test runs of this machine, like the embedded database: tokenizers built from
     the simulator's vocabulary are cached there once (by digest), not rebuilt by every module."""
-    from services.shared.settings import default_data_dir
+    from palimpsest.shared.settings import default_data_dir
 
     return Path(os.environ.get("PALIMPSEST_TEST_CACHE_DIR", str(default_data_dir().with_name("palimpsest-test-cache"))))
 
@@ -145,7 +145,7 @@ def base_settings(tmp_path_factory) -> Settings:
 
 
 async def _start_store(settings: Settings, dsn: str):
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     return await start_store(settings, port=0, dsn=dsn)
 
@@ -212,7 +212,7 @@ def fresh_sim(ollama_sim):
 
 @pytest.fixture(scope="module")
 async def compressor_server(base_settings, store_server, ollama_sim):
-    from services.compressor.app import start_compressor
+    from palimpsest.compressor.app import start_compressor
 
     settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address)
     running = await start_compressor(settings, port=0)
@@ -295,9 +295,9 @@ def agent_settings(base_settings, store_server, compressor_server, ollama_sim, p
 async def three_services(settings: Settings, database_url: str, ollama_sim, profiles_file: str):
     """A SessionStore, a Compressor and an Agent of a test module's own, started with ``settings``
     (metrics, TLS, tracing: what the shared servers do not have), stopped Agent first."""
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.session_store.app import start_store
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
+    from palimpsest.store.app import start_store
 
     store = await start_store(settings, port=0, dsn=database_url)
     compressor = await start_compressor(replace(settings, ollama_host=ollama_sim.url, store_addr=store.address), port=0)
@@ -311,7 +311,7 @@ async def three_services(settings: Settings, database_url: str, ollama_sim, prof
 
 @pytest.fixture(scope="module")
 async def agent_server(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     running = await start_agent(
         agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file), port=0

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from services.session_store import db
+from palimpsest.store import db
 
 
 @asynccontextmanager

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.agent.events import EventSink
+from palimpsest.agent.events import EventSink
 
 
 def recording_sink(session_id: str) -> EventSink:

@@ -49,7 +49,7 @@ def profile(profile_id: str, servers: list[dict[str, Any]], **fields: Any) -> di
 @contextlib.asynccontextmanager
 async def agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp: Path, profiles: list[dict]):
     """An Agent of the test's own over `profiles`; yields (stub, running server)."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     path = tmp / "profiles.json"
     path.write_text(json.dumps({"default": profiles[0]["id"], "profiles": profiles}))

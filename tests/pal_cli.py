@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from palimpsest.agent.app import start_agent
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
-from services.agent.app import start_agent
 
 PAL = str(Path(sys.executable).with_name("pal"))
 

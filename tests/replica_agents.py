@@ -14,7 +14,7 @@ from tests.conftest import agent_settings
 async def two_agents(
     base_settings, store_server, compressor_server, ollama_sim, profiles_file, claims: bool, **overrides
 ):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = agent_settings(
         base_settings,

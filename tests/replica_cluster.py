@@ -22,10 +22,10 @@ from pathlib import Path
 
 import grpc
 
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.ports import free_port
 from tests.fault_services import PROMPT, Service, answer_to, prompt_for
 
 END = pb.StreamEndReason
@@ -96,15 +96,15 @@ def cluster(
 
     return Cluster(
         stores=[
-            service("store", "services.session_store", i, {"PALIMPSEST_STORE_ADDR": f"127.0.0.1:{p}"})
+            service("store", "palimpsest.store", i, {"PALIMPSEST_STORE_ADDR": f"127.0.0.1:{p}"})
             for i, p in enumerate(ports["store"])
         ],
         compressors=[
-            service("compressor", "services.compressor", i, {"PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{p}"})
+            service("compressor", "palimpsest.compressor", i, {"PALIMPSEST_COMPRESSOR_LISTEN": f"127.0.0.1:{p}"})
             for i, p in enumerate(ports["compressor"])
         ],
         agents=[
-            service("agent", "services.agent", i, {"PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{p}"})
+            service("agent", "palimpsest.agent", i, {"PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{p}"})
             for i, p in enumerate(ports["agent"])
         ],
     )

@@ -121,7 +121,7 @@ async def test_cancelling_before_the_first_token_leaves_no_empty_answer(agent, s
 
 @pytest.fixture(scope="module")
 async def impatient_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     # The first chunk waits longer than the next: a prefill slowed by a loaded machine must not
     # pass for the stall after it that the between-chunk test makes.
@@ -177,7 +177,7 @@ async def test_an_unknown_model_names_ollama_pull(agent):
 async def test_ollama_down_is_unavailable_with_the_address(
     base_settings, store_server, compressor_server, ollama_sim, profiles_file
 ):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -345,7 +345,7 @@ async def test_only_allowlisted_system_records_reach_the_model(agent, store, oll
     """000's allowlist (_LLM_SYSTEM_SOURCES): of the stored system messages, task notes and the
     Synapse event record reach the model; any other record (a marker, a client's note, an unknown
     source) shows in the transcript and never reaches it."""
-    from services.shared.context_view import LLM_SYSTEM_SOURCES
+    from palimpsest.shared.context_view import LLM_SYSTEM_SOURCES
 
     assert LLM_SYSTEM_SOURCES == {"task_note", "synapse_event"}
 
@@ -498,10 +498,10 @@ async def test_a_turn_awaited_in_its_callers_task_gives_the_callers_session_back
     """003's ContextVar rule: a turn sets the current session and resets it when it ends, so what
     runs next in the caller's task (and any task it starts) never sees the turn's id. Awaited
     directly, not through run_subagent's task, whose copied context would hide a missing reset."""
-    from services.agent.conversation import EphemeralConversation
-    from services.agent.events import EventSink
-    from services.agent.turn import Turn, current_session
-    from services.agent.turn_context import SubagentOptions, TurnContext, TurnInput
+    from palimpsest.agent.conversation import EphemeralConversation
+    from palimpsest.agent.events import EventSink
+    from palimpsest.agent.turn import Turn, current_session
+    from palimpsest.agent.turn_context import SubagentOptions, TurnContext, TurnInput
 
     deps = agent_server.servicer.deps
     profile = deps.profiles.get("tiny")
@@ -599,8 +599,8 @@ async def test_recalled_excerpts_keep_to_their_share_of_the_window_and_centre_on
     """Two 2,000-character excerpts of dense logs per turn took a quarter of an 8,192 window right
     after a compression and brought the next one within a turn or two: what is recalled between
     two compressions keeps to a sixteenth of the window, around the words that matched."""
+    from palimpsest.agent.context_builder import recall_chars
     from palimpsest.v1 import common_pb2
-    from services.agent.context_builder import recall_chars
 
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="small"))).session
     await store.AppendMessages(
@@ -858,7 +858,7 @@ async def test_a_plain_turn_makes_two_internal_calls_and_none_after_the_answer(
     (baseline, observation, counts, meter) goes on that stream after the last token, without a call
     of its own. Nothing after stream_end: no post-turn pass under the trigger, no reload to keep the
     session warm (12 internal calls before, 5 of them between the last token and stream_end)."""
-    from services.shared import server as shared_server
+    from palimpsest.shared import server as shared_server
 
     calls: list[str] = []  # "Service.Method" as each server received it
     intercept = shared_server.ErrorInterceptor.intercept_service

@@ -10,10 +10,10 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from palimpsest.shared.channels import DefaultDeadline, open_channel
+from palimpsest.shared.errors import Unavailable
 from palimpsest.v1 import agent_pb2, agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as pb
-from services.shared.channels import DefaultDeadline, open_channel
-from services.shared.errors import Unavailable
 from tests.relay import Relay
 from tests.waiting import until
 
@@ -81,10 +81,10 @@ async def test_a_turn_on_a_hung_store_ends_its_stream_and_the_next_turn_works(
     base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file
 ):
     from ollama_sim import Reply
+    from palimpsest.agent.app import start_agent
     from palimpsest.v1 import agent_pb2 as apb
     from palimpsest.v1 import agent_pb2_grpc, common_pb2
     from palimpsest.v1 import compressor_pb2 as cpb
-    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     # The Compressor's first size check for a model builds its tokenizer, seconds on a loaded
@@ -144,10 +144,10 @@ async def test_the_model_starts_while_the_message_is_stored_and_shows_nothing_be
     """The first model call of a turn overlaps the append of the user's message (the fewest waits
     before the first token), but the client sees no answer before that message is stored."""
     from ollama_sim import Reply
+    from palimpsest.agent.app import start_agent
     from palimpsest.v1 import agent_pb2 as apb
     from palimpsest.v1 import agent_pb2_grpc
     from palimpsest.v1 import session_store_pb2_grpc as spb_grpc
-    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     host, port = store_server.address.rsplit(":", 1)
@@ -205,9 +205,9 @@ async def test_a_turn_goes_on_without_the_compressor_and_says_so_once(
     import socket
 
     from ollama_sim import Reply
+    from palimpsest.agent.app import start_agent
     from palimpsest.v1 import agent_pb2 as apb
     from palimpsest.v1 import agent_pb2_grpc
-    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     with socket.socket() as probe:  # a port nothing listens on: the Compressor is away
@@ -239,10 +239,10 @@ async def test_the_compressor_coming_back_is_used_again_within_seconds(
 ):
     import socket
 
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
     from palimpsest.v1 import agent_pb2 as apb
     from palimpsest.v1 import agent_pb2_grpc
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -284,11 +284,11 @@ async def test_compact_names_the_part_that_is_down(
 ):
     """Compact once said "SessionStore at the Compressor is not answering" when the Compressor was away, and a
     Compressor whose own store was away read as "Compressor … is not answering" though it had answered."""
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
+    from palimpsest.shared.ports import free_port
     from palimpsest.v1 import agent_pb2 as apb
     from palimpsest.v1 import agent_pb2_grpc
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.shared.ports import free_port
 
     session = (await store.CreateSession(pb.CreateSessionRequest(profile_id=profile))).session
     away = f"127.0.0.1:{free_port()}"

@@ -12,17 +12,17 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.attachments import INLINE_MAX_BYTES, MAX_ATTACHMENTS
+from palimpsest.agent.local_files import Refused, open_shareable, read_chunk
+from palimpsest.agent.profiles import Profile
+from palimpsest.agent.tools.base import ToolContext, TurnState
+from palimpsest.agent.tools.registry import BUILTIN, execute
+from palimpsest.shared.channels import open_channel
+from palimpsest.shared.ollama import OllamaClient
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.agent.attachments import INLINE_MAX_BYTES, MAX_ATTACHMENTS
-from services.agent.local_files import Refused, open_shareable, read_chunk
-from services.agent.profiles import Profile
-from services.agent.tools.base import ToolContext, TurnState
-from services.agent.tools.registry import BUILTIN, execute
-from services.shared.channels import open_channel
-from services.shared.ollama import OllamaClient
 from tests.calls import END, expect_status, file_bytes, full, inline, new_session, png_bytes, put_file, run
 from tests.conftest import _start_store, agent_settings, bearer
 from tests.event_sinks import drained, recording_sink
@@ -183,7 +183,7 @@ async def test_a_named_file_must_be_a_stored_name(agent, store, name):
 @pytest.fixture(scope="module")
 async def tight(base_settings, database_url, compressor_server, ollama_sim, profiles_file):
     """A store that keeps files of at most 1,000 bytes, with auth on, and an Agent in front of it."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(base_settings, files_max_bytes=1000, auth_enabled=True)
     store_server = await _start_store(settings, database_url)
@@ -442,7 +442,7 @@ async def test_content_publish_refuses_what_it_cannot_show_or_cannot_find(tool_c
 async def files_agent(base_settings, store_server, compressor_server, ollama_sim, tmp_path_factory):
     """An Agent whose default profile offers share_file and content_publish, sharing from a
     workspace folder of its own."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     root = tmp_path_factory.mktemp("agent-workspace")
     profiles = tmp_path_factory.mktemp("files-profiles") / "profiles.json"

@@ -15,10 +15,10 @@ import pytest
 from PIL import Image
 
 from ollama_sim import Reply
+from palimpsest.agent.tools.base import ToolContext, ToolResult
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
 
 # A model of this run alone: calibration is per model and shared by every session (and test).
 MODEL = f"long-{uuid.uuid4().hex[:8]}"
@@ -102,7 +102,7 @@ def long_profiles(tmp_path_factory) -> str:
 async def test_three_hundred_turns_stay_inside_the_window(
     base_settings, store_server, compressor_server, ollama_sim, long_profiles, store
 ):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     ollama_sim.clear()
     ollama_sim.set_responder(responder)
@@ -186,7 +186,7 @@ async def test_a_tool_result_that_fills_the_window_compresses_mid_turn_through_r
 ):
     """The first call fits; the report a tool returns does not: before the second call the Agent
     has the Compressor compress the earlier turns (MIDTURN), inside the same turn's stream."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     def model(body) -> Reply:
         messages = body.get("messages") or []

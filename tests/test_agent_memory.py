@@ -13,16 +13,16 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.context_builder import MEMORY_HEADING, memory_message
+from palimpsest.agent.tools.base import ToolContext, TurnState, confined, refusal
+from palimpsest.agent.tools.memory import MemoryTool
+from palimpsest.agent.tools.registry import BUILTIN, execute
+from palimpsest.agent.tools.scratchpad import MAX_NOTES, NOTE_CHARS
+from palimpsest.shared.context_view import heuristic_tokens
+from palimpsest.shared.settings import Settings
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.context_builder import MEMORY_HEADING, memory_message
-from services.agent.tools.base import ToolContext, TurnState, confined, refusal
-from services.agent.tools.memory import MemoryTool
-from services.agent.tools.registry import BUILTIN, execute
-from services.agent.tools.scratchpad import MAX_NOTES, NOTE_CHARS
-from services.shared.context_view import heuristic_tokens
-from services.shared.settings import Settings
 from tests.conftest import bearer, three_services
 
 # Each test starts from the simulator's deterministic echo.

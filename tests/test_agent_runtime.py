@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from palimpsest.agent.runtime import SessionRuntime
+from palimpsest.agent.warm_cache import WarmCache
 from palimpsest.v1 import common_pb2
-from services.agent.runtime import SessionRuntime
-from services.agent.warm_cache import WarmCache
 
 
 class FakeTurn:

@@ -13,13 +13,10 @@ import pytest
 from PIL import Image
 
 from ollama_sim import Reply
-from palimpsest.v1 import common_pb2
-from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.agent.conversation import StoredConversation
-from services.agent.profiles import Profile
-from services.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
-from services.agent.tools.plan import (
+from palimpsest.agent.conversation import StoredConversation
+from palimpsest.agent.profiles import Profile
+from palimpsest.agent.tools.base import SpawnRequest, ToolContext, ToolResult, TurnState, schema
+from palimpsest.agent.tools.plan import (
     MAX_STEPS,
     analysis_prompt,
     cap_steps,
@@ -29,11 +26,14 @@ from services.agent.tools.plan import (
     run_subagent_planning,
     windowed_request,
 )
-from services.agent.tools.registry import BUILTIN, execute, tools_for
-from services.shared.auth import serve_caller
-from services.shared.channels import open_channel
-from services.shared.errors import InvalidArgument
-from services.shared.ollama import OllamaClient
+from palimpsest.agent.tools.registry import BUILTIN, execute, tools_for
+from palimpsest.shared.auth import serve_caller
+from palimpsest.shared.channels import open_channel
+from palimpsest.shared.errors import InvalidArgument
+from palimpsest.shared.ollama import OllamaClient
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import session_store_pb2 as store_pb
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from tests.calls import append, full, new_session
 from tests.conftest import bearer
 from tests.event_sinks import drained, recording_sink

@@ -12,14 +12,14 @@ from random import Random
 import grpc
 import pytest
 
+from palimpsest.agent.conversation import StoredConversation
+from palimpsest.shared.auth import serve_caller
+from palimpsest.shared.channels import open_channel
+from palimpsest.shared.errors import PalimpsestError, PermissionDenied, Unavailable
+from palimpsest.shared.stopping import Stopping
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
-from services.agent.conversation import StoredConversation
-from services.shared.auth import serve_caller
-from services.shared.channels import open_channel
-from services.shared.errors import PalimpsestError, PermissionDenied, Unavailable
-from services.shared.stopping import Stopping
 from tests.calls import full
 from tests.conftest import JWT_SECRET, bearer
 from tests.relay import Relay
@@ -153,7 +153,7 @@ async def test_a_stopping_store_ends_an_idle_append_stream_and_the_next_append_g
     """A turn's stream open on a replica that stops: the stop does not wait out its grace for it,
     and the turn's next append lands on the replica that is left (the relay is the address both
     stand behind, as a Kubernetes Service is)."""
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     stopping = await start_store(base_settings, port=0, dsn=database_url)
     staying = await start_store(base_settings, port=0, dsn=database_url)

@@ -18,11 +18,11 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.tools.base import ToolContext, ToolResult
+from palimpsest.shared.auth import make_token, vouching_metadata
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
-from services.shared.auth import make_token, vouching_metadata
 from tests.calls import expect_status, full
 from tests.conftest import JWT_SECRET, bearer
 from tests.grpcurl_cli import GRPCURL, grpcurl
@@ -105,7 +105,7 @@ def profiles_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 async def agent_server(base_settings, store_server, compressor_server, ollama_sim, profiles_path):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     running = await start_agent(
         replace(
@@ -302,7 +302,7 @@ async def test_a_sub_agent_its_stop_event_cannot_end_is_cancelled_as_a_last_reso
 async def test_a_turns_audit_adds_no_internal_call(agent, agent_server, ollama_sim, store, monkeypatch):
     """A turn with a tool call, in a warm session: two size checks and the one append stream, as
     before the log existed; the run's record rode on the append of its result."""
-    from services.shared import server as shared_server
+    from palimpsest.shared import server as shared_server
 
     calls: list[str] = []
     intercept = shared_server.ErrorInterceptor.intercept_service
@@ -481,8 +481,8 @@ async def test_a_store_of_the_release_before_still_appends_after_the_migration(d
     a rolling update calls the old one, and its appends still land."""
     from datetime import datetime, timezone
 
-    from services.session_store import convert, db
-    from services.session_store.repository.sessions import _ROW_FIELDS
+    from palimpsest.store import convert, db
+    from palimpsest.store.repository.sessions import _ROW_FIELDS
     from tests.databases import empty_database
 
     async with empty_database(database_url) as pool:
@@ -517,8 +517,8 @@ async def test_with_auth_on_the_agents_records_reach_the_owners_log(
     base_settings, store_server_auth, store_auth, ollama_sim, tmp_path, user
 ):
     """The Agent writes with the user's credentials and the services' vouch; the owner reads the log."""
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
 
     alice = bearer(user)
     settings = replace(

@@ -72,8 +72,8 @@ async def call(stub, method, request, metadata) -> grpc.StatusCode:
 
 @pytest.fixture(scope="module")
 async def services(base_settings, store_server_auth, ollama_sim, profiles_file):
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
 
     settings = replace(
         base_settings,

@@ -8,12 +8,12 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from palimpsest.agent.conversation import storable
+from palimpsest.shared.validation import MAX_ERROR_CHARS
 from palimpsest.v1 import agent_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as pb
 from palimpsest.v1.common_pb2 import ExternalRef, Message, RawChunk, ToolCall
-from services.agent.conversation import storable
-from services.shared.validation import MAX_ERROR_CHARS
 
 
 async def refused(call, request, field: str) -> str:
@@ -118,7 +118,7 @@ def test_the_agent_stores_its_own_nul_output_as_a_replacement_character():
 
 
 async def test_a_second_server_on_a_taken_port_is_a_one_line_error(base_settings, store_server):
-    from services.shared.server import start_server
+    from palimpsest.shared.server import start_server
 
     with pytest.raises(SystemExit) as stopped:
         await start_server(lambda server: None, [], settings=base_settings, port=store_server.port)

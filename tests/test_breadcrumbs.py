@@ -8,14 +8,14 @@ from datetime import datetime, timezone
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from palimpsest.v1.common_pb2 import Message, ToolCall
-from services.compressor.breadcrumbs import (
+from palimpsest.compressor.breadcrumbs import (
     CHUNK_CHARS,
     ENTITY_CAP,
     chunk_messages,
     extract_entities,
     merge_breadcrumbs,
 )
+from palimpsest.v1.common_pb2 import Message, ToolCall
 
 
 @pytest.mark.parametrize(
@@ -25,7 +25,7 @@ from services.compressor.breadcrumbs import (
         ("run ./build.sh first", "./build.sh"),
         ("see ~/notes/todo.md", "~/notes/todo.md"),
         ("open C:\\Users\\ann\\report.xlsx, then", "C:\\Users\\ann\\report.xlsx"),
-        ("changed services/compressor/planner.py too", "services/compressor/planner.py"),
+        ("changed palimpsest/compressor/planner.py too", "palimpsest/compressor/planner.py"),
         ("docs at https://example.com/a/b?x=1.", "https://example.com/a/b?x=1"),
         ("the ContextCompressor class", "ContextCompressor"),
         ("call estimateTokens now", "estimateTokens"),
@@ -40,7 +40,7 @@ from services.compressor.breadcrumbs import (
         ("use `npm ci`", "npm ci"),
         ("ran `docker compose up -d`", "docker compose up -d"),
         ("ran `kubectl get pods -A`", "kubectl get pods -A"),
-        ("ran `python -m services.agent`", "python -m services.agent"),
+        ("ran `python -m palimpsest.agent`", "python -m palimpsest.agent"),
         ("it costs $12.50 a month", "$12.50"),
         ("only €3 more", "€3"),
         ("needs 12 GB of RAM", "12 GB"),
@@ -157,7 +157,7 @@ def test_claimed_spans_merge_and_answer_overlaps_like_a_scan():
     """The binary-search spans agree with checking every claimed span, on random claims."""
     import random
 
-    from services.compressor.breadcrumbs import _Spans
+    from palimpsest.compressor.breadcrumbs import _Spans
 
     rng = random.Random(5)
     spans, claimed = _Spans(), []
@@ -175,7 +175,7 @@ def test_entities_of_a_long_text_are_the_first_ones_the_whole_text_has() -> None
     """Read a piece at a time and stopped at the cap: the same entities, in the same order."""
     import random
 
-    from services.compressor import breadcrumbs
+    from palimpsest.compressor import breadcrumbs
 
     rng = random.Random(5)
     lines = [

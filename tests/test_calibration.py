@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.compressor.calibration import (
+from palimpsest.compressor.calibration import (
     FALLBACK_CHARS_PER_TOKEN,
     OBSERVATION_WINDOW,
     Line,
@@ -12,7 +12,7 @@ from services.compressor.calibration import (
     fit_line,
     line_tokens,
 )
-from services.shared.context_view import heuristic_tokens
+from palimpsest.shared.context_view import heuristic_tokens
 
 
 def obs(chars: int, tokens: int) -> Observation:
@@ -151,7 +151,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from services.compressor.calibration import (  # noqa: E402
+from palimpsest.compressor.calibration import (  # noqa: E402
     CHAR_CLASSES,
     MIN_RATE_OBSERVATIONS,
     RATES_PRIOR,

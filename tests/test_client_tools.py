@@ -14,11 +14,11 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.client_tools import ClientTool, PendingCalls, client_tools_from_proto
+from palimpsest.shared.auth import make_token
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.client_tools import ClientTool, PendingCalls, client_tools_from_proto
-from services.shared.auth import make_token
 from tests.calls import END, expect_status, full
 from tests.conftest import JWT_SECRET, agent_settings, bearer
 from tests.replica_agents import two_agents
@@ -209,7 +209,7 @@ async def test_a_tool_that_acts_is_refused_in_a_tainted_conversation_one_that_re
 # -- under auth, and across replicas -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 async def auth_agent(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(
         agent_settings(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file),
@@ -270,7 +270,7 @@ def test_a_declaration_becomes_a_tool_with_its_schema_and_reach():
 
 
 async def test_pending_calls_tell_a_second_answer_from_a_stray_one():
-    from services.agent.client_tools import Answer
+    from palimpsest.agent.client_tools import Answer
 
     calls = PendingCalls()
     key = ("s", "t", "c")

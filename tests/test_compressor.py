@@ -297,7 +297,7 @@ async def test_compress_summarizes_old_turns_and_leaves_the_display_alone(compre
 
 
 async def test_memory_search_off_compresses_without_indexing_what_it_drops(compressor, store, profile):
-    from services.agent.profiles import Profile
+    from palimpsest.agent.profiles import Profile
 
     session_id = await session_with(store, profile, turns(12))
     off = Profile(memory_search_enabled=False).compression_settings()
@@ -311,7 +311,7 @@ async def test_memory_search_off_compresses_without_indexing_what_it_drops(compr
 
 
 async def test_old_summaries_over_the_threshold_are_merged_by_a_meta_call_first(compressor, store, profile, ollama_sim):
-    from services.compressor.summary_format import META_SUMMARY_PROMPT, META_SUMMARY_THRESHOLD
+    from palimpsest.compressor.summary_format import META_SUMMARY_PROMPT, META_SUMMARY_THRESHOLD
 
     def old_summary(n: int) -> Message:
         text = f"[Summary {n}] OLD-SUMMARY-{n} " + f"decision {n}: keep the cache at /srv/cache{n}. " * 130
@@ -452,8 +452,8 @@ async def test_compress_checks_its_input(compressor, store, profile):
 async def test_an_observation_through_one_replica_prices_the_next_estimate_on_another(
     base_settings, store_server, ollama_sim
 ):
-    from services.compressor.app import start_compressor
-    from services.shared.channels import open_channel
+    from palimpsest.compressor.app import start_compressor
+    from palimpsest.shared.channels import open_channel
 
     settings = replace(base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address)
     replicas = [await start_compressor(settings, port=0) for _ in range(2)]
@@ -568,7 +568,7 @@ async def test_a_summarizer_model_uses_its_own_window_capped_at_its_context_leng
 async def test_a_summarizer_model_without_a_window_of_its_own_uses_the_service_setting(
     base_settings, store_server, ollama_sim, store, profile
 ):
-    from services.compressor.app import start_compressor
+    from palimpsest.compressor.app import start_compressor
 
     settings = replace(
         base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address, summarizer_num_ctx=12_288
@@ -606,7 +606,7 @@ async def calibrate_on_real_counts(compressor, model: str) -> None:
     """Eight observations of the simulator's real counts, so the model's line prices this text closely
     (the newest eight make the whole line: earlier runs' observations no longer count)."""
     from ollama_sim.prompt import count_prompt_tokens
-    from services.shared.context_view import to_ollama_messages, view_chars
+    from palimpsest.shared.context_view import to_ollama_messages, view_chars
 
     for n in range(1, 9):
         sent = turns(n, 1500)
@@ -714,7 +714,7 @@ async def test_pruning_is_a_setting_a_profile_can_turn_off(compressor, store, pr
 
 
 def test_critical_results_previews_and_kept_turns_are_never_pruned():
-    from services.compressor.pruning import plan_pruning, preview
+    from palimpsest.compressor.pruning import plan_pruning, preview
 
     messages = tool_turns(3) + tool_turns(1, name="run_tests")
     for seq, m in enumerate(messages, start=1):
@@ -814,8 +814,8 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
 ):
     """The size check's dry run reads the whole context and plans; the Compress the Agent sends
     next, naming that same revision, uses the same read and the same plan instead of making them again."""
-    from services.compressor import pipeline
-    from services.shared import server as shared_server
+    from palimpsest.compressor import pipeline
+    from palimpsest.shared import server as shared_server
 
     plans: list[int] = []
     make_plan = pipeline.make_plan
@@ -871,7 +871,7 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
 
 
 def test_memory_chunks_past_the_message_budget_go_apart_in_batches_within_it():
-    from services.compressor.pipeline import chunks_past
+    from palimpsest.compressor.pipeline import chunks_past
 
     chunks = [common_pb2.RawChunk(content=f"{i}:" + "x" * 4_000, content_hash=f"h{i}") for i in range(300)]
     commit = store_pb.CommitCompressionRequest(session_id="s", marker=common_pb2.Message(content="m"), chunks=chunks)

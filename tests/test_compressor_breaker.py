@@ -13,13 +13,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ollama_sim import Reply
+from palimpsest.agent.app import compressor_serving
+from palimpsest.agent.compressor_breaker import NOT_CALLED, GuardedCompressor
+from palimpsest.shared.channels import open_channel
+from palimpsest.shared.errors import NotAnswering, Unavailable
 from palimpsest.v1 import agent_pb2 as apb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as cpb
-from services.agent.app import compressor_serving
-from services.agent.compressor_breaker import NOT_CALLED, GuardedCompressor
-from services.shared.channels import open_channel
-from services.shared.errors import NotAnswering, Unavailable
 from tests.relay import Relay
 from tests.waiting import until
 
@@ -162,7 +162,7 @@ async def test_a_status_the_compressor_sends_is_an_answer_and_opens_nothing(base
 async def test_turns_go_on_without_a_frozen_compressor_after_one_deadline_and_use_it_once_it_thaws(
     base_settings, store_server, compressor_server, compressor, ollama_sim, profiles_file
 ):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
     from tests.conftest import agent_settings
 
     # The Compressor's first size check for a model builds its tokenizer: done here, so the 2 s

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.shared.channels import open_channel
-from services.shared.server import server_options, start_server
-from services.shared.settings import Settings
+from palimpsest.shared.channels import open_channel
+from palimpsest.shared.server import server_options, start_server
+from palimpsest.shared.settings import Settings
 from tests.relay import Relay
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

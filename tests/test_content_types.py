@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.shared.content_types import content_type, sandboxed, viewer
-from services.shared.file_policy import file_link, parse_file_link, upload_name_problem
+from palimpsest.shared.content_types import content_type, sandboxed, viewer
+from palimpsest.shared.file_policy import file_link, parse_file_link, upload_name_problem
 
 TS_PACKETS = (b"\x47\x40\x00\x10" + b"\xff" * 184) * 2
 

@@ -20,10 +20,10 @@ import pytest
 from ollama_sim import ModelSpec, OllamaSimulator, Reply, default_models
 from ollama_sim.engines import LLAMA_SERVER_REFUSAL
 from ollama_sim.models import COMPLETION, TOOLS
+from palimpsest.agent.tools.base import ToolContext, ToolResult
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
 from tests.calls import END, end_of, kinds, run, text_of
 
 # Three tokens a character to the simulator's tokenizer, while a count without the model's

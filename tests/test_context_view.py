@@ -8,8 +8,7 @@ import math
 
 import ollama
 
-from palimpsest.v1.common_pb2 import Message, ToolCall
-from services.shared.context_view import (
+from palimpsest.shared.context_view import (
     MESSAGE_OVERHEAD_CHARS,
     default_message_budget,
     message_budget,
@@ -18,6 +17,7 @@ from services.shared.context_view import (
     truncate_oversized,
     view_chars,
 )
+from palimpsest.v1.common_pb2 import Message, ToolCall
 
 
 def msg(role: str, content: str = "", **kw: object) -> Message:

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from services.shared.embedded_pg import EmbeddedPostgres, _package_install
+from palimpsest.shared.embedded_pg import EmbeddedPostgres, _package_install
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the permission hazard exists only when run as root")
 
@@ -78,7 +78,7 @@ def test_a_running_server_is_reused(database_url):
 async def test_a_store_run_alone_stops_the_database_it_started(base_settings):
     from dataclasses import replace
 
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     base = Path("/var/lib") / f"palimpsest-standalone-{uuid.uuid4().hex[:8]}"
     try:

@@ -8,13 +8,13 @@ import json
 
 from ollama_sim import Reply
 from ollama_sim.prompt import count_prompt_tokens
+from palimpsest.agent.context_builder import apply_cuts
+from palimpsest.compressor.model_tokenizers import ModelTokenizers
+from palimpsest.shared.context_view import to_ollama_messages
+from palimpsest.shared.ollama import OllamaClient
 from palimpsest.v1 import agent_pb2, common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1.common_pb2 import Message, ToolCall
-from services.agent.context_builder import apply_cuts
-from services.compressor.model_tokenizers import ModelTokenizers
-from services.shared.context_view import to_ollama_messages
-from services.shared.ollama import OllamaClient
 
 LOGS = "\n".join(
     f"2026-11-30T10:{i % 60:02d}:17Z ERROR [worker-{i % 7}] 10.0.{i % 255}.7 reset id=0x{i * 7919:08x}"
@@ -314,9 +314,9 @@ def test_a_dense_result_priced_high_by_learned_rates_is_still_cut_until_it_fits(
     results in it are over the limit by more than their size at the view's fixed rate. Cutting them
     re-prices them at the learned rates, so the prompt fits (their saving at chars / 1.8 alone left
     it over, and the turn ended CONTEXT_TOO_LARGE)."""
-    from services.compressor.calibration import Rates
-    from services.compressor.pricing import Pricing
-    from services.compressor.size_check import deepen_cuts
+    from palimpsest.compressor.calibration import Rates
+    from palimpsest.compressor.pricing import Pricing
+    from palimpsest.compressor.size_check import deepen_cuts
 
     rates = Rates(overhead=40, per_message=6, rates=(0.25, 0.5, 0.25, 1.0, 3.0, 0.5), margin=0, observed=8)
     pricing = Pricing(line=None, budget=8192 // 6, image_fallback=1024, rates=rates)

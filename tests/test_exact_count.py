@@ -12,17 +12,17 @@ from hypothesis import strategies as st
 
 from ollama_sim.prompt import count_prompt_tokens, encoding
 from ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
-from palimpsest.v1.common_pb2 import Message, ToolCall
-from services.compressor.exact_count import (
+from palimpsest.compressor.exact_count import (
     ExactObservation,
     Template,
     exact_view,
     fit_template,
     shape_of,
 )
-from services.compressor.model_tokenizers import TokenCounter
-from services.compressor.vocabulary import build_tokenizer
-from services.shared.context_view import to_ollama_messages
+from palimpsest.compressor.model_tokenizers import TokenCounter
+from palimpsest.compressor.vocabulary import build_tokenizer
+from palimpsest.shared.context_view import to_ollama_messages
+from palimpsest.v1.common_pb2 import Message, ToolCall
 
 # The kinds of text whose chars-per-token differ most (1.85 for logs, ~4 for prose, ~1 for CJK).
 CORPUS = {
@@ -130,7 +130,7 @@ def test_before_any_report_the_chatml_prior_errs_on_the_safe_side(counter):
 
 
 def test_image_cost_is_learned_from_reports_and_starts_at_the_area_prior():
-    from services.compressor.exact_count import Shape
+    from palimpsest.compressor.exact_count import Shape
 
     text_only = [ExactObservation(Shape(content_tokens=1000 + 10 * i, messages=4 + i), 1023 + 15 * i) for i in range(6)]
     with_image = ExactObservation(Shape(content_tokens=1000, messages=4, image_prior_tokens=400, images=1), 1023 + 800)

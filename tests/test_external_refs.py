@@ -3,9 +3,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from palimpsest.v1 import common_pb2
-from services.shared.errors import InvalidArgument
-from services.shared.external_refs import (
+from palimpsest.shared.errors import InvalidArgument
+from palimpsest.shared.external_refs import (
     ExternalRef,
     merge_refs,
     parse_ref_flag,
@@ -13,6 +12,7 @@ from services.shared.external_refs import (
     refs_from_proto,
     validate_ref,
 )
+from palimpsest.v1 import common_pb2
 
 NOW = datetime(2026, 5, 18, 12, 0, tzinfo=timezone.utc)
 URI = "https://ci.example.test/runs/4821"

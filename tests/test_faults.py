@@ -19,10 +19,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.ports import free_port
 from tests.fault_services import GRACE_S, REPO, Service, answer_to, prompt_for, responder
 from tests.waiting import until
 
@@ -48,7 +48,7 @@ class System:
 def throwaway_pg(worker_id):
     """A PostgreSQL of this module (per xdist worker) that a test may stop: the suite's shared one
     must never be. Kept between runs (initdb once), stopped at the end."""
-    from services.shared.embedded_pg import EmbeddedPostgres
+    from palimpsest.shared.embedded_pg import EmbeddedPostgres
     from tests.conftest import _test_pg_dir
 
     pg = EmbeddedPostgres(_test_pg_dir() / f"throwaway-{worker_id}", started_here=True)
@@ -85,9 +85,9 @@ async def system(throwaway_pg, ollama_sim, profiles_file, base_settings, tmp_pat
         *(
             Service(module, ports[name], env, logs / f"{name}.log")
             for name, module in (
-                ("store", "services.session_store"),
-                ("compressor", "services.compressor"),
-                ("agent", "services.agent"),
+                ("store", "palimpsest.store"),
+                ("compressor", "palimpsest.compressor"),
+                ("agent", "palimpsest.agent"),
             )
         ),
         database=throwaway_pg,
@@ -104,7 +104,7 @@ async def system(throwaway_pg, ollama_sim, profiles_file, base_settings, tmp_pat
 @pytest.fixture
 async def clients(system, ollama_sim, base_settings):
     """Stubs on the Agent and the store; the simulator answers every turn by its prompt."""
-    from services.shared.server import channel_options
+    from palimpsest.shared.server import channel_options
 
     ollama_sim.clear()
     ollama_sim.set_responder(responder)
@@ -372,7 +372,7 @@ async def test_a_frozen_compressor_costs_one_turn_its_deadline_and_is_used_again
     one deadline (PALIMPSEST_RPC_TIMEOUT_S, 5 s here) for its size check; the turns after it go on
     without the Compressor at once, their error event saying it is not called; after SIGCONT a
     health check finds it back and turns use it again."""
-    from services.agent.compressor_breaker import NOT_CALLED
+    from palimpsest.agent.compressor_breaker import NOT_CALLED
 
     agent, store = clients
 

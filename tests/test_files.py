@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from services.session_store.files import (
+from palimpsest.shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from palimpsest.shared.file_policy import unseen_character_problem
+from palimpsest.store.files import (
     DIGEST_DIR,
     FileInfo,
     FileStore,
@@ -18,8 +20,6 @@ from services.session_store.files import (
     numbered_name,
     safe_name,
 )
-from services.shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from services.shared.file_policy import unseen_character_problem
 
 SID = "0b7e5c1e-8f6a-4d2b-9c3e-1a2b3c4d5e6f"
 OTHER_SID = "11111111-2222-4333-8444-555555555555"

@@ -216,7 +216,7 @@ async def test_a_client_tool_is_offered_and_answered_from_two_grpcurls(agent_ser
 async def test_memory_is_read_and_edited_as_the_readme_shows(store_server_auth, user):
     from conftest import JWT_SECRET
 
-    from services.shared.auth import make_token
+    from palimpsest.shared.auth import make_token
 
     auth = ("-H", f"authorization: Bearer {make_token(user, JWT_SECRET)}")
     store, rpc = store_server_auth.address, "palimpsest.v1.SessionStore/"

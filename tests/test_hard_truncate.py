@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 
+from palimpsest.compressor.hard_truncate import HARD_TRUNCATE_FRACTION, hard_truncate
+from palimpsest.shared.context_view import message_chars
 from palimpsest.v1.common_pb2 import Message, ToolCall
-from services.compressor.hard_truncate import HARD_TRUNCATE_FRACTION, hard_truncate
-from services.shared.context_view import message_chars
 
 _seq = itertools.count(1)
 

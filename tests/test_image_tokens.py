@@ -7,7 +7,7 @@ import io
 import pytest
 from PIL import Image
 
-from services.shared.image_tokens import (
+from palimpsest.shared.image_tokens import (
     MAX_TOKENS,
     MIN_TOKENS,
     image_size,

@@ -13,13 +13,13 @@ import pytest
 from ollama_sim import Reply
 from ollama_sim.prompt import count_text_tokens
 from ollama_sim.vocabulary import tokenizer_metadata
+from palimpsest.compressor.model_tokenizers import TokenCounter
+from palimpsest.compressor.vocabulary import build_tokenizer
+from palimpsest.shared.channels import open_channel
+from palimpsest.shared.context_view import SIZE_CHECK_SLICE_CHARS
 from palimpsest.v1 import agent_pb2 as apb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as pb
-from services.compressor.model_tokenizers import TokenCounter
-from services.compressor.vocabulary import build_tokenizer
-from services.shared.channels import open_channel
-from services.shared.context_view import SIZE_CHECK_SLICE_CHARS
 
 Message = common_pb2.Message
 MB = 1024 * 1024
@@ -64,9 +64,9 @@ def test_a_text_whose_slices_hold_too_few_tokens_is_encoded_whole(counter):
 
 @pytest.fixture(scope="module")
 async def services(base_settings, database_url, ollama_sim, profiles_file):
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
-    from services.session_store.app import start_store
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
+    from palimpsest.store.app import start_store
 
     settings = replace(
         base_settings,
@@ -146,7 +146,7 @@ async def test_a_context_past_the_message_limit_takes_a_turn_and_compacts(servic
 
 def test_the_size_check_request_stays_under_the_limit():
     """What the Agent sends the Compressor for such a context: a few megabytes, not dozens."""
-    from services.shared.context_view import sliced_for_size_check
+    from palimpsest.shared.context_view import sliced_for_size_check
 
     messages = [Message(role="tool", content=dense_log(seed, LOG)) for seed in range(4)]
     sliced = sliced_for_size_check(messages)

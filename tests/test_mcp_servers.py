@@ -20,15 +20,15 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.mcp_servers.config import McpServerConfig, parse_servers
+from palimpsest.agent.mcp_servers.results import MAX_TEXT_CHARS, convert
+from palimpsest.agent.mcp_servers.schemas import Malformed, parameters
+from palimpsest.agent.profiles import ProfileRegistry, ProfilesFileError, profile_from_dict
+from palimpsest.agent.tools.base import Reach, reach_of
+from palimpsest.agent.tools.registry import tools_for
+from palimpsest.shared.errors import InvalidArgument
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.mcp_servers.config import McpServerConfig, parse_servers
-from services.agent.mcp_servers.results import MAX_TEXT_CHARS, convert
-from services.agent.mcp_servers.schemas import Malformed, parameters
-from services.agent.profiles import ProfileRegistry, ProfilesFileError, profile_from_dict
-from services.agent.tools.base import Reach, reach_of
-from services.agent.tools.registry import tools_for
-from services.shared.errors import InvalidArgument
 from tests.calls import END, end_of, run
 from tests.conftest import CHECKOUT
 from tests.mcp_agents import FAILED, READY, agent_with, profile, servers_settled, statuses, stdio_server
@@ -229,8 +229,8 @@ async def test_in_a_clean_conversation_an_outside_mcp_tool_runs(mcp_agent, ollam
 
 
 def test_an_mcp_tools_reach_is_what_its_server_declares():
-    from services.agent.mcp_servers.connection import ServerTool
-    from services.agent.mcp_servers.tool import McpTool
+    from palimpsest.agent.mcp_servers.connection import ServerTool
+    from palimpsest.agent.mcp_servers.tool import McpTool
 
     config = McpServerConfig(name="s", command=("x",))
     reading = McpTool(config, None, ServerTool("r", "", {"type": "object", "properties": {}}, read_only=True))
@@ -377,7 +377,7 @@ async def test_list_changed_adds_a_tool_for_the_next_turn_not_the_running_one(
     if era != "2026-07-28":  # the handshake of older servers: the notification comes on the connection itself
         from mcp import Client
 
-        from services.agent.mcp_servers import connection
+        from palimpsest.agent.mcp_servers import connection
 
         monkeypatch.setattr(connection, "Client", lambda *a, **kw: Client(*a, **{**kw, "mode": "legacy"}))
     async with agent_with(
@@ -635,7 +635,7 @@ def test_a_schema_ollama_would_refuse_is_malformed(schema):
 def test_a_malformed_tool_is_warned_about_once_not_at_every_listing(caplog):
     import mcp.types as types
 
-    from services.agent.mcp_servers.connection import McpConnection
+    from palimpsest.agent.mcp_servers.connection import McpConnection
 
     connection = McpConnection(McpServerConfig(name="s", command=("x",)), lambda: None)
     bad = types.Tool(name="bad", input_schema={"type": "object", "properties": {"x": {"type": 5}}})

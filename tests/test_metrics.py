@@ -13,11 +13,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ollama_sim import Reply
+from palimpsest.shared.settings import Settings
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, compressor_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.settings import Settings
 from tests.conftest import three_services
 
 Samples = dict[tuple[str, frozenset], float]
@@ -184,7 +184,7 @@ def test_metrics_are_off_unless_a_port_is_set(monkeypatch):
 async def test_a_taken_metrics_port_is_named_at_start(observed, base_settings):
     store, _, _ = observed
     assert store.metrics is not None
-    from services.compressor.app import start_compressor
+    from palimpsest.compressor.app import start_compressor
 
     with pytest.raises(SystemExit, match="PALIMPSEST_METRICS_PORT"):
         await start_compressor(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ollama_sim import OllamaSimulator
-from services.shared.ollama import OllamaClient
+from palimpsest.shared.ollama import OllamaClient
 from tests.waiting import until
 
 

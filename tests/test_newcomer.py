@@ -25,7 +25,7 @@ import signal  # noqa: E402
 
 import pytest  # noqa: E402
 
-from services.shared.ports import free_port  # noqa: E402
+from palimpsest.shared.ports import free_port  # noqa: E402
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -58,7 +58,7 @@ def start_failure(module: str, env: dict[str, str]) -> list[str]:
     ],
 )
 def test_a_bad_database_url_is_one_line_naming_the_setting_and_the_fix(tmp_path, url, says) -> None:
-    lines = start_failure("services.session_store", service_env(tmp_path, DATABASE_URL=url))
+    lines = start_failure("palimpsest.store", service_env(tmp_path, DATABASE_URL=url))
     assert len(lines) == 1, lines
     assert lines[0].startswith("SessionStore did not start: DATABASE_URL")
     assert says in lines[0] and "unset it to use the embedded PostgreSQL" in lines[0]
@@ -68,12 +68,12 @@ def test_a_broken_profiles_file_stops_the_agent_with_its_file_and_line(tmp_path)
     broken = tmp_path / "profiles.json"
     broken.write_text('{"profiles": [\n  {"id": "a",\n   "model": "x",,}\n]}\n')
     env = service_env(tmp_path, PALIMPSEST_PROFILES=str(broken))
-    lines = start_failure("services.agent", env)
+    lines = start_failure("palimpsest.agent", env)
     assert len(lines) == 1, lines
     assert f"PALIMPSEST_PROFILES: {broken} line 3 column" in lines[0]
     assert "unset PALIMPSEST_PROFILES" in lines[0]
     # The traceback is there for whoever asks for it.
-    debug = start_failure("services.agent", dict(env, PALIMPSEST_DEBUG="1"))
+    debug = start_failure("palimpsest.agent", dict(env, PALIMPSEST_DEBUG="1"))
     assert debug[0].startswith("Traceback") and "JSONDecodeError" in "\n".join(debug)
     assert debug[-1] == lines[0]
 
@@ -81,7 +81,7 @@ def test_a_broken_profiles_file_stops_the_agent_with_its_file_and_line(tmp_path)
 def test_make_run_says_which_service_did_not_start_and_nothing_more(tmp_path) -> None:
     env = service_env(tmp_path, DATABASE_URL="postgresql://nobody@127.0.0.1:1/nowhere")
     ran = subprocess.run(
-        [sys.executable, "-m", "services.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90
+        [sys.executable, "-m", "palimpsest.run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90
     )
     assert ran.returncode == 1
     lines = [line for line in ran.stderr.splitlines() if line.strip()]
@@ -96,7 +96,7 @@ async def test_make_run_hints_commands_that_work_as_printed(tmp_path, database_u
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.run",
+        "palimpsest.run",
         cwd=ROOT,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -138,7 +138,7 @@ def test_finding_the_embedded_postgresql_warns_of_nothing_without_xdg_runtime_di
             "-W",
             "error",
             "-c",
-            "from services.shared.embedded_pg import _package_install; print(_package_install())",
+            "from palimpsest.shared.embedded_pg import _package_install; print(_package_install())",
         ],
         cwd=ROOT,
         env=env,

@@ -168,7 +168,7 @@ const store = sessionStore();
 async def test_the_client_reads_and_edits_the_callers_memory(node, store_server_auth, user):
     from conftest import JWT_SECRET
 
-    from services.shared.auth import make_token
+    from palimpsest.shared.auth import make_token
 
     env = pal_env(store=store_server_auth.address, PALIMPSEST_TOKEN=make_token(user, JWT_SECRET))
     code, out, err = await run_node(node, "-e", MEMORY_SCRIPT, env=env)
@@ -181,8 +181,8 @@ async def test_the_memory_and_mcp_example_reads_adds_lists_held_writes_and_each_
 ):
     from conftest import JWT_SECRET, bearer
 
+    from palimpsest.shared.auth import make_token
     from palimpsest.v1 import agent_pb2
-    from services.shared.auth import make_token
     from tests.mcp_agents import agent_with, servers_settled, stdio_server
     from tests.mcp_agents import profile as mcp_profile
     from tests.waiting import until

@@ -16,8 +16,8 @@ import pytest
 
 from ollama_sim import OllamaSimulator, count_prompt_tokens, count_text_tokens, default_models, render_prompt
 from ollama_sim.families import GEMMA_4, LLAMA3_2, counting, family_models
-from services.compressor.model_tokenizers import ModelTokenizers
-from services.shared.ollama import OllamaClient
+from palimpsest.compressor.model_tokenizers import ModelTokenizers
+from palimpsest.shared.ollama import OllamaClient
 from tests import vocab_oracle
 
 # Each family's llama.cpp vocab name, its tokenizer kind and size.

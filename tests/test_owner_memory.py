@@ -17,10 +17,10 @@ import asyncpg
 import grpc
 import pytest
 
+from palimpsest.shared.errors import InvalidArgument, NotFound, ResourceExhausted
+from palimpsest.store.repository.owner_memory import Entry, MemoryCaps, check_caps, find_entry
 from palimpsest.v1 import common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as pb
-from services.session_store.repository.owner_memory import Entry, MemoryCaps, check_caps, find_entry
-from services.shared.errors import InvalidArgument, NotFound, ResourceExhausted
 from tests.calls import expect_status
 from tests.conftest import bearer
 from tests.fuzzing import _fuzz
@@ -37,7 +37,7 @@ MEMORY_RPCS = [
 @pytest.fixture(scope="module")
 async def memory_store(base_settings, database_url):
     """Auth on, with small caps: 3 entries, 60 characters, 2 held writes."""
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     running = await start_store(
         replace(base_settings, auth_enabled=True, memory_max_entries=3, memory_max_chars=60, memory_max_pending=2),
@@ -263,7 +263,7 @@ async def test_a_session_takes_the_memory_at_its_creation_and_again_at_each_comp
 
 
 async def test_with_auth_off_the_memory_is_the_one_owner_anonymous(base_settings, database_url):
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     name = f"pal_memory_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(database_url)
@@ -299,7 +299,7 @@ async def test_memory_rpcs_never_answer_internal(memory_store, user, method):
 
 # -- pal memory ----------------------------------------------------------------------------------
 async def test_pal_memory_views_edits_and_settles_held_writes(store_server_auth, store_auth, user):
-    from services.shared.auth import make_token
+    from palimpsest.shared.auth import make_token
     from tests.conftest import JWT_SECRET
     from tests.pal_cli import pal, pal_env
 
@@ -340,7 +340,7 @@ async def test_the_readmes_grpcurl_examples_edit_the_callers_memory(store_server
     import json
     from pathlib import Path
 
-    from services.shared.auth import make_token
+    from palimpsest.shared.auth import make_token
     from tests.conftest import JWT_SECRET
     from tests.grpcurl_cli import GRPCURL, grpcurl
 

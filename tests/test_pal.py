@@ -134,7 +134,7 @@ async def test_delete_removes_the_session(store, profile, env):
 async def test_cleanup_deletes_only_the_callers_sessions_and_asks_before_deleting_all(
     store_server_auth, store_auth, user, profile
 ):
-    from services.shared.auth import make_token
+    from palimpsest.shared.auth import make_token
 
     mine = [await new_session_as(store_auth, user, profile) for _ in range(2)]
     theirs = await new_session_as(store_auth, f"other-{uuid.uuid4().hex[:6]}", profile)
@@ -154,7 +154,7 @@ async def new_session_as(store_auth, user: str, profile: str) -> common_pb2.Sess
 
 
 async def test_credentials_come_from_palimpsest_token(store_server_auth, store_auth, user, profile):
-    from services.shared.auth import make_token
+    from palimpsest.shared.auth import make_token
 
     s = await new_session_as(store_auth, user, profile)
     ok = await pal(
@@ -287,7 +287,7 @@ async def test_every_compressor_replica_is_checked(store_server, compressor_serv
 
 
 def test_grpc_status_codes_read_as_one_line():
-    from clients.pal.errors import describe_rpc_error
+    from palimpsest.cli.errors import describe_rpc_error
 
     class Failed(grpc.RpcError):
         def __init__(self, code: grpc.StatusCode, details: str) -> None:

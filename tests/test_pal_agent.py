@@ -189,7 +189,7 @@ async def test_health_is_green_when_everything_runs(env):
 async def test_ollama_missing_is_reported_by_health_and_by_a_turn(
     base_settings, store_server, compressor_server, pal_profiles
 ):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(
         base_settings,
@@ -215,8 +215,8 @@ async def test_ollama_missing_is_reported_by_health_and_by_a_turn(
 async def test_a_sandbox_that_cannot_start_is_said_at_start_and_by_health(
     base_settings, store_server, ollama_sim, compressor_server, tmp_path, monkeypatch, caplog
 ):
-    from services.agent.app import start_agent
-    from services.agent.sandbox import availability
+    from palimpsest.agent.app import start_agent
+    from palimpsest.agent.sandbox import availability
 
     profiles = tmp_path / "profiles.json"
     profiles.write_text(

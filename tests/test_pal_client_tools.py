@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from clients.pal.client_tools import LocalTool, answer_timeout_s, load_tools, run_tool
-from clients.pal.errors import CliError
 from ollama_sim import Reply
+from palimpsest.cli.client_tools import LocalTool, answer_timeout_s, load_tools, run_tool
+from palimpsest.cli.errors import CliError
 from tests.calls import full
 from tests.pal_cli import COMPLETED, agent_server_fixture, pal, pal_env, pal_profiles_fixture, read_until, start_pal  # noqa: F401 — importing registers the fixtures
 from tests.relay import Relay

@@ -33,12 +33,12 @@ for _added in [h for h in logging.getLogger().handlers if h not in _ROOT_HANDLER
     logging.getLogger().removeHandler(_added)
 from grpc_health.v1 import health_pb2
 
-from clients.pal import cli, connection, streaming
-from clients.pal.commands.info import HEALTH_TIMEOUT_S
-from clients.pal.connection import UNARY_TIMEOUT_S
-from clients.pal.errors import EXIT_NOPERM, EXIT_TEMPFAIL, EXIT_UNAVAILABLE
-from clients.pal.render import WAITING
-from clients.pal.streaming import STOP_TIMEOUT_S
+from palimpsest.cli import cli, connection, streaming
+from palimpsest.cli.commands.info import HEALTH_TIMEOUT_S
+from palimpsest.cli.connection import UNARY_TIMEOUT_S
+from palimpsest.cli.errors import EXIT_NOPERM, EXIT_TEMPFAIL, EXIT_UNAVAILABLE
+from palimpsest.cli.render import WAITING
+from palimpsest.cli.streaming import STOP_TIMEOUT_S
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
 

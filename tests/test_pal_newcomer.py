@@ -30,7 +30,7 @@ def profiles_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 async def agent_server(base_settings, store_server, compressor_server, ollama_sim, profiles_path):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(
         base_settings,
@@ -90,7 +90,7 @@ async def test_health_shows_ollama_host(env, ollama_sim):
 async def test_health_without_ollama_says_the_services_are_fine(
     base_settings, store_server, compressor_server, profiles_path
 ):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(
         base_settings,

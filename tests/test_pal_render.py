@@ -9,10 +9,10 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
 
-from clients.pal.chat_input import image_paths_in, parse_command, read_message
-from clients.pal.commands.turns import most_recent_session
-from clients.pal.errors import CliError
-from clients.pal.render import ContextMeter, JsonTurn, LiveTurn, arguments_line, preview_of
+from palimpsest.cli.chat_input import image_paths_in, parse_command, read_message
+from palimpsest.cli.commands.turns import most_recent_session
+from palimpsest.cli.errors import CliError
+from palimpsest.cli.render import ContextMeter, JsonTurn, LiveTurn, arguments_line, preview_of
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import common_pb2, compressor_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
@@ -215,7 +215,7 @@ def test_the_meter_carries_over_between_turns():
 
 
 def test_json_mode_prints_one_object_per_event(capsys):
-    from clients.pal.output import Output
+    from palimpsest.cli.output import Output
 
     turn = JsonTurn(Output(json=True))
     for e in a_turn():
@@ -274,7 +274,7 @@ def test_no_session_at_all_says_how_to_start_one():
 
 
 def test_a_shared_file_is_one_line_with_the_command_that_fetches_it():
-    from clients.pal.render import file_line
+    from palimpsest.cli.render import file_line
     from palimpsest.v1 import agent_pb2
 
     link = "palimpsest://sessions/abc/files/report.html"

@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from palimpsest.v1.common_pb2 import Message, ToolCall
-from services.compressor.planner import (
+from palimpsest.compressor.planner import (
     FILLER_AT_MOST,
     IMPORTANT_AT_LEAST,
     Plan,
@@ -19,8 +18,9 @@ from services.compressor.planner import (
     widen_kept,
     would_compress,
 )
-from services.compressor.token_estimate import estimate_tokens
-from services.shared.context_view import message_budget, message_chars
+from palimpsest.compressor.token_estimate import estimate_tokens
+from palimpsest.shared.context_view import message_budget, message_chars
+from palimpsest.v1.common_pb2 import Message, ToolCall
 
 
 class History:
@@ -162,8 +162,8 @@ def test_system_messages_are_kept_whatever_their_position() -> None:
 def test_task_notes_and_recalled_excerpts_go_with_their_turn() -> None:
     """Stored where they were given so prompts only grow at the end, they must not pile up in
     the kept region the way service records do: they are compressed with their turn."""
+    from palimpsest.agent.context_builder import note_messages, recall_message
     from palimpsest.v1.common_pb2 import RawChunk
-    from services.agent.context_builder import note_messages, recall_message
 
     h = History()
     record = h.add("system", "event record")
@@ -487,8 +487,8 @@ def test_several_summaries_and_nothing_else_are_merged() -> None:
 
 
 def test_a_recalled_excerpt_is_cut_around_the_first_word_of_the_query_it_contains() -> None:
+    from palimpsest.agent.context_builder import excerpt, recall_message
     from palimpsest.v1.common_pb2 import RawChunk
-    from services.agent.context_builder import excerpt, recall_message
 
     text = "".join(f"line {i} nothing here\n" for i in range(200)) + "the vault code is 7741\n" + "tail\n" * 100
     cut = excerpt(text, "what is the VAULT code?", 300)

@@ -12,11 +12,11 @@ import asyncpg
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.shared.validation import LATEST
+from palimpsest.store import convert
 from palimpsest.v1 import agent_pb2 as apb
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
-from services.session_store import convert
-from services.shared.validation import LATEST
 from tests.calls import conversation, full, new_session
 
 Message = common_pb2.Message

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from services.agent.profiles import ProfileRegistry, ProfilesFileError
+from palimpsest.agent.profiles import ProfileRegistry, ProfilesFileError
 
 
 def write_profiles(path, **profile) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
+from palimpsest.compressor.pruning import plan_pruning, protected, shortened_arguments
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.compressor.pruning import plan_pruning, protected, shortened_arguments
 from tests.compressor_calls import compress, session_with, summary_bodies, tool_turns
 
 Message = common_pb2.Message

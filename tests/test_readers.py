@@ -15,10 +15,10 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.watchers import WATCH_QUEUE_BYTES, WATCH_QUEUE_EVENTS, SessionWatchers
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.watchers import WATCH_QUEUE_BYTES, WATCH_QUEUE_EVENTS, SessionWatchers
 from tests.conftest import agent_settings, bearer
 from tests.waiting import until
 
@@ -32,7 +32,7 @@ KEEP_BYTES = 1024 * 1024
 @pytest.fixture(scope="module")
 async def capped(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file):
     """An Agent with auth on, 1 MB of kept events, and room for 3 followers per user, 2 per session."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(
         agent_settings(base_settings, store_server_auth, compressor_server, ollama_sim, profiles_file),
@@ -166,7 +166,7 @@ async def test_a_client_that_left_while_it_was_answered_is_no_error(base_setting
     meets it, and gRPC's own log of it, say at most a debug line."""
     from grpc._cython.cygrpc import ExecuteBatchError
 
-    from services.shared.server import start_server
+    from palimpsest.shared.server import start_server
 
     started, refused = asyncio.Event(), asyncio.Event()
 

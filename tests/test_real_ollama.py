@@ -10,9 +10,9 @@ import grpc
 import httpx
 import pytest
 
+from palimpsest.shared.settings import _normalize_ollama_host
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
-from services.shared.settings import _normalize_ollama_host
 
 HOST = _normalize_ollama_host(os.environ.get("OLLAMA_HOST", "http://127.0.0.1:11434"))
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(MODEL is None, reason=f"no Ollama with a pulled 
 
 
 async def test_one_turn_against_a_real_ollama(base_settings, store_server, compressor_server, tmp_path):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     profiles = tmp_path / "profiles.json"
     profiles.write_text(
@@ -63,8 +63,8 @@ async def test_one_turn_against_a_real_ollama(base_settings, store_server, compr
 async def test_the_models_own_vocabulary_counts_like_ollama(tmp_path):
     """The exact path against the real thing: the tokenizer built from the model's GGUF vocabulary
     counts the content, and Ollama's report adds only what the chat template wraps around it."""
-    from services.compressor.model_tokenizers import ModelTokenizers
-    from services.shared.ollama import OllamaClient
+    from palimpsest.compressor.model_tokenizers import ModelTokenizers
+    from palimpsest.shared.ollama import OllamaClient
 
     client = OllamaClient(HOST)
     try:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from services.session_store.redaction import (
+from palimpsest.store.redaction import (
     MASK,
     REDACTION_FAILED,
     is_secret_key,
@@ -275,7 +275,7 @@ def test_nan_is_not_treated_as_json():
 
 
 def test_failure_during_redaction_falls_back(monkeypatch):
-    import services.session_store.redaction as redaction
+    import palimpsest.store.redaction as redaction
 
     def boom(text):
         raise RuntimeError("regex engine exploded")

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.replica_bus import ReplicaBus
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.replica_bus import ReplicaBus
 from tests.bus_faults import drop_listen_connection
 from tests.replica_agents import two_agents
 from tests.waiting import until
@@ -149,7 +149,7 @@ class HungStore:
 
 
 async def test_the_outbox_never_waits_for_the_store_and_keeps_the_newest_events(monkeypatch):
-    from services.agent import replica_bus
+    from palimpsest.agent import replica_bus
 
     monkeypatch.setattr(replica_bus, "OUTBOX_MESSAGES", 100)
     store = HungStore()
@@ -173,8 +173,8 @@ async def test_a_turn_on_one_agent_sees_what_a_turn_on_the_other_wrote_since_its
     """Agent A keeps a warm copy of the session after its turn; Agent B then runs a turn on it. A's
     next turn must start from the session as B left it: the warm copy is checked by revision (the
     store refuses A's first write as stale, A reloads), never trusted as it was kept."""
+    from palimpsest.agent.app import start_agent
     from palimpsest.v1 import agent_pb2_grpc
-    from services.agent.app import start_agent
     from tests.conftest import agent_settings
 
     settings = agent_settings(

@@ -15,8 +15,8 @@ import signal
 
 import pytest
 
+from palimpsest.shared.channels import open_channel
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
-from services.shared.channels import open_channel
 from tests import replica_cluster as rc
 from tests.fault_services import responder
 

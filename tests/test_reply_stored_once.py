@@ -25,7 +25,7 @@ ANSWER = "one two three four five six"
 @asynccontextmanager
 async def relayed_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file, **overrides):
     """An Agent whose every store call crosses a relay; yields (its stub, the relay)."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     host, port = store_server.address.rsplit(":", 1)
     relay = Relay((host, int(port)))

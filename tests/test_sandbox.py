@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.agent.sandbox import (
+from palimpsest.agent.sandbox import (
     SandboxError,
     SandboxPolicy,
     SandboxUnavailable,
@@ -26,7 +26,7 @@ from services.agent.sandbox import (
     probe,
     run_command,
 )
-from services.agent.sandbox.launch import SANDBOX_UID
+from palimpsest.agent.sandbox.launch import SANDBOX_UID
 from tests.waiting import until
 
 ROOT = os.geteuid() == 0
@@ -482,7 +482,7 @@ async def test_a_missing_bubblewrap_is_said_and_nothing_runs_unsandboxed(host, m
 
 async def test_user_namespaces_unavailable_are_said_with_the_fix(tmp_path):
     # An Agent where no user namespace can be made: itself inside a sandbox that forbids them.
-    script = "import asyncio; from services.agent.sandbox import probe; print(asyncio.run(probe()).reason)"
+    script = "import asyncio; from palimpsest.agent.sandbox import probe; print(asyncio.run(probe()).reason)"
     ran = subprocess.run(
         [
             "bwrap",

@@ -11,10 +11,10 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from palimpsest.shared.auth import service_metadata
 from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as pb
-from services.shared.auth import service_metadata
 from tests.conftest import JWT_SECRET, bearer
 
 SERVICE = service_metadata(True, JWT_SECRET)
@@ -22,7 +22,7 @@ SERVICE = service_metadata(True, JWT_SECRET)
 
 @pytest.fixture(scope="module")
 async def compressor_auth_server(base_settings, store_server_auth, ollama_sim):
-    from services.compressor.app import start_compressor
+    from palimpsest.compressor.app import start_compressor
 
     settings = replace(
         base_settings, auth_enabled=True, ollama_host=ollama_sim.url, store_addr=store_server_auth.address
@@ -86,7 +86,7 @@ async def test_only_the_services_and_admins_read_every_users_prompt_sizes(store_
     """A model's calibration observations are every tenant's prompt sizes and character mixes: a
     user reads none of them, by ListObservations or through GetBaseline's `model`, even on their
     own session; the services (and their vouch beside a user's credentials) and admins do."""
-    from services.shared.auth import vouching_metadata
+    from palimpsest.shared.auth import vouching_metadata
 
     alice = bearer(user)
     model = f"sizes-{uuid.uuid4().hex[:6]}"
@@ -142,10 +142,10 @@ async def test_a_turn_with_auth_on_still_teaches_the_model(
     base_settings, store_server_auth, store_auth, ollama_sim, profiles_file, user, tmp_path
 ):
     from ollama_sim import Reply
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
     from palimpsest.v1 import agent_pb2 as apb
     from palimpsest.v1 import agent_pb2_grpc
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
 
     alice = bearer(user)
     settings = replace(
@@ -177,9 +177,9 @@ async def test_a_turn_with_auth_on_still_teaches_the_model(
 async def test_stop_tells_another_user_nothing(
     base_settings, store_server_auth, store_auth, ollama_sim, profiles_file, user
 ):
+    from palimpsest.agent.app import start_agent
     from palimpsest.v1 import agent_pb2 as apb
     from palimpsest.v1 import agent_pb2_grpc
-    from services.agent.app import start_agent
 
     alice, bob = bearer(user), bearer(f"{user}-bob")
     session_id = await alices_session(store_auth, alice)
@@ -291,7 +291,7 @@ async def test_a_calibrated_report_keeps_its_characters_by_class(compressor_auth
 async def test_the_size_check_prices_by_class_once_reports_have_shapes(compressor_auth, user):
     """A model without a vocabulary: after a few reports the count follows each class's price
     (here a hidden price that makes CJK five times dearer than Latin), not one chars rate."""
-    from services.compressor.calibration import char_classes
+    from palimpsest.compressor.calibration import char_classes
 
     model = f"no-vocabulary-{uuid.uuid4().hex[:6]}"
     hidden = (0.3, 1.0, 0.25, 1.6, 1.0, 0.5)  # space, digit, latin, cjk, other letters, symbols
@@ -335,7 +335,7 @@ async def test_a_report_rides_on_an_append_only_when_the_services_vouch_for_it(s
     """The Agent folds a call's report into the append of its answer, with the user's credentials
     (the user's access is what is checked) and the services' vouch beside them: a user alone
     cannot slip a baseline or an observation in, and the refused append stores nothing."""
-    from services.shared.auth import vouching_metadata
+    from palimpsest.shared.auth import vouching_metadata
 
     alice = bearer(user)
     model = f"vouch-{uuid.uuid4().hex[:6]}"
@@ -389,7 +389,7 @@ async def test_a_report_rides_on_an_append_only_when_the_services_vouch_for_it(s
 
 
 async def test_a_report_with_bad_fields_is_refused_naming_them(store_auth, user):
-    from services.shared.auth import vouching_metadata
+    from palimpsest.shared.auth import vouching_metadata
 
     alice = bearer(user) + vouching_metadata(True, JWT_SECRET)
     session_id = await alices_session(store_auth, bearer(user))

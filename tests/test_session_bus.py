@@ -11,9 +11,9 @@ import uuid
 import grpc
 import pytest
 
+from palimpsest.store.session_bus import MAX_PAYLOAD_BYTES, Reassembly, notify_payloads
 from palimpsest.v1 import session_store_pb2 as pb
 from palimpsest.v1 import session_store_pb2_grpc
-from services.session_store.session_bus import MAX_PAYLOAD_BYTES, Reassembly, notify_payloads
 from tests.bus_faults import drop_listen_connection
 from tests.calls import expect_status
 from tests.conftest import _start_store, bearer

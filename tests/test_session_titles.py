@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.titles import TITLE_MAX_CHARS, clean_title, title_first_words
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.titles import TITLE_MAX_CHARS, clean_title, title_first_words
 from tests.conftest import agent_settings
 
 
@@ -44,7 +44,7 @@ def test_a_long_title_is_cut_at_a_word():
 @pytest.fixture(scope="module")
 async def titled(base_settings, store_server, compressor_server, ollama_sim, profiles_file):
     """An Agent with titles on (the shared test Agent has them off: they add a model call)."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     running = await start_agent(
         agent_settings(base_settings, store_server, compressor_server, ollama_sim, profiles_file, session_titles=True),

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.usefixtures("fresh_sim")
 async def sharing(base_settings, store_server_auth, ollama_sim, tmp_path_factory):
     """The Agent, a Compressor and the store with auth on; the profile offers every tool that writes
     a path, a link or another session into a conversation."""
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
 
     root = tmp_path_factory.mktemp("share-workspace")
     profiles = tmp_path_factory.mktemp("share-profiles") / "profiles.json"
@@ -215,13 +215,13 @@ THIS = "0b7e5c1e-8f6a-4d2b-9c3e-1a2b3c4d5e6f"
     ],
 )
 def test_ids_are_masked_and_paths_keep_only_a_file_name(text, shown):
-    from services.session_store.shared_view import scrubbed
+    from palimpsest.store.shared_view import scrubbed
 
     assert scrubbed(text, THIS) == shown
 
 
 def test_metadata_is_scrubbed_to_its_keys_and_nested_lists():
-    from services.session_store.shared_view import shared_message
+    from palimpsest.store.shared_view import shared_message
 
     message = common_pb2.Message(role="tool", name="custom", files=[f"/srv/files/{THIS}/image_1.png"])
     message.metadata.update({THIS: {"paths": ["/home/alice/x.txt", 3]}, "ok": True})
@@ -231,7 +231,7 @@ def test_metadata_is_scrubbed_to_its_keys_and_nested_lists():
 
 
 def test_a_compression_marker_keeps_its_headline_not_the_summary():
-    from services.session_store.shared_view import shared_message
+    from palimpsest.store.shared_view import shared_message
 
     marker = common_pb2.Message(
         role="system",
@@ -243,7 +243,7 @@ def test_a_compression_marker_keeps_its_headline_not_the_summary():
 
 
 def test_the_tools_left_out_of_shares_are_tools_the_agent_has():
-    from services.agent.tools.registry import BUILTIN
-    from services.session_store.shared_view import LEFT_OUT_TOOLS
+    from palimpsest.agent.tools.registry import BUILTIN
+    from palimpsest.store.shared_view import LEFT_OUT_TOOLS
 
     assert LEFT_OUT_TOOLS <= set(BUILTIN)

@@ -109,7 +109,7 @@ async def test_bad_credentials_are_unauthenticated(store_auth, profile, metadata
 
 
 async def test_a_token_signed_with_another_secret_is_refused(store_auth, profile):
-    from services.shared.auth import make_token
+    from palimpsest.shared.auth import make_token
 
     forged = make_token("mallory", JWT_SECRET + "-not", "admin")
     await expect_status(

@@ -24,7 +24,7 @@ async def _health(stub) -> int:
 
 @pytest.fixture
 async def relayed_store(base_settings, database_url):
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     parts = urlsplit(database_url)
     relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))

@@ -19,7 +19,7 @@ Message = common_pb2.Message
 @pytest.fixture(scope="module")
 async def small_store(base_settings, database_url, tmp_path_factory):
     """A store with tiny caps, to reach its limits cheaply."""
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     settings = replace(
         base_settings, files_root=tmp_path_factory.mktemp("small-files"), files_max_bytes=1000, hot_window_messages=10

@@ -6,10 +6,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from palimpsest.shared.settings import Settings
+from palimpsest.store.repository.sessions import rows_within
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
-from services.session_store.repository.sessions import rows_within
-from services.shared.settings import Settings
 from tests.calls import append, expect_status, new_session
 
 Message = common_pb2.Message
@@ -29,9 +29,9 @@ async def store(base_settings, database_url):
     trigram index) would double the test's work on a machine shared with the rest of the suite."""
     from dataclasses import replace
 
+    from palimpsest.shared.channels import open_channel
+    from palimpsest.store.app import start_store
     from palimpsest.v1 import session_store_pb2_grpc
-    from services.session_store.app import start_store
-    from services.shared.channels import open_channel
 
     running = await start_store(replace(base_settings, hot_window_bytes=256 * MB), port=0, dsn=database_url)
     async with open_channel(running.address, Settings()) as channel:
@@ -104,7 +104,7 @@ async def test_a_message_over_the_cap_is_refused_naming_it_and_changes_nothing(s
 
 
 async def test_the_services_read_a_huge_context_whole_and_of_one_revision(store, huge_session):
-    from services.shared.session_reads import whole_context
+    from palimpsest.shared.session_reads import whole_context
 
     session = await whole_context(store.GetSession, huge_session)
     assert sum(len(m.content) for m in session.context[:5]) == 5 * BIG

@@ -7,9 +7,9 @@ import uuid
 
 import asyncpg
 
+from palimpsest.store.repository.memory import CANDIDATES_SQL, candidate_arguments, memory_score
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
-from services.session_store.repository.memory import CANDIDATES_SQL, candidate_arguments, memory_score
 
 # The candidate query before the arms were split: one WHERE, the specification the split must meet.
 OR_PREDICATE_SQL = """

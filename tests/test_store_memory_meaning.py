@@ -18,10 +18,10 @@ import grpc
 import pytest
 
 from ollama_sim import OllamaSimulator
+from palimpsest.store.repository.memory import meaning_scores, rank_together
+from palimpsest.store.semantic import MESSAGE_EMBED_CHARS, message_batch
 from palimpsest.v1 import common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as pb
-from services.session_store.repository.memory import meaning_scores, rank_together
-from services.session_store.semantic import MESSAGE_EMBED_CHARS, message_batch
 from tests.conftest import _start_store
 from tests.waiting import until
 
@@ -291,10 +291,10 @@ async def test_a_profiles_embedding_model_is_indexed_when_searched(semantic_stor
 async def test_auto_recall_finds_by_meaning(semantic_store, sim, base_settings, profiles_file, database_url):
     """The Agent's recall before a turn goes through the same SearchMemory ranking: a question in
     other words brings the compressed-away passage back into the prompt."""
+    from palimpsest.agent.app import start_agent
+    from palimpsest.compressor.app import start_compressor
     from palimpsest.v1 import agent_pb2 as agent_pb
     from palimpsest.v1 import agent_pb2_grpc
-    from services.agent.app import start_agent
-    from services.compressor.app import start_compressor
 
     stub = await semantic_store(sim)
     store_address = semantic_store.address_of(stub)
@@ -440,7 +440,7 @@ async def test_sessions_never_compressed_are_found_by_the_meaning_of_their_messa
 async def test_an_append_wakes_the_indexer_for_messages_only():
     """Appends come several a turn: their poke must not ask the chunks' question, which reads
     every chunk; a compression's poke (or a failed pass) asks everything."""
-    from services.session_store.semantic import Embedder, MemoryIndex
+    from palimpsest.store.semantic import Embedder, MemoryIndex
 
     asked: list[str] = []
 
@@ -501,7 +501,7 @@ async def test_an_append_wakes_the_indexer_for_messages_only():
 async def test_messages_wait_until_their_session_is_quiet(store, profile, database_url, has_pgvector):
     """Not embedded during a turn (the embedder would share Ollama with the model answering): a
     session's messages are pending only once it has been quiet for the setting's seconds."""
-    from services.session_store.repository.vectors import MemoryVectors
+    from palimpsest.store.repository.vectors import MemoryVectors
 
     if not has_pgvector:
         pytest.skip("no pgvector: no message vectors")

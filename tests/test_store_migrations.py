@@ -9,7 +9,7 @@ import uuid
 import asyncpg
 import pytest
 
-from services.session_store import db
+from palimpsest.store import db
 from tests.conftest import _start_store
 from tests.databases import empty_database
 

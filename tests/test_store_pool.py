@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from services.session_store import db
+from palimpsest.store import db
 
 
 async def test_a_connection_handed_back_inside_a_transaction_is_rolled_back_before_its_next_use(database_url):

@@ -21,7 +21,7 @@ KB = 1024
 @pytest.fixture(scope="module")
 async def quota_store(base_settings, database_url):
     """Auth on (quotas are per owner) with two sessions and 100 KB per owner."""
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     running = await start_store(
         replace(base_settings, auth_enabled=True, owner_max_sessions=2, owner_max_bytes=100 * KB),

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 
+from palimpsest.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
-from services.shared.external_refs import MAX_REFS_PER_REQUEST, MAX_REFS_PER_SESSION
 from tests.calls import append, conversation, expect_status, full, new_session, shown
 
 Message = common_pb2.Message
@@ -839,7 +839,7 @@ async def test_an_appends_counters_weigh_rows_as_every_other_counter_does(store,
     with ROW_BYTES, which the archive, the pages and the trim use, for every kind of row."""
     import asyncpg
 
-    from services.session_store.repository.message_rows import ROW_BYTES
+    from palimpsest.store.repository.message_rows import ROW_BYTES
 
     s = await new_session(store, profile)
     call = common_pb2.ToolCall(id="c1", name="grep", arguments_json=json.dumps({"pattern": "é", "n": 3}))
@@ -914,7 +914,7 @@ async def test_an_append_after_a_change_that_added_no_message_goes_ahead_and_say
 
 
 def test_trim_counts_what_the_user_sees_and_keeps_no_engine_row_for_a_prompt():
-    from services.session_store.repository.trim import TrimRow, kept_seqs
+    from palimpsest.store.repository.trim import TrimRow, kept_seqs
 
     note = TrimRow(1, "system", is_display=False)  # a task note, stored first by an Agent turn
     rows = [

@@ -12,10 +12,10 @@ import asyncpg
 import grpc
 import pytest
 
+from palimpsest.store import db
+from palimpsest.store.share_links import load_key, token_hash
 from palimpsest.v1 import session_store_pb2 as pb
 from palimpsest.v1 import session_store_pb2_grpc
-from services.session_store import db
-from services.session_store.share_links import load_key, token_hash
 from tests.calls import append, conversation, expect_status, new_session
 
 
@@ -43,7 +43,7 @@ async def test_asking_again_gives_the_same_link(store, profile):
 
 
 async def test_a_store_with_another_key_opens_no_link(store, profile, base_settings, database_url):
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     s = await new_session(store, profile)
     await append(store, s.id, *conversation(1))
@@ -94,7 +94,7 @@ async def schema_0004(database_url):
 
 
 async def test_links_made_before_the_upgrade_keep_working(schema_0004, base_settings):
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     dsn, pool = schema_0004
     session_id, old_token = uuid.uuid4(), "legacy-plaintext-token-of-an-old-share-link-0123"

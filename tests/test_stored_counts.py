@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 
+from palimpsest.compressor.stored_counts import PrimedCounter, known_counts
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.compressor.stored_counts import PrimedCounter, known_counts
 from tests.compressor_calls import MODEL, compress, session_with, turns
 
 Message = common_pb2.Message

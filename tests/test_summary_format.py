@@ -7,8 +7,7 @@ import io
 import pytest
 from PIL import Image
 
-from palimpsest.v1.common_pb2 import Message, ToolCall
-from services.compressor.summary_format import (
+from palimpsest.compressor.summary_format import (
     MAX_SUMMARY_INPUT_CHARS,
     META_SUMMARY_PROMPT,
     META_SUMMARY_THRESHOLD,
@@ -21,7 +20,8 @@ from services.compressor.summary_format import (
     split_summaries,
     summary_messages,
 )
-from services.compressor.summary_window import input_limit
+from palimpsest.compressor.summary_window import input_limit
+from palimpsest.v1.common_pb2 import Message, ToolCall
 
 
 def msg(role: str, content: str = "", **kw: object) -> Message:

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.shared.context_view import to_ollama_messages
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.context_view import to_ollama_messages
 from tests.compressor_calls import compress, session_with, summary_bodies, turns
 
 Message = common_pb2.Message

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from palimpsest.agent.profiles import Profile, profile_from_dict
+from palimpsest.compressor.pricing import Knobs
+from palimpsest.compressor.summary_window import input_limit, num_predict, padded, summary_num_ctx
+from palimpsest.shared.errors import InvalidArgument
+from palimpsest.shared.settings import Settings
 from palimpsest.v1 import compressor_pb2
-from services.agent.profiles import Profile, profile_from_dict
-from services.compressor.pricing import Knobs
-from services.compressor.summary_window import input_limit, num_predict, padded, summary_num_ctx
-from services.shared.errors import InvalidArgument
-from services.shared.settings import Settings
 
 # -- which num_ctx ----------------------------------------------------------------------------
 

@@ -11,11 +11,11 @@ import pytest
 from PIL import Image
 
 from ollama_sim import Reply
+from palimpsest.agent.context_builder import recall_message
+from palimpsest.agent.untrusted import NOTICE, fence, fence_overhead
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.context_builder import recall_message
-from services.agent.untrusted import NOTICE, fence, fence_overhead
 from tests.calls import full
 from tests.resume_calls import turn
 
@@ -83,7 +83,7 @@ async def test_an_upload_taints_the_session_once(store):
 
 
 async def test_only_the_services_may_store_a_tools_file_without_tainting(store_auth, user):
-    from services.shared.auth import vouching_metadata
+    from palimpsest.shared.auth import vouching_metadata
     from tests.conftest import JWT_SECRET, bearer
 
     async def upload(session_id: str, metadata) -> None:

@@ -15,11 +15,11 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.tools.base import Reach, ToolContext, ToolResult, reach_of
+from palimpsest.agent.tools.registry import BUILTIN
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.tools.base import Reach, ToolContext, ToolResult, reach_of
-from services.agent.tools.registry import BUILTIN
 from tests.calls import END, file_bytes, full, put_file, run
 from tests.conftest import agent_settings
 
@@ -64,7 +64,7 @@ class ScratchTool(NoteTool):
 async def taint_agent(base_settings, store_server, compressor_server, ollama_sim, tmp_path_factory):
     """An Agent whose profile offers the tools an injected order would reach for, sharing from a
     folder that holds a secret."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     root = tmp_path_factory.mktemp("share-root")
     (root / "secret.txt").write_text("the vault code is 7741\n")

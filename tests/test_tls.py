@@ -14,10 +14,10 @@ import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ollama_sim import Reply
+from palimpsest.shared import tls
+from palimpsest.shared.channels import open_channel
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared import tls
-from services.shared.channels import open_channel
 from tests.conftest import three_services
 from tests.pal_cli import pal, pal_env
 
@@ -109,7 +109,7 @@ async def test_callers_without_a_trusted_client_certificate_are_turned_away(secu
 
 
 async def test_tls_without_client_certificates_serves_any_caller_that_trusts_it(base_settings, database_url, pems):
-    from services.session_store.app import start_store
+    from palimpsest.store.app import start_store
 
     store = await start_store(replace(base_settings, tls_cert=pems.cert, tls_key=pems.key), port=0, dsn=database_url)
     try:
@@ -154,7 +154,7 @@ async def test_pal_names_a_tls_setting_it_cannot_use(pems, tmp_path):
     ],
 )
 async def test_a_service_names_the_tls_setting_it_cannot_use(base_settings, pems, tmp_path, setting, wants):
-    from services.compressor.app import start_compressor
+    from palimpsest.compressor.app import start_compressor
 
     text = tmp_path / "notes.txt"
     text.write_text("not a certificate")

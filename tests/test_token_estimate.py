@@ -7,16 +7,16 @@ import io
 import pytest
 from PIL import Image
 
-from palimpsest.v1.common_pb2 import Message
-from services.compressor.calibration import Line
-from services.compressor.token_estimate import (
+from palimpsest.compressor.calibration import Line
+from palimpsest.compressor.token_estimate import (
     Estimate,
     baseline_delta_estimate,
     estimate_tokens,
     fits,
     output_reserve,
 )
-from services.shared.context_view import MESSAGE_OVERHEAD_CHARS
+from palimpsest.shared.context_view import MESSAGE_OVERHEAD_CHARS
+from palimpsest.v1.common_pb2 import Message
 
 
 def msg(role: str, content: str = "", seq: int = 0, **kw: object) -> Message:
@@ -141,9 +141,9 @@ def test_reserve_never_exceeds_a_quarter(window: int) -> None:
 
 
 def test_a_small_windows_target_keeps_the_hysteresis_gap() -> None:
-    from services.compressor.pipeline import effective_target
-    from services.compressor.pricing import Knobs
-    from services.shared.settings import Settings
+    from palimpsest.compressor.pipeline import effective_target
+    from palimpsest.compressor.pricing import Knobs
+    from palimpsest.shared.settings import Settings
 
     knobs = Knobs.resolve(Settings(), None)
     assert effective_target(knobs, 100_000) == 0.65  # the reserve is 2% there: nothing moves
@@ -155,7 +155,7 @@ def test_a_small_windows_target_keeps_the_hysteresis_gap() -> None:
 
 
 def test_a_report_below_the_contents_own_count_proves_a_cut() -> None:
-    from services.shared.reports import proves_cut
+    from palimpsest.shared.reports import proves_cut
 
     assert proves_cut(4_098, 7_900)  # half a window, far under the content alone
     assert not proves_cut(7_900, 7_900) and not proves_cut(7_750, 7_900)  # a merge or two at the seams

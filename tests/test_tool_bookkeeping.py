@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.tools.base import ToolContext, ToolResult
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.agent.tools.base import ToolContext, ToolResult
 
 MODEL = "qwen3.6"
 
@@ -38,7 +38,7 @@ class LedgerTool:
 
 @pytest.fixture(scope="module")
 async def ledger_agent(base_settings, store_server, compressor_server, ollama_sim, tmp_path_factory):
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     path = tmp_path_factory.mktemp("ledger") / "profiles.json"
     path.write_text(

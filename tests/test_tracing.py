@@ -20,11 +20,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from ollama_sim import Reply
+from palimpsest.shared import tracing
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, compressor_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as cpb
-from services.shared import tracing
-from services.shared.ports import free_port
 from tests.calls import session_due_for_a_post_turn_compression
 from tests.conftest import three_services
 from tests.waiting import until
@@ -123,8 +123,8 @@ def test_tracing_off_imports_nothing_of_opentelemetry():
     as this one has tracing loaded)."""
     script = (
         "import sys\n"
-        "import services.agent.app, services.compressor.app, services.session_store.app\n"
-        "from services.shared import tracing\n"
+        "import palimpsest.agent.app, palimpsest.compressor.app, palimpsest.store.app\n"
+        "from palimpsest.shared import tracing\n"
         "tracing.start('', 'palimpsest-tests')\n"
         "assert tracing.server_interceptors() == [] and tracing.channel_interceptors() == []\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
@@ -170,7 +170,7 @@ async def test_a_service_exports_its_spans_over_otlp_when_an_endpoint_is_set(sto
         "PALIMPSEST_COMPRESSOR_ADDR": f"127.0.0.1:{port}",
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.compressor", env=env, stderr=asyncio.subprocess.DEVNULL
+        sys.executable, "-m", "palimpsest.compressor", env=env, stderr=asyncio.subprocess.DEVNULL
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

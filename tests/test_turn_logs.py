@@ -8,9 +8,9 @@ import tracemalloc
 
 import pytest
 
+from palimpsest.agent.turn_logs import EVENT_OVERHEAD, LOST_AFTER_S, Behind, TurnLogs
+from palimpsest.shared.errors import NotFound, OutOfRange, Unavailable
 from palimpsest.v1 import agent_pb2 as pb
-from services.agent.turn_logs import EVENT_OVERHEAD, LOST_AFTER_S, Behind, TurnLogs
-from services.shared.errors import NotFound, OutOfRange, Unavailable
 
 
 class Clock:

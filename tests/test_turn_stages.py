@@ -5,16 +5,16 @@ from __future__ import annotations
 import ast
 import pathlib
 
+from palimpsest.agent.profiles import Profile
+from palimpsest.agent.stages.model_call import request_body
+from palimpsest.agent.stages.prepare import TOO_LARGE_ANSWER
+from palimpsest.agent.stages.report import model_report
+from palimpsest.agent.stages.runs_on import runs_on
+from palimpsest.agent.stages.sizing import call_notes, unchecked
+from palimpsest.agent.stages.storing import answer_message, tool_calls_of
+from palimpsest.shared.ollama import ChatResult, ModelFacts
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
-from services.agent.profiles import Profile
-from services.agent.stages.model_call import request_body
-from services.agent.stages.prepare import TOO_LARGE_ANSWER
-from services.agent.stages.report import model_report
-from services.agent.stages.runs_on import runs_on
-from services.agent.stages.sizing import call_notes, unchecked
-from services.agent.stages.storing import answer_message, tool_calls_of
-from services.shared.ollama import ChatResult, ModelFacts
 
 Message = common_pb2.Message
 AGENT = pathlib.Path(__file__).resolve().parents[1] / "services" / "agent"
@@ -110,4 +110,4 @@ def test_the_turn_does_not_import_the_module_that_builds_sub_agents():
         *sorted((AGENT / "stages").glob("*.py")),
     ]:
         imported = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
-        assert "services.agent.subagent" not in imported, path
+        assert "palimpsest.agent.subagent" not in imported, path

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from services.compressor.model_tokenizers import ModelTokenizers
-from services.compressor.special_tokens import matched_tokens
-from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer, split_rule
-from services.shared.ollama import OllamaClient
+from palimpsest.compressor.model_tokenizers import ModelTokenizers
+from palimpsest.compressor.special_tokens import matched_tokens
+from palimpsest.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer, split_rule
+from palimpsest.shared.ollama import OllamaClient
 from tests import vocab_oracle
 
 DATA = json.loads(vocab_oracle.DATA.read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ import random
 import pytest
 import sentencepiece as spm
 
-from services.compressor.vocabulary import (
+from palimpsest.compressor.vocabulary import (
     CONTROL,
     GgufVocabulary,
     UnsupportedVocabulary,

@@ -1,6 +1,6 @@
 """The Agent's warm sessions stay within their count and byte budgets."""
 
-from services.agent.warm_cache import WarmCache
+from palimpsest.agent.warm_cache import WarmCache
 
 
 def test_bytes_bound_the_cache_oldest_out_first():

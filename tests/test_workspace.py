@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ollama_sim import Reply
+from palimpsest.shared.auth import vouching_metadata
+from palimpsest.shared.workspace_paths import BadPath, matches, workspace_path
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from services.shared.auth import vouching_metadata
-from services.shared.workspace_paths import BadPath, matches, workspace_path
 from tests.calls import END, expect_status, file_bytes, full, inline, put_file, run
 from tests.conftest import JWT_SECRET, _start_store, agent_settings, bearer
 
@@ -108,7 +108,7 @@ GREP_LINES = st.lists(st.text(alphabet="ab c\t\r\n\x0b\x85é1-", max_size=12), m
 def test_grep_skips_a_file_only_when_no_line_of_it_matches(lines, raw):
     import regex
 
-    from services.agent.tools.files import whole_file_filter
+    from palimpsest.agent.tools.files import whole_file_filter
 
     pattern = regex.compile(raw)
     text = "\n".join(lines)
@@ -234,7 +234,7 @@ def files_profiles(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 async def two_agents(base_settings, store_server, compressor_server, ollama_sim, files_profiles):
     """Two Agent replicas on one SessionStore, each with a mirror of its own."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = agent_settings(base_settings, store_server, compressor_server, ollama_sim, files_profiles)
     first = await start_agent(settings, port=0)
@@ -431,7 +431,7 @@ async def test_a_path_out_of_the_workspace_is_refused_with_a_reason(two_agents, 
 @pytest.fixture(scope="module")
 async def small_quota(base_settings, database_url, compressor_server, ollama_sim, files_profiles):
     """A store that keeps at most 2 KB per file, with auth on, and an Agent in front of it."""
-    from services.agent.app import start_agent
+    from palimpsest.agent.app import start_agent
 
     settings = replace(base_settings, files_max_bytes=2_000, auth_enabled=True)
     store_server = await _start_store(settings, database_url)

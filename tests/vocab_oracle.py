@@ -311,7 +311,7 @@ def special_texts(specials: list[str], seed: int) -> list[str]:
 
 
 def texts_for(info: dict[str, Any]) -> list[str]:
-    from services.compressor.special_tokens import matched_tokens
+    from palimpsest.compressor.special_tokens import matched_tokens
 
     tokens = info.get("tokenizer.ggml.tokens") or []
     types = info.get("tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -511,7 +511,7 @@ def _one_entry_a_line(data: dict[str, Any]) -> str:
 
 def table() -> str:
     """The README's table: per case, the cases checked and how many counts equal llama.cpp's."""
-    from services.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer
+    from palimpsest.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer
 
     folder = vocab_dir()
     data = json.loads(DATA.read_text(encoding="utf-8"))

@@ -1,0 +1,18 @@
+"""`python -m palimpsest.compressor`: one Compressor replica.
+
+Clients list every replica, comma-separated, in PALIMPSEST_COMPRESSOR_ADDR; a replica listens on
+PALIMPSEST_COMPRESSOR_LISTEN, or else on the first address of that list. Replicas share nothing
+but the SessionStore."""
+
+import os
+
+from palimpsest.compressor.app import start_compressor
+from palimpsest.shared.server import run_service
+
+
+def listen_address(settings) -> str:
+    return os.environ.get("PALIMPSEST_COMPRESSOR_LISTEN") or settings.compressor_addr.split(",")[0].strip()
+
+
+if __name__ == "__main__":
+    run_service(start_compressor, listen_address, "Compressor")

@@ -1,0 +1,269 @@
+"""Exact prompt sizes: content counted by the model's own tokenizer, the chat template's cost fitted.
+
+What a prompt costs is its content (messages, tool-call arguments, tool schemas) in the model's
+own tokens — counted exactly — plus what the chat template wraps around it: role markers per
+message, the tool-result and tool-call wrappers, the tools block, the generation prompt, and each
+image's tokens. Those few constants differ per template, so they are fitted per model from
+Ollama's real ``prompt_eval_count`` (a ridge fit that starts from ChatML's values), and the worst
+under-count of the recent reports is added back as a margin so a count is never low.
+
+Everything here is pure: the counter is any object with ``counts(texts)`` and ``head_and_tail``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from palimpsest.shared.context_view import TRUNCATABLE_ROLES, truncation_marker, with_content
+from palimpsest.shared.image_tokens import image_tokens
+from palimpsest.v1.common_pb2 import Message
+
+
+class Counter(Protocol):
+    def counts(self, texts: Sequence[str]) -> list[int]: ...
+
+    def head_and_tail(self, text: str, head_tokens: int, tail_tokens: int) -> tuple[str, str]: ...
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a prompt is made of, as the exact count saw it."""
+
+    content_tokens: int = 0
+    messages: int = 0
+    tool_results: int = 0
+    tool_calls: int = 0
+    tools: int = 0
+    image_prior_tokens: int = 0
+    images: int = 0
+    # The content's characters by class (see calibration.CHAR_CLASSES): what a model without a
+    # vocabulary is priced by.
+    chars_space: int = 0
+    chars_digit: int = 0
+    chars_latin: int = 0
+    chars_cjk: int = 0
+    chars_other_letter: int = 0
+    chars_symbol: int = 0
+
+    def features(self) -> tuple[float, ...]:
+        """What the template's cost depends on, in the order of ``CHATML_PRIOR``."""
+        return (1.0, self.messages, self.tool_results, self.tool_calls, 1.0 if self.tools else 0.0, self.tools)
+
+
+# ChatML as Qwen renders it: the generation prompt (3), <|im_start|>role\n … <|im_end|>\n per message
+# (5), <tool_response> wrapping per result (4), <tool_call> wrapping per call (4), the tools block's
+# header (~40) and a line per schema (2). Only the starting point: reports move it to the real template.
+CHATML_PRIOR = (3.0, 5.0, 4.0, 4.0, 40.0, 2.0)
+# How strongly the fit holds to the prior where the reports cannot tell the constants apart (a
+# feature that never varies, like the tools block in a session that always sends its tools).
+RIDGE = 1.0
+# Before any report of this model: the template may differ from ChatML by this much per message.
+UNOBSERVED_MARGIN_PER_MESSAGE = 4
+UNOBSERVED_MARGIN = 64
+IMAGE_SCALE_BOUNDS = (0.05, 20.0)
+# A template that misses a report by more than this is not a template: such a report (a prompt
+# with a Modelfile system prompt the fit has not absorbed yet, or a lie) must not swell every count.
+MAX_MARGIN = 512
+
+
+@dataclass(frozen=True)
+class ExactObservation:
+    shape: Shape
+    tokens: int  # Ollama's prompt_eval_count for that prompt
+
+
+@dataclass(frozen=True)
+class Template:
+    """A model's chat-template cost: tokens = content + coefficients · features + images + margin."""
+
+    coefficients: tuple[float, ...] = CHATML_PRIOR
+    # The worst under-count of the fitted reports, added to every count (None: no reports yet).
+    margin: int | None = None
+    # Real tokens per area-priced image token (1.0 until an image prompt was reported).
+    image_scale: float = 1.0
+    observed: int = 0
+
+    def overhead(self, shape: Shape) -> float:
+        return sum(c * f for c, f in zip(self.coefficients, shape.features()))
+
+    def text_tokens(self, shape: Shape) -> int:
+        """The prompt without images and without the safety margin: the fit's own prediction."""
+        return shape.content_tokens + max(0, math.ceil(self.overhead(shape)))
+
+    def safety_margin(self, shape: Shape) -> int:
+        if self.margin is not None:
+            return self.margin
+        return UNOBSERVED_MARGIN + UNOBSERVED_MARGIN_PER_MESSAGE * shape.messages
+
+    def image_tokens(self, shape: Shape) -> int:
+        return math.ceil(shape.image_prior_tokens * self.image_scale)
+
+    def tokens(self, shape: Shape) -> int:
+        return self.text_tokens(shape) + self.image_tokens(shape) + self.safety_margin(shape)
+
+
+def solve_linear(matrix: list[list[float]], vector: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting for the small, positive-definite ridge system."""
+    n = len(vector)
+    a = [row[:] + [vector[i]] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, n):
+            factor = a[r][col] / a[col][col]
+            for c in range(col, n + 1):
+                a[r][c] -= factor * a[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (a[r][n] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
+    return x
+
+
+def fit_template(observations: Sequence[ExactObservation], prior: tuple[float, ...] = CHATML_PRIOR) -> Template:
+    """The template's cost from reports (any order). Text-only reports fit the constants; reports
+    with images then fit how many real tokens an area-priced image token is."""
+    return _fit_template(tuple(observations), prior)
+
+
+# Every size check fits the same newest reports again until a new one arrives: fitted once.
+@functools.lru_cache(maxsize=256)
+def _fit_template(observations: tuple[ExactObservation, ...], prior: tuple[float, ...]) -> Template:
+    text = [o for o in observations if o.shape.images == 0 and o.tokens > 0 and o.shape.content_tokens > 0]
+    coefficients = prior
+    if text:
+        k = len(prior)
+        gram = [[RIDGE if i == j else 0.0 for j in range(k)] for i in range(k)]
+        rhs = [RIDGE * p for p in prior]
+        for o in text:
+            x = o.shape.features()
+            residual = o.tokens - o.shape.content_tokens
+            for i in range(k):
+                rhs[i] += x[i] * residual
+                for j in range(k):
+                    gram[i][j] += x[i] * x[j]
+        coefficients = tuple(solve_linear(gram, rhs))
+    fitted = Template(coefficients=coefficients)
+    margin = max((o.tokens - fitted.text_tokens(o.shape) for o in text), default=None)
+    if margin is not None:
+        margin = min(margin, MAX_MARGIN)
+    scales = [
+        (o.tokens - fitted.text_tokens(o.shape)) / o.shape.image_prior_tokens
+        for o in observations
+        if o.shape.images and o.shape.image_prior_tokens > 0 and o.tokens > 0
+    ]
+    low, high = IMAGE_SCALE_BOUNDS
+    # The largest recent scale: an image is never priced below what one was seen to cost.
+    scale = min(high, max(low, max(scales))) if scales else 1.0
+    return Template(
+        coefficients=coefficients,
+        margin=None if margin is None else max(0, margin),
+        image_scale=scale,
+        observed=len(text),
+    )
+
+
+def call_text(name: str, arguments_json: str) -> str:
+    """A tool call as templates render it (a JSON object of name and arguments)."""
+    return f'{{"name": "{name}", "arguments": {arguments_json or "{}"}}}'
+
+
+def message_texts(message: Message) -> list[str]:
+    return [message.content, *(call_text(c.name, c.arguments_json) for c in message.tool_calls)]
+
+
+def scaled_count(tokens: int, counted_chars: int, chars: int) -> int:
+    """A count made on part of a text, scaled up to the whole text's length."""
+    if counted_chars >= chars or counted_chars <= 0:
+        return tokens
+    return math.ceil(tokens * chars / counted_chars)
+
+
+def content_md5(message: Message) -> str:
+    """What a stored count is tied to: the md5 of the content it was made from (as PostgreSQL's
+    md5() of the row's content gives it)."""
+    return hashlib.md5(message.content.encode()).hexdigest()
+
+
+def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
+    """Content tokens of each message (content plus each tool call), in one batch."""
+    texts: list[str] = []
+    spans: list[int] = []
+    for m in messages:
+        parts = message_texts(m)
+        texts.extend(parts)
+        spans.append(len(parts))
+    counts = counter.counts(texts)
+    out, at = [], 0
+    for message, span in zip(messages, spans):
+        content = counts[at]
+        # The size check got only its head and tail: scaled to its length.
+        content = scaled_count(content, len(message.content), message.sliced_from_chars)
+        out.append(content + sum(counts[at + 1 : at + span]))
+        at += span
+    return out
+
+
+def shape_of(messages: Sequence[Message], tool_schemas: Sequence[str], counter: Counter, image_fallback: int) -> Shape:
+    """The shape of a prompt made of ``messages`` (the view the model gets) and ``tool_schemas``."""
+    content = sum(message_tokens(messages, counter)) + sum(counter.counts(list(tool_schemas)))
+    images = [image for m in messages for image in m.images]
+    return Shape(
+        content_tokens=content,
+        messages=len(messages),
+        tool_results=sum(1 for m in messages if m.role == "tool"),
+        tool_calls=sum(len(m.tool_calls) for m in messages),
+        tools=len(tool_schemas),
+        image_prior_tokens=sum(image_tokens(i, image_fallback) for i in images),
+        images=len(images),
+    )
+
+
+# Room for the marker's own tokens ("\n[…truncated ~12345 tokens…]\n" is about a dozen).
+MARKER_TOKENS = 16
+
+
+def cut_content(message: Message, tokens: int, budget: int, counter: Counter) -> str | None:
+    """The content cut to head + marker + tail so the message costs at most ``budget`` content
+    tokens; None when it already fits or cutting cannot help. Token boundaries, not a char rate,
+    decide the cut, so the same message and budget always give the same view."""
+    calls = sum(counter.counts(message_texts(message)[1:]))  # tool calls are never cut
+    keep = budget - calls - MARKER_TOKENS
+    if tokens <= budget or keep < 2:
+        return None
+    head_tokens = keep - keep // 2
+    head, tail = counter.head_and_tail(message.content, head_tokens, keep // 2)
+    removed = tokens - calls - keep
+    return head + truncation_marker(removed) + tail
+
+
+def exact_view(
+    messages: Sequence[Message],
+    budget: int,
+    counter: Counter,
+    budgets: dict[int, int] | None = None,
+) -> tuple[list[Message], dict[int, str]]:
+    """The view the model is sent: every oversized assistant/tool message cut to ``budget`` content
+    tokens (``budgets`` overrides it per index). Returns the view and the cut contents by index."""
+    if budget <= 0 and not budgets:
+        return list(messages), {}
+    tokens = message_tokens(messages, counter)
+    view: list[Message] = []
+    cuts: dict[int, str] = {}
+    for index, (message, count) in enumerate(zip(messages, tokens)):
+        limit = (budgets or {}).get(index, budget)
+        content = None
+        if message.role in TRUNCATABLE_ROLES and limit > 0:
+            content = cut_content(message, count, limit, counter)
+        if content is None:
+            view.append(message)
+            continue
+        copy = with_content(message, content)
+        copy.sliced_from_chars = 0  # the cut is whole text: its count is not scaled
+        view.append(copy)
+        cuts[index] = content
+    return view, cuts

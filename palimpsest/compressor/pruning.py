@@ -1,0 +1,149 @@
+"""The cheap stage before a summary: old tool results, and old tool-call arguments, replaced in the
+context by a preview.
+
+A tool result older than the newest tool call is the bulk of most agent contexts and rarely read
+again word for word; so are the long arguments of an old call (a file written, a patch applied).
+Replacing them by their start and a pointer frees most of their tokens without asking the model
+for anything; the display history keeps every byte, and what was replaced is indexed for
+memory_search like summarized history. A critical result (of the profile's critical tools, or
+marked critical by the tool itself) keeps the summarizer's verbatim budget: 4,000 characters, or
+its first and last 2,000. Pure: the pipeline decides whether what it frees is enough, and
+summarizes what remains over the target.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from palimpsest.compressor.planner import is_turn_start, kept_always, split_turns, tool_groups
+from palimpsest.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
+from palimpsest.shared.context_view import is_transient
+from palimpsest.v1.common_pb2 import Message, SeqRange
+
+# What a preview keeps of a result, and the least a result must have for a preview to be worth it.
+PREVIEW_CHARS = 300
+PRUNE_MIN_CHARS = 1_200
+# A call's arguments are pruned past this many characters; each long string keeps its start.
+ARGUMENTS_PRUNE_MIN_CHARS = 1_200
+ARGUMENT_PREVIEW_CHARS = 200
+# Marks a preview (metadata), so a preview is never pruned again.
+PRUNED_FROM = "pruned_from_seq"
+# What the pruned message cost the prompt (metadata, set by the pipeline): how fast a conversation
+# grows is measured on what its turns added, not on what is left of them.
+PRUNED_TOKENS = "pruned_tokens"
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """Which stored messages go, and what stands in for each."""
+
+    pruned: list[Message]
+    previews: list[Message]
+
+    def apply(self, context: Sequence[Message]) -> list[Message]:
+        """The context with each pruned message's preview in its place."""
+        by_seq = {m.replaces.first: m for m in self.previews}
+        return [by_seq.get(m.seq, m) for m in context]
+
+
+def is_critical(message: Message, critical_tools: Iterable[str]) -> bool:
+    """Marked critical by its tool, or of a tool the profile names critical."""
+    return message.is_compression_critical or (bool(message.name) and message.name in set(critical_tools))
+
+
+def prunable(message: Message, kept_seqs: set[int], critical_tools: Iterable[str]) -> bool:
+    """A stored tool result outside ``kept_seqs`` worth a preview: long enough, never a preview,
+    and a critical one only past its verbatim budget."""
+    if message.role != "tool" or message.seq <= 0 or message.seq in kept_seqs or is_transient(message):
+        return False
+    if PRUNED_FROM in message.metadata:
+        return False
+    floor = CRITICAL_RESULT_MAX_CHARS + 1 if is_critical(message, critical_tools) else PRUNE_MIN_CHARS
+    return len(message.content) >= floor
+
+
+def arguments_prunable(message: Message, kept_seqs: set[int]) -> bool:
+    """An older assistant message whose tool calls carry long arguments."""
+    return (
+        message.role == "assistant"
+        and message.seq > 0
+        and message.seq not in kept_seqs
+        and PRUNED_FROM not in message.metadata
+        and sum(len(c.arguments_json) for c in message.tool_calls) >= ARGUMENTS_PRUNE_MIN_CHARS
+    )
+
+
+def protected(context: Sequence[Message]) -> list[Message]:
+    """What pruning never touches: the newest turn's request and its newest tool call with
+    everything after it (the results the model is about to read). Older iterations of a long
+    turn are pruned like older turns: a tool loop would otherwise always end in a summary."""
+    turns = split_turns([m for m in context if not kept_always(m)])
+    if not turns:
+        return []
+    newest = turns[-1]
+    request = newest[:1] if is_turn_start(newest[0]) else []
+    groups = tool_groups(newest[len(request) :])
+    last_call = next((i for i in range(len(groups) - 1, -1, -1) if groups[i][0].tool_calls), 0)
+    return [*request, *(m for group in groups[last_call:] for m in group)]
+
+
+def plan_pruning(context: Sequence[Message], kept: Sequence[Message], critical_tools: Iterable[str]) -> Pruning:
+    """Previews for the tool results and long call arguments outside ``kept``."""
+    kept_seqs = {m.seq for m in kept}
+    critical = tuple(critical_tools)
+    pruned = [m for m in context if prunable(m, kept_seqs, critical) or arguments_prunable(m, kept_seqs)]
+    return Pruning(pruned=pruned, previews=[preview(m, critical) for m in pruned])
+
+
+def preview(message: Message, critical_tools: Iterable[str] = ()) -> Message:
+    """What stands at a pruned message's place: a result's start (a critical one's head and tail)
+    and where the rest is, or a call with its long arguments cut."""
+    if message.role == "assistant":
+        out = Message()
+        out.CopyFrom(message)
+        out.ClearField("seq")
+        for call in out.tool_calls:
+            call.arguments_json = shortened_arguments(call.arguments_json)
+    else:
+        if is_critical(message, critical_tools):
+            head = critical_result_text(message.content)
+        else:
+            head = message.content[:PREVIEW_CHARS]
+        rest = len(message.content) - len(head)
+        note = (
+            f"\n[… {rest:,} more characters of this {message.name or 'tool'} result were pruned from the "
+            "context to make room; the full output stays in the session's history, and memory_search "
+            "finds it by its words …]"
+        )
+        out = Message(
+            role="tool",
+            name=message.name,
+            tool_call_id=message.tool_call_id,
+            content=head + note,
+            is_compression_critical=message.is_compression_critical,
+        )
+    out.replaces.CopyFrom(SeqRange(first=message.seq, last=message.seq))
+    out.metadata[PRUNED_FROM] = message.seq
+    return out
+
+
+def shortened_arguments(arguments_json: str) -> str:
+    """Arguments with every long string cut to its start and a note (still valid JSON, so the
+    call renders as it did); unparsable arguments cut as text."""
+    try:
+        parsed = json.loads(arguments_json)
+    except ValueError:
+        return arguments_json[:ARGUMENT_PREVIEW_CHARS] + "… [pruned]"
+
+    def cut(value):
+        if isinstance(value, str) and len(value) > ARGUMENT_PREVIEW_CHARS:
+            return f"{value[:ARGUMENT_PREVIEW_CHARS]}… [{len(value) - ARGUMENT_PREVIEW_CHARS:,} characters pruned]"
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [cut(v) for v in value]
+        return value
+
+    return json.dumps(cut(parsed), ensure_ascii=False)

@@ -1,0 +1,261 @@
+"""A compression's two stages, sharing the work: pruning first (old tool results and call
+arguments, older iterations of the current turn), then a summary of only what remains over the
+target. Pruning that frees a few thousand tokens used to be thrown away whenever it did not
+reach the target alone, and the summary then evicted (and the model re-read) more than it needed.
+
+Pure: the servicer decides from a ``Staged`` and commits the ``Outcome`` it becomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from palimpsest.compressor import pipeline
+from palimpsest.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
+from palimpsest.compressor.planner import Plan, apply_plan, kept_always, split_turns, widen_kept
+from palimpsest.compressor.pricing import Knobs, Pricing
+from palimpsest.compressor.pruning import PRUNED_FROM, PRUNED_TOKENS, Pruning, plan_pruning, protected
+from palimpsest.compressor.summarizer import Prefix, Summarizer, condensed_tokens
+from palimpsest.compressor.summary_format import META_SUMMARY_THRESHOLD
+from palimpsest.compressor.summary_prefix import scope_of
+from palimpsest.compressor.summary_window import summary_length
+from palimpsest.compressor.token_estimate import trigger_tokens
+from palimpsest.shared.context_view import is_transient
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
+
+log = logging.getLogger("palimpsest.compressor")
+
+Message = common_pb2.Message
+
+NO_PRUNING = Pruning(pruned=[], previews=[])
+# Room kept after a compression: this many turns of the conversation's own size (a compression
+# within 3 turns of the last is a re-fire; 4, not 3: turns vary), measured over its newest GROWTH_TURNS.
+HEADROOM_TURNS = 4
+GROWTH_TURNS = 6
+MIN_TARGET = 0.05
+SUMMARY_HEADER = "[Summary of the earlier conversation"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What pruning replaces, and the summary plan over the context it leaves."""
+
+    pruning: Pruning
+    context: list[Message]  # after pruning: each preview stands with its original's seq
+    freed: int  # tokens pruning frees of the context
+    plan: Plan  # over ``context``
+    reaches_target: bool  # pruning alone brings the prompt to the target
+    pruned_stage: bool  # whether pruning was allowed (not for a forced compaction)
+
+
+def standing(preview: Message) -> Message:
+    """A preview as it stands in the context while planning: with its original's seq, so the plan's
+    order, ranges and kept set name the rows they will be."""
+    out = Message()
+    out.CopyFrom(preview)
+    out.seq = preview.replaces.first
+    return out
+
+
+def pruned_tokens(preview: Message) -> int:
+    """What the message a preview stands for cost the prompt (0 when the preview does not say)."""
+    value = preview.metadata[PRUNED_TOKENS] if PRUNED_TOKENS in preview.metadata else 0
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def turn_growth(context: list[Message], pricing: Pricing) -> float:
+    """What a turn of this conversation adds to the prompt, on average over its newest complete
+    turns: each as the model was first sent it (a result pruned since at its size then)."""
+    turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
+    recent = turns[-GROWTH_TURNS - 1 : -1] or turns[-1:]
+    if not recent:
+        return 0.0
+    messages = [m for turn in recent for m in turn]
+    unpruned = sum(pruned_tokens(m) - pricing.estimate([m]) for m in messages if PRUNED_TOKENS in m.metadata)
+    return (pricing.estimate(messages) + max(0, unpruned)) / len(recent)
+
+
+def headroom_level(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> float:
+    """The share of the window a compression must bring the prompt under so that HEADROOM_TURNS
+    more turns of this conversation's usual size fit before the trigger."""
+    trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
+    return (trigger - HEADROOM_TURNS * turn_growth(context, pricing)) / window
+
+
+def stage(
+    context: list[Message],
+    pricing: Pricing,
+    knobs: Knobs,
+    window: int,
+    keep_recent_messages: int,
+    prompt_tokens: int,
+    prune: bool,
+) -> Staged:
+    """Prune (when ``prune``), then plan the summary over what is left, at the prompt's size less
+    what pruning freed. Either stage aims below the level that leaves HEADROOM_TURNS of room."""
+    level = headroom_level(context, pricing, knobs, window)
+    deep = max(MIN_TARGET, min(pipeline.summary_target(knobs, window), level))
+    pruning = plan_pruning(context, protected(context), knobs.critical_tools) if prune else NO_PRUNING
+    if not pruning.pruned:
+        plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens, deep)
+        return Staged(pruning, context, 0, plan, False, prune)
+    for original, preview in zip(pruning.pruned, pruning.previews):
+        preview.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+    by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
+    pruned = [by_seq.get(m.seq, m) for m in context]
+    freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(list(by_seq.values()))
+    after = max(0, prompt_tokens - freed)
+    # Pruning alone must leave the same room, but never has to go deeper than a summary would:
+    # where turns are mostly tool output the level is out of reach, and a summary every time
+    # would cost the LLM calls pruning is there to save.
+    reaches = (
+        after
+        <= min(pipeline.effective_target(knobs, window), max(level, pipeline.summary_target(knobs, window))) * window
+    )
+    plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
+    return Staged(pruning, pruned, freed, plan, reaches, prune)
+
+
+def decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:
+    """("prune", "summary" or "none", the tokens it is expected to free). Pruning alone when it
+    reaches the target, or when no summary is worth its LLM call but pruning frees enough; else
+    the summary (after the pruning) when it is worth running."""
+    if staged.reaches_target:
+        return "prune", staged.freed
+    worth, frees = pipeline.worth_running(staged.plan, staged.context, pricing, knobs, window, any_gain)
+    if worth:
+        return "summary", staged.freed + frees
+    if staged.freed > 0 and (any_gain or staged.freed >= max(1, knobs.min_freed * window)):
+        return "prune", staged.freed
+    return "none", max(frees, staged.freed)
+
+
+def originals(context: list[Message]) -> dict[int, Message]:
+    return {m.seq: m for m in context}
+
+
+def summary_outcome(
+    context: list[Message], staged: Staged, plan: Plan, summary: Message, crumbs: list[str]
+) -> pipeline.Outcome:
+    """The outcome of a summary over the pruned context: what was summarized is demoted as it is
+    stored (the originals of its previews), and the pruned rows the kept region still holds are
+    replaced by their previews."""
+    rows = originals(context)
+    fresh = {m.seq for m in staged.pruning.pruned}
+    summarized = [rows.get(m.seq, m) if m.seq in fresh else m for m in plan.to_summarize]
+    kept_previews = [m for m in plan.to_keep if m.seq in fresh and PRUNED_FROM in m.metadata]
+    replacements = []
+    for m in kept_previews:
+        out = Message()
+        out.CopyFrom(m)
+        out.ClearField("seq")
+        replacements.append(out)
+    demoted = summarized + [rows[m.seq] for m in kept_previews]
+    return pipeline.Outcome(
+        pb.COMPRESSION_METHOD_SUMMARY, demoted, apply_plan(plan, summary), summary, crumbs, replacements
+    )
+
+
+def summarized_originals(context: list[Message], staged: Staged, plan: Plan) -> list[Message]:
+    """What a plan over the pruned context summarizes, as stored (a pruned result whole, so the
+    summarizer sees its usual preview of it rather than the pruning note)."""
+    rows = originals(context)
+    fresh = {m.seq for m in staged.pruning.pruned}
+    return [rows.get(m.seq, m) if m.seq in fresh else m for m in plan.to_summarize]
+
+
+def live_text(summary: Message) -> str:
+    """A live summary's text without its header line (the range it covers is said anew)."""
+    first, _, rest = summary.content.partition("\n")
+    return rest if first.startswith(SUMMARY_HEADER) else summary.content
+
+
+def folds(live: list[Message], fresh: list[Message], pricing: Pricing, budget: int) -> bool:
+    """Whether the new history is summarized on its own and appended to the live summary: one live
+    summary, which with the new part stays within ``budget`` tokens and the meta-summary
+    threshold; else the summary is rewritten whole (and shrinks)."""
+    if len(live) != 1 or not fresh:
+        return False
+    added = summary_length(condensed_tokens(fresh, pricing), budget)
+    return pricing.estimate(live) + added <= budget and len(live[0].content) + added * 4 <= META_SUMMARY_THRESHOLD
+
+
+PrefixSource = Callable[[list[Message], str], "Prefix | None"]
+
+
+async def _summary(
+    summarizer: Summarizer, summarized: list[Message], pricing: Pricing, prefix_for: PrefixSource | None
+) -> tuple[str, list[str]]:
+    """(text, keys) of the new live summary: the new history folded into the live one, or the
+    whole rewritten; through the prefix form when there is one, else (or when it fails) standalone."""
+    live = [m for m in summarized if m.is_summary]
+    fresh = [m for m in summarized if not m.is_summary and not is_transient(m)]
+    folding = folds(live, fresh, pricing, summarizer.budget)
+    text = ""
+    keys: list[str] = []
+    prefix = None
+    if prefix_for is not None:  # prices the whole prompt's view: off the event loop
+        prefix = await asyncio.to_thread(prefix_for, summarized, scope_of(summarized, folding))
+    if prefix is not None:
+        try:
+            text, keys = await summarizer.summarize_prefix(prefix, pricing)
+        except Exception as exc:  # noqa: BLE001 — the standalone form follows
+            log.info("prefix summary failed, standalone instead: %s", exc)
+    if not text:
+        text, keys = await summarizer.summarize(fresh if folding else live + fresh, pricing)
+    if folding:
+        return f"{live_text(live[0]).rstrip()}\n{text}", [*keys, *live[0].breadcrumbs]
+    return text, keys
+
+
+async def summarize_or_truncate(
+    context: list[Message],
+    staged: Staged,
+    pricing: Pricing,
+    knobs: Knobs,
+    summarizer: Summarizer,
+    window: int,
+    prefix_for: PrefixSource | None = None,
+) -> pipeline.Outcome:
+    """The summary of what remains over the target after pruning (one retry that summarizes
+    less, standalone), or the hard-truncate fallback when the summarizer fails twice."""
+    plan = staged.plan
+    last_error: Exception | None = None
+    for attempt in range(1, pipeline.SUMMARY_ATTEMPTS + 1):
+        if attempt > 1:  # the retry keeps more verbatim and summarizes less
+            plan = widen_kept(plan)
+        summarized = summarized_originals(context, staged, plan)
+        try:
+            text, keys = await _summary(summarizer, summarized, pricing, prefix_for if attempt == 1 else None)
+            break
+        except Exception as exc:  # noqa: BLE001 — any summarizer failure takes the fallback
+            last_error = exc
+            log.warning(
+                "summarizer attempt %d/%d failed (%d messages to summarize): %s",
+                attempt,
+                pipeline.SUMMARY_ATTEMPTS,
+                len(plan.to_summarize),
+                exc,
+            )
+    else:
+        return await asyncio.to_thread(pipeline.truncate_outcome, context, pricing, window, last_error)
+    dropped_text = entity_source([m for m in summarized if not m.is_summary])
+    crumbs = merge_breadcrumbs(keys, await asyncio.to_thread(extract_entities, dropped_text))
+    replaced = plan.replaced_range
+    assert replaced is not None  # a plan that summarizes has messages to summarize
+    covered = common_pb2.SeqRange(first=replaced[0], last=replaced[1])
+    summary = Message(
+        role="user",
+        content=f"{SUMMARY_HEADER}, messages {covered.first}–{covered.last}]\n{text}",
+        is_summary=True,
+        is_context=True,
+        is_display=False,
+        explicit_flags=True,
+        breadcrumbs=crumbs,
+        replaces=covered,
+    )
+    return summary_outcome(context, staged, plan, summary, crumbs)
