@@ -14,7 +14,8 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.agent.client_tools import ClientTool, PendingCalls, client_tools_from_proto
+from palimpsest.agent.client_tools import ClientTool, client_tools_from_proto
+from palimpsest.agent.pending_calls import PendingCalls
 from palimpsest.shared.auth import make_token
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
@@ -270,7 +271,7 @@ def test_a_declaration_becomes_a_tool_with_its_schema_and_reach():
 
 
 async def test_pending_calls_tell_a_second_answer_from_a_stray_one():
-    from palimpsest.agent.client_tools import Answer
+    from palimpsest.agent.pending_calls import Answer
 
     calls = PendingCalls()
     key = ("s", "t", "c")

@@ -5,8 +5,7 @@ client gives with `SubmitToolResult` — from any connection, and (the session b
 - `client_tools_from_proto` checks what a client declares, naming the field.
 - `ClientTool` is the Tool the model calls; its `run` waits for the answer, the turn's Stop, or the
   deadline, whichever comes first.
-- `PendingCalls` is this replica's table of calls waiting, by (session, turn, call), and a memory of
-  those that no longer wait, so a second answer is told "already answered", not "never asked".
+- The calls waiting for an answer are `pending_calls.PendingCalls`.
 """
 
 from __future__ import annotations
@@ -14,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from jsonschema import Draft202012Validator, SchemaError
 
@@ -33,18 +30,6 @@ MAX_SCHEMA_BYTES = 64 * 1024
 MAX_ANSWER_BYTES = 1024 * 1024
 # What Ollama and every model's chat template take as a function name.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# Calls that no longer wait, remembered to answer a late or second answer plainly.
-FINISHED_KEPT = 10_000
-
-Key = tuple[str, str, str]  # session, turn, call
-Outcome = Literal["taken", "answered", "unknown"]
-
-
-@dataclass(frozen=True)
-class Answer:
-    content: str
-    is_error: bool
-    trusted: bool  # sent by the Palimpsest services: not outside content
 
 
 def client_tools_from_proto(tools: Sequence[pb.ClientTool], taken: Collection[str]) -> list[ClientTool]:
@@ -89,34 +74,6 @@ def _schema(raw: str, field: str) -> dict[str, Any]:
     except SchemaError as exc:
         raise InvalidArgument(field, f"not a valid JSON schema: {exc.message}") from None
     return {"type": "object", **schema}
-
-
-class PendingCalls:
-    """The client tool calls waiting on this replica, and those that recently stopped waiting."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[Key, asyncio.Future[Answer]] = {}
-        self._finished: OrderedDict[Key, None] = OrderedDict()
-
-    def open(self, key: Key) -> asyncio.Future[Answer]:
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._waiting[key] = future
-        return future
-
-    def close(self, key: Key) -> None:
-        self._waiting.pop(key, None)
-        self._finished[key] = None
-        while len(self._finished) > FINISHED_KEPT:
-            self._finished.popitem(last=False)
-
-    def answer(self, key: Key, answer: Answer) -> Outcome:
-        future = self._waiting.get(key)
-        if future is None:
-            return "answered" if key in self._finished else "unknown"
-        if future.done():
-            return "answered"
-        future.set_result(answer)
-        return "taken"
 
 
 class ClientTool:

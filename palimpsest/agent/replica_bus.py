@@ -22,7 +22,7 @@ from contextlib import suppress
 
 from google.protobuf.message import DecodeError
 
-from palimpsest.agent.client_tools import Answer, Key, Outcome
+from palimpsest.agent.pending_calls import Answer, Key, Outcome
 from palimpsest.agent.turn_logs import ALIVE_EVERY_S
 from palimpsest.shared import tracing
 from palimpsest.shared.auth import as_service

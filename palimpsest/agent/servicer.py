@@ -15,9 +15,10 @@ from types import MappingProxyType
 from palimpsest.agent import sandbox
 from palimpsest.agent.attachments import check_request, store_attachments
 from palimpsest.agent.audit import ToolRunLog, store_tool_runs
-from palimpsest.agent.client_tools import MAX_ANSWER_BYTES, Answer, ClientTool, client_tools_from_proto
+from palimpsest.agent.client_tools import MAX_ANSWER_BYTES, ClientTool, client_tools_from_proto
 from palimpsest.agent.conversation import StoredConversation, conflict
 from palimpsest.agent.events import EventSink
+from palimpsest.agent.pending_calls import Answer
 from palimpsest.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from palimpsest.agent.replica_bus import ReplicaBus
 from palimpsest.agent.runtime import SessionRuntime, TurnClaims

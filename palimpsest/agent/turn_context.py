@@ -12,11 +12,12 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from palimpsest.agent.audit import ToolRunLog
-from palimpsest.agent.client_tools import ClientTool, PendingCalls
+from palimpsest.agent.client_tools import ClientTool
 from palimpsest.agent.context_builder import ContextBuilder
 from palimpsest.agent.conversation import Conversation
 from palimpsest.agent.events import EventSink
 from palimpsest.agent.mcp_servers.manager import McpManager
+from palimpsest.agent.pending_calls import PendingCalls
 from palimpsest.agent.profiles import Profile, ProfileRegistry
 from palimpsest.agent.tools.base import SpawnRequest
 from palimpsest.agent.workspace import Workspaces

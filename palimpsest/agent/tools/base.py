@@ -17,7 +17,7 @@ from palimpsest.v1 import agent_pb2
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 if TYPE_CHECKING:
-    from palimpsest.agent.client_tools import PendingCalls
+    from palimpsest.agent.pending_calls import PendingCalls
     from palimpsest.agent.workspace import Workspace
 
 
