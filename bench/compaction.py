@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
 import uuid
@@ -21,6 +22,7 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
+log = logging.getLogger("bench.compaction")
 NEEDS_POSTGRES = True
 TURNS = 150
 QUICK_TURNS = 45
@@ -315,6 +317,9 @@ async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int
             method = m.metadata["method"] if "method" in m.metadata else "?"
             methods[method] = methods.get(method, 0) + 1
             turns.append(turn)
+            if os.environ.get("COMPACTION_TRACE"):  # each compression, to see what drives them
+                meta = {k: m.metadata[k] for k in ("reason", "tokens_before", "tokens_after") if k in m.metadata}
+                log.warning("turn %d: %s %s", turn, method, meta)
     return methods, turns
 
 
@@ -347,13 +352,23 @@ def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
     return first, second
 
 
+def chosen(name: str, only: str) -> bool:
+    """Whether a run's name ("+ loops, exact, 4096") is among ``only``'s ";"-separated parts, each
+    a set of ","-separated words it must all contain ("" runs everything): to iterate on a few rows."""
+    parts = [[w.strip() for w in part.split(",") if w.strip()] for part in only.split(";") if part.strip()]
+    return not parts or any(all(w in name for w in words) for words in parts)
+
+
 async def run(args) -> str:
     turns = QUICK_TURNS if args.quick else TURNS
+    # e.g. COMPACTION_ROWS="3rd, exact, 4096; loops, calibrated" (a full table without it)
+    only = os.environ.get("COMPACTION_ROWS", "")
     runs = [
         await one_run(args.server, turns, path, window, mix)
         for mix in MIXES
         for window in WINDOWS
         for path in ("exact", "calibrated")
+        if chosen(f"{mix}, {path}, {window}", only)
     ]
     first, second = rows(runs)
     return (
