@@ -283,7 +283,7 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
             bodies = [b for b in sim.bodies() if b.get("model") == model_name]
             cut = sum(1 for c in sim.chats if c.model == model_name and c.truncated)
             methods, compress_turns = await compressions(store, session_id)
-            lost = await nothing_lost(store, session_id, turns)
+            lost = await nothing_lost(store, session_id, turns, prose=True)
     finally:
         logging.getLogger("palimpsest").removeHandler(alarms)
     summary_bodies = [i for i, b in enumerate(bodies) if is_summary_body(b)]
@@ -302,7 +302,8 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
 
 
 async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int]]:
-    """(compressions by method, the turn each ran in), from the markers in the display history."""
+    """(compressions by method, the turn each one the window called for ran in), from the markers
+    in the display history."""
     session = (
         await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
     ).session
@@ -315,8 +316,13 @@ async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int
             turn = int(found.group(1))
         if m.is_compression:
             method = m.metadata["method"] if "method" in m.metadata else "?"
+            # A turn's results pruned as it ended: not for a full window, no LLM call, and the next
+            # prompt changes only from that turn on; counted apart, never a re-fire.
+            at_end = "reason" in m.metadata and m.metadata["reason"] == "turnend"
+            method = "prune at turn end" if at_end else method
             methods[method] = methods.get(method, 0) + 1
-            turns.append(turn)
+            if not at_end:
+                turns.append(turn)
             if os.environ.get("COMPACTION_TRACE"):  # each compression, to see what drives them
                 meta = {k: m.metadata[k] for k in ("reason", "tokens_before", "tokens_after") if k in m.metadata}
                 log.warning("turn %d: %s %s", turn, method, meta)
@@ -331,7 +337,7 @@ def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
     first, second = [], []
     for r in runs:
         per100 = 100 / r.turns
-        count = len(r.compress_turns)
+        count = len(r.compress_turns)  # prunes at a turn's end aside
         again = refires(r.compress_turns)
         first.append(
             [

@@ -34,13 +34,14 @@ from services.agent.stages.storing import (
 )
 from services.agent.stages.tools import MAX_SPAWN_DEPTH, ToolRun, run_tools
 from services.agent.stages.upkeep import (
-    compress as run_compression,
-)
-from services.agent.stages.upkeep import (
+    called_tools,
     compress_after_turn,
     name_session,
     recall,
     title_session,
+)
+from services.agent.stages.upkeep import (
+    compress as run_compression,
 )
 from services.agent.stream_guard import StreamStopped, StreamTimeout
 from services.agent.tools.base import SpawnRequest, ToolContext, TurnState, schema
@@ -553,6 +554,23 @@ class Turn:
             )
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
+        if self.settings.compression_prune_after_turn and called_tools(self.conv.context):
+            # The turn's tool results to previews (TURN_END): later turns do not carry them whole.
+            pruned = await compress_after_turn(
+                self.deps.compressor,
+                self.sink,
+                cpb.CompressRequest(
+                    session_id=self.session_id,
+                    reason=cpb.COMPRESSION_REASON_TURN_END,
+                    model=self.on.profile.model,
+                    window=self.on.window,
+                    current_tokens=self.last_prompt_tokens,
+                    settings=self.on.profile.compression_settings(),
+                ),
+            )
+            self.compressed_after = self.compressed_after or pruned
+            if pruned and not self.prompt_cut and not self.conv.flagged_cut:
+                return  # the prompt shrank: the next turn's size check judges the rest
         if (
             self.last_trigger
             and self.last_prompt_tokens < self.last_trigger

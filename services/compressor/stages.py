@@ -17,9 +17,18 @@ from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from services.compressor import pipeline
 from services.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
-from services.compressor.planner import Plan, apply_plan, kept_always, split_turns, widen_kept
+from services.compressor.planner import Plan, apply_plan, is_turn_start, kept_always, split_turns, widen_kept
 from services.compressor.pricing import Knobs, Pricing
-from services.compressor.pruning import PRUNED_FROM, PRUNED_TOKENS, Pruning, plan_pruning, protected
+from services.compressor.pruning import (
+    PROSE_KEEP_TURNS,
+    PRUNED_AT_TURN_END,
+    PRUNED_FROM,
+    PRUNED_TOKENS,
+    Pruning,
+    plan_pruning,
+    protected,
+    recent_turns,
+)
 from services.compressor.summarizer import Prefix, Summarizer, condensed_tokens
 from services.compressor.summary_format import META_SUMMARY_THRESHOLD
 from services.compressor.summary_prefix import scope_of
@@ -67,23 +76,44 @@ def pruned_tokens(preview: Message) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
+def recent_complete_turns(context: list[Message]) -> list[list[Message]]:
+    """The newest GROWTH_TURNS complete turns (the newest alone when there is no other)."""
+    turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
+    return turns[-GROWTH_TURNS - 1 : -1] or turns[-1:]
+
+
+def unpruned(message: Message, pricing: Pricing) -> int:
+    """What pruning took off a preview's original (0 for any other message)."""
+    return max(0, pruned_tokens(message) - pricing.estimate([message])) if PRUNED_TOKENS in message.metadata else 0
+
+
 def turn_growth(context: list[Message], pricing: Pricing) -> float:
     """What a turn of this conversation adds to the prompt, on average over its newest complete
-    turns: each as the model was first sent it (a result pruned since at its size then)."""
-    turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
-    recent = turns[-GROWTH_TURNS - 1 : -1] or turns[-1:]
+    turns: each as the model was first sent it (a result pruned since at its size then), but a
+    result pruned when its turn ended at its preview's size (that turn's spike, not lasting growth)."""
+    recent = recent_complete_turns(context)
     if not recent:
         return 0.0
     messages = [m for turn in recent for m in turn]
-    unpruned = sum(pruned_tokens(m) - pricing.estimate([m]) for m in messages if PRUNED_TOKENS in m.metadata)
-    return (pricing.estimate(messages) + max(0, unpruned)) / len(recent)
+    lasting = sum(unpruned(m, pricing) for m in messages if PRUNED_AT_TURN_END not in m.metadata)
+    return (pricing.estimate(messages) + lasting) / len(recent)
+
+
+def turn_spike(context: list[Message], pricing: Pricing) -> int:
+    """The most a recent turn's results pruned at its end added while it ran: room the next
+    compression must leave once, not for every turn."""
+    recent = recent_complete_turns(context)
+    return max(
+        (sum(unpruned(m, pricing) for m in turn if PRUNED_AT_TURN_END in m.metadata) for turn in recent), default=0
+    )
 
 
 def headroom_level(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> float:
     """The share of the window a compression must bring the prompt under so that HEADROOM_TURNS
-    more turns of this conversation's usual size fit before the trigger."""
+    more turns of this conversation's usual size fit before the trigger (and its largest turn's
+    results, where results are pruned when their turn ends)."""
     trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
-    return (trigger - HEADROOM_TURNS * turn_growth(context, pricing)) / window
+    return (trigger - HEADROOM_TURNS * turn_growth(context, pricing) - turn_spike(context, pricing)) / window
 
 
 def stage(
@@ -99,7 +129,11 @@ def stage(
     what pruning freed. Either stage aims below the level that leaves HEADROOM_TURNS of room."""
     level = headroom_level(context, pricing, knobs, window)
     deep = max(MIN_TARGET, min(pipeline.summary_target(knobs, window), level))
-    pruning = plan_pruning(context, protected(context), knobs.critical_tools) if prune else NO_PRUNING
+    pruning = (
+        plan_pruning(context, protected(context), knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS))
+        if prune
+        else NO_PRUNING
+    )
     if not pruning.pruned:
         plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens, deep)
         return Staged(pruning, context, 0, plan, False, prune)
@@ -118,6 +152,29 @@ def stage(
     )
     plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
     return Staged(pruning, pruned, freed, plan, reaches, prune)
+
+
+def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
+    """At a turn's end: its tool results and long call arguments (and any older ones left) replaced
+    by previews, its request and final answer kept; None when pruning is off or that would free
+    less than ``min_freed`` of the window. Only the turn's own messages change, so the next call
+    re-reads the tail of the prompt, not the conversation."""
+    if not knobs.prune_tool_results:
+        return None
+    turns = split_turns([m for m in context if not kept_always(m)])
+    if not turns:
+        return None
+    newest = turns[-1]
+    kept = [newest[0]] if is_turn_start(newest[0]) else []
+    kept += [m for m in newest[-1:] if m.role == "assistant" and not m.tool_calls]
+    pruning = plan_pruning(context, kept, knobs.critical_tools)
+    if not pruning.pruned:
+        return None
+    for original, preview in zip(pruning.pruned, pruning.previews):
+        preview.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+        preview.metadata[PRUNED_AT_TURN_END] = True
+    freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(pruning.previews)
+    return pruning if freed >= max(1, knobs.min_freed * window) else None
 
 
 def decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:

@@ -50,6 +50,16 @@ async def compress(
     return True
 
 
+def called_tools(context: list[Message]) -> bool:
+    """Whether the newest turn of ``context`` (from its last request) has a tool result."""
+    for message in reversed(context):
+        if message.role == "tool":
+            return True
+        if message.role == "user" and not message.is_summary:
+            return False
+    return False
+
+
 async def compress_after_turn(compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest) -> bool:
     """The post-turn compression, its events for the session's watchers (the turn's stream has
     ended); whether it committed one. A failure is logged."""
