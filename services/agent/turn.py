@@ -34,14 +34,14 @@ from services.agent.stages.storing import (
 )
 from services.agent.stages.tools import MAX_SPAWN_DEPTH, ToolRun, run_tools
 from services.agent.stages.upkeep import (
-    called_tools,
+    compress as run_compression,
+)
+from services.agent.stages.upkeep import (
     compress_after_turn,
     name_session,
     recall,
     title_session,
-)
-from services.agent.stages.upkeep import (
-    compress as run_compression,
+    worth_pruning_after,
 )
 from services.agent.stream_guard import StreamStopped, StreamTimeout
 from services.agent.tools.base import SpawnRequest, ToolContext, TurnState, schema
@@ -554,8 +554,8 @@ class Turn:
             )
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
-        if self.settings.compression_prune_after_turn and called_tools(self.conv.context):
-            # The turn's tool results to previews (TURN_END): later turns do not carry them whole.
+        if self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context):
+            # The turn's tool results, and old long prose, to previews (TURN_END): later turns do not carry them whole.
             pruned = await compress_after_turn(
                 self.deps.compressor,
                 self.sink,

@@ -21,6 +21,7 @@ from palimpsest.v1.common_pb2 import Message, SeqRange
 from services.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
 from services.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
 from services.shared.context_view import is_transient
+from services.shared.prose_weight import PROSE_PRUNE_MIN_CHARS, density, weighted_chars
 
 # What a preview keeps of a result, and the least a result must have for a preview to be worth it.
 PREVIEW_CHARS = 300
@@ -36,13 +37,11 @@ PRUNED_TOKENS = "pruned_tokens"
 # Marks a result pruned when its turn ended rather than when the window filled: it was sent whole
 # for one turn only, so it is a spike in that turn, not growth of every later one.
 PRUNED_AT_TURN_END = "pruned_at_turn_end"
-# Old prose: a request or answer at least this long, older than the newest PROSE_KEEP_TURNS turns,
-# is condensed to its head and tail (requests and answers are a few hundred tokens a turn that only
-# a summary could otherwise take out; measured on bench compaction).
-PROSE_PRUNE_MIN_CHARS = 1_000
+# Old prose (PROSE_PRUNE_MIN_CHARS, PROSE_KEEP_TURNS: see prose_weight) keeps this much of its
+# head and tail, a third of it in a dense script: requests and answers are a few hundred tokens a
+# turn that only a summary could otherwise take out (measured on bench compaction).
 PROSE_HEAD_CHARS = 300
 PROSE_TAIL_CHARS = 150
-PROSE_KEEP_TURNS = 2
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def prose_prunable(message: Message, kept_seqs: set[int]) -> bool:
         return False
     if message.tool_calls or message.images or marked_important(message):
         return False
-    return len(message.content) >= PROSE_PRUNE_MIN_CHARS
+    return weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
 
 
 def recent_turns(context: Sequence[Message], turns: int) -> list[Message]:
@@ -144,11 +143,13 @@ def condensed_prose(message: Message) -> Message:
     out = Message()
     out.CopyFrom(message)
     out.ClearField("seq")
-    rest = len(message.content) - PROSE_HEAD_CHARS - PROSE_TAIL_CHARS
+    weight = density(message.content)
+    head, tail = PROSE_HEAD_CHARS // weight, PROSE_TAIL_CHARS // weight
+    rest = len(message.content) - head - tail
     what = "request" if message.role == "user" else "answer"
     out.content = (
-        f"{message.content[:PROSE_HEAD_CHARS]}\n[… {rest:,} characters of this {what} condensed; "
-        f"memory_search finds them …]\n{message.content[-PROSE_TAIL_CHARS:]}"
+        f"{message.content[:head]}\n[… {rest:,} characters of this {what} condensed; "
+        f"memory_search finds them …]\n{message.content[-tail:]}"
     )
     return out
 

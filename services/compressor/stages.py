@@ -20,13 +20,15 @@ from services.compressor.breadcrumbs import entity_source, extract_entities, mer
 from services.compressor.planner import Plan, apply_plan, is_turn_start, kept_always, split_turns, widen_kept
 from services.compressor.pricing import Knobs, Pricing
 from services.compressor.pruning import (
-    PROSE_KEEP_TURNS,
     PRUNED_AT_TURN_END,
     PRUNED_FROM,
     PRUNED_TOKENS,
     Pruning,
     plan_pruning,
+    preview,
+    prose_prunable,
     protected,
+    prunable,
     recent_turns,
 )
 from services.compressor.summarizer import Prefix, Summarizer, condensed_tokens
@@ -35,6 +37,7 @@ from services.compressor.summary_prefix import scope_of
 from services.compressor.summary_window import summary_length
 from services.compressor.token_estimate import trigger_tokens
 from services.shared.context_view import is_transient
+from services.shared.prose_weight import PROSE_KEEP_TURNS
 
 log = logging.getLogger("palimpsest.compressor")
 
@@ -129,36 +132,48 @@ def stage(
     what pruning freed. Either stage aims below the level that leaves HEADROOM_TURNS of room."""
     level = headroom_level(context, pricing, knobs, window)
     deep = max(MIN_TARGET, min(pipeline.summary_target(knobs, window), level))
+    kept = protected(context)
     pruning = (
-        plan_pruning(context, protected(context), knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS))
+        plan_pruning(context, kept, knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS))
         if prune
         else NO_PRUNING
     )
     if not pruning.pruned:
         plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens, deep)
         return Staged(pruning, context, 0, plan, False, prune)
-    for original, preview in zip(pruning.pruned, pruning.previews):
-        preview.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+    for original, stand_in in zip(pruning.pruned, pruning.previews):
+        stand_in.metadata[PRUNED_TOKENS] = pricing.estimate([original])
     by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
     pruned = [by_seq.get(m.seq, m) for m in context]
     freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(list(by_seq.values()))
     after = max(0, prompt_tokens - freed)
     # Pruning alone must leave the same room, but never has to go deeper than a summary would:
     # where turns are mostly tool output the level is out of reach, and a summary every time
-    # would cost the LLM calls pruning is there to save.
+    # would cost the LLM calls pruning is there to save. The room is judged after the turn under
+    # way, whose results go when it ends.
     reaches = (
-        after
+        after - pending_spike(context, kept, pricing, knobs)
         <= min(pipeline.effective_target(knobs, window), max(level, pipeline.summary_target(knobs, window))) * window
     )
     plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
     return Staged(pruning, pruned, freed, plan, reaches, prune)
 
 
+def pending_spike(context: list[Message], kept: list[Message], pricing: Pricing, knobs: Knobs) -> int:
+    """What pruning at its end will take off the turn under way (its results a compression keeps),
+    where this session's results are pruned as turns end (its previews say so); else 0."""
+    if not any(PRUNED_AT_TURN_END in m.metadata for m in context):
+        return 0
+    results = [m for m in kept if prunable(m, set(), knobs.critical_tools)]
+    return sum(max(0, pricing.estimate([m]) - pricing.estimate([preview(m, knobs.critical_tools)])) for m in results)
+
+
 def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
     """At a turn's end: its tool results and long call arguments (and any older ones left) replaced
-    by previews, its request and final answer kept; None when pruning is off or that would free
-    less than ``min_freed`` of the window. Only the turn's own messages change, so the next call
-    re-reads the tail of the prompt, not the conversation."""
+    by previews, its request and final answer kept; and the long requests and answers older than
+    the newest PROSE_KEEP_TURNS turns condensed. Each part only when it frees ``min_freed`` of the
+    window (None when neither does, or pruning is off): the results change only the prompt's tail,
+    prose the turns after it, which the next call then evaluates again."""
     if not knobs.prune_tool_results:
         return None
     turns = split_turns([m for m in context if not kept_always(m)])
@@ -167,14 +182,25 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     newest = turns[-1]
     kept = [newest[0]] if is_turn_start(newest[0]) else []
     kept += [m for m in newest[-1:] if m.role == "assistant" and not m.tool_calls]
-    pruning = plan_pruning(context, kept, knobs.critical_tools)
-    if not pruning.pruned:
+    gate = max(1, knobs.min_freed * window)
+    results = plan_pruning(context, kept, knobs.critical_tools)
+    for stand_in in results.previews:
+        stand_in.metadata[PRUNED_AT_TURN_END] = True
+    recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
+    old_prose = [m for m in context if prose_prunable(m, recent)]
+    prose = Pruning(old_prose, [preview(m) for m in old_prose])
+    parts = [part for part in (results, prose) if part.pruned and _freed(part, pricing) >= gate]
+    if not parts:
         return None
-    for original, preview in zip(pruning.pruned, pruning.previews):
-        preview.metadata[PRUNED_TOKENS] = pricing.estimate([original])
-        preview.metadata[PRUNED_AT_TURN_END] = True
-    freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(pruning.previews)
-    return pruning if freed >= max(1, knobs.min_freed * window) else None
+    pairs = sorted(((m, p) for part in parts for m, p in zip(part.pruned, part.previews)), key=lambda mp: mp[0].seq)
+    return Pruning([m for m, _ in pairs], [p for _, p in pairs])
+
+
+def _freed(pruning: Pruning, pricing: Pricing) -> int:
+    """What ``pruning`` frees (and each preview's PRUNED_TOKENS set)."""
+    for original, stand_in in zip(pruning.pruned, pruning.previews):
+        stand_in.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+    return sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(pruning.previews)
 
 
 def decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:

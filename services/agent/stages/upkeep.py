@@ -20,6 +20,7 @@ from services.agent.profiles import Profile
 from services.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from services.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from services.shared.ollama import OllamaClient
+from services.shared.prose_weight import PROSE_KEEP_TURNS, PROSE_PRUNE_MIN_CHARS, weighted_chars
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -50,13 +51,24 @@ async def compress(
     return True
 
 
-def called_tools(context: list[Message]) -> bool:
-    """Whether the newest turn of ``context`` (from its last request) has a tool result."""
+def worth_pruning_after(context: list[Message]) -> bool:
+    """Whether the turn that just ended called tools, or an older turn (past the newest
+    PROSE_KEEP_TURNS) has a long request or answer still whole: what a TURN_END compression could
+    prune. A cheap test, so a turn with nothing to prune costs no call."""
+    turns = 0  # of the message at hand, from the newest
     for message in reversed(context):
-        if message.role == "tool":
+        if message.role == "tool" and turns == 0:
+            return True
+        if (
+            turns >= PROSE_KEEP_TURNS
+            and message.role in ("user", "assistant")
+            and not message.is_summary
+            and "pruned_from_seq" not in message.metadata
+            and weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
+        ):
             return True
         if message.role == "user" and not message.is_summary:
-            return False
+            turns += 1
     return False
 
 
