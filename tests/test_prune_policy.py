@@ -19,7 +19,7 @@ from services.compressor.pruning import (
     protected,
     recent_turns,
 )
-from services.compressor.stages import turn_end_pruning, turn_growth, turn_spike
+from services.compressor.stages import stage, turn_end_pruning, turn_growth, turn_spike
 from services.shared.settings import Settings
 from tests.compressor_calls import compress, session_with, summary_bodies
 
@@ -135,3 +135,18 @@ async def test_turn_end_compression_prunes_without_a_summary(compressor, store, 
     assert "were pruned" in result.content and session.context[-1].content == "The resets follow the deploys."
     # Nothing left to prune: no events at all (the Agent asks after every turn that called tools).
     assert await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192) == []
+
+
+def test_results_pruned_within_their_own_turn_are_its_spike():
+    """A compression inside a tool loop prunes the loop's older results: they were sent whole
+    within that turn only, so they count as its spike, not as growth of every turn."""
+    loop: list[Message] = [*chat(2, 200), Message(role="user", content="turn 2: fix the build")]
+    for i in range(3):
+        loop += [
+            Message(role="assistant", tool_calls=[common_pb2.ToolCall(id=f"c{i}", name="read_log")]),
+            log_result(i),
+        ]
+    context = numbered(loop)
+    staged = stage(context, pricing(), knobs(), 8_192, 12, 6_000, True)
+    marked = [p for p in staged.pruning.previews if p.role == "tool"]
+    assert len(marked) == 2 and all(p.metadata[PRUNED_AT_TURN_END] for p in marked)

@@ -103,8 +103,8 @@ def turn_growth(context: list[Message], pricing: Pricing) -> float:
 
 
 def turn_spike(context: list[Message], pricing: Pricing) -> int:
-    """The most a recent turn's results pruned at its end added while it ran: room the next
-    compression must leave once, not for every turn."""
+    """The most a recent turn's results added while it ran, pruned in that turn (at its end, or by
+    a compression within it): room the next compression must leave once, not for every turn."""
     recent = recent_complete_turns(context)
     return max(
         (sum(unpruned(m, pricing) for m in turn if PRUNED_AT_TURN_END in m.metadata) for turn in recent), default=0
@@ -141,8 +141,11 @@ def stage(
     if not pruning.pruned:
         plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens, deep)
         return Staged(pruning, context, 0, plan, False, prune)
+    current = {m.seq for m in recent_turns(context, 1)}  # results pruned in their own turn: a spike
     for original, stand_in in zip(pruning.pruned, pruning.previews):
         stand_in.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+        if original.seq in current and original.role == "tool":
+            stand_in.metadata[PRUNED_AT_TURN_END] = True
     by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
     pruned = [by_seq.get(m.seq, m) for m in context]
     freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(list(by_seq.values()))
@@ -171,7 +174,8 @@ def pending_spike(context: list[Message], kept: list[Message], pricing: Pricing,
 def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
     """At a turn's end: its tool results and long call arguments (and any older ones left) replaced
     by previews, its request and final answer kept; and the long requests and answers older than
-    the newest PROSE_KEEP_TURNS turns condensed. Each part only when it frees ``min_freed`` of the
+    the newest PROSE_KEEP_TURNS turns condensed. Inside a tool loop (the newest message a result):
+    the loop's older iterations, before the next call. Each part only when it frees ``min_freed`` of the
     window (None when neither does, or pruning is off): the results change only the prompt's tail,
     prose the turns after it, which the next call then evaluates again."""
     if not knobs.prune_tool_results:
@@ -180,14 +184,18 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     if not turns:
         return None
     newest = turns[-1]
-    kept = [newest[0]] if is_turn_start(newest[0]) else []
-    kept += [m for m in newest[-1:] if m.role == "assistant" and not m.tool_calls]
+    last = newest[-1]
+    over = last.role == "assistant" and not last.tool_calls
+    if over:  # the turn is over: its request and answer stay
+        kept = [newest[0], last] if is_turn_start(newest[0]) else [last]
+    else:  # a tool loop goes on: its older iterations go, the newest call's results stay
+        kept = protected(context)
     gate = max(1, knobs.min_freed * window)
     results = plan_pruning(context, kept, knobs.critical_tools)
     for stand_in in results.previews:
         stand_in.metadata[PRUNED_AT_TURN_END] = True
     recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
-    old_prose = [m for m in context if prose_prunable(m, recent)]
+    old_prose = [m for m in context if prose_prunable(m, recent)] if over else []  # not inside a loop
     prose = Pruning(old_prose, [preview(m) for m in old_prose])
     parts = [part for part in (results, prose) if part.pruned and _freed(part, pricing) >= gate]
     if not parts:

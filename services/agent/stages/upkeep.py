@@ -31,11 +31,13 @@ async def compress(
     compressor: CompressorStub, conv: Conversation, sink: EventSink, request: cpb.CompressRequest
 ) -> bool:
     """Run one compression, forwarding its events; a failure is logged and the turn goes on.
-    Whether it ran (the conversation is then reloaded)."""
-    committed = 0
+    Whether it ran (the conversation is then reloaded); not when it answered nothing at all (a
+    TURN_END with nothing worth pruning)."""
+    committed, answered = 0, False
     try:
         async for event in compressor.Compress(request):
             sink.compression(event)
+            answered = True
             if event.HasField("compressed"):
                 committed = event.compressed.revision
     except Aborted:
@@ -44,6 +46,8 @@ async def compress(
         return False
     except PalimpsestError as exc:
         log.warning("compression (%s) failed for %s: %s", request.reason, request.session_id, exc)
+        return False
+    if not answered:
         return False
     await conv.load()
     if committed and conv.revision != committed:
@@ -70,6 +74,24 @@ def worth_pruning_after(context: list[Message]) -> bool:
         if message.role == "user" and not message.is_summary:
             turns += 1
     return False
+
+
+def pruning_request(
+    session_id: str, profile: Profile, window: int, current_tokens: int, revision: int | None
+) -> cpb.CompressRequest:
+    """A COMPRESSION_REASON_TURN_END request: after a turn, or between a tool loop's iterations
+    (then at the turn's ``revision``)."""
+    request = cpb.CompressRequest(
+        session_id=session_id,
+        reason=cpb.COMPRESSION_REASON_TURN_END,
+        model=profile.model,
+        window=window,
+        current_tokens=current_tokens,
+        settings=profile.compression_settings(),
+    )
+    if revision is not None:
+        request.expected_revision = revision
+    return request
 
 
 async def compress_after_turn(compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest) -> bool:
