@@ -5,9 +5,11 @@ prose, and the Agent, which asks for it after a turn only when some qualifies.""
 from __future__ import annotations
 
 # A request or answer at least this long (weighted), older than the newest PROSE_KEEP_TURNS turns,
-# is condensed to its head and tail.
+# is condensed to its head and tail. One turn, not two: the exchange the user answers stays whole,
+# and the next call evaluates one turn again, not two (bench compaction: re-fires at 4,096 28% ->
+# 21%, model time on summaries 10.9% -> 8.1%, total model time 1-2% lower, 8,192 no worse).
 PROSE_PRUNE_MIN_CHARS = 1_000
-PROSE_KEEP_TURNS = 2
+PROSE_KEEP_TURNS = 1
 DENSE_WEIGHT = 3
 _SAMPLE = 2_000
 
