@@ -287,6 +287,9 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
     finally:
         logging.getLogger("palimpsest").removeHandler(alarms)
     summary_bodies = [i for i, b in enumerate(bodies) if is_summary_body(b)]
+    if os.environ.get("COMPACTION_TRACE"):  # the prefix form and the standalone one it falls back to
+        alone = [i for i in summary_bodies if not bodies[i].get("tools")]
+        log.warning("%s, %s, %d: %d of %d summaries standalone", mix, path, window, len(alone), len(summary_bodies))
     return Run(
         f"{mix}, {path}, {window:,}",
         turns,

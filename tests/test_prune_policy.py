@@ -20,6 +20,7 @@ from services.compressor.pruning import (
     recent_turns,
 )
 from services.compressor.stages import stage, turn_end_pruning, turn_growth, turn_spike
+from services.shared.ollama import OllamaClient
 from services.shared.settings import Settings
 from tests.compressor_calls import compress, session_with, summary_bodies
 
@@ -150,3 +151,26 @@ def test_results_pruned_within_their_own_turn_are_its_spike():
     staged = stage(context, pricing(), knobs(), 8_192, 12, 6_000, True)
     marked = [p for p in staged.pruning.previews if p.role == "tool"]
     assert len(marked) == 2 and all(p.metadata[PRUNED_AT_TURN_END] for p in marked)
+
+
+async def test_a_prefix_summary_gives_up_its_slack_before_its_prefix(ollama_sim):
+    """A prefix just under a small window's trigger leaves room for the length asked for, not for
+    twice it: num_predict shrinks to the room instead of the summary going standalone."""
+    from services.compressor.summarizer import Prefix, Summarizer
+    from services.compressor.summary_window import summary_length
+
+    client = OllamaClient(ollama_sim.url)
+    summarizer = Summarizer(client, knobs(), "qwen3.6", 4_096)
+    length = summary_length(2_400, summarizer.budget)
+    messages = [{"role": "user", "content": "turn 0: the deploys"}]
+    try:
+        for tokens in range(3_900, 2_000, -25):  # the largest prefix that is sent at all
+            try:
+                await summarizer.summarize_prefix(Prefix(messages, None, tokens, 2_400, "all"), pricing(4_096))
+                break
+            except ValueError:
+                continue
+    finally:
+        await client.aclose()
+    predict = ollama_sim.bodies()[-1]["options"]["num_predict"]
+    assert length + length // 4 <= predict < 2 * length  # before: twice the length, or standalone
