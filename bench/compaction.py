@@ -387,7 +387,7 @@ async def run(args) -> str:
         "of dense server log, JSON with random ids, code or a CJK table (*every 3rd turn*: the issue's mix); "
         "*+ loops*: every twelfth turn loops through three such calls, besides. Every fifteenth turn reads a 5,000-character config the tool marks critical. Requests "
         "are a line (70%), a paragraph of 200–600 characters (25%) or a pasted 1,200–2,500 (5%); answers "
-        "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Summary tokens*: what the "
+        "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Prune at turn end*: a turn's tool results pruned as it ends or between a loop's iterations, and old long requests and answers condensed (COMPRESSION_REASON_TURN_END, no LLM call): counted apart, never a re-fire. *Summary tokens*: what the "
         "simulated summarizer generated, per 100 turns (it writes what the request asks for, "
         f"{DEFAULT_SUMMARY_TOKENS} tokens when it names no length, never past `num_predict`).\n\n"
         + _common.table(
@@ -405,8 +405,8 @@ async def run(args) -> str:
         + "\n\n*Model time on summaries*: each request's prompt less the leading messages (and tools) it "
         "shares with the request before — what Ollama keeps evaluated — at the speed's prompt rate, plus what "
         "was generated at its generation rate; CPU-class 200 / 15 tokens a second, GPU-class 1,500 / 50. "
-        "*Found by memory_search*: tool results no longer verbatim in the context whose words from beyond "
-        "the preview the store's memory search returns.\n\n"
+        "*Found by memory_search*: tool results, requests and answers (over 600 characters) no longer verbatim "
+        "in the context whose words from beyond the preview the store's memory search returns.\n\n"
         + _common.table(
             [
                 "run",
