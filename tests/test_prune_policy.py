@@ -128,6 +128,7 @@ async def test_turn_end_compression_prunes_without_a_summary(compressor, store, 
     asked = len(ollama_sim.bodies())
     events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192)
     assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
+    assert events[-1].compressed.shortfall == ""  # it aims at no target
     assert summary_bodies(ollama_sim, asked) == []
     session = (
         await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))

@@ -690,6 +690,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             )
             return
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
+        if request.reason == pb.COMPRESSION_REASON_TURN_END:  # it aims at no target: it falls short of none
+            accounting = replace(accounting, shortfall="")
         commit = pipeline.commit_request(
             state.session, messages, outcome, request.reason, accounting, index_memory=knobs.index_memory
         )
