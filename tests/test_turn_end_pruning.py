@@ -119,3 +119,19 @@ async def test_the_setting_turns_it_off(base_settings, store_server, compressor_
     )
     assert not any(PRUNED in c for chat in chats for c in tool_contents(chat))
     assert reasons == []
+
+
+def test_the_agent_asks_only_when_something_is_worth_pruning():
+    from palimpsest.v1.common_pb2 import Message
+    from services.agent.stages.upkeep import worth_pruning_after
+
+    long = "the migration copies invoices in batches. " * 40  # 1,720 characters
+    turn = [Message(role="user", content="go on"), Message(role="assistant", content="ok")]
+    assert worth_pruning_after([*turn, Message(role="tool", content="x")], 400)  # the turn called tools
+    old = [Message(role="user", content=long), Message(role="assistant", content=long)]
+    assert worth_pruning_after([*old, *turn], 400)  # a turn older than the newest: long prose
+    assert not worth_pruning_after([*turn, *old], 400)  # the newest turn's own words stay whole
+    assert not worth_pruning_after([*old, *turn], 4_000)  # too little to free in a large window
+    condensed = Message(role="assistant", content=long)
+    condensed.metadata["pruned_from_seq"] = 2
+    assert not worth_pruning_after([Message(role="user", content="hi"), condensed, *turn], 400)

@@ -563,7 +563,8 @@ class Turn:
             )
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
-        if self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context):
+        min_chars = int(self.settings.compression_min_freed * self.on.window * 2)  # ~2 characters a token
+        if self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context, min_chars):
             # The turn's tool results, and old long prose, to previews: later turns do not carry them whole.
             pruned = await compress_after_turn(self.deps.compressor, self.sink, self._pruning_request())
             self.compressed_after = self.compressed_after or pruned

@@ -55,11 +55,16 @@ async def compress(
     return True
 
 
-def worth_pruning_after(context: list[Message]) -> bool:
-    """Whether the turn that just ended called tools, or an older turn (past the newest
-    PROSE_KEEP_TURNS) has a long request or answer still whole: what a TURN_END compression could
-    prune. A cheap test, so a turn with nothing to prune costs no call."""
-    turns = 0  # of the message at hand, from the newest
+# What a condensed request or answer keeps (its head, its tail and the note), in characters.
+CONDENSED_CHARS = 550
+
+
+def worth_pruning_after(context: list[Message], min_chars: int) -> bool:
+    """Whether the turn that just ended called tools, or the long requests and answers older than
+    the newest PROSE_KEEP_TURNS turns, still whole, would free ``min_chars`` (weighted) condensed:
+    what a TURN_END compression could prune. A cheap test, so a turn with nothing worth pruning
+    costs no call (the Compressor decides exactly)."""
+    turns, prose = 0, 0  # turns: of the message at hand, from the newest
     for message in reversed(context):
         if message.role == "tool" and turns == 0:
             return True
@@ -70,10 +75,10 @@ def worth_pruning_after(context: list[Message]) -> bool:
             and "pruned_from_seq" not in message.metadata
             and weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
         ):
-            return True
+            prose += weighted_chars(message.content) - CONDENSED_CHARS
         if message.role == "user" and not message.is_summary:
             turns += 1
-    return False
+    return prose >= min_chars
 
 
 def pruning_request(
