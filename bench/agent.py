@@ -19,10 +19,10 @@ import httpx
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply
 from ollama_sim.server import VERSION
-from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
+from palimpsest.shared.ports import free_port
 from tests.test_agent_long import BigOutputTool
 
 NEEDS_POSTGRES = True
@@ -408,10 +408,10 @@ def model_time(bodies: list[dict]) -> tuple[float, float]:
     return total, on_summaries
 
 
-async def nothing_lost(store, session_id: str, turns: int) -> list[str]:
-    """What the run must not have lost: every tool result compressed out of the context found by
-    memory_search's store call with words from beyond its preview, every user message shown
-    once, at most one live summary."""
+async def nothing_lost(store, session_id: str, turns: int, prose: bool = False) -> list[str]:
+    """What the run must not have lost: every tool result compressed out of the context (with
+    ``prose``, every long request and answer too) found by memory_search's store call with words
+    from beyond its preview, every user message shown once, at most one live summary."""
     from palimpsest.compressor.pruning import PREVIEW_CHARS
     from palimpsest.shared.session_reads import whole_context
 
@@ -426,11 +426,14 @@ async def nothing_lost(store, session_id: str, turns: int) -> list[str]:
         before = page.messages[0].seq
     context = (await whole_context(store.GetSession, session_id)).context
     live = {m.content for m in context}
-    gone = [m for m in shown if m.role == "tool" and len(m.content) > 2 * PREVIEW_CHARS and m.content not in live]
+    roles = ("tool", "user", "assistant") if prose else ("tool",)
+    gone = [m for m in shown if m.role in roles and len(m.content) > 2 * PREVIEW_CHARS and m.content not in live]
     found = 0
     for result in gone:
         lines = [line for line in result.content[PREVIEW_CHARS:].splitlines()[1:-1] if line.strip()]
-        words = (lines[len(lines) // 2] if lines else result.content[-80:])[:80].strip()  # past the preview
+        middle = len(result.content) // 2  # a condensed request or answer keeps its head and tail
+        rest = result.content[-80:] if result.role == "tool" else result.content[middle : middle + 80]
+        words = (lines[len(lines) // 2] if lines else rest)[:80].strip()
         chunks = (
             await store.SearchMemory(store_pb.SearchMemoryRequest(session_id=session_id, query=words, limit=10))
         ).chunks

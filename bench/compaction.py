@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
 import uuid
@@ -21,6 +22,7 @@ from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
+log = logging.getLogger("bench.compaction")
 NEEDS_POSTGRES = True
 TURNS = 150
 QUICK_TURNS = 45
@@ -281,10 +283,13 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
             bodies = [b for b in sim.bodies() if b.get("model") == model_name]
             cut = sum(1 for c in sim.chats if c.model == model_name and c.truncated)
             methods, compress_turns = await compressions(store, session_id)
-            lost = await nothing_lost(store, session_id, turns)
+            lost = await nothing_lost(store, session_id, turns, prose=True)
     finally:
         logging.getLogger("palimpsest").removeHandler(alarms)
     summary_bodies = [i for i, b in enumerate(bodies) if is_summary_body(b)]
+    if os.environ.get("COMPACTION_TRACE"):  # the prefix form and the standalone one it falls back to
+        alone = [i for i in summary_bodies if not bodies[i].get("tools")]
+        log.warning("%s, %s, %d: %d of %d summaries standalone", mix, path, window, len(alone), len(summary_bodies))
     return Run(
         f"{mix}, {path}, {window:,}",
         turns,
@@ -300,7 +305,8 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
 
 
 async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int]]:
-    """(compressions by method, the turn each ran in), from the markers in the display history."""
+    """(compressions by method, the turn each one the window called for ran in), from the markers
+    in the display history."""
     session = (
         await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
     ).session
@@ -313,8 +319,16 @@ async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int
             turn = int(found.group(1))
         if m.is_compression:
             method = m.metadata["method"] if "method" in m.metadata else "?"
+            # A turn's results pruned as it ended: not for a full window, no LLM call, and the next
+            # prompt changes only from that turn on; counted apart, never a re-fire.
+            at_end = "reason" in m.metadata and m.metadata["reason"] == "turnend"
+            method = "prune at turn end" if at_end else method
             methods[method] = methods.get(method, 0) + 1
-            turns.append(turn)
+            if not at_end:
+                turns.append(turn)
+            if os.environ.get("COMPACTION_TRACE"):  # each compression, to see what drives them
+                meta = {k: m.metadata[k] for k in ("reason", "tokens_before", "tokens_after") if k in m.metadata}
+                log.warning("turn %d: %s %s", turn, method, meta)
     return methods, turns
 
 
@@ -326,7 +340,7 @@ def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
     first, second = [], []
     for r in runs:
         per100 = 100 / r.turns
-        count = len(r.compress_turns)
+        count = len(r.compress_turns)  # prunes at a turn's end aside
         again = refires(r.compress_turns)
         first.append(
             [
@@ -347,13 +361,23 @@ def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
     return first, second
 
 
+def chosen(name: str, only: str) -> bool:
+    """Whether a run's name ("+ loops, exact, 4096") is among ``only``'s ";"-separated parts, each
+    a set of ","-separated words it must all contain ("" runs everything): to iterate on a few rows."""
+    parts = [[w.strip() for w in part.split(",") if w.strip()] for part in only.split(";") if part.strip()]
+    return not parts or any(all(w in name for w in words) for words in parts)
+
+
 async def run(args) -> str:
     turns = QUICK_TURNS if args.quick else TURNS
+    # e.g. COMPACTION_ROWS="3rd, exact, 4096; loops, calibrated" (a full table without it)
+    only = os.environ.get("COMPACTION_ROWS", "")
     runs = [
         await one_run(args.server, turns, path, window, mix)
         for mix in MIXES
         for window in WINDOWS
         for path in ("exact", "calibrated")
+        if chosen(f"{mix}, {path}, {window}", only)
     ]
     first, second = rows(runs)
     return (
@@ -363,7 +387,7 @@ async def run(args) -> str:
         "of dense server log, JSON with random ids, code or a CJK table (*every 3rd turn*: the issue's mix); "
         "*+ loops*: every twelfth turn loops through three such calls, besides. Every fifteenth turn reads a 5,000-character config the tool marks critical. Requests "
         "are a line (70%), a paragraph of 200–600 characters (25%) or a pasted 1,200–2,500 (5%); answers "
-        "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Summary tokens*: what the "
+        "100–400 characters (50%), 400–1,000 (40%) or 1,200–2,000 (10%) of prose, CJK or code. *Re-fires*: compressions within 3 turns of the previous one. *Prune at turn end*: a turn's tool results pruned as it ends or between a loop's iterations, and old long requests and answers condensed (COMPRESSION_REASON_TURN_END, no LLM call): counted apart, never a re-fire. *Summary tokens*: what the "
         "simulated summarizer generated, per 100 turns (it writes what the request asks for, "
         f"{DEFAULT_SUMMARY_TOKENS} tokens when it names no length, never past `num_predict`).\n\n"
         + _common.table(
@@ -381,8 +405,8 @@ async def run(args) -> str:
         + "\n\n*Model time on summaries*: each request's prompt less the leading messages (and tools) it "
         "shares with the request before — what Ollama keeps evaluated — at the speed's prompt rate, plus what "
         "was generated at its generation rate; CPU-class 200 / 15 tokens a second, GPU-class 1,500 / 50. "
-        "*Found by memory_search*: tool results no longer verbatim in the context whose words from beyond "
-        "the preview the store's memory search returns.\n\n"
+        "*Found by memory_search*: tool results, requests and answers (over 600 characters) no longer verbatim "
+        "in the context whose words from beyond the preview the store's memory search returns.\n\n"
         + _common.table(
             [
                 "run",

@@ -237,7 +237,8 @@ async def test_a_tool_result_that_fills_the_window_compresses_mid_turn_through_r
         await store.GetSession(store_pb.GetSessionRequest(session_id=session.id, view=store_pb.SESSION_VIEW_FULL))
     ).session
     markers = [m for m in stored.messages if m.is_compression]
-    assert [m.metadata["reason"] for m in markers] == ["midturn"]
+    # (the report is pruned to its preview once the turn ends: a TURN_END prune, no summary)
+    assert [m.metadata["reason"] for m in markers if m.metadata["reason"] != "turnend"] == ["midturn"]
     answer_call = [b for b in ollama_sim.bodies() if b.get("stream") is not False][-1]
     assert any("capacity planning" in m["content"] for m in answer_call["messages"])  # the summary
     assert any(m["role"] == "tool" and "midturn-1" in m["content"] for m in answer_call["messages"])  # the report

@@ -262,6 +262,26 @@ async def test_a_session_takes_the_memory_at_its_creation_and_again_at_each_comp
     assert (list(after.memory.entries), after.memory.revision) == (["Prefers tea", "Lives in Lyon"], 2)
 
 
+async def test_a_commit_of_previews_only_keeps_the_sessions_memory(memory_store, user):
+    """A turn's results pruned as it ends rewrite the prompt's tail: a new memory message would
+    rewrite all of it, so the snapshot waits for a compression that rewrites the beginning."""
+    me = As(memory_store, user)
+    await me.add("Prefers tea")
+    session = (await me.CreateSession(pb.CreateSessionRequest(profile_id="p"))).session
+    result = Message(role="tool", name="read_log", tool_call_id="c", content="line\n" * 400)
+    await me.AppendMessages(
+        pb.AppendMessagesRequest(session_id=session.id, messages=[Message(role="user", content="read it"), result])
+    )
+    await me.add("Lives in Lyon")
+    preview = Message(role="tool", name="read_log", tool_call_id="c", content="line [… pruned …]")
+    preview.replaces.first = preview.replaces.last = 2
+    await me.CommitCompression(
+        pb.CommitCompressionRequest(session_id=session.id, demote_seqs=[2], replacements=[preview])
+    )
+    after = (await me.GetSession(pb.GetSessionRequest(session_id=session.id))).session
+    assert list(after.memory.entries) == ["Prefers tea"]
+
+
 async def test_with_auth_off_the_memory_is_the_one_owner_anonymous(base_settings, database_url):
     from palimpsest.store.app import start_store
 

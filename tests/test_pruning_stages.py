@@ -83,14 +83,15 @@ def test_long_arguments_of_an_old_call_are_pruned_to_valid_json():
 
 
 async def test_pruning_runs_before_a_summary_it_cannot_replace(compressor, store, profile, ollama_sim):
-    """Pruning alone cannot reach the target here (the turns' words are most of the context), but
-    it still runs: the summary after it leaves the kept turns' results as previews, and keeps more
-    of the conversation verbatim than a summary alone would."""
+    """Pruning alone cannot reach the target here (the turns' words are most of the context, each
+    answer under the length old prose is condensed from), but it still runs: the summary after it
+    leaves the kept turns' results as previews, and keeps more of the conversation verbatim than a
+    summary alone would."""
     messages = []
-    for turn in tool_turns(16):
+    for turn in tool_turns(48):
         messages.append(turn)
         if turn.role == "assistant" and turn.content:
-            turn.content += " " + "the resets line up with the deploys of that hour. " * 120
+            turn.content += " " + "the resets line up with the deploys of that hour. " * 19
     session_id = await session_with(store, profile, messages)
     asked = len(ollama_sim.bodies())
     events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)

@@ -17,6 +17,9 @@ from palimpsest.v1 import session_store_pb2 as store_pb
 from tests.compressor_calls import compress, session_with, summary_bodies, turns
 
 Message = common_pb2.Message
+# These turns' answers are long enough to be condensed by the pruning stage: the summary's own
+# form is what is tested here.
+SUMMARY_ONLY = pb.CompressionSettings(prune_tool_results=False)
 HEAD = [Message(role="system", content="You are the bench assistant. Answer briefly.")]
 SCHEMAS = [
     json.dumps(
@@ -50,6 +53,7 @@ async def test_a_summary_begins_as_the_conversations_last_prompt_did(compressor,
         compressor,
         session_id,
         reason=pb.COMPRESSION_REASON_PRETURN,
+        settings=SUMMARY_ONLY,
         window=8192,
         prompt_head=HEAD,
         tool_schemas=SCHEMAS,
@@ -86,6 +90,7 @@ async def test_a_summarizer_that_calls_a_tool_is_asked_again_on_its_own(compress
             compressor,
             session_id,
             reason=pb.COMPRESSION_REASON_PRETURN,
+            settings=SUMMARY_ONLY,
             window=8192,
             prompt_head=HEAD,
             tool_schemas=SCHEMAS,
@@ -102,11 +107,13 @@ async def test_a_summarizer_that_calls_a_tool_is_asked_again_on_its_own(compress
 async def test_new_history_is_folded_into_the_live_summary(compressor, store, profile, ollama_sim):
     ollama_sim.set_responder(lambda body: Reply(text="- Deploys were discussed.\nKEYS: deploy"))
     session_id = await session_with(store, profile, turns(40, 1_600))
-    await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+    await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=SUMMARY_ONLY, window=32_768)
     first = [m for m in await context_of(store, session_id) if m.is_summary][0]
     await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(16, 1_600)))
     asked = len(ollama_sim.bodies())
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+    events = await compress(
+        compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=SUMMARY_ONLY, window=32_768
+    )
     [body] = summary_bodies(ollama_sim, asked)
     # Only the evicted history is sent, not the live summary to be rewritten.
     assert "Earlier summary" not in body["messages"][-1]["content"]
@@ -125,10 +132,14 @@ async def test_a_live_summary_that_would_pass_its_budget_is_rewritten_whole(comp
     ollama_sim.set_responder(lambda body: Reply(text=long_summary + "KEYS: deploy"))
     session_id = await session_with(store, profile, turns(40, 1_600))
     try:
-        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+        await compress(
+            compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=SUMMARY_ONLY, window=32_768
+        )
         await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(40, 1_600)))
         asked = len(ollama_sim.bodies())
-        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+        await compress(
+            compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=SUMMARY_ONLY, window=32_768
+        )
     finally:
         ollama_sim.set_responder(None)
     [body] = summary_bodies(ollama_sim, asked)
@@ -142,7 +153,9 @@ async def test_the_length_asked_for_follows_what_is_condensed(compressor, store,
     for size in (600, 3_000):
         session_id = await session_with(store, profile, turns(24, size))
         asked = len(ollama_sim.bodies())
-        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, window=32_768)
+        await compress(
+            compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=SUMMARY_ONLY, window=32_768
+        )
         [body] = summary_bodies(ollama_sim, asked)
         predicts.append(body["options"]["num_predict"])
     small, large = predicts

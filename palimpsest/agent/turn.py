@@ -36,8 +36,10 @@ from palimpsest.agent.stages.upkeep import (
 from palimpsest.agent.stages.upkeep import (
     compress_after_turn,
     name_session,
+    pruning_request,
     recall,
     title_session,
+    worth_pruning_after,
 )
 from palimpsest.agent.stream_guard import StreamStopped, StreamTimeout
 from palimpsest.agent.tools.base import SpawnRequest, ToolContext, TurnState, schema
@@ -300,6 +302,9 @@ class Turn:
                 stalled += 1
             if self.state.switched_profile:
                 await self._switch_profile(self.state.switched_profile)
+            elif iteration and self.settings.compression_prune_after_turn and self._compression_on():
+                # The loop's older results to previews before its next call: a loop does not fill the window.
+                await run_compression(self.deps.compressor, self.conv, self.sink, self._pruning_request(True))
         return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
 
     async def _prepare(self, iteration: int, stalled: int) -> Prepared | TooLarge:
@@ -534,6 +539,11 @@ class Turn:
         mid-turn one the newest messages of the long turn under way."""
         return 0 if iteration == 0 else self._midturn_keep()
 
+    def _pruning_request(self, in_loop: bool = False) -> cpb.CompressRequest:
+        """TURN_END: after the turn, or between a tool loop's iterations (the turn owns the session)."""
+        revision = self.conv.revision if in_loop else None
+        return pruning_request(self.session_id, self.on.profile, self.on.window, self.last_prompt_tokens, revision)
+
     async def post_turn(self) -> None:
         """After stream_end, off the client's path: a new session's title, then a compression on the
         real count, or because the last prompt came back truncated (the Compressor knows from the
@@ -553,6 +563,13 @@ class Turn:
             )
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
+        min_chars = int(self.settings.compression_min_freed * self.on.window * 2)  # ~2 characters a token
+        if self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context, min_chars):
+            # The turn's tool results, and old long prose, to previews: later turns do not carry them whole.
+            pruned = await compress_after_turn(self.deps.compressor, self.sink, self._pruning_request())
+            self.compressed_after = self.compressed_after or pruned
+            if pruned and not self.prompt_cut and not self.conv.flagged_cut:
+                return  # the prompt shrank: the next turn's size check judges the rest
         if (
             self.last_trigger
             and self.last_prompt_tokens < self.last_trigger

@@ -38,6 +38,7 @@ _REASON_NAMES: dict[int, str] = {
     pb.COMPRESSION_REASON_MIDTURN: "midturn",
     pb.COMPRESSION_REASON_POSTTURN: "postturn",
     pb.COMPRESSION_REASON_FORCED: "forced",
+    pb.COMPRESSION_REASON_TURN_END: "turnend",
 }
 
 

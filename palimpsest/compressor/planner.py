@@ -173,7 +173,7 @@ def _is_acknowledgement(turn: Sequence[Message]) -> bool:
     return sum(len(m.content) for m in turn) <= FILLER_MAX_CHARS
 
 
-def _marked_important(message: Message) -> bool:
+def marked_important(message: Message) -> bool:
     if message.metadata.fields.get("important") is not None:
         value = message.metadata.fields["important"]
         if value.WhichOneof("kind") == "bool_value":
@@ -190,7 +190,7 @@ def turn_importance(turn: Sequence[Message], critical_tools: Iterable[str] = ())
         return FILLER_IMPORTANCE
     critical = set(critical_tools)
     score = BASE_IMPORTANCE
-    if any(_marked_important(m) for m in turn):
+    if any(marked_important(m) for m in turn):
         score += USER_MARKED_BONUS
     if any(m.role == "tool" and (m.is_compression_critical or m.name in critical) for m in turn):
         score += CRITICAL_RESULT_BONUS

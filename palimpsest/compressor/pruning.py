@@ -17,10 +17,11 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from palimpsest.compressor.planner import is_turn_start, kept_always, split_turns, tool_groups
+from palimpsest.v1.common_pb2 import Message, SeqRange
+from palimpsest.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
 from palimpsest.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
 from palimpsest.shared.context_view import is_transient
-from palimpsest.v1.common_pb2 import Message, SeqRange
+from palimpsest.shared.prose_weight import PROSE_PRUNE_MIN_CHARS, density, weighted_chars
 
 # What a preview keeps of a result, and the least a result must have for a preview to be worth it.
 PREVIEW_CHARS = 300
@@ -33,6 +34,14 @@ PRUNED_FROM = "pruned_from_seq"
 # What the pruned message cost the prompt (metadata, set by the pipeline): how fast a conversation
 # grows is measured on what its turns added, not on what is left of them.
 PRUNED_TOKENS = "pruned_tokens"
+# Marks a result pruned when its turn ended rather than when the window filled: it was sent whole
+# for one turn only, so it is a spike in that turn, not growth of every later one.
+PRUNED_AT_TURN_END = "pruned_at_turn_end"
+# Old prose (PROSE_PRUNE_MIN_CHARS, PROSE_KEEP_TURNS: see prose_weight) keeps this much of its
+# head and tail, a third of it in a dense script: requests and answers are a few hundred tokens a
+# turn that only a summary could otherwise take out (measured on bench compaction).
+PROSE_HEAD_CHARS = 300
+PROSE_TAIL_CHARS = 150
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,24 @@ def arguments_prunable(message: Message, kept_seqs: set[int]) -> bool:
     )
 
 
+def prose_prunable(message: Message, kept_seqs: set[int]) -> bool:
+    """A stored request or answer (no tool calls, no images) outside ``kept_seqs``, long enough
+    for a head-and-tail preview to free most of it, and not one the user marked important."""
+    if message.role not in ("user", "assistant") or message.is_summary or message.seq <= 0:
+        return False
+    if message.seq in kept_seqs or is_transient(message) or PRUNED_FROM in message.metadata:
+        return False
+    if message.tool_calls or message.images or marked_important(message):
+        return False
+    return weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
+
+
+def recent_turns(context: Sequence[Message], turns: int) -> list[Message]:
+    """The messages of the newest ``turns`` turns: prose the conversation is still about."""
+    split = split_turns([m for m in context if not kept_always(m)])
+    return [m for turn in split[-turns:] for m in turn] if turns > 0 else []
+
+
 def protected(context: Sequence[Message]) -> list[Message]:
     """What pruning never touches: the newest turn's request and its newest tool call with
     everything after it (the results the model is about to read). Older iterations of a long
@@ -89,18 +116,50 @@ def protected(context: Sequence[Message]) -> list[Message]:
     return [*request, *(m for group in groups[last_call:] for m in group)]
 
 
-def plan_pruning(context: Sequence[Message], kept: Sequence[Message], critical_tools: Iterable[str]) -> Pruning:
-    """Previews for the tool results and long call arguments outside ``kept``."""
+def plan_pruning(
+    context: Sequence[Message],
+    kept: Sequence[Message],
+    critical_tools: Iterable[str],
+    prose_kept: Sequence[Message] | None = None,
+) -> Pruning:
+    """Previews for the tool results and long call arguments outside ``kept``, and (given
+    ``prose_kept``) for the long requests and answers outside it."""
     kept_seqs = {m.seq for m in kept}
+    prose_seqs = None if prose_kept is None else kept_seqs | {m.seq for m in prose_kept}
     critical = tuple(critical_tools)
-    pruned = [m for m in context if prunable(m, kept_seqs, critical) or arguments_prunable(m, kept_seqs)]
+    pruned = [
+        m
+        for m in context
+        if prunable(m, kept_seqs, critical)
+        or arguments_prunable(m, kept_seqs)
+        or (prose_seqs is not None and prose_prunable(m, prose_seqs))
+    ]
     return Pruning(pruned=pruned, previews=[preview(m, critical) for m in pruned])
+
+
+def condensed_prose(message: Message) -> Message:
+    """A request or answer cut to its head and tail with a note between: what it was about and
+    where it ended stay in view, the whole text stays in the history and in memory_search."""
+    out = Message()
+    out.CopyFrom(message)
+    out.ClearField("seq")
+    weight = density(message.content)
+    head, tail = PROSE_HEAD_CHARS // weight, PROSE_TAIL_CHARS // weight
+    rest = len(message.content) - head - tail
+    what = "request" if message.role == "user" else "answer"
+    out.content = (
+        f"{message.content[:head]}\n[… {rest:,} characters of this {what} condensed; "
+        f"memory_search finds them …]\n{message.content[-tail:]}"
+    )
+    return out
 
 
 def preview(message: Message, critical_tools: Iterable[str] = ()) -> Message:
     """What stands at a pruned message's place: a result's start (a critical one's head and tail)
     and where the rest is, or a call with its long arguments cut."""
-    if message.role == "assistant":
+    if message.role in ("user", "assistant") and not message.tool_calls:
+        out = condensed_prose(message)
+    elif message.role == "assistant":
         out = Message()
         out.CopyFrom(message)
         out.ClearField("seq")

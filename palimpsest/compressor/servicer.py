@@ -11,6 +11,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
+from palimpsest.v1 import common_pb2, compressor_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.calibration import tokens_per_char
 from palimpsest.compressor.exact_count import content_md5, message_tokens
@@ -18,7 +22,7 @@ from palimpsest.compressor.model_tokenizers import ModelTokenizers
 from palimpsest.compressor.planner import intra_turn_keep
 from palimpsest.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from palimpsest.compressor.size_check import deepen_cuts
-from palimpsest.compressor.stages import Staged, decide, stage, summarize_or_truncate
+from palimpsest.compressor.stages import Staged, decide, stage, summarize_or_truncate, turn_end_pruning
 from palimpsest.compressor.stored_counts import PrimedCounter, known_counts
 from palimpsest.compressor.summarizer import Summarizer
 from palimpsest.compressor.summary_prefix import build_prefix
@@ -35,10 +39,6 @@ from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.reports import judge
 from palimpsest.shared.session_reads import whole_context
 from palimpsest.shared.settings import Settings
-from palimpsest.v1 import common_pb2, compressor_pb2_grpc
-from palimpsest.v1 import compressor_pb2 as pb
-from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.compressor")
 
@@ -602,7 +602,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         When even that drops nothing, ``compressed`` reports the context unchanged and nothing is committed.
         """
         if request.reason not in pipeline._REASON_NAMES:
-            raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED is required")
+            raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED, TURN_END is required")
         self._check_prompt_head(request)
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
         if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
@@ -610,6 +610,10 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 f"session {state.session.id} is at revision {state.session.revision}, not the expected "
                 f"{request.expected_revision}: another writer changed it"
             )
+        if request.reason == pb.COMPRESSION_REASON_TURN_END:
+            async for event in self._prune_turn_end(request, state, window, knobs, pricing, messages, current):
+                yield event
+            return
         truncated_flag = state.baseline is not None and state.baseline.context_truncated
         if request.only_if_over_threshold and request.reason != pb.COMPRESSION_REASON_FORCED:
             if current < trigger_tokens(knobs.threshold, window, knobs.output_reserve) and not truncated_flag:
@@ -657,6 +661,22 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 window,
                 await self._prefix_source(request, summarizer, messages, pricing),
             )
+        async for event in self._commit(request, state, window, knobs, pricing, messages, current, outcome):
+            yield event
+
+    async def _prune_turn_end(self, request, state, window, knobs, pricing, messages, current):
+        """A turn's results pruned at its end (COMPRESSION_REASON_TURN_END): no events when there is
+        nothing worth pruning."""
+        pruning = await asyncio.to_thread(turn_end_pruning, messages, pricing, knobs, window)
+        if pruning is None:
+            return
+        yield pb.CompressionEvent(started=pb.CompressionStarted(context_tokens=current, max_context_tokens=window))
+        outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, pruning)
+        async for event in self._commit(request, state, window, knobs, pricing, messages, current, outcome):
+            yield event
+
+    async def _commit(self, request, state, window, knobs, pricing, messages, current, outcome):
+        """Commit an outcome to the store and report it (``compressed``)."""
         if not outcome.demoted:  # the fallback found nothing it may drop: say so, change nothing
             log.warning("compression of %s changed nothing: the newest turn alone is the context", state.session.id)
             yield pb.CompressionEvent(
@@ -670,6 +690,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             )
             return
         accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
+        if request.reason == pb.COMPRESSION_REASON_TURN_END:  # it aims at no target: it falls short of none
+            accounting = replace(accounting, shortfall="")
         commit = pipeline.commit_request(
             state.session, messages, outcome, request.reason, accounting, index_memory=knobs.index_memory
         )

@@ -13,19 +13,31 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
-from palimpsest.compressor.planner import Plan, apply_plan, kept_always, split_turns, widen_kept
+from palimpsest.compressor.planner import Plan, apply_plan, is_turn_start, kept_always, split_turns, widen_kept
 from palimpsest.compressor.pricing import Knobs, Pricing
-from palimpsest.compressor.pruning import PRUNED_FROM, PRUNED_TOKENS, Pruning, plan_pruning, protected
+from palimpsest.compressor.pruning import (
+    PRUNED_AT_TURN_END,
+    PRUNED_FROM,
+    PRUNED_TOKENS,
+    Pruning,
+    plan_pruning,
+    preview,
+    prose_prunable,
+    protected,
+    prunable,
+    recent_turns,
+)
 from palimpsest.compressor.summarizer import Prefix, Summarizer, condensed_tokens
 from palimpsest.compressor.summary_format import META_SUMMARY_THRESHOLD
 from palimpsest.compressor.summary_prefix import scope_of
 from palimpsest.compressor.summary_window import summary_length
 from palimpsest.compressor.token_estimate import trigger_tokens
 from palimpsest.shared.context_view import is_transient
-from palimpsest.v1 import common_pb2
-from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS
 
 log = logging.getLogger("palimpsest.compressor")
 
@@ -67,23 +79,44 @@ def pruned_tokens(preview: Message) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
+def recent_complete_turns(context: list[Message]) -> list[list[Message]]:
+    """The newest GROWTH_TURNS complete turns (the newest alone when there is no other)."""
+    turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
+    return turns[-GROWTH_TURNS - 1 : -1] or turns[-1:]
+
+
+def unpruned(message: Message, pricing: Pricing) -> int:
+    """What pruning took off a preview's original (0 for any other message)."""
+    return max(0, pruned_tokens(message) - pricing.estimate([message])) if PRUNED_TOKENS in message.metadata else 0
+
+
 def turn_growth(context: list[Message], pricing: Pricing) -> float:
     """What a turn of this conversation adds to the prompt, on average over its newest complete
-    turns: each as the model was first sent it (a result pruned since at its size then)."""
-    turns = split_turns([m for m in context if not kept_always(m) and not m.is_summary])
-    recent = turns[-GROWTH_TURNS - 1 : -1] or turns[-1:]
+    turns: each as the model was first sent it (a result pruned since at its size then), but a
+    result pruned when its turn ended at its preview's size (that turn's spike, not lasting growth)."""
+    recent = recent_complete_turns(context)
     if not recent:
         return 0.0
     messages = [m for turn in recent for m in turn]
-    unpruned = sum(pruned_tokens(m) - pricing.estimate([m]) for m in messages if PRUNED_TOKENS in m.metadata)
-    return (pricing.estimate(messages) + max(0, unpruned)) / len(recent)
+    lasting = sum(unpruned(m, pricing) for m in messages if PRUNED_AT_TURN_END not in m.metadata)
+    return (pricing.estimate(messages) + lasting) / len(recent)
+
+
+def turn_spike(context: list[Message], pricing: Pricing) -> int:
+    """The most a recent turn's results added while it ran, pruned in that turn (at its end, or by
+    a compression within it): room the next compression must leave once, not for every turn."""
+    recent = recent_complete_turns(context)
+    return max(
+        (sum(unpruned(m, pricing) for m in turn if PRUNED_AT_TURN_END in m.metadata) for turn in recent), default=0
+    )
 
 
 def headroom_level(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> float:
     """The share of the window a compression must bring the prompt under so that HEADROOM_TURNS
-    more turns of this conversation's usual size fit before the trigger."""
+    more turns of this conversation's usual size fit before the trigger (and its largest turn's
+    results, where results are pruned when their turn ends)."""
     trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
-    return (trigger - HEADROOM_TURNS * turn_growth(context, pricing)) / window
+    return (trigger - HEADROOM_TURNS * turn_growth(context, pricing) - turn_spike(context, pricing)) / window
 
 
 def stage(
@@ -99,25 +132,83 @@ def stage(
     what pruning freed. Either stage aims below the level that leaves HEADROOM_TURNS of room."""
     level = headroom_level(context, pricing, knobs, window)
     deep = max(MIN_TARGET, min(pipeline.summary_target(knobs, window), level))
-    pruning = plan_pruning(context, protected(context), knobs.critical_tools) if prune else NO_PRUNING
+    kept = protected(context)
+    pruning = (
+        plan_pruning(context, kept, knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS))
+        if prune
+        else NO_PRUNING
+    )
     if not pruning.pruned:
         plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens, deep)
         return Staged(pruning, context, 0, plan, False, prune)
-    for original, preview in zip(pruning.pruned, pruning.previews):
-        preview.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+    current = {m.seq for m in recent_turns(context, 1)}  # results pruned in their own turn: a spike
+    for original, stand_in in zip(pruning.pruned, pruning.previews):
+        stand_in.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+        if original.seq in current and original.role == "tool":
+            stand_in.metadata[PRUNED_AT_TURN_END] = True
     by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
     pruned = [by_seq.get(m.seq, m) for m in context]
     freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(list(by_seq.values()))
     after = max(0, prompt_tokens - freed)
     # Pruning alone must leave the same room, but never has to go deeper than a summary would:
     # where turns are mostly tool output the level is out of reach, and a summary every time
-    # would cost the LLM calls pruning is there to save.
+    # would cost the LLM calls pruning is there to save. The room is judged after the turn under
+    # way, whose results go when it ends.
     reaches = (
-        after
+        after - pending_spike(context, kept, pricing, knobs)
         <= min(pipeline.effective_target(knobs, window), max(level, pipeline.summary_target(knobs, window))) * window
     )
     plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
     return Staged(pruning, pruned, freed, plan, reaches, prune)
+
+
+def pending_spike(context: list[Message], kept: list[Message], pricing: Pricing, knobs: Knobs) -> int:
+    """What pruning at its end will take off the turn under way (its results a compression keeps),
+    where this session's results are pruned as turns end (its previews say so); else 0."""
+    if not any(PRUNED_AT_TURN_END in m.metadata for m in context):
+        return 0
+    results = [m for m in kept if prunable(m, set(), knobs.critical_tools)]
+    return sum(max(0, pricing.estimate([m]) - pricing.estimate([preview(m, knobs.critical_tools)])) for m in results)
+
+
+def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
+    """At a turn's end: its tool results and long call arguments (and any older ones left) replaced
+    by previews, its request and final answer kept; and the long requests and answers older than
+    the newest PROSE_KEEP_TURNS turns condensed. Inside a tool loop (the newest message a result):
+    the loop's older iterations, before the next call. Each part only when it frees ``min_freed`` of the
+    window (None when neither does, or pruning is off): the results change only the prompt's tail,
+    prose the turns after it, which the next call then evaluates again."""
+    if not knobs.prune_tool_results:
+        return None
+    turns = split_turns([m for m in context if not kept_always(m)])
+    if not turns:
+        return None
+    newest = turns[-1]
+    last = newest[-1]
+    over = last.role == "assistant" and not last.tool_calls
+    if over:  # the turn is over: its request and answer stay
+        kept = [newest[0], last] if is_turn_start(newest[0]) else [last]
+    else:  # a tool loop goes on: its older iterations go, the newest call's results stay
+        kept = protected(context)
+    gate = max(1, knobs.min_freed * window)
+    results = plan_pruning(context, kept, knobs.critical_tools)
+    for stand_in in results.previews:
+        stand_in.metadata[PRUNED_AT_TURN_END] = True
+    recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
+    old_prose = [m for m in context if prose_prunable(m, recent)] if over else []  # not inside a loop
+    prose = Pruning(old_prose, [preview(m) for m in old_prose])
+    parts = [part for part in (results, prose) if part.pruned and _freed(part, pricing) >= gate]
+    if not parts:
+        return None
+    pairs = sorted(((m, p) for part in parts for m, p in zip(part.pruned, part.previews)), key=lambda mp: mp[0].seq)
+    return Pruning([m for m, _ in pairs], [p for _, p in pairs])
+
+
+def _freed(pruning: Pruning, pricing: Pricing) -> int:
+    """What ``pruning`` frees (and each preview's PRUNED_TOKENS set)."""
+    for original, stand_in in zip(pruning.pruned, pruning.previews):
+        stand_in.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+    return sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(pruning.previews)
 
 
 def decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:

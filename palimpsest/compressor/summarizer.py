@@ -84,6 +84,10 @@ def length_line(tokens: int) -> str:
     )
 
 
+# The least num_predict a prefix summary is sent with: the length asked for and a quarter more.
+MIN_SLACK_DIVISOR = 4
+
+
 @dataclass(frozen=True)
 class Prefix:
     """The conversation's prompt up to the last message a summary condenses, as Ollama was sent it."""
@@ -225,11 +229,15 @@ class Summarizer:
         length = summary_length(prefix.condensed_tokens, self.budget)
         body = self.knobs.summary_prompt or PREFIX_INSTRUCTION.format(scope=prefix.scope)
         instruction = Message(role="user", content=body + length_line(length))
-        predict = predict_for(length, self.knobs.summary_max_tokens)
-        if padded(prefix.tokens + pricing.estimate([instruction])) + predict > num_ctx:
+        # The slack past the length asked for gives way first: a prefix just under the trigger of a
+        # small window left no room for twice the length, and half the summaries at 4,096 went
+        # standalone, evaluating their whole prompt again (bench compaction, calibrated path).
+        room = num_ctx - padded(prefix.tokens + pricing.estimate([instruction]))
+        predict = min(predict_for(length, self.knobs.summary_max_tokens), room)
+        if predict < length + length // MIN_SLACK_DIVISOR:
             raise ValueError(
-                f"the conversation's prompt (~{prefix.tokens:,} tokens) and a summary of {predict} "
-                f"pass num_ctx {num_ctx}"
+                f"the conversation's prompt (~{prefix.tokens:,} tokens) and a summary of "
+                f"{length + length // MIN_SLACK_DIVISOR} pass num_ctx {num_ctx}"
             )
         text = await self._send([*prefix.messages, *to_ollama_messages([instruction])], predict, num_ctx, prefix.tools)
         return split_keys_line(text)

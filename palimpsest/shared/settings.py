@@ -204,6 +204,8 @@ class Settings:
     compression_threshold: float = 0.90
     compression_target: float = 0.65
     compression_prune_tool_results: bool = True
+    # A turn's tool results pruned to previews when the turn ends (not in the seed: see departures).
+    compression_prune_after_turn: bool = True
     # What compressions drop is indexed as memory chunks (000: "indexing is gated by memory_search_enabled").
     memory_search_enabled: bool = True
     # An automatic compression must free at least this share of the window, or it is not run.
@@ -288,6 +290,7 @@ class Settings:
             compression_threshold=_env_float("CONTEXT_COMPRESSION_THRESHOLD", 0.90),
             compression_target=_env_float("CONTEXT_COMPRESSION_TARGET", 0.65),
             compression_prune_tool_results=_env_bool("CONTEXT_COMPRESSION_PRUNE_TOOL_RESULTS", True),
+            compression_prune_after_turn=_env_bool("CONTEXT_COMPRESSION_PRUNE_AFTER_TURN", True),
             memory_search_enabled=_env_bool("PALIMPSEST_MEMORY_SEARCH_ENABLED", True),
             compression_min_freed=_env_float("CONTEXT_COMPRESSION_MIN_FREED", 0.05),
             keep_recent=_env_int("CONTEXT_KEEP_RECENT", 4),

@@ -30,6 +30,7 @@ class CompressionReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPRESSION_REASON_MIDTURN: _ClassVar[CompressionReason]
     COMPRESSION_REASON_POSTTURN: _ClassVar[CompressionReason]
     COMPRESSION_REASON_FORCED: _ClassVar[CompressionReason]
+    COMPRESSION_REASON_TURN_END: _ClassVar[CompressionReason]
 
 class CompressionMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,6 +52,7 @@ COMPRESSION_REASON_PRETURN: CompressionReason
 COMPRESSION_REASON_MIDTURN: CompressionReason
 COMPRESSION_REASON_POSTTURN: CompressionReason
 COMPRESSION_REASON_FORCED: CompressionReason
+COMPRESSION_REASON_TURN_END: CompressionReason
 COMPRESSION_METHOD_UNSPECIFIED: CompressionMethod
 COMPRESSION_METHOD_SUMMARY: CompressionMethod
 COMPRESSION_METHOD_HARD_TRUNCATE: CompressionMethod

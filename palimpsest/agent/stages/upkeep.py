@@ -8,6 +8,11 @@ import logging
 
 from google.protobuf import struct_pb2
 
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
+from palimpsest.v1.compressor_pb2_grpc import CompressorStub
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from palimpsest.agent import context_builder as cb
 from palimpsest.agent.conversation import Conversation
 from palimpsest.agent.events import EventSink
@@ -15,11 +20,7 @@ from palimpsest.agent.profiles import Profile
 from palimpsest.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from palimpsest.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
-from palimpsest.v1 import agent_pb2, common_pb2
-from palimpsest.v1 import compressor_pb2 as cpb
-from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.compressor_pb2_grpc import CompressorStub
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PROSE_PRUNE_MIN_CHARS, weighted_chars
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -30,11 +31,13 @@ async def compress(
     compressor: CompressorStub, conv: Conversation, sink: EventSink, request: cpb.CompressRequest
 ) -> bool:
     """Run one compression, forwarding its events; a failure is logged and the turn goes on.
-    Whether it ran (the conversation is then reloaded)."""
-    committed = 0
+    Whether it ran (the conversation is then reloaded); not when it answered nothing at all (a
+    TURN_END with nothing worth pruning)."""
+    committed, answered = 0, False
     try:
         async for event in compressor.Compress(request):
             sink.compression(event)
+            answered = True
             if event.HasField("compressed"):
                 committed = event.compressed.revision
     except Aborted:
@@ -44,10 +47,56 @@ async def compress(
     except PalimpsestError as exc:
         log.warning("compression (%s) failed for %s: %s", request.reason, request.session_id, exc)
         return False
+    if not answered:
+        return False
     await conv.load()
     if committed and conv.revision != committed:
         raise Aborted(f"another writer changed session {request.session_id} right after its compression")
     return True
+
+
+# What a condensed request or answer keeps (its head, its tail and the note), in characters.
+CONDENSED_CHARS = 550
+
+
+def worth_pruning_after(context: list[Message], min_chars: int) -> bool:
+    """Whether the turn that just ended called tools, or the long requests and answers older than
+    the newest PROSE_KEEP_TURNS turns, still whole, would free ``min_chars`` (weighted) condensed:
+    what a TURN_END compression could prune. A cheap test, so a turn with nothing worth pruning
+    costs no call (the Compressor decides exactly)."""
+    turns, prose = 0, 0  # turns: of the message at hand, from the newest
+    for message in reversed(context):
+        if message.role == "tool" and turns == 0:
+            return True
+        if (
+            turns >= PROSE_KEEP_TURNS
+            and message.role in ("user", "assistant")
+            and not message.is_summary
+            and "pruned_from_seq" not in message.metadata
+            and weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
+        ):
+            prose += weighted_chars(message.content) - CONDENSED_CHARS
+        if message.role == "user" and not message.is_summary:
+            turns += 1
+    return prose >= min_chars
+
+
+def pruning_request(
+    session_id: str, profile: Profile, window: int, current_tokens: int, revision: int | None
+) -> cpb.CompressRequest:
+    """A COMPRESSION_REASON_TURN_END request: after a turn, or between a tool loop's iterations
+    (then at the turn's ``revision``)."""
+    request = cpb.CompressRequest(
+        session_id=session_id,
+        reason=cpb.COMPRESSION_REASON_TURN_END,
+        model=profile.model,
+        window=window,
+        current_tokens=current_tokens,
+        settings=profile.compression_settings(),
+    )
+    if revision is not None:
+        request.expected_revision = revision
+    return request
 
 
 async def compress_after_turn(compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest) -> bool:

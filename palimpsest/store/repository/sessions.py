@@ -589,7 +589,10 @@ class Sessions:
             result["chunks_indexed"] = await insert_chunks(conn, session_id, chunks)
             # The prompt is rewritten here anyway: the owner's memory as it is now joins it, the one
             # moment a change of memory can reach a running session without costing Ollama its prefix.
-            memory = await memory_snapshot(conn, locked["owner"])
+            # Not at a commit that only puts previews in place (a turn's results pruned as it ends):
+            # that rewrites the prompt's tail, and a new memory message would rewrite all of it.
+            only_previews = summary is None and bool(replacements)
+            memory = None if only_previews else await memory_snapshot(conn, locked["owner"])
             updated = await fetch_one(
                 conn,
                 f"""
@@ -597,7 +600,7 @@ class Sessions:
                        context_token_count = $4, display_count = display_count + $5,
                        hot_count = hot_count + $6, hot_bytes = hot_bytes + added.bytes,
                        message_bytes = message_bytes + added.bytes,
-                       memory_snapshot = $8
+                       memory_snapshot = COALESCE($8, memory_snapshot)
                   FROM (SELECT {new_rows_bytes("$7")} AS bytes) added
                  WHERE id = $1 RETURNING revision, hot_count, hot_bytes
                 """,
