@@ -19,10 +19,10 @@ import httpx
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply
 from ollama_sim.server import VERSION
+from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.shared.ports import free_port
 from tests.test_agent_long import BigOutputTool
 
 NEEDS_POSTGRES = True

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from palimpsest.v1 import common_pb2
-from palimpsest.v1 import compressor_pb2 as pb
-from palimpsest.v1 import session_store_pb2 as store_pb
 from palimpsest.compressor.pricing import Knobs, Pricing
 from palimpsest.compressor.pruning import (
     PROSE_HEAD_CHARS,
@@ -22,6 +19,9 @@ from palimpsest.compressor.pruning import (
 from palimpsest.compressor.stages import stage, turn_end_pruning, turn_growth, turn_spike
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.settings import Settings
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
 from tests.compressor_calls import compress, session_with, summary_bodies
 
 Message = common_pb2.Message

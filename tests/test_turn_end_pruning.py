@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.agent.tools.base import ToolContext, ToolResult
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.agent.tools.base import ToolContext, ToolResult
 
 MODEL = f"turnend-{uuid.uuid4().hex[:8]}"
 PRUNED = "were pruned from the context"
@@ -122,8 +122,8 @@ async def test_the_setting_turns_it_off(base_settings, store_server, compressor_
 
 
 def test_the_agent_asks_only_when_something_is_worth_pruning():
-    from palimpsest.v1.common_pb2 import Message
     from palimpsest.agent.stages.upkeep import worth_pruning_after
+    from palimpsest.v1.common_pb2 import Message
 
     long = "the migration copies invoices in batches. " * 40  # 1,720 characters
     turn = [Message(role="user", content="go on"), Message(role="assistant", content="ok")]

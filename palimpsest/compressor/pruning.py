@@ -17,11 +17,11 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from palimpsest.v1.common_pb2 import Message, SeqRange
 from palimpsest.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
 from palimpsest.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
 from palimpsest.shared.context_view import is_transient
 from palimpsest.shared.prose_weight import PROSE_PRUNE_MIN_CHARS, density, weighted_chars
+from palimpsest.v1.common_pb2 import Message, SeqRange
 
 # What a preview keeps of a result, and the least a result must have for a preview to be worth it.
 PREVIEW_CHARS = 300

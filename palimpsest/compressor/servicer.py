@@ -11,10 +11,6 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from palimpsest.v1 import common_pb2, compressor_pb2_grpc
-from palimpsest.v1 import compressor_pb2 as pb
-from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.calibration import tokens_per_char
 from palimpsest.compressor.exact_count import content_md5, message_tokens
@@ -39,6 +35,10 @@ from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.reports import judge
 from palimpsest.shared.session_reads import whole_context
 from palimpsest.shared.settings import Settings
+from palimpsest.v1 import common_pb2, compressor_pb2_grpc
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.compressor")
 

@@ -13,8 +13,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from palimpsest.v1 import common_pb2
-from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
 from palimpsest.compressor.planner import Plan, apply_plan, is_turn_start, kept_always, split_turns, widen_kept
@@ -38,6 +36,8 @@ from palimpsest.compressor.summary_window import summary_length
 from palimpsest.compressor.token_estimate import trigger_tokens
 from palimpsest.shared.context_view import is_transient
 from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
 
 log = logging.getLogger("palimpsest.compressor")
 

@@ -8,11 +8,6 @@ import logging
 
 from google.protobuf import struct_pb2
 
-from palimpsest.v1 import agent_pb2, common_pb2
-from palimpsest.v1 import compressor_pb2 as cpb
-from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.compressor_pb2_grpc import CompressorStub
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 from palimpsest.agent import context_builder as cb
 from palimpsest.agent.conversation import Conversation
 from palimpsest.agent.events import EventSink
@@ -21,6 +16,11 @@ from palimpsest.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_wo
 from palimpsest.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PROSE_PRUNE_MIN_CHARS, weighted_chars
+from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.v1 import compressor_pb2 as cpb
+from palimpsest.v1 import session_store_pb2 as store_pb
+from palimpsest.v1.compressor_pb2_grpc import CompressorStub
+from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.agent")
 
