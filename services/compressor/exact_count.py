@@ -227,18 +227,42 @@ def shape_of(messages: Sequence[Message], tool_schemas: Sequence[str], counter: 
 MARKER_TOKENS = 16
 
 
+@dataclass(frozen=True)
+class CutPlan:
+    """What a cut keeps of a content: the first ``head_tokens`` and last ``tail_tokens`` tokens,
+    and the marker says ``removed`` tokens were left out."""
+
+    head_tokens: int
+    tail_tokens: int
+    removed: int
+
+
+def cut_plan(message: Message, tokens: int, budget: int, counter: Counter) -> CutPlan | None:
+    """How a message of ``tokens`` content tokens is cut to ``budget``; None when it already fits
+    or cutting cannot help."""
+    if tokens <= budget:
+        return None
+    calls = sum(counter.counts(message_texts(message)[1:]))  # tool calls are never cut
+    keep = budget - calls - MARKER_TOKENS
+    if keep < 2:
+        return None
+    return CutPlan(keep - keep // 2, keep // 2, tokens - calls - keep)
+
+
+def joined_cut(plan: CutPlan, head: str, tail: str) -> str:
+    """The cut content: head, the marker, tail."""
+    return head + truncation_marker(plan.removed) + tail
+
+
 def cut_content(message: Message, tokens: int, budget: int, counter: Counter) -> str | None:
     """The content cut to head + marker + tail so the message costs at most ``budget`` content
     tokens; None when it already fits or cutting cannot help. Token boundaries, not a char rate,
     decide the cut, so the same message and budget always give the same view."""
-    calls = sum(counter.counts(message_texts(message)[1:]))  # tool calls are never cut
-    keep = budget - calls - MARKER_TOKENS
-    if tokens <= budget or keep < 2:
+    plan = cut_plan(message, tokens, budget, counter)
+    if plan is None:
         return None
-    head_tokens = keep - keep // 2
-    head, tail = counter.head_and_tail(message.content, head_tokens, keep // 2)
-    removed = tokens - calls - keep
-    return head + truncation_marker(removed) + tail
+    head, tail = counter.head_and_tail(message.content, plan.head_tokens, plan.tail_tokens)
+    return joined_cut(plan, head, tail)
 
 
 def exact_view(
