@@ -131,7 +131,8 @@ class PrimedCounter:
         return getattr(self.counter, name)  # digest, tokenizer
 
     def counts(self, texts: Sequence[str]) -> list[int]:
-        found = [self.known.counts.get(text_key(t)) for t in texts]
+        known = self.known.counts
+        found = [known.get((hash(t), len(t))) for t in texts]  # text_key, inlined: this runs per message
         missing = [i for i, n in enumerate(found) if n is None]
         if missing:
             for i, n in zip(missing, self.counter.counts([texts[i] for i in missing])):
