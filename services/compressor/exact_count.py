@@ -226,9 +226,10 @@ def shape_from(
 ) -> Shape:
     """The shape of a prompt whose messages' content tokens are ``tokens`` (``message_tokens`` of them)."""
     tool_results = tool_calls = 0
-    images = []
+    images: list[bytes] = []
     for m in messages:
-        tool_results += m.role == "tool"
+        if m.role == "tool":
+            tool_results += 1
         if m.tool_calls:
             tool_calls += len(m.tool_calls)
         if m.images:
