@@ -337,6 +337,8 @@ async def throughput(server, quick: bool) -> str:
                 async with _common.fresh_database(server, "compress") as dsn:
                     store_port = free_port()
                     ports = [(free_port(), free_port()) for _ in range(replicas)]  # (gRPC, /metrics)
+                    # The replica that answered the sessions' size checks: not one of those measured.
+                    checker = (free_port(), free_port())
                     base = {
                         "DATABASE_URL": dsn,
                         "PALIMPSEST_STORE_ADDR": f"127.0.0.1:{store_port}",
@@ -352,14 +354,14 @@ async def throughput(server, quick: bool) -> str:
                                 "PALIMPSEST_METRICS_PORT": str(metrics_port),
                             },
                         )
-                        for grpc_port, metrics_port in ports
+                        for grpc_port, metrics_port in [*ports, checker]
                     ]
                     async with _common.processes(specs[:1]):
                         await _common.wait_ready(f"127.0.0.1:{store_port}")
                         async with _common.processes(specs[1:]):
-                            for grpc_port, _ in ports:
+                            for grpc_port, _ in [*ports, checker]:
                                 await _common.wait_ready(f"127.0.0.1:{grpc_port}")
-                            measured[path, replicas] = await _compress_all(store_port, ports, sessions)
+                            measured[path, replicas] = await _compress_all(store_port, ports, sessions, checker[0])
     header = ["replicas"] + [
         f"{path}: {column}" for path, _ in PATHS for column in ("compressions/s", "Compressor CPU per compression")
     ]
@@ -375,15 +377,34 @@ async def throughput(server, quick: bool) -> str:
     return (
         f"Compress throughput: {sessions} sessions of 120 messages compressed through a round-robin channel, "
         f"{IN_FLIGHT} in flight, by 1, 2 and 4 Compressor replicas; the store and each replica in a process of "
-        "its own on this machine, every replica with the model's tokenizer loaded (one request) before the clock "
-        f"started. The summarizer answers after {SUMMARY_SECONDS:.0f} s (the simulator's delay), or fails at once "
+        "its own on this machine, every replica with the model's tokenizer loaded (one request) and every "
+        "session size-checked by a replica not measured (each row counted and the counts stored, as before a "
+        f"model call) before the clock started. The summarizer answers after {SUMMARY_SECONDS:.0f} s (the simulator's delay), or fails at once "
         "(every compression then hard-truncates, no model wait). *CPU per compression*: the replicas' own CPU "
         "time (user + system, from their `process_cpu_seconds_total` on /metrics) over the run, per "
         "compression.\n\n" + _common.table(header, rows)
     )
 
 
-async def _compress_all(store_port: int, ports: list[tuple[int, int]], sessions: int) -> tuple[float, float]:
+async def size_checked(store: SessionStoreStub, checker: compressor_pb2_grpc.CompressorStub, session_id: str) -> int:
+    """The size check the Agent runs before a model call, on another replica, and what it stores:
+    each row's count (with the call's report; here SetTokenCounts) and, from the Compressor itself,
+    the cut of a row over the message budget. Returns how many rows the store holds a count of."""
+    context = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
+    check = await checker.CheckContextSize(
+        pb.CheckContextSizeRequest(model="qwen3.6", messages=list(context), window=8192, session_id=session_id)
+    )
+    reply = await store.SetTokenCounts(
+        store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=check.token_digest, counts=check.new_counts)
+    )
+    return reply.updated
+
+
+async def _compress_all(
+    store_port: int, ports: list[tuple[int, int]], sessions: int, checker_port: int
+) -> tuple[float, float]:
     """(compressions a second, the replicas' CPU seconds per compression)."""
     from palimpsest.shared.channels import open_channel
     from palimpsest.shared.settings import Settings
@@ -393,6 +414,12 @@ async def _compress_all(store_port: int, ports: list[tuple[int, int]], sessions:
         store = SessionStoreStub(store_channel)
         chatter = _common.Chatter(5)
         ids = [await seeded_session(store, 120, chatter) for _ in range(sessions)]
+        # As in a real session, every row was counted by a size check (on a replica not measured):
+        # a compression reads the counts from the store, as one on a replica that never saw it does.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{checker_port}") as checker_channel:
+            checker = compressor_pb2_grpc.CompressorStub(checker_channel)
+            counted = [await size_checked(store, checker, i) for i in ids]
+        assert min(counted) >= 120, counted
         channel = open_channel(",".join(f"127.0.0.1:{grpc_port}" for grpc_port, _ in ports), settings)
         stub = compressor_pb2_grpc.CompressorStub(channel)
 

@@ -12,10 +12,10 @@ from bench import _common
 from bench.compressor import conversation, exact_counter
 from palimpsest.compressor import pipeline, stages
 from palimpsest.compressor.breadcrumbs import entity_source, extract_entities, merge_breadcrumbs
-from palimpsest.compressor.exact_count import content_md5, message_tokens
+from palimpsest.compressor.exact_count import Counter
 from palimpsest.compressor.model_tokenizers import TokenCounter
 from palimpsest.compressor.pricing import Knobs, Pricing
-from palimpsest.compressor.stored_counts import PrimedCounter, known_counts
+from palimpsest.compressor.stored_counts import fresh_counts, primed
 from palimpsest.compressor.summary_format import SUMMARY_PROMPT, format_for_summary
 from palimpsest.compressor.summary_prefix import build_prefix, scope_of
 from palimpsest.shared.settings import Settings
@@ -76,6 +76,7 @@ def one(wire: bytes, counter, knobs: Knobs, clock: dict[str, float]) -> None:
             prompt=SUMMARY_PROMPT,
             summary_max_tokens=knobs.summary_max_tokens,
             estimate=pricing.estimate,
+            costs=pricing.message_costs,
         ),
     )
     timed(STAGES[4], lambda: build_prefix(HEAD, [], context, summarized, pricing, False, scope_of(summarized, False)))
@@ -98,6 +99,21 @@ def one(wire: bytes, counter, knobs: Knobs, clock: dict[str, float]) -> None:
     timed(STAGES[6], commit)
 
 
+def stored_by_size_check(
+    wire: bytes, shared: TokenCounter, knobs: Knobs
+) -> tuple[list[Message], list[common_pb2.TokenCount]]:
+    """The context and what the store holds of it once a size check on another replica counted it:
+    each row's count (stored with the call's report) and, for a row it cut, the cut beside it
+    (SetTokenCounts), as CheckContextSize writes them, read back with GetBaseline's counts."""
+    rows = list(common_pb2.Session.FromString(wire).context)
+    size_check = TokenCounter(shared.tokenizer, "size check")  # the other replica's own caches
+    pricing = Pricing.build([], WINDOW, knobs, None, size_check)
+    pricing.count_view(pricing.view([*HEAD, *rows])[0])
+    counts, with_cuts = fresh_counts(rows, size_check, pricing.budget)
+    cuts = {c.seq: c for c in with_cuts}
+    return rows, [cuts.get(c.seq, c) for c in counts]
+
+
 def breakdown(rounds: int) -> dict[str, dict[str, float]]:
     """Milliseconds per compression by stage, cold and warm."""
     knobs = Knobs.resolve(Settings(), None)
@@ -107,14 +123,9 @@ def breakdown(rounds: int) -> dict[str, dict[str, float]]:
     for cache in CACHES:
         clock: dict[str, float] = {}
         for wire in contexts:
-            counter: TokenCounter | PrimedCounter = TokenCounter(shared.tokenizer, "bench")
+            counter: Counter = TokenCounter(shared.tokenizer, "bench")
             if cache == "stored counts":  # counted by another replica's size check, kept by the store
-                rows = list(common_pb2.Session.FromString(wire).context)
-                counts = [
-                    common_pb2.TokenCount(seq=m.seq, tokens=n, content_md5=content_md5(m))
-                    for m, n in zip(rows, message_tokens(rows, shared))
-                ]
-                counter = PrimedCounter(counter, known_counts(rows, counts))
+                counter = primed(counter, *stored_by_size_check(wire, shared, knobs))
             if cache == "warm":  # what the size check on this replica counted a moment before
                 context = list(common_pb2.Session.FromString(wire).context)
                 Pricing.build([], WINDOW, knobs, None, counter).with_baseline([*HEAD, *context])

@@ -146,3 +146,15 @@ def test_a_cut_view_is_the_same_on_every_call_and_within_its_budget(counter):
     assert counter.count(first[1].content) <= 500 + 4  # a merge or two at the seams
     assert first[1].content.startswith(big.content[:100]) and first[1].content.endswith(big.content[-100:])
     assert "truncated" in first[1].content and big.content == CORPUS["logs"] * 20  # the stored row is untouched
+
+
+@pytest.mark.parametrize("kind", ["logs", "cjk", "code", "emoji"])
+def test_a_long_text_is_cut_from_the_encoding_its_count_made_as_from_its_own(kind):
+    tokenizer = build_tokenizer(tokenizer_metadata(QWEN3_6))
+    text = CORPUS[kind] * 30
+    counted = TokenCounter(tokenizer, "counted first")
+    assert counted.count(text) >= 512 and counted._encodings  # the count's encoding is held for the cut
+    fresh = TokenCounter(tokenizer, "never counted")
+    for head, tail in [(100, 50), (1, 1), (300, 0)]:
+        assert counted.head_and_tail(text, head, tail) == fresh.head_and_tail(text, head, tail)
+    assert not counted._encodings  # taken by the cut: the cut itself is remembered

@@ -194,29 +194,51 @@ def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
     texts: list[str] = []
     spans: list[int] = []
     for m in messages:
-        parts = message_texts(m)
-        texts.extend(parts)
-        spans.append(len(parts))
+        if m.tool_calls:
+            parts = message_texts(m)
+            texts.extend(parts)
+            spans.append(len(parts))
+        else:  # most messages: no call texts to build (this runs over the context dozens of times)
+            texts.append(m.content)
+            spans.append(1)
     counts = counter.counts(texts)
     out, at = [], 0
     for message, span in zip(messages, spans):
         content = counts[at]
-        # The size check got only its head and tail: scaled to its length.
-        content = scaled_count(content, len(message.content), message.sliced_from_chars)
-        out.append(content + sum(counts[at + 1 : at + span]))
+        if message.sliced_from_chars:  # the size check got only its head and tail: scaled to its length
+            content = scaled_count(content, len(message.content), message.sliced_from_chars)
+        out.append(content + sum(counts[at + 1 : at + span]) if span > 1 else content)
         at += span
     return out
 
 
 def shape_of(messages: Sequence[Message], tool_schemas: Sequence[str], counter: Counter, image_fallback: int) -> Shape:
     """The shape of a prompt made of ``messages`` (the view the model gets) and ``tool_schemas``."""
-    content = sum(message_tokens(messages, counter)) + sum(counter.counts(list(tool_schemas)))
-    images = [image for m in messages for image in m.images]
+    return shape_from(messages, message_tokens(messages, counter), tool_schemas, counter, image_fallback)
+
+
+def shape_from(
+    messages: Sequence[Message],
+    tokens: Sequence[int],
+    tool_schemas: Sequence[str],
+    counter: Counter,
+    image_fallback: int,
+) -> Shape:
+    """The shape of a prompt whose messages' content tokens are ``tokens`` (``message_tokens`` of them)."""
+    tool_results = tool_calls = 0
+    images: list[bytes] = []
+    for m in messages:
+        if m.role == "tool":
+            tool_results += 1
+        if m.tool_calls:
+            tool_calls += len(m.tool_calls)
+        if m.images:
+            images.extend(m.images)
     return Shape(
-        content_tokens=content,
+        content_tokens=sum(tokens) + (sum(counter.counts(list(tool_schemas))) if tool_schemas else 0),
         messages=len(messages),
-        tool_results=sum(1 for m in messages if m.role == "tool"),
-        tool_calls=sum(len(m.tool_calls) for m in messages),
+        tool_results=tool_results,
+        tool_calls=tool_calls,
         tools=len(tool_schemas),
         image_prior_tokens=sum(image_tokens(i, image_fallback) for i in images),
         images=len(images),
@@ -227,18 +249,42 @@ def shape_of(messages: Sequence[Message], tool_schemas: Sequence[str], counter: 
 MARKER_TOKENS = 16
 
 
+@dataclass(frozen=True)
+class CutPlan:
+    """What a cut keeps of a content: the first ``head_tokens`` and last ``tail_tokens`` tokens,
+    and the marker says ``removed`` tokens were left out."""
+
+    head_tokens: int
+    tail_tokens: int
+    removed: int
+
+
+def cut_plan(message: Message, tokens: int, budget: int, counter: Counter) -> CutPlan | None:
+    """How a message of ``tokens`` content tokens is cut to ``budget``; None when it already fits
+    or cutting cannot help."""
+    if tokens <= budget:
+        return None
+    calls = sum(counter.counts(message_texts(message)[1:]))  # tool calls are never cut
+    keep = budget - calls - MARKER_TOKENS
+    if keep < 2:
+        return None
+    return CutPlan(keep - keep // 2, keep // 2, tokens - calls - keep)
+
+
+def joined_cut(plan: CutPlan, head: str, tail: str) -> str:
+    """The cut content: head, the marker, tail."""
+    return head + truncation_marker(plan.removed) + tail
+
+
 def cut_content(message: Message, tokens: int, budget: int, counter: Counter) -> str | None:
     """The content cut to head + marker + tail so the message costs at most ``budget`` content
     tokens; None when it already fits or cutting cannot help. Token boundaries, not a char rate,
     decide the cut, so the same message and budget always give the same view."""
-    calls = sum(counter.counts(message_texts(message)[1:]))  # tool calls are never cut
-    keep = budget - calls - MARKER_TOKENS
-    if tokens <= budget or keep < 2:
+    plan = cut_plan(message, tokens, budget, counter)
+    if plan is None:
         return None
-    head_tokens = keep - keep // 2
-    head, tail = counter.head_and_tail(message.content, head_tokens, keep // 2)
-    removed = tokens - calls - keep
-    return head + truncation_marker(removed) + tail
+    head, tail = counter.head_and_tail(message.content, plan.head_tokens, plan.tail_tokens)
+    return joined_cut(plan, head, tail)
 
 
 def exact_view(
@@ -251,13 +297,27 @@ def exact_view(
     tokens (``budgets`` overrides it per index). Returns the view and the cut contents by index."""
     if budget <= 0 and not budgets:
         return list(messages), {}
+    view, cuts, _ = counted_view(messages, budget, counter, budgets)
+    return view, cuts
+
+
+def counted_view(
+    messages: Sequence[Message],
+    budget: int,
+    counter: Counter,
+    budgets: dict[int, int] | None = None,
+) -> tuple[list[Message], dict[int, str], list[int]]:
+    """``exact_view`` and the content tokens of each message of the view, as ``message_tokens`` of
+    the view gives them (a message the view keeps whole is not counted twice; a cut one is its cut)."""
     tokens = message_tokens(messages, counter)
+    if budget <= 0 and not budgets:
+        return list(messages), {}, tokens
     view: list[Message] = []
     cuts: dict[int, str] = {}
     for index, (message, count) in enumerate(zip(messages, tokens)):
-        limit = (budgets or {}).get(index, budget)
+        limit = budgets.get(index, budget) if budgets else budget
         content = None
-        if message.role in TRUNCATABLE_ROLES and limit > 0:
+        if limit > 0 and count > limit and message.role in TRUNCATABLE_ROLES:
             content = cut_content(message, count, limit, counter)
         if content is None:
             view.append(message)
@@ -266,4 +326,8 @@ def exact_view(
         copy.sliced_from_chars = 0  # the cut is whole text: its count is not scaled
         view.append(copy)
         cuts[index] = content
-    return view, cuts
+    view_tokens = list(tokens)
+    if cuts:
+        for index, n in zip(cuts, message_tokens([view[i] for i in cuts], counter)):
+            view_tokens[index] = n
+    return view, cuts, view_tokens

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from palimpsest.compressor.exact_count import scaled_count
 from palimpsest.compressor.vocabulary import UnsupportedVocabulary, build_tokenizer
@@ -38,6 +38,11 @@ RETRY_AFTER_S = 60.0
 COUNT_CACHE_ENTRIES = 200_000
 # Cut views of oversized messages (each about a message budget of text).
 CUT_CACHE_ENTRIES = 2_000
+# A text this long in tokens is likely over a message budget and cut right after it is counted: the
+# count's own encoding (its offsets) is kept for the cut, which would otherwise encode it again. At
+# most this many tokens' encodings are kept (~100 bytes a token).
+KEPT_ENCODING_MIN_TOKENS = 512
+KEPT_ENCODING_TOKENS = 100_000
 
 
 class TokenCounter:
@@ -48,6 +53,8 @@ class TokenCounter:
         self.digest = digest
         self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._cuts: OrderedDict[tuple[int, int, int, int], tuple[str, str]] = OrderedDict()
+        self._encodings: OrderedDict[tuple[int, int], Encoding] = OrderedDict()  # long texts just counted
+        self._encoded_tokens = 0
         self._lock = threading.Lock()
 
     def count(self, text: str) -> int:
@@ -75,9 +82,29 @@ class TokenCounter:
                 for i, text, encoding in zip(missing, sliced, encodings):
                     found[i] = scaled_count(len(encoding.ids), len(text), len(texts[i]))
                     self._cache[keys[i]] = found[i]
+                    if found[i] >= KEPT_ENCODING_MIN_TOKENS and len(text) == len(texts[i]):
+                        self._keep_encoding(keys[i], encoding)
                 while len(self._cache) > COUNT_CACHE_ENTRIES:
                     self._cache.popitem(last=False)
         return [found[i] for i in range(len(texts))]
+
+    def _keep_encoding(self, key: tuple[int, int], encoding: Encoding) -> None:
+        """Hold a long text's encoding for the cut that usually follows its count (under the lock)."""
+        if key in self._encodings:
+            return
+        self._encodings[key] = encoding
+        self._encoded_tokens += len(encoding)
+        while self._encoded_tokens > KEPT_ENCODING_TOKENS and self._encodings:
+            self._encoded_tokens -= len(self._encodings.popitem(last=False)[1])
+
+    def _kept_offsets(self, text: str) -> list[tuple[int, int]] | None:
+        """The offsets of ``text``'s tokens from the encoding its count made, if still held (taken:
+        the cut made from them is remembered instead)."""
+        with self._lock:
+            encoding = self._encodings.pop((hash(text), len(text)), None)
+            if encoding is not None:
+                self._encoded_tokens -= len(encoding)
+        return None if encoding is None else encoding.offsets
 
     def _cut_from_slices(self, text: str, head_tokens: int, tail_tokens: int) -> tuple[str, str] | None:
         """The cut of a very long text from its head and tail slices alone; None when a slice holds
@@ -106,7 +133,8 @@ class TokenCounter:
                 return self._cuts[key]
         cut = self._cut_from_slices(text, head_tokens, tail_tokens) if len(text) > 2 * SIZE_CHECK_SLICE_CHARS else None
         if cut is None:
-            cut = _cut(text, self.tokenizer.encode(text, add_special_tokens=False).offsets, head_tokens, tail_tokens)
+            offsets = self._kept_offsets(text) or self.tokenizer.encode(text, add_special_tokens=False).offsets
+            cut = _cut(text, offsets, head_tokens, tail_tokens)
         with self._lock:
             self._cuts[key] = cut
             while len(self._cuts) > CUT_CACHE_ENTRIES:

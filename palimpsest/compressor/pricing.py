@@ -22,10 +22,12 @@ from palimpsest.compressor.exact_count import (
     Shape,
     Template,
     content_md5,
+    counted_view,
     exact_view,
     fit_template,
     message_texts,
     message_tokens,
+    shape_from,
     shape_of,
 )
 from palimpsest.compressor.token_estimate import Estimate, baseline_delta_estimate, estimate_tokens, priced_view
@@ -207,7 +209,11 @@ class Pricing:
     def full(self, messages: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
         if self.counter is None:
             return estimate_tokens(messages, self.line, self.image_fallback, self.budget, self.rates)
-        return self.priced_view(self.view(messages)[0], tool_schemas)
+        # The view and its counts in one pass: what the view keeps whole is counted once.
+        view, _, tokens = counted_view(messages, self.budget, self.counter)
+        if not view and not tool_schemas:
+            return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
+        return self._exact(shape_from(view, tokens, tool_schemas, self.counter, self.image_fallback), view)
 
     def priced_view(self, view: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
         """An exact count of a view that is already cut."""

@@ -13,13 +13,12 @@ from dataclasses import dataclass, field, replace
 
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.calibration import tokens_per_char
-from palimpsest.compressor.exact_count import content_md5, message_tokens
 from palimpsest.compressor.model_tokenizers import ModelTokenizers
 from palimpsest.compressor.planner import intra_turn_keep
 from palimpsest.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from palimpsest.compressor.size_check import deepen_cuts
 from palimpsest.compressor.stages import Staged, decide, stage, summarize_or_truncate, turn_end_pruning
-from palimpsest.compressor.stored_counts import PrimedCounter, known_counts
+from palimpsest.compressor.stored_counts import fresh_counts, primed
 from palimpsest.compressor.summarizer import Summarizer
 from palimpsest.compressor.summary_prefix import build_prefix
 from palimpsest.compressor.token_estimate import (
@@ -235,7 +234,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 schemas,
                 chars=_chars(state.context_tokens.uncounted) + _chars(unstored),
             )
-            self._remember_counts(request.session_id, counter.digest, fresh)
+            self._remember_counts(
+                request.session_id,
+                counter.digest,
+                [common_pb2.TokenCount(seq=seq, tokens=n, content_md5=md5) for seq, n, md5 in fresh],
+            )
             method = pb.ESTIMATE_METHOD_EXACT
         else:
             if request.session_id:
@@ -267,7 +270,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             ),
         )
 
-    def _new_counts(self, session_id: str, counter, messages) -> list[common_pb2.TokenCount]:
+    def _new_counts(self, session_id: str, counter, messages, budget: int) -> list[common_pb2.TokenCount]:
         """The counts of rows a size check sees for the first time, for its caller to store with the
         call's report: a message is counted once, at the first check after it was written, and
         every later sum (EstimateTokens, the context meter, another replica) reads it from the store."""
@@ -281,22 +284,16 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             self._counted_through.move_to_end(key)
             while len(self._counted_through) > COUNTED_SESSIONS:
                 self._counted_through.popitem(last=False)
-        # Counted a moment ago for the view: the counter's cache answers.
-        return [
-            common_pb2.TokenCount(seq=m.seq, tokens=tokens, content_md5=content_md5(m))
-            for m, tokens in zip(new, message_tokens(new, counter))
-        ]
+        counts, with_cuts = fresh_counts(new, counter, budget)
+        self._remember_counts(session_id, counter.digest, with_cuts)
+        return counts
 
-    def _remember_counts(self, session_id: str, digest: str, counts: list[tuple[int, int, str]]) -> None:
+    def _remember_counts(self, session_id: str, digest: str, counts: list[common_pb2.TokenCount]) -> None:
         """Write fresh per-message counts back, off the request's path; a lost write only means the
         rows are counted again next time."""
         if not counts:
             return
-        request = store_pb.SetTokenCountsRequest(
-            session_id=session_id,
-            token_digest=digest,
-            counts=[common_pb2.TokenCount(seq=seq, tokens=tokens, content_md5=md5) for seq, tokens, md5 in counts],
-        )
+        request = store_pb.SetTokenCountsRequest(session_id=session_id, token_digest=digest, counts=counts)
 
         async def write() -> None:
             try:
@@ -337,7 +334,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             self._price_view, pricing, messages, schemas, chars=_chars(messages)
         )
         new_counts = (
-            self._new_counts(request.session_id, counter, messages)
+            self._new_counts(request.session_id, counter, messages, pricing.budget)
             if counter is not None and request.session_id
             else []
         )
@@ -529,9 +526,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         model = request.model or state.session.model
         pricing = await self._pricing(model, window, knobs, state.observations, self._usable_baseline(state, model))
         if pricing.counter is counter and counter is not None and state.context_tokens is not None:
-            known = known_counts(state.context, state.context_tokens.counts)
-            if known:
-                pricing = replace(pricing, counter=PrimedCounter(counter, known))
+            pricing = replace(pricing, counter=primed(counter, state.context, state.context_tokens.counts))
         context_messages = state.context
         current = request.current_tokens or (await asyncio.to_thread(pricing.with_baseline, context_messages))[0].tokens
         return window, knobs, state, model, pricing, context_messages, current, dry

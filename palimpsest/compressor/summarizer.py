@@ -129,6 +129,7 @@ class Summarizer:
             prompt=prompt,
             summary_max_tokens=self.knobs.summary_max_tokens,
             estimate=pricing.estimate,
+            costs=pricing.message_costs,
         )
         if formatted.omitted_chars or formatted.omitted_images:
             log.info(

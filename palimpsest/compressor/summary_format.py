@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from palimpsest.compressor.summary_guess import RenderedCosts, block_rates, cut_guess
 from palimpsest.compressor.summary_window import input_limit
 from palimpsest.shared.context_view import largest_fitting
 from palimpsest.shared.image_tokens import DEFAULT_FALLBACK_TOKENS, image_tokens
@@ -86,12 +87,13 @@ def needs_meta_summary(messages: Sequence[Message]) -> bool:
     return len(summaries) >= 2 and sum(len(m.content) for m in summaries) > META_SUMMARY_THRESHOLD
 
 
-# The proportional search for a cut that fits: at most this many steps, done within 0.25% of the limit.
-PROPORTIONAL_STEPS = 4
-CLOSE_ENOUGH_DIVISOR = 400
-# A guess this far over the limit is not checked by counting the whole text (a 32,000-character
-# input is ~10 ms of tokenizer; the guess is off by a few percent at most, not by a quarter).
-CLEARLY_OVER = 1.25
+# The search for a cut that fits: at most this many exact counts after the first. It aims a
+# sixty-fourth under the limit (a guess that lands a little high still fits, where one aimed at the
+# limit itself fell over it half the time and took a bisection of ~17 counts) and stops at the first
+# cut that fits within a sixteenth of it.
+SEARCH_STEPS = 4
+AIM_DIVISOR = 64
+ENOUGH_DIVISOR = 16
 
 
 def omission_marker(chars: int) -> str:
@@ -189,33 +191,44 @@ def summary_messages(prompt: str, text: str, images: Sequence[bytes] = ()) -> li
 
 
 def fit_text(
-    text: str, fits: Callable[[str], bool], price: Callable[[str], int] | None = None, limit: int = 0, rate: float = 0.0
+    text: str,
+    fits: Callable[[str], bool],
+    price: Callable[[str], int] | None = None,
+    limit: int = 0,
+    guess: Callable[[int], int] | None = None,
 ) -> tuple[str, int]:
     """(``text`` cut as ``cut_text`` does, at MAX_SUMMARY_INPUT_CHARS and further until it ``fits``;
     chars cut out). ValueError when not even the omission marker alone fits.
 
     With ``price`` (what ``fits`` compares with ``limit``), the cut is found by proportional steps
-    (a text's tokens grow about linearly with its chars): two or three counts of a long input
-    instead of a bisection's ~17, which made an exact-counted compression cost 300 ms. With
-    ``rate`` (tokens a character of the history it renders, already known), a text that is clearly
-    over ``limit`` is not counted whole first: the search starts from the rate's guess."""
+    (a text's tokens grow about linearly with its chars) aimed a little under ``limit``: usually
+    one count, where a bisection takes ~17. With ``guess`` (the price of the text cut to
+    ``shortest + n`` chars, from rates already known), the first step is the guess's own answer,
+    so the text is counted whole only when it is guessed to fit."""
     capped = cut_text(text)
-    guess = int(len(capped[0]) * rate) if price is not None and limit > 0 and rate > 0 else 0
-    if guess <= limit * CLEARLY_OVER and fits(capped[0]):
-        return capped
     shortest = len(omission_marker(len(text)))  # head and tail empty: only the marker is left
     room = len(capped[0]) - shortest
     if price is not None and limit > 0:
-        best, n, tokens = -1, room, guess or price(capped[0])
-        for _ in range(PROPORTIONAL_STEPS):
-            n = min(room, n * limit // max(1, tokens))
-            tokens = price(cap_text(text, shortest + n))
-            if tokens <= limit and fits(cap_text(text, shortest + n)):
+        aim, enough = limit - limit // AIM_DIVISOR, limit - limit // ENOUGH_DIVISOR
+        n = room
+        if guess is not None and guess(room) > aim:
+            n = max(0, largest_fitting(room, lambda k: guess(k) <= aim))  # arithmetic, no count
+        best = -1
+        for _ in range(1 + SEARCH_STEPS):
+            candidate = cap_text(text, shortest + n)
+            tokens = price(candidate)
+            if tokens <= limit and fits(candidate):
                 best = max(best, n)
-                if limit - tokens <= limit // CLOSE_ENOUGH_DIVISOR:
+                if n >= room or tokens >= enough:
                     break
+            step = min(room, n * aim // max(1, tokens))
+            n = step if step != n else n - 1 if tokens > limit else min(room, n + 1)
+            if n < 0:
+                break
         if best >= 0:
             return cut_text(text, shortest + best)
+    elif fits(capped[0]):
+        return capped
     extra = largest_fitting(room, lambda k: fits(cap_text(text, shortest + k)))
     if extra < 0:
         raise ValueError("the summary prompt alone fills the summary's window")
@@ -232,16 +245,19 @@ def format_for_summary(
     prompt: str = "",
     summary_max_tokens: int = 0,
     estimate: Estimator | None = None,
+    costs: Callable[[Sequence[Message]], list[int]] | None = None,
 ) -> SummaryInput:
     """The summarizer's input for ``messages`` (call ``needs_meta_summary`` first).
 
     ``window`` is the summary call's num_ctx. With ``estimate`` (the pricing of the summarizer's
     model), the text is also cut until ``summary_messages(prompt, text, images)`` leaves room for
     ``summary_max_tokens`` of summary in that window (``summary_window.input_limit``); without it
-    only the MAX_SUMMARY_INPUT_CHARS cap applies.
+    only the MAX_SUMMARY_INPUT_CHARS cap applies. ``costs`` (each message's own tokens, as that
+    pricing counts them) guesses where the cut falls before anything is counted.
     """
     critical = frozenset(critical_tools)
-    rendered = "\n\n".join(render_message(m, critical) for m in messages)
+    blocks = [render_message(m, critical) for m in messages]
+    rendered = "\n\n".join(blocks)
     if vision:
         images, omitted = collect_images(messages, window=window, image_fallback=image_fallback)
     else:
@@ -250,16 +266,23 @@ def format_for_summary(
         text, cut = cut_text(rendered)
     else:
         limit = input_limit(window, summary_max_tokens)
-        # What the history's own characters cost (counted already): the first guess of the search.
-        chars = sum(len(m.content) for m in messages)
-        rate = estimate(list(messages)) / chars if chars and len(rendered) > MAX_SUMMARY_INPUT_CHARS else 0.0
+        # What each message costs a character (counted already): the first guess of the search.
+        guess = None
+        if costs is not None and len(rendered) > MAX_SUMMARY_INPUT_CHARS // 2:
+            guess = cut_guess(
+                RenderedCosts(blocks, block_rates(messages, costs(messages))),
+                estimate(summary_messages(prompt, "", images)),
+                omission_marker(len(rendered)),
+                HEAD_SHARE_PERCENT,
+                len(omission_marker(len(rendered))),
+            )
         try:
             text, cut = fit_text(
                 rendered,
                 lambda t: estimate(summary_messages(prompt, t, images)) <= limit,
                 lambda t: estimate(summary_messages(prompt, t, images)),
                 limit,
-                rate,
+                guess,
             )
         except ValueError:
             if not images:

@@ -127,6 +127,11 @@ def _check_token_counts(digest: str, counts, prefix: str, field: str = "token_co
         raise InvalidArgument(
             f"{prefix}{field}", "content_md5 must be the md5 (32 lowercase hex) of the counted content"
         )
+    cuts = [c.cut for c in counts if c.HasField("cut")]
+    if any(min(c.head_tokens, c.tail_tokens, c.head_chars, c.tail_chars, c.tokens) < 0 for c in cuts):
+        raise InvalidArgument(f"{prefix}{field}", "a cut's tokens and characters must not be negative")
+    if any(not re.fullmatch(r"[0-9a-f]{32}", c.content_md5) for c in cuts):
+        raise InvalidArgument(f"{prefix}{field}", "a cut's content_md5 must be the md5 (32 lowercase hex) of the cut")
 
 
 def _validate_messages(messages, max_bytes: int) -> None:
@@ -733,9 +738,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             identity,
             session_id,
             request.token_digest,
-            [c.seq for c in request.counts],
-            [c.tokens for c in request.counts],
-            [c.content_md5 for c in request.counts],
+            list(request.counts),
         )
         return pb.SetTokenCountsResponse(updated=updated)
 

@@ -227,14 +227,32 @@ class FileInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., content_type: _Optional[str] = ..., outside_content: _Optional[bool] = ...) -> None: ...
 
 class TokenCount(_message.Message):
-    __slots__ = ("seq", "tokens", "content_md5")
+    __slots__ = ("seq", "tokens", "content_md5", "cut")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_MD5_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     tokens: int
     content_md5: str
-    def __init__(self, seq: _Optional[int] = ..., tokens: _Optional[int] = ..., content_md5: _Optional[str] = ...) -> None: ...
+    cut: CutCount
+    def __init__(self, seq: _Optional[int] = ..., tokens: _Optional[int] = ..., content_md5: _Optional[str] = ..., cut: _Optional[_Union[CutCount, _Mapping]] = ...) -> None: ...
+
+class CutCount(_message.Message):
+    __slots__ = ("head_tokens", "tail_tokens", "head_chars", "tail_chars", "tokens", "content_md5")
+    HEAD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_CHARS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_CHARS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_MD5_FIELD_NUMBER: _ClassVar[int]
+    head_tokens: int
+    tail_tokens: int
+    head_chars: int
+    tail_chars: int
+    tokens: int
+    content_md5: str
+    def __init__(self, head_tokens: _Optional[int] = ..., tail_tokens: _Optional[int] = ..., head_chars: _Optional[int] = ..., tail_chars: _Optional[int] = ..., tokens: _Optional[int] = ..., content_md5: _Optional[str] = ...) -> None: ...
 
 class PromptShape(_message.Message):
     __slots__ = ("content_tokens", "messages", "tool_results", "tool_calls", "tools", "image_prior_tokens", "images", "chars_space", "chars_digit", "chars_latin", "chars_cjk", "chars_other_letter", "chars_symbol")

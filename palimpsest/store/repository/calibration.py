@@ -18,6 +18,7 @@ from palimpsest.store import convert
 from palimpsest.store.db import Connection
 from palimpsest.store.repository.access import readable
 from palimpsest.store.repository.message_rows import BOTH_TABLES
+from palimpsest.store.repository.token_counts import cut_from_json
 from palimpsest.v1 import common_pb2
 
 # The columns of an exact observation are the fields of PromptShape, one owner for both.
@@ -61,10 +62,10 @@ _UNCOUNTED_CONTEXT_SQL = (
     f"SELECT * FROM ({BOTH_TABLES.format(where=f'is_context AND NOT ({_COUNTED})')}) rows ORDER BY seq"
 )
 _CONTEXT_COUNTS_SQL = f"""
-    SELECT seq, token_count, md5(content) AS content_md5 FROM session_messages
+    SELECT seq, token_count, md5(content) AS content_md5, token_cut FROM session_messages
      WHERE session_id = $1 AND is_context AND {_COUNTED}
     UNION ALL
-    SELECT seq, token_count, md5(content) AS content_md5 FROM session_messages_archive
+    SELECT seq, token_count, md5(content) AS content_md5, token_cut FROM session_messages_archive
      WHERE session_id = $1 AND is_context AND {_COUNTED}
 """
 _OBSERVATION_COLUMNS = f"id, model, chars, tokens, observed_at, {', '.join(EXACT_FIELDS)}"
@@ -206,7 +207,12 @@ class Calibration:
                 }
                 if with_counts:
                     tokens["counts"] = [
-                        common_pb2.TokenCount(seq=r["seq"], tokens=r["token_count"], content_md5=r["content_md5"])
+                        common_pb2.TokenCount(
+                            seq=r["seq"],
+                            tokens=r["token_count"],
+                            content_md5=r["content_md5"],
+                            cut=cut_from_json(r["token_cut"], token_digest),
+                        )
                         for r in await conn.fetch(_CONTEXT_COUNTS_SQL, session_id, token_digest)
                     ]
         baseline = {c: row[f"baseline_{c}"] for c in _BASELINE_COLUMNS} if row["has_baseline"] else None

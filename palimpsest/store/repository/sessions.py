@@ -34,6 +34,7 @@ from palimpsest.store.repository.memory import insert_chunks
 from palimpsest.store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
 from palimpsest.store.repository.owner_memory import memory_snapshot
 from palimpsest.store.repository.session_matches import matched_sql, matching_words, snippet_around
+from palimpsest.store.repository.token_counts import write_token_counts
 from palimpsest.store.repository.trim import TrimRow, displayed, kept_seqs
 from palimpsest.store.repository.usage import OwnerUsage
 from palimpsest.v1 import common_pb2
@@ -657,10 +658,10 @@ class Sessions:
             WITH moved AS (
                 DELETE FROM session_messages
                  WHERE session_id = $1 AND seq < $2 AND NOT (seq = ANY($3::bigint[]))
-                RETURNING {INSERT_COLUMNS}, token_digest
+                RETURNING {INSERT_COLUMNS}, token_digest, token_cut
             )
-            INSERT INTO session_messages_archive ({INSERT_COLUMNS}, token_digest)
-            SELECT {INSERT_COLUMNS}, token_digest FROM moved
+            INSERT INTO session_messages_archive ({INSERT_COLUMNS}, token_digest, token_cut)
+            SELECT {INSERT_COLUMNS}, token_digest, token_cut FROM moved
             """,
             session_id,
             below_seq,
@@ -782,9 +783,7 @@ class Sessions:
         identity: Identity,
         session_id: uuid.UUID,
         token_digest: str,
-        seqs: Sequence[int],
-        tokens: Sequence[int],
-        content_md5: Sequence[str],
+        counts: Sequence[common_pb2.TokenCount],
     ) -> int:
         """Store counts made by one tokenizer, each only on the row whose content it was made from
         (its md5): a size check counts what its caller sent, and a caller without access to a row
@@ -792,42 +791,12 @@ class Sessions:
         stays, so a count written beside a turn never makes that turn's next write ABORTED."""
         async with self.pool.acquire() as conn, conn.transaction():
             await readable(conn, session_id, identity)
-            updated = await write_token_counts(conn, session_id, token_digest, seqs, tokens, content_md5)
+            updated = await write_token_counts(conn, session_id, token_digest, counts)
         return updated
 
     async def existing_ids(self, ids: list[str]) -> set[str]:
         rows = await self.pool.fetch("SELECT id FROM sessions WHERE id = ANY($1::uuid[])", ids)
         return {str(r["id"]) for r in rows}
-
-
-async def write_token_counts(
-    conn: Connection,
-    session_id: uuid.UUID,
-    token_digest: str,
-    seqs: Sequence[int],
-    tokens: Sequence[int],
-    content_md5: Sequence[str],
-) -> int:
-    """Counts onto the rows whose content they were made from; the archive is looked at only for
-    counts the hot table did not take (new counts are of recent rows, and the archive is the big one)."""
-    updated = 0
-    for table in ("session_messages", "session_messages_archive"):
-        status = await conn.execute(
-            f"""
-            UPDATE {table} m SET token_count = c.tokens, token_digest = $2
-              FROM unnest($3::bigint[], $4::int[], $5::text[]) AS c(seq, tokens, md5)
-             WHERE m.session_id = $1 AND m.seq = c.seq AND md5(m.content) = c.md5
-            """,
-            session_id,
-            token_digest,
-            list(seqs),
-            list(tokens),
-            list(content_md5),
-        )
-        updated += rows_affected(status)
-        if updated == len(seqs):
-            break
-    return updated
 
 
 def _only_owner(identity: Identity) -> str | None:
