@@ -59,7 +59,7 @@ test-fast: install
 
 # The SessionStore tests alone (CI runs them again on the machine's PostgreSQL via TEST_DATABASE_URL).
 test-store: install
-	$(BIN)/python -m pytest -n 2 -q tests/test_store*.py
+	$(BIN)/python -m pytest -n 2 -q tests/store
 
 bench: install
 	$(BIN)/pip install -q -e '.[test,bench]'

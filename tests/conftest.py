@@ -232,7 +232,7 @@ async def compressor(compressor_server):
 # (Through the environment: this module is imported both as `conftest` and as `tests.conftest`.)
 # A new session's title is one more model call after its first answer: tests that count or read
 # the model's calls would see it. Off for them (in process and in the services they start);
-# tests/test_session_titles.py turns it on.
+# tests/agent/test_session_titles.py turns it on.
 os.environ.setdefault("PALIMPSEST_SESSION_TITLES", "0")
 LIAR_MODEL = os.environ.setdefault("PALIMPSEST_TEST_LIAR_MODEL", f"liar-{uuid.uuid4().hex[:8]}")
 
