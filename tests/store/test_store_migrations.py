@@ -1,6 +1,7 @@
-"""The schema lives in the migrations alone: a database migrated from empty and one at the
-previous release's schema (migrations through 0008, plus the trigram indexes that release's
-start-up code made outside them) end with the same tables, columns, indexes and constraints."""
+"""The schema lives in the migrations (and the functions in functions.sql) alone: a database
+migrated from empty and one at the previous release's schema (migrations through 0008, plus the
+trigram indexes that release's start-up code made outside them) end with the same tables, columns,
+indexes, constraints and functions."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ PREVIOUS_RELEASE_STARTUP_DDL = (
 PREVIOUS_RELEASE = 8
 TABLES = {
     "schema_migrations",
+    "schema_functions",
     "sessions",
     "session_messages",
     "session_messages_archive",
@@ -64,6 +66,13 @@ async def schema(pool: asyncpg.Pool) -> dict[str, list[tuple]]:
         " WHERE connamespace = current_schema()::regnamespace ORDER BY 1, 2",
         "extensions": "SELECT extname FROM pg_extension ORDER BY 1",
         "migrations": "SELECT version, name FROM schema_migrations ORDER BY 1",
+        # The store's own functions (an extension's are the extension's), as the server prints them.
+        "functions": """
+            SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+              FROM pg_proc p
+             WHERE p.pronamespace = current_schema()::regnamespace
+               AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')
+             ORDER BY 1, 2""",
     }
     found = {}
     for part, sql in queries.items():
@@ -88,6 +97,7 @@ async def test_migrating_from_empty_gives_the_whole_schema(database_url):
         tables = {table for table, *_ in migrated["columns"]}
         assert tables == TABLES | (VECTOR_TABLES if await vector_available(pool) else set())
         assert [version for version, _ in migrated["migrations"]] == [v for v, _, _ in db._migrations()]
+        assert {name for name, *_ in migrated["functions"]} == {"append_messages"}
         indexes = {name for _, name, _ in migrated["indexes"]}
         assert {
             "memory_chunks_tsv",
