@@ -256,6 +256,7 @@ async def test_a_resume_ahead_of_this_replicas_own_turn_is_refused_at_once():
         await asyncio.wait_for(turns.open("s1", "t1", 5, catch_up_s=30), 5)
 
 
+@pytest.mark.slow  # a 1 MB budget filled several times over, under tracemalloc
 def test_the_budget_bounds_the_memory_the_kept_events_take():
     """Counted bytes are what the logs hold: filling a 1 MB budget (several times over) with small
     text deltas (the commonest event, where per-event overhead weighs most) takes at most a little

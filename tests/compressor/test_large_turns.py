@@ -46,6 +46,7 @@ def counter() -> TokenCounter:
     return TokenCounter(build_tokenizer(tokenizer_metadata("qwen3.6")), "test")
 
 
+@pytest.mark.slow  # three size-check slices of text, also encoded whole to compare
 def test_a_very_long_text_is_cut_exactly_as_if_encoded_whole(counter):
     text = dense_log(1, 3 * SIZE_CHECK_SLICE_CHARS)
     whole = counter.tokenizer.encode(text, add_special_tokens=False).offsets
@@ -55,6 +56,7 @@ def test_a_very_long_text_is_cut_exactly_as_if_encoded_whole(counter):
     assert abs(counter.count(text) - len(whole)) / len(whole) < 0.01
 
 
+@pytest.mark.slow
 def test_a_text_whose_slices_hold_too_few_tokens_is_encoded_whole(counter):
     text = "=" * (3 * SIZE_CHECK_SLICE_CHARS)  # long runs: very long tokens, few of them per slice
     whole = counter.tokenizer.encode(text, add_special_tokens=False).offsets

@@ -133,6 +133,7 @@ async def test_pal_reaches_the_services_over_tls(secured, pems, stranger):
     assert untrusted.code != 0 and json.loads(untrusted.stdout)["healthy"] is False
 
 
+@pytest.mark.services  # runs pal as a process of its own
 async def test_pal_names_a_tls_setting_it_cannot_use(pems, tmp_path):
     ran = await pal("health", env=pal_env(PALIMPSEST_TLS_CA=str(tmp_path / "missing.pem")))
     ran.assert_one_line_error("PALIMPSEST_TLS_CA", "missing.pem")
