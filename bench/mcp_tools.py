@@ -27,7 +27,7 @@ ARGS = {"query": "tides at Brest"}
 
 
 def server_command(transport: str) -> list[str]:
-    return [sys.executable, "-m", "tests.mcp_server", transport]
+    return [sys.executable, "-m", "tests.helpers.mcp_server", transport]
 
 
 async def measure(server: McpServerConfig, calls: int) -> list[str]:
@@ -110,6 +110,6 @@ async def run(args) -> str:
         rows,
     ) + (
         f"\n\n{calls} calls of a read-only tool (`lookup`) each way, alternating, on one connection to one server "
-        'process (tests/mcp_server.py). "Added" is the difference of the p50s, and the p50 of each pair\'s '
+        'process (tests/helpers/mcp_server.py). "Added" is the difference of the p50s, and the p50 of each pair\'s '
         "difference."
     )

@@ -1,7 +1,7 @@
 """The replica run for a full minute: 2 SessionStores, 2 Compressors and 2 Agents as separate
 processes on one PostgreSQL, 40 sessions running turns back to back through a round-robin channel
 over the Agents, while one replica of each service in turn is killed (SIGKILL) and started again;
-then what the store holds is checked (tests/replica_cluster.py, shared with tests/test_replicas.py).
+then what the store holds is checked (tests/helpers/replica_cluster.py, shared with tests/system/test_replicas.py).
 Also what the session bus (PALIMPSEST_REPLICA_EVENTS) costs: the same load without kills, on and off."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from ollama_sim import OllamaSimulator
 from palimpsest.shared.channels import open_channel
 from palimpsest.shared.settings import Settings
 from palimpsest.v1 import agent_pb2_grpc, session_store_pb2_grpc
-from tests import replica_cluster as rc
 from tests.conftest import TEST_PROFILES
-from tests.test_faults import responder
+from tests.helpers import replica_cluster as rc
+from tests.helpers.fault_services import responder
 
 NEEDS_POSTGRES = True
 SESSIONS = 40

@@ -5,8 +5,8 @@ the simulator reports such a file's fields in ``/api/show`` as Ollama reports a 
 ``prompt_eval_count`` with that vocabulary. The counter is the project's own tokenizer build
 (palimpsest/compressor/vocabulary.py): for the vocabularies served here, the vocabulary tests prove
 its counts equal to llama.cpp's on llama.cpp's test vectors and our varied texts
-(tests/test_vocab_families.py), so it stands in for llama.cpp's tokenizer. The files are not in the
-repository: tests/vocab_oracle.py fetches them into a cache, whose folder is passed in here.
+(tests/compressor/test_vocab_families.py), so it stands in for llama.cpp's tokenizer. The files are not in the
+repository: tests/helpers/vocab_oracle.py fetches them into a cache, whose folder is passed in here.
 """
 
 from __future__ import annotations

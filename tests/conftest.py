@@ -85,13 +85,22 @@ PROCESS_MODULES = frozenset(
 )
 
 
+# Fixtures of pure tests that take seconds of CPU each (llama.cpp's vocab files, fetched with pip,
+# and every vocabulary in them built and run over its reference vectors; Qwen 2's 151k-token
+# vocabulary under each byte-level pre-tokenizer): marked `slow`, in `make test`, not `make test-fast`.
+SLOW_FIXTURES = frozenset({"oracle_dir", "vocab_dir", "qwen2_vocabulary"})
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         module = getattr(item, "module", None)
-        if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())) or (
+        fixtures = getattr(item, "fixturenames", ())
+        if SERVICE_FIXTURES.intersection(fixtures) or (
             module is not None and module.__name__.rsplit(".", 1)[-1] in PROCESS_MODULES
         ):
             item.add_marker(pytest.mark.services)
+        elif SLOW_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_unconfigure(config) -> None:
@@ -232,7 +241,7 @@ async def compressor(compressor_server):
 # (Through the environment: this module is imported both as `conftest` and as `tests.conftest`.)
 # A new session's title is one more model call after its first answer: tests that count or read
 # the model's calls would see it. Off for them (in process and in the services they start);
-# tests/test_session_titles.py turns it on.
+# tests/agent/test_session_titles.py turns it on.
 os.environ.setdefault("PALIMPSEST_SESSION_TITLES", "0")
 LIAR_MODEL = os.environ.setdefault("PALIMPSEST_TEST_LIAR_MODEL", f"liar-{uuid.uuid4().hex[:8]}")
 

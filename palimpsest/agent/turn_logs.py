@@ -30,7 +30,7 @@ from palimpsest.shared.errors import NotFound, OutOfRange, PalimpsestError, Unav
 from palimpsest.v1 import agent_pb2 as pb
 
 # What one kept event costs beyond its bytes: the bytes object's header and its place in the list
-# (measured with tracemalloc: tests/test_turn_logs.py holds the budget to the memory).
+# (measured with tracemalloc: tests/agent/test_turn_logs.py holds the budget to the memory).
 EVENT_OVERHEAD = 33 + 8
 # A replica announces the turns it runs this often (over the session bus); another replica's turn
 # not heard of for LOST_AFTER_S (three announcements missed) is lost with its replica.

@@ -16,7 +16,7 @@ by hand; it only maps GGUF's fields onto the library's models, the way the GGUF 
 
 Tokens llama.cpp matches whole in a prompt are added as special tokens (special_tokens). Anything
 else raises ``UnsupportedVocabulary``: the caller falls back to the calibrated estimate. Every rule
-here is checked against llama.cpp itself (tests/test_vocab_families.py, the table in docs/counting.md).
+here is checked against llama.cpp itself (tests/compressor/test_vocab_families.py, the table in docs/counting.md).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from importlib import resources
@@ -177,10 +178,38 @@ def _scripts() -> list[tuple[str, str]]:
     return [(entry.name, entry.read_text()) for entry in folder.iterdir() if entry.name.endswith(".sql")]
 
 
+def _functions() -> str:
+    """functions.sql: the current text of the store's SQL functions, applied after the migrations."""
+    return (resources.files("palimpsest.store") / "functions.sql").read_text()
+
+
+async def _apply_functions(conn: Connection, applied: set[int]) -> None:
+    """The functions file, when its text is not the one last applied (its digest in
+    schema_functions). Not by a store older than the database's migrations: a replica of the
+    release before, restarted during a rolling update, would put its older text back."""
+    newest = max(version for version, _, _ in _migrations())
+    if applied and max(applied) > newest:
+        log.info("the database has migrations past %04d (a newer store's): its functions are left as they are", newest)
+        return
+    text = _functions()
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if await conn.fetchval("SELECT digest FROM schema_functions") == digest:
+        return
+    async with conn.transaction():
+        await conn.execute(text)
+        await conn.execute(
+            "INSERT INTO schema_functions (digest) VALUES ($1)"
+            " ON CONFLICT (one) DO UPDATE SET digest = excluded.digest, applied_at = now()",
+            digest,
+        )
+    log.info("applied functions.sql (%s)", digest[:12])
+
+
 async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> None:
     """Apply pending migrations (up to version `through`: an older schema, for upgrade tests), then
-    the every-start scripts. The whole schema lives in migrations/: nothing else creates or drops a
-    table or an index."""
+    the functions file (functions.sql) and the every-start scripts, all under one advisory lock, so
+    replicas starting at once take turns. Tables and indexes live in migrations/ alone: nothing else
+    creates or drops one."""
     async with pool.acquire() as conn:
         # A migration's RAISE WARNING (an optional extension missing) reaches the store's log.
         conn.add_log_listener(_log_notice)
@@ -197,8 +226,10 @@ async def migrate(pool: asyncpg.Pool, *, through: int | None = None) -> None:
                 async with conn.transaction():
                     await conn.execute(sql)
                     await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+                applied.add(version)
                 log.info("applied migration %s", name)
             if through is None:
+                await _apply_functions(conn, applied)
                 for name, sql in _every_start():
                     await conn.execute(sql)
         finally:

@@ -1,0 +1,177 @@
+"""The stages that keep summaries rare: old long requests and answers condensed to their head and
+tail before a summary, a turn's tool results pruned as it ends (COMPRESSION_REASON_TURN_END), and
+the headroom that counts such a result as one turn's spike rather than every turn's growth."""
+
+from __future__ import annotations
+
+import pytest
+
+from palimpsest.compressor.pricing import Knobs, Pricing
+from palimpsest.compressor.pruning import (
+    PROSE_HEAD_CHARS,
+    PROSE_TAIL_CHARS,
+    PRUNED_AT_TURN_END,
+    PRUNED_FROM,
+    plan_pruning,
+    protected,
+    recent_turns,
+)
+from palimpsest.compressor.stages import stage, turn_end_pruning, turn_growth, turn_spike
+from palimpsest.shared.ollama import OllamaClient
+from palimpsest.shared.settings import Settings
+from palimpsest.v1 import common_pb2
+from palimpsest.v1 import compressor_pb2 as pb
+from palimpsest.v1 import session_store_pb2 as store_pb
+from tests.helpers.compressor_calls import compress, session_with, summary_bodies
+
+Message = common_pb2.Message
+
+
+def numbered(messages: list[Message]) -> list[Message]:
+    for seq, m in enumerate(messages, start=1):
+        m.seq = seq
+    return messages
+
+
+def prose(i: int, chars: int) -> str:
+    words = f"answer {i} walks through the migration of shard {i} and what it cost. "
+    return (words * (chars // len(words) + 1))[:chars]
+
+
+def log_result(i: int, chars: int = 6_000) -> Message:
+    body = "\n".join(f"10:{j % 60:02d} ERROR worker-{i} reset id=0x{i * 7919 + j:08x}" for j in range(chars // 45))
+    return Message(role="tool", name="read_log", tool_call_id=f"c{i}", content=body)
+
+
+def chat(n: int, chars: int = 2_000) -> list[Message]:
+    out: list[Message] = []
+    for i in range(n):
+        out += [
+            Message(role="user", content=f"turn {i}: " + prose(i, chars)),
+            Message(role="assistant", content=prose(i, chars)),
+        ]
+    return numbered(out)
+
+
+def knobs(**overrides) -> Knobs:
+    return Knobs.resolve(Settings(), pb.CompressionSettings(**overrides))
+
+
+def pricing(window: int = 8_192) -> Pricing:
+    """Chars / 1.8: no vocabulary, no observations."""
+    return Pricing.build([], window, knobs())
+
+
+def test_old_long_requests_and_answers_are_condensed_to_head_and_tail():
+    messages = chat(5)
+    messages[2].content = "turn 1: remember this: " + prose(1, 2_000)  # the user marked it: kept whole
+    messages[4].content = "turn 2: short"
+    pruning = plan_pruning(messages, protected(messages), (), recent_turns(messages, 2))
+    # Turns 0, 1 and 2 are old (the newest two keep their words); turn 1's request is marked, turn 2's short.
+    assert [m.seq for m in pruning.pruned] == [1, 2, 4, 6]
+    request = pruning.previews[0]
+    original = messages[0].content
+    assert request.role == "user" and request.content.startswith(original[:PROSE_HEAD_CHARS])
+    assert request.content.endswith(original[-PROSE_TAIL_CHARS:]) and "memory_search" in request.content
+    assert len(request.content) < 700 and request.metadata[PRUNED_FROM] == 1
+    # Without prose_kept (the old rule): tool results only, no prose.
+    assert plan_pruning(messages, protected(messages), ()).pruned == []
+
+
+def test_turn_end_pruning_takes_the_finished_turns_results_and_keeps_its_words():
+    messages = numbered(
+        [
+            Message(role="user", content="turn 0: read the logs"),
+            Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c0", name="read_log")]),
+            log_result(0),
+            Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c1", name="read_log")]),
+            log_result(1),
+            Message(role="assistant", content=prose(0, 2_000)),
+        ]
+    )
+    pruning = turn_end_pruning(messages, pricing(), knobs(), 8_192)
+    assert pruning is not None
+    assert [m.seq for m in pruning.pruned] == [3, 5]  # both results, even the newest call's
+    assert all(p.metadata[PRUNED_AT_TURN_END] for p in pruning.previews)
+    # Too little to free (a fifth of a 200k window), or pruning off: nothing.
+    assert turn_end_pruning(messages, pricing(200_000), knobs(min_freed=0.2), 200_000) is None
+    assert turn_end_pruning(messages, pricing(), knobs(prune_tool_results=False), 8_192) is None
+
+
+def test_a_result_pruned_at_its_turns_end_is_a_spike_not_growth():
+    """Growth used to count every pruned result at its first size for every turn, which made a
+    summary evict far deeper than the turns after it needed."""
+    messages = chat(4, 200)
+    messages.insert(2, Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c0", name="read_log")]))
+    messages.insert(3, log_result(0))
+    numbered(messages)
+    priced = pricing()
+    pruning = turn_end_pruning(messages, priced, knobs(), 8_192)
+    assert pruning is not None
+    settled = pruning.apply(messages)
+    at_end, spike = turn_growth(settled, priced), turn_spike(settled, priced)
+    for preview in pruning.previews:  # the same previews, pruned by a full window instead
+        del preview.metadata[PRUNED_AT_TURN_END]
+    late = turn_growth(pruning.apply(messages), priced)
+    # Three complete turns before the newest: the spike was spread over them as growth.
+    assert spike > 1_000 and late - at_end == pytest.approx(spike / 3, abs=1)
+
+
+async def test_turn_end_compression_prunes_without_a_summary(compressor, store, profile, ollama_sim):
+    messages = [
+        Message(role="user", content="turn 0: read the logs"),
+        Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c0", name="read_log")]),
+        log_result(0),
+        Message(role="assistant", content="The resets follow the deploys."),
+    ]
+    session_id = await session_with(store, profile, messages)
+    asked = len(ollama_sim.bodies())
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192)
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
+    assert events[-1].compressed.shortfall == ""  # it aims at no target
+    assert summary_bodies(ollama_sim, asked) == []
+    session = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session
+    [result] = [m for m in session.context if m.role == "tool"]
+    assert "were pruned" in result.content and session.context[-1].content == "The resets follow the deploys."
+    # Nothing left to prune: no events at all (the Agent asks after every turn that called tools).
+    assert await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192) == []
+
+
+def test_results_pruned_within_their_own_turn_are_its_spike():
+    """A compression inside a tool loop prunes the loop's older results: they were sent whole
+    within that turn only, so they count as its spike, not as growth of every turn."""
+    loop: list[Message] = [*chat(2, 200), Message(role="user", content="turn 2: fix the build")]
+    for i in range(3):
+        loop += [
+            Message(role="assistant", tool_calls=[common_pb2.ToolCall(id=f"c{i}", name="read_log")]),
+            log_result(i),
+        ]
+    context = numbered(loop)
+    staged = stage(context, pricing(), knobs(), 8_192, 12, 6_000, True)
+    marked = [p for p in staged.pruning.previews if p.role == "tool"]
+    assert len(marked) == 2 and all(p.metadata[PRUNED_AT_TURN_END] for p in marked)
+
+
+async def test_a_prefix_summary_gives_up_its_slack_before_its_prefix(ollama_sim):
+    """A prefix just under a small window's trigger leaves room for the length asked for, not for
+    twice it: num_predict shrinks to the room instead of the summary going standalone."""
+    from palimpsest.compressor.summarizer import Prefix, Summarizer
+    from palimpsest.compressor.summary_window import summary_length
+
+    client = OllamaClient(ollama_sim.url)
+    summarizer = Summarizer(client, knobs(), "qwen3.6", 4_096)
+    length = summary_length(2_400, summarizer.budget)
+    messages = [{"role": "user", "content": "turn 0: the deploys"}]
+    try:
+        for tokens in range(3_900, 2_000, -25):  # the largest prefix that is sent at all
+            try:
+                await summarizer.summarize_prefix(Prefix(messages, None, tokens, 2_400, "all"), pricing(4_096))
+                break
+            except ValueError:
+                continue
+    finally:
+        await client.aclose()
+    predict = ollama_sim.bodies()[-1]["options"]["num_predict"]
+    assert length + length // 4 <= predict < 2 * length  # before: twice the length, or standalone
