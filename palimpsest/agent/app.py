@@ -28,6 +28,7 @@ from palimpsest.shared.errors import PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.server import RunningServer, method_paths, start_server
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.stubs import AsyncCompressorStub
 from palimpsest.v1 import agent_pb2, agent_pb2_grpc, compressor_pb2
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
@@ -162,7 +163,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     )
     deps = AgentDeps(
         store=store,
-        compressor=cast(CompressorStub, compressor),
+        compressor=cast(AsyncCompressorStub, compressor),
         ollama=ollama,
         settings=settings,
         profiles=profiles,

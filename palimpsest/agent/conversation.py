@@ -16,9 +16,9 @@ from palimpsest.shared.auth import serving_credentials
 from palimpsest.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable
 from palimpsest.shared.session_reads import whole_context
 from palimpsest.shared.structs import to_struct
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -46,7 +46,7 @@ class TurnAppends:
     # The turn's end waits this long for the store to close the call; then it goes regardless.
     CLOSE_WAIT_S = 1.0
 
-    def __init__(self, store: SessionStoreStub, metadata: tuple[tuple[str, str], ...]):
+    def __init__(self, store: AsyncStoreStub, metadata: tuple[tuple[str, str], ...]):
         self._store = store
         # Opened once with the services' vouch beside the caller's credentials: any append of the
         # turn may carry a model report, and a stream's metadata is fixed when it opens.
@@ -209,7 +209,7 @@ class StoredConversation:
 
     ephemeral = False
 
-    def __init__(self, store: SessionStoreStub, session_id: str, vouch=(), timeout: float = 30.0):
+    def __init__(self, store: AsyncStoreStub, session_id: str, vouch=(), timeout: float = 30.0):
         self.store = store
         self.session_id = session_id
         self.vouch = tuple(vouch)  # the services' vouch for what only they may write (a model report)

@@ -35,10 +35,10 @@ from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.reports import judge
 from palimpsest.shared.session_reads import whole_context
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.compressor")
 
@@ -110,7 +110,7 @@ class DryRun:
 
 
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
-    def __init__(self, store: SessionStoreStub, ollama: OllamaClient, settings: Settings):
+    def __init__(self, store: AsyncStoreStub, ollama: OllamaClient, settings: Settings):
         self.store = store
         self.ollama = ollama
         self.settings = settings
@@ -165,22 +165,20 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         the stored context itself only when the caller sent none and it cannot be summed."""
         # The caller's credentials read the session; the services' vouch, beside them, the model's
         # observations (every user's prompt sizes).
-        loads = [
-            self.store.GetBaseline(
-                store_pb.GetBaselineRequest(
-                    session_id=session_id,
-                    model=model,
-                    token_digest=token_digest,
-                    view_budget=view_budget,
-                    with_counts=with_counts,
-                ),
-                metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret),
-            )
-        ]
+        baseline_call = self.store.GetBaseline(
+            store_pb.GetBaselineRequest(
+                session_id=session_id,
+                model=model,
+                token_digest=token_digest,
+                view_budget=view_budget,
+                with_counts=with_counts,
+            ),
+            metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret),
+        )
         if with_context:
-            loads.append(whole_context(self.store.GetSession, session_id))
-        pricing, *rest = await asyncio.gather(*loads)
-        session = rest[0] if rest else common_pb2.Session(id=session_id)
+            pricing, session = await asyncio.gather(baseline_call, whole_context(self.store.GetSession, session_id))
+        else:
+            pricing, session = await baseline_call, common_pb2.Session(id=session_id)
         baseline = pricing.baseline if pricing.HasField("baseline") else None
         counted = pricing.context_tokens if pricing.HasField("context_tokens") else None
         return SessionState(session, baseline, list(pricing.observations), counted)
