@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import suppress
 from types import MappingProxyType
 
+import grpc
+
 from palimpsest.agent import sandbox
 from palimpsest.agent.attachments import check_request, store_attachments
 from palimpsest.agent.audit import ToolRunLog, store_tool_runs
@@ -48,6 +50,11 @@ from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
 log = logging.getLogger("palimpsest.agent")
+
+# The event streams hand over events already serialized (kept so, sent to many readers), which the
+# server's serializer sends as they are (shared/server.py, _sending_bytes_as_they_are): the generated
+# servicer's signature knows only messages, hence the override ignores below.
+EncodedEvents = AsyncIterator[pb.AgentEvent | bytes]
 
 MAX_TEXT_CHARS = 1_000_000
 # On SIGTERM, what is kept of the grace period for stopped turns to save their partial text and
@@ -345,12 +352,18 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         finally:
             self.sessions.release(session_id)
 
-    async def RunStream(self, request, context):
+    async def RunStream(  # type: ignore[override]
+        self,
+        request: pb.RunStreamRequest,
+        context: grpc.aio.ServicerContext[pb.RunStreamRequest, pb.AgentEvent | bytes],
+    ) -> EncodedEvents:
         turn, turn_input = await self._open_turn(request, context)
         async for event in self._drive(turn, turn_input, request.stop_on_disconnect):
             yield event
 
-    async def Run(self, request, context):
+    async def Run(
+        self, request: pb.RunRequest, context: grpc.aio.ServicerContext[pb.RunRequest, pb.RunResponse]
+    ) -> pb.RunResponse:
         turn, turn_input = await self._open_turn(request, context)
         text, reason = "", pb.STREAM_END_REASON_UNSPECIFIED
         async for payload in self._drive(turn, turn_input, request.stop_on_disconnect):
@@ -361,7 +374,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 raise Unavailable(event.error.message)
         return pb.RunResponse(session_id=turn.session_id, text=text, reason=reason)
 
-    async def RunEphemeral(self, request, context):
+    async def RunEphemeral(
+        self,
+        request: pb.RunEphemeralRequest,
+        context: grpc.aio.ServicerContext[pb.RunEphemeralRequest, pb.RunEphemeralResponse],
+    ) -> pb.RunEphemeralResponse:
         if not request.text.strip():
             raise InvalidArgument("text", "required")
         if request.max_iterations < 0:
@@ -423,7 +440,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 )
         return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
 
-    async def Compact(self, request, context):
+    async def Compact(
+        self, request: pb.CompactRequest, context: grpc.aio.ServicerContext[pb.CompactRequest, pb.AgentEvent]
+    ) -> AsyncIterator[pb.AgentEvent]:
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(session_id=request.session_id))).session
@@ -456,7 +475,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             await self._let_go(session.id, holder)
         yield sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
 
-    async def Stop(self, request, context):
+    async def Stop(
+        self, request: pb.StopRequest, context: grpc.aio.ServicerContext[pb.StopRequest, pb.StopResponse]
+    ) -> pb.StopResponse:
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         # Only the session's owner (or an admin) may stop it, or learn whether a turn runs in it:
@@ -470,7 +491,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             stopped = await self.bus.stop_elsewhere(request.session_id)
         return pb.StopResponse(stopped=stopped)
 
-    async def WatchSession(self, request, context):
+    async def WatchSession(  # type: ignore[override]
+        self,
+        request: pb.WatchSessionRequest,
+        context: grpc.aio.ServicerContext[pb.WatchSessionRequest, pb.AgentEvent | bytes],
+    ) -> EncodedEvents:
         who = caller()  # (verified by the server's interceptor)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
@@ -487,7 +512,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             while True:
                 yield await watch.next()
 
-    async def ResumeStream(self, request, context):
+    async def ResumeStream(  # type: ignore[override]
+        self,
+        request: pb.ResumeStreamRequest,
+        context: grpc.aio.ServicerContext[pb.ResumeStreamRequest, pb.AgentEvent | bytes],
+    ) -> EncodedEvents:
         who = caller()  # (verified by the server's interceptor)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
@@ -509,7 +538,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             async for payload in self.turn_logs.follow(log, request.after_seq):
                 yield payload
 
-    async def ListProfiles(self, request, context):
+    async def ListProfiles(
+        self,
+        request: pb.ListProfilesRequest,
+        context: grpc.aio.ServicerContext[pb.ListProfilesRequest, pb.ListProfilesResponse],
+    ) -> pb.ListProfilesResponse:
         await self._reload_profiles()  # what the next turn would use, and why an edit was not taken
         default_window = self.deps.settings.ollama_num_ctx
         profiles = []
@@ -526,7 +559,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             sandbox_unavailable=(await sandbox.probe()).reason,
         )
 
-    async def SubmitToolResult(self, request, context):
+    async def SubmitToolResult(
+        self,
+        request: pb.SubmitToolResultRequest,
+        context: grpc.aio.ServicerContext[pb.SubmitToolResultRequest, pb.SubmitToolResultResponse],
+    ) -> pb.SubmitToolResultResponse:
         for name in ("session_id", "turn_id", "call_id"):
             if not getattr(request, name):
                 raise InvalidArgument(name, "required: as the tool_call_requested event named it")
@@ -539,8 +576,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Who may read the session may answer its client's tools: the turn running here knows its
         # session's owner; for any other, the store answers for the caller (one round trip more).
         turn = self.sessions.running_turn(request.session_id)
-        here = turn is not None and turn.sink.turn_id == request.turn_id and turn.conv.session is not None
-        if not (here and me.can_access(turn.conv.session.owner or None)):
+        here = turn.conv.session if turn is not None and turn.sink.turn_id == request.turn_id else None
+        if here is None or not me.can_access(here.owner or None):
             await self.deps.store.GetSession(
                 store_pb.GetSessionRequest(session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
             )

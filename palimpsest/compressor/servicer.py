@@ -9,7 +9,10 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+
+import grpc
 
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.calibration import tokens_per_char
@@ -197,7 +200,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return b
 
     # -- estimates ---------------------------------------------------------------------------
-    async def EstimateTokens(self, request, context):
+    async def EstimateTokens(
+        self,
+        request: pb.EstimateTokensRequest,
+        context: grpc.aio.ServicerContext[pb.EstimateTokensRequest, pb.EstimateTokensResponse],
+    ) -> pb.EstimateTokensResponse:
         """The prompt the model would get next, counted: the stored context (or ``messages``) and
         ``incoming``, with the preamble and tool schemas the request gives (the baseline method:
         those of the last real prompt). The reply's ``counted`` names what is in."""
@@ -225,6 +232,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 self._recent_observations(request.model),
             )
             pricing = Pricing.build(observations, window, knobs, None, counter)
+            # The store answers a token_digest with the context's counts (GetBaseline).
+            assert state.context_tokens is not None
             unstored = [*preamble, *incoming]
             estimate, fresh = await _priced(
                 pricing.stored_estimate,
@@ -307,7 +316,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def CheckContextSize(self, request, context):
+    async def CheckContextSize(
+        self,
+        request: pb.CheckContextSizeRequest,
+        context: grpc.aio.ServicerContext[pb.CheckContextSizeRequest, pb.CheckContextSizeResponse],
+    ) -> pb.CheckContextSizeResponse:
         """The one question before every model call: the view to send, its size, and whether it
         fits, must be compressed first, or cannot be sent at all."""
         window = self._window(request.window)
@@ -366,7 +379,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
             trigger=trigger,
             compress_keep_recent_messages=keep or 0,
-            token_digest=counter.digest if new_counts else "",
+            token_digest=counter.digest if counter is not None and new_counts else "",
             new_counts=new_counts,
         )
 
@@ -413,7 +426,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         wants the history summarized)."""
         return knobs.prune_tool_results and reason != pb.COMPRESSION_REASON_FORCED
 
-    async def RecordBaseline(self, request, context):
+    async def RecordBaseline(
+        self,
+        request: pb.RecordBaselineRequest,
+        context: grpc.aio.ServicerContext[pb.RecordBaselineRequest, pb.RecordBaselineResponse],
+    ) -> pb.RecordBaselineResponse:
         # Reports teach every session of the model: only the services may make them.
         caller().require_service("a model report")
         if not request.model:
@@ -567,7 +584,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if not isinstance(parsed, dict):
                 raise InvalidArgument(f"tool_schemas[{i}]", "must be a JSON object")
 
-    async def WouldCompress(self, request, context):
+    async def WouldCompress(
+        self,
+        request: pb.WouldCompressRequest,
+        context: grpc.aio.ServicerContext[pb.WouldCompressRequest, pb.WouldCompressResponse],
+    ) -> pb.WouldCompressResponse:
         window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
         staged = await self._plan(
             messages,
@@ -589,7 +610,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             kept_tokens=kept,
         )
 
-    async def Compress(self, request, context):
+    async def Compress(
+        self, request: pb.CompressRequest, context: grpc.aio.ServicerContext[pb.CompressRequest, pb.CompressionEvent]
+    ) -> AsyncIterator[pb.CompressionEvent]:
         """Shrink a session's context and commit it: ``started``, then ``compressed``.
 
         Loads the session's context and pricing, refuses a stale ``expected_revision`` (ABORTED),

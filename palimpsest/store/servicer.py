@@ -10,6 +10,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import grpc
+
 from palimpsest.shared import metrics
 from palimpsest.shared.auth import Identity, caller, vouched_by_services
 from palimpsest.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
@@ -215,7 +217,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             self.memory_index.poke()
 
     # -- sessions --------------------------------------------------------------------------
-    async def CreateSession(self, request, context):
+    async def CreateSession(
+        self,
+        request: pb.CreateSessionRequest,
+        context: grpc.aio.ServicerContext[pb.CreateSessionRequest, pb.CreateSessionResponse],
+    ) -> pb.CreateSessionResponse:
         identity = caller()
         if not request.profile_id.strip():
             raise InvalidArgument("profile_id", "required")
@@ -232,7 +238,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
         return pb.CreateSessionResponse(session=convert.session_from_row(row))
 
-    async def GetSession(self, request, context):
+    async def GetSession(
+        self,
+        request: pb.GetSessionRequest,
+        context: grpc.aio.ServicerContext[pb.GetSessionRequest, pb.GetSessionResponse],
+    ) -> pb.GetSessionResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.view not in pb.SessionView.values():
@@ -252,7 +262,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             response.has_more_context = read.context.has_more
         return response
 
-    async def ListSessions(self, request, context):
+    async def ListSessions(
+        self,
+        request: pb.ListSessionsRequest,
+        context: grpc.aio.ServicerContext[pb.ListSessionsRequest, pb.ListSessionsResponse],
+    ) -> pb.ListSessionsResponse:
         identity = caller()
         if request.sort_by not in _SORT_NAMES:
             raise InvalidArgument("sort_by", f"unknown sort {request.sort_by}")
@@ -283,7 +297,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             semantic=meaning is not None,
         )
 
-    async def SearchMatches(self, request, context):
+    async def SearchMatches(
+        self,
+        request: pb.SearchMatchesRequest,
+        context: grpc.aio.ServicerContext[pb.SearchMatchesRequest, pb.SearchMatchesResponse],
+    ) -> pb.SearchMatchesResponse:
         identity = caller()
         if not request.query.strip():
             raise InvalidArgument("query", "required")
@@ -295,10 +313,18 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             matches=[pb.SessionMatch(session_id=s, display_indices=idx, snippet=snip) for s, idx, snip in found]
         )
 
-    async def GetHistoryPage(self, request, context):
+    async def GetHistoryPage(
+        self,
+        request: pb.GetHistoryPageRequest,
+        context: grpc.aio.ServicerContext[pb.GetHistoryPageRequest, pb.GetHistoryPageResponse],
+    ) -> pb.GetHistoryPageResponse:
         return pb.GetHistoryPageResponse(**await self._page(request, context, archive_only=False))
 
-    async def GetArchivedMessages(self, request, context):
+    async def GetArchivedMessages(
+        self,
+        request: pb.GetArchivedMessagesRequest,
+        context: grpc.aio.ServicerContext[pb.GetArchivedMessagesRequest, pb.GetArchivedMessagesResponse],
+    ) -> pb.GetArchivedMessagesResponse:
         return pb.GetArchivedMessagesResponse(**await self._page(request, context, archive_only=True))
 
     async def _page(self, request, context, *, archive_only: bool) -> dict:
@@ -317,7 +343,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
         return {"messages": page.messages, "has_more": page.has_more}
 
-    async def AppendMessages(self, request, context):
+    async def AppendMessages(
+        self,
+        request: pb.AppendMessagesRequest,
+        context: grpc.aio.ServicerContext[pb.AppendMessagesRequest, pb.AppendMessagesResponse],
+    ) -> pb.AppendMessagesResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.messages or not request.tool_runs:  # (tool runs alone: the audit log only)
@@ -347,13 +377,19 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             session_changed=result.session_changed,
         )
 
-    async def AppendStream(self, request_iterator, context):
+    async def AppendStream(
+        self,
+        request_iterator: AsyncIterator[pb.AppendMessagesRequest],
+        context: grpc.aio.ServicerContext[pb.AppendMessagesRequest, pb.AppendMessagesResponse],
+    ) -> AsyncIterator[pb.AppendMessagesResponse]:
         async for request in self.stopping.until(aiter(request_iterator), STOPPING_APPENDS):
             with metrics.timed_as(APPEND_MESSAGES):  # each append as the call it stands for
                 answer = await self.AppendMessages(request, context)
             yield answer
 
-    async def ClaimTurn(self, request, context):
+    async def ClaimTurn(
+        self, request: pb.ClaimTurnRequest, context: grpc.aio.ServicerContext[pb.ClaimTurnRequest, pb.ClaimTurnResponse]
+    ) -> pb.ClaimTurnResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.holder.strip() or len(request.holder) > 128:
@@ -433,7 +469,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 raise InvalidArgument(f"{field}.started_at", "required")
         return [convert.tool_run_row(run) for run in runs]
 
-    async def ListToolRuns(self, request, context):
+    async def ListToolRuns(
+        self,
+        request: pb.ListToolRunsRequest,
+        context: grpc.aio.ServicerContext[pb.ListToolRunsRequest, pb.ListToolRunsResponse],
+    ) -> pb.ListToolRunsResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.before_seq < 0:
@@ -447,7 +487,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
         return pb.ListToolRunsResponse(runs=[convert.tool_run_from_row(r) for r in rows], has_more=has_more)
 
-    async def UpdateSession(self, request, context):
+    async def UpdateSession(
+        self,
+        request: pb.UpdateSessionRequest,
+        context: grpc.aio.ServicerContext[pb.UpdateSessionRequest, pb.UpdateSessionResponse],
+    ) -> pb.UpdateSessionResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         changes: dict = {}
@@ -479,7 +523,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         row = await self.repo.sessions.update_session(identity, session_id, changes, _expected(request))
         return pb.UpdateSessionResponse(session=convert.session_from_row(row))
 
-    async def SetContextFlag(self, request, context):
+    async def SetContextFlag(
+        self,
+        request: pb.SetContextFlagRequest,
+        context: grpc.aio.ServicerContext[pb.SetContextFlagRequest, pb.SetContextFlagResponse],
+    ) -> pb.SetContextFlagResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.seqs:
@@ -489,7 +537,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
         return pb.SetContextFlagResponse(updated=updated, revision=revision)
 
-    async def CommitCompression(self, request, context):
+    async def CommitCompression(
+        self,
+        request: pb.CommitCompressionRequest,
+        context: grpc.aio.ServicerContext[pb.CommitCompressionRequest, pb.CommitCompressionResponse],
+    ) -> pb.CommitCompressionResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.demote_seqs and not request.HasField("summary"):
@@ -524,7 +576,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             self._chunks_committed()
         return pb.CommitCompressionResponse(**result)
 
-    async def ArchiveOldMessages(self, request, context):
+    async def ArchiveOldMessages(
+        self,
+        request: pb.ArchiveOldMessagesRequest,
+        context: grpc.aio.ServicerContext[pb.ArchiveOldMessagesRequest, pb.ArchiveOldMessagesResponse],
+    ) -> pb.ArchiveOldMessagesResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.below_seq <= 0:
@@ -533,7 +589,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             archived=await self.repo.sessions.archive_old_messages(identity, session_id, request.below_seq)
         )
 
-    async def TrimSession(self, request, context):
+    async def TrimSession(
+        self,
+        request: pb.TrimSessionRequest,
+        context: grpc.aio.ServicerContext[pb.TrimSessionRequest, pb.TrimSessionResponse],
+    ) -> pb.TrimSessionResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.keep < 1:
@@ -541,7 +601,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         before, after = await self.repo.sessions.trim_session(identity, session_id, request.keep)
         return pb.TrimSessionResponse(before=before, after=after, dropped=before - after)
 
-    async def CleanupSessions(self, request, context):
+    async def CleanupSessions(
+        self,
+        request: pb.CleanupSessionsRequest,
+        context: grpc.aio.ServicerContext[pb.CleanupSessionsRequest, pb.CleanupSessionsResponse],
+    ) -> pb.CleanupSessionsResponse:
         identity = caller()
         if not request.HasField("older_than_days"):
             raise InvalidArgument("older_than_days", "required (0 deletes every session you can see)")
@@ -554,7 +618,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             await asyncio.to_thread(self.files.delete_session, session_id)
         return pb.CleanupSessionsResponse(deleted=len(ids), session_ids=ids)
 
-    async def DeleteSession(self, request, context):
+    async def DeleteSession(
+        self,
+        request: pb.DeleteSessionRequest,
+        context: grpc.aio.ServicerContext[pb.DeleteSessionRequest, pb.DeleteSessionResponse],
+    ) -> pb.DeleteSessionResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.delete_session(identity, session_id)
@@ -562,7 +630,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.DeleteSessionResponse(deleted=True)
 
     # -- shares ----------------------------------------------------------------------------
-    async def CreateShare(self, request, context):
+    async def CreateShare(
+        self,
+        request: pb.CreateShareRequest,
+        context: grpc.aio.ServicerContext[pb.CreateShareRequest, pb.CreateShareResponse],
+    ) -> pb.CreateShareResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         token, created_at = await self.repo.shares.create_share(identity, session_id)
@@ -570,7 +642,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         response.created_at.CopyFrom(convert.timestamp(created_at))
         return response
 
-    async def GetShared(self, request, context):
+    async def GetShared(
+        self, request: pb.GetSharedRequest, context: grpc.aio.ServicerContext[pb.GetSharedRequest, pb.GetSharedResponse]
+    ) -> pb.GetSharedResponse:
         if not request.token:
             raise InvalidArgument("token", "required")
         if request.before_seq < 0:
@@ -594,7 +668,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return response
 
     # -- raw chunks ------------------------------------------------------------------------
-    async def SearchMemory(self, request, context):
+    async def SearchMemory(
+        self,
+        request: pb.SearchMemoryRequest,
+        context: grpc.aio.ServicerContext[pb.SearchMemoryRequest, pb.SearchMemoryResponse],
+    ) -> pb.SearchMemoryResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.query.strip():
@@ -608,7 +686,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         )
         return pb.SearchMemoryResponse(chunks=[convert.chunk_from_row(r) for r in rows], semantic=semantic)
 
-    async def IndexChunks(self, request, context):
+    async def IndexChunks(
+        self,
+        request: pb.IndexChunksRequest,
+        context: grpc.aio.ServicerContext[pb.IndexChunksRequest, pb.IndexChunksResponse],
+    ) -> pb.IndexChunksResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         for i, chunk in enumerate(request.chunks):
@@ -627,7 +709,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             raise Unavailable("this store replica has no session bus")
         return self.bus
 
-    async def PublishSessionMessages(self, request, context):
+    async def PublishSessionMessages(
+        self,
+        request: pb.PublishSessionMessagesRequest,
+        context: grpc.aio.ServicerContext[pb.PublishSessionMessagesRequest, pb.PublishSessionMessagesResponse],
+    ) -> pb.PublishSessionMessagesResponse:
         bus = self._bus(context)
         if not 1 <= len(request.messages) <= MAX_BUS_MESSAGES:
             raise InvalidArgument("messages", f"1–{MAX_BUS_MESSAGES} messages, got {len(request.messages)}")
@@ -642,7 +728,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await bus.publish(list(request.messages))
         return pb.PublishSessionMessagesResponse()
 
-    async def ListenSessionMessages(self, request, context):
+    async def ListenSessionMessages(
+        self,
+        request: pb.ListenSessionMessagesRequest,
+        context: grpc.aio.ServicerContext[pb.ListenSessionMessagesRequest, pb.ListenSessionMessagesResponse],
+    ) -> AsyncIterator[pb.ListenSessionMessagesResponse]:
         bus = self._bus(context)
         try:
             listener = await bus.listen(LISTEN_READY_S)
@@ -658,12 +748,20 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             bus.leave(listener)
 
     # -- calibration and baselines -----------------------------------------------------------
-    async def RecordObservation(self, request, context):
+    async def RecordObservation(
+        self,
+        request: pb.RecordObservationRequest,
+        context: grpc.aio.ServicerContext[pb.RecordObservationRequest, pb.RecordObservationResponse],
+    ) -> pb.RecordObservationResponse:
         caller().require_service("calibration")
         await self.repo.calibration.record_observation(*_checked_observation(request.observation, "observation"))
         return pb.RecordObservationResponse()
 
-    async def ListObservations(self, request, context):
+    async def ListObservations(
+        self,
+        request: pb.ListObservationsRequest,
+        context: grpc.aio.ServicerContext[pb.ListObservationsRequest, pb.ListObservationsResponse],
+    ) -> pb.ListObservationsResponse:
         if not caller().is_service:
             raise PermissionDenied(OBSERVATIONS_FOR_SERVICES)
         if not request.model:
@@ -672,7 +770,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         rows = await self.repo.calibration.list_observations(request.model, limit, max(limit, EXACT_OBSERVATIONS))
         return pb.ListObservationsResponse(observations=[_observation(r) for r in rows])
 
-    async def SetBaseline(self, request, context):
+    async def SetBaseline(
+        self,
+        request: pb.SetBaselineRequest,
+        context: grpc.aio.ServicerContext[pb.SetBaselineRequest, pb.SetBaselineResponse],
+    ) -> pb.SetBaselineResponse:
         identity = caller()
         identity.require_service("a baseline")
         session_id = parse_session_id(request.session_id)
@@ -692,7 +794,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await self.repo.calibration.set_baseline(identity, session_id, baseline, request.only_truncated_flag)
         return pb.SetBaselineResponse()
 
-    async def GetBaseline(self, request, context):
+    async def GetBaseline(
+        self,
+        request: pb.GetBaselineRequest,
+        context: grpc.aio.ServicerContext[pb.GetBaselineRequest, pb.GetBaselineResponse],
+    ) -> pb.GetBaselineResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.view_budget < 0:
@@ -722,7 +828,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             response.baseline.recorded_at.CopyFrom(convert.timestamp(row["recorded_at"]))
         return response
 
-    async def SetTokenCounts(self, request, context):
+    async def SetTokenCounts(
+        self,
+        request: pb.SetTokenCountsRequest,
+        context: grpc.aio.ServicerContext[pb.SetTokenCountsRequest, pb.SetTokenCountsResponse],
+    ) -> pb.SetTokenCountsResponse:
         identity = caller()
         identity.require_service("a token count")
         session_id = parse_session_id(request.session_id)
@@ -740,7 +850,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.SetTokenCountsResponse(updated=updated)
 
     # -- files -----------------------------------------------------------------------------
-    async def PutFile(self, request_iterator: AsyncIterator[pb.PutFileRequest], context):
+    async def PutFile(
+        self,
+        request_iterator: AsyncIterator[pb.PutFileRequest],
+        context: grpc.aio.ServicerContext[pb.PutFileRequest, pb.PutFileResponse],
+    ) -> pb.PutFileResponse:
         identity = caller()
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("header"):
@@ -850,7 +964,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             await self.repo.sessions.mark_untrusted(session_id)  # (a no-op once marked)
         return pb.PutFileResponse(file=_file_info(info))
 
-    async def DeleteFile(self, request, context):
+    async def DeleteFile(
+        self,
+        request: pb.DeleteFileRequest,
+        context: grpc.aio.ServicerContext[pb.DeleteFileRequest, pb.DeleteFileResponse],
+    ) -> pb.DeleteFileResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.name:
@@ -860,7 +978,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         await self.repo.usage.add_file_bytes(session_id, -freed)
         return pb.DeleteFileResponse(freed=freed)
 
-    async def GetFile(self, request, context):
+    async def GetFile(
+        self, request: pb.GetFileRequest, context: grpc.aio.ServicerContext[pb.GetFileRequest, pb.GetFileResponse]
+    ) -> AsyncIterator[pb.GetFileResponse]:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if not request.name:
@@ -875,7 +995,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
                 break
             yield pb.GetFileResponse(chunk=chunk)
 
-    async def ListFiles(self, request, context):
+    async def ListFiles(
+        self, request: pb.ListFilesRequest, context: grpc.aio.ServicerContext[pb.ListFilesRequest, pb.ListFilesResponse]
+    ) -> pb.ListFilesResponse:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         await self.repo.sessions.get_session(identity, session_id)
@@ -885,7 +1007,9 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         return pb.ListFilesResponse(files=[_file_info(f) for f in files], token=token)
 
     # -- what the agent remembers about the caller -------------------------------------------
-    async def GetMemory(self, request, context):
+    async def GetMemory(
+        self, request: pb.GetMemoryRequest, context: grpc.aio.ServicerContext[pb.GetMemoryRequest, pb.GetMemoryResponse]
+    ) -> pb.GetMemoryResponse:
         owner = caller().sub
         memory = await self.repo.owner_memory.read(owner)
         caps = self.repo.owner_memory.caps
@@ -898,7 +1022,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             chars=sum(len(r["text"]) for r in memory.entries),
         )
 
-    async def EditMemory(self, request, context):
+    async def EditMemory(
+        self,
+        request: pb.EditMemoryRequest,
+        context: grpc.aio.ServicerContext[pb.EditMemoryRequest, pb.EditMemoryResponse],
+    ) -> pb.EditMemoryResponse:
         identity = caller()
         action = MEMORY_ACTIONS.get(request.action)
         if action is None:
@@ -926,7 +1054,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             response.held.CopyFrom(convert.pending_memory_write(result.held))
         return response
 
-    async def ApproveMemoryWrite(self, request, context):
+    async def ApproveMemoryWrite(
+        self,
+        request: pb.ApproveMemoryWriteRequest,
+        context: grpc.aio.ServicerContext[pb.ApproveMemoryWriteRequest, pb.ApproveMemoryWriteResponse],
+    ) -> pb.ApproveMemoryWriteResponse:
         owner = caller().sub
         result = await self.repo.owner_memory.approve(owner, _held_id(request.id), _expected(request))
         response = pb.ApproveMemoryWriteResponse(revision=result.revision)
@@ -934,7 +1066,11 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
             response.entry.CopyFrom(convert.memory_entry(result.entry))
         return response
 
-    async def RejectMemoryWrite(self, request, context):
+    async def RejectMemoryWrite(
+        self,
+        request: pb.RejectMemoryWriteRequest,
+        context: grpc.aio.ServicerContext[pb.RejectMemoryWriteRequest, pb.RejectMemoryWriteResponse],
+    ) -> pb.RejectMemoryWriteResponse:
         owner = caller().sub
         await self.repo.owner_memory.reject(owner, _held_id(request.id))
         return pb.RejectMemoryWriteResponse()
