@@ -122,7 +122,7 @@ class PendingCalls:
 class ClientTool:
     """One tool a client declared: the model's call is asked of the client, and waited for."""
 
-    def __init__(self, name: str, description: str, parameters: dict[str, Any], read_only: bool):
+    def __init__(self, name: str, description: str, parameters: dict[str, Any], read_only: bool) -> None:
         self.name = name
         self.description = description
         self.parameters = parameters

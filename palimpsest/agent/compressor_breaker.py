@@ -52,7 +52,7 @@ class GuardedCompressor:
         retry_s: float,
         probe: Callable[[], Awaitable[bool]],
         clock: Callable[[], float] = time.monotonic,
-    ):
+    ) -> None:
         self._stub = stub
         self.address = address
         self.retry_s = retry_s

@@ -46,7 +46,7 @@ class TurnAppends:
     # The turn's end waits this long for the store to close the call; then it goes regardless.
     CLOSE_WAIT_S = 1.0
 
-    def __init__(self, store: AsyncStoreStub, metadata: tuple[tuple[str, str], ...]):
+    def __init__(self, store: AsyncStoreStub, metadata: tuple[tuple[str, str], ...]) -> None:
         self._store = store
         # Opened once with the services' vouch beside the caller's credentials: any append of the
         # turn may carry a model report, and a stream's metadata is fixed when it opens.
@@ -209,7 +209,7 @@ class StoredConversation:
 
     ephemeral = False
 
-    def __init__(self, store: AsyncStoreStub, session_id: str, vouch=(), timeout: float = 30.0):
+    def __init__(self, store: AsyncStoreStub, session_id: str, vouch=(), timeout: float = 30.0) -> None:
         self.store = store
         self.session_id = session_id
         self.vouch = tuple(vouch)  # the services' vouch for what only they may write (a model report)
@@ -456,7 +456,9 @@ class EphemeralConversation:
     session = None
     reloads = 0
 
-    def __init__(self, messages: Sequence[Message] = (), untrusted: bool = False, tool_runs: ToolRunLog | None = None):
+    def __init__(
+        self, messages: Sequence[Message] = (), untrusted: bool = False, tool_runs: ToolRunLog | None = None
+    ) -> None:
         self.context: list[Message] = list(messages)
         self._untrusted = untrusted
         self.revision = None

@@ -74,7 +74,7 @@ class ReplicaBus:
         answer_here: Callable[[Key, Answer], Outcome] = lambda key, answer: "unknown",
         alive: Callable[[str], None] = lambda turn_id: None,
         hearing: Callable[[bool], None] = lambda hearing: None,
-    ):
+    ) -> None:
         """``deliver``: an event from another replica, to this replica's watchers. ``stop_here``:
         stop the session's turn if this replica runs it (True then). ``running``: (session id, turn
         id) of the turns this replica runs, announced every ALIVE_EVERY_S; ``alive``: another

@@ -36,7 +36,7 @@ T = TypeVar("T", bound=Stoppable)
 
 
 class SessionRuntime(Generic[T]):
-    def __init__(self, warm: WarmCache[tuple[Credentials, common_pb2.Session]]):
+    def __init__(self, warm: WarmCache[tuple[Credentials, common_pb2.Session]]) -> None:
         self._warm = warm
         self._locks: dict[str, asyncio.Lock] = {}
         self._users: dict[str, int] = {}  # holders and waiters of each lock: an idle one is forgotten
@@ -141,7 +141,7 @@ class TurnClaims:
     FIRST_WAIT_S = 0.05
     MOST_WAIT_S = 1.0
 
-    def __init__(self, store, ttl_s: int, replica: str):
+    def __init__(self, store, ttl_s: int, replica: str) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.replica = replica

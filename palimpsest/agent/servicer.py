@@ -133,7 +133,7 @@ def _other_model_hint(profiles: ProfileRegistry, profile: Profile) -> str:
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
-    def __init__(self, deps: AgentDeps):
+    def __init__(self, deps: AgentDeps) -> None:
         self.deps = deps
         self.sessions: SessionRuntime[Turn] = SessionRuntime(
             WarmCache(WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024)

@@ -74,7 +74,7 @@ class Turn:
     The servicer serialises turns per session and sets ``stop`` when the client stops one or leaves.
     """
 
-    def __init__(self, ctx: TurnContext):
+    def __init__(self, ctx: TurnContext) -> None:
         self.ctx = ctx
         self.deps = deps = ctx.deps
         self.conv = conversation = ctx.conversation

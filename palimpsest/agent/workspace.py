@@ -90,7 +90,7 @@ def _sha256(path: Path) -> str:
 class Workspace:
     """One session's mirror. Tools of a turn and of its sub-agents share it, one at a time."""
 
-    def __init__(self, store: AsyncStoreStub, settings: Settings, session_id: str, folder: Path):
+    def __init__(self, store: AsyncStoreStub, settings: Settings, session_id: str, folder: Path) -> None:
         self.store = store
         self.settings = settings
         self.session_id = session_id
@@ -316,7 +316,7 @@ class Workspaces:
     ones dropped past ``keep`` sessions (the store keeps everything; a dropped mirror is synced
     again when needed)."""
 
-    def __init__(self, store: AsyncStoreStub, settings: Settings, root: Path, keep: int = 64):
+    def __init__(self, store: AsyncStoreStub, settings: Settings, root: Path, keep: int = 64) -> None:
         self.store = store
         self.settings = settings
         self.root = root

@@ -43,7 +43,7 @@ CUT_CACHE_ENTRIES = 2_000
 class TokenCounter:
     """Counts text with one model's own tokenizer. Thread-safe; repeated texts are counted once."""
 
-    def __init__(self, tokenizer: Tokenizer, digest: str):
+    def __init__(self, tokenizer: Tokenizer, digest: str) -> None:
         self.tokenizer = tokenizer
         self.digest = digest
         self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
@@ -134,7 +134,7 @@ def _file_name(digest: str) -> str:
 class ModelTokenizers:
     """``await counter(model)``: the model's exact counter, or None (the calibrated line counts)."""
 
-    def __init__(self, ollama: OllamaClient, cache_dir: Path | None):
+    def __init__(self, ollama: OllamaClient, cache_dir: Path | None) -> None:
         self.ollama = ollama
         self.cache_dir = cache_dir
         self._by_digest: dict[str, TokenCounter] = {}

@@ -113,7 +113,7 @@ class DryRun:
 
 
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
-    def __init__(self, store: AsyncStoreStub, ollama: OllamaClient, settings: Settings):
+    def __init__(self, store: AsyncStoreStub, ollama: OllamaClient, settings: Settings) -> None:
         self.store = store
         self.ollama = ollama
         self.settings = settings

@@ -35,7 +35,7 @@ class PrimedCounter:
     """A counter that answers from stored counts what they cover and counts the rest with the
     model's own (whose cache then keeps it)."""
 
-    def __init__(self, counter: Counter, known: dict[tuple[int, int], int]):
+    def __init__(self, counter: Counter, known: dict[tuple[int, int], int]) -> None:
         self.counter = counter
         self.known = known
 

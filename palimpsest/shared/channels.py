@@ -51,7 +51,7 @@ class DefaultDeadline(
     bidirectional call, which lives as long as its writer keeps it: the writer bounds each
     exchange (see _DirectStream)."""
 
-    def __init__(self, seconds: float, long_seconds: float):
+    def __init__(self, seconds: float, long_seconds: float) -> None:
         self.seconds = seconds
         self.long_seconds = long_seconds
 
@@ -89,7 +89,7 @@ class ServiceCalls(
     AioRpcError or forgets a caller's token. A call that sets its own ``authorization`` keeps it.
     (A bidirectional call gets the same from _DirectStream.)"""
 
-    def __init__(self, service: str, address: str, settings: Settings):
+    def __init__(self, service: str, address: str, settings: Settings) -> None:
         self.service = service
         self.address = address
         self.settings = settings
@@ -141,7 +141,7 @@ class ServiceCalls(
 class _Answered:
     """A client-streaming call whose answer, when awaited, fails as ServiceCalls maps it."""
 
-    def __init__(self, call, calls: ServiceCalls):
+    def __init__(self, call, calls: ServiceCalls) -> None:
         self._call = call
         self._calls = calls
 
@@ -156,7 +156,7 @@ class _Answered:
 
 
 class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner) -> None:
         self.inner = inner
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
@@ -164,7 +164,7 @@ class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
 
 
 class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner) -> None:
         self.inner = inner
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):
@@ -172,7 +172,7 @@ class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
 
 
 class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner) -> None:
         self.inner = inner
 
     async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
@@ -180,7 +180,7 @@ class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
 
 
 class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner) -> None:
         self.inner = inner
 
     async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
@@ -207,7 +207,7 @@ class _DirectUnary:
     own for every call, about 0.2–0.4 ms a call on a 2-core machine (measured with a health check),
     and a turn's answer waits for one such call between the model's last token and stream_end."""
 
-    def __init__(self, inner, method: str | bytes, deadline: DefaultDeadline, calls: ServiceCalls | None):
+    def __init__(self, inner, method: str | bytes, deadline: DefaultDeadline, calls: ServiceCalls | None) -> None:
         self._inner = inner
         self._timeout = deadline.timeout_for(method)
         self._calls = calls
@@ -233,7 +233,7 @@ class _DirectStream:
     credentials (as of its opening) and its reads and writes fail as ServiceCalls maps them. No
     deadline: such a call lives as long as its writer keeps it, and bounds each exchange itself."""
 
-    def __init__(self, inner, calls: ServiceCalls | None):
+    def __init__(self, inner, calls: ServiceCalls | None) -> None:
         self._inner = inner
         self._calls = calls
 
@@ -263,7 +263,7 @@ class _DirectStream:
 class _MappedStream:
     """A bidirectional call whose reads and writes raise the PalimpsestError for a failed status."""
 
-    def __init__(self, call, calls: ServiceCalls):
+    def __init__(self, call, calls: ServiceCalls) -> None:
         self._call = call
         self._calls = calls
 
@@ -298,7 +298,7 @@ class _ServiceChannel:
         deadline: DefaultDeadline,
         calls: ServiceCalls | None,
         direct_unary: bool = True,
-    ):
+    ) -> None:
         self._channel = channel
         self._deadline = deadline
         self._calls = calls

@@ -236,7 +236,7 @@ def _timed_stream(fn, method: str):
 class MetricsEndpoint:
     """prometheus-client's own HTTP server (a thread) on host:port; port 0 picks a free one."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int) -> None:
         try:
             self._server, self._thread = start_http_server(port, addr=host)
         except OSError as exc:

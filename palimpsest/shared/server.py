@@ -94,7 +94,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     the field (``deep``: in nested messages too). Known errors become their status; anything else
     is logged once and answered as INTERNAL."""
 
-    def __init__(self, admission: Admission, *, deep_nul_check: bool = False, translate: Translate | None = None):
+    def __init__(
+        self, admission: Admission, *, deep_nul_check: bool = False, translate: Translate | None = None
+    ) -> None:
         self.admission = admission
         self.deep = deep_nul_check
         self.translate = translate

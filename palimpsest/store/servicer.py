@@ -201,7 +201,7 @@ class SessionStoreServicer(session_store_pb2_grpc.SessionStoreServicer):
         settings: Settings,
         memory_index: MemoryIndex | None = None,
         bus: SessionBus | None = None,
-    ):
+    ) -> None:
         self.repo = repo
         self.bus = bus  # messages between Agent replicas (None: a store without a listen connection)
         self.files = files

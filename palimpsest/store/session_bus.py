@@ -121,7 +121,7 @@ class SessionBus:
     """This store replica's side of the bus: publishes through the pool, listens on a connection of
     its own (opened again whenever it drops) and hands every message to this replica's listeners."""
 
-    def __init__(self, dsn: str, pool: asyncpg.Pool, *, check_interval_s: float = CHECK_INTERVAL_S):
+    def __init__(self, dsn: str, pool: asyncpg.Pool, *, check_interval_s: float = CHECK_INTERVAL_S) -> None:
         self._dsn = dsn
         self._pool = pool
         self._check_interval_s = check_interval_s

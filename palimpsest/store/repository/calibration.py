@@ -140,7 +140,7 @@ async def write_baseline(
 
 
 class Calibration:
-    def __init__(self, pool: asyncpg.Pool):
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
     async def record_observation(

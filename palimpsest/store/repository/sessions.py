@@ -132,7 +132,7 @@ class HotWindow:
 class Sessions:
     """Sessions, their messages and the archive: create, append (idempotently), read, compress, trim."""
 
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, usage: OwnerUsage):
+    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, usage: OwnerUsage) -> None:
         self.pool = pool
         self.hot_window = hot_window
         self.usage = usage
