@@ -10,25 +10,23 @@ import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from types import MappingProxyType
+from typing import Any
 
 import grpc
 
 from palimpsest.agent import sandbox
-from palimpsest.agent.attachments import check_request, store_attachments
 from palimpsest.agent.audit import ToolRunLog, store_tool_runs
-from palimpsest.agent.client_tools import MAX_ANSWER_BYTES, Answer, ClientTool, client_tools_from_proto
-from palimpsest.agent.conversation import StoredConversation, conflict
+from palimpsest.agent.client_tools import MAX_ANSWER_BYTES, Answer
+from palimpsest.agent.conversation import conflict
 from palimpsest.agent.events import EventSink
-from palimpsest.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from palimpsest.agent.replica_bus import ReplicaBus
 from palimpsest.agent.runtime import SessionRuntime, TurnClaims
 from palimpsest.agent.subagent import run_subagent
 from palimpsest.agent.tools.base import SpawnRequest
-from palimpsest.agent.tools.registry import BUILTIN, tools_for
 from palimpsest.agent.turn import Turn
-from palimpsest.agent.turn_context import AgentDeps, TurnContext, TurnInput
+from palimpsest.agent.turn_context import AgentDeps, TurnInput
 from palimpsest.agent.turn_logs import TurnLogs
+from palimpsest.agent.turn_opening import TurnRequest, open_turn, validate_turn
 from palimpsest.agent.warm_cache import WarmCache
 from palimpsest.agent.watchers import SessionWatchers
 from palimpsest.shared.auth import SERVICE_ROLE, caller, forwarded_metadata, vouching_metadata
@@ -41,11 +39,9 @@ from palimpsest.shared.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from palimpsest.shared.external_refs import refs_from_proto
 from palimpsest.shared.session_reads import whole_context
-from palimpsest.shared.workspace_paths import BadPath, workspace_path
 from palimpsest.v1 import agent_pb2 as pb
-from palimpsest.v1 import agent_pb2_grpc, common_pb2
+from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
@@ -56,7 +52,6 @@ log = logging.getLogger("palimpsest.agent")
 # servicer's signature knows only messages, hence the override ignores below.
 EncodedEvents = AsyncIterator[pb.AgentEvent | bytes]
 
-MAX_TEXT_CHARS = 1_000_000
 # On SIGTERM, what is kept of the grace period for stopped turns to save their partial text and
 # end their streams (one store write each) before gRPC cancels what is left.
 STOP_MARGIN_S = 1.0
@@ -66,70 +61,6 @@ WARM_SESSIONS = 1000  # sessions whose last state is kept for their next turn
 WATCH_BUS_WAIT_S = 5.0
 # How long a resume waits for another replica's turn to reach this one over the session bus.
 RESUME_CATCH_UP_S = 2.0
-
-
-def _validate_turn(request) -> None:
-    if not (request.text.strip() or request.images or request.attachments or request.inline_attachments):
-        raise InvalidArgument("text", "a turn needs text, images or files")
-    if len(request.text) > MAX_TEXT_CHARS:
-        raise InvalidArgument("text", f"at most {MAX_TEXT_CHARS} characters")
-    if request.hidden and request.images:
-        raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
-    refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
-    check_request(request)
-    turn_cwd(request.cwd)
-
-
-def turn_client_tools(request, profile: Profile, settings) -> tuple[list[ClientTool], int]:
-    """The client's tools for the turn, and how long one call waits for its answer."""
-    wait = request.client_tool_timeout_seconds
-    if not 0 <= wait <= settings.client_tool_max_timeout_s:
-        raise InvalidArgument(
-            "client_tool_timeout_seconds",
-            f"0 (the default, {settings.client_tool_timeout_s} s) to "
-            f"{settings.client_tool_max_timeout_s} s (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S)",
-        )
-    if not request.client_tools:
-        return [], wait
-    taken = {*BUILTIN, *tools_for((), profile.custom_tools)}  # built-ins, and the profile's custom tools
-    return client_tools_from_proto(request.client_tools, taken), wait
-
-
-def turn_cwd(raw: str) -> str:
-    """A turn's working folder, as a workspace path ("" for the workspace itself)."""
-    try:
-        return workspace_path(raw, allow_root=True) if raw else ""
-    except BadPath as exc:
-        raise InvalidArgument("cwd", str(exc)) from None
-
-
-def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
-    """The UpdateSession fields a turn writes before anything else: what it runs on, where that
-    differs from what the session last ran on; the refs the request adds (a new session got them
-    at its creation, and adding them again changes nothing); the taint of pasted images and
-    uploaded files (content from outside, as a tool's output is), before they are stored."""
-    changes: dict = {}
-    if profile.id != session.profile_id:
-        changes["profile_id"] = profile.id
-    if (session.provider, session.model) != (PROVIDER, profile.model):
-        changes.update(provider=PROVIDER, model=profile.model)
-    stored = {(r.kind, r.uri, r.created_by) for r in session.external_refs}
-    if any((r.kind, r.uri, r.created_by) not in stored for r in request.external_refs):
-        changes["add_external_refs"] = list(request.external_refs)
-    if (request.images or request.attachments or request.inline_attachments) and not session.untrusted_ingested:
-        changes["mark_untrusted_ingested"] = True
-    return changes
-
-
-def _other_model_hint(profiles: ProfileRegistry, profile: Profile) -> str:
-    """When a resumed session's model is not the one its profile names now: how to move it on."""
-    configured = profiles.profiles.get(profile.id)
-    if configured is None or configured.model == profile.model:
-        return ""
-    return (
-        f" (the model this session last ran on), or continue it on the profile's model "
-        f"{configured.model!r} by passing profile_id={profile.id!r}"
-    )
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
@@ -211,91 +142,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 await self.deps.mcp.sync(fresh)
             log.info("profiles reloaded from %s", fresh.path)
 
-    async def _open_turn(self, request, context) -> tuple[Turn, TurnInput]:
+    async def _open_turn(
+        self, request: TurnRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[Turn, TurnInput]:
         """Everything that can fail with a plain status before the stream begins: the turn, and
         what it answers."""
-        _validate_turn(request)
+        validate_turn(request)
         metadata = forwarded_metadata(context)
         await self._reload_profiles()
-        warm = None
-        if request.session_id:
-            warm = self.sessions.take_warm(request.session_id, metadata)
-            # Else the CONTEXT view: the turn starts from it without loading the session again.
-            session = warm or await whole_context(self.deps.store.GetSession, request.session_id)
-            profile = (
-                self.deps.profiles.get(request.profile_id)
-                if request.profile_id
-                else self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
-            )
-        else:
-            profile = self.deps.profiles.get(request.profile_id)
-        client_tools, client_wait = turn_client_tools(request, profile, self.deps.settings)
-        try:
-            facts = await self.deps.ollama.model_facts(profile.model)
-        except Unavailable as exc:
-            raise Unavailable(
-                f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}"
-                + _other_model_hint(self.deps.profiles, profile)
-            ) from None
-        if not request.session_id:
-            session = (
-                await self.deps.store.CreateSession(
-                    store_pb.CreateSessionRequest(
-                        profile_id=profile.id,
-                        provider=PROVIDER,
-                        model=profile.model,
-                        external_refs=request.external_refs,
-                    )
-                )
-            ).session
-        files = await self._turn_files(request, session.id)
-        if request.inline_attachments:  # storing them moved the session on (its taint): start from the store
-            session, warm = await whole_context(self.deps.store.GetSession, session.id), None
-        settings = self.deps.settings
-        conversation = StoredConversation(
-            self.deps.store,
-            session.id,
-            vouching_metadata(settings.auth_enabled, settings.jwt_secret),
-            timeout=settings.rpc_timeout_s,
-        )
-        conversation.adopt(session)
-        conversation.from_cache = warm is not None
-        sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
-        turn = Turn(
-            TurnContext(
-                self.deps,
-                conversation,
-                profile,
-                sink,
-                metadata,
-                facts,
-                spawn=run_subagent,
-                opened_generation=self.sessions.generation(session.id),
-                session_changes=MappingProxyType(session_changes(session, profile, request)),
-            )
-        )
-        return turn, TurnInput(
-            request.text,
-            list(request.images),
-            request.hidden,
-            files,
-            cwd=turn_cwd(request.cwd),
-            client_tools=client_tools,
-            client_tool_timeout_s=client_wait,
-        )
-
-    async def _turn_files(self, request, session_id: str) -> list[str]:
-        """The turn's files, stored before the stream begins so a refusal is the call's status. A
-        session made for this turn goes again when its files are refused: nothing stays of it."""
-        if not (request.attachments or request.inline_attachments):
-            return []
-        try:
-            return await store_attachments(self.deps.store, session_id, request)
-        except BaseException:
-            if not request.session_id:
-                with suppress(PalimpsestError):
-                    await self.deps.store.DeleteSession(store_pb.DeleteSessionRequest(session_id=session_id))
-            raise
+        return await open_turn(self.deps, self.sessions, self._publish, request, metadata)
 
     async def _drive(self, turn: Turn, turn_input: TurnInput, stop_on_disconnect: bool) -> AsyncIterator[bytes]:
         """Run the turn under the session lock; yields its events (serialized, as its log keeps
