@@ -15,21 +15,19 @@ from typing import Any
 import grpc
 
 from palimpsest.agent import sandbox
-from palimpsest.agent.audit import ToolRunLog, store_tool_runs
 from palimpsest.agent.client_tools import MAX_ANSWER_BYTES, Answer
 from palimpsest.agent.conversation import conflict
+from palimpsest.agent.ephemeral import run_ephemeral
 from palimpsest.agent.events import EventSink
 from palimpsest.agent.replica_bus import ReplicaBus
 from palimpsest.agent.runtime import SessionRuntime, TurnClaims
-from palimpsest.agent.subagent import run_subagent
-from palimpsest.agent.tools.base import SpawnRequest
 from palimpsest.agent.turn import Turn
 from palimpsest.agent.turn_context import AgentDeps, TurnInput
 from palimpsest.agent.turn_logs import TurnLogs
 from palimpsest.agent.turn_opening import TurnRequest, open_turn, validate_turn
 from palimpsest.agent.warm_cache import WarmCache
 from palimpsest.agent.watchers import SessionWatchers
-from palimpsest.shared.auth import SERVICE_ROLE, caller, forwarded_metadata, vouching_metadata
+from palimpsest.shared.auth import SERVICE_ROLE, caller, forwarded_metadata
 from palimpsest.shared.errors import (
     Aborted,
     FailedPrecondition,
@@ -240,60 +238,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             raise InvalidArgument("max_iterations", "must not be negative")
         if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
             raise InvalidArgument("timeout_seconds", "must be a finite number of seconds, not negative")
-        metadata = forwarded_metadata(context)
-        parent_profile = None
-        untrusted = pinned = False
-        if request.parent_session_id:
-            parent = (
-                await self.deps.store.GetSession(store_pb.GetSessionRequest(session_id=request.parent_session_id))
-            ).session
-            parent_profile = self.deps.profiles.resumed(parent.profile_id, parent.provider, parent.model)
-            untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
-            pinned = parent.sandboxed
-        spawn = SpawnRequest(
-            text=request.text,
-            profile_id=request.profile_id,
-            max_iterations=request.max_iterations or 40,
-            exclude_tools=tuple(request.exclude_tools),
-            briefing=request.briefing,
-            custom_system_prompt=request.custom_system_prompt,
-            inherit_system_prompt=request.inherit_system_prompt,
-            context_transfer=request.context_transfer,
-            parent_session_id=request.parent_session_id,
-            timeout_seconds=request.timeout_seconds or 300.0,
-        )
-
-        async def taint_parent() -> None:  # (the parent's own turns read the flag from the store)
-            await self.deps.store.UpdateSession(
-                store_pb.UpdateSessionRequest(session_id=request.parent_session_id, mark_untrusted_ingested=True)
-            )
-
-        tool_runs = ToolRunLog()
-        try:
-            result = await run_subagent(
-                self.deps,
-                spawn,
-                sink=EventSink(request.parent_session_id, is_subagent=True),
-                metadata=metadata,
-                untrusted=untrusted,
-                parent_profile=parent_profile,
-                taint_parent=taint_parent if request.parent_session_id else None,
-                sandbox_pinned=lambda: pinned,
-                tool_runs=tool_runs,
-            )
-        finally:
-            runs = tool_runs.unstored()
-            if runs and request.parent_session_id:  # audited under the session it worked for, in one write
-                settings = self.deps.settings
-                await store_tool_runs(
-                    self.deps.store.AppendMessages,
-                    request.parent_session_id,
-                    runs,
-                    key=uuid.uuid4().hex,
-                    metadata=vouching_metadata(settings.auth_enabled, settings.jwt_secret),
-                    timeout=settings.rpc_timeout_s,
-                )
-        return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
+        return await run_ephemeral(self.deps, request, forwarded_metadata(context))
 
     async def Compact(
         self, request: pb.CompactRequest, context: grpc.aio.ServicerContext[pb.CompactRequest, pb.AgentEvent]
