@@ -5,11 +5,18 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import replace
+from typing import Any
+
+import asyncpg
+from google.protobuf import struct_pb2
 
 from palimpsest.shared.errors import InvalidArgument, ResourceExhausted
 from palimpsest.shared.external_refs import ExternalRef, refs_from_proto
 from palimpsest.store import convert
+from palimpsest.store.file_disk import FileInfo
+from palimpsest.store.file_uploads import Upload
 from palimpsest.store.redaction import redact_uri
 from palimpsest.store.repository.calibration import EXACT_FIELDS
 from palimpsest.v1 import common_pb2
@@ -48,12 +55,12 @@ def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int 
     return value
 
 
-def request_refs(refs, field: str = "external_refs") -> list[ExternalRef]:
+def request_refs(refs: Sequence[common_pb2.ExternalRef], field: str = "external_refs") -> list[ExternalRef]:
     """A request's refs validated, as stored: URIs redacted."""
     return [replace(ref, uri=redact_uri(ref.uri)) for ref in refs_from_proto(refs, field=field)]
 
 
-def refs_from_json(items) -> list[ExternalRef]:
+def refs_from_json(items: Iterable[dict[str, Any]]) -> list[ExternalRef]:
     from datetime import datetime
 
     return [
@@ -98,7 +105,9 @@ def checked_observation(obs: pb.Observation, field: str) -> tuple[str, int, int,
     return obs.model, 0 if obs.exact.content_tokens else obs.chars, obs.tokens, exact
 
 
-def check_token_counts(digest: str, counts, prefix: str, field: str = "token_counts") -> None:
+def check_token_counts(
+    digest: str, counts: Sequence[common_pb2.TokenCount], prefix: str, field: str = "token_counts"
+) -> None:
     if counts and not digest:
         raise InvalidArgument(f"{prefix}token_digest", "required: a count means nothing without its tokenizer")
     if any(c.seq <= 0 or c.tokens < 0 for c in counts):
@@ -109,7 +118,7 @@ def check_token_counts(digest: str, counts, prefix: str, field: str = "token_cou
         )
 
 
-def validate_messages(messages, max_bytes: int) -> None:
+def validate_messages(messages: Sequence[common_pb2.Message], max_bytes: int) -> None:
     if not messages:
         raise InvalidArgument("messages", "at least one message is required")
     for i, m in enumerate(messages):
@@ -133,10 +142,10 @@ def check_message(m: common_pb2.Message, field: str, max_bytes: int) -> None:
         check_struct(m.metadata, f"{field}.metadata")
 
 
-def check_struct(struct, field: str) -> None:
+def check_struct(struct: struct_pb2.Struct, field: str) -> None:
     """JSON can hold neither NaN nor infinities; PostgreSQL's jsonb refuses them."""
 
-    def walk(value) -> None:
+    def walk(value: struct_pb2.Value) -> None:
         kind = value.WhichOneof("kind")
         if kind == "number_value" and not math.isfinite(value.number_value):
             raise InvalidArgument(field, "numbers must be finite (no NaN or infinity)")
@@ -151,11 +160,22 @@ def check_struct(struct, field: str) -> None:
         walk(v)
 
 
-def expected_revision(request) -> int | None:
+# The writes that may name the revision they expect.
+RevisedRequest = (
+    pb.AppendMessagesRequest
+    | pb.UpdateSessionRequest
+    | pb.SetContextFlagRequest
+    | pb.CommitCompressionRequest
+    | pb.EditMemoryRequest
+    | pb.ApproveMemoryWriteRequest
+)
+
+
+def expected_revision(request: RevisedRequest) -> int | None:
     return request.expected_revision if request.HasField("expected_revision") else None
 
 
-async def begun(starting):
+async def begun(starting: Awaitable[Upload]) -> Upload:
     """An upload whose temp file a thread is creating: if the call is cancelled meanwhile, the thread
     still finishes, and the upload it made is dropped then instead of left behind on disk."""
     task = asyncio.ensure_future(starting)
@@ -198,7 +218,7 @@ OBSERVATIONS_FOR_SERVICES = (
 MAX_CLEANUP_DAYS = 36_500
 
 
-def observation_proto(row) -> pb.Observation:
+def observation_proto(row: asyncpg.Record) -> pb.Observation:
     observation = pb.Observation(model=row["model"], chars=row["chars"], tokens=row["tokens"])
     shape = {name: row[name] for name in EXACT_FIELDS}
     if any(shape.values()):  # an exact shape, or a calibrated one's characters by class
@@ -207,7 +227,7 @@ def observation_proto(row) -> pb.Observation:
     return observation
 
 
-def file_info(info) -> common_pb2.FileInfo:
+def file_info(info: FileInfo) -> common_pb2.FileInfo:
     # The path is the name within the session's folder: where the store keeps its files is its
     # own business (and the absolute path named the session id to anyone shown it).
     return common_pb2.FileInfo(
