@@ -12,6 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import cast
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from palimpsest.agent import sandbox
@@ -128,7 +129,7 @@ async def watch_mcp(running: RunningServer, mcp: McpManager) -> None:
             )
 
 
-async def compressor_serving(channel, timeout: float) -> bool:
+async def compressor_serving(channel: grpc.aio.Channel, timeout: float) -> bool:
     """The breaker's probe: does the Compressor answer, and say it serves?"""
     with tracing.untraced():
         # (types-grpcio-health-checking declares HealthStub without the methods its __init__ sets)

@@ -27,6 +27,7 @@ from palimpsest.agent.turn_logs import ALIVE_EVERY_S
 from palimpsest.shared import tracing
 from palimpsest.shared.auth import as_service
 from palimpsest.shared.errors import PalimpsestError
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
@@ -65,7 +66,7 @@ def relayable(event: pb.AgentEvent) -> bytes | None:
 class ReplicaBus:
     def __init__(
         self,
-        store,
+        store: AsyncStoreStub,
         replica: str,
         *,
         deliver: Callable[[pb.AgentEvent], None],

@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 from typing import Generic, Protocol, TypeVar
 
 from palimpsest.agent.warm_cache import WarmCache
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
 
@@ -141,7 +142,7 @@ class TurnClaims:
     FIRST_WAIT_S = 0.05
     MOST_WAIT_S = 1.0
 
-    def __init__(self, store, ttl_s: int, replica: str) -> None:
+    def __init__(self, store: AsyncStoreStub, ttl_s: int, replica: str) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.replica = replica

@@ -18,7 +18,7 @@ import os
 import shutil
 import stat
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,7 +144,7 @@ class Workspace:
             await asyncio.to_thread(self._prune)
         self._token = reply.token
 
-    def _stale(self, listed) -> list[common_pb2.FileInfo]:
+    def _stale(self, listed: Iterable[common_pb2.FileInfo]) -> list[common_pb2.FileInfo]:
         """The store's files whose mirror copy is missing or not the one the store has."""
         stale = []
         for info in listed:

@@ -114,7 +114,7 @@ class TokenCounter:
         return cut
 
 
-def _cut(text: str, offsets, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
+def _cut(text: str, offsets: Sequence[tuple[int, int]], head_tokens: int, tail_tokens: int) -> tuple[str, str]:
     if head_tokens + tail_tokens >= len(offsets):
         return text, ""
     return (

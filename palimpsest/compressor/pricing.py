@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from palimpsest.compressor.calibration import (
     CHAR_CLASSES,
@@ -62,7 +63,7 @@ class Knobs:
     def resolve(cls, settings: Settings, overrides: compressor_pb2.CompressionSettings | None) -> "Knobs":
         o = overrides or compressor_pb2.CompressionSettings()
 
-        def pick(name: str, default):
+        def pick(name: str, default: Any) -> Any:
             return getattr(o, name) if o.HasField(name) else default
 
         if o.summarizer_window < 0:

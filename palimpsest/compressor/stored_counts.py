@@ -10,6 +10,7 @@ summary input, and the cut of a message over the view's budget.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from palimpsest.compressor.exact_count import Counter, content_md5
 from palimpsest.v1 import common_pb2
@@ -39,7 +40,7 @@ class PrimedCounter:
         self.counter = counter
         self.known = known
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.counter, name)  # digest, tokenizer
 
     def counts(self, texts: Sequence[str]) -> list[int]:

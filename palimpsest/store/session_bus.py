@@ -198,7 +198,7 @@ class SessionBus:
         conn.add_termination_listener(lambda _conn: lost.set())
         reassembly = Reassembly()
 
-        def on_notify(_conn, _pid, _channel, payload: object) -> None:
+        def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
             data = reassembly.add(str(payload))
             if data is None:
                 return

@@ -149,7 +149,11 @@ class Calibration:
         await insert_observation(self.pool, model, chars, tokens, exact)
 
     async def list_observations(
-        self, model: str, limit: int = CHAR_OBSERVATIONS, exact_limit: int = EXACT_OBSERVATIONS, conn=None
+        self,
+        model: str,
+        limit: int = CHAR_OBSERVATIONS,
+        exact_limit: int = EXACT_OBSERVATIONS,
+        conn: Connection | None = None,
     ) -> list[asyncpg.Record]:
         """The newest observations of both kinds (chars for the calibrated line, exact shapes for
         the template fit), newest first."""

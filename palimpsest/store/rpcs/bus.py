@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -23,7 +24,7 @@ class BusRpcs(StoreRpcs):
     """Messages between Agent replicas, for the Palimpsest services only."""
 
     # -- messages between Agent replicas ---------------------------------------------------
-    def _bus(self, context) -> SessionBus:
+    def _bus(self, context: grpc.aio.ServicerContext[Any, Any]) -> SessionBus:
         if not caller().is_service:
             raise PermissionDenied("the session bus carries every session's events: the Palimpsest services only")
         if self.bus is None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -44,7 +45,13 @@ class MessageRpcs(StoreRpcs):
     ) -> pb.GetArchivedMessagesResponse:
         return pb.GetArchivedMessagesResponse(**await self._page(request, context, archive_only=True))
 
-    async def _page(self, request, context, *, archive_only: bool) -> dict:
+    async def _page(
+        self,
+        request: pb.GetHistoryPageRequest | pb.GetArchivedMessagesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+        *,
+        archive_only: bool,
+    ) -> dict[str, Any]:
         identity = caller()
         session_id = parse_session_id(request.session_id)
         if request.before_seq < 0:
@@ -118,7 +125,9 @@ class MessageRpcs(StoreRpcs):
         )
         return pb.ClaimTurnResponse(granted=granted, holder=holder, expires_in_seconds=left)
 
-    def _report(self, report: pb.ModelReport, identity: Identity, context) -> Report:
+    def _report(
+        self, report: pb.ModelReport, identity: Identity, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Report:
         """A model report to write with an append, checked as the calls it stands for check theirs."""
         if report.HasField("context_token_count") and report.context_token_count < 0:
             raise InvalidArgument("report.context_token_count", "must not be negative")
@@ -155,7 +164,9 @@ class MessageRpcs(StoreRpcs):
             token_counts=[(c.seq, c.tokens, c.content_md5) for c in report.token_counts],
         )
 
-    def _tool_runs(self, runs, identity: Identity, context) -> list[dict]:
+    def _tool_runs(
+        self, runs: Sequence[pb.ToolRun], identity: Identity, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> list[dict[str, Any]]:
         """Audit records to write with an append, as the log keeps them: only from the services (a
         user must not write their own trail), each checked field by field."""
         if not runs:
