@@ -171,7 +171,7 @@ class Pricing:
         return self.counter is not None
 
     @property
-    def method(self) -> int:
+    def method(self) -> compressor_pb2.EstimateMethod:
         if self.exact:
             return compressor_pb2.ESTIMATE_METHOD_EXACT
         if self.has_baseline:
@@ -261,7 +261,7 @@ class Pricing:
 
     def with_baseline(
         self, messages: Sequence[Message], incoming: Sequence[Message] = (), tool_schemas: Sequence[str] = ()
-    ) -> tuple[Estimate, int]:
+    ) -> tuple[Estimate, compressor_pb2.EstimateMethod]:
         """(estimate, method): exact when the model's tokenizer is known; else the real baseline plus
         the calibrated delta when there is one; else the calibrated line over everything."""
         if self.exact:

@@ -9,23 +9,25 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import grpc
 
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.calibration import tokens_per_char
 from palimpsest.compressor.exact_count import content_md5, message_tokens
-from palimpsest.compressor.model_tokenizers import ModelTokenizers
+from palimpsest.compressor.model_tokenizers import ModelTokenizers, TokenCounter
 from palimpsest.compressor.planner import intra_turn_keep
 from palimpsest.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
 from palimpsest.compressor.size_check import deepen_cuts
-from palimpsest.compressor.stages import Staged, decide, stage, summarize_or_truncate
+from palimpsest.compressor.stages import PrefixSource, Staged, decide, stage, summarize_or_truncate
 from palimpsest.compressor.stored_counts import PrimedCounter, known_counts
 from palimpsest.compressor.summarizer import Summarizer
-from palimpsest.compressor.summary_prefix import build_prefix
+from palimpsest.compressor.summary_prefix import Prefix, build_prefix
 from palimpsest.compressor.token_estimate import (
+    Estimate,
     fits,
     output_reserve,
     trigger_tokens,
@@ -43,6 +45,10 @@ from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
+R = TypeVar("R")
+# The calls that plan a compression: WouldCompress (a dry run) and Compress.
+CompressorRequest = pb.WouldCompressRequest | pb.CompressRequest
+
 log = logging.getLogger("palimpsest.compressor")
 
 MAX_WINDOW = 10_000_000
@@ -54,13 +60,13 @@ OBSERVATIONS_TTL_S = 5.0
 INLINE_PRICING_CHARS = 20_000
 
 
-def _chars(messages) -> int:
+def _chars(messages: Iterable[common_pb2.Message]) -> int:
     """The pricing work ``messages`` make, in characters; an image counts as past the inline limit:
     Pillow parses its header (a TIFF's or an ICO's can take milliseconds), so it is priced in a thread."""
     return sum(len(m.content) + len(m.images) * (INLINE_PRICING_CHARS + 1) for m in messages)
 
 
-async def _priced(fn, *args, chars: int):
+async def _priced(fn: Callable[..., R], *args: Any, chars: int) -> R:
     """``fn(*args)``, in a thread only when the text is big enough to block other sessions."""
     if chars <= INLINE_PRICING_CHARS:
         return fn(*args)
@@ -80,7 +86,7 @@ def counted_parts(method: int, *, preamble: bool, incoming: bool, schemas: bool)
     return [name for name, counted in parts.items() if counted]
 
 
-def _reportable(pricing: Pricing, view, estimate):
+def _reportable(pricing: Pricing, view: Sequence[common_pb2.Message], estimate: Estimate) -> Estimate:
     """A calibrated estimate carries the shape of the view it priced: the report of the call
     brings it back, and the per-class rates learn what such a prompt really cost."""
     return estimate if pricing.exact else replace(estimate, shape=calibrated_shape(view))
@@ -187,7 +193,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return SessionState(session, baseline, list(pricing.observations), counted)
 
     async def _pricing(
-        self, model: str, window: int, knobs: Knobs, observations, baseline: store_pb.Baseline | None = None
+        self,
+        model: str,
+        window: int,
+        knobs: Knobs,
+        observations: Sequence[store_pb.Observation],
+        baseline: store_pb.Baseline | None = None,
     ) -> Pricing:
         counter = await self.tokenizers.counter(model)
         return Pricing.build(observations, window, knobs, baseline, counter)
@@ -274,7 +285,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             ),
         )
 
-    def _new_counts(self, session_id: str, counter, messages) -> list[common_pb2.TokenCount]:
+    def _new_counts(
+        self, session_id: str, counter: TokenCounter, messages: Sequence[common_pb2.Message]
+    ) -> list[common_pb2.TokenCount]:
         """The counts of rows a size check sees for the first time, for its caller to store with the
         call's report: a message is counted once, at the first check after it was written, and
         every later sum (EstimateTokens, the context meter, another replica) reads it from the store."""
@@ -384,12 +397,21 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         )
 
     @staticmethod
-    def _price_view(pricing: Pricing, messages, schemas):
+    def _price_view(
+        pricing: Pricing, messages: Sequence[common_pb2.Message], schemas: Sequence[str]
+    ) -> tuple[list[common_pb2.Message], dict[int, str], Estimate, pb.EstimateMethod]:
         view, cuts = pricing.view(messages)
         return view, cuts, _reportable(pricing, view, pricing.count_view(view, schemas)), pricing.method
 
     async def _shrinking_keep(
-        self, request, tokens: int, trigger: int, limit: int, window: int, knobs: Knobs, pricing: Pricing
+        self,
+        request: pb.CheckContextSizeRequest,
+        tokens: int,
+        trigger: int,
+        limit: int,
+        window: int,
+        knobs: Knobs,
+        pricing: Pricing,
     ) -> int | None:
         """The keep_recent_messages of a compression that would shrink the stored context, when one
         is due: over the trigger, the request's own plan (whole turns before the first call, the
@@ -417,7 +439,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return None
 
     @staticmethod
-    async def _decide(staged: Staged, pricing, knobs, window, any_gain: bool) -> tuple[str, int]:
+    async def _decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:
         return await asyncio.to_thread(decide, staged, pricing, knobs, window, any_gain)
 
     @staticmethod
@@ -513,13 +535,16 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         while len(self._dry_runs) > DRY_RUN_SESSIONS:
             self._dry_runs.popitem(last=False)
 
-    def _read_by_dry_run(self, request) -> DryRun | None:
+    def _read_by_dry_run(self, request: CompressorRequest) -> DryRun | None:
         """The dry run, when the Compress names the very revision it read (taken: used once)."""
         dry = self._dry_runs.pop(request.session_id, None)
-        asked = "expected_revision" in request.DESCRIPTOR.fields_by_name and request.HasField("expected_revision")
-        return dry if dry is not None and asked and dry.session.revision == request.expected_revision else None
+        if dry is None or not isinstance(request, pb.CompressRequest) or not request.HasField("expected_revision"):
+            return None
+        return dry if dry.session.revision == request.expected_revision else None
 
-    async def _prepare(self, request):
+    async def _prepare(
+        self, request: CompressorRequest
+    ) -> tuple[int, Knobs, SessionState, str, Pricing, list[common_pb2.Message], int, DryRun | None]:
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.keep_recent_messages < 0:
@@ -552,13 +577,27 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return window, knobs, state, model, pricing, context_messages, current, dry
 
     @staticmethod
-    async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int, prune: bool) -> Staged:
+    async def _plan(
+        messages: list[common_pb2.Message],
+        pricing: Pricing,
+        knobs: Knobs,
+        window: int,
+        keep_recent_messages: int,
+        prompt_tokens: int,
+        prune: bool,
+    ) -> Staged:
         # Pure CPU over the whole context: off the event loop, so other sessions keep streaming.
         return await asyncio.to_thread(
             stage, messages, pricing, knobs, window, keep_recent_messages, prompt_tokens, prune
         )
 
-    async def _prefix_source(self, request, summarizer: Summarizer, messages, pricing: Pricing):
+    async def _prefix_source(
+        self,
+        request: pb.CompressRequest,
+        summarizer: Summarizer,
+        messages: Sequence[common_pb2.Message],
+        pricing: Pricing,
+    ) -> PrefixSource | None:
         """How a summary's prefix form is built for this request: only when the session's own model
         writes it and the caller said what its prompts begin with."""
         head, schemas = list(request.prompt_head), list(request.tool_schemas)
@@ -566,13 +605,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             return None
         vision = (await self.ollama.model_facts(summarizer.model)).vision
 
-        def prefix_for(summarized, scope):
+        def prefix_for(summarized: list[common_pb2.Message], scope: str) -> Prefix | None:
             return build_prefix(head, schemas, messages, summarized, pricing, vision, scope)
 
         return prefix_for
 
     @staticmethod
-    def _check_prompt_head(request) -> None:
+    def _check_prompt_head(request: pb.CompressRequest) -> None:
         for i, message in enumerate(request.prompt_head):
             if message.role != "system":
                 raise InvalidArgument(f"prompt_head[{i}].role", f"must be system, got {message.role!r}")
