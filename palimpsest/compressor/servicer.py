@@ -24,8 +24,8 @@ from palimpsest.compressor.pricing import Knobs, Pricing, SessionState, calibrat
 from palimpsest.compressor.size_check import deepen_cuts
 from palimpsest.compressor.stages import PrefixSource, Staged, decide, stage, summarize_or_truncate
 from palimpsest.compressor.stored_counts import PrimedCounter, known_counts
-from palimpsest.compressor.summarizer import Summarizer
-from palimpsest.compressor.summary_prefix import Prefix, build_prefix
+from palimpsest.compressor.summarizer import Prefix, Summarizer
+from palimpsest.compressor.summary_prefix import build_prefix
 from palimpsest.compressor.token_estimate import (
     Estimate,
     fits,
