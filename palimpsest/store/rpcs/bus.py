@@ -12,18 +12,17 @@ from palimpsest.shared.auth import caller
 from palimpsest.shared.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
 from palimpsest.store.repository.access import parse_session_id
 from palimpsest.store.rpcs.base import StoreRpcs
-from palimpsest.store.rpcs.checks import (
-    LISTEN_READY_S,
-    MAX_BUS_MESSAGES,
-)
 from palimpsest.store.session_bus import MAX_PAYLOAD_BYTES, ListenerGone, SessionBus
 from palimpsest.v1 import session_store_pb2 as pb
+
+MAX_BUS_MESSAGES = 1000  # one PublishSessionMessages
+# How long a new ListenSessionMessages waits for this replica's listen connection (reconnecting).
+LISTEN_READY_S = 5.0
 
 
 class BusRpcs(StoreRpcs):
     """Messages between Agent replicas, for the Palimpsest services only."""
 
-    # -- messages between Agent replicas ---------------------------------------------------
     def _bus(self, context: grpc.aio.ServicerContext[Any, Any]) -> SessionBus:
         if not caller().is_service:
             raise PermissionDenied("the session bus carries every session's events: the Palimpsest services only")

@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
+import asyncpg
 import grpc
 
 from palimpsest.shared.auth import caller, vouched_by_services
 from palimpsest.shared.errors import InvalidArgument, PermissionDenied
 from palimpsest.store import convert
 from palimpsest.store.repository.access import parse_session_id
-from palimpsest.store.repository.calibration import EXACT_OBSERVATIONS
+from palimpsest.store.repository.calibration import EXACT_FIELDS, EXACT_OBSERVATIONS
 from palimpsest.store.rpcs.base import StoreRpcs
 from palimpsest.store.rpcs.checks import (
-    OBSERVATIONS_FOR_SERVICES,
     check_token_counts,
     checked_observation,
-    observation_proto,
     page_size,
 )
+from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
+
+# Every user's prompt sizes and character mixes, by model: what the Compressor calibrates with.
+OBSERVATIONS_FOR_SERVICES = (
+    "calibration observations (every user's prompt sizes) are read by the Palimpsest services only"
+)
 
 
 class CalibrationRpcs(StoreRpcs):
     """Calibration: the models' prompt observations, a session's baseline and its stored token counts."""
 
-    # -- calibration and baselines -----------------------------------------------------------
     async def RecordObservation(
         self,
         request: pb.RecordObservationRequest,
@@ -124,3 +128,12 @@ class CalibrationRpcs(StoreRpcs):
             [c.content_md5 for c in request.counts],
         )
         return pb.SetTokenCountsResponse(updated=updated)
+
+
+def observation_proto(row: asyncpg.Record) -> pb.Observation:
+    observation = pb.Observation(model=row["model"], chars=row["chars"], tokens=row["tokens"])
+    shape = {name: row[name] for name in EXACT_FIELDS}
+    if any(shape.values()):  # an exact shape, or a calibrated one's characters by class
+        observation.exact.CopyFrom(common_pb2.PromptShape(**shape))
+    observation.observed_at.CopyFrom(convert.timestamp(row["observed_at"]))
+    return observation

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-import asyncpg
 from google.protobuf import struct_pb2
 
 from palimpsest.shared.errors import InvalidArgument, ResourceExhausted
 from palimpsest.shared.external_refs import ExternalRef, refs_from_proto
 from palimpsest.store import convert
-from palimpsest.store.file_disk import FileInfo
-from palimpsest.store.file_uploads import Upload
 from palimpsest.store.redaction import redact_uri
 from palimpsest.store.repository.calibration import EXACT_FIELDS
 from palimpsest.v1 import common_pb2
@@ -24,27 +20,10 @@ from palimpsest.v1 import session_store_pb2 as pb
 
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
-FILE_CHUNK = 64 * 1024
 # Ollama's model names ("nomic-embed-text", "hf.co/org/repo:Q4_K_M") are far shorter.
 MAX_MODEL_NAME = 200
 # A tool's name, a turn's or a tool call's id (Ollama's are short; custom tools' names are identifiers).
 MAX_TOOL_NAME = 200
-MAX_BUS_MESSAGES = 1000  # one PublishSessionMessages
-# How long a new ListenSessionMessages waits for this replica's listen connection (reconnecting).
-LISTEN_READY_S = 5.0
-APPEND_MESSAGES = "/palimpsest.v1.SessionStore/AppendMessages"
-# A stopping replica ends the append streams waiting for their writer's next append: the writer
-# sends it again on another (each append carries its idempotency key).
-STOPPING_APPENDS = "this store replica is stopping: append on another"
-
-SORT_NAMES = {
-    pb.SORT_BY_UNSPECIFIED: "last_active",
-    pb.SORT_BY_LAST_ACTIVE: "last_active",
-    pb.SORT_BY_CREATED_AT: "created_at",
-    pb.SORT_BY_NAME: "name",
-    pb.SORT_BY_MESSAGE_COUNT: "message_count",
-    pb.SORT_BY_RELEVANCE: "relevance",
-}
 
 
 def page_size(value: int, field: str, default: int = DEFAULT_PAGE, maximum: int = MAX_PAGE) -> int:
@@ -175,31 +154,6 @@ def expected_revision(request: RevisedRequest) -> int | None:
     return request.expected_revision if request.HasField("expected_revision") else None
 
 
-async def begun(starting: Awaitable[Upload]) -> Upload:
-    """An upload whose temp file a thread is creating: if the call is cancelled meanwhile, the thread
-    still finishes, and the upload it made is dropped then instead of left behind on disk."""
-    task = asyncio.ensure_future(starting)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-
-        def drop(done: asyncio.Future) -> None:
-            if not done.cancelled() and done.exception() is None:
-                done.result().abort()
-
-        task.add_done_callback(drop)
-        raise
-
-
-MEMORY_ACTIONS = {pb.MEMORY_ACTION_ADD: "add", pb.MEMORY_ACTION_REPLACE: "replace", pb.MEMORY_ACTION_REMOVE: "remove"}
-
-
-def held_id(value: int) -> int:
-    if value <= 0:
-        raise InvalidArgument("id", "required: the held write's id (GetMemory lists them under pending)")
-    return value
-
-
 def checked_model(raw: str) -> str:
     """An `embed_model` field: empty (the store's), or an Ollama model name."""
     model = raw.strip()
@@ -208,33 +162,3 @@ def checked_model(raw: str) -> str:
             "embed_model", f"must be an Ollama model name (at most {MAX_MODEL_NAME} characters, no spaces)"
         )
     return model
-
-
-# Every user's prompt sizes and character mixes, by model: what the Compressor calibrates with.
-OBSERVATIONS_FOR_SERVICES = (
-    "calibration observations (every user's prompt sizes) are read by the Palimpsest services only"
-)
-# A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
-MAX_CLEANUP_DAYS = 36_500
-
-
-def observation_proto(row: asyncpg.Record) -> pb.Observation:
-    observation = pb.Observation(model=row["model"], chars=row["chars"], tokens=row["tokens"])
-    shape = {name: row[name] for name in EXACT_FIELDS}
-    if any(shape.values()):  # an exact shape, or a calibrated one's characters by class
-        observation.exact.CopyFrom(common_pb2.PromptShape(**shape))
-    observation.observed_at.CopyFrom(convert.timestamp(row["observed_at"]))
-    return observation
-
-
-def file_info(info: FileInfo) -> common_pb2.FileInfo:
-    # The path is the name within the session's folder: where the store keeps its files is its
-    # own business (and the absolute path named the session id to anyone shown it).
-    return common_pb2.FileInfo(
-        name=info.name,
-        path=info.name,
-        size=info.size,
-        sha256=info.sha256,
-        content_type=info.content_type,
-        outside_content=info.outside_content,
-    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 
@@ -12,20 +12,19 @@ from palimpsest.shared.auth import Identity, caller, vouched_by_services
 from palimpsest.shared.errors import InvalidArgument, ResourceExhausted
 from palimpsest.shared.file_policy import unseen_character_problem
 from palimpsest.shared.validation import first_nul, first_out_of_range
+from palimpsest.store.file_disk import FileInfo
+from palimpsest.store.file_uploads import Upload
 from palimpsest.store.repository.access import parse_session_id
 from palimpsest.store.rpcs.base import StoreRpcs
-from palimpsest.store.rpcs.checks import (
-    FILE_CHUNK,
-    begun,
-    file_info,
-)
+from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
+
+FILE_CHUNK = 64 * 1024
 
 
 class FileRpcs(StoreRpcs):
     """A session's files: upload (streamed), read, list and delete."""
 
-    # -- files -----------------------------------------------------------------------------
     async def PutFile(
         self,
         request_iterator: AsyncIterator[pb.PutFileRequest],
@@ -181,3 +180,32 @@ class FileRpcs(StoreRpcs):
         if files is None:
             return pb.ListFilesResponse(token=token, unchanged=True)
         return pb.ListFilesResponse(files=[file_info(f) for f in files], token=token)
+
+
+async def begun(starting: Awaitable[Upload]) -> Upload:
+    """An upload whose temp file a thread is creating: if the call is cancelled meanwhile, the thread
+    still finishes, and the upload it made is dropped then instead of left behind on disk."""
+    task = asyncio.ensure_future(starting)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+
+        def drop(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is None:
+                done.result().abort()
+
+        task.add_done_callback(drop)
+        raise
+
+
+def file_info(info: FileInfo) -> common_pb2.FileInfo:
+    # The path is the name within the session's folder: where the store keeps its files is its
+    # own business (and the absolute path named the session id to anyone shown it).
+    return common_pb2.FileInfo(
+        name=info.name,
+        path=info.name,
+        size=info.size,
+        sha256=info.sha256,
+        content_type=info.content_type,
+        outside_content=info.outside_content,
+    )

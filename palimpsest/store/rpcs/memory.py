@@ -11,19 +11,18 @@ from palimpsest.store.repository.access import parse_session_id
 from palimpsest.store.repository.owner_memory import MemoryEdit, checked_text
 from palimpsest.store.rpcs.base import StoreRpcs
 from palimpsest.store.rpcs.checks import (
-    MEMORY_ACTIONS,
     checked_model,
     expected_revision,
-    held_id,
     page_size,
 )
 from palimpsest.v1 import session_store_pb2 as pb
+
+MEMORY_ACTIONS = {pb.MEMORY_ACTION_ADD: "add", pb.MEMORY_ACTION_REPLACE: "replace", pb.MEMORY_ACTION_REMOVE: "remove"}
 
 
 class MemoryRpcs(StoreRpcs):
     """Memory: raw chunks and their search, and what the agent remembers about the caller."""
 
-    # -- raw chunks ------------------------------------------------------------------------
     async def SearchMemory(
         self,
         request: pb.SearchMemoryRequest,
@@ -125,3 +124,9 @@ class MemoryRpcs(StoreRpcs):
         owner = caller().sub
         await self.repo.owner_memory.reject(owner, held_id(request.id))
         return pb.RejectMemoryWriteResponse()
+
+
+def held_id(value: int) -> int:
+    if value <= 0:
+        raise InvalidArgument("id", "required: the held write's id (GetMemory lists them under pending)")
+    return value

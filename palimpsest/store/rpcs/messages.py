@@ -16,9 +16,7 @@ from palimpsest.store.repository.access import parse_session_id
 from palimpsest.store.repository.sessions import Report
 from palimpsest.store.rpcs.base import StoreRpcs
 from palimpsest.store.rpcs.checks import (
-    APPEND_MESSAGES,
     MAX_TOOL_NAME,
-    STOPPING_APPENDS,
     check_token_counts,
     checked_observation,
     expected_revision,
@@ -26,6 +24,11 @@ from palimpsest.store.rpcs.checks import (
     validate_messages,
 )
 from palimpsest.v1 import session_store_pb2 as pb
+
+APPEND_MESSAGES = "/palimpsest.v1.SessionStore/AppendMessages"
+# A stopping replica ends the append streams waiting for their writer's next append: the writer
+# sends it again on another (each append carries its idempotency key).
+STOPPING_APPENDS = "this store replica is stopping: append on another"
 
 
 class MessageRpcs(StoreRpcs):

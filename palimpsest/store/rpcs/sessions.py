@@ -14,9 +14,7 @@ from palimpsest.store import convert
 from palimpsest.store.repository.access import parse_session_id
 from palimpsest.store.rpcs.base import StoreRpcs
 from palimpsest.store.rpcs.checks import (
-    MAX_CLEANUP_DAYS,
     MAX_PAGE,
-    SORT_NAMES,
     check_message,
     check_struct,
     checked_model,
@@ -29,11 +27,21 @@ from palimpsest.store.rpcs.checks import (
 from palimpsest.store.shared_view import scrubbed, shared_message
 from palimpsest.v1 import session_store_pb2 as pb
 
+# A century: past it an interval overflows PostgreSQL's timestamp arithmetic.
+MAX_CLEANUP_DAYS = 36_500
+SORT_NAMES = {
+    pb.SORT_BY_UNSPECIFIED: "last_active",
+    pb.SORT_BY_LAST_ACTIVE: "last_active",
+    pb.SORT_BY_CREATED_AT: "created_at",
+    pb.SORT_BY_NAME: "name",
+    pb.SORT_BY_MESSAGE_COUNT: "message_count",
+    pb.SORT_BY_RELEVANCE: "relevance",
+}
+
 
 class SessionRpcs(StoreRpcs):
     """Sessions: create, read, list and search, change, compress, trim, delete and share."""
 
-    # -- sessions --------------------------------------------------------------------------
     async def CreateSession(
         self,
         request: pb.CreateSessionRequest,
