@@ -17,7 +17,7 @@ from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
 
 Message = common_pb2.Message
-AGENT = pathlib.Path(__file__).resolve().parents[1] / "services" / "agent"
+AGENT = pathlib.Path(__file__).resolve().parents[1] / "palimpsest" / "agent"
 
 
 def test_the_first_call_carries_no_notes_and_later_calls_are_reminded_of_budget_goal_and_stall():
@@ -106,6 +106,9 @@ def test_the_turn_does_not_import_the_module_that_builds_sub_agents():
     """The spawner is injected (TurnContext.spawn): the turn and its stages never import it."""
     for path in [
         AGENT / "turn.py",
+        AGENT / "turn_base.py",
+        AGENT / "turn_tools.py",
+        AGENT / "turn_compression.py",
         AGENT / "turn_context.py",
         *sorted((AGENT / "stages").glob("*.py")),
     ]:
