@@ -25,9 +25,12 @@ install: $(VENV)/.installed
 
 # Regenerates the committed Python code (messages, stubs and .pyi type stubs) from protos/, and the
 # descriptor set with the protos' comments that server reflection serves (grpcurl describe shows them).
+# grpc_tools writes no .pyi for the *_pb2_grpc modules: mypy-protobuf's grpc plugin does, so the
+# servicers' request and context types (grpc.aio.ServicerContext[Req, Resp]) are checked, not Any.
 protos: $(VENV)/.installed
 	rm -f $(GEN_DIR)/*_pb2*.py $(GEN_DIR)/*_pb2*.pyi $(GEN_DIR)/palimpsest.binpb
-	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
+		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=. $(PROTOS)
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --include_source_info --descriptor_set_out=$(GEN_DIR)/palimpsest.binpb $(PROTOS)
 
 # Fails when the committed generated code is not what `make protos` produces.

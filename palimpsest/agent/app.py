@@ -12,6 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import cast
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from palimpsest.agent import sandbox
@@ -28,6 +29,7 @@ from palimpsest.shared.errors import PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.server import RunningServer, method_paths, start_server
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.stubs import AsyncCompressorStub
 from palimpsest.v1 import agent_pb2, agent_pb2_grpc, compressor_pb2
 from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
@@ -127,7 +129,7 @@ async def watch_mcp(running: RunningServer, mcp: McpManager) -> None:
             )
 
 
-async def compressor_serving(channel, timeout: float) -> bool:
+async def compressor_serving(channel: grpc.aio.Channel, timeout: float) -> bool:
     """The breaker's probe: does the Compressor answer, and say it serves?"""
     with tracing.untraced():
         # (types-grpcio-health-checking declares HealthStub without the methods its __init__ sets)
@@ -162,7 +164,7 @@ async def start_agent(settings: Settings, *, port: int, host: str = "127.0.0.1")
     )
     deps = AgentDeps(
         store=store,
-        compressor=cast(CompressorStub, compressor),
+        compressor=cast(AsyncCompressorStub, compressor),
         ollama=ollama,
         settings=settings,
         profiles=profiles,

@@ -18,9 +18,9 @@ from palimpsest.shared.file_policy import (
     safe_name,
     upload_name_problem,
 )
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import agent_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 # A turn names at most this many files: more is a folder, better zipped or uploaded and listed.
 MAX_ATTACHMENTS = 20
@@ -80,7 +80,7 @@ def _is_stored_name(name: str) -> bool:
 
 
 async def store_attachments(
-    store: SessionStoreStub, session_id: str, request: agent_pb2.RunStreamRequest | agent_pb2.RunRequest
+    store: AsyncStoreStub, session_id: str, request: agent_pb2.RunStreamRequest | agent_pb2.RunRequest
 ) -> list[str]:
     """The stored names of the turn's files, in the request's order (each once): the named ones
     checked to exist, then the inline ones stored (a name taken gets a number: report_1.pdf)."""

@@ -79,7 +79,7 @@ def _schema(raw: str, field: str) -> dict[str, Any]:
 class ClientTool:
     """One tool a client declared: the model's call is asked of the client, and waited for."""
 
-    def __init__(self, name: str, description: str, parameters: dict[str, Any], read_only: bool):
+    def __init__(self, name: str, description: str, parameters: dict[str, Any], read_only: bool) -> None:
         self.name = name
         self.description = description
         self.parameters = parameters

@@ -23,6 +23,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import grpc
+
 from palimpsest.shared.errors import NOT_ANSWERING, NotAnswering, PalimpsestError, Unavailable
 from palimpsest.v1 import compressor_pb2
 
@@ -52,7 +54,7 @@ class GuardedCompressor:
         retry_s: float,
         probe: Callable[[], Awaitable[bool]],
         clock: Callable[[], float] = time.monotonic,
-    ):
+    ) -> None:
         self._stub = stub
         self.address = address
         self.retry_s = retry_s
@@ -92,13 +94,13 @@ class GuardedCompressor:
             f"Compressor at {self.address} {NOT_ANSWERING}: this call was given up when another one went unanswered"
         )
 
-    async def _unary(self, method, request, **kwargs):
+    async def _unary(self, method: Callable[..., Any], request: Any, **kwargs: Any) -> Any:
         self._refuse_while_open()
         call = method(request, **kwargs)
         with self._watching(call):
             return await call
 
-    async def _stream(self, method, request, **kwargs) -> AsyncIterator[Any]:
+    async def _stream(self, method: Callable[..., Any], request: Any, **kwargs: Any) -> AsyncIterator[Any]:
         self._refuse_while_open()
         call = method(request, **kwargs)
         with self._watching(call):
@@ -106,7 +108,7 @@ class GuardedCompressor:
                 yield reply
 
     @contextlib.contextmanager
-    def _watching(self, call) -> Iterator[None]:
+    def _watching(self, call: grpc.aio.Call) -> Iterator[None]:
         """A call in flight: its silence opens the breaker, and it is given up when another's does."""
         self._in_flight.add(call)
         try:

@@ -39,7 +39,7 @@ def apply_cuts(messages: Sequence[Message], cuts: Sequence[compressor_pb2.ViewCu
 
 
 class ContextBuilder:
-    def __init__(self, persona: str):
+    def __init__(self, persona: str) -> None:
         self.persona = persona
         self._system_prompts: dict[tuple[str, bool], str] = {}
 

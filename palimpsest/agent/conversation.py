@@ -6,19 +6,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf.message import Message as ProtoMessage
 
 from palimpsest.agent.audit import ToolRunLog, store_tool_runs
 from palimpsest.shared.auth import serving_credentials
 from palimpsest.shared.errors import Aborted, InvalidArgument, PalimpsestError, PermissionDenied, Unavailable
 from palimpsest.shared.session_reads import whole_context
 from palimpsest.shared.structs import to_struct
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+
+R = TypeVar("R")  # a store call's reply
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -46,7 +49,7 @@ class TurnAppends:
     # The turn's end waits this long for the store to close the call; then it goes regardless.
     CLOSE_WAIT_S = 1.0
 
-    def __init__(self, store: SessionStoreStub, metadata: tuple[tuple[str, str], ...]):
+    def __init__(self, store: AsyncStoreStub, metadata: tuple[tuple[str, str], ...]) -> None:
         self._store = store
         # Opened once with the services' vouch beside the caller's credentials: any append of the
         # turn may carry a model report, and a stream's metadata is fixed when it opens.
@@ -62,7 +65,11 @@ class TurnAppends:
         return self._call is not None and not self._call.done()
 
     async def __call__(
-        self, request: store_pb.AppendMessagesRequest, *, metadata=None, timeout: float
+        self,
+        request: store_pb.AppendMessagesRequest,
+        *,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+        timeout: float,
     ) -> store_pb.AppendMessagesResponse:
         async with self._lock:
             if self._closed or (self._call is not None and self._caller != serving_credentials()):
@@ -209,7 +216,9 @@ class StoredConversation:
 
     ephemeral = False
 
-    def __init__(self, store: SessionStoreStub, session_id: str, vouch=(), timeout: float = 30.0):
+    def __init__(
+        self, store: AsyncStoreStub, session_id: str, vouch: Iterable[tuple[str, str]] = (), timeout: float = 30.0
+    ) -> None:
         self.store = store
         self.session_id = session_id
         self.vouch = tuple(vouch)  # the services' vouch for what only they may write (a model report)
@@ -232,7 +241,9 @@ class StoredConversation:
         self.tool_runs = ToolRunLog()
         self.call_seqs: dict[str, int] = {}
 
-    async def _call(self, method, request, timeout: float | None = None):
+    async def _call(
+        self, method: Callable[..., Awaitable[R]], request: ProtoMessage, timeout: float | None = None
+    ) -> R:
         # A model report or tool runs ride with the caller's credentials (the interceptor's) and the
         # services' vouch.
         metadata = (
@@ -256,7 +267,12 @@ class StoredConversation:
         self.context = list(session.context)
         return self.context
 
-    async def _write(self, method, make_request, timeout: float | None = None):
+    async def _write(
+        self,
+        method: Callable[..., Awaitable[R]],
+        make_request: Callable[[], ProtoMessage],
+        timeout: float | None = None,
+    ) -> R:
         try:
             reply = await self._call(method, make_request(), timeout)
         except Aborted:
@@ -269,7 +285,13 @@ class StoredConversation:
         self.from_cache = False
         return reply
 
-    async def _write_until(self, method, make_request, seconds: float, attempt_timeout: float):
+    async def _write_until(
+        self,
+        method: Callable[..., Awaitable[R]],
+        make_request: Callable[[], ProtoMessage],
+        seconds: float,
+        attempt_timeout: float,
+    ) -> R:
         """_write, retried while the store does not answer, for up to `seconds`. Only for requests
         that are safe to repeat (an append under its idempotency key)."""
         loop = asyncio.get_running_loop()
@@ -375,7 +397,9 @@ class StoredConversation:
             return
         self.session = fresh
 
-    async def _append(self, request, retry_for: float, attempt_timeout: float) -> store_pb.AppendMessagesResponse:
+    async def _append(
+        self, request: Callable[[], store_pb.AppendMessagesRequest], retry_for: float, attempt_timeout: float
+    ) -> store_pb.AppendMessagesResponse:
         if retry_for > 0:
             return await self._write_until(self.appends, request, retry_for, attempt_timeout)
         return await self._write(self.appends, request, attempt_timeout)
@@ -411,7 +435,7 @@ class StoredConversation:
         session.context.extend(self.context)
         return session
 
-    async def update(self, **fields) -> common_pb2.Session:
+    async def update(self, **fields: Any) -> common_pb2.Session:
         """UpdateSession fields (dicts for `metadata` and `planning_log`), guarded by our revision."""
         structs = {name: fields.pop(name) for name in ("metadata", "planning_log") if name in fields}
 
@@ -456,7 +480,9 @@ class EphemeralConversation:
     session = None
     reloads = 0
 
-    def __init__(self, messages: Sequence[Message] = (), untrusted: bool = False, tool_runs: ToolRunLog | None = None):
+    def __init__(
+        self, messages: Sequence[Message] = (), untrusted: bool = False, tool_runs: ToolRunLog | None = None
+    ) -> None:
         self.context: list[Message] = list(messages)
         self._untrusted = untrusted
         self.revision = None
@@ -487,7 +513,7 @@ class EphemeralConversation:
     def snapshot(self) -> None:
         return None  # nothing is stored: nothing to keep warm
 
-    async def update(self, **fields) -> None:
+    async def update(self, **fields: Any) -> None:
         return None
 
     async def set_token_count(self, tokens: int) -> None:

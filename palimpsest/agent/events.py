@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import compressor_pb2
@@ -24,7 +25,7 @@ class EventSink:
     # The turn the events belong to (their seqs count within it): what a client resumes by.
     turn_id: str = ""
 
-    def emit(self, **kind) -> AgentEvent:
+    def emit(self, **kind: Any) -> AgentEvent:
         self._seq[0] += 1
         event = AgentEvent(
             session_id=self.session_id, seq=self._seq[0], is_subagent=self.is_subagent, turn_id=self.turn_id, **kind
@@ -33,7 +34,7 @@ class EventSink:
             self.publish(event)
         return event
 
-    def announce(self, **kind) -> AgentEvent:
+    def announce(self, **kind: Any) -> AgentEvent:
         """An event for the session's watchers only: the turn's own stream does not carry it, and
         it takes no number of the turn's (seq 0)."""
         event = AgentEvent(session_id=self.session_id, is_subagent=self.is_subagent, turn_id=self.turn_id, **kind)

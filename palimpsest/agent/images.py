@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from palimpsest.agent.attachments import upload_requests, uploads_notice
 from palimpsest.shared.errors import PalimpsestError
 from palimpsest.shared.image_tokens import image_tokens
+from palimpsest.shared.stubs import AsyncCompressorStub, AsyncStoreStub
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.compressor_pb2_grpc import CompressorStub
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.agent.images")
 
@@ -33,8 +32,8 @@ class ImageTarget:
 
     session_id: str
     stored: bool
-    store: SessionStoreStub
-    compressor: CompressorStub
+    store: AsyncStoreStub
+    compressor: AsyncCompressorStub
     model: str
     window: int
     settings: cpb.CompressionSettings

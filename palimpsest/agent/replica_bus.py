@@ -27,6 +27,7 @@ from palimpsest.agent.turn_logs import ALIVE_EVERY_S
 from palimpsest.shared import tracing
 from palimpsest.shared.auth import as_service
 from palimpsest.shared.errors import PalimpsestError
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
@@ -65,7 +66,7 @@ def relayable(event: pb.AgentEvent) -> bytes | None:
 class ReplicaBus:
     def __init__(
         self,
-        store,
+        store: AsyncStoreStub,
         replica: str,
         *,
         deliver: Callable[[pb.AgentEvent], None],
@@ -74,7 +75,7 @@ class ReplicaBus:
         answer_here: Callable[[Key, Answer], Outcome] = lambda key, answer: "unknown",
         alive: Callable[[str], None] = lambda turn_id: None,
         hearing: Callable[[bool], None] = lambda hearing: None,
-    ):
+    ) -> None:
         """``deliver``: an event from another replica, to this replica's watchers. ``stop_here``:
         stop the session's turn if this replica runs it (True then). ``running``: (session id, turn
         id) of the turns this replica runs, announced every ALIVE_EVERY_S; ``alive``: another

@@ -20,6 +20,7 @@ from collections.abc import Awaitable
 from typing import Generic, Protocol, TypeVar
 
 from palimpsest.agent.warm_cache import WarmCache
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
 
@@ -36,7 +37,7 @@ T = TypeVar("T", bound=Stoppable)
 
 
 class SessionRuntime(Generic[T]):
-    def __init__(self, warm: WarmCache[tuple[Credentials, common_pb2.Session]]):
+    def __init__(self, warm: WarmCache[tuple[Credentials, common_pb2.Session]]) -> None:
         self._warm = warm
         self._locks: dict[str, asyncio.Lock] = {}
         self._users: dict[str, int] = {}  # holders and waiters of each lock: an idle one is forgotten
@@ -141,7 +142,7 @@ class TurnClaims:
     FIRST_WAIT_S = 0.05
     MOST_WAIT_S = 1.0
 
-    def __init__(self, store, ttl_s: int, replica: str):
+    def __init__(self, store: AsyncStoreStub, ttl_s: int, replica: str) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.replica = replica

@@ -10,27 +10,25 @@ import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from types import MappingProxyType
+from typing import Any
+
+import grpc
 
 from palimpsest.agent import sandbox
-from palimpsest.agent.attachments import check_request, store_attachments
-from palimpsest.agent.audit import ToolRunLog, store_tool_runs
-from palimpsest.agent.client_tools import MAX_ANSWER_BYTES, ClientTool, client_tools_from_proto
-from palimpsest.agent.conversation import StoredConversation, conflict
+from palimpsest.agent.client_tools import MAX_ANSWER_BYTES
+from palimpsest.agent.conversation import conflict
+from palimpsest.agent.ephemeral import run_ephemeral
 from palimpsest.agent.events import EventSink
 from palimpsest.agent.pending_calls import Answer
-from palimpsest.agent.profiles import PROVIDER, Profile, ProfileRegistry
 from palimpsest.agent.replica_bus import ReplicaBus
 from palimpsest.agent.runtime import SessionRuntime, TurnClaims
-from palimpsest.agent.subagent import run_subagent
-from palimpsest.agent.tools.base import SpawnRequest
-from palimpsest.agent.tools.registry import BUILTIN, tools_for
 from palimpsest.agent.turn import Turn
-from palimpsest.agent.turn_context import AgentDeps, TurnContext, TurnInput
+from palimpsest.agent.turn_context import AgentDeps, TurnInput
 from palimpsest.agent.turn_logs import TurnLogs
+from palimpsest.agent.turn_opening import TurnRequest, open_turn, validate_turn
 from palimpsest.agent.warm_cache import WarmCache
 from palimpsest.agent.watchers import SessionWatchers
-from palimpsest.shared.auth import SERVICE_ROLE, caller, forwarded_metadata, vouching_metadata
+from palimpsest.shared.auth import SERVICE_ROLE, caller, forwarded_metadata
 from palimpsest.shared.errors import (
     Aborted,
     FailedPrecondition,
@@ -40,17 +38,19 @@ from palimpsest.shared.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from palimpsest.shared.external_refs import refs_from_proto
 from palimpsest.shared.session_reads import whole_context
-from palimpsest.shared.workspace_paths import BadPath, workspace_path
 from palimpsest.v1 import agent_pb2 as pb
-from palimpsest.v1 import agent_pb2_grpc, common_pb2
+from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
 log = logging.getLogger("palimpsest.agent")
 
-MAX_TEXT_CHARS = 1_000_000
+# The event streams hand over events already serialized (kept so, sent to many readers), which the
+# server's serializer sends as they are (shared/server.py, _sending_bytes_as_they_are): the generated
+# servicer's signature knows only messages, hence the override ignores below.
+EncodedEvents = AsyncIterator[pb.AgentEvent | bytes]
+
 # On SIGTERM, what is kept of the grace period for stopped turns to save their partial text and
 # end their streams (one store write each) before gRPC cancels what is left.
 STOP_MARGIN_S = 1.0
@@ -62,72 +62,8 @@ WATCH_BUS_WAIT_S = 5.0
 RESUME_CATCH_UP_S = 2.0
 
 
-def _validate_turn(request) -> None:
-    if not (request.text.strip() or request.images or request.attachments or request.inline_attachments):
-        raise InvalidArgument("text", "a turn needs text, images or files")
-    if len(request.text) > MAX_TEXT_CHARS:
-        raise InvalidArgument("text", f"at most {MAX_TEXT_CHARS} characters")
-    if request.hidden and request.images:
-        raise InvalidArgument("images", "hidden turns carry machine payloads, not images")
-    refs_from_proto(request.external_refs)  # checked here: a bad ref must not cost a turn half run
-    check_request(request)
-    turn_cwd(request.cwd)
-
-
-def turn_client_tools(request, profile: Profile, settings) -> tuple[list[ClientTool], int]:
-    """The client's tools for the turn, and how long one call waits for its answer."""
-    wait = request.client_tool_timeout_seconds
-    if not 0 <= wait <= settings.client_tool_max_timeout_s:
-        raise InvalidArgument(
-            "client_tool_timeout_seconds",
-            f"0 (the default, {settings.client_tool_timeout_s} s) to "
-            f"{settings.client_tool_max_timeout_s} s (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S)",
-        )
-    if not request.client_tools:
-        return [], wait
-    taken = {*BUILTIN, *tools_for((), profile.custom_tools)}  # built-ins, and the profile's custom tools
-    return client_tools_from_proto(request.client_tools, taken), wait
-
-
-def turn_cwd(raw: str) -> str:
-    """A turn's working folder, as a workspace path ("" for the workspace itself)."""
-    try:
-        return workspace_path(raw, allow_root=True) if raw else ""
-    except BadPath as exc:
-        raise InvalidArgument("cwd", str(exc)) from None
-
-
-def session_changes(session: common_pb2.Session, profile: Profile, request) -> dict:
-    """The UpdateSession fields a turn writes before anything else: what it runs on, where that
-    differs from what the session last ran on; the refs the request adds (a new session got them
-    at its creation, and adding them again changes nothing); the taint of pasted images and
-    uploaded files (content from outside, as a tool's output is), before they are stored."""
-    changes: dict = {}
-    if profile.id != session.profile_id:
-        changes["profile_id"] = profile.id
-    if (session.provider, session.model) != (PROVIDER, profile.model):
-        changes.update(provider=PROVIDER, model=profile.model)
-    stored = {(r.kind, r.uri, r.created_by) for r in session.external_refs}
-    if any((r.kind, r.uri, r.created_by) not in stored for r in request.external_refs):
-        changes["add_external_refs"] = list(request.external_refs)
-    if (request.images or request.attachments or request.inline_attachments) and not session.untrusted_ingested:
-        changes["mark_untrusted_ingested"] = True
-    return changes
-
-
-def _other_model_hint(profiles: ProfileRegistry, profile: Profile) -> str:
-    """When a resumed session's model is not the one its profile names now: how to move it on."""
-    configured = profiles.profiles.get(profile.id)
-    if configured is None or configured.model == profile.model:
-        return ""
-    return (
-        f" (the model this session last ran on), or continue it on the profile's model "
-        f"{configured.model!r} by passing profile_id={profile.id!r}"
-    )
-
-
 class AgentServicer(agent_pb2_grpc.AgentServicer):
-    def __init__(self, deps: AgentDeps):
+    def __init__(self, deps: AgentDeps) -> None:
         self.deps = deps
         self.sessions: SessionRuntime[Turn] = SessionRuntime(
             WarmCache(WARM_SESSIONS, deps.settings.agent_warm_mb * 1024 * 1024)
@@ -205,91 +141,15 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 await self.deps.mcp.sync(fresh)
             log.info("profiles reloaded from %s", fresh.path)
 
-    async def _open_turn(self, request, context) -> tuple[Turn, TurnInput]:
+    async def _open_turn(
+        self, request: TurnRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[Turn, TurnInput]:
         """Everything that can fail with a plain status before the stream begins: the turn, and
         what it answers."""
-        _validate_turn(request)
+        validate_turn(request)
         metadata = forwarded_metadata(context)
         await self._reload_profiles()
-        warm = None
-        if request.session_id:
-            warm = self.sessions.take_warm(request.session_id, metadata)
-            # Else the CONTEXT view: the turn starts from it without loading the session again.
-            session = warm or await whole_context(self.deps.store.GetSession, request.session_id)
-            profile = (
-                self.deps.profiles.get(request.profile_id)
-                if request.profile_id
-                else self.deps.profiles.resumed(session.profile_id, session.provider, session.model)
-            )
-        else:
-            profile = self.deps.profiles.get(request.profile_id)
-        client_tools, client_wait = turn_client_tools(request, profile, self.deps.settings)
-        try:
-            facts = await self.deps.ollama.model_facts(profile.model)
-        except Unavailable as exc:
-            raise Unavailable(
-                f"{exc}; then `ollama pull {profile.model}` for profile {profile.id!r}"
-                + _other_model_hint(self.deps.profiles, profile)
-            ) from None
-        if not request.session_id:
-            session = (
-                await self.deps.store.CreateSession(
-                    store_pb.CreateSessionRequest(
-                        profile_id=profile.id,
-                        provider=PROVIDER,
-                        model=profile.model,
-                        external_refs=request.external_refs,
-                    )
-                )
-            ).session
-        files = await self._turn_files(request, session.id)
-        if request.inline_attachments:  # storing them moved the session on (its taint): start from the store
-            session, warm = await whole_context(self.deps.store.GetSession, session.id), None
-        settings = self.deps.settings
-        conversation = StoredConversation(
-            self.deps.store,
-            session.id,
-            vouching_metadata(settings.auth_enabled, settings.jwt_secret),
-            timeout=settings.rpc_timeout_s,
-        )
-        conversation.adopt(session)
-        conversation.from_cache = warm is not None
-        sink = EventSink(session.id, publish=self._publish, turn_id=uuid.uuid4().hex)
-        turn = Turn(
-            TurnContext(
-                self.deps,
-                conversation,
-                profile,
-                sink,
-                metadata,
-                facts,
-                spawn=run_subagent,
-                opened_generation=self.sessions.generation(session.id),
-                session_changes=MappingProxyType(session_changes(session, profile, request)),
-            )
-        )
-        return turn, TurnInput(
-            request.text,
-            list(request.images),
-            request.hidden,
-            files,
-            cwd=turn_cwd(request.cwd),
-            client_tools=client_tools,
-            client_tool_timeout_s=client_wait,
-        )
-
-    async def _turn_files(self, request, session_id: str) -> list[str]:
-        """The turn's files, stored before the stream begins so a refusal is the call's status. A
-        session made for this turn goes again when its files are refused: nothing stays of it."""
-        if not (request.attachments or request.inline_attachments):
-            return []
-        try:
-            return await store_attachments(self.deps.store, session_id, request)
-        except BaseException:
-            if not request.session_id:
-                with suppress(PalimpsestError):
-                    await self.deps.store.DeleteSession(store_pb.DeleteSessionRequest(session_id=session_id))
-            raise
+        return await open_turn(self.deps, self.sessions, self._publish, request, metadata)
 
     async def _drive(self, turn: Turn, turn_input: TurnInput, stop_on_disconnect: bool) -> AsyncIterator[bytes]:
         """Run the turn under the session lock; yields its events (serialized, as its log keeps
@@ -346,12 +206,18 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         finally:
             self.sessions.release(session_id)
 
-    async def RunStream(self, request, context):
+    async def RunStream(  # type: ignore[override]
+        self,
+        request: pb.RunStreamRequest,
+        context: grpc.aio.ServicerContext[pb.RunStreamRequest, pb.AgentEvent | bytes],
+    ) -> EncodedEvents:
         turn, turn_input = await self._open_turn(request, context)
         async for event in self._drive(turn, turn_input, request.stop_on_disconnect):
             yield event
 
-    async def Run(self, request, context):
+    async def Run(
+        self, request: pb.RunRequest, context: grpc.aio.ServicerContext[pb.RunRequest, pb.RunResponse]
+    ) -> pb.RunResponse:
         turn, turn_input = await self._open_turn(request, context)
         text, reason = "", pb.STREAM_END_REASON_UNSPECIFIED
         async for payload in self._drive(turn, turn_input, request.stop_on_disconnect):
@@ -362,69 +228,22 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 raise Unavailable(event.error.message)
         return pb.RunResponse(session_id=turn.session_id, text=text, reason=reason)
 
-    async def RunEphemeral(self, request, context):
+    async def RunEphemeral(
+        self,
+        request: pb.RunEphemeralRequest,
+        context: grpc.aio.ServicerContext[pb.RunEphemeralRequest, pb.RunEphemeralResponse],
+    ) -> pb.RunEphemeralResponse:
         if not request.text.strip():
             raise InvalidArgument("text", "required")
         if request.max_iterations < 0:
             raise InvalidArgument("max_iterations", "must not be negative")
         if not (math.isfinite(request.timeout_seconds) and request.timeout_seconds >= 0):
             raise InvalidArgument("timeout_seconds", "must be a finite number of seconds, not negative")
-        metadata = forwarded_metadata(context)
-        parent_profile = None
-        untrusted = pinned = False
-        if request.parent_session_id:
-            parent = (
-                await self.deps.store.GetSession(store_pb.GetSessionRequest(session_id=request.parent_session_id))
-            ).session
-            parent_profile = self.deps.profiles.resumed(parent.profile_id, parent.provider, parent.model)
-            untrusted = parent.untrusted_ingested  # sub-agents of an untrusted session run untrusted
-            pinned = parent.sandboxed
-        spawn = SpawnRequest(
-            text=request.text,
-            profile_id=request.profile_id,
-            max_iterations=request.max_iterations or 40,
-            exclude_tools=tuple(request.exclude_tools),
-            briefing=request.briefing,
-            custom_system_prompt=request.custom_system_prompt,
-            inherit_system_prompt=request.inherit_system_prompt,
-            context_transfer=request.context_transfer,
-            parent_session_id=request.parent_session_id,
-            timeout_seconds=request.timeout_seconds or 300.0,
-        )
+        return await run_ephemeral(self.deps, request, forwarded_metadata(context))
 
-        async def taint_parent() -> None:  # (the parent's own turns read the flag from the store)
-            await self.deps.store.UpdateSession(
-                store_pb.UpdateSessionRequest(session_id=request.parent_session_id, mark_untrusted_ingested=True)
-            )
-
-        tool_runs = ToolRunLog()
-        try:
-            result = await run_subagent(
-                self.deps,
-                spawn,
-                sink=EventSink(request.parent_session_id, is_subagent=True),
-                metadata=metadata,
-                untrusted=untrusted,
-                parent_profile=parent_profile,
-                taint_parent=taint_parent if request.parent_session_id else None,
-                sandbox_pinned=lambda: pinned,
-                tool_runs=tool_runs,
-            )
-        finally:
-            runs = tool_runs.unstored()
-            if runs and request.parent_session_id:  # audited under the session it worked for, in one write
-                settings = self.deps.settings
-                await store_tool_runs(
-                    self.deps.store.AppendMessages,
-                    request.parent_session_id,
-                    runs,
-                    key=uuid.uuid4().hex,
-                    metadata=vouching_metadata(settings.auth_enabled, settings.jwt_secret),
-                    timeout=settings.rpc_timeout_s,
-                )
-        return pb.RunEphemeralResponse(text=result.text, completed_normally=result.completed_normally)
-
-    async def Compact(self, request, context):
+    async def Compact(
+        self, request: pb.CompactRequest, context: grpc.aio.ServicerContext[pb.CompactRequest, pb.AgentEvent]
+    ) -> AsyncIterator[pb.AgentEvent]:
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         session = (await self.deps.store.GetSession(store_pb.GetSessionRequest(session_id=request.session_id))).session
@@ -457,7 +276,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             await self._let_go(session.id, holder)
         yield sink.stream_end(pb.STREAM_END_REASON_COMPLETED, "")
 
-    async def Stop(self, request, context):
+    async def Stop(
+        self, request: pb.StopRequest, context: grpc.aio.ServicerContext[pb.StopRequest, pb.StopResponse]
+    ) -> pb.StopResponse:
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         # Only the session's owner (or an admin) may stop it, or learn whether a turn runs in it:
@@ -471,7 +292,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             stopped = await self.bus.stop_elsewhere(request.session_id)
         return pb.StopResponse(stopped=stopped)
 
-    async def WatchSession(self, request, context):
+    async def WatchSession(  # type: ignore[override]
+        self,
+        request: pb.WatchSessionRequest,
+        context: grpc.aio.ServicerContext[pb.WatchSessionRequest, pb.AgentEvent | bytes],
+    ) -> EncodedEvents:
         who = caller()  # (verified by the server's interceptor)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
@@ -488,7 +313,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             while True:
                 yield await watch.next()
 
-    async def ResumeStream(self, request, context):
+    async def ResumeStream(  # type: ignore[override]
+        self,
+        request: pb.ResumeStreamRequest,
+        context: grpc.aio.ServicerContext[pb.ResumeStreamRequest, pb.AgentEvent | bytes],
+    ) -> EncodedEvents:
         who = caller()  # (verified by the server's interceptor)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
@@ -510,7 +339,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             async for payload in self.turn_logs.follow(log, request.after_seq):
                 yield payload
 
-    async def ListProfiles(self, request, context):
+    async def ListProfiles(
+        self,
+        request: pb.ListProfilesRequest,
+        context: grpc.aio.ServicerContext[pb.ListProfilesRequest, pb.ListProfilesResponse],
+    ) -> pb.ListProfilesResponse:
         await self._reload_profiles()  # what the next turn would use, and why an edit was not taken
         default_window = self.deps.settings.ollama_num_ctx
         profiles = []
@@ -527,7 +360,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             sandbox_unavailable=(await sandbox.probe()).reason,
         )
 
-    async def SubmitToolResult(self, request, context):
+    async def SubmitToolResult(
+        self,
+        request: pb.SubmitToolResultRequest,
+        context: grpc.aio.ServicerContext[pb.SubmitToolResultRequest, pb.SubmitToolResultResponse],
+    ) -> pb.SubmitToolResultResponse:
         for name in ("session_id", "turn_id", "call_id"):
             if not getattr(request, name):
                 raise InvalidArgument(name, "required: as the tool_call_requested event named it")
@@ -540,8 +377,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         # Who may read the session may answer its client's tools: the turn running here knows its
         # session's owner; for any other, the store answers for the caller (one round trip more).
         turn = self.sessions.running_turn(request.session_id)
-        here = turn is not None and turn.sink.turn_id == request.turn_id and turn.conv.session is not None
-        if not (here and me.can_access(turn.conv.session.owner or None)):
+        here = turn.conv.session if turn is not None and turn.sink.turn_id == request.turn_id else None
+        if here is None or not me.can_access(here.owner or None):
             await self.deps.store.GetSession(
                 store_pb.GetSessionRequest(session_id=request.session_id, view=store_pb.SESSION_VIEW_SUMMARY)
             )

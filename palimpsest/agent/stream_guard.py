@@ -19,7 +19,7 @@ class StreamStopped(Exception):
 
 
 class StreamTimeout(Exception):
-    def __init__(self, first_chunk: bool, seconds: float):
+    def __init__(self, first_chunk: bool, seconds: float) -> None:
         what = "the first token" if first_chunk else "the next token"
         super().__init__(f"the model sent nothing for {seconds:g}s while we waited for {what}")
         self.first_chunk = first_chunk

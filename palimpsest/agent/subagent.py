@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
 from palimpsest.agent.audit import ToolRunLog
@@ -48,11 +49,11 @@ async def run_subagent(
     untrusted: bool = False,
     depth: int = 1,
     parent_profile: Profile | None = None,
-    session_writer=None,
-    taint_parent=None,
+    session_writer: Callable[..., Awaitable[object]] | None = None,
+    taint_parent: Callable[[], Awaitable[None]] | None = None,
     cwd: str = "",
     parent_stop: asyncio.Event | None = None,
-    sandbox_pinned=None,
+    sandbox_pinned: Callable[[], bool] | None = None,
     tool_runs: ToolRunLog | None = None,
 ) -> TurnResult:
     """Run to completion or timeout; returns the text and how it ended. Its tool runs go on

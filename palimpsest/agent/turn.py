@@ -6,20 +6,15 @@ module holds the loop that runs them in order and the state one turn carries bet
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
-import uuid
-from collections.abc import Sequence
 
 from palimpsest.agent import context_builder as cb
-from palimpsest.agent.client_tools import ClientTool
 from palimpsest.agent.images import ImageTarget, user_messages
-from palimpsest.agent.profiles import Profile
 from palimpsest.agent.stages.model_call import call_model, request_body
 from palimpsest.agent.stages.prepare import Prepared, TooLarge, after_refusal, prepare
 from palimpsest.agent.stages.report import model_report, record_usage
-from palimpsest.agent.stages.runs_on import RunsOn, announce_model, runs_on, settle_mcp
+from palimpsest.agent.stages.runs_on import announce_model, settle_mcp
 from palimpsest.agent.stages.sizing import call_notes, unchecked
 from palimpsest.agent.stages.storing import (
     StalePrompt,
@@ -29,27 +24,20 @@ from palimpsest.agent.stages.storing import (
     store_answer,
     tool_calls_of,
 )
-from palimpsest.agent.stages.tools import MAX_SPAWN_DEPTH, ToolRun, run_tools
+from palimpsest.agent.stages.tools import ToolRun, run_tools
 from palimpsest.agent.stages.upkeep import (
-    compress as run_compression,
-)
-from palimpsest.agent.stages.upkeep import (
-    compress_after_turn,
     name_session,
-    pruning_request,
     recall,
-    title_session,
-    worth_pruning_after,
 )
 from palimpsest.agent.stream_guard import StreamStopped, StreamTimeout
-from palimpsest.agent.tools.base import SpawnRequest, ToolContext, TurnState, schema
-from palimpsest.agent.turn_context import END, SubagentOptions, TurnContext, TurnInput, TurnResult
-from palimpsest.shared import metrics
+from palimpsest.agent.turn_base import TurnBase
+from palimpsest.agent.turn_compression import TurnCompression
+from palimpsest.agent.turn_context import END, TurnInput, TurnResult
+from palimpsest.agent.turn_tools import TurnTools
 from palimpsest.shared.context_view import sliced_for_size_check
 from palimpsest.shared.errors import PalimpsestError, Unavailable
-from palimpsest.shared.ollama import ChatResult, ContextRefused, ModelFacts
-from palimpsest.shared.settings import Settings
-from palimpsest.v1 import agent_pb2, common_pb2
+from palimpsest.shared.ollama import ChatResult, ContextRefused
+from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
 
@@ -63,7 +51,7 @@ Message = common_pb2.Message
 current_session: contextvars.ContextVar[str] = contextvars.ContextVar("current_session", default="")
 
 
-class Turn:
+class Turn(TurnTools, TurnCompression, TurnBase):
     """One user message answered: built from a ``TurnContext`` by the Agent's servicer (RunStream,
     Run) or by ``run_subagent`` (RunEphemeral, spawn_agent), run once with ``run``, then (stored
     sessions) ``post_turn``.
@@ -74,93 +62,9 @@ class Turn:
     ``run`` always ends in ``stream_end`` (except for a sub-agent, whose parent reports it): every
     failure becomes an error event, and what was already said is stored as a partial answer.
     The servicer serialises turns per session and sets ``stop`` when the client stops one or leaves.
+    Its state and helpers are TurnBase's; the tool and compression sides TurnTools' and
+    TurnCompression's.
     """
-
-    def __init__(self, ctx: TurnContext):
-        self.ctx = ctx
-        self.deps = deps = ctx.deps
-        self.conv = conversation = ctx.conversation
-        profile = ctx.profile
-        self.sink = ctx.sink
-        self.metadata = ctx.metadata
-        self.is_subagent = ctx.subagent is not None
-        self.spawner = ctx.spawn  # None: this turn cannot spawn sub-agents (spawn_agent is not offered)
-        options = ctx.subagent or SubagentOptions(depth=0)
-        self.system_prompt_override = options.system_prompt
-        self.max_iterations = options.max_iterations or profile.max_iterations
-        self.exclude_tools = tuple(options.exclude_tools)
-        self.depth = options.depth
-        self.parent_session_id = options.parent_session_id
-        # A stored turn writes its own session; a sub-agent writes its parent's through the parent.
-        self.session_writer = conversation.update if not conversation.ephemeral else options.session_writer
-        self.taint_parent = options.taint_parent
-        self.cwd = options.cwd
-        self._parent_pinned = options.sandbox_pinned
-        self.key = uuid.uuid4().hex  # the run whose first file tool syncs the workspace
-        self.client_tools: list[ClientTool] = []
-        self.client_tool_timeout_s = deps.settings.client_tool_timeout_s
-        # A sub-agent of a session that has taken in outside content runs clamped: its task may
-        # carry instructions planted in that content, so it keeps only the confined tools.
-        self.clamped = self.is_subagent and conversation.untrusted
-        self.stop = asyncio.Event()
-        self.state = TurnState()
-        self.last_prompt_tokens = 0
-        self.last_trigger = 0  # where the last size check said compression starts
-        self.prompt_cut = False  # the last call's report proved its prompt cut
-        self.compressed_after = False  # the post-turn pass committed a compression
-        self.first_words = ""  # the name this turn gave a new session, for the title after the answer
-        self.result = TurnResult()
-        self._pending: list[Message] = []  # this turn's user message, stored with the first size check
-        self._noted_iteration = -1  # the iteration whose notes are already on their way to the store
-        self._compressor_away = False  # said once per turn
-        self._shrunk_by = ""  # what the last refused prompt was shrunk by before it was sent again
-        self._partial: ChatResult | None = None  # the call under way, kept as a partial answer if cut short
-        # The profile, model, window and tools it runs on, made anew when a tool switches profile.
-        self.on = self._runs_on(profile, ctx.facts)
-
-    # -- small helpers -------------------------------------------------------------------------
-    @property
-    def settings(self) -> Settings:
-        return self.deps.settings
-
-    @property
-    def session_id(self) -> str:
-        return self.conv.session_id
-
-    @property
-    def stored(self) -> bool:
-        return not self.conv.ephemeral
-
-    def _runs_on(self, profile: Profile, facts: ModelFacts) -> RunsOn:
-        return runs_on(
-            profile,
-            facts,
-            num_ctx=self.settings.ollama_num_ctx,
-            mcp=self.deps.mcp,
-            is_subagent=self.is_subagent,
-            exclude=self.exclude_tools,
-            depth=self.depth,
-            client_tools=self.client_tools,
-            clamped=self.clamped,
-        )
-
-    def _system_prompt(self) -> str:
-        if self.system_prompt_override is not None:
-            return self.system_prompt_override
-        return self.deps.builder.system_prompt(self.on.profile, subagent=self.is_subagent)
-
-    def _keep_recent(self) -> int:
-        return self.on.profile.compression_keep_recent or self.settings.keep_recent
-
-    def _compression_on(self) -> bool:
-        return self.stored and self.settings.compression_enabled and self.on.profile.compression_enabled
-
-    def _end(self, reason: agent_pb2.StreamEndReason, text: str) -> TurnResult:
-        self.result = TurnResult(text=text, reason=reason)
-        if not self.is_subagent:
-            self.sink.stream_end(reason, text)
-            metrics.turn_ended(reason)
-        return self.result
 
     # -- the turn ------------------------------------------------------------------------------
     async def run(self, turn_input: TurnInput) -> TurnResult:
@@ -302,9 +206,8 @@ class Turn:
                 stalled += 1
             if self.state.switched_profile:
                 await self._switch_profile(self.state.switched_profile)
-            elif iteration and self.settings.compression_prune_after_turn and self._compression_on():
-                # The loop's older results to previews before its next call: a loop does not fill the window.
-                await run_compression(self.deps.compressor, self.conv, self.sink, self._pruning_request(True))
+            else:
+                await self.prune_loop_results(iteration)
         return self._end(END.STREAM_END_REASON_MAX_ITERATIONS, self.result.text)
 
     async def _prepare(self, iteration: int, stalled: int) -> Prepared | TooLarge:
@@ -325,26 +228,6 @@ class Turn:
         await self.conv.append([Message(role="assistant", content=answer)])
         self.sink.text(answer)
         return self._end(END.STREAM_END_REASON_CONTEXT_TOO_LARGE, answer)
-
-    def build(self, pending: Sequence[Message] = ()) -> list[Message]:
-        return cb.ContextBuilder.build(
-            self._system_prompt(),
-            [*self.conv.context, *(m for m in pending if not m.explicit_flags or m.is_context)],
-            self._memory_message(),
-        )
-
-    def _prompt_head(self) -> list[Message]:
-        """What every prompt of this session begins with: the system prompt and the memory message
-        (the Compressor begins a summary with it, so Ollama reuses what it evaluated for the last call)."""
-        return cb.ContextBuilder.build(self._system_prompt(), [], self._memory_message())
-
-    def _memory_message(self) -> str:
-        """The owner's memory as the session holds it: taken when the session was made and at each
-        compression, so between two compressions every prompt begins alike (a sub-agent: none)."""
-        session = self.conv.session
-        if session is None:
-            return ""
-        return cb.memory_message(session.memory.entries, self.settings.memory_prompt_tokens)
 
     async def _switch_profile(self, profile_id: str) -> None:
         self.state.switched_profile = ""
@@ -445,152 +328,3 @@ class Turn:
             parent_session_id=self.parent_session_id,
         )
         return report
-
-    # -- tools -----------------------------------------------------------------------------------
-    def tool_context(self, call_id: str = "") -> ToolContext:
-        """What this turn's tools (and a sub-agent's planner) see of it, for the call ``call_id``."""
-        session_id = self.session_id or self.parent_session_id
-        workspaces = self.deps.workspaces
-        return ToolContext(
-            session_id=session_id,
-            workspace=workspaces.get(session_id) if workspaces is not None and session_id else None,
-            cwd=self.cwd,
-            turn_key=self.key,
-            stop=self.stop,
-            sandbox_pinned=self.sandbox_pinned(),
-            call_id=call_id,
-            turn_id=self.sink.turn_id,
-            client_calls=self.deps.client_calls,
-            client_tool_timeout_s=self.client_tool_timeout_s,
-            store=self.deps.store,
-            ollama=self.deps.ollama,
-            profile=self.on.profile,
-            settings=self.settings,
-            events=self.sink,
-            state=self.state,
-            window=self.on.window,
-            is_subagent=self.is_subagent,
-            untrusted=self.conv.untrusted,
-            spawn=self._spawn if self.spawner is not None and self.depth < MAX_SPAWN_DEPTH else None,
-            update_session=self.session_writer,
-            conversation=list(self.conv.context),
-            tool_schemas=[schema(t) for t in self.on.tools.values()],
-        )
-
-    def sandbox_pinned(self) -> bool:
-        """The session's commands run in the sandbox whatever the profile says (a sub-agent: its parent's)."""
-        if self._parent_pinned is not None:
-            return self._parent_pinned()
-        return bool(self.conv.session is not None and self.conv.session.sandboxed)
-
-    async def taint(self) -> None:
-        """Outside content is in the conversation: this run's and every parent's are marked."""
-        if self.conv.untrusted:
-            return
-        await self.conv.mark_untrusted()
-        if self.taint_parent is not None:
-            await self.taint_parent()
-
-    async def _spawn(self, request: SpawnRequest) -> tuple[str, bool]:
-        assert self.spawner is not None  # (offered to the tools only with one)
-        result = await self.spawner(
-            self.deps,
-            request,
-            sink=self.sink.for_subagent(),
-            metadata=self.metadata,
-            untrusted=self.conv.untrusted,
-            depth=self.depth + 1,
-            parent_profile=self.on.profile,
-            session_writer=self.session_writer,
-            taint_parent=self.taint,
-            cwd=self.cwd,
-            parent_stop=self.stop,
-            sandbox_pinned=self.sandbox_pinned,
-            tool_runs=self.conv.tool_runs,
-        )
-        return result.text, result.completed_normally
-
-    # -- compression -----------------------------------------------------------------------------
-    async def compress(self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0) -> bool:
-        """Run one compression (see stages.upkeep.compress); a failure is logged and the turn goes on."""
-        return await run_compression(
-            self.deps.compressor,
-            self.conv,
-            self.sink,
-            cpb.CompressRequest(
-                session_id=self.session_id,
-                reason=reason,
-                model=self.on.profile.model,
-                window=self.on.window,
-                keep_recent_messages=keep_recent_messages,
-                settings=self.on.profile.compression_settings(),
-                current_tokens=current_tokens,
-                expected_revision=self.conv.revision,
-                prompt_head=self._prompt_head(),
-                tool_schemas=self.on.tool_schemas_json(),
-            ),
-        )
-
-    def _midturn_keep(self) -> int:
-        return max(12, 2 * self._keep_recent())
-
-    def _keep_for(self, iteration: int) -> int:
-        """Messages a compression keeps verbatim: the pre-turn plan keeps whole turns (0 here), a
-        mid-turn one the newest messages of the long turn under way."""
-        return 0 if iteration == 0 else self._midturn_keep()
-
-    def _pruning_request(self, in_loop: bool = False) -> cpb.CompressRequest:
-        """TURN_END: after the turn, or between a tool loop's iterations (the turn owns the session)."""
-        revision = self.conv.revision if in_loop else None
-        return pruning_request(self.session_id, self.on.profile, self.on.window, self.last_prompt_tokens, revision)
-
-    async def post_turn(self) -> None:
-        """After stream_end, off the client's path: a new session's title, then a compression on the
-        real count, or because the last prompt came back truncated (the Compressor knows from the
-        session's flag)."""
-        answered = self.result.reason == END.STREAM_END_REASON_COMPLETED and self.result.text.strip()
-        if self.first_words and answered and self.settings.session_titles:
-            await title_session(
-                self.deps.ollama,
-                self.conv,
-                self.sink,
-                model=self.on.profile.model,
-                window=self.on.window,
-                thinking=self.on.facts.thinking,
-                goal=self.state.goal,
-                answer=self.result.text,
-                first_words=self.first_words,
-            )
-        if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
-            return
-        min_chars = int(self.settings.compression_min_freed * self.on.window * 2)  # ~2 characters a token
-        if self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context, min_chars):
-            # The turn's tool results, and old long prose, to previews: later turns do not carry them whole.
-            pruned = await compress_after_turn(self.deps.compressor, self.sink, self._pruning_request())
-            self.compressed_after = self.compressed_after or pruned
-            if pruned and not self.prompt_cut and not self.conv.flagged_cut:
-                return  # the prompt shrank: the next turn's size check judges the rest
-        if (
-            self.last_trigger
-            and self.last_prompt_tokens < self.last_trigger
-            and not self.prompt_cut
-            and not self.conv.flagged_cut
-        ):
-            return  # the last prompt was under the trigger and whole: the Compressor would say so
-        compressed = await compress_after_turn(
-            self.deps.compressor,
-            self.sink,
-            cpb.CompressRequest(
-                session_id=self.session_id,
-                reason=cpb.COMPRESSION_REASON_POSTTURN,
-                model=self.on.profile.model,
-                window=self.on.window,
-                keep_recent_messages=self._midturn_keep(),
-                only_if_over_threshold=True,
-                current_tokens=self.last_prompt_tokens,
-                settings=self.on.profile.compression_settings(),
-                prompt_head=self._prompt_head(),
-                tool_schemas=self.on.tool_schemas_json(),
-            ),
-        )
-        self.compressed_after = self.compressed_after or compressed

@@ -23,9 +23,8 @@ from palimpsest.agent.tools.base import SpawnRequest
 from palimpsest.agent.workspace import Workspaces
 from palimpsest.shared.ollama import ModelFacts, OllamaClient
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.stubs import AsyncCompressorStub, AsyncStoreStub
 from palimpsest.v1 import agent_pb2
-from palimpsest.v1.compressor_pb2_grpc import CompressorStub
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 END = agent_pb2.StreamEndReason
 
@@ -34,8 +33,8 @@ END = agent_pb2.StreamEndReason
 class AgentDeps:
     """The long-lived parts a turn uses; one per Agent server."""
 
-    store: SessionStoreStub
-    compressor: CompressorStub
+    store: AsyncStoreStub
+    compressor: AsyncCompressorStub
     ollama: OllamaClient
     settings: Settings
     profiles: ProfileRegistry

@@ -54,7 +54,7 @@ class Behind(PalimpsestError):
 
 
 class TurnLog:
-    def __init__(self, session_id: str, turn_id: str, *, local: bool, first_seq: int, now: float):
+    def __init__(self, session_id: str, turn_id: str, *, local: bool, first_seq: int, now: float) -> None:
         self.session_id = session_id
         self.turn_id = turn_id
         self.local = local  # run by this replica (else heard over the session bus)
@@ -170,7 +170,7 @@ class TurnLog:
 
 
 class TurnLogs:
-    def __init__(self, keep_s: float, budget_bytes: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, keep_s: float, budget_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep_s = keep_s
         self.budget_bytes = budget_bytes
         self.clock = clock

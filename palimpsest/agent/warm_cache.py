@@ -16,7 +16,7 @@ V = TypeVar("V")
 class WarmCache(Generic[V]):
     """Least recently stored first out, within ``max_entries`` and ``max_bytes``."""
 
-    def __init__(self, max_entries: int, max_bytes: int):
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, tuple[V, int]] = OrderedDict()

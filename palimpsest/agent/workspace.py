@@ -18,16 +18,16 @@ import os
 import shutil
 import stat
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from palimpsest.shared.auth import vouching_metadata
 from palimpsest.shared.errors import PalimpsestError
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.agent.workspace")
 
@@ -90,7 +90,7 @@ def _sha256(path: Path) -> str:
 class Workspace:
     """One session's mirror. Tools of a turn and of its sub-agents share it, one at a time."""
 
-    def __init__(self, store: SessionStoreStub, settings: Settings, session_id: str, folder: Path):
+    def __init__(self, store: AsyncStoreStub, settings: Settings, session_id: str, folder: Path) -> None:
         self.store = store
         self.settings = settings
         self.session_id = session_id
@@ -144,7 +144,7 @@ class Workspace:
             await asyncio.to_thread(self._prune)
         self._token = reply.token
 
-    def _stale(self, listed) -> list[common_pb2.FileInfo]:
+    def _stale(self, listed: Iterable[common_pb2.FileInfo]) -> list[common_pb2.FileInfo]:
         """The store's files whose mirror copy is missing or not the one the store has."""
         stale = []
         for info in listed:
@@ -316,7 +316,7 @@ class Workspaces:
     ones dropped past ``keep`` sessions (the store keeps everything; a dropped mirror is synced
     again when needed)."""
 
-    def __init__(self, store: SessionStoreStub, settings: Settings, root: Path, keep: int = 64):
+    def __init__(self, store: AsyncStoreStub, settings: Settings, root: Path, keep: int = 64) -> None:
         self.store = store
         self.settings = settings
         self.root = root

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from types import FrameType
 
 # How often a Ctrl-C not yet handled by the main thread is sent to it again.
 RESEND_S = 0.05
@@ -26,7 +27,7 @@ _handled = 0  # the last of them the main thread handled
 _handled_now = threading.Condition()
 
 
-def _run_sigint_handler(signum, frame) -> None:
+def _run_sigint_handler(signum: int, frame: FrameType | None) -> None:
     global _handled
     with _handled_now:
         if _handled >= _taken:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
+from typing import Protocol
 
 import grpc
 
 from palimpsest.cli.client_tools import ClientToolRunner
-from palimpsest.cli.connection import GuardedStream
 from palimpsest.cli.errors import ServiceError
 from palimpsest.cli.render import TurnOutcome, TurnRenderer
 from palimpsest.v1 import agent_pb2, agent_pb2_grpc
@@ -35,6 +35,14 @@ STOP_TIMEOUT_S = 5.0
 RESUME_WAITS_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # What a dropped connection looks like from here; other failures are the Agent's answer.
 DROPPED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+class EventStream(Protocol):
+    """A server stream of AgentEvents: the generated stub's call, or the GuardedStream pal wraps it in."""
+
+    def __iter__(self) -> Iterator[agent_pb2.AgentEvent]: ...
+
+    def cancel(self) -> bool: ...
 
 
 @dataclass
@@ -59,7 +67,7 @@ class StreamResult:
 
 def stream_turn(
     agent: agent_pb2_grpc.AgentStub,
-    open_stream: Callable[[], GuardedStream],
+    open_stream: Callable[[], EventStream],
     renderer: TurnRenderer,
     session_id: str = "",
     *,

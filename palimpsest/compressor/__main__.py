@@ -8,9 +8,10 @@ import os
 
 from palimpsest.compressor.app import start_compressor
 from palimpsest.shared.server import run_service
+from palimpsest.shared.settings import Settings
 
 
-def listen_address(settings) -> str:
+def listen_address(settings: Settings) -> str:
     return os.environ.get("PALIMPSEST_COMPRESSOR_LISTEN") or settings.compressor_addr.split(",")[0].strip()
 
 

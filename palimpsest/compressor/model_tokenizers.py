@@ -48,7 +48,7 @@ KEPT_ENCODING_TOKENS = 100_000
 class TokenCounter:
     """Counts text with one model's own tokenizer. Thread-safe; repeated texts are counted once."""
 
-    def __init__(self, tokenizer: Tokenizer, digest: str):
+    def __init__(self, tokenizer: Tokenizer, digest: str) -> None:
         self.tokenizer = tokenizer
         self.digest = digest
         self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
@@ -142,7 +142,7 @@ class TokenCounter:
         return cut
 
 
-def _cut(text: str, offsets, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
+def _cut(text: str, offsets: Sequence[tuple[int, int]], head_tokens: int, tail_tokens: int) -> tuple[str, str]:
     if head_tokens + tail_tokens >= len(offsets):
         return text, ""
     return (
@@ -162,7 +162,7 @@ def _file_name(digest: str) -> str:
 class ModelTokenizers:
     """``await counter(model)``: the model's exact counter, or None (the calibrated line counts)."""
 
-    def __init__(self, ollama: OllamaClient, cache_dir: Path | None):
+    def __init__(self, ollama: OllamaClient, cache_dir: Path | None) -> None:
         self.ollama = ollama
         self.cache_dir = cache_dir
         self._by_digest: dict[str, TokenCounter] = {}

@@ -144,7 +144,7 @@ def shortfall(tokens_after: int, target: int, kept: int, summary: int, outside: 
 class Outcome:
     """What a compression did, before it is committed."""
 
-    method: int
+    method: pb.CompressionMethod
     demoted: list[Message]
     new_context: list[Message]
     summary: Message | None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from palimpsest.compressor.calibration import (
     CHAR_CLASSES,
@@ -64,7 +65,7 @@ class Knobs:
     def resolve(cls, settings: Settings, overrides: compressor_pb2.CompressionSettings | None) -> "Knobs":
         o = overrides or compressor_pb2.CompressionSettings()
 
-        def pick(name: str, default):
+        def pick(name: str, default: Any) -> Any:
             return getattr(o, name) if o.HasField(name) else default
 
         if o.summarizer_window < 0:
@@ -172,7 +173,7 @@ class Pricing:
         return self.counter is not None
 
     @property
-    def method(self) -> int:
+    def method(self) -> compressor_pb2.EstimateMethod:
         if self.exact:
             return compressor_pb2.ESTIMATE_METHOD_EXACT
         if self.has_baseline:
@@ -266,7 +267,7 @@ class Pricing:
 
     def with_baseline(
         self, messages: Sequence[Message], incoming: Sequence[Message] = (), tool_schemas: Sequence[str] = ()
-    ) -> tuple[Estimate, int]:
+    ) -> tuple[Estimate, compressor_pb2.EstimateMethod]:
         """(estimate, method): exact when the model's tokenizer is known; else the real baseline plus
         the calibrated delta when there is one; else the calibrated line over everything."""
         if self.exact:

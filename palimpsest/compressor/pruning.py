@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from palimpsest.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
 from palimpsest.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
@@ -196,7 +197,7 @@ def shortened_arguments(arguments_json: str) -> str:
     except ValueError:
         return arguments_json[:ARGUMENT_PREVIEW_CHARS] + "… [pruned]"
 
-    def cut(value):
+    def cut(value: Any) -> Any:
         if isinstance(value, str) and len(value) > ARGUMENT_PREVIEW_CHARS:
             return f"{value[:ARGUMENT_PREVIEW_CHARS]}… [{len(value) - ARGUMENT_PREVIEW_CHARS:,} characters pruned]"
         if isinstance(value, dict):

@@ -9,107 +9,49 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+import grpc
 
 from palimpsest.compressor import pipeline
 from palimpsest.compressor.calibration import tokens_per_char
-from palimpsest.compressor.model_tokenizers import ModelTokenizers
+from palimpsest.compressor.committing import Committer, Loaded, commit_outcome, prune_turn_end
+from palimpsest.compressor.dry_run import DRY_RUN_KEEP_BYTES, DRY_RUN_SESSIONS, DryRun
+from palimpsest.compressor.model_reports import MAX_WINDOW, record_report
+from palimpsest.compressor.model_tokenizers import ModelTokenizers, TokenCounter
 from palimpsest.compressor.planner import intra_turn_keep
-from palimpsest.compressor.pricing import Knobs, Pricing, SessionState, calibrated_shape, shape_to_proto
+from palimpsest.compressor.priced import counted_parts, priced, pricing_work, reportable
+from palimpsest.compressor.pricing import Knobs, Pricing, SessionState, shape_to_proto
 from palimpsest.compressor.size_check import deepen_cuts
-from palimpsest.compressor.stages import Staged, decide, stage, summarize_or_truncate, turn_end_pruning
+from palimpsest.compressor.stages import PrefixSource, Staged, decide, stage, summarize_or_truncate
 from palimpsest.compressor.stored_counts import fresh_counts, primed
-from palimpsest.compressor.summarizer import Summarizer
+from palimpsest.compressor.summarizer import Prefix, Summarizer
 from palimpsest.compressor.summary_prefix import build_prefix
-from palimpsest.compressor.token_estimate import (
-    fits,
-    output_reserve,
-    trigger_tokens,
-)
-from palimpsest.shared import metrics
+from palimpsest.compressor.token_estimate import Estimate, fits, output_reserve, trigger_tokens
 from palimpsest.shared.auth import as_service, caller, vouching_metadata
 from palimpsest.shared.context_view import message_budget
 from palimpsest.shared.errors import Aborted, FailedPrecondition, InvalidArgument, PalimpsestError, Unavailable
 from palimpsest.shared.ollama import OllamaClient
-from palimpsest.shared.reports import judge
 from palimpsest.shared.session_reads import whole_context
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
+
+# The calls that plan a compression: WouldCompress (a dry run) and Compress.
+CompressorRequest = pb.WouldCompressRequest | pb.CompressRequest
 
 log = logging.getLogger("palimpsest.compressor")
 
-MAX_WINDOW = 10_000_000
 # Sessions whose stored rows this replica has written counts for, newest first out.
 COUNTED_SESSIONS = 10_000
 OBSERVATIONS_TTL_S = 5.0
-# Pricing this much text or less runs on the event loop: a thread hop costs ~1 ms on a busy
-# 2-core machine (measured on the first token's path), more than counting cached messages does.
-INLINE_PRICING_CHARS = 20_000
-
-
-def _chars(messages) -> int:
-    """The pricing work ``messages`` make, in characters; an image counts as past the inline limit:
-    Pillow parses its header (a TIFF's or an ICO's can take milliseconds), so it is priced in a thread."""
-    return sum(len(m.content) + len(m.images) * (INLINE_PRICING_CHARS + 1) for m in messages)
-
-
-async def _priced(fn, *args, chars: int):
-    """``fn(*args)``, in a thread only when the text is big enough to block other sessions."""
-    if chars <= INLINE_PRICING_CHARS:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
-
-
-def counted_parts(method: int, *, preamble: bool, incoming: bool, schemas: bool) -> list[str]:
-    """What an estimate counts, as EstimateTokensResponse.counted names it. The baseline method
-    starts from the model's own count of the last prompt, which held its preamble and tool schemas."""
-    from_baseline = method == pb.ESTIMATE_METHOD_BASELINE_DELTA
-    parts = {
-        "context": True,
-        "incoming": incoming,
-        "preamble": preamble or from_baseline,
-        "tool_schemas": schemas or from_baseline,
-    }
-    return [name for name, counted in parts.items() if counted]
-
-
-def _reportable(pricing: Pricing, view, estimate):
-    """A calibrated estimate carries the shape of the view it priced: the report of the call
-    brings it back, and the per-class rates learn what such a prompt really cost."""
-    return estimate if pricing.exact else replace(estimate, shape=calibrated_shape(view))
-
-
-# The dry run's reads kept for the Compress that follows: a few sessions, none above this size.
-DRY_RUN_SESSIONS = 8
-DRY_RUN_KEEP_BYTES = 4 * 1024 * 1024
-
-
-@dataclass
-class DryRun:
-    """What a size check's dry run read and planned, for the Compress the Agent sends next: that
-    Compress names the revision read, and plans nothing the dry run planned already."""
-
-    session: common_pb2.Session
-    pricing: Pricing
-    knobs: Knobs
-    window: int
-    prompt_tokens: int
-    plans: dict[int, Staged] = field(default_factory=dict)  # by keep_recent_messages
-
-    def plan_for(
-        self, keep: int, pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int, prune: bool
-    ) -> Staged | None:
-        if keep not in self.plans or (knobs, window, prompt_tokens) != (self.knobs, self.window, self.prompt_tokens):
-            return None
-        staged = self.plans[keep]
-        return staged if pricing.plans_like(self.pricing) and staged.pruned_stage == prune else None
 
 
 class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
-    def __init__(self, store: SessionStoreStub, ollama: OllamaClient, settings: Settings):
+    def __init__(self, store: AsyncStoreStub, ollama: OllamaClient, settings: Settings) -> None:
         self.store = store
         self.ollama = ollama
         self.settings = settings
@@ -164,28 +106,31 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         the stored context itself only when the caller sent none and it cannot be summed."""
         # The caller's credentials read the session; the services' vouch, beside them, the model's
         # observations (every user's prompt sizes).
-        loads = [
-            self.store.GetBaseline(
-                store_pb.GetBaselineRequest(
-                    session_id=session_id,
-                    model=model,
-                    token_digest=token_digest,
-                    view_budget=view_budget,
-                    with_counts=with_counts,
-                ),
-                metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret),
-            )
-        ]
+        baseline_call = self.store.GetBaseline(
+            store_pb.GetBaselineRequest(
+                session_id=session_id,
+                model=model,
+                token_digest=token_digest,
+                view_budget=view_budget,
+                with_counts=with_counts,
+            ),
+            metadata=vouching_metadata(self.settings.auth_enabled, self.settings.jwt_secret),
+        )
         if with_context:
-            loads.append(whole_context(self.store.GetSession, session_id))
-        pricing, *rest = await asyncio.gather(*loads)
-        session = rest[0] if rest else common_pb2.Session(id=session_id)
+            pricing, session = await asyncio.gather(baseline_call, whole_context(self.store.GetSession, session_id))
+        else:
+            pricing, session = await baseline_call, common_pb2.Session(id=session_id)
         baseline = pricing.baseline if pricing.HasField("baseline") else None
         counted = pricing.context_tokens if pricing.HasField("context_tokens") else None
         return SessionState(session, baseline, list(pricing.observations), counted)
 
     async def _pricing(
-        self, model: str, window: int, knobs: Knobs, observations, baseline: store_pb.Baseline | None = None
+        self,
+        model: str,
+        window: int,
+        knobs: Knobs,
+        observations: Sequence[store_pb.Observation],
+        baseline: store_pb.Baseline | None = None,
     ) -> Pricing:
         counter = await self.tokenizers.counter(model)
         return Pricing.build(observations, window, knobs, baseline, counter)
@@ -198,7 +143,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return b
 
     # -- estimates ---------------------------------------------------------------------------
-    async def EstimateTokens(self, request, context):
+    async def EstimateTokens(
+        self,
+        request: pb.EstimateTokensRequest,
+        context: grpc.aio.ServicerContext[pb.EstimateTokensRequest, pb.EstimateTokensResponse],
+    ) -> pb.EstimateTokensResponse:
         """The prompt the model would get next, counted: the stored context (or ``messages``) and
         ``incoming``, with the preamble and tool schemas the request gives (the baseline method:
         those of the last real prompt). The reply's ``counted`` names what is in."""
@@ -226,13 +175,15 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 self._recent_observations(request.model),
             )
             pricing = Pricing.build(observations, window, knobs, None, counter)
+            # The store answers a token_digest with the context's counts (GetBaseline).
+            assert state.context_tokens is not None
             unstored = [*preamble, *incoming]
-            estimate, fresh = await _priced(
+            estimate, fresh = await priced(
                 pricing.stored_estimate,
                 state.context_tokens,
                 unstored,
                 schemas,
-                chars=_chars(state.context_tokens.uncounted) + _chars(unstored),
+                chars=pricing_work(state.context_tokens.uncounted) + pricing_work(unstored),
             )
             self._remember_counts(
                 request.session_id,
@@ -253,8 +204,12 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if not pricing.exact and not pricing.has_baseline and schemas:
                 # The calibrated line prices text, not schemas: they are priced as the text the model gets.
                 incoming.append(common_pb2.Message(role="system", content="\n".join(schemas)))
-            estimate, method = await _priced(
-                pricing.with_baseline, messages, incoming, schemas, chars=_chars(messages) + _chars(incoming)
+            estimate, method = await priced(
+                pricing.with_baseline,
+                messages,
+                incoming,
+                schemas,
+                chars=pricing_work(messages) + pricing_work(incoming),
             )
         return pb.EstimateTokensResponse(
             tokens=estimate.tokens,
@@ -270,7 +225,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             ),
         )
 
-    def _new_counts(self, session_id: str, counter, messages, budget: int) -> list[common_pb2.TokenCount]:
+    def _new_counts(
+        self, session_id: str, counter: TokenCounter, messages: Sequence[common_pb2.Message], budget: int
+    ) -> list[common_pb2.TokenCount]:
         """The counts of rows a size check sees for the first time, for its caller to store with the
         call's report: a message is counted once, at the first check after it was written, and
         every later sum (EstimateTokens, the context meter, another replica) reads it from the store."""
@@ -306,7 +263,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def CheckContextSize(self, request, context):
+    async def CheckContextSize(
+        self,
+        request: pb.CheckContextSizeRequest,
+        context: grpc.aio.ServicerContext[pb.CheckContextSizeRequest, pb.CheckContextSizeResponse],
+    ) -> pb.CheckContextSizeResponse:
         """The one question before every model call: the view to send, its size, and whether it
         fits, must be compressed first, or cannot be sent at all."""
         window = self._window(request.window)
@@ -330,8 +291,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         else:
             pricing = await self._pricing(request.model, window, knobs, await self._observations(request.model))
         messages, schemas = list(request.messages), list(request.tool_schemas)
-        view, cuts, estimate, method = await _priced(
-            self._price_view, pricing, messages, schemas, chars=_chars(messages)
+        view, cuts, estimate, method = await priced(
+            self._price_view, pricing, messages, schemas, chars=pricing_work(messages)
         )
         new_counts = (
             self._new_counts(request.session_id, counter, messages, pricing.budget)
@@ -352,7 +313,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             deeper = await asyncio.to_thread(deepen_cuts, pricing, messages, schemas, limit)
             if deeper is not None:
                 view, cuts, estimate = deeper
-                estimate = _reportable(pricing, view, estimate)
+                estimate = reportable(pricing, view, estimate)
                 decision = pb.SIZE_DECISION_FITS
         return pb.CheckContextSizeResponse(
             fits=decision == pb.SIZE_DECISION_FITS,
@@ -365,17 +326,26 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             shape=shape_to_proto(estimate.shape) if estimate.shape else None,
             trigger=trigger,
             compress_keep_recent_messages=keep or 0,
-            token_digest=counter.digest if new_counts else "",
+            token_digest=counter.digest if counter is not None and new_counts else "",
             new_counts=new_counts,
         )
 
     @staticmethod
-    def _price_view(pricing: Pricing, messages, schemas):
+    def _price_view(
+        pricing: Pricing, messages: Sequence[common_pb2.Message], schemas: Sequence[str]
+    ) -> tuple[list[common_pb2.Message], dict[int, str], Estimate, pb.EstimateMethod]:
         view, cuts = pricing.view(messages)
-        return view, cuts, _reportable(pricing, view, pricing.count_view(view, schemas)), pricing.method
+        return view, cuts, reportable(pricing, view, pricing.count_view(view, schemas)), pricing.method
 
     async def _shrinking_keep(
-        self, request, tokens: int, trigger: int, limit: int, window: int, knobs: Knobs, pricing: Pricing
+        self,
+        request: pb.CheckContextSizeRequest,
+        tokens: int,
+        trigger: int,
+        limit: int,
+        window: int,
+        knobs: Knobs,
+        pricing: Pricing,
     ) -> int | None:
         """The keep_recent_messages of a compression that would shrink the stored context, when one
         is due: over the trigger, the request's own plan (whole turns before the first call, the
@@ -403,7 +373,7 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return None
 
     @staticmethod
-    async def _decide(staged: Staged, pricing, knobs, window, any_gain: bool) -> tuple[str, int]:
+    async def _decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:
         return await asyncio.to_thread(decide, staged, pricing, knobs, window, any_gain)
 
     @staticmethod
@@ -412,77 +382,14 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         wants the history summarized)."""
         return knobs.prune_tool_results and reason != pb.COMPRESSION_REASON_FORCED
 
-    async def RecordBaseline(self, request, context):
+    async def RecordBaseline(
+        self,
+        request: pb.RecordBaselineRequest,
+        context: grpc.aio.ServicerContext[pb.RecordBaselineRequest, pb.RecordBaselineResponse],
+    ) -> pb.RecordBaselineResponse:
         # Reports teach every session of the model: only the services may make them.
         caller().require_service("a model report")
-        if not request.model:
-            raise InvalidArgument("model", "required")
-        if request.prompt_eval_count <= 0:
-            raise InvalidArgument("prompt_eval_count", "must be positive")
-        for name in ("sent_tokens", "sent_chars", "through_seq", "window"):
-            if getattr(request, name) < 0:
-                raise InvalidArgument(name, "must not be negative")
-        shape = request.shape
-        if any(getattr(shape, f.name) < 0 for f in shape.DESCRIPTOR.fields):
-            raise InvalidArgument("shape", "counts must not be negative")
-        exact = request.method == pb.ESTIMATE_METHOD_EXACT and shape.content_tokens > 0
-        if exact and not 0 < request.window <= MAX_WINDOW:
-            raise InvalidArgument("window", "the num_ctx the prompt was sent with is required with an exact shape")
-        verdict = judge(
-            request.prompt_eval_count,
-            model=request.model,
-            method=request.method,
-            shape=shape,
-            window=request.window,
-            sent_chars=request.sent_chars,
-            had_images=request.had_images,
-        )
-        metrics.model_report(
-            verdict, method=request.method, counted=request.sent_tokens, reported=request.prompt_eval_count
-        )
-        if verdict.problem:
-            field, _, why = verdict.problem.partition(": ")
-            raise InvalidArgument(field, why)
-        if verdict.prompt_cut:
-            # Ollama evaluated fewer tokens than the content alone has, by the model's own count:
-            # it cut the prompt. Keep the previous honest baseline and flag the session for the
-            # post-turn pass. An estimate never raises this alarm (it cannot prove anything).
-            if request.session_id:
-                with as_service():
-                    await self.store.SetBaseline(
-                        store_pb.SetBaselineRequest(
-                            session_id=request.session_id,
-                            only_truncated_flag=True,
-                            baseline=store_pb.Baseline(context_truncated=True),
-                        )
-                    )
-            log.warning(
-                "cut prompt: Ollama reported %d tokens, the content alone is %d (session %s)",
-                request.prompt_eval_count,
-                request.shape.content_tokens,
-                request.session_id or "-",
-            )
-            return pb.RecordBaselineResponse(recorded=False, truncated=True)
-        if not verdict.learned:
-            log.info(
-                "report of %d tokens is about half of num_ctx %d: not learned from",
-                request.prompt_eval_count,
-                request.window,
-            )
-            return pb.RecordBaselineResponse(recorded=False, truncated=False)
-        with as_service():
-            if request.session_id:
-                await self.store.SetBaseline(
-                    store_pb.SetBaselineRequest(
-                        session_id=request.session_id,
-                        baseline=store_pb.Baseline(
-                            tokens=request.prompt_eval_count, through_seq=request.through_seq, model=request.model
-                        ),
-                    )
-                )
-            if verdict.observation is not None:
-                await self.store.RecordObservation(store_pb.RecordObservationRequest(observation=verdict.observation))
-        return pb.RecordBaselineResponse(recorded=True, truncated=False)
+        return await record_report(self.store, request)
 
     # -- compression -------------------------------------------------------------------------
     def _kept_for_compress(self, dry: DryRun) -> None:
@@ -495,13 +402,16 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         while len(self._dry_runs) > DRY_RUN_SESSIONS:
             self._dry_runs.popitem(last=False)
 
-    def _read_by_dry_run(self, request) -> DryRun | None:
+    def _read_by_dry_run(self, request: CompressorRequest) -> DryRun | None:
         """The dry run, when the Compress names the very revision it read (taken: used once)."""
         dry = self._dry_runs.pop(request.session_id, None)
-        asked = "expected_revision" in request.DESCRIPTOR.fields_by_name and request.HasField("expected_revision")
-        return dry if dry is not None and asked and dry.session.revision == request.expected_revision else None
+        if dry is None or not isinstance(request, pb.CompressRequest) or not request.HasField("expected_revision"):
+            return None
+        return dry if dry.session.revision == request.expected_revision else None
 
-    async def _prepare(self, request):
+    async def _prepare(
+        self, request: CompressorRequest
+    ) -> tuple[int, Knobs, SessionState, str, Pricing, list[common_pb2.Message], int, DryRun | None]:
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         if request.keep_recent_messages < 0:
@@ -532,13 +442,27 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
         return window, knobs, state, model, pricing, context_messages, current, dry
 
     @staticmethod
-    async def _plan(messages, pricing, knobs, window, keep_recent_messages, prompt_tokens: int, prune: bool) -> Staged:
+    async def _plan(
+        messages: list[common_pb2.Message],
+        pricing: Pricing,
+        knobs: Knobs,
+        window: int,
+        keep_recent_messages: int,
+        prompt_tokens: int,
+        prune: bool,
+    ) -> Staged:
         # Pure CPU over the whole context: off the event loop, so other sessions keep streaming.
         return await asyncio.to_thread(
             stage, messages, pricing, knobs, window, keep_recent_messages, prompt_tokens, prune
         )
 
-    async def _prefix_source(self, request, summarizer: Summarizer, messages, pricing: Pricing):
+    async def _prefix_source(
+        self,
+        request: pb.CompressRequest,
+        summarizer: Summarizer,
+        messages: Sequence[common_pb2.Message],
+        pricing: Pricing,
+    ) -> PrefixSource | None:
         """How a summary's prefix form is built for this request: only when the session's own model
         writes it and the caller said what its prompts begin with."""
         head, schemas = list(request.prompt_head), list(request.tool_schemas)
@@ -546,13 +470,13 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             return None
         vision = (await self.ollama.model_facts(summarizer.model)).vision
 
-        def prefix_for(summarized, scope):
+        def prefix_for(summarized: list[common_pb2.Message], scope: str) -> Prefix | None:
             return build_prefix(head, schemas, messages, summarized, pricing, vision, scope)
 
         return prefix_for
 
     @staticmethod
-    def _check_prompt_head(request) -> None:
+    def _check_prompt_head(request: pb.CompressRequest) -> None:
         for i, message in enumerate(request.prompt_head):
             if message.role != "system":
                 raise InvalidArgument(f"prompt_head[{i}].role", f"must be system, got {message.role!r}")
@@ -564,7 +488,11 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             if not isinstance(parsed, dict):
                 raise InvalidArgument(f"tool_schemas[{i}]", "must be a JSON object")
 
-    async def WouldCompress(self, request, context):
+    async def WouldCompress(
+        self,
+        request: pb.WouldCompressRequest,
+        context: grpc.aio.ServicerContext[pb.WouldCompressRequest, pb.WouldCompressResponse],
+    ) -> pb.WouldCompressResponse:
         window, knobs, state, model, pricing, messages, current, _ = await self._prepare(request)
         staged = await self._plan(
             messages,
@@ -586,7 +514,9 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             kept_tokens=kept,
         )
 
-    async def Compress(self, request, context):
+    async def Compress(
+        self, request: pb.CompressRequest, context: grpc.aio.ServicerContext[pb.CompressRequest, pb.CompressionEvent]
+    ) -> AsyncIterator[pb.CompressionEvent]:
         """Shrink a session's context and commit it: ``started``, then ``compressed``.
 
         Loads the session's context and pricing, refuses a stale ``expected_revision`` (ABORTED),
@@ -600,13 +530,14 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED, TURN_END is required")
         self._check_prompt_head(request)
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
+        loaded = Loaded(state, window, knobs, pricing, messages, current)
         if request.HasField("expected_revision") and state.session.revision != request.expected_revision:
             raise Aborted(
                 f"session {state.session.id} is at revision {state.session.revision}, not the expected "
                 f"{request.expected_revision}: another writer changed it"
             )
         if request.reason == pb.COMPRESSION_REASON_TURN_END:
-            async for event in self._prune_turn_end(request, state, window, knobs, pricing, messages, current):
+            async for event in prune_turn_end(self._committer(request), loaded):
                 yield event
             return
         truncated_flag = state.baseline is not None and state.baseline.context_truncated
@@ -656,73 +587,8 @@ class CompressorServicer(compressor_pb2_grpc.CompressorServicer):
                 window,
                 await self._prefix_source(request, summarizer, messages, pricing),
             )
-        async for event in self._commit(request, state, window, knobs, pricing, messages, current, outcome):
+        async for event in commit_outcome(self._committer(request), loaded, outcome):
             yield event
 
-    async def _prune_turn_end(self, request, state, window, knobs, pricing, messages, current):
-        """A turn's results pruned at its end (COMPRESSION_REASON_TURN_END): no events when there is
-        nothing worth pruning."""
-        pruning = await asyncio.to_thread(turn_end_pruning, messages, pricing, knobs, window)
-        if pruning is None:
-            return
-        yield pb.CompressionEvent(started=pb.CompressionStarted(context_tokens=current, max_context_tokens=window))
-        outcome = await asyncio.to_thread(pipeline.prune_outcome, messages, pruning)
-        async for event in self._commit(request, state, window, knobs, pricing, messages, current, outcome):
-            yield event
-
-    async def _commit(self, request, state, window, knobs, pricing, messages, current, outcome):
-        """Commit an outcome to the store and report it (``compressed``)."""
-        if not outcome.demoted:  # the fallback found nothing it may drop: say so, change nothing
-            log.warning("compression of %s changed nothing: the newest turn alone is the context", state.session.id)
-            yield pb.CompressionEvent(
-                compressed=pb.ContextCompressed(
-                    messages_before=len(messages),
-                    messages_after=len(messages),
-                    context_tokens=current,
-                    max_context_tokens=window,
-                    method=outcome.method,
-                )
-            )
-            return
-        accounting = await asyncio.to_thread(pipeline.account, outcome, messages, pricing, knobs, window, current)
-        if request.reason == pb.COMPRESSION_REASON_TURN_END:  # it aims at no target: it falls short of none
-            accounting = replace(accounting, shortfall="")
-        commit = pipeline.commit_request(
-            state.session, messages, outcome, request.reason, accounting, index_memory=knobs.index_memory
-        )
-        # Half the services' message limit: room for whatever a store replica adds to its reply.
-        indexed_apart = 0
-        for batch in pipeline.chunks_past(commit, self.settings.max_message_bytes // 2):
-            indexed_apart += (
-                await self.store.IndexChunks(store_pb.IndexChunksRequest(session_id=commit.session_id, chunks=batch))
-            ).indexed
-        result = await self.store.CommitCompression(commit)
-        pipeline.log_compressed(
-            state.session.id, request.reason, outcome, len(messages), len(outcome.new_context), accounting, window
-        )
-        metrics.COMPRESSIONS.labels(pipeline.method_name(outcome.method), pipeline.reason_name(request.reason)).inc()
-        replaced = (
-            outcome.summary.replaces
-            if outcome.summary is not None
-            else common_pb2.SeqRange(
-                first=min(m.seq for m in outcome.demoted), last=max(m.seq for m in outcome.demoted)
-            )
-        )
-        yield pb.CompressionEvent(
-            compressed=pb.ContextCompressed(
-                summary=outcome.summary_text,
-                messages_before=len(messages),
-                messages_after=len(outcome.new_context),
-                context_tokens=accounting.context_tokens,
-                max_context_tokens=window,
-                method=outcome.method,
-                breadcrumbs=outcome.breadcrumbs,
-                replaced=replaced,
-                chunks_indexed=result.chunks_indexed + indexed_apart,
-                revision=result.revision,
-                tokens_before=accounting.tokens_before,
-                tokens_after=accounting.tokens_after,
-                target_tokens=accounting.target_tokens,
-                shortfall=accounting.shortfall,
-            )
-        )
+    def _committer(self, request: pb.CompressRequest) -> Committer:
+        return Committer(self.store, request.reason, self.settings.max_message_bytes)

@@ -3,6 +3,11 @@ results further when nothing is left to compress."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from palimpsest.compressor.pricing import Pricing
+
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -15,7 +20,7 @@ MIN_RESULT_TOKENS = 64
 
 
 def deepen_cuts(
-    pricing, messages: Sequence[Message], tool_schemas: Sequence[str], limit: int
+    pricing: Pricing, messages: Sequence[Message], tool_schemas: Sequence[str], limit: int
 ) -> tuple[list[Message], dict[int, str], Estimate] | None:
     """A view that fits ``limit`` by cutting assistant and tool messages further, largest first,
     each down to ``MIN_RESULT_TOKENS`` at most; None when even that cannot fit (the system prompt,
@@ -61,7 +66,7 @@ def deepen_cuts(
     return view, cuts, estimate
 
 
-def _in_baseline(pricing, message: Message) -> bool:
+def _in_baseline(pricing: Pricing, message: Message) -> bool:
     """Whether the calibrated count holds ``message`` inside its real baseline (Ollama's count of an
     earlier prompt), where cutting it now moves nothing a recount would see."""
     baseline = pricing.baseline if pricing.has_baseline else None

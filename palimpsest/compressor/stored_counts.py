@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from palimpsest.compressor.exact_count import Counter, CutPlan, content_md5, cut_plan, joined_cut, message_tokens
 from palimpsest.shared.context_view import TRUNCATABLE_ROLES
@@ -123,11 +124,11 @@ class PrimedCounter:
     """A counter that answers from stored counts and cuts what they cover and counts the rest with
     the model's own (whose cache then keeps it)."""
 
-    def __init__(self, counter: Counter, known: Known):
+    def __init__(self, counter: Counter, known: Known) -> None:
         self.counter = counter
         self.known = known
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.counter, name)  # digest, tokenizer
 
     def counts(self, texts: Sequence[str]) -> list[int]:

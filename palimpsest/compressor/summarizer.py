@@ -103,7 +103,7 @@ class Summarizer:
     """Writes summaries through Ollama with think=False, per the resolved knobs, in one num_ctx per
     model: the conversation's window for its own model, the configured one for a summarizer model."""
 
-    def __init__(self, ollama: OllamaClient, knobs: Knobs, model: str, window: int):
+    def __init__(self, ollama: OllamaClient, knobs: Knobs, model: str, window: int) -> None:
         self.ollama = ollama
         self.knobs = knobs
         self.model = knobs.summarizer_model or model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -60,7 +60,11 @@ class Identity:
 AUTH_OFF = Identity(sub=ANONYMOUS, role=ADMIN_ROLE, enforced=False)
 
 
-def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | None:
+# A call's metadata as gRPC hands it over (grpc.aio.Metadata, or pairs): values are str, or bytes for -bin keys.
+Metadata = Iterable[tuple[str, str | bytes]]
+
+
+def bearer_token(metadata: Metadata | None) -> str | None:
     for key, value in metadata or ():
         if key.lower() == "authorization":
             text = value.decode() if isinstance(value, bytes) else value
@@ -71,7 +75,7 @@ def bearer_token(metadata: tuple[tuple[str, str | bytes], ...] | None) -> str | 
     return None
 
 
-def identity_from_metadata(metadata, *, enabled: bool, secret: str) -> Identity:
+def identity_from_metadata(metadata: Metadata | None, *, enabled: bool, secret: str) -> Identity:
     if not enabled:
         return AUTH_OFF
     token = bearer_token(metadata)
@@ -113,7 +117,7 @@ def forwarded_metadata(context: grpc.aio.ServicerContext | None) -> tuple[tuple[
     return _authorization(context.invocation_metadata() if context is not None else None)
 
 
-def _authorization(metadata) -> tuple[tuple[str, str], ...]:
+def _authorization(metadata: Metadata | None) -> tuple[tuple[str, str], ...]:
     for key, value in metadata or ():
         if key.lower() == "authorization":
             return (("authorization", value if isinstance(value, str) else value.decode()),)
@@ -129,7 +133,7 @@ _credentials: contextvars.ContextVar[tuple[tuple[str, str], ...] | None] = conte
 )
 
 
-def serve_caller(invocation_metadata) -> None:
+def serve_caller(invocation_metadata: Metadata | None) -> None:
     """From here on (in this task and the tasks it starts) outgoing calls carry the credentials of
     the caller whose request metadata this is."""
     _credentials.set(_authorization(invocation_metadata))
@@ -172,7 +176,7 @@ def vouching_metadata(enabled: bool, secret: str) -> tuple[tuple[str, str], ...]
     return ((SERVICE_VOUCH_HEADER, make_token(SERVICE_SUB, secret, SERVICE_ROLE)),)
 
 
-def vouched_by_services(metadata, *, enabled: bool, secret: str) -> bool:
+def vouched_by_services(metadata: Metadata | None, *, enabled: bool, secret: str) -> bool:
     """True when the call carries a valid services' vouch (always, with auth off)."""
     if not enabled:
         return True

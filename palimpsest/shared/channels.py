@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Generator, Sequence
+from types import TracebackType
+from typing import Any
 
 import grpc
 
@@ -51,7 +54,7 @@ class DefaultDeadline(
     bidirectional call, which lives as long as its writer keeps it: the writer bounds each
     exchange (see _DirectStream)."""
 
-    def __init__(self, seconds: float, long_seconds: float):
+    def __init__(self, seconds: float, long_seconds: float) -> None:
         self.seconds = seconds
         self.long_seconds = long_seconds
 
@@ -70,13 +73,19 @@ class DefaultDeadline(
             details.wait_for_ready,
         )
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         return await continuation(self._with_deadline(client_call_details), request)
 
-    async def intercept_unary_stream(self, continuation, client_call_details, request):
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         return await continuation(self._with_deadline(client_call_details), request)
 
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+    async def intercept_stream_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         return await continuation(self._with_deadline(client_call_details), request_iterator)
 
 
@@ -89,12 +98,14 @@ class ServiceCalls(
     AioRpcError or forgets a caller's token. A call that sets its own ``authorization`` keeps it.
     (A bidirectional call gets the same from _DirectStream.)"""
 
-    def __init__(self, service: str, address: str, settings: Settings):
+    def __init__(self, service: str, address: str, settings: Settings) -> None:
         self.service = service
         self.address = address
         self.settings = settings
 
-    def with_credentials(self, metadata) -> grpc.aio.Metadata:
+    def with_credentials(
+        self, metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]] | None
+    ) -> grpc.aio.Metadata:
         """``metadata`` with the served caller's credentials added, unless it carries its own."""
         metadata = grpc.aio.Metadata(*(metadata or ()))
         if "authorization" not in metadata:
@@ -114,21 +125,27 @@ class ServiceCalls(
     def error(self, exc: grpc.aio.AioRpcError) -> PalimpsestError:
         return from_rpc_error(exc, self.service, self.address)
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         call = await continuation(self._with_credentials(client_call_details), request)
         try:
             return await call
         except grpc.aio.AioRpcError as exc:
             raise self.error(exc) from None
 
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+    async def intercept_stream_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         # Unlike a unary call's, this interceptor must hand back a call, not the response.
         return _Answered(await continuation(self._with_credentials(client_call_details), request_iterator), self)
 
-    async def intercept_unary_stream(self, continuation, client_call_details, request):
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         call = await continuation(self._with_credentials(client_call_details), request)
 
-        async def responses():
+        async def responses() -> AsyncIterator[Any]:
             try:
                 async for response in call:
                     yield response
@@ -141,53 +158,61 @@ class ServiceCalls(
 class _Answered:
     """A client-streaming call whose answer, when awaited, fails as ServiceCalls maps it."""
 
-    def __init__(self, call, calls: ServiceCalls):
+    def __init__(self, call: Any, calls: ServiceCalls) -> None:
         self._call = call
         self._calls = calls
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, Any]:
         try:
             return (yield from self._call.__await__())
         except grpc.aio.AioRpcError as exc:
             raise self._calls.error(exc) from None
 
-    def __getattr__(self, name):  # cancel, done, code, …: the call's own
+    def __getattr__(self, name: str) -> Any:  # cancel, done, code, …: the call's own
         return getattr(self._call, name)
 
 
 class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         return await self.inner.intercept_unary_unary(continuation, client_call_details, request)
 
 
 class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    async def intercept_unary_stream(self, continuation, client_call_details, request):
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
         return await self.inner.intercept_unary_stream(continuation, client_call_details, request)
 
 
 class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+    async def intercept_stream_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         return await self.inner.intercept_stream_unary(continuation, client_call_details, request_iterator)
 
 
 class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
-    def __init__(self, inner):
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+    async def intercept_stream_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         return await self.inner.intercept_stream_stream(continuation, client_call_details, request_iterator)
 
 
-def each_kind(*interceptors) -> list[grpc.aio.ClientInterceptor]:
+def each_kind(*interceptors: grpc.aio.ClientInterceptor) -> list[grpc.aio.ClientInterceptor]:
     """The interceptors, once per kind of call each handles: a grpc.aio channel files an
     interceptor under the first kind it is an instance of only, so one class serving all kinds
     would silently skip the streams (server streams such as Compress, and PutFile, went without
@@ -207,14 +232,21 @@ class _DirectUnary:
     own for every call, about 0.2–0.4 ms a call on a 2-core machine (measured with a health check),
     and a turn's answer waits for one such call between the model's last token and stream_end."""
 
-    def __init__(self, inner, method: str | bytes, deadline: DefaultDeadline, calls: ServiceCalls | None):
+    def __init__(self, inner: Any, method: str | bytes, deadline: DefaultDeadline, calls: ServiceCalls | None) -> None:
         self._inner = inner
         self._timeout = deadline.timeout_for(method)
         self._calls = calls
 
     def __call__(
-        self, request, *, timeout=None, metadata=None, credentials=None, wait_for_ready=None, compression=None
-    ):
+        self,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: grpc.CallCredentials | None = None,
+        wait_for_ready: bool | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> Any:
         if self._calls is not None:
             metadata = self._calls.with_credentials(metadata)
         call = self._inner(
@@ -233,20 +265,20 @@ class _DirectStream:
     credentials (as of its opening) and its reads and writes fail as ServiceCalls maps them. No
     deadline: such a call lives as long as its writer keeps it, and bounds each exchange itself."""
 
-    def __init__(self, inner, calls: ServiceCalls | None):
+    def __init__(self, inner: Any, calls: ServiceCalls | None) -> None:
         self._inner = inner
         self._calls = calls
 
     def __call__(
         self,
-        request_iterator=None,
+        request_iterator: Any = None,
         *,
-        timeout=None,
-        metadata=None,
-        credentials=None,
-        wait_for_ready=None,
-        compression=None,
-    ):
+        timeout: float | None = None,
+        metadata: Any = None,
+        credentials: grpc.CallCredentials | None = None,
+        wait_for_ready: bool | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> Any:
         if self._calls is not None:
             metadata = self._calls.with_credentials(metadata)
         call = self._inner(
@@ -263,17 +295,17 @@ class _DirectStream:
 class _MappedStream:
     """A bidirectional call whose reads and writes raise the PalimpsestError for a failed status."""
 
-    def __init__(self, call, calls: ServiceCalls):
+    def __init__(self, call: Any, calls: ServiceCalls) -> None:
         self._call = call
         self._calls = calls
 
-    async def read(self):
+    async def read(self) -> Any:
         try:
             return await self._call.read()
         except grpc.aio.AioRpcError as exc:
             raise self._calls.error(exc) from None
 
-    async def write(self, request) -> None:
+    async def write(self, request: Any) -> None:
         try:
             await self._call.write(request)
         except grpc.aio.AioRpcError as exc:
@@ -282,7 +314,7 @@ class _MappedStream:
             await self.read()  # (raises it, unless the call ended OK)
             raise Unavailable(f"{self._calls.service} at {self._calls.address} ended the call") from None
 
-    def __getattr__(self, name):  # done_writing, cancel, done, code, …: the call's own
+    def __getattr__(self, name: str) -> Any:  # done_writing, cancel, done, code, …: the call's own
         return getattr(self._call, name)
 
 
@@ -298,29 +330,38 @@ class _ServiceChannel:
         deadline: DefaultDeadline,
         calls: ServiceCalls | None,
         direct_unary: bool = True,
-    ):
+    ) -> None:
         self._channel = channel
         self._deadline = deadline
         self._calls = calls
         self._direct_unary = direct_unary
 
-    def unary_unary(self, method, request_serializer=None, response_deserializer=None, *args, **kwargs):
+    def unary_unary(
+        self, method: str, request_serializer: Any = None, response_deserializer: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
         inner = self._channel.unary_unary(method, request_serializer, response_deserializer, *args, **kwargs)
         return _DirectUnary(inner, method, self._deadline, self._calls) if self._direct_unary else inner
 
-    def stream_stream(self, method, request_serializer=None, response_deserializer=None, *args, **kwargs):
+    def stream_stream(
+        self, method: str, request_serializer: Any = None, response_deserializer: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
         inner = self._channel.stream_stream(method, request_serializer, response_deserializer, *args, **kwargs)
         return _DirectStream(inner, self._calls)
 
-    def __getattr__(self, name):  # the other kinds of call, close, get_state, channel_ready, …
+    def __getattr__(self, name: str) -> Any:  # the other kinds of call, close, get_state, channel_ready, …
         return getattr(self._channel, name)
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> _ServiceChannel:
         await self._channel.__aenter__()
         return self
 
-    async def __aexit__(self, *exc):
-        return await self._channel.__aexit__(*exc)
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Any:
+        return await self._channel.__aexit__(exc_type, exc, traceback)
 
 
 def open_channel(addresses: str, settings: Settings, *, service: str = "") -> grpc.aio.Channel:

@@ -14,7 +14,7 @@ class InvalidArgument(PalimpsestError):
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, field: str, problem: str):
+    def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
 
@@ -50,7 +50,7 @@ class OutOfRange(PalimpsestError):
 
     code = grpc.StatusCode.OUT_OF_RANGE
 
-    def __init__(self, field: str, problem: str):
+    def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
 
@@ -70,7 +70,7 @@ class NotAnswering(Unavailable):
     """The service called did not answer at all (its deadline passed, or it could not be reached),
     as opposed to a status it sent."""
 
-    def __init__(self, service: str, address: str, details: str):
+    def __init__(self, service: str, address: str, details: str) -> None:
         super().__init__(f"{service} at {address} {NOT_ANSWERING}: {details}")
         self.details = details
 

@@ -11,11 +11,12 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -69,7 +70,7 @@ CUT_PROMPTS = Counter(
 )
 
 
-def _enum_label(enum, value: int, prefix: str) -> str:
+def _enum_label(enum: EnumTypeWrapper, value: int, prefix: str) -> str:
     try:
         return enum.Name(value).removeprefix(prefix).lower()
     except ValueError:  # a number newer than this code
@@ -152,7 +153,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
     """Times every RPC to its end (a stream: its last message) and files it under its status code,
     as the client sees it: outermost, so the ErrorInterceptor's mapping has happened."""
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -173,7 +178,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
-def _code(context, failure: BaseException | None) -> str:
+def _code(context: grpc.aio.ServicerContext[Any, Any], failure: BaseException | None) -> str:
     """The status the client got: the one set or aborted with (None: OK), CANCELLED for a call the
     client left (the handler is cancelled, or its stream closed)."""
     if isinstance(failure, (asyncio.CancelledError, GeneratorExit)):
@@ -185,7 +190,7 @@ def _code(context, failure: BaseException | None) -> str:
 
 
 @contextmanager
-def _timing(context, method: str) -> Iterator[None]:
+def _timing(context: grpc.aio.ServicerContext[Any, Any], method: str) -> Iterator[None]:
     started, failure = time.perf_counter(), None
     try:
         yield
@@ -216,16 +221,16 @@ def timed_as(method: str) -> Iterator[None]:
         RPC_SECONDS.labels(method, code).observe(time.perf_counter() - started)
 
 
-def _timed_unary(fn, method: str):
-    async def timed(request, context):
+def _timed_unary(fn: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
+    async def timed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         with _timing(context, method):
             return await fn(request, context)
 
     return timed
 
 
-def _timed_stream(fn, method: str):
-    async def timed(request, context):
+def _timed_stream(fn: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
+    async def timed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         with _timing(context, method):
             async for item in fn(request, context):
                 yield item
@@ -236,7 +241,7 @@ def _timed_stream(fn, method: str):
 class MetricsEndpoint:
     """prometheus-client's own HTTP server (a thread) on host:port; port 0 picks a free one."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int) -> None:
         try:
             self._server, self._thread = start_http_server(port, addr=host)
         except OSError as exc:

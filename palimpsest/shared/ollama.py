@@ -123,7 +123,7 @@ FACTS_TTL_S = 60.0
 class OllamaClient:
     def __init__(
         self, host: str, *, timeout: float = 600.0, connect_timeout: float = 5.0, facts_ttl_s: float = FACTS_TTL_S
-    ):
+    ) -> None:
         self.host = host.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.host, timeout=httpx.Timeout(timeout, connect=connect_timeout))
         self._facts: dict[str, tuple[ModelFacts, float]] = {}  # by model: the facts, when read

@@ -39,6 +39,8 @@ T = TypeVar("T")
 
 # A service's own failures that mean "a dependency is down" rather than a bug (a dead database).
 Translate = Callable[[BaseException], "PalimpsestError | None"]
+# A servicer method as gRPC calls it: (request or request iterator, context).
+Handler = Callable[..., Any]
 
 
 def method_paths(service: str, *names: str) -> frozenset[str]:
@@ -94,7 +96,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     the field (``deep``: in nested messages too). Known errors become their status; anything else
     is logged once and answered as INTERNAL."""
 
-    def __init__(self, admission: Admission, *, deep_nul_check: bool = False, translate: Translate | None = None):
+    def __init__(
+        self, admission: Admission, *, deep_nul_check: bool = False, translate: Translate | None = None
+    ) -> None:
         self.admission = admission
         self.deep = deep_nul_check
         self.translate = translate
@@ -102,7 +106,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         # making it anew (four objects) was part of every call's way in.
         self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -151,7 +159,7 @@ def _refusal(error: PalimpsestError) -> grpc.RpcMethodHandler:
     whole before its handler runs; here nothing asks for it, so HTTP/2 flow control holds the
     sender to a window's worth, dropped when the call ends."""
 
-    async def refuse(_requests, context):
+    async def refuse(_requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(error.code, capped(str(error)))
 
     return grpc.stream_unary_rpc_method_handler(refuse)
@@ -171,7 +179,7 @@ def _reading(
     decoded, and one that does not decode. (gRPC would log a deserializer's exception as the
     servicer's, with its traceback, and answer UNKNOWN.)"""
 
-    def read(data: bytes):
+    def read(data: bytes) -> Any:
         if len(data) > limit:
             return Refused(
                 ResourceExhausted(f"request: {len(data):,} bytes; {method} takes at most {limit:,} ({setting})")
@@ -232,7 +240,7 @@ async def _abort_for(
         raise _client_left(method) from None
 
 
-def _refuse_bad_request(request, deep: bool | None) -> None:
+def _refuse_bad_request(request: Any, deep: bool | None) -> None:
     """A request refused before it was decoded; NUL characters, over-long identifying strings, and
     (at any depth, whatever ``deep``) times out of range and enum values the proto does not define
     (``deep`` None: a streamed request, whose strings its servicer checks, if at all)."""
@@ -250,7 +258,7 @@ def _refuse_bad_request(request, deep: bool | None) -> None:
             raise InvalidArgument(*out_of_range)
 
 
-def _checking_each(fn, deep: bool | None):
+def _checking_each(fn: Handler, deep: bool | None) -> Handler:
     """A client-streaming method whose requests are refused, as a unary call's request is, when the
     servicer reads one that was refused before decoding or (``deep`` not None) one with a NUL or an
     over-long identifying string."""
@@ -263,8 +271,8 @@ def _checking_each(fn, deep: bool | None):
     return lambda requests, context: fn(checked(requests), context)
 
 
-def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None):
-    async def guarded(request, context):
+def _guard_unary(fn: Handler, method: str, deep: bool | None, translate: Translate | None) -> Handler:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         serve_caller(context.invocation_metadata())  # every call made downstream carries them on
         try:
             _refuse_bad_request(request, deep)
@@ -279,8 +287,8 @@ def _guard_unary(fn, method: str, deep: bool | None, translate: Translate | None
     return guarded
 
 
-def _guard_stream(fn, method: str, deep: bool | None, translate: Translate | None):
-    async def guarded(request, context):
+def _guard_stream(fn: Handler, method: str, deep: bool | None, translate: Translate | None) -> Handler:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         serve_caller(context.invocation_metadata())  # (in the RPC's own task, which drives this generator)
         try:
             _refuse_bad_request(request, deep)
@@ -489,7 +497,9 @@ def startup_failure(name: str, exc: BaseException) -> str:
     )
 
 
-def run_service(start, listen_address: Callable[[Settings], str], name: str) -> None:
+def run_service(
+    start: Callable[..., Awaitable[RunningServer]], listen_address: Callable[[Settings], str], name: str
+) -> None:
     """`python -m services.<name>`: settings from the environment, serve until SIGTERM/SIGINT. A
     failure to start is one line on stderr and exit status 1 (the traceback with PALIMPSEST_DEBUG=1)."""
     configure_logging()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import cast
+from typing import Any, cast
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -38,8 +38,9 @@ def first_nul(message: Message, *, deep: bool, prefix: str = "") -> str | None:
     return None
 
 
-def _first_nul_in_message_field(field, value, name: str) -> str | None:
-    if field.message_type.GetOptions().map_entry:
+def _first_nul_in_message_field(field: FieldDescriptor, value: Any, name: str) -> str | None:
+    entry = field.message_type  # (a message field: called for those only)
+    if entry is not None and entry.GetOptions().map_entry:
         for key, item in value.items():
             if isinstance(key, str) and NUL in key:
                 return f"{name}[{key[:40]!r}]"

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from palimpsest.shared.embedded_pg import EmbeddedPostgres
+
 import asyncio
 import logging
 from contextlib import suppress
+
+import asyncpg
 
 from palimpsest.shared import metrics, tracing
 from palimpsest.shared.ollama import OllamaClient
@@ -37,7 +44,7 @@ LARGE_REQUESTS = method_paths(
 )
 
 
-def database(settings: Settings):
+def database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
     """(url, the embedded server or None): DATABASE_URL when given, else the embedded PostgreSQL
     (started on first use; the store stops it on exit only if it started it)."""
     if settings.database_url:
@@ -151,7 +158,7 @@ async def start_store(
 DATABASE_CHECK_INTERVAL_S = 2.0
 
 
-async def watch_database(pool, running: RunningServer, address: str) -> None:
+async def watch_database(pool: asyncpg.Pool, running: RunningServer, address: str) -> None:
     """Health follows the database: NOT_SERVING while PostgreSQL does not answer (balancers and
     `pal health` then see why every call fails), SERVING again when it does."""
     serving = True

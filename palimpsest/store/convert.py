@@ -5,17 +5,24 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any
 
+import asyncpg
 from google.protobuf import timestamp_pb2
 
+from palimpsest.shared.external_refs import ExternalRef
 from palimpsest.shared.owner_memory import snapshot_proto
 from palimpsest.shared.structs import from_struct, to_struct
 from palimpsest.shared.validation import EARLIEST, LATEST
 from palimpsest.store.redaction import redact_arguments, redact_text
 from palimpsest.v1 import common_pb2, session_store_pb2
+
+# A row as asyncpg reads it.
+Row = asyncpg.Record | Mapping[str, Any]
 
 log = logging.getLogger("palimpsest.store")
 
@@ -70,7 +77,7 @@ def tool_calls_json(message: common_pb2.Message) -> list[dict[str, str]]:
     return [{"id": c.id, "name": c.name, "arguments": redact_arguments(c.arguments_json)} for c in message.tool_calls]
 
 
-def message_row(session_id, seq: int, message: common_pb2.Message, now: datetime) -> tuple:
+def message_row(session_id: uuid.UUID, seq: int, message: common_pb2.Message, now: datetime) -> tuple[Any, ...]:
     """The INSERT values for one appended message (flags default to context + display)."""
     explicit = message.explicit_flags
     replaces = message.replaces if message.HasField("replaces") else None
@@ -116,7 +123,7 @@ def session_file_name(path: str) -> str:
     return path
 
 
-def message_from_row(row, *, archived: bool = False) -> common_pb2.Message:
+def message_from_row(row: Row, *, archived: bool = False) -> common_pb2.Message:
     message = common_pb2.Message(
         seq=row["seq"],
         role=row["role"],
@@ -153,7 +160,7 @@ def message_from_row(row, *, archived: bool = False) -> common_pb2.Message:
     return message
 
 
-def external_ref_to_json(ref) -> dict[str, Any]:
+def external_ref_to_json(ref: ExternalRef) -> dict[str, Any]:
     return {
         "kind": ref.kind,
         "uri": ref.uri,
@@ -172,7 +179,7 @@ def external_ref_to_proto(data: dict[str, Any]) -> common_pb2.ExternalRef:
     return ref
 
 
-def session_from_row(row) -> common_pb2.Session:
+def session_from_row(row: Row) -> common_pb2.Session:
     session = common_pb2.Session(
         id=str(row["id"]),
         profile_id=row["profile_id"],
@@ -200,7 +207,7 @@ def session_from_row(row) -> common_pb2.Session:
     return session
 
 
-def summary_from_row(row) -> common_pb2.SessionSummary:
+def summary_from_row(row: Row) -> common_pb2.SessionSummary:
     summary = common_pb2.SessionSummary(
         id=str(row["id"]),
         profile_id=row["profile_id"],
@@ -220,7 +227,7 @@ def summary_from_row(row) -> common_pb2.SessionSummary:
     return summary
 
 
-def chunk_from_row(row) -> common_pb2.RawChunk:
+def chunk_from_row(row: Row) -> common_pb2.RawChunk:
     chunk = common_pb2.RawChunk(
         id=row["id"],
         session_id=str(row["session_id"]),
@@ -272,7 +279,7 @@ def tool_run_row(run: session_store_pb2.ToolRun) -> dict[str, Any]:
     }
 
 
-def tool_run_from_row(row) -> session_store_pb2.ToolRun:
+def tool_run_from_row(row: Row) -> session_store_pb2.ToolRun:
     run = session_store_pb2.ToolRun(
         seq=row["seq"],
         turn_id=row["turn_id"],
@@ -298,7 +305,7 @@ _MEMORY_ACTIONS = {
 }
 
 
-def memory_entry(row) -> session_store_pb2.MemoryEntry:
+def memory_entry(row: Row) -> session_store_pb2.MemoryEntry:
     entry = session_store_pb2.MemoryEntry(
         id=row["id"], text=row["text"], session_id=str(row["session_id"]) if row["session_id"] else ""
     )
@@ -307,7 +314,7 @@ def memory_entry(row) -> session_store_pb2.MemoryEntry:
     return entry
 
 
-def pending_memory_write(row) -> session_store_pb2.PendingMemoryWrite:
+def pending_memory_write(row: Row) -> session_store_pb2.PendingMemoryWrite:
     held = session_store_pb2.PendingMemoryWrite(
         id=row["id"],
         action=_MEMORY_ACTIONS[row["action"]],

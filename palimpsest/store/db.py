@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit
@@ -118,7 +119,7 @@ def where(dsn: str) -> str:
     return f"{parsed.hostname or 'localhost'}:{parsed.port or 5432}"
 
 
-def database_down(dsn: str):
+def database_down(dsn: str) -> Callable[[BaseException], Unavailable | None]:
     """The store's error translation: a dead database is UNAVAILABLE naming it, not INTERNAL."""
     address = where(dsn)
 

@@ -34,20 +34,14 @@ concurrent uploads of ``report.pdf`` end up as ``report.pdf`` and
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import io
 import os
-import re
 import shutil
-import tempfile
-import uuid
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from palimpsest.shared.content_types import SNIFF_BYTES, content_type
+from palimpsest.shared.content_types import content_type
 from palimpsest.shared.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -64,343 +58,26 @@ from palimpsest.shared.file_policy import (  # noqa: F401 — the rules the stor
     safe_name,
     split_extension,
 )
-from palimpsest.shared.workspace_paths import CHANGES_NAME, RESERVED_NAMES, RESERVED_PREFIXES, is_workspace_path
+from palimpsest.shared.workspace_paths import is_workspace_path
+from palimpsest.store.file_disk import (
+    DIGEST_DIR,
+    IMAGE_NAME_PATTERN,
+    SESSION_ID_PATTERN,
+    FileInfo,
+    changes_token,
+    digest_of,
+    head_of,
+    image_extension,
+    inside,
+    kept_digest,
+    mark_changed,
+    normalized_session_id,
+    reserved_name,
+)
+from palimpsest.store.file_uploads import Upload
 
 DEFAULT_MAX_BYTES = 200 * 1024 * 1024
 CHUNK_SIZE = 64 * 1024
-# What is buffered of an upload's start before its first write: enough to spot a program (its
-# magic number) and to type the file (content_types.SNIFF_BYTES).
-HEAD_BYTES = SNIFF_BYTES
-TEMP_PREFIX = ".upload-"
-# How many suffixes to try before concluding something is wrong with the folder.
-MAX_NAME_ATTEMPTS = 10_000
-
-# Where each stored file's digest is kept, under the file's own name.
-DIGEST_DIR = ".sha256"
-# The digest's third word when the file's content is the conversation's own (a tool wrote it).
-OWN = "own"
-
-# Pillow format name -> stored extension.  An allowlist: Pillow recognises
-# some formats by very weak signatures, and a "pasted image" in an exotic
-# format is more likely garbage than a picture.
-IMAGE_EXTENSIONS = {
-    "PNG": "png",
-    "JPEG": "jpg",
-    "MPO": "jpg",  # multi-picture JPEG (phone cameras); still a JPEG file
-    "GIF": "gif",
-    "WEBP": "webp",
-    "BMP": "bmp",
-    "TIFF": "tiff",
-    "ICO": "ico",
-    "AVIF": "avif",
-    "HEIF": "heic",
-}
-
-_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
-_IMAGE_NAME = re.compile(r"image_([1-9][0-9]*)\.[a-z0-9]+")
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    name: str  # its workspace path: the name itself for a file at the top
-    path: Path
-    size: int
-    sha256: str
-    content_type: str
-    outside_content: bool = True  # not known to be the conversation's own
-
-
-# --- pure helpers ----------------------------------------------------------------
-
-
-def numbered_name(name: str, n: int) -> str:
-    """Return the ``n``-th alternative for a taken ``name``: report.pdf -> report_n.pdf."""
-    if n == 0:
-        return name
-    stem, ext = split_extension(name)
-    suffix = f"_{n}"
-    stem = stem[: MAX_NAME_BYTES - len(ext) - len(suffix)]
-    return f"{stem}{suffix}{ext}"
-
-
-def image_extension(data: bytes) -> str:
-    """Return the file extension for image bytes, from the bytes alone."""
-    # Imported here so that modules importing FileStore for uploads alone do
-    # not pay for Pillow's plugin registry.
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            fmt = image.format
-            # verify() checks structure (PNG chunk CRCs etc.) without decoding
-            # pixels, so a truncated paste is refused instead of stored.
-            image.verify()
-    except Exception as exc:  # noqa: BLE001 -- Pillow raises many unrelated types
-        raise InvalidArgument("images", f"not a readable image ({type(exc).__name__})") from exc
-    ext = IMAGE_EXTENSIONS.get(fmt or "")
-    if ext is None:
-        raise InvalidArgument("images", f"unsupported image format {fmt}")
-    return ext
-
-
-def normalized_session_id(session_id: str) -> str:
-    """Return the canonical (lower-case) form of a UUID session id."""
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
-        raise InvalidArgument("session_id", f"{session_id!r} is not a UUID")
-    return session_id.lower()
-
-
-def _sha256_of(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _stamp(path: Path) -> str:
-    """What must be unchanged for a kept digest to still be the file's: the agent's file tools work
-    in the session folder, so a stored file may be rewritten or replaced after its upload."""
-    st = path.stat()
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def _keep_digest(path: Path, digest: str, stamp: str, own: bool = False) -> None:
-    """Keep ``digest`` beside the file (and whether its content is the conversation's own),
-    replaced atomically so a reader sees the old or the new one. A failure (a full disk) costs only
-    hashing the file again at the next read, which then counts it as outside content."""
-    folder = path.parent / DIGEST_DIR
-    temp = None
-    try:
-        folder.mkdir(exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)  # never a stored name
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{digest} {stamp}{' ' + OWN if own else ''}\n")
-        os.replace(temp, folder / path.name)
-    except OSError:
-        if temp is not None:
-            Path(temp).unlink(missing_ok=True)
-
-
-def _kept(path: Path) -> tuple[str, bool] | None:
-    """(digest, own) kept for the file as it is now; None when none is kept or the file changed."""
-    stamp = _stamp(path)
-    try:
-        digest, kept_stamp, *rest = (path.parent / DIGEST_DIR / path.name).read_text().split()
-    except (OSError, ValueError):  # none kept yet (a file from before digests were kept), or torn
-        return None
-    return (digest, rest == [OWN]) if kept_stamp == stamp else None
-
-
-def _digest_of(path: Path) -> str:
-    """The file's SHA-256: the kept one while the file is unchanged, else hashed (and kept)."""
-    kept = _kept(path)
-    if kept is not None:
-        return kept[0]
-    stamp = _stamp(path)  # before hashing: a change during the hash makes the kept one stale, not wrong
-    digest = _sha256_of(path)
-    _keep_digest(path, digest, stamp)
-    return digest
-
-
-def _head_of(path: Path) -> bytes:
-    with path.open("rb") as f:
-        return f.read(HEAD_BYTES)
-
-
-def _link_without_clobber(source: Path, target: Path) -> None:
-    """Make ``target`` name the file at ``source``; FileExistsError if it is taken."""
-    try:
-        os.link(source, target)
-    except FileExistsError:
-        raise
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-            raise
-        # Filesystems without hard links: reserve the name exclusively, then
-        # move the data over the reservation.  Readers may briefly see an
-        # empty file, but nothing is ever overwritten.
-        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        os.close(fd)
-        os.replace(source, target)
-        return
-    source.unlink()
-
-
-def _claim_name(temp: Path, folder: Path, candidates: Iterator[str]) -> Path:
-    """Give ``temp`` the first free name from ``candidates``; return the final path."""
-    for _, name in zip(range(MAX_NAME_ATTEMPTS), candidates):
-        target = _inside(folder, name)
-        try:
-            _link_without_clobber(temp, target)
-        except FileExistsError:
-            continue  # taken, possibly by a concurrent upload a moment ago
-        return target
-    raise ResourceExhausted(f"no free file name left in {folder.name}")
-
-
-def _inside(folder: Path, name: str) -> Path:
-    """Return ``folder / name`` (a workspace path), refusing anything that resolves elsewhere."""
-    path = folder / name
-    resolved, root = path.resolve(), folder.resolve()
-    if resolved == root or not resolved.is_relative_to(root) or resolved.relative_to(root).as_posix() != name:
-        # The path rules already make this impossible; this guards against a future change (or
-        # a planted symlink) breaking that assumption.
-        raise InvalidArgument("filename", f"{name!r} escapes the session folder")
-    return path
-
-
-def _mark_changed(folder: Path) -> str:
-    """A new changes token for ``folder``, written after each change to its files: a reader that
-    read the old one before listing sees that it must list again. One write wins whole (a rename);
-    two writers leave either token, both new. Kept among the top level's digests (no file may
-    take its name, so no digest either)."""
-    kept = folder / DIGEST_DIR
-    kept.mkdir(exist_ok=True)
-    temp = kept / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
-    token = uuid.uuid4().hex
-    temp.write_text(token)
-    os.replace(temp, kept / CHANGES_NAME)
-    return token
-
-
-def _changes_token(folder: Path) -> str:
-    """The folder's changes token, made on first need (a folder from before tokens were kept)."""
-    try:
-        return (folder / DIGEST_DIR / CHANGES_NAME).read_text().strip()
-    except FileNotFoundError:
-        return _mark_changed(folder)
-
-
-def _reserved(name: str) -> bool:
-    return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
-
-
-# --- uploads -----------------------------------------------------------------------
-
-
-class Upload:
-    """One streaming upload into a session folder: write() chunks, then commit()."""
-
-    def __init__(
-        self,
-        folder: Path,
-        name: str,
-        max_bytes: int,
-        *,
-        final_names: Callable[[], Iterator[str]] | None = None,
-        replace: bool = False,
-        own: bool = False,
-        scripts_allowed: bool = False,
-    ) -> None:
-        self.folder = folder
-        self.name = name
-        self.max_bytes = max_bytes
-        # A tool's write: put at `name` whatever is there (one write wins whole), its digest kept
-        # with whether the content is the conversation's own (`own`).
-        self.replace = replace
-        self.own = own
-        self.scripts_allowed = scripts_allowed
-        # Called at commit time, not now, so the free names are computed as
-        # late as possible; the default numbers duplicates of `name`.
-        self._final_names = final_names or self._numbered_names
-        # Beside its final place: the rename that publishes it never crosses a filesystem.
-        fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".part", dir=(folder / name).parent)
-        self.temp_path = Path(temp)
-        self._file: BinaryIO | None = os.fdopen(fd, "wb")
-        self._size = 0
-        self._sha256 = hashlib.sha256()
-        self._head = b""
-        self._head_checked = False
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def write(self, chunk: bytes) -> None:
-        """Append ``chunk``; reject the upload as soon as it breaks a rule."""
-        file = self._open_file()
-        if self._size + len(chunk) > self.max_bytes:
-            # Checked before writing, so the disk never holds more than the cap.
-            self.abort()
-            raise ResourceExhausted(
-                f"file {self.name!r} exceeds the session file limit of {self.max_bytes} bytes"
-                f" ({self.max_bytes / (1024 * 1024):g} MB)"
-            )
-        if not self._head_checked:
-            self._head += chunk[: HEAD_BYTES - len(self._head)]
-            if len(self._head) >= HEAD_BYTES:
-                self._check_head()
-        file.write(chunk)
-        self._sha256.update(chunk)
-        self._size += len(chunk)
-
-    def commit(self) -> FileInfo:
-        """Finish the upload under a free name and return what was stored."""
-        file = self._open_file()
-        if not self._head_checked:
-            self._check_head()  # files shorter than HEAD_BYTES
-        try:
-            file.flush()
-            os.fsync(file.fileno())
-            file.close()
-            self._file = None
-            digest = self._sha256.hexdigest()
-            if self.replace:
-                final = _inside(self.folder, self.name)
-                # The digest first, under the new file's stamp (a rename keeps it): a crash between
-                # the two leaves a digest no file matches, which only costs hashing it again.
-                _keep_digest(final, digest, _stamp(self.temp_path), self.own)
-                os.replace(self.temp_path, final)
-            else:
-                final = _claim_name(self.temp_path, self.folder, self._final_names())
-                _keep_digest(final, digest, _stamp(final))
-            _mark_changed(self.folder)
-        except BaseException:
-            self.abort()
-            raise
-        return FileInfo(
-            name=final.relative_to(self.folder).as_posix(),
-            path=final,
-            size=self._size,
-            sha256=digest,
-            content_type=content_type(final.name, self._head),
-            outside_content=not self.own,
-        )
-
-    def abort(self) -> None:
-        """Drop the upload and its temp file; safe to call more than once."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        self.temp_path.unlink(missing_ok=True)
-        self._head_checked = True
-
-    def __enter__(self) -> Upload:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        # Leaving the block without commit() (an exception, a cancelled
-        # stream) must not leave a partial file behind.
-        if self._file is not None:
-            self.abort()
-
-    def _open_file(self) -> BinaryIO:
-        if self._file is None:
-            raise FailedPrecondition(f"upload of {self.name!r} is already finished")
-        return self._file
-
-    def _check_head(self) -> None:
-        self._head_checked = True
-        if has_executable_magic(self._head) and not (self.scripts_allowed and self._head.startswith(b"#!")):
-            self.abort()
-            raise InvalidArgument("content", refused_as_program(self.name, PROGRAM_CONTENT, by_name=False))
-
-    def _numbered_names(self) -> Iterator[str]:
-        n = 0
-        while True:
-            yield numbered_name(self.name, n)
-            n += 1
-
-
-# --- the store ------------------------------------------------------------------------
 
 
 class FileStore:
@@ -422,7 +99,7 @@ class FileStore:
                 "filename", refused_as_program(name, f"{split_extension(name.lower())[1]} is the extension of one")
             )
         folder = self._created_dir(session_id)
-        _inside(folder, name)
+        inside(folder, name)
         return Upload(folder, name, self.max_bytes)
 
     def begin_write(self, session_id: str, path: str, *, own: bool, scripts_allowed: bool) -> Upload:
@@ -436,14 +113,14 @@ class FileStore:
                 "header.path", refused_as_program(path, f"{split_extension(path.lower())[1]} is the extension of one")
             )
         folder = self._created_dir(session_id)
-        target = _inside(folder, path)
+        target = inside(folder, path)
         if target.is_dir():
             raise FailedPrecondition(f"{path!r} is a folder in the workspace, not a file")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise FailedPrecondition(f"a folder of {path!r} is a file in the workspace") from None
-        _inside(folder, path)  # again, now that its folders exist
+        inside(folder, path)  # again, now that its folders exist
         return Upload(folder, path, self.max_bytes, replace=True, own=own, scripts_allowed=scripts_allowed)
 
     def size_of(self, session_id: str, path: str) -> int:
@@ -460,7 +137,7 @@ class FileStore:
         target = self._existing_file(session_id, path)
         size = target.stat().st_size
         target.unlink()
-        _mark_changed(folder)
+        mark_changed(folder)
         (target.parent / DIGEST_DIR / target.name).unlink(missing_ok=True)
         parent = target.parent
         while parent != folder:
@@ -548,7 +225,7 @@ class FileStore:
         folder = self.session_dir(session_id)
         if not folder.is_dir():
             return "", []
-        current = _changes_token(folder)
+        current = changes_token(folder)
         if token and token == current:
             return current, None
         return current, self.list_files(session_id)
@@ -594,7 +271,7 @@ class FileStore:
             # Only workspace paths can be stored, so anything else (temp files, "..", absolute
             # paths) is a malformed request, not a miss.
             raise InvalidArgument("filename", f"{name!r} is not a stored file name")
-        path = _inside(folder, name)
+        path = inside(folder, name)
         if path.is_symlink() or not path.is_file():
             raise NotFound(f"file {name!r} not found in session {session_id}")
         return path
@@ -605,21 +282,21 @@ class FileStore:
         return sorted(
             entry.name
             for entry in os.scandir(self.root)
-            if entry.is_dir(follow_symlinks=False) and _SESSION_ID.fullmatch(entry.name)
+            if entry.is_dir(follow_symlinks=False) and SESSION_ID_PATTERN.fullmatch(entry.name)
         )
 
     @staticmethod
     def _stored_files(folder: Path) -> Iterator[Path]:
         """The files at the top of ``folder`` (the uploads' level)."""
         for entry in os.scandir(folder):
-            if not _reserved(entry.name) and entry.is_file(follow_symlinks=False):
+            if not reserved_name(entry.name) and entry.is_file(follow_symlinks=False):
                 yield Path(entry.path)
 
     @staticmethod
     def _walk(folder: Path, prefix: str = "") -> Iterator[tuple[str, Path]]:
         """(workspace path, file) of every stored file under ``folder``; links are not followed."""
         for entry in os.scandir(folder):
-            if _reserved(entry.name):
+            if reserved_name(entry.name):
                 continue
             rel = f"{prefix}{entry.name}"
             if entry.is_dir(follow_symlinks=False):
@@ -632,13 +309,13 @@ class FileStore:
         # One stat and one read of the kept digest: a listing of a 10,000-file workspace does this
         # for every file, on every turn that uses a file tool.
         size = path.stat().st_size
-        kept = _kept(path)
+        kept = kept_digest(path)
         return FileInfo(
             name=name or path.name,
             path=path,
             size=size,
-            sha256=kept[0] if kept is not None else _digest_of(path),
-            content_type=content_type(path.name, _head_of(path)),
+            sha256=kept[0] if kept is not None else digest_of(path),
+            content_type=content_type(path.name, head_of(path)),
             outside_content=not (kept is not None and kept[1]),
         )
 
@@ -647,7 +324,7 @@ class FileStore:
         digest: str | None = None
         for path in self._stored_files(folder):
             # Size first: hashing is only needed for the rare same-size file.
-            if not _IMAGE_NAME.fullmatch(path.name) or path.stat().st_size != len(data):
+            if not IMAGE_NAME_PATTERN.fullmatch(path.name) or path.stat().st_size != len(data):
                 continue
             digest = digest or hashlib.sha256(data).hexdigest()
             info = self._info(path)
@@ -656,7 +333,7 @@ class FileStore:
         return None
 
     def _image_names(self, folder: Path, ext: str) -> Iterator[str]:
-        taken = [int(m[1]) for p in self._stored_files(folder) if (m := _IMAGE_NAME.fullmatch(p.name))]
+        taken = [int(m[1]) for p in self._stored_files(folder) if (m := IMAGE_NAME_PATTERN.fullmatch(p.name))]
         n = max(taken, default=0) + 1
         while True:
             yield f"image_{n}.{ext}"

@@ -69,7 +69,7 @@ class Embedder:
     """/api/embed behind a back-off per model: after a failure (down, slow, model not pulled), no
     call for that model for `retry_s`; the tier answers "no vector" at once meanwhile."""
 
-    def __init__(self, client: OllamaClient, *, retry_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, client: OllamaClient, *, retry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.retry_s = retry_s
         self.clock = clock
@@ -116,7 +116,7 @@ class MemoryIndex:
         min_similarity: float,
         where: str = "PostgreSQL",
         messages_quiet_s: float = 0.0,
-    ):
+    ) -> None:
         self.vectors = vectors
         self.embedder = embedder
         self.model = model

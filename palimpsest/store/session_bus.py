@@ -121,7 +121,7 @@ class SessionBus:
     """This store replica's side of the bus: publishes through the pool, listens on a connection of
     its own (opened again whenever it drops) and hands every message to this replica's listeners."""
 
-    def __init__(self, dsn: str, pool: asyncpg.Pool, *, check_interval_s: float = CHECK_INTERVAL_S):
+    def __init__(self, dsn: str, pool: asyncpg.Pool, *, check_interval_s: float = CHECK_INTERVAL_S) -> None:
         self._dsn = dsn
         self._pool = pool
         self._check_interval_s = check_interval_s
@@ -198,7 +198,7 @@ class SessionBus:
         conn.add_termination_listener(lambda _conn: lost.set())
         reassembly = Reassembly()
 
-        def on_notify(_conn, _pid, _channel, payload: object) -> None:
+        def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
             data = reassembly.add(str(payload))
             if data is None:
                 return

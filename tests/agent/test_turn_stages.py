@@ -106,6 +106,9 @@ def test_the_turn_does_not_import_the_module_that_builds_sub_agents():
     """The spawner is injected (TurnContext.spawn): the turn and its stages never import it."""
     for path in [
         AGENT / "turn.py",
+        AGENT / "turn_base.py",
+        AGENT / "turn_tools.py",
+        AGENT / "turn_compression.py",
         AGENT / "turn_context.py",
         *sorted((AGENT / "stages").glob("*.py")),
     ]:

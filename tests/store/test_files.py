@@ -9,6 +9,7 @@ from PIL import Image
 
 from palimpsest.shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from palimpsest.shared.file_policy import unseen_character_problem
+from palimpsest.store.file_disk import numbered_name
 from palimpsest.store.files import (
     DIGEST_DIR,
     FileInfo,
@@ -17,7 +18,6 @@ from palimpsest.store.files import (
     has_executable_extension,
     has_executable_magic,
     image_extension,
-    numbered_name,
     safe_name,
 )
 

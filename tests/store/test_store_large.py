@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from palimpsest.shared.settings import Settings
-from palimpsest.store.repository.sessions import rows_within
+from palimpsest.store.repository.session_reads import rows_within
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import session_store_pb2 as pb
 from tests.helpers.calls import append, expect_status, new_session

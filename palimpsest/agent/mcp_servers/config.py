@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import PurePath
 from typing import Any
@@ -170,7 +170,9 @@ def _parse_entry(entry: Any, where: str, profile_id: str) -> McpServerConfig:
     )
 
 
-def _string_pairs(raw: Any, key_pattern: re.Pattern[str], bad, field: str) -> tuple[tuple[str, str], ...]:
+def _string_pairs(
+    raw: Any, key_pattern: re.Pattern[str], bad: Callable[[str, str], InvalidArgument], field: str
+) -> tuple[tuple[str, str], ...]:
     if not isinstance(raw, Mapping):
         raise bad(field, "an object of string values")
     for key, value in raw.items():

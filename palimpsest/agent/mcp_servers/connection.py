@@ -88,7 +88,7 @@ def describe(exc: BaseException) -> str:
 class McpConnection:
     """The connection to one configured server, shared by every profile that names it."""
 
-    def __init__(self, config: McpServerConfig, on_change: Callable[[], None]):
+    def __init__(self, config: McpServerConfig, on_change: Callable[[], None]) -> None:
         self.config = config
         self.state = State.CONNECTING
         self.error = ""

@@ -21,7 +21,7 @@ def is_critical(name: str, critical_tools: tuple[str, ...]) -> bool:
 
 
 class McpTool:
-    def __init__(self, config: McpServerConfig, connection: "McpConnection", tool: "ServerTool"):
+    def __init__(self, config: McpServerConfig, connection: "McpConnection", tool: "ServerTool") -> None:
         self.name = config.tool_name(tool.name)
         self.description = tool.description
         self.parameters = tool.parameters

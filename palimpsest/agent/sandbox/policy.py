@@ -7,7 +7,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from palimpsest.shared.settings import SANDBOX_MODES as OPERATOR_MODES
+from palimpsest.shared.settings import SANDBOX_MODES
+
+# The sandbox modes an operator may set (PALIMPSEST_SANDBOX), re-exported by the sandbox package.
+OPERATOR_MODES = SANDBOX_MODES
 
 # Profile keys (`"sandbox": {…}`) and the policy attribute each sets.
 _KEYS = {

@@ -12,10 +12,10 @@ from palimpsest.shared.context_view import view_chars
 from palimpsest.shared.errors import PalimpsestError
 from palimpsest.shared.ollama import ChatResult
 from palimpsest.shared.reports import counted_exactly, judge
+from palimpsest.shared.stubs import AsyncCompressorStub
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.compressor_pb2_grpc import CompressorStub
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -95,7 +95,7 @@ async def record_usage(
     built: list[Message],
     report: store_pb.ModelReport,
     *,
-    compressor: CompressorStub,
+    compressor: AsyncCompressorStub,
     sink: EventSink,
     model: str,
     window: int,

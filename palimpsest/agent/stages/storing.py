@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 from palimpsest.agent.conversation import Conversation
 from palimpsest.agent.events import EventSink
@@ -39,7 +40,7 @@ class StoringTask:
         self._conv = conv
         self._task = asyncio.ensure_future(conv.append(messages))
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, list[int]]:
         return self._task.__await__()
 
     @property
@@ -47,7 +48,7 @@ class StoringTask:
         return self._conv.reloads != self._reloads
 
 
-def answer_message(reply: ChatResult, **fields) -> Message:
+def answer_message(reply: ChatResult, **fields: Any) -> Message:
     """A model call's answer as stored: what it said and thought, the seconds it took and the tokens
     the model generated for it (a size check later replaces that count with the message's own
     count by the model's tokenizer, with its digest)."""

@@ -16,11 +16,10 @@ from palimpsest.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_wo
 from palimpsest.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PROSE_PRUNE_MIN_CHARS, weighted_chars
+from palimpsest.shared.stubs import AsyncCompressorStub, AsyncStoreStub
 from palimpsest.v1 import agent_pb2, common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from palimpsest.v1.compressor_pb2_grpc import CompressorStub
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 log = logging.getLogger("palimpsest.agent")
 
@@ -28,7 +27,7 @@ Message = common_pb2.Message
 
 
 async def compress(
-    compressor: CompressorStub, conv: Conversation, sink: EventSink, request: cpb.CompressRequest
+    compressor: AsyncCompressorStub, conv: Conversation, sink: EventSink, request: cpb.CompressRequest
 ) -> bool:
     """Run one compression, forwarding its events; a failure is logged and the turn goes on.
     Whether it ran (the conversation is then reloaded); not when it answered nothing at all (a
@@ -99,7 +98,7 @@ def pruning_request(
     return request
 
 
-async def compress_after_turn(compressor: CompressorStub, sink: EventSink, request: cpb.CompressRequest) -> bool:
+async def compress_after_turn(compressor: AsyncCompressorStub, sink: EventSink, request: cpb.CompressRequest) -> bool:
     """The post-turn compression, its events for the session's watchers (the turn's stream has
     ended); whether it committed one. A failure is logged."""
     compressed = False
@@ -163,9 +162,7 @@ async def name_session(conv: Conversation, sink: EventSink, text: str) -> str:
     return name
 
 
-async def recall(
-    store: SessionStoreStub, conv: Conversation, profile: Profile, window: int, text: str
-) -> list[Message]:
+async def recall(store: AsyncStoreStub, conv: Conversation, profile: Profile, window: int, text: str) -> list[Message]:
     """Up to k relevant excerpts of compressed-away history, each injected once per session, within
     their share of the window (none in a sub-agent's conversation: it has no summary)."""
     p = profile

@@ -13,8 +13,8 @@ from palimpsest.agent.events import EventSink
 from palimpsest.agent.profiles import Profile
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.stubs import AsyncStoreStub
 from palimpsest.v1 import agent_pb2
-from palimpsest.v1.session_store_pb2_grpc import SessionStoreStub
 
 if TYPE_CHECKING:
     from palimpsest.agent.pending_calls import PendingCalls
@@ -73,7 +73,7 @@ class ToolContext:
 
     # The session whose data session-aware tools act on (a sub-agent's parent session).
     session_id: str
-    store: SessionStoreStub
+    store: AsyncStoreStub
     ollama: OllamaClient
     profile: Profile
     settings: Settings

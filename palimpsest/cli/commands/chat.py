@@ -10,6 +10,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import grpc
 from rich.text import Text
@@ -194,7 +195,7 @@ class Chat:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def _on_sigint(self, signum, frame) -> None:
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         """Ctrl-C between turns means "leave". It interrupts the wait for input only: raised anywhere
         else (a turn's stream just ended, a WatchSession being opened), it could land inside a gRPC
         call, whose channel then never closed (pal hung at exit). There it is noted, and taken before

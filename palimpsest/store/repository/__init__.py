@@ -40,7 +40,7 @@ class SessionRepository:
         share_key: bytes,
         quotas: Quotas = Quotas(0, 0),
         memory_caps: MemoryCaps = MemoryCaps(0, 0, 0),
-    ):
+    ) -> None:
         self.usage = OwnerUsage(pool, quotas)
         self.sessions = Sessions(pool, hot_window=hot_window, usage=self.usage)
         self.memory = MemoryChunks(pool)

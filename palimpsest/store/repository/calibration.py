@@ -141,7 +141,7 @@ async def write_baseline(
 
 
 class Calibration:
-    def __init__(self, pool: asyncpg.Pool):
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
     async def record_observation(
@@ -150,7 +150,11 @@ class Calibration:
         await insert_observation(self.pool, model, chars, tokens, exact)
 
     async def list_observations(
-        self, model: str, limit: int = CHAR_OBSERVATIONS, exact_limit: int = EXACT_OBSERVATIONS, conn=None
+        self,
+        model: str,
+        limit: int = CHAR_OBSERVATIONS,
+        exact_limit: int = EXACT_OBSERVATIONS,
+        conn: Connection | None = None,
     ) -> list[asyncpg.Record]:
         """The newest observations of both kinds (chars for the calibrated line, exact shapes for
         the template fit), newest first."""

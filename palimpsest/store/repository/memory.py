@@ -106,7 +106,7 @@ async def insert_chunks(conn: Connection, session_id: uuid.UUID, chunks: Sequenc
 
 
 class MemoryChunks:
-    def __init__(self, pool: asyncpg.Pool):
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
     async def index_chunks(

@@ -145,7 +145,7 @@ async def memory_snapshot(conn: Connection, owner: str | None) -> dict[str, Any]
 
 
 class OwnerMemory:
-    def __init__(self, pool: asyncpg.Pool, caps: MemoryCaps):
+    def __init__(self, pool: asyncpg.Pool, caps: MemoryCaps) -> None:
         self.pool = pool
         self.caps = caps
 

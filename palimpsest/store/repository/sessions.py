@@ -7,7 +7,6 @@ revision in the same transaction (see access), so two writers can never interlea
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,33 +22,22 @@ from palimpsest.store.convert import INSERT_COLUMNS
 from palimpsest.store.db import Connection, commit_one, fetch_one
 from palimpsest.store.repository.access import (
     check_revision,
-    like_pattern,
     lock_session,
     readable,
     rows_affected,
     visible,
 )
 from palimpsest.store.repository.calibration import EXACT_FIELDS, forget_baseline
+from palimpsest.store.repository.hot_window import HotWindowArchive
 from palimpsest.store.repository.memory import insert_chunks
-from palimpsest.store.repository.message_rows import BOTH_TABLES, ROW_BYTES, new_rows_bytes
+from palimpsest.store.repository.message_rows import new_rows_bytes
 from palimpsest.store.repository.owner_memory import memory_snapshot
-from palimpsest.store.repository.session_matches import matched_sql, matching_words, snippet_around
+from palimpsest.store.repository.session_base import PREVIEW_CHARS, HotWindow
+from palimpsest.store.repository.session_reads import Page, SessionRead, SessionReads
 from palimpsest.store.repository.token_counts import write_token_counts
-from palimpsest.store.repository.trim import TrimRow, displayed, kept_seqs
-from palimpsest.store.repository.usage import OwnerUsage
 from palimpsest.v1 import common_pb2
 
-log = logging.getLogger("palimpsest.store.sessions")
-
 PLANNING_LOG_CAP = 20
-PREVIEW_CHARS = 120
-
-_SORT_COLUMNS = {
-    "last_active": "s.last_active",
-    "created_at": "s.created_at",
-    "name": "lower(s.name)",
-    "message_count": "s.display_count",
-}
 
 _INSERT_SQL = f"INSERT INTO session_messages ({INSERT_COLUMNS}) VALUES ({', '.join(f'${i}' for i in range(1, 26))})"
 _ROW_FIELDS = [c.strip() for c in INSERT_COLUMNS.split(",")]
@@ -60,45 +48,6 @@ _APPEND_SQL = (
 
 # A retry comes within its writer's deadline (seconds to minutes); a day of keys is plenty.
 APPEND_KEY_DAYS = 1
-# The sizes of a page's candidate rows, in page order: display rows newest first before $2 (at most
-# $3), archived rows the same, the context in its order from offset $2.
-_SIZES = f"SELECT seq, replaces_first, {ROW_BYTES} AS bytes FROM {{table}} WHERE session_id = $1 AND {{where}}"
-_DISPLAY_NEWEST = (
-    f"{_SIZES.format(table='session_messages', where='is_display AND seq < $2')} UNION ALL "
-    f"{_SIZES.format(table='session_messages_archive', where='is_display AND seq < $2')}"
-    " ORDER BY seq DESC LIMIT $3"
-)
-_ARCHIVED_NEWEST = f"{_SIZES.format(table='session_messages_archive', where='seq < $2')} ORDER BY seq DESC LIMIT $3"
-# A summary stands where the history it replaced stood, so it sorts at its range's start.
-_CONTEXT_FROM = (
-    f"SELECT * FROM ({_SIZES.format(table='session_messages', where='is_context')} UNION ALL "
-    f"{_SIZES.format(table='session_messages_archive', where='is_context')}) rows"
-    " ORDER BY coalesce(replaces_first, seq), seq OFFSET $2"
-)
-
-
-def rows_within(sizes: Sequence[int], budget: int) -> int:
-    """How many of the leading rows fit `budget` bytes together; at least one, so a page always
-    moves on (one message is capped below the budget when it is written)."""
-    total = 0
-    for count, size in enumerate(sizes):
-        total += size
-        if total > budget and count:
-            return count
-    return len(sizes)
-
-
-@dataclass
-class Page:
-    messages: list[common_pb2.Message]
-    has_more: bool
-
-
-@dataclass
-class SessionRead:
-    row: asyncpg.Record
-    display: Page | None = None
-    context: Page | None = None
 
 
 @dataclass(frozen=True)
@@ -122,21 +71,13 @@ class AppendResult:
     session_changed: bool = False  # see AppendMessagesResponse.session_changed
 
 
-@dataclass
-class HotWindow:
-    """Past either cap, the oldest message groups move to the archive."""
-
-    max_messages: int
-    max_bytes: int
+__all__ = ["AppendResult", "HotWindow", "Page", "Report", "SessionRead", "Sessions"]
 
 
-class Sessions:
-    """Sessions, their messages and the archive: create, append (idempotently), read, compress, trim."""
+class Sessions(SessionReads, HotWindowArchive):
+    """Sessions, their messages and the archive: create, append (idempotently), read, compress, trim.
 
-    def __init__(self, pool: asyncpg.Pool, *, hot_window: HotWindow, usage: OwnerUsage):
-        self.pool = pool
-        self.hot_window = hot_window
-        self.usage = usage
+    Reads are SessionReads', the hot window's moves HotWindowArchive's; the writes are here."""
 
     async def create_session(
         self,
@@ -169,10 +110,6 @@ class Sessions:
                 memory,
             )
 
-    async def get_session(self, identity: Identity, session_id: uuid.UUID) -> asyncpg.Record:
-        async with self.pool.acquire() as conn:
-            return await readable(conn, session_id, identity)
-
     async def mark_untrusted(self, session_id: uuid.UUID) -> None:
         """Sticky: the session has taken in outside content (a file put into it). The revision moves
         the one time the flag does, so a copy of the session kept elsewhere (the Agent's warm one)
@@ -183,172 +120,6 @@ class Sessions:
                 " WHERE id = $1 AND NOT untrusted_ingested",
                 session_id,
             )
-
-    async def read_session(
-        self,
-        identity: Identity,
-        session_id: uuid.UUID,
-        *,
-        display_budget: int = 0,
-        context_budget: int = 0,
-        context_offset: int = 0,
-    ) -> SessionRead:
-        """The session's row and, for each budget given, its newest display messages / its context
-        from `context_offset` on, each within its budget in bytes; all from one snapshot."""
-        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            read = SessionRead(await readable(conn, session_id, identity))
-            if display_budget:
-                read.display = await self._page(conn, session_id, _DISPLAY_NEWEST, [2**62, 2**62], display_budget)
-                read.display.messages.reverse()  # read newest first, shown oldest first
-            if context_budget:
-                read.context = await self._page(conn, session_id, _CONTEXT_FROM, [context_offset], context_budget)
-        return read
-
-    @staticmethod
-    async def _page(
-        conn: Connection,
-        session_id: uuid.UUID,
-        sizes_sql: str,
-        params: list[Any],
-        budget: int,
-        max_rows: int | None = None,
-    ) -> Page:
-        """The rows `sizes_sql` lists (seq and bytes, in page order), at most `max_rows` and as many
-        as fit `budget`. Sizes come first, so rows past the budget are never read."""
-        sizes = await conn.fetch(sizes_sql, session_id, *params)
-        taken = rows_within([r["bytes"] for r in sizes[:max_rows]], budget)
-        seqs = [r["seq"] for r in sizes[:taken]]
-        rows = await conn.fetch(BOTH_TABLES.format(where="seq = ANY($2::bigint[])"), session_id, seqs)
-        by_seq = {r["seq"]: convert.message_from_row(r, archived=r["archived"]) for r in rows}
-        return Page([by_seq[seq] for seq in seqs if seq in by_seq], has_more=taken < len(sizes))
-
-    async def list_sessions(
-        self,
-        identity: Identity,
-        *,
-        profile_id: str,
-        query: str,
-        sort_by: str,
-        descending: bool,
-        limit: int,
-        offset: int,
-        meaning: tuple[str, str, int, float] | None = None,
-    ) -> tuple[list[asyncpg.Record], int]:
-        """``meaning``: (model, the query's vector, its dimensions, the floor) to match sessions by
-        their messages' and summaries' meaning too (MemoryIndex.sessions_query); None: words only.
-        Sort "relevance" ranks a query's matches best first (session_matches)."""
-        params: list[Any] = []
-        where = [visible(identity, params)]
-        if profile_id:
-            params.append(profile_id)
-            where.append(f"s.profile_id = ${len(params)}")
-        source = "sessions s"
-        order = f"s.pinned DESC, {_SORT_COLUMNS.get(sort_by, 's.last_active')} {'DESC' if descending else 'ASC'}, s.id"
-        if query:
-            # The matching ids are collected once, each arm on its own trigram index, and the page
-            # and its total come from one pass (no second search for count(*)).
-            matched, relevance = matched_sql(query, params, meaning)
-            source = f"{matched} JOIN sessions s ON s.id = matched.id"
-            if sort_by == "relevance":
-                order = f"{relevance} DESC, s.last_active DESC, s.id"
-        where_sql = " AND ".join(where)
-        count_params = list(params)
-        params.extend([limit, offset])
-        total_column = ", count(*) OVER () AS total" if query else ""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT s.*{total_column} FROM {source} WHERE {where_sql} ORDER BY {order}"
-                f" LIMIT ${len(params) - 1} OFFSET ${len(params)}",
-                *params,
-            )
-            if rows and query:
-                total = rows[0]["total"]
-            else:  # no query (an index-ordered page), or a page past the end
-                total = await conn.fetchval(f"SELECT count(*) FROM {source} WHERE {where_sql}", *count_params)
-        return rows, total
-
-    async def search_matches(
-        self, identity: Identity, session_ids: list[uuid.UUID], query: str
-    ) -> list[tuple[str, list[int], str]]:
-        """Display indices of the messages holding `query` or, for a query of several words, any
-        of its words, per session, in one aggregate query; the snippet comes from the message
-        holding the most of them (the whole query first), the earliest of those."""
-        params: list[Any] = [session_ids]
-        callers = visible(identity, params)
-        params.append(like_pattern(query))
-        whole = f"${len(params)}"
-        params.append([like_pattern(w) for w in matching_words(query)])
-        words = f"${len(params)}::text[]"
-        patterns = [whole]
-        for word in matching_words(query):
-            params.append(like_pattern(word))
-            patterns.append(f"${len(params)}")
-        # One arm per table and pattern, each on its trigram index (an OR of patterns used none).
-        arms = " UNION ".join(
-            f"SELECT session_id, seq FROM {table} WHERE session_id = ANY($1) AND is_display AND content ILIKE {p}"
-            for p in patterns
-            for table in ("session_messages", "session_messages_archive")
-        )
-        rows = await self.pool.fetch(
-            f"""
-            WITH allowed AS (SELECT s.id FROM sessions s WHERE s.id = ANY($1) AND {callers}),
-            hits AS (
-                -- the matching rows' text by key: reading the pages' whole history would cost more
-                SELECT k.session_id, k.seq, coalesce(
-                           (SELECT content FROM session_messages WHERE session_id = k.session_id AND seq = k.seq),
-                           (SELECT content FROM session_messages_archive
-                             WHERE session_id = k.session_id AND seq = k.seq)) AS content
-                  FROM ({arms}) k
-            ),
-            scored AS (
-                SELECT h.*, (CASE WHEN content ILIKE {whole} THEN 100 ELSE 0 END
-                             + (SELECT count(*) FROM unnest({words}) w WHERE h.content ILIKE w)) AS held
-                  FROM hits h WHERE session_id IN (SELECT id FROM allowed)
-            ),
-            numbered AS (
-                -- display positions, only for the sessions that have a hit
-                SELECT session_id, seq, row_number() OVER (PARTITION BY session_id ORDER BY seq) - 1 AS idx
-                  FROM (SELECT session_id, seq FROM session_messages
-                         WHERE session_id = ANY(ARRAY(SELECT DISTINCT session_id FROM scored)) AND is_display
-                        UNION ALL
-                        SELECT session_id, seq FROM session_messages_archive
-                         WHERE session_id = ANY(ARRAY(SELECT DISTINCT session_id FROM scored)) AND is_display) d
-            )
-            SELECT h.session_id, array_agg(n.idx ORDER BY n.idx) AS indices,
-                   (array_agg(h.content ORDER BY h.held DESC, n.idx))[1] AS best_content
-              FROM scored h JOIN numbered n USING (session_id, seq)
-             GROUP BY h.session_id
-            """,
-            *params,
-        )
-        return [(str(r["session_id"]), list(r["indices"]), snippet_around(r["best_content"], query)) for r in rows]
-
-    async def history_page(
-        self,
-        identity: Identity | None,
-        session_id: uuid.UUID,
-        before_seq: int,
-        limit: int,
-        *,
-        archive_only: bool,
-        budget: int,
-    ) -> Page:
-        """Up to `limit` display (or archived) messages before `before_seq`, newest of them, oldest
-        first, within `budget` bytes; `has_more` when older ones remain."""
-        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            if identity is not None:
-                await readable(conn, session_id, identity)
-            before = before_seq if before_seq > 0 else 2**62
-            page = await self._page(
-                conn,
-                session_id,
-                _ARCHIVED_NEWEST if archive_only else _DISPLAY_NEWEST,
-                [before, limit + 1],
-                budget,
-                max_rows=limit,
-            )
-        page.messages.reverse()
-        return page
 
     # -- writes ----------------------------------------------------------------------------
     async def append_messages(
@@ -420,27 +191,6 @@ class Sessions:
             context_truncated=bool(row["truncated"]),
             session_changed=bool(row["changed"]),
         )
-
-    async def _archive_if_over(self, session_id: uuid.UUID) -> int:
-        """After an append took the session past the hot window: its own transaction, the counters
-        read again under the lock (another append may have moved the rows already). The append has
-        committed, so a failure here is logged, not answered: the next append past the window tries
-        again."""
-        try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                locked = await conn.fetchrow(
-                    "SELECT hot_count, hot_bytes FROM sessions WHERE id = $1 FOR UPDATE", session_id
-                )
-                if locked is None or not self._over_hot_window(locked["hot_count"], locked["hot_bytes"]):
-                    return 0
-                return await self._archive_overflow(conn, session_id)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-            log.warning(
-                "session %s: moving rows past the hot window to the archive failed (%s); the next append tries again",
-                session_id,
-                exc,
-            )
-            return 0
 
     async def claim_turn(
         self, identity: Identity, session_id: uuid.UUID, holder: str, ttl_seconds: int, release: bool
@@ -542,13 +292,6 @@ class Sessions:
             total += rows_affected(status)
         return total
 
-    @staticmethod
-    async def _bump(conn: Connection, session_id: uuid.UUID) -> int:
-        return await conn.fetchval(
-            "UPDATE sessions SET revision = revision + 1, last_active = now() WHERE id = $1 RETURNING revision",
-            session_id,
-        )
-
     async def commit_compression(
         self,
         identity: Identity,
@@ -622,142 +365,6 @@ class Sessions:
                 result["archived"] = await self._archive_overflow(conn, session_id)
         return result
 
-    def _over_hot_window(self, count: int, size: int) -> bool:
-        return count > self.hot_window.max_messages or size > self.hot_window.max_bytes
-
-    async def _archive_overflow(self, conn: Connection, session_id: uuid.UUID) -> int:
-        """Move the oldest whole groups out until the hot rows are back to 80% of both caps."""
-        rows = await conn.fetch(
-            f"SELECT seq, role, is_summary, {ROW_BYTES} AS size FROM session_messages WHERE session_id = $1"
-            " ORDER BY seq",
-            session_id,
-        )
-        protected = _protected_seqs(rows)
-        count, size = len(rows), sum(r["size"] for r in rows)
-        goal_count = int(self.hot_window.max_messages * 0.8)
-        goal_bytes = int(self.hot_window.max_bytes * 0.8)
-        threshold = None
-        for i, row in enumerate(rows):
-            if count <= goal_count and size <= goal_bytes:
-                break
-            if row["seq"] not in protected:
-                count -= 1
-                size -= row["size"]
-            # Cut only where a new group starts, so a turn never straddles the two tables.
-            nxt = rows[i + 1] if i + 1 < len(rows) else None
-            if nxt is not None and nxt["role"] == "user" and not nxt["is_summary"]:
-                threshold = nxt["seq"]
-        if threshold is None:
-            return 0
-        return await self._move_to_archive(conn, session_id, threshold, sorted(protected))
-
-    @staticmethod
-    async def _move_to_archive(conn: Connection, session_id: uuid.UUID, below_seq: int, protected: list[int]) -> int:
-        status = await conn.execute(
-            f"""
-            WITH moved AS (
-                DELETE FROM session_messages
-                 WHERE session_id = $1 AND seq < $2 AND NOT (seq = ANY($3::bigint[]))
-                RETURNING {INSERT_COLUMNS}, token_digest, token_cut
-            )
-            INSERT INTO session_messages_archive ({INSERT_COLUMNS}, token_digest, token_cut)
-            SELECT {INSERT_COLUMNS}, token_digest, token_cut FROM moved
-            """,
-            session_id,
-            below_seq,
-            protected,
-        )
-        moved = rows_affected(status)
-        if moved:
-            await conn.execute(
-                f"""
-                UPDATE sessions SET hot_count = sub.n, hot_bytes = sub.bytes FROM (
-                    SELECT count(*) AS n, coalesce(sum({ROW_BYTES}), 0) AS bytes
-                      FROM session_messages WHERE session_id = $1) sub
-                 WHERE id = $1
-                """,
-                session_id,
-            )
-        return moved
-
-    async def archive_old_messages(self, identity: Identity, session_id: uuid.UUID, below_seq: int) -> int:
-        async with self.pool.acquire() as conn, conn.transaction():
-            await lock_session(conn, session_id, identity, None)
-            rows = await conn.fetch(
-                "SELECT seq, role, is_summary FROM session_messages WHERE session_id = $1 AND seq < $2 ORDER BY seq",
-                session_id,
-                below_seq,
-            )
-            first_rows = await conn.fetch(
-                "SELECT seq, role, is_summary FROM session_messages WHERE session_id = $1 AND role IN ('system', 'user')"
-                " ORDER BY seq",
-                session_id,
-            )
-            protected = _protected_seqs(first_rows)
-            moved = await self._move_to_archive(conn, session_id, below_seq, sorted(protected)) if rows else 0
-            if moved:
-                await self._bump(conn, session_id)
-        return moved
-
-    async def trim_session(self, identity: Identity, session_id: uuid.UUID, keep: int) -> tuple[int, int]:
-        """Keep the newest `keep` displayed messages, a stored system prompt counting as one
-        (trim.kept_seqs); returns the displayed messages before and after."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            await lock_session(conn, session_id, identity, None)
-            rows = [
-                TrimRow(r["seq"], r["role"], r["is_display"], r["is_compression"])
-                for r in await conn.fetch(
-                    "SELECT seq, role, is_display, is_compression FROM session_messages WHERE session_id = $1"
-                    " UNION ALL SELECT seq, role, is_display, is_compression FROM session_messages_archive"
-                    " WHERE session_id = $1 ORDER BY seq",
-                    session_id,
-                )
-            ]
-            kept = kept_seqs(rows, keep)
-            drop = [r.seq for r in rows if r.seq not in kept]
-            if drop:
-                for table in ("session_messages", "session_messages_archive"):
-                    await conn.execute(
-                        f"DELETE FROM {table} WHERE session_id = $1 AND seq = ANY($2::bigint[])", session_id, drop
-                    )
-                if await conn.fetchval("SELECT to_regclass('message_vectors') IS NOT NULL"):
-                    # Search by meaning must not find the session by what was trimmed away.
-                    await conn.execute(
-                        "DELETE FROM message_vectors WHERE session_id = $1 AND seq = ANY($2::bigint[])",
-                        session_id,
-                        drop,
-                    )
-                await self._recount(conn, session_id)
-                # The last real prompt size described rows that are gone.
-                await forget_baseline(conn, session_id)
-        self.usage.forget()
-        return displayed(rows), displayed(rows, kept)
-
-    @staticmethod
-    async def _recount(conn: Connection, session_id: uuid.UUID) -> None:
-        # next_seq moves on (one seq never used): messages went, and a writer holding the session from
-        # before (an Agent's warm copy) must not append through expected_next_seq as if only a name
-        # or a pin had changed; its append is ABORTED and it reads the session again.
-        await conn.execute(
-            f"""
-            UPDATE sessions s SET revision = revision + 1, last_active = now(), context_token_count = 0,
-                   next_seq = next_seq + 1,
-                   display_count = (SELECT count(*) FROM ({BOTH_TABLES.format(where="is_display")}) d),
-                   hot_count = (SELECT count(*) FROM session_messages WHERE session_id = $1),
-                   hot_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0)
-                                  FROM session_messages WHERE session_id = $1),
-                   message_bytes = (SELECT coalesce(sum({ROW_BYTES}), 0) FROM (
-                        SELECT content, thinking, tool_calls, images FROM session_messages WHERE session_id = $1
-                        UNION ALL
-                        SELECT content, thinking, tool_calls, images FROM session_messages_archive
-                         WHERE session_id = $1) m),
-                   preview = coalesce((SELECT left(content, {PREVIEW_CHARS}) FROM (
-                        {BOTH_TABLES.format(where="role = 'user' AND content <> ''")}) u ORDER BY seq LIMIT 1), '')
-             WHERE id = $1
-            """,
-            session_id,
-        )
-
     async def delete_session(self, identity: Identity, session_id: uuid.UUID) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             await lock_session(conn, session_id, identity, None)
@@ -826,14 +433,3 @@ def _report_json(report: Report | None) -> dict[str, Any] | None:
             **{name: exact.get(name, 0) for name in EXACT_FIELDS},
         }
     return out
-
-
-def _protected_seqs(rows: Sequence[asyncpg.Record]) -> set[int]:
-    """The first system message and the first user message (the original task) always stay hot."""
-    protected = set()
-    system = next((r["seq"] for r in rows if r["role"] == "system"), None)
-    user = next((r["seq"] for r in rows if r["role"] == "user" and not r["is_summary"]), None)
-    for seq in (system, user):
-        if seq is not None:
-            protected.add(seq)
-    return protected

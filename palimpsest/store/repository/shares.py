@@ -16,7 +16,7 @@ from palimpsest.store.repository.access import lock_session
 
 
 class Shares:
-    def __init__(self, pool: asyncpg.Pool, share_key: bytes):
+    def __init__(self, pool: asyncpg.Pool, share_key: bytes) -> None:
         self.pool = pool
         self.share_key = share_key
 

@@ -21,7 +21,7 @@ _OLDEST_AFTER = f"SELECT {_COLUMNS} FROM tool_runs WHERE session_id = $1 AND seq
 
 
 class ToolRuns:
-    def __init__(self, pool: asyncpg.Pool):
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
     async def list_runs(

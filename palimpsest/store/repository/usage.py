@@ -37,7 +37,7 @@ class Quotas:
 
 
 class OwnerUsage:
-    def __init__(self, pool: asyncpg.Pool, quotas: Quotas):
+    def __init__(self, pool: asyncpg.Pool, quotas: Quotas) -> None:
         self.pool = pool
         self.quotas = quotas
         # Each owner's stored bytes as last read, with when: see _owner_bytes.

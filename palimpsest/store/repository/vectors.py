@@ -152,7 +152,7 @@ def vector_text(vector: Sequence[float]) -> str:
 
 
 class MemoryVectors:
-    def __init__(self, pool: asyncpg.Pool):
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
     async def available(self) -> bool:

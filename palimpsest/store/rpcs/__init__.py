@@ -1,0 +1,1 @@
+"""The SessionStore servicer's RPCs, by what they serve; palimpsest.store.servicer joins them."""
