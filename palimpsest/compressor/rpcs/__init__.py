@@ -1,0 +1,1 @@
+"""The Compressor's RPCs, one class by what they serve; palimpsest.compressor.servicer joins them."""
