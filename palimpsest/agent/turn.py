@@ -148,7 +148,7 @@ class Turn:
         return self.deps.builder.system_prompt(self.on.profile, subagent=self.is_subagent)
 
     def _keep_recent(self) -> int:
-        return self.on.profile.compression_keep_recent or self.settings.keep_recent
+        return self.on.profile.compression_keep_recent or self.settings.compression_keep_recent
 
     def _compression_on(self) -> bool:
         return self.stored and self.settings.compression_enabled and self.on.profile.compression_enabled
@@ -375,7 +375,7 @@ class Turn:
                 self._compressor_away = True
                 log.warning("turn in %s goes on without the Compressor: %s", self.session_id or "-", exc)
                 self.sink.error("UNAVAILABLE", f"{exc}; this turn goes on without compression or exact counts")
-            return unchecked(built, self.on.window, self.settings.message_token_budget)
+            return unchecked(built, self.on.window, self.settings.compression_message_token_budget)
 
     async def _call_model(self, built: list[Message], storing: StoringTask | None = None) -> ChatResult:
         """One model call streamed to the client (see stages.model_call); what it says is kept as
