@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,28 @@ def test_a_profile_value_of_the_wrong_type_names_the_key() -> None:
 
     with pytest.raises(InvalidArgument, match="compression_"):
         profile_from_dict({"id": "bad", "compression_keep_recent": "many"})
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+OLD_NAMES = {old for env in ENVS for old in env.old}
+
+
+def _texts(*patterns: str) -> dict[Path, str]:
+    return {path: path.read_text() for pattern in patterns for path in sorted(CHECKOUT.glob(pattern))}
+
+
+def test_the_manifests_and_the_image_set_only_settings_that_are_declared() -> None:
+    declared = {name for env in ENVS for name in (env.name, *env.also)}
+    for path, text in _texts("deploy/**/*.yaml", "Dockerfile").items():
+        set_here = set(re.findall(r"\b(PALIMPSEST_[A-Z0-9_]+)=", text)) | set(
+            re.findall(r"name: (PALIMPSEST_[A-Z0-9_]+)\b", text)
+        )
+        assert set_here <= declared, f"{path.relative_to(CHECKOUT)} sets {sorted(set_here - declared)}"
+
+
+def test_no_manifest_or_doc_names_a_setting_by_its_old_name() -> None:
+    for path, text in _texts("deploy/**/*.yaml", "Dockerfile", "README.md", "docs/*.md", "clients/node/*.js").items():
+        if path.name == "settings.md":
+            text = text.split("### Old names")[0]  # the table of old names names them
+        named = set(re.findall(r"\b[A-Z][A-Z0-9_]+\b", text)) & OLD_NAMES
+        assert not named, f"{path.relative_to(CHECKOUT)} names {sorted(named)}"
