@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from palimpsest.agent.profiles import OVERRIDABLE, Profile, profile_from_dict
-from palimpsest.shared.settings import GROUPS, Settings
+from palimpsest.shared.settings import GROUPS, Settings, declare
 from palimpsest.shared.settings import __main__ as settings_docs
-from palimpsest.shared.settings import declare
 from palimpsest.shared.settings.declare import PREFIX, UNITS, SettingError, declarations
 
 # The ecosystem's own names, kept as the ecosystem spells them.
@@ -53,6 +52,10 @@ def test_a_compression_setting_has_one_name_from_profile_to_proto() -> None:
     Settings field compression_<field> and the variable PALIMPSEST_COMPRESSION_<FIELD>."""
     by_field = {attr: env for attr, env, _ in declarations(Settings)}
     for name in OVERRIDABLE:
+        assert f"compression_{name}" in by_field, (
+            f"CompressionSettings.{name} has no default: declare compression_{name} "
+            f"(PALIMPSEST_COMPRESSION_{name.upper()}) in palimpsest/shared/settings/model.py"
+        )
         assert by_field[f"compression_{name}"].name == f"PALIMPSEST_COMPRESSION_{name.upper()}"
         value = getattr(Settings(), f"compression_{name}")
         profile = profile_from_dict({f"compression_{name}": value})
