@@ -125,6 +125,12 @@ def test_values_with_a_unit_are_read_in_it_and_defaults_follow_the_settings_they
     assert Settings(compressor_addr="a:1,b:2").compressor_listen == "a:1"
 
 
+def test_an_empty_value_is_unset_unless_empty_turns_the_feature_off() -> None:
+    assert Settings.from_env({"PALIMPSEST_EMBED_MODEL": ""}).embed_model == ""  # lexical search only
+    assert Settings.from_env({}).embed_model == Settings().embed_model != ""
+    assert Settings.from_env({"PALIMPSEST_GRACE_SECONDS": ""}).grace_seconds == Settings().grace_seconds
+
+
 def test_a_profile_s_old_compression_keys_are_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     old = {
         "compression_max_tokens": 4000,

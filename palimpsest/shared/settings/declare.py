@@ -43,6 +43,7 @@ class Env:
     derive: Callable[[Any], Any] | None = None  # unset: made from the other settings, as read
     default_doc: str = ""  # the default as the docs show it, when it is not a plain value
     to_bytes: bool = True  # a size in MB is held in bytes (False: the field keeps megabytes)
+    empty: bool = False  # set and empty is a value of its own (turns a feature off), not the default
 
     @property
     def scale(self) -> int:
@@ -98,14 +99,18 @@ def complete(settings: Any) -> None:
 
 
 def _lookup(env: Env, environ: Mapping[str, str], renamed: list[tuple[str, str]]) -> tuple[str, str] | None:
-    """(the variable read, its text): the new name wins over old ones; unset and empty are alike."""
+    """(the variable read, its text): the new name wins over old ones; empty is unset unless the
+    declaration says otherwise."""
+
+    def given(name: str) -> bool:
+        return name in environ and (env.empty or bool(environ[name].strip()))
+
     for name in (env.name, *env.also):
-        if environ.get(name, "").strip():
-            stale = [old for old in env.old if environ.get(old, "").strip()]
-            renamed.extend((old, env.name) for old in stale)
+        if given(name):
+            renamed.extend((old, env.name) for old in env.old if given(old))
             return name, environ[name].strip()
     for old in env.old:
-        if environ.get(old, "").strip():
+        if given(old):
             renamed.append((old, env.name))
             return old, environ[old].strip()
     return None

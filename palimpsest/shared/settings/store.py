@@ -127,6 +127,7 @@ class StoreSettings:
         "the SessionStore's embedding model for memory search by meaning (Memory search, below); empty: "
         "lexical only. A profile may name its own (`embed_model`). Changing it drops the old model's vectors "
         "at the next start and rebuilds them in the new one in the background",
+        empty=True,
     )
     embed_timeout_s: float = setting(
         "PALIMPSEST_EMBED_TIMEOUT_SECONDS",
