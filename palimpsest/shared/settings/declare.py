@@ -7,6 +7,7 @@ names still read, and renders the table of docs/settings.md, so a default is wri
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -62,11 +63,12 @@ def setting_from(name: str, factory: Callable[[], T], doc: str, **opts: Any) -> 
     return field(default_factory=factory, metadata={"env": Env(name, doc, **opts)})
 
 
-def declarations(cls: type) -> list[tuple[str, Env, Any]]:
+@functools.cache  # get_type_hints evaluates every annotation: once per class, not per Settings made
+def declarations(cls: type) -> tuple[tuple[str, Env, Any], ...]:
     """(field name, declaration, field type) of every declared field of a dataclass, in order."""
     hints = get_type_hints(cls)
     fields: dict[str, Field[Any]] = cls.__dataclass_fields__  # type: ignore[attr-defined]
-    return [(f.name, f.metadata["env"], hints[f.name]) for f in fields.values() if "env" in f.metadata]
+    return tuple((f.name, f.metadata["env"], hints[f.name]) for f in fields.values() if "env" in f.metadata)
 
 
 class SettingError(SystemExit):
