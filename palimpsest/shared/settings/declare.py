@@ -7,7 +7,6 @@ names still read, and renders the table of docs/settings.md, so a default is wri
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -63,12 +62,19 @@ def setting_from(name: str, factory: Callable[[], T], doc: str, **opts: Any) -> 
     return field(default_factory=factory, metadata={"env": Env(name, doc, **opts)})
 
 
-@functools.cache  # get_type_hints evaluates every annotation: once per class, not per Settings made
+_DECLARED: dict[type, tuple[tuple[str, Env, Any], ...]] = {}
+
+
 def declarations(cls: type) -> tuple[tuple[str, Env, Any], ...]:
-    """(field name, declaration, field type) of every declared field of a dataclass, in order."""
-    hints = get_type_hints(cls)
-    fields: dict[str, Field[Any]] = cls.__dataclass_fields__  # type: ignore[attr-defined]
-    return tuple((f.name, f.metadata["env"], hints[f.name]) for f in fields.values() if "env" in f.metadata)
+    """(field name, declaration, field type) of every declared field of a dataclass, in order;
+    read once per class (get_type_hints evaluates every annotation), not per Settings made."""
+    if cls not in _DECLARED:
+        hints = get_type_hints(cls)
+        fields: dict[str, Field[Any]] = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        _DECLARED[cls] = tuple(
+            (f.name, f.metadata["env"], hints[f.name]) for f in fields.values() if "env" in f.metadata
+        )
+    return _DECLARED[cls]
 
 
 class SettingError(SystemExit):
