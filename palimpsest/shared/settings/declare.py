@@ -1,8 +1,8 @@
 """One declaration per setting: its environment variable, unit, default, validation and doc line.
 
-``Settings`` (settings.py) declares each of its fields with ``setting(...)``; this module reads the
-environment from those declarations (types from the fields' annotations), warns once about old
-names still read, and renders the table of docs/settings.md, so a default is written once.
+``Settings`` (the groups of this package) declares each field with ``setting(...)``; this module
+reads the environment from those declarations (types from the fields' annotations), warns once
+about old names still read, and renders the tables of docs/settings.md: a default is written once.
 """
 
 from __future__ import annotations
