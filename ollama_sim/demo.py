@@ -44,17 +44,17 @@ def what_it_shows(settings: Settings, window: int) -> str:
     capped = trigger < settings.compression_threshold * window
     return (
         f"The meter is the whole prompt (system prompt and tool schemas included) against the {window}-token window.\n"
-        f"{reserve} tokens stay free for the answer (OUTPUT_RESERVE_TOKENS, at most a quarter of the window), "
+        f"{reserve} tokens stay free for the answer (PALIMPSEST_OUTPUT_RESERVE_TOKENS, at most a quarter of the window), "
         f"so a prompt may use {limit} ({limit / window:.0%}); compression starts at {trigger:.0f} tokens "
         f"({trigger / window:.0%})"
         + (
-            f", not at CONTEXT_COMPRESSION_THRESHOLD={settings.compression_threshold:.2f}: the trigger is never above "
+            f", not at PALIMPSEST_COMPRESSION_THRESHOLD={settings.compression_threshold:.2f}: the trigger is never above "
             "that limit"
             if capped
             else ""
         )
         + ". It runs after an answer when that answer's prompt reached it (or came back cut), and before a "
-        f"call when the prompt would pass it. It summarizes all but the last {settings.keep_recent} turns (CONTEXT_KEEP_RECENT); "
+        f"call when the prompt would pass it. It summarizes all but the last {settings.compression_keep_recent} turns (PALIMPSEST_COMPRESSION_KEEP_RECENT); "
         "the meter drops by what the summary saved, and climbs again as turns are added. A window this small "
         "leaves a gap of a few turns between compressions; a 32k window leaves dozens.\n"
     )

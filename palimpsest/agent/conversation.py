@@ -222,7 +222,7 @@ class StoredConversation:
         self.store = store
         self.session_id = session_id
         self.vouch = tuple(vouch)  # the services' vouch for what only they may write (a model report)
-        self.timeout = timeout  # an attempt at a write, unless its caller gives one (PALIMPSEST_RPC_TIMEOUT_S)
+        self.timeout = timeout  # an attempt at a write, unless its caller gives one (PALIMPSEST_RPC_TIMEOUT_SECONDS)
         self.revision: int | None = None
         self.session: common_pb2.Session | None = None
         self.context: list[Message] = []

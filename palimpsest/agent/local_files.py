@@ -119,7 +119,7 @@ def open_shareable(raw: str, roots: Sequence[Path], max_bytes: int) -> OpenedFil
         if st.st_size > max_bytes:
             raise Refused(
                 f"{raw} is {st.st_size / 2**20:.1f} MB; share_file copies at most "
-                f"{max_bytes / 2**20:g} MB (SHARE_FILE_MAX_SIZE_MB)"
+                f"{max_bytes / 2**20:g} MB (PALIMPSEST_SHARE_FILE_MAX_MB)"
             )
         return OpenedFile(fd, real, st.st_size, st.st_mtime_ns)
     except BaseException:

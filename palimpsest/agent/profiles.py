@@ -38,7 +38,7 @@ class Profile:
     name: str = "Default"
     description: str = "General assistant"
     model: str = "qwen3.6"
-    # The active window; 0 means the OLLAMA_NUM_CTX setting. Also sent to Ollama as num_ctx.
+    # The active window; 0 means the PALIMPSEST_CONTEXT_WINDOW setting. Also sent to Ollama as num_ctx.
     context_window: int = 0
     system_prompt: str = ""
     subagent_system_prompt: str = "You are a focused sub-agent. Finish the task you are given and report the result."
@@ -59,24 +59,15 @@ class Profile:
     memory_recall_enabled: bool = True
     memory_recall_k: int = 2
     memory_recall_min_similarity: float = 0.3
-    # What compressions drop is indexed as memory chunks; false: not (000's memory_search_enabled).
-    memory_search_enabled: bool = True
     # The embedding model memory search ranks by meaning with; "": the store's (PALIMPSEST_EMBED_MODEL).
     embed_model: str = ""
-    # Compression overrides (None: the Compressor's settings)
+    # Compression: on or off here; the Compressor's settings a profile overrides are keys named
+    # compression_<field> after CompressionSettings' optional fields (compressor.proto), kept here by
+    # the field's name: (("threshold", 0.8), ...). Unset: the Compressor's PALIMPSEST_COMPRESSION_<FIELD>.
     compression_enabled: bool = True
-    compression_threshold: float | None = None
-    compression_target: float | None = None
-    compression_keep_recent: int | None = None
-    compression_max_tokens: int | None = None
-    compression_temperature: float | None = None
-    # Prune old tool results to previews before summarizing (None: the service's setting, on).
-    compression_prune_tool_results: bool | None = None
-    compression_min_freed: float | None = None
+    compression_overrides: tuple[tuple[str, Any], ...] = ()
     compression_prompt_file: str = ""
     summarizer_model: str = ""
-    # num_ctx of summaries written by summarizer_model; 0 means the CONTEXT_SUMMARIZER_NUM_CTX setting.
-    summarizer_context_window: int = 0
     critical_tools: tuple[str, ...] = ()
     # Extra tools: "module:attribute" paths to Tool classes or instances users provide.
     custom_tools: tuple[str, ...] = ()
@@ -109,29 +100,18 @@ class Profile:
         object.__setattr__(moved, "model", model)
         return moved
 
+    @property
+    def compression_keep_recent(self) -> int | None:
+        """Turns the profile keeps verbatim (None: the Compressor's setting)."""
+        return dict(self.compression_overrides).get("keep_recent")
+
     def compression_settings(self) -> compressor_pb2.CompressionSettings:
-        settings = compressor_pb2.CompressionSettings(
-            summarizer_model=self.summarizer_model, critical_tools=list(self.critical_tools)
+        return compressor_pb2.CompressionSettings(
+            summarizer_model=self.summarizer_model,
+            critical_tools=list(self.critical_tools),
+            summary_prompt=self.compression_prompt,
+            **dict(self.compression_overrides),
         )
-        for attr, target in (
-            ("compression_threshold", "threshold"),
-            ("compression_target", "target"),
-            ("compression_keep_recent", "keep_recent"),
-            ("compression_max_tokens", "summary_max_tokens"),
-            ("compression_temperature", "summary_temperature"),
-            ("compression_prune_tool_results", "prune_tool_results"),
-            ("compression_min_freed", "min_freed"),
-        ):
-            value = getattr(self, attr)
-            if value is not None:
-                setattr(settings, target, value)
-        if self.summarizer_context_window:
-            settings.summarizer_window = self.summarizer_context_window
-        if self.compression_prompt:
-            settings.summary_prompt = self.compression_prompt
-        if not self.memory_search_enabled:  # on: the Compressor's own setting decides
-            settings.index_memory = False
-        return settings
 
     def to_proto(self, default_window: int) -> agent_pb2.Profile:
         return agent_pb2.Profile(
@@ -158,8 +138,52 @@ def _read_prompt(path: str, profile_id: str) -> str:
         ) from None
 
 
-_FIELDS = {f.name: f for f in fields(Profile) if f.init}
+_FIELDS = {f.name: f for f in fields(Profile) if f.init and f.name != "compression_overrides"}
 _TUPLES = {name for name, f in _FIELDS.items() if str(f.type).startswith("tuple")}
+
+# The Compressor's settings a profile may override: CompressionSettings' optional fields, each as
+# the key compression_<field>, so a field added to the proto is a profile key with nothing else to do.
+OVERRIDABLE = tuple(f.name for f in compressor_pb2.CompressionSettings.DESCRIPTOR.fields if f.has_presence)
+
+# Keys profiles used before they were named after the proto's fields: read for one release.
+RENAMED_KEYS = {
+    "compression_max_tokens": "compression_summary_max_tokens",
+    "compression_temperature": "compression_summary_temperature",
+    "summarizer_context_window": "compression_summarizer_window",
+    "memory_search_enabled": "compression_index_memory",
+}
+_warned_keys: set[str] = set()
+
+
+def _renamed(data: dict[str, Any], profile_id: str) -> dict[str, Any]:
+    """``data`` with old keys under their new names (the new key wins), each warned about once."""
+    old = [key for key in RENAMED_KEYS if key in data]
+    for key in old:
+        value = data.pop(key)
+        data.setdefault(RENAMED_KEYS[key], value)
+    if set(old) - _warned_keys:
+        _warned_keys.update(old)
+        log.warning(
+            "profile %r uses old key(s), read for this release only: %s",
+            profile_id,
+            ", ".join(f"{key} -> {RENAMED_KEYS[key]}" for key in old),
+        )
+    return data
+
+
+def _overrides(data: dict[str, Any], base: Profile, profile_id: str) -> tuple[tuple[str, Any], ...]:
+    """The compression_<field> keys of ``data`` (taken out of it) over ``base``'s, checked against
+    the proto's types; a null value leaves the field to the Compressor."""
+    merged = dict(base.compression_overrides)
+    for name in OVERRIDABLE:
+        if f"compression_{name}" in data:
+            merged[name] = data.pop(f"compression_{name}")
+    merged = {name: value for name, value in merged.items() if value is not None}
+    try:
+        compressor_pb2.CompressionSettings(**merged)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument("profiles", f"profile {profile_id!r}: compression_*: {exc}") from None
+    return tuple(sorted(merged.items()))
 
 
 def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Profile:
@@ -169,10 +193,12 @@ def profile_from_dict(data: dict[str, Any], base: Profile | None = None) -> Prof
     if isinstance(tools, dict):
         data.setdefault("agent_tools", tools.get("agent", list(DEFAULT_TOOLS)))
         data.setdefault("subagent_tools", tools.get("subagent", []))
-    unknown = set(data) - set(_FIELDS)
+    profile_id = str(data.get("id", (base or Profile()).id))
+    data = _renamed(data, profile_id)
+    data["compression_overrides"] = _overrides(data, base or Profile(), profile_id)
+    unknown = set(data) - set(_FIELDS) - {"compression_overrides"}
     if unknown:
         raise InvalidArgument("profiles", f"unknown profile field(s): {', '.join(sorted(unknown))}")
-    profile_id = str(data.get("id", (base or Profile()).id))
     if "mcp_servers" in data:
         data["mcp_servers"] = parse_servers(data["mcp_servers"], profile_id)
     for name in _TUPLES & set(data):

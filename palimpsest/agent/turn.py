@@ -263,7 +263,7 @@ class Turn(TurnTools, TurnCompression, TurnBase):
                 self._compressor_away = True
                 log.warning("turn in %s goes on without the Compressor: %s", self.session_id or "-", exc)
                 self.sink.error("UNAVAILABLE", f"{exc}; this turn goes on without compression or exact counts")
-            return unchecked(built, self.on.window, self.settings.message_token_budget)
+            return unchecked(built, self.on.window, self.settings.compression_message_token_budget)
 
     async def _call_model(self, built: list[Message], storing: StoringTask | None = None) -> ChatResult:
         """One model call streamed to the client (see stages.model_call); what it says is kept as

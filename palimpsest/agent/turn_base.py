@@ -98,7 +98,7 @@ class TurnBase:
         return self.deps.builder.system_prompt(self.on.profile, subagent=self.is_subagent)
 
     def _keep_recent(self) -> int:
-        return self.on.profile.compression_keep_recent or self.settings.keep_recent
+        return self.on.profile.compression_keep_recent or self.settings.compression_keep_recent
 
     def _compression_on(self) -> bool:
         return self.stored and self.settings.compression_enabled and self.on.profile.compression_enabled

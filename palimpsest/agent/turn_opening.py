@@ -54,7 +54,7 @@ def turn_client_tools(request: TurnRequest, profile: Profile, settings: Settings
         raise InvalidArgument(
             "client_tool_timeout_seconds",
             f"0 (the default, {settings.client_tool_timeout_s} s) to "
-            f"{settings.client_tool_max_timeout_s} s (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S)",
+            f"{settings.client_tool_max_timeout_s} s (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_SECONDS)",
         )
     if not request.client_tools:
         return [], wait

@@ -35,7 +35,7 @@ from palimpsest.cli.render import shorten
 from palimpsest.v1 import agent_pb2
 
 DEFAULT_TIMEOUT_S = 30.0
-# The Agent's ceiling on how long a turn waits for one answer (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_S).
+# The Agent's ceiling on how long a turn waits for one answer (PALIMPSEST_CLIENT_TOOL_MAX_TIMEOUT_SECONDS).
 MAX_TIMEOUT_S = 3600.0
 # The turn waits this much longer than the slowest tool may run: room for pal's answer to arrive
 # after a dropped connection, yet a pal that died leaves the turn waiting minutes, not the default 5.

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2_grpc
 from palimpsest.cli.errors import CliError, ServiceError, describe_rpc_error
 from palimpsest.shared import tls
 from palimpsest.shared.addresses import channel_target
+from palimpsest.shared.settings.services import TOKEN
 from palimpsest.v1 import agent_pb2_grpc, compressor_pb2_grpc, session_store_pb2_grpc
 
 # Large enough for pasted images and long histories; the services use the same default.
@@ -114,7 +115,7 @@ class Connection:
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        token = self.environ.get("PALIMPSEST_TOKEN", "").strip()
+        token = self.environ.get(TOKEN.name, "").strip()
         return (("authorization", f"Bearer {token}"),) if token else ()
 
     def address(self, endpoint: Endpoint) -> str:

@@ -4,15 +4,13 @@ Clients list every replica, comma-separated, in PALIMPSEST_COMPRESSOR_ADDR; a re
 PALIMPSEST_COMPRESSOR_LISTEN, or else on the first address of that list. Replicas share nothing
 but the SessionStore."""
 
-import os
-
 from palimpsest.compressor.app import start_compressor
 from palimpsest.shared.server import run_service
 from palimpsest.shared.settings import Settings
 
 
 def listen_address(settings: Settings) -> str:
-    return os.environ.get("PALIMPSEST_COMPRESSOR_LISTEN") or settings.compressor_addr.split(",")[0].strip()
+    return settings.compressor_listen
 
 
 if __name__ == "__main__":

@@ -65,29 +65,32 @@ class Knobs:
     def resolve(cls, settings: Settings, overrides: compressor_pb2.CompressionSettings | None) -> "Knobs":
         o = overrides or compressor_pb2.CompressionSettings()
 
-        def pick(name: str, default: Any) -> Any:
-            return getattr(o, name) if o.HasField(name) else default
+        def pick(name: str) -> Any:
+            """The profile's override, else the service's setting of the same name (compression_<name>)."""
+            return getattr(o, name) if o.HasField(name) else getattr(settings, f"compression_{name}")
 
         if o.summarizer_window < 0:
             raise InvalidArgument("settings.summarizer_window", f"must not be negative, got {o.summarizer_window}")
         _check_overrides(o)
 
         return cls(
-            threshold=pick("threshold", settings.compression_threshold),
-            target=pick("target", settings.compression_target),
-            keep_recent=pick("keep_recent", settings.keep_recent),
-            summary_max_tokens=pick("summary_max_tokens", settings.summary_max_tokens),
-            summary_temperature=pick("summary_temperature", settings.summary_temperature),
+            threshold=pick("threshold"),
+            target=pick("target"),
+            keep_recent=pick("keep_recent"),
+            summary_max_tokens=pick("summary_max_tokens"),
+            summary_temperature=pick("summary_temperature"),
             summarizer_model=o.summarizer_model,
-            summarizer_window=o.summarizer_window or max(0, settings.summarizer_num_ctx) or settings.ollama_num_ctx,
+            summarizer_window=o.summarizer_window
+            or max(0, settings.compression_summarizer_window)
+            or settings.ollama_num_ctx,
             summary_prompt=o.summary_prompt,
             critical_tools=tuple(o.critical_tools),
-            message_budget=pick("message_token_budget", settings.message_token_budget),
+            message_budget=pick("message_token_budget"),
             image_fallback=settings.image_tokens_fallback,
             output_reserve=settings.output_reserve_tokens,
-            prune_tool_results=pick("prune_tool_results", settings.compression_prune_tool_results),
-            min_freed=pick("min_freed", settings.compression_min_freed),
-            index_memory=pick("index_memory", settings.memory_search_enabled),
+            prune_tool_results=pick("prune_tool_results"),
+            min_freed=pick("min_freed"),
+            index_memory=pick("index_memory"),
         )
 
 

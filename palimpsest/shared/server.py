@@ -31,6 +31,7 @@ from palimpsest.shared.errors import InvalidArgument, PalimpsestError, ResourceE
 from palimpsest.shared.metrics import MetricsEndpoint, MetricsInterceptor
 from palimpsest.shared.reflection import DocumentedPool
 from palimpsest.shared.settings import Settings
+from palimpsest.shared.settings.services import DEBUG
 from palimpsest.shared.validation import capped, first_nul, first_out_of_range, first_too_long
 
 log = logging.getLogger("palimpsest.server")
@@ -472,7 +473,7 @@ async def serve_forever(running: RunningServer, *, name: str, grace: float) -> N
 
 
 # Set to 1 for the full traceback of a failure to start (otherwise one line says what to fix).
-DEBUG_ENV = "PALIMPSEST_DEBUG"
+DEBUG_ENV = DEBUG.name
 
 
 def debug_enabled() -> bool:

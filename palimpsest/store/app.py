@@ -73,7 +73,7 @@ async def start_store(
     settings: Settings, *, port: int, host: str = "127.0.0.1", dsn: str | None = None
 ) -> RunningServer:
     if settings.embed_retry_s <= 0 or settings.embed_timeout_s <= 0:
-        raise SystemExit("PALIMPSEST_EMBED_RETRY_S and PALIMPSEST_EMBED_TIMEOUT_S must be positive")
+        raise SystemExit("PALIMPSEST_EMBED_RETRY_SECONDS and PALIMPSEST_EMBED_TIMEOUT_SECONDS must be positive")
     if not 0 <= settings.embed_min_similarity < 1:
         raise SystemExit(f"PALIMPSEST_EMBED_MIN_SIMILARITY must be in [0, 1), got {settings.embed_min_similarity}")
     if settings.message_max_bytes > settings.read_budget_bytes:

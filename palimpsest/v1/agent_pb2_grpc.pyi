@@ -55,7 +55,7 @@ class AgentStub:
     ResumeStream: _grpc.UnaryStreamMultiCallable[_agent_pb2.ResumeStreamRequest, _agent_pb2.AgentEvent]
     """A turn's events after `after_seq`, as its own stream carried them, then live to its
     stream_end: for a client whose RunStream (or an earlier ResumeStream) was cut. A turn's events
-    are kept while it runs and for PALIMPSEST_STREAM_KEEP_S after it ends (within
+    are kept while it runs and for PALIMPSEST_STREAM_KEEP_SECONDS after it ends (within
     PALIMPSEST_STREAM_KEEP_MB for all turns). NOT_FOUND when none is kept; OUT_OF_RANGE naming
     after_seq when the events after it are no longer all kept (the session's history has what
     the turn stored). Any client that may read the session may resume its turns.
@@ -95,7 +95,7 @@ class AgentAsyncStub(AgentStub):
     ResumeStream: _aio.UnaryStreamMultiCallable[_agent_pb2.ResumeStreamRequest, _agent_pb2.AgentEvent]  # type: ignore[assignment]
     """A turn's events after `after_seq`, as its own stream carried them, then live to its
     stream_end: for a client whose RunStream (or an earlier ResumeStream) was cut. A turn's events
-    are kept while it runs and for PALIMPSEST_STREAM_KEEP_S after it ends (within
+    are kept while it runs and for PALIMPSEST_STREAM_KEEP_SECONDS after it ends (within
     PALIMPSEST_STREAM_KEEP_MB for all turns). NOT_FOUND when none is kept; OUT_OF_RANGE naming
     after_seq when the events after it are no longer all kept (the session's history has what
     the turn stored). Any client that may read the session may resume its turns.
@@ -174,7 +174,7 @@ class AgentServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.AgentEvent], _abc.AsyncIterator[_agent_pb2.AgentEvent]]:
         """A turn's events after `after_seq`, as its own stream carried them, then live to its
         stream_end: for a client whose RunStream (or an earlier ResumeStream) was cut. A turn's events
-        are kept while it runs and for PALIMPSEST_STREAM_KEEP_S after it ends (within
+        are kept while it runs and for PALIMPSEST_STREAM_KEEP_SECONDS after it ends (within
         PALIMPSEST_STREAM_KEEP_MB for all turns). NOT_FOUND when none is kept; OUT_OF_RANGE naming
         after_seq when the events after it are no longer all kept (the session's history has what
         the turn stored). Any client that may read the session may resume its turns.

@@ -1,5 +1,5 @@
 """Every call between the services has a deadline: a SessionStore that stops answering (its
-connections open, nothing coming back) fails a call after PALIMPSEST_RPC_TIMEOUT_S instead of
+connections open, nothing coming back) fails a call after PALIMPSEST_RPC_TIMEOUT_SECONDS instead of
 holding it, and the same channel works again once the store answers."""
 
 from __future__ import annotations

@@ -296,7 +296,7 @@ async def test_share_file_refuses_what_an_attacker_would_ask_for(tool_ctx, store
         str(workspace / "pipe"): "not a regular file",
         "/dev/zero": "outside the folders",
         "/etc/passwd": "outside the folders",
-        str(workspace / "big.bin"): "SHARE_FILE_MAX_SIZE_MB",
+        str(workspace / "big.bin"): "PALIMPSEST_SHARE_FILE_MAX_MB",
         str(workspace / "sub"): "is a folder",
         str(workspace / "nope.txt"): "does not exist",
     }

@@ -110,7 +110,7 @@ async def test_the_turns_end_does_not_wait_on_a_store_that_hangs(base_settings, 
 
 async def test_an_append_on_a_store_that_hangs_fails_at_its_timeout(base_settings, store_server, store, profile):
     async with conversation_through_relay(base_settings, store_server, store, profile) as (relay, conv, session_id):
-        conv.timeout = 1.0  # (the Agent gives its PALIMPSEST_RPC_TIMEOUT_S)
+        conv.timeout = 1.0  # (the Agent gives its PALIMPSEST_RPC_TIMEOUT_SECONDS)
         relay.freeze()
         with pytest.raises(Unavailable, match="did not answer an append within 1 s"):
             async with asyncio.timeout(20):

@@ -300,7 +300,7 @@ async def test_memory_search_off_compresses_without_indexing_what_it_drops(compr
     from palimpsest.agent.profiles import Profile
 
     session_id = await session_with(store, profile, turns(12))
-    off = Profile(memory_search_enabled=False).compression_settings()
+    off = Profile(compression_overrides=(("index_memory", False),)).compression_settings()
     assert off.HasField("index_memory") and not Profile().compression_settings().HasField("index_memory")
     events = await compress(compressor, session_id, settings=off)
     assert events[-1].compressed.messages_after < events[-1].compressed.messages_before
@@ -571,7 +571,7 @@ async def test_a_summarizer_model_without_a_window_of_its_own_uses_the_service_s
     from palimpsest.compressor.app import start_compressor
 
     settings = replace(
-        base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address, summarizer_num_ctx=12_288
+        base_settings, ollama_host=ollama_sim.url, store_addr=store_server.address, compression_summarizer_window=12_288
     )
     running = await start_compressor(settings, port=0)
     try:

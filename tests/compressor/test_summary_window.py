@@ -91,12 +91,12 @@ def test_the_summarizer_window_defaults_to_ollama_num_ctx() -> None:
 
 
 def test_context_summarizer_num_ctx_sets_it_for_every_profile() -> None:
-    settings = Settings(ollama_num_ctx=8192, summarizer_num_ctx=32_768)
+    settings = Settings(ollama_num_ctx=8192, compression_summarizer_window=32_768)
     assert Knobs.resolve(settings, None).summarizer_window == 32_768
 
 
 def test_a_profiles_summarizer_window_wins_over_the_setting() -> None:
-    settings = Settings(summarizer_num_ctx=32_768)
+    settings = Settings(compression_summarizer_window=32_768)
     overrides = compressor_pb2.CompressionSettings(summarizer_model="s", summarizer_window=16_384)
     assert Knobs.resolve(settings, overrides).summarizer_window == 16_384
 
@@ -107,14 +107,14 @@ def test_a_negative_summarizer_window_names_the_field() -> None:
 
 
 def test_summarizer_window_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CONTEXT_SUMMARIZER_NUM_CTX", "24576")
-    assert Settings.from_env().summarizer_num_ctx == 24_576
-    monkeypatch.delenv("CONTEXT_SUMMARIZER_NUM_CTX")
-    assert Settings.from_env().summarizer_num_ctx == 0
+    monkeypatch.setenv("PALIMPSEST_COMPRESSION_SUMMARIZER_WINDOW", "24576")
+    assert Settings.from_env().compression_summarizer_window == 24_576
+    monkeypatch.delenv("PALIMPSEST_COMPRESSION_SUMMARIZER_WINDOW")
+    assert Settings.from_env().compression_summarizer_window == 0
 
 
 def test_a_profile_sends_its_summarizer_context_window_to_the_compressor() -> None:
-    profile = profile_from_dict({"summarizer_model": "small-summarizer", "summarizer_context_window": 16_384})
+    profile = profile_from_dict({"summarizer_model": "small-summarizer", "compression_summarizer_window": 16_384})
     settings = profile.compression_settings()
     assert settings.summarizer_model == "small-summarizer" and settings.summarizer_window == 16_384
 

@@ -83,10 +83,10 @@ def cluster(
         "PALIMPSEST_STORE_ADDR": stores,
         "PALIMPSEST_COMPRESSOR_ADDR": compressors,
         "PALIMPSEST_TURN_CLAIMS": "true",
-        "PALIMPSEST_TURN_CLAIM_TTL_S": str(CLAIM_TTL_S),
+        "PALIMPSEST_TURN_CLAIM_TTL_SECONDS": str(CLAIM_TTL_S),
         "PALIMPSEST_REPLICA_EVENTS": str(replica_events).lower(),
-        "PALIMPSEST_RPC_TIMEOUT_S": "5",
-        "PALIMPSEST_REPLY_WRITE_DEADLINE_S": "30",
+        "PALIMPSEST_RPC_TIMEOUT_SECONDS": "5",
+        "PALIMPSEST_REPLY_WRITE_DEADLINE_SECONDS": "30",
         "PALIMPSEST_GRACE_SECONDS": "2",
     }
     env.pop("PALIMPSEST_AUTH_ENABLED", None)

@@ -1,4 +1,4 @@
-"""PALIMPSEST_MAX_CONNECTION_AGE_S: servers send clients away after a while so that a `dns:///`
+"""PALIMPSEST_MAX_CONNECTION_AGE_SECONDS: servers send clients away after a while so that a `dns:///`
 target is resolved again (replicas added by an autoscaler get calls), without cutting any call."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class CountingRelay(Relay):
 
 def test_off_by_default_and_from_the_environment(monkeypatch):
     assert not any(name == "grpc.max_connection_age_ms" for name, _ in server_options(Settings()))
-    monkeypatch.setenv("PALIMPSEST_MAX_CONNECTION_AGE_S", "300")
+    monkeypatch.setenv("PALIMPSEST_MAX_CONNECTION_AGE_SECONDS", "300")
     settings = Settings.from_env()
     assert ("grpc.max_connection_age_ms", 300_000) in server_options(settings)
 

@@ -77,8 +77,8 @@ async def system(throwaway_pg, ollama_sim, profiles_file, base_settings, tmp_pat
         # Past the longest outage these tests make on a loaded machine: PostgreSQL stays down until
         # all 16 answers of a staggered load are generated, then starts (25 s was passed under load,
         # and an answer the deadline gave up on was reported, rightly, as not stored).
-        "PALIMPSEST_REPLY_WRITE_DEADLINE_S": "40",
-        "PALIMPSEST_RPC_TIMEOUT_S": "5",
+        "PALIMPSEST_REPLY_WRITE_DEADLINE_SECONDS": "40",
+        "PALIMPSEST_RPC_TIMEOUT_SECONDS": "5",
     }
     env.pop("PALIMPSEST_AUTH_ENABLED", None)
     running = System(
@@ -369,7 +369,7 @@ async def test_the_compressor_going_away_under_load_fails_no_turn(system, client
 
 async def test_a_frozen_compressor_costs_one_turn_its_deadline_and_is_used_again_once_it_thaws(system, clients):
     """SIGSTOP: the Compressor's connections stay open and nothing answers. The first turn waits
-    one deadline (PALIMPSEST_RPC_TIMEOUT_S, 5 s here) for its size check; the turns after it go on
+    one deadline (PALIMPSEST_RPC_TIMEOUT_SECONDS, 5 s here) for its size check; the turns after it go on
     without the Compressor at once, their error event saying it is not called; after SIGCONT a
     health check finds it back and turns use it again."""
     from palimpsest.agent.compressor_breaker import NOT_CALLED

@@ -177,7 +177,7 @@ def test_make_demo_explains_its_numbers_and_ends_quietly() -> None:
     assert ran.returncode == 0, ran.stderr
     assert ran.stderr == ""  # no fork_posix.cc line from gRPC as the database stops
     out = ran.stdout
-    assert "compression starts at 3072 tokens (75%), not at CONTEXT_COMPRESSION_THRESHOLD=0.90" in out
+    assert "compression starts at 3072 tokens (75%), not at PALIMPSEST_COMPRESSION_THRESHOLD=0.90" in out
     assert "Context compressed:" in out and "plus the system prompt and tools" in out
     session_id = out.split("\nsession ")[1].split(":")[0]
     assert f"pal continue --id {session_id}" in out
