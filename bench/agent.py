@@ -412,7 +412,7 @@ async def nothing_lost(store, session_id: str, turns: int, prose: bool = False) 
     """What the run must not have lost: every tool result compressed out of the context (with
     ``prose``, every long request and answer too) found by memory_search's store call with words
     from beyond its preview, every user message shown once, at most one live summary."""
-    from palimpsest.compressor.pruning import PREVIEW_CHARS
+    from palimpsest.shared.prose_weight import PREVIEW_CHARS
     from palimpsest.shared.session_reads import whole_context
 
     shown, before = [], 0

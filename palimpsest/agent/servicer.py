@@ -252,8 +252,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         with suppress(PalimpsestError):  # Ollama away: the profile's window (the summary call will say)
             window = (await self.deps.ollama.model_facts(profile.model)).usable_window(window)
         sink = EventSink(session.id, publish=self._publish)  # no turn_id: a compaction ends with its call
-        self.sessions.forget_warm(session.id)
         holder, _ = await self._hold(session.id)
+        # Once held: the turn before may still be ending (its post-turn pass dropped by the hold), and
+        # keeps its copy warm as it lets go; the compaction makes that copy stale.
+        self.sessions.forget_warm(session.id)
         try:
             try:
                 async for event in self.deps.compressor.Compress(

@@ -54,7 +54,7 @@ class Knobs:
     summarizer_window: int  # num_ctx of summaries written by summarizer_model
     summary_prompt: str
     critical_tools: tuple[str, ...]
-    message_budget: int
+    message_token_budget: int
     image_fallback: int
     output_reserve: int
     prune_tool_results: bool = True
@@ -85,7 +85,7 @@ class Knobs:
             or settings.ollama_num_ctx,
             summary_prompt=o.summary_prompt,
             critical_tools=tuple(o.critical_tools),
-            message_budget=pick("message_token_budget"),
+            message_token_budget=pick("message_token_budget"),
             image_fallback=settings.image_tokens_fallback,
             output_reserve=settings.output_reserve_tokens,
             prune_tool_results=pick("prune_tool_results"),
@@ -161,7 +161,7 @@ class Pricing:
             )
         )
         return cls(
-            line, message_budget(window, knobs.message_budget), knobs.image_fallback, baseline, counter, template, rates
+            line, message_budget(window, knobs.message_token_budget), knobs.image_fallback, baseline, counter, template, rates
         )
 
     def plans_like(self, other: "Pricing") -> bool:

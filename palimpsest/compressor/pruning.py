@@ -21,12 +21,15 @@ from typing import Any
 from palimpsest.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
 from palimpsest.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
 from palimpsest.shared.context_view import is_transient
-from palimpsest.shared.prose_weight import PROSE_PRUNE_MIN_CHARS, density, weighted_chars
+from palimpsest.shared.prose_weight import (
+    PREVIEW_CHARS,
+    PROSE_PRUNE_MIN_CHARS,
+    PRUNE_MIN_CHARS,
+    density,
+    weighted_chars,
+)
 from palimpsest.v1.common_pb2 import Message, SeqRange
 
-# What a preview keeps of a result, and the least a result must have for a preview to be worth it.
-PREVIEW_CHARS = 300
-PRUNE_MIN_CHARS = 1_200
 # A call's arguments are pruned past this many characters; each long string keeps its start.
 ARGUMENTS_PRUNE_MIN_CHARS = 1_200
 ARGUMENT_PREVIEW_CHARS = 200

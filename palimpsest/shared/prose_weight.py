@@ -1,4 +1,4 @@
-"""How long a request or answer counts for condensing: its characters, a script of about a token a
+"""How long a request or answer counts for condensing, and the sizes pruning works with: its characters, a script of about a token a
 character (CJK) counted DENSE_WEIGHT times. Shared by the Compressor, which condenses old long
 prose, and the Agent, which asks for it after a turn only when some qualifies."""
 
@@ -9,6 +9,9 @@ from __future__ import annotations
 # and the next call evaluates one turn again, not two (bench compaction: re-fires at 4,096 28% ->
 # 21%, model time on summaries 10.9% -> 8.1%, total model time 1-2% lower, 8,192 no worse).
 PROSE_PRUNE_MIN_CHARS = 1_000
+# What a tool result's preview keeps, and the least a result must have for a preview to be worth it.
+PREVIEW_CHARS = 300
+PRUNE_MIN_CHARS = 1_200
 PROSE_KEEP_TURNS = 1
 DENSE_WEIGHT = 3
 _SAMPLE = 2_000

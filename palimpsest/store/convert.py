@@ -259,7 +259,7 @@ TOOL_RUN_ERROR_CHARS = 500
 
 
 def tool_run_row(run: session_store_pb2.ToolRun) -> dict[str, Any]:
-    """A tool run as the append function writes it (migration 0017): arguments redacted as stored
+    """A tool run as the append function writes it (functions.sql): arguments redacted as stored
     tool calls' are (a stored call's come from its row, redacted already), the error text by the
     same rules and cut to what the log keeps."""
     error = redact_text(run.error)

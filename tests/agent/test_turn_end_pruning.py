@@ -127,7 +127,9 @@ def test_the_agent_asks_only_when_something_is_worth_pruning():
 
     long = "the migration copies invoices in batches. " * 40  # 1,720 characters
     turn = [Message(role="user", content="go on"), Message(role="assistant", content="ok")]
-    assert worth_pruning_after([*turn, Message(role="tool", content="x")], 400)  # the turn called tools
+    assert worth_pruning_after([*turn, Message(role="tool", content=long)], 400)  # the turn's long result
+    assert not worth_pruning_after([*turn, Message(role="tool", content="x")], 400)  # a short one stays: no call
+    assert not worth_pruning_after([*turn, Message(role="tool", content=long)], 4_000)  # frees too little
     old = [Message(role="user", content=long), Message(role="assistant", content=long)]
     assert worth_pruning_after([*old, *turn], 400)  # a turn older than the newest: long prose
     assert not worth_pruning_after([*turn, *old], 400)  # the newest turn's own words stay whole

@@ -15,7 +15,13 @@ from palimpsest.agent.profiles import Profile
 from palimpsest.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from palimpsest.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
-from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PROSE_PRUNE_MIN_CHARS, weighted_chars
+from palimpsest.shared.prose_weight import (
+    PREVIEW_CHARS,
+    PROSE_KEEP_TURNS,
+    PROSE_PRUNE_MIN_CHARS,
+    PRUNE_MIN_CHARS,
+    weighted_chars,
+)
 from palimpsest.shared.stubs import AsyncCompressorStub, AsyncStoreStub
 from palimpsest.v1 import agent_pb2, common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
@@ -59,25 +65,25 @@ CONDENSED_CHARS = 550
 
 
 def worth_pruning_after(context: list[Message], min_chars: int) -> bool:
-    """Whether the turn that just ended called tools, or the long requests and answers older than
-    the newest PROSE_KEEP_TURNS turns, still whole, would free ``min_chars`` (weighted) condensed:
-    what a TURN_END compression could prune. A cheap test, so a turn with nothing worth pruning
-    costs no call (the Compressor decides exactly)."""
-    turns, prose = 0, 0  # turns: of the message at hand, from the newest
+    """Whether a TURN_END compression would free ``min_chars`` (weighted): the turn that just ended's
+    long tool results, still whole, to previews, and the long requests and answers older than the
+    newest PROSE_KEEP_TURNS turns condensed. A cheap test, so a turn with nothing worth pruning (a
+    short result, a short exchange) costs no call; the Compressor decides exactly."""
+    turns, freed = 0, 0  # turns: of the message at hand, from the newest
     for message in reversed(context):
-        if message.role == "tool" and turns == 0:
-            return True
-        if (
+        whole = "pruned_from_seq" not in message.metadata and not message.is_summary
+        if message.role == "tool" and turns == 0 and whole and len(message.content) >= PRUNE_MIN_CHARS:
+            freed += weighted_chars(message.content) - PREVIEW_CHARS
+        elif (
             turns >= PROSE_KEEP_TURNS
             and message.role in ("user", "assistant")
-            and not message.is_summary
-            and "pruned_from_seq" not in message.metadata
+            and whole
             and weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
         ):
-            prose += weighted_chars(message.content) - CONDENSED_CHARS
+            freed += weighted_chars(message.content) - CONDENSED_CHARS
         if message.role == "user" and not message.is_summary:
             turns += 1
-    return prose >= min_chars
+    return freed >= min_chars
 
 
 def pruning_request(

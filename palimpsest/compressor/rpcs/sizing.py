@@ -63,7 +63,7 @@ class SizeRpcs(CompressorBase):
                     "",
                     with_context=False,
                     token_digest=counter.digest,
-                    view_budget=message_budget(window, knobs.message_budget),
+                    view_budget=message_budget(window, knobs.message_token_budget),
                 ),
                 self._recent_observations(request.model),
             )

@@ -11,7 +11,7 @@ parameters are always bound.
 - tool_runs: tool_runs (a session's audit log; written by the append function)
 - access: the ownership and revision checks every part shares
 
-The schema itself lives in migrations/ only (applied by db.migrate).
+The schema lives in migrations/ and the current text of its SQL functions in functions.sql (both applied by db.migrate).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 from palimpsest.store.convert import MESSAGE_COLUMNS
 
 # What a row weighs against the hot window's byte cap: one definition, in SQL, for every counter
-# (the append function, migrations 0013 and 0014, spells it once more; a test holds the two together).
+# (the append function in functions.sql spells it once more; a test holds the two together).
 ROW_BYTES = (
     "(octet_length(content) + octet_length(thinking) + octet_length(tool_calls::text)"
     " + coalesce((SELECT sum(octet_length(i)) FROM unnest(images) i), 0))"

@@ -133,7 +133,7 @@ class Sessions(SessionReads, HotWindowArchive):
         expected_next_seq: int | None = None,
         tool_runs: Sequence[dict[str, Any]] = (),
     ) -> AppendResult:
-        """One statement (the append_messages function of migrations 0013 to 0017): the checks, the
+        """One statement (the append_messages function, functions.sql): the checks, the
         rows, the counters, the report, the tool runs (``convert.tool_run_row``s, for the audit log)
         and the key in one round trip and its commit. An answer's append stands between the model's
         last token and the client's stream_end. Tool runs alone (no messages) change nothing else."""
@@ -412,7 +412,7 @@ def _only_owner(identity: Identity) -> str | None:
 
 
 def _report_json(report: Report | None) -> dict[str, Any] | None:
-    """A report as the append function reads it (see migration 0013)."""
+    """A report as the append function reads it (see functions.sql)."""
     if report is None:
         return None
     out: dict[str, Any] = {

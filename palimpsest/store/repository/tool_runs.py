@@ -1,5 +1,5 @@
 """A session's audit log: tool_runs, one row per tool run of its turns. The rows are written by the
-append function with the append that carries them (see Sessions.append_messages and migration 0017);
+append function with the append that carries them (see Sessions.append_messages and functions.sql);
 here they are read, a page at a time."""
 
 from __future__ import annotations
