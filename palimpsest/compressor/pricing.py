@@ -161,7 +161,13 @@ class Pricing:
             )
         )
         return cls(
-            line, message_budget(window, knobs.message_token_budget), knobs.image_fallback, baseline, counter, template, rates
+            line,
+            message_budget(window, knobs.message_token_budget),
+            knobs.image_fallback,
+            baseline,
+            counter,
+            template,
+            rates,
         )
 
     def plans_like(self, other: "Pricing") -> bool:
