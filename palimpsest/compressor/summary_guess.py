@@ -33,7 +33,7 @@ def block_rates(messages: Sequence[Message], costs: Sequence[int]) -> list[float
 class RenderedCosts:
     """Tokens of a rendered text's first or last characters, each block at its message's rate."""
 
-    def __init__(self, blocks: Sequence[str], rates: Sequence[float]):
+    def __init__(self, blocks: Sequence[str], rates: Sequence[float]) -> None:
         self.ends: list[int] = []  # where each block (with the separator after it) ends
         self.totals: list[float] = []  # the tokens up to there
         self.rates = list(rates)
