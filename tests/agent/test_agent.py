@@ -867,8 +867,11 @@ async def test_a_plain_turn_makes_two_internal_calls_and_none_after_the_answer(
     (baseline, observation, counts, meter) goes on that stream after the last token, without a call
     of its own. Nothing after stream_end: no post-turn pass under the trigger, no reload to keep the
     session warm (12 internal calls before, 5 of them between the last token and stream_end)."""
+    from palimpsest.compressor.rpcs import base as compressor_base
     from palimpsest.shared import server as shared_server
 
+    # The model's observations are read again once 5 s old: a loaded machine must not make that this turn's.
+    monkeypatch.setattr(compressor_base, "OBSERVATIONS_TTL_S", 3600.0)
     calls: list[str] = []  # "Service.Method" as each server received it
     intercept = shared_server.ErrorInterceptor.intercept_service
 
