@@ -21,14 +21,8 @@ from palimpsest.shared.errors import (
     InvalidArgument,
     ResourceExhausted,
 )
-from palimpsest.shared.file_policy import (  # noqa: F401 — the rules the store enforces, re-exported
-    EXECUTABLE_EXTENSIONS,
+from palimpsest.shared.file_policy import (
     MAX_NAME_BYTES,
-    PROGRAM_CONTENT,
-    has_executable_extension,
-    has_executable_magic,
-    refused_as_program,
-    safe_name,
     split_extension,
 )
 from palimpsest.shared.workspace_paths import CHANGES_NAME, RESERVED_NAMES, RESERVED_PREFIXES

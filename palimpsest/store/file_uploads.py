@@ -16,15 +16,10 @@ from palimpsest.shared.errors import (
     InvalidArgument,
     ResourceExhausted,
 )
-from palimpsest.shared.file_policy import (  # noqa: F401 — the rules the store enforces, re-exported
-    EXECUTABLE_EXTENSIONS,
-    MAX_NAME_BYTES,
+from palimpsest.shared.file_policy import (
     PROGRAM_CONTENT,
-    has_executable_extension,
     has_executable_magic,
     refused_as_program,
-    safe_name,
-    split_extension,
 )
 from palimpsest.store.file_disk import (
     HEAD_BYTES,
