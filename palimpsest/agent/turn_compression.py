@@ -45,9 +45,15 @@ class TurnCompression(TurnBase):
         revision = self.conv.revision if in_loop else None
         return pruning_request(self.session_id, self.on.profile, self.on.window, self.last_prompt_tokens, revision)
 
+    def _worth_pruning(self) -> bool:
+        """A TURN_END prune is on and would free min_freed (a cheap test: a turn of short results
+        costs no Compressor call, on the loop's path before its next model call least of all)."""
+        min_chars = int(self.settings.compression_min_freed * self.on.window * 2)  # ~2 characters a token
+        return self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context, min_chars)
+
     async def prune_loop_results(self, iteration: int) -> None:
         """The loop's older results to previews before its next call: a loop does not fill the window."""
-        if iteration and self.settings.compression_prune_after_turn and self._compression_on():
+        if iteration and self._compression_on() and self._worth_pruning():
             await run_compression(self.deps.compressor, self.conv, self.sink, self._pruning_request(True))
 
     def _midturn_keep(self) -> int:
@@ -77,8 +83,7 @@ class TurnCompression(TurnBase):
             )
         if not self._compression_on() or self.result.reason == END.STREAM_END_REASON_UNSPECIFIED:
             return
-        min_chars = int(self.settings.compression_min_freed * self.on.window * 2)  # ~2 characters a token
-        if self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context, min_chars):
+        if self._worth_pruning():
             # The turn's tool results, and old long prose, to previews: later turns do not carry them whole.
             pruned = await compress_after_turn(self.deps.compressor, self.sink, self._pruning_request())
             self.compressed_after = self.compressed_after or pruned
