@@ -253,10 +253,10 @@ def commit_request(
             turn_range=common_pb2.SeqRange(first=data.first_seq, last=data.last_seq),
             breadcrumbs=data.breadcrumbs,
         )
-        if data.first_at:
-            chunk.first_at.FromDatetime(data.first_at)
-        if data.last_at:
-            chunk.last_at.FromDatetime(data.last_at)
+        if data.first_at is not None:
+            chunk.first_at.CopyFrom(data.first_at)
+        if data.last_at is not None:
+            chunk.last_at.CopyFrom(data.last_at)
         chunks.append(chunk)
     marker_meta: dict[str, str | int] = {
         "messages_before": len(context),

@@ -7,10 +7,14 @@ from datetime import datetime, timezone
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from palimpsest.compressor.breadcrumbs import (
+    _PATTERNS,
     CHUNK_CHARS,
     ENTITY_CAP,
+    _may_match,
     chunk_messages,
     extract_entities,
     merge_breadcrumbs,
@@ -118,8 +122,9 @@ def test_one_chunk_per_turn_with_its_range_times_and_hash() -> None:
     assert 'ls: {"path": "/srv"}' in first.content
     assert "tool (ls): a.py b.py" in first.content
     assert first.content_hash == hashlib.sha256(first.content.encode()).hexdigest()
-    assert first.first_at == datetime(2025, 1, 1, 0, 0, 1, tzinfo=timezone.utc)
-    assert first.last_at == datetime(2025, 1, 1, 0, 0, 3, tzinfo=timezone.utc)
+    assert first.first_at is not None and first.last_at is not None
+    assert first.first_at.ToDatetime(tzinfo=timezone.utc) == datetime(2025, 1, 1, 0, 0, 1, tzinfo=timezone.utc)
+    assert first.last_at.ToDatetime(tzinfo=timezone.utc) == datetime(2025, 1, 1, 0, 0, 3, tzinfo=timezone.utc)
     assert first.breadcrumbs == ["/srv"]
 
 
@@ -189,3 +194,25 @@ def test_entities_of_a_long_text_are_the_first_ones_the_whole_text_has() -> None
     expected = list(dict.fromkeys(whole))[: breadcrumbs.ENTITY_CAP]
     assert breadcrumbs.extract_entities(text) == expected
     assert breadcrumbs.extract_entities(text, cap=10_000) == list(dict.fromkeys(whole))
+
+
+# What each pattern needs of a text before it is run (a literal, or a short pattern the regex
+# engine skips through fast) must be implied by any match: otherwise a prefilter drops entities.
+_ENTITY_ALPHABET = "aAbZz09_-./\\:~#$%€ `\n\t\u00e9\u4e2dfx"
+_ENTITY_WORDS = ["git ", "https://", "C:\\", "JIRA-12", "#42", "$ make", "12 ms", "3.5%", "deadbeef1", "a.b", "xY"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(_ENTITY_ALPHABET, max_size=12), st.sampled_from(_ENTITY_WORDS)), max_size=20))
+def test_no_pattern_matches_a_text_its_prefilter_rules_out(parts: list[str]) -> None:
+    text = "".join(parts)
+    for kind, pattern, needs in _PATTERNS:
+        if pattern.search(text):
+            assert _may_match(needs, text), (kind, pattern.pattern, text)
+
+
+def test_prose_with_no_entity_is_not_scanned_by_every_pattern() -> None:
+    """Ordinary sentences rule out most patterns before any is run (what made the scan cheap)."""
+    prose = "Can you help me figure out why the data pipeline hangs after I restart the container? " * 40
+    assert extract_entities(prose) == []
+    assert [kind for kind, _, needs in _PATTERNS if _may_match(needs, prose)] == []
