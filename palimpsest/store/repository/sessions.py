@@ -395,9 +395,12 @@ class Sessions(SessionReads, HotWindowArchive):
         """Store counts made by one tokenizer, each only on the row whose content it was made from
         (its md5): a size check counts what its caller sent, and a caller without access to a row
         could otherwise put any count on it. Counts are derived data, not content: the revision
-        stays, so a count written beside a turn never makes that turn's next write ABORTED."""
+        stays, so a count written beside a turn never makes that turn's next write ABORTED. The
+        session's row is locked first, as every writer of its rows does: a count written beside a
+        compression's commit, each updating the other's rows in its own order, deadlocked."""
         async with self.pool.acquire() as conn, conn.transaction():
             await readable(conn, session_id, identity)
+            await conn.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", session_id)
             updated = await write_token_counts(conn, session_id, token_digest, counts)
         return updated
 
