@@ -55,8 +55,10 @@ def what_it_shows(settings: Settings, window: int) -> str:
         )
         + ". It runs after an answer when that answer's prompt reached it (or came back cut), and before a "
         f"call when the prompt would pass it. It summarizes all but the last {settings.compression_keep_recent} turns (PALIMPSEST_COMPRESSION_KEEP_RECENT); "
-        "the meter drops by what the summary saved, and climbs again as turns are added. A window this small "
-        "leaves a gap of a few turns between compressions; a 32k window leaves dozens.\n"
+        "the meter drops by what the summary saved, and climbs again as turns are added. Between compressions "
+        "it dips too: after each turn, answers older than the newest are condensed to their head and tail (no "
+        "model call; memory_search finds the rest). A window this small leaves a dozen turns or so between "
+        "compressions; a 32k window leaves many dozens.\n"
     )
 
 

@@ -14,6 +14,7 @@ from palimpsest.agent.stages.upkeep import (
 )
 from palimpsest.agent.turn_base import TurnBase
 from palimpsest.agent.turn_context import END
+from palimpsest.shared.prose_weight import prune_sizes
 from palimpsest.v1 import compressor_pb2 as cpb
 
 
@@ -49,7 +50,9 @@ class TurnCompression(TurnBase):
         """A TURN_END prune is on and would free min_freed (a cheap test: a turn of short results
         costs no Compressor call, on the loop's path before its next model call least of all)."""
         min_chars = int(self.settings.compression_min_freed * self.on.window * 2)  # ~2 characters a token
-        return self.settings.compression_prune_after_turn and worth_pruning_after(self.conv.context, min_chars)
+        return self.settings.compression_prune_after_turn and worth_pruning_after(
+            self.conv.context, min_chars, prune_sizes(self.on.window)
+        )
 
     async def prune_loop_results(self, iteration: int) -> None:
         """The loop's older results to previews before its next call: a loop does not fill the window."""

@@ -21,14 +21,10 @@ from typing import Any
 from palimpsest.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
 from palimpsest.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
 from palimpsest.shared.context_view import is_transient
-from palimpsest.shared.prose_weight import (
-    PREVIEW_CHARS,
-    PROSE_PRUNE_MIN_CHARS,
-    PRUNE_MIN_CHARS,
-    density,
-    weighted_chars,
-)
+from palimpsest.shared.prose_weight import PruneSizes, density, weighted_chars
 from palimpsest.v1.common_pb2 import Message, SeqRange
+
+FULL_SIZES = PruneSizes()  # a window of REFERENCE_WINDOW or more: see prune_sizes
 
 # A call's arguments are pruned past this many characters; each long string keeps its start.
 ARGUMENTS_PRUNE_MIN_CHARS = 1_200
@@ -41,11 +37,6 @@ PRUNED_TOKENS = "pruned_tokens"
 # Marks a result pruned when its turn ended rather than when the window filled: it was sent whole
 # for one turn only, so it is a spike in that turn, not growth of every later one.
 PRUNED_AT_TURN_END = "pruned_at_turn_end"
-# Old prose (PROSE_PRUNE_MIN_CHARS, PROSE_KEEP_TURNS: see prose_weight) keeps this much of its
-# head and tail, a third of it in a dense script: requests and answers are a few hundred tokens a
-# turn that only a summary could otherwise take out (measured on bench compaction).
-PROSE_HEAD_CHARS = 300
-PROSE_TAIL_CHARS = 150
 
 
 @dataclass(frozen=True)
@@ -66,14 +57,16 @@ def is_critical(message: Message, critical_tools: Iterable[str]) -> bool:
     return message.is_compression_critical or (bool(message.name) and message.name in set(critical_tools))
 
 
-def prunable(message: Message, kept_seqs: set[int], critical_tools: Iterable[str]) -> bool:
+def prunable(
+    message: Message, kept_seqs: set[int], critical_tools: Iterable[str], sizes: PruneSizes = FULL_SIZES
+) -> bool:
     """A stored tool result outside ``kept_seqs`` worth a preview: long enough, never a preview,
     and a critical one only past its verbatim budget."""
     if message.role != "tool" or message.seq <= 0 or message.seq in kept_seqs or is_transient(message):
         return False
     if PRUNED_FROM in message.metadata:
         return False
-    floor = CRITICAL_RESULT_MAX_CHARS + 1 if is_critical(message, critical_tools) else PRUNE_MIN_CHARS
+    floor = CRITICAL_RESULT_MAX_CHARS + 1 if is_critical(message, critical_tools) else sizes.prune_min_chars
     return len(message.content) >= floor
 
 
@@ -88,7 +81,7 @@ def arguments_prunable(message: Message, kept_seqs: set[int]) -> bool:
     )
 
 
-def prose_prunable(message: Message, kept_seqs: set[int]) -> bool:
+def prose_prunable(message: Message, kept_seqs: set[int], sizes: PruneSizes = FULL_SIZES) -> bool:
     """A stored request or answer (no tool calls, no images) outside ``kept_seqs``, long enough
     for a head-and-tail preview to free most of it, and not one the user marked important."""
     if message.role not in ("user", "assistant") or message.is_summary or message.seq <= 0:
@@ -97,7 +90,7 @@ def prose_prunable(message: Message, kept_seqs: set[int]) -> bool:
         return False
     if message.tool_calls or message.images or marked_important(message):
         return False
-    return weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
+    return weighted_chars(message.content) >= sizes.prose_min_chars
 
 
 def recent_turns(context: Sequence[Message], turns: int) -> list[Message]:
@@ -125,6 +118,7 @@ def plan_pruning(
     kept: Sequence[Message],
     critical_tools: Iterable[str],
     prose_kept: Sequence[Message] | None = None,
+    sizes: PruneSizes = FULL_SIZES,
 ) -> Pruning:
     """Previews for the tool results and long call arguments outside ``kept``, and (given
     ``prose_kept``) for the long requests and answers outside it."""
@@ -134,21 +128,21 @@ def plan_pruning(
     pruned = [
         m
         for m in context
-        if prunable(m, kept_seqs, critical)
+        if prunable(m, kept_seqs, critical, sizes)
         or arguments_prunable(m, kept_seqs)
-        or (prose_seqs is not None and prose_prunable(m, prose_seqs))
+        or (prose_seqs is not None and prose_prunable(m, prose_seqs, sizes))
     ]
-    return Pruning(pruned=pruned, previews=[preview(m, critical) for m in pruned])
+    return Pruning(pruned=pruned, previews=[preview(m, critical, sizes) for m in pruned])
 
 
-def condensed_prose(message: Message) -> Message:
+def condensed_prose(message: Message, sizes: PruneSizes = FULL_SIZES) -> Message:
     """A request or answer cut to its head and tail with a note between: what it was about and
     where it ended stay in view, the whole text stays in the history and in memory_search."""
     out = Message()
     out.CopyFrom(message)
     out.ClearField("seq")
     weight = density(message.content)
-    head, tail = PROSE_HEAD_CHARS // weight, PROSE_TAIL_CHARS // weight
+    head, tail = sizes.prose_head_chars // weight, sizes.prose_tail_chars // weight
     rest = len(message.content) - head - tail
     what = "request" if message.role == "user" else "answer"
     out.content = (
@@ -158,11 +152,11 @@ def condensed_prose(message: Message) -> Message:
     return out
 
 
-def preview(message: Message, critical_tools: Iterable[str] = ()) -> Message:
+def preview(message: Message, critical_tools: Iterable[str] = (), sizes: PruneSizes = FULL_SIZES) -> Message:
     """What stands at a pruned message's place: a result's start (a critical one's head and tail)
     and where the rest is, or a call with its long arguments cut."""
     if message.role in ("user", "assistant") and not message.tool_calls:
-        out = condensed_prose(message)
+        out = condensed_prose(message, sizes)
     elif message.role == "assistant":
         out = Message()
         out.CopyFrom(message)
@@ -173,7 +167,7 @@ def preview(message: Message, critical_tools: Iterable[str] = ()) -> Message:
         if is_critical(message, critical_tools):
             head = critical_result_text(message.content)
         else:
-            head = message.content[:PREVIEW_CHARS]
+            head = message.content[: sizes.preview_chars]
         rest = len(message.content) - len(head)
         note = (
             f"\n[… {rest:,} more characters of this {message.name or 'tool'} result were pruned from the "

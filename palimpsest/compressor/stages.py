@@ -35,7 +35,7 @@ from palimpsest.compressor.summary_prefix import scope_of
 from palimpsest.compressor.summary_window import summary_length
 from palimpsest.compressor.token_estimate import trigger_tokens
 from palimpsest.shared.context_view import is_transient
-from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS
+from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, prune_sizes
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 
@@ -134,7 +134,7 @@ def stage(
     deep = max(MIN_TARGET, min(pipeline.summary_target(knobs, window), level))
     kept = protected(context)
     pruning = (
-        plan_pruning(context, kept, knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS))
+        plan_pruning(context, kept, knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS), prune_sizes(window))
         if prune
         else NO_PRUNING
     )
@@ -155,20 +155,23 @@ def stage(
     # would cost the LLM calls pruning is there to save. The room is judged after the turn under
     # way, whose results go when it ends.
     reaches = (
-        after - pending_spike(context, kept, pricing, knobs)
+        after - pending_spike(context, kept, pricing, knobs, window)
         <= min(pipeline.effective_target(knobs, window), max(level, pipeline.summary_target(knobs, window))) * window
     )
     plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
     return Staged(pruning, pruned, freed, plan, reaches, prune)
 
 
-def pending_spike(context: list[Message], kept: list[Message], pricing: Pricing, knobs: Knobs) -> int:
+def pending_spike(context: list[Message], kept: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> int:
     """What pruning at its end will take off the turn under way (its results a compression keeps),
     where this session's results are pruned as turns end (its previews say so); else 0."""
     if not any(PRUNED_AT_TURN_END in m.metadata for m in context):
         return 0
-    results = [m for m in kept if prunable(m, set(), knobs.critical_tools)]
-    return sum(max(0, pricing.estimate([m]) - pricing.estimate([preview(m, knobs.critical_tools)])) for m in results)
+    sizes = prune_sizes(window)
+    results = [m for m in kept if prunable(m, set(), knobs.critical_tools, sizes)]
+    return sum(
+        max(0, pricing.estimate([m]) - pricing.estimate([preview(m, knobs.critical_tools, sizes)])) for m in results
+    )
 
 
 def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
@@ -191,12 +194,13 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     else:  # a tool loop goes on: its older iterations go, the newest call's results stay
         kept = protected(context)
     gate = max(1, knobs.min_freed * window)
-    results = plan_pruning(context, kept, knobs.critical_tools)
+    sizes = prune_sizes(window)
+    results = plan_pruning(context, kept, knobs.critical_tools, sizes=sizes)
     for stand_in in results.previews:
         stand_in.metadata[PRUNED_AT_TURN_END] = True
     recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
-    old_prose = [m for m in context if prose_prunable(m, recent)] if over else []  # not inside a loop
-    prose = Pruning(old_prose, [preview(m) for m in old_prose])
+    old_prose = [m for m in context if prose_prunable(m, recent, sizes)] if over else []  # not inside a loop
+    prose = Pruning(old_prose, [preview(m, sizes=sizes) for m in old_prose])
     parts = [part for part in (results, prose) if part.pruned and _freed(part, pricing) >= gate]
     if not parts:
         return None

@@ -4,6 +4,8 @@ prose, and the Agent, which asks for it after a turn only when some qualifies.""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # A request or answer at least this long (weighted), older than the newest PROSE_KEEP_TURNS turns,
 # is condensed to its head and tail. One turn, not two: the exchange the user answers stays whole,
 # and the next call evaluates one turn again, not two (bench compaction: re-fires at 4,096 28% ->
@@ -13,6 +15,9 @@ PROSE_PRUNE_MIN_CHARS = 1_000
 PREVIEW_CHARS = 300
 PRUNE_MIN_CHARS = 1_200
 PROSE_KEEP_TURNS = 1
+# What a condensed request or answer keeps of its head and tail (a third of it in a dense script).
+PROSE_HEAD_CHARS = 300
+PROSE_TAIL_CHARS = 150
 DENSE_WEIGHT = 3
 _SAMPLE = 2_000
 
@@ -26,3 +31,42 @@ def density(text: str) -> int:
 
 def weighted_chars(text: str) -> int:
     return len(text) * density(text)
+
+
+# The sizes above are for this window and larger; a smaller one keeps the same share of itself (a
+# quarter of them at most). The words a turn leaves behind are what fills a small window between
+# summaries: at the full sizes, 8,192 took 9–11 LLM summaries per 100 turns and 4,096 took 19–23
+# with 14–41% re-fires; at this share, 7–8 and 13–16, re-fires 0% at 8,192 and 0–21% at 4,096,
+# and less model time in all (bench compaction, docs/benchmarks.md).
+REFERENCE_WINDOW = 16_384
+MIN_SCALE = 0.25
+
+
+@dataclass(frozen=True)
+class PruneSizes:
+    """What pruning keeps of a message and what it must have for pruning to be worth it, in chars."""
+
+    preview_chars: int = PREVIEW_CHARS  # a tool result's preview
+    prune_min_chars: int = PRUNE_MIN_CHARS  # a tool result worth a preview
+    prose_min_chars: int = PROSE_PRUNE_MIN_CHARS  # a request or answer worth condensing (weighted)
+    prose_head_chars: int = PROSE_HEAD_CHARS
+    prose_tail_chars: int = PROSE_TAIL_CHARS
+
+    @property
+    def condensed_chars(self) -> int:
+        """About what a condensed request or answer keeps: its head, its tail and the note."""
+        return self.prose_head_chars + self.prose_tail_chars + 100
+
+
+def prune_sizes(window: int) -> PruneSizes:
+    """The sizes for a conversation's window (0: unknown, the full sizes)."""
+    if window <= 0 or window >= REFERENCE_WINDOW:
+        return PruneSizes()
+    scale = max(MIN_SCALE, window / REFERENCE_WINDOW)
+    return PruneSizes(
+        preview_chars=round(PREVIEW_CHARS * scale),
+        prune_min_chars=round(PRUNE_MIN_CHARS * scale),
+        prose_min_chars=round(PROSE_PRUNE_MIN_CHARS * scale),
+        prose_head_chars=round(PROSE_HEAD_CHARS * scale),
+        prose_tail_chars=round(PROSE_TAIL_CHARS * scale),
+    )

@@ -123,17 +123,20 @@ async def test_the_setting_turns_it_off(base_settings, store_server, compressor_
 
 def test_the_agent_asks_only_when_something_is_worth_pruning():
     from palimpsest.agent.stages.upkeep import worth_pruning_after
+    from palimpsest.shared.prose_weight import PruneSizes
     from palimpsest.v1.common_pb2 import Message
 
     long = "the migration copies invoices in batches. " * 40  # 1,720 characters
     turn = [Message(role="user", content="go on"), Message(role="assistant", content="ok")]
-    assert worth_pruning_after([*turn, Message(role="tool", content=long)], 400)  # the turn's long result
-    assert not worth_pruning_after([*turn, Message(role="tool", content="x")], 400)  # a short one stays: no call
-    assert not worth_pruning_after([*turn, Message(role="tool", content=long)], 4_000)  # frees too little
+    assert worth_pruning_after([*turn, Message(role="tool", content=long)], 400, PruneSizes())  # the turn's long result
+    assert not worth_pruning_after(
+        [*turn, Message(role="tool", content="x")], 400, PruneSizes()
+    )  # a short one stays: no call
+    assert not worth_pruning_after([*turn, Message(role="tool", content=long)], 4_000, PruneSizes())  # frees too little
     old = [Message(role="user", content=long), Message(role="assistant", content=long)]
-    assert worth_pruning_after([*old, *turn], 400)  # a turn older than the newest: long prose
-    assert not worth_pruning_after([*turn, *old], 400)  # the newest turn's own words stay whole
-    assert not worth_pruning_after([*old, *turn], 4_000)  # too little to free in a large window
+    assert worth_pruning_after([*old, *turn], 400, PruneSizes())  # a turn older than the newest: long prose
+    assert not worth_pruning_after([*turn, *old], 400, PruneSizes())  # the newest turn's own words stay whole
+    assert not worth_pruning_after([*old, *turn], 4_000, PruneSizes())  # too little to free in a large window
     condensed = Message(role="assistant", content=long)
     condensed.metadata["pruned_from_seq"] = 2
-    assert not worth_pruning_after([Message(role="user", content="hi"), condensed, *turn], 400)
+    assert not worth_pruning_after([Message(role="user", content="hi"), condensed, *turn], 400, PruneSizes())

@@ -17,6 +17,7 @@ from palimpsest.v1 import session_store_pb2 as store_pb
 from tests.helpers.calls import expect_status, full, shown
 from tests.helpers.compressor_calls import (
     MODEL,
+    SUMMARY_ONLY,
     WINDOW,
     Message,
     compress,
@@ -270,9 +271,11 @@ async def test_a_short_context_would_not_compress_and_compress_says_so(compresso
 async def test_compress_summarizes_old_turns_and_leaves_the_display_alone(compressor, store, profile, ollama_sim):
     session_id = await session_with(store, profile, turns(12))
     before = await full(store, session_id)
-    dry = await compressor.WouldCompress(pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW))
+    dry = await compressor.WouldCompress(
+        pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW, settings=SUMMARY_ONLY)
+    )
     assert dry.would_compress and dry.messages_after < dry.messages_before
-    events = await compress(compressor, session_id)
+    events = await compress(compressor, session_id, settings=SUMMARY_ONLY)
     assert [e.WhichOneof("event") for e in events] == ["started", "compressed"]
     done = events[1].compressed
     assert done.method == pb.COMPRESSION_METHOD_SUMMARY and "blue-green" in done.summary
@@ -344,7 +347,7 @@ async def test_old_summaries_over_the_threshold_are_merged_by_a_meta_call_first(
 async def test_summarizer_failing_twice_hard_truncates_and_the_session_survives(compressor, store, profile, ollama_sim):
     session_id = await session_with(store, profile, turns(12))
     ollama_sim.script(Reply(http_status=500, error="boom"), Reply(http_status=500, error="boom again"))
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_MIDTURN)
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_MIDTURN, settings=SUMMARY_ONLY)
     done = events[-1].compressed
     assert done.method == pb.COMPRESSION_METHOD_HARD_TRUNCATE and done.summary == ""
     assert done.context_tokens < 0.5 * WINDOW
@@ -359,7 +362,9 @@ async def test_a_summarizer_retry_keeps_more_verbatim_and_summarizes_less(compre
     to be summarized stays verbatim, so the second call is smaller and the summary replaces less."""
     session_id = await session_with(store, profile, turns(12))
     ollama_sim.script(Reply(http_status=500, error="boom"))
-    done = (await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_MIDTURN))[-1].compressed
+    done = (await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_MIDTURN, settings=SUMMARY_ONLY))[
+        -1
+    ].compressed
     first, retry = [json.dumps(b["messages"]) for b in ollama_sim.bodies() if b.get("stream") is False][-2:]
     asked = [len(re.findall(r"question \d+:", body)) for body in (first, retry)]
     assert asked[0] >= 4 and asked[1] == (asked[0] + 1) // 2, asked  # the older half of the turns
@@ -405,7 +410,12 @@ async def test_post_turn_under_threshold_does_nothing_unless_the_prompt_was_trun
         )
     )
     forced = await compress(
-        compressor, session_id, reason=pb.COMPRESSION_REASON_POSTTURN, only_if_over_threshold=True, current_tokens=2050
+        compressor,
+        session_id,
+        reason=pb.COMPRESSION_REASON_POSTTURN,
+        only_if_over_threshold=True,
+        current_tokens=2050,
+        settings=SUMMARY_ONLY,
     )
     assert forced and forced[-1].compressed.messages_after < 12
 
@@ -538,7 +548,7 @@ async def test_every_summary_of_a_session_goes_out_with_the_conversations_num_ct
     # to each input and sent a different value almost every time).
     for size in (300, 2400, 900, 4000, 1500, 3200, 600, 5000, 1200, 2800, 4500, 2000):
         await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session_id, messages=turns(4, size)))
-        events = await compress(compressor, session_id, window=SMALL_WINDOW)
+        events = await compress(compressor, session_id, window=SMALL_WINDOW, settings=SUMMARY_ONLY)
         assert events[-1].compressed.method == pb.COMPRESSION_METHOD_SUMMARY
     sent = [b["options"]["num_ctx"] for b in summary_bodies(ollama_sim, since)]
     assert len(sent) >= 12
@@ -759,16 +769,21 @@ async def test_a_compression_that_would_free_less_than_the_minimum_is_not_run(co
     before = (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id))).session.revision
     asked = len(ollama_sim.bodies())
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN)
+        await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=SUMMARY_ONLY)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "less than the minimum" in refused.value.details() and "min_freed" in refused.value.details()
     assert (await store.GetSession(store_pb.GetSessionRequest(session_id=session_id))).session.revision == before
     assert not summary_bodies(ollama_sim, asked)
-    dry = await compressor.WouldCompress(pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW))
+    dry = await compressor.WouldCompress(
+        pb.WouldCompressRequest(session_id=session_id, model=MODEL, window=WINDOW, settings=SUMMARY_ONLY)
+    )
     assert not dry.would_compress  # the dry run says what the compression would do
     # The minimum is a setting (0: off); a forced compaction only needs to free something.
     off = await compress(
-        compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, settings=pb.CompressionSettings(min_freed=0)
+        compressor,
+        session_id,
+        reason=pb.COMPRESSION_REASON_PRETURN,
+        settings=pb.CompressionSettings(min_freed=0, prune_tool_results=False),
     )
     assert off[-1].compressed.messages_after < off[-1].compressed.messages_before
     session_id = await session_with(store, profile, small_then_large())
@@ -851,7 +866,7 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
         expected_revision=session.revision,
         current_tokens=check.tokens,
     )
-    assert done[-1].compressed.messages_after < done[-1].compressed.messages_before
+    assert done[-1].compressed.tokens_after < done[-1].compressed.tokens_before
     assert reads.count("GetSession") == 1, reads  # the dry run's, used again by the Compress
     assert len(plans) == 1, plans  # and its plan
     # A Compress naming another revision (or none) reads the context itself: the copy is not trusted.

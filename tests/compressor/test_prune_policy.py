@@ -8,8 +8,6 @@ import pytest
 
 from palimpsest.compressor.pricing import Knobs, Pricing
 from palimpsest.compressor.pruning import (
-    PROSE_HEAD_CHARS,
-    PROSE_TAIL_CHARS,
     PRUNED_AT_TURN_END,
     PRUNED_FROM,
     plan_pruning,
@@ -18,6 +16,7 @@ from palimpsest.compressor.pruning import (
 )
 from palimpsest.compressor.stages import stage, turn_end_pruning, turn_growth, turn_spike
 from palimpsest.shared.ollama import OllamaClient
+from palimpsest.shared.prose_weight import PROSE_HEAD_CHARS, PROSE_TAIL_CHARS, PruneSizes, prune_sizes
 from palimpsest.shared.settings import Settings
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
@@ -76,6 +75,37 @@ def test_old_long_requests_and_answers_are_condensed_to_head_and_tail():
     assert len(request.content) < 700 and request.metadata[PRUNED_FROM] == 1
     # Without prose_kept (the old rule): tool results only, no prose.
     assert plan_pruning(messages, protected(messages), ()).pruned == []
+
+
+def test_pruning_sizes_follow_a_window_under_16384_down_to_a_quarter():
+    assert prune_sizes(16_384) == prune_sizes(65_536) == prune_sizes(0) == PruneSizes()
+    half = prune_sizes(8_192)
+    assert (half.preview_chars, half.prune_min_chars, half.prose_min_chars) == (150, 600, 500)
+    assert (half.prose_head_chars, half.prose_tail_chars) == (150, 75)
+    assert prune_sizes(2_048) == prune_sizes(4_096) and prune_sizes(4_096).preview_chars == 75
+
+
+def test_a_small_window_condenses_shorter_prose_and_keeps_less_of_it():
+    """An 800-character answer stays whole at 16,384 (under 1,000); at 8,192 it is condensed to a
+    head and tail half as long, and a 700-character tool result gets a preview of 150."""
+    messages = chat(3)
+    messages[0].content = "turn 0: go"
+    messages[1].content = prose(1, 800)
+    messages[2] = Message(
+        role="assistant", content="", tool_calls=[common_pb2.ToolCall(name="ls", arguments_json="{}")]
+    )
+    messages[3] = Message(role="tool", name="ls", content=prose(2, 700))
+    messages = numbered(messages)
+    kept = protected(messages)
+    recent = recent_turns(messages, 1)
+    assert plan_pruning(messages, kept, (), recent, prune_sizes(16_384)).pruned == []
+    small = plan_pruning(messages, kept, (), recent, prune_sizes(8_192))
+    assert [m.seq for m in small.pruned] == [2, 4]
+    answer, result = small.previews
+    assert answer.content.startswith(messages[1].content[:150]) and not answer.content.startswith(
+        messages[1].content[:151]
+    )
+    assert result.content.startswith(messages[3].content[:150]) and len(result.content) < 700
 
 
 def test_turn_end_pruning_takes_the_finished_turns_results_and_keeps_its_words():

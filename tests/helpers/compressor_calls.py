@@ -11,6 +11,9 @@ from palimpsest.v1 import session_store_pb2 as store_pb
 Message = common_pb2.Message
 WINDOW = 4096
 MODEL = "qwen3.6"
+# For the summary's own mechanics on plain prose: no pruning stage first (at these windows the
+# 600-character answers of ``turns`` older than the newest turn would be condensed, not summarized).
+SUMMARY_ONLY = pb.CompressionSettings(prune_tool_results=False)
 
 
 def filler(i: int, size: int = 600) -> str:

@@ -168,7 +168,7 @@ def test_make_demo_explains_its_numbers_and_ends_quietly() -> None:
     data.chmod(0o755)  # as root, the database runs as its own user, which must reach the folder
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PALIMPSEST_", "DATABASE_URL", "GRPC_"))}
-        env.update(PALIMPSEST_DATA_DIR=str(data), DEMO_TURNS="12", COLUMNS="200")
+        env.update(PALIMPSEST_DATA_DIR=str(data), DEMO_TURNS="24", COLUMNS="200")
         ran = subprocess.run(
             [sys.executable, "-m", "ollama_sim.demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
         )

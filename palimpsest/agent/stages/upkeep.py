@@ -15,13 +15,7 @@ from palimpsest.agent.profiles import Profile
 from palimpsest.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
 from palimpsest.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
-from palimpsest.shared.prose_weight import (
-    PREVIEW_CHARS,
-    PROSE_KEEP_TURNS,
-    PROSE_PRUNE_MIN_CHARS,
-    PRUNE_MIN_CHARS,
-    weighted_chars,
-)
+from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PruneSizes, weighted_chars
 from palimpsest.shared.stubs import AsyncCompressorStub, AsyncStoreStub
 from palimpsest.v1 import agent_pb2, common_pb2
 from palimpsest.v1 import compressor_pb2 as cpb
@@ -60,27 +54,24 @@ async def compress(
     return True
 
 
-# What a condensed request or answer keeps (its head, its tail and the note), in characters.
-CONDENSED_CHARS = 550
-
-
-def worth_pruning_after(context: list[Message], min_chars: int) -> bool:
+def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSizes) -> bool:
     """Whether a TURN_END compression would free ``min_chars`` (weighted): the turn that just ended's
     long tool results, still whole, to previews, and the long requests and answers older than the
     newest PROSE_KEEP_TURNS turns condensed. A cheap test, so a turn with nothing worth pruning (a
-    short result, a short exchange) costs no call; the Compressor decides exactly."""
+    short result, a short exchange) costs no call; the Compressor decides exactly (at ``sizes``,
+    the window's: prune_sizes)."""
     turns, freed = 0, 0  # turns: of the message at hand, from the newest
     for message in reversed(context):
         whole = "pruned_from_seq" not in message.metadata and not message.is_summary
-        if message.role == "tool" and turns == 0 and whole and len(message.content) >= PRUNE_MIN_CHARS:
-            freed += weighted_chars(message.content) - PREVIEW_CHARS
+        if message.role == "tool" and turns == 0 and whole and len(message.content) >= sizes.prune_min_chars:
+            freed += weighted_chars(message.content) - sizes.preview_chars
         elif (
             turns >= PROSE_KEEP_TURNS
             and message.role in ("user", "assistant")
             and whole
-            and weighted_chars(message.content) >= PROSE_PRUNE_MIN_CHARS
+            and weighted_chars(message.content) >= sizes.prose_min_chars
         ):
-            freed += weighted_chars(message.content) - CONDENSED_CHARS
+            freed += weighted_chars(message.content) - sizes.condensed_chars
         if message.role == "user" and not message.is_summary:
             turns += 1
     return freed >= min_chars

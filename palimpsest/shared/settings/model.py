@@ -76,7 +76,9 @@ class ModelSettings:
         "runs (no LLM call); otherwise the summary covers only what remains over it. Long requests and answers "
         "older than the newest turn (1,000+ characters, a CJK text counted three times) are condensed to their "
         "first 300 and last 150 characters (a third of that in CJK) and a pointer; a request the user marked "
-        "important is not. The display history keeps every byte; `memory_search` finds the pruned text. A "
+        "important is not. These sizes are for a window of 16,384 tokens or more; a smaller one scales them "
+        "to its share (8,192: half, a result of 600+ characters keeps 150; 4,096 or less: a quarter). The "
+        "display history keeps every byte; `memory_search` finds the pruned text. A "
         "profile sets it with `compression_prune_tool_results` (it governs every pruning stage, "
         "`PALIMPSEST_COMPRESSION_PRUNE_AFTER_TURN`'s too); a forced compaction always summarizes",
         old=("CONTEXT_COMPRESSION_PRUNE_TOOL_RESULTS",),
