@@ -46,17 +46,20 @@ class TurnCompression(TurnBase):
         revision = self.conv.revision if in_loop else None
         return pruning_request(self.session_id, self.on.profile, self.on.window, self.last_prompt_tokens, revision)
 
-    def _worth_pruning(self) -> bool:
+    def _worth_pruning(self, in_loop: bool = False) -> bool:
         """A TURN_END prune is on and would free min_freed (a cheap test: a turn of short results
         costs no Compressor call, on the loop's path before its next model call least of all)."""
         min_chars = int(self.settings.compression_min_freed * self.on.window * 2)  # ~2 characters a token
         return self.settings.compression_prune_after_turn and worth_pruning_after(
-            self.conv.context, min_chars, prune_sizes(self.on.window)
+            self.conv.context, min_chars, prune_sizes(self.on.window), in_loop=in_loop
         )
 
     async def prune_loop_results(self, iteration: int) -> None:
-        """The loop's older results to previews before its next call: a loop does not fill the window."""
-        if iteration and self._compression_on() and self._worth_pruning():
+        """Before a tool loop's next call: its older results to previews, and the long words of the
+        turns before it condensed, so the loop does not fill the window (after its first call too,
+        where the result just read would otherwise meet the last turn's whole answer in the next
+        call's size check, and a small window summarized mid-turn)."""
+        if self._compression_on() and self._worth_pruning(in_loop=True):
             await run_compression(self.deps.compressor, self.conv, self.sink, self._pruning_request(True))
 
     def _midturn_keep(self) -> int:

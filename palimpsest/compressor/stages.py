@@ -199,7 +199,7 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     for stand_in in results.previews:
         stand_in.metadata[PRUNED_AT_TURN_END] = True
     recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
-    old_prose = [m for m in context if prose_prunable(m, recent, sizes)] if over else []  # not inside a loop
+    old_prose = [m for m in context if prose_prunable(m, recent, sizes)]
     prose = Pruning(old_prose, [preview(m, sizes=sizes) for m in old_prose])
     parts = [part for part in (results, prose) if part.pruned and _freed(part, pricing) >= gate]
     if not parts:

@@ -203,10 +203,12 @@ async def test_a_tool_result_that_fills_the_window_compresses_mid_turn_through_r
     ollama_sim.models[model_name] = ollama_sim.models["qwen3.6"]
     session = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="long", model=model_name))).session
     history = []
-    for i in range(20):  # the first call's estimate is under the trigger; with the report it is over
+    # The first call's estimate is under the trigger; with the report it is over. Answers under the
+    # 500 characters condensed at this window, so the prune before the loop's next call frees nothing.
+    for i in range(25):
         history += [
             common_pb2.Message(role="user", content=f"question {i} about capacity " + "and load " * 30),
-            common_pb2.Message(role="assistant", content=f"answer {i}: " + "we add nodes as load grows " * 25),
+            common_pb2.Message(role="assistant", content=f"answer {i}: " + "we add nodes as load grows " * 18),
         ]
     await store.AppendMessages(store_pb.AppendMessagesRequest(session_id=session.id, messages=history))
     settings = replace(

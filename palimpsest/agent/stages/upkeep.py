@@ -54,14 +54,18 @@ async def compress(
     return True
 
 
-def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSizes) -> bool:
+def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSizes, *, in_loop: bool = False) -> bool:
     """Whether a TURN_END compression would free ``min_chars`` (weighted): the turn that just ended's
     long tool results, still whole, to previews, and the long requests and answers older than the
     newest PROSE_KEEP_TURNS turns condensed. A cheap test, so a turn with nothing worth pruning (a
     short result, a short exchange) costs no call; the Compressor decides exactly (at ``sizes``,
-    the window's: prune_sizes)."""
+    the window's: prune_sizes). ``in_loop``: between a tool loop's calls, where the newest call's
+    results stay whole for the call that reads them."""
     turns, freed = 0, 0  # turns: of the message at hand, from the newest
-    for message in reversed(context):
+    newest = len(context)
+    while in_loop and newest and context[newest - 1].role == "tool":
+        newest -= 1
+    for message in reversed(context[:newest]):
         whole = "pruned_from_seq" not in message.metadata and not message.is_summary
         if message.role == "tool" and turns == 0 and whole and len(message.content) >= sizes.prune_min_chars:
             freed += weighted_chars(message.content) - sizes.preview_chars
