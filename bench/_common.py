@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import grpc
 
-from palimpsest.v1 import session_store_pb2_grpc
+from palimpsest.v1 import session_store_pb2, session_store_pb2_grpc
 
 BENCH_DATA_DIR_ROOT = Path("/var/lib/palimpsest-bench")
 
@@ -466,3 +466,37 @@ def evaluated_tokens(bodies: list[dict]) -> list[int]:
         evaluated.append(max(0, count_prompt_tokens(messages, tools) - reused))
         previous = (messages, tools)
     return evaluated
+
+
+async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int]]:
+    """(compressions by method, the turn each one the window called for ran in), from the markers
+    in the display history."""
+    session = (
+        await store.GetSession(
+            session_store_pb2.GetSessionRequest(session_id=session_id, view=session_store_pb2.SESSION_VIEW_DISPLAY)
+        )
+    ).session
+    methods: dict[str, int] = {}
+    turns: list[int] = []
+    turn = 0
+    for m in session.messages:
+        found = re.match(r"turn (\d+):", m.content) if m.role == "user" else None
+        if found:
+            turn = int(found.group(1))
+        if m.is_compression:
+            method = m.metadata["method"] if "method" in m.metadata else "?"
+            # A turn's results pruned as it ended: not for a full window, no LLM call, and the next
+            # prompt changes only from that turn on; counted apart, never a re-fire.
+            at_end = "reason" in m.metadata and m.metadata["reason"] == "turnend"
+            method = "prune at turn end" if at_end else method
+            methods[method] = methods.get(method, 0) + 1
+            if not at_end:
+                turns.append(turn)
+            if os.environ.get("COMPACTION_TRACE"):  # each compression, to see what drives them
+                meta = {k: m.metadata[k] for k in ("reason", "tokens_before", "tokens_after") if k in m.metadata}
+                logging.getLogger("bench.compaction").warning("turn %d: %s %s", turn, method, meta)
+    return methods, turns
+
+
+def refires(turns: list[int]) -> int:
+    return sum(1 for a, b in zip(turns, turns[1:]) if b - a <= 3)

@@ -310,6 +310,7 @@ async def _long_path(
         "agent_tools": ["todo", "memory_search", "fetch_report"],
     }
     compress_turns: list[int] = []
+    at_turn_end = 0
     before_first_token = after_end = 0.0
     too_large = lost = 0
     alarms = _CutAlarms()
@@ -333,14 +334,14 @@ async def _long_path(
                         started_at = time.perf_counter()
                     elif event.HasField("context_compressed") and started_at is not None:
                         before_first_token += time.perf_counter() - started_at
-                        compress_turns.append(turn)
                     elif event.HasField("stream_end"):
                         too_large += event.stream_end.reason == pb.STREAM_END_REASON_CONTEXT_TOO_LARGE
                         lost += event.stream_end.reason != pb.STREAM_END_REASON_COMPLETED
-                markers_before = await _markers(store, session_id)
                 after_end += await _settle(running)
-                if await _markers(store, session_id) > markers_before:
-                    compress_turns.append(turn)
+            # Compressions the window called for, by turn; a turn's results pruned as it ends (and old
+            # long words condensed, no LLM call) are counted apart and are never a re-fire.
+            methods, compress_turns = await _common.compressions(store, session_id)
+            at_turn_end = methods.get("prune at turn end", 0)
             chats = [c for c in sim.chats if c.model == model]
             bodies = [b for b in sim.bodies() if b.get("model") == model]
             kept = await nothing_lost(store, session_id, turns)
@@ -362,7 +363,7 @@ async def _long_path(
     highest = max(c.prompt_tokens for c in chats if c.stream) / limit
     summary_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is False}
     chat_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is not False}
-    refires = sum(1 for a, b in zip(compress_turns, compress_turns[1:]) if b - a <= 3)
+    refires = _common.refires(compress_turns)
     reused, pairs = prefix_reuse([b["messages"] for b in bodies if b.get("stream") is not False])
     summaries = sum(1 for b in bodies if b.get("stream") is False)
     all_time, summary_time = model_time(bodies)
@@ -371,6 +372,7 @@ async def _long_path(
         name,
         turns,
         len(compress_turns),
+        at_turn_end,
         summaries,
         sum(1 for c in chats if c.truncated),
         too_large,
@@ -476,8 +478,10 @@ async def long_run(server, quick: bool) -> str:
         "simulator (tool calls every third turn: large JSON, log and code outputs, and every fourth of them "
         "a dense server log of 300–3,000 tokens; an image every tenth turn), run on a copy of `qwen3.6` "
         "whose vocabulary the simulator serves (exact counts) and on a copy without it (calibrated per-class prices). "
-        "*Compressions*: turns with a compression before the call or after the stream (pruned tool results or "
-        "a summary); *LLM summaries*: the summary requests the model got. *False cut alarms*: "
+        "*Compressions*: those the window called for, before a call or after the stream (pruned tool results "
+        "or a summary); *prunes at turn end*: a turn's results pruned as it ends or between a loop's calls, "
+        "and old long words condensed (COMPRESSION_REASON_TURN_END, no LLM call), counted apart and never a "
+        "re-fire; *LLM summaries*: the summary requests the model got. *False cut alarms*: "
         'the "cut prompt:" warnings (a report proving its prompt cut) raised on a report '
         "the simulator did not give for a prompt it cut, of all such warnings. *Highest real prompt ÷ "
         f"limit*: the simulator's full count of the largest chat prompt over the size check's limit "
@@ -491,6 +495,7 @@ async def long_run(server, quick: bool) -> str:
                 "path",
                 "turns",
                 "compressions",
+                "prunes at turn end",
                 "LLM summaries",
                 "prompts cut by Ollama",
                 "ended CONTEXT_TOO_LARGE",
@@ -523,13 +528,6 @@ async def long_run(server, quick: bool) -> str:
             kept,
         )
     )
-
-
-async def _markers(store, session_id: str) -> int:
-    session = (
-        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
-    ).session
-    return sum(1 for m in session.messages if m.is_compression)
 
 
 async def run(args) -> str:

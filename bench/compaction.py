@@ -20,7 +20,6 @@ from bench import _common
 from bench.agent import _CutAlarms, _dense_log, _settle, nothing_lost, system
 from ollama_sim import Reply
 from palimpsest.v1 import agent_pb2 as pb
-from palimpsest.v1 import session_store_pb2 as store_pb
 
 log = logging.getLogger("bench.compaction")
 NEEDS_POSTGRES = True
@@ -282,7 +281,7 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
                 await _settle(running)
             bodies = [b for b in sim.bodies() if b.get("model") == model_name]
             cut = sum(1 for c in sim.chats if c.model == model_name and c.truncated)
-            methods, compress_turns = await compressions(store, session_id)
+            methods, compress_turns = await _common.compressions(store, session_id)
             lost = await nothing_lost(store, session_id, turns, prose=True)
     finally:
         logging.getLogger("palimpsest").removeHandler(alarms)
@@ -304,44 +303,12 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
     )
 
 
-async def compressions(store, session_id: str) -> tuple[dict[str, int], list[int]]:
-    """(compressions by method, the turn each one the window called for ran in), from the markers
-    in the display history."""
-    session = (
-        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_DISPLAY))
-    ).session
-    methods: dict[str, int] = {}
-    turns: list[int] = []
-    turn = 0
-    for m in session.messages:
-        found = re.match(r"turn (\d+):", m.content) if m.role == "user" else None
-        if found:
-            turn = int(found.group(1))
-        if m.is_compression:
-            method = m.metadata["method"] if "method" in m.metadata else "?"
-            # A turn's results pruned as it ended: not for a full window, no LLM call, and the next
-            # prompt changes only from that turn on; counted apart, never a re-fire.
-            at_end = "reason" in m.metadata and m.metadata["reason"] == "turnend"
-            method = "prune at turn end" if at_end else method
-            methods[method] = methods.get(method, 0) + 1
-            if not at_end:
-                turns.append(turn)
-            if os.environ.get("COMPACTION_TRACE"):  # each compression, to see what drives them
-                meta = {k: m.metadata[k] for k in ("reason", "tokens_before", "tokens_after") if k in m.metadata}
-                log.warning("turn %d: %s %s", turn, method, meta)
-    return methods, turns
-
-
-def refires(turns: list[int]) -> int:
-    return sum(1 for a, b in zip(turns, turns[1:]) if b - a <= 3)
-
-
 def rows(runs: list[Run]) -> tuple[list[list], list[list]]:
     first, second = [], []
     for r in runs:
         per100 = 100 / r.turns
         count = len(r.compress_turns)  # prunes at a turn's end aside
-        again = refires(r.compress_turns)
+        again = _common.refires(r.compress_turns)
         first.append(
             [
                 r.name,

@@ -88,8 +88,8 @@ class ModelSettings:
         True,
         "the Agent asks the Compressor (`COMPRESSION_REASON_TURN_END`, no LLM call) to prune a turn's tool "
         "results and long call arguments as soon as the turn ends, and a tool loop's older results before its "
-        "next call, whatever the prompt's size; after the turn, old long requests and answers are condensed too "
-        "(as above). Each part runs only when it frees `PALIMPSEST_COMPRESSION_MIN_FREED` of the window. A "
+        "next call, whatever the prompt's size; the long requests and answers of the turns before the newest "
+        "are condensed too (as above), at the turn's end and before a loop's next call. Each part runs only when it frees `PALIMPSEST_COMPRESSION_MIN_FREED` of the window. A "
         "result is then sent whole to the call that reads it, and as a preview after: the turns that follow do "
         "not fill the window with it, so compressions (and summaries) come less often. `false`: results stay "
         "whole until a compression needs the room",
