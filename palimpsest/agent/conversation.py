@@ -349,6 +349,12 @@ class StoredConversation:
 
         try:
             reply = await self._append(request, retry_for, attempt_timeout)
+        except Unavailable:
+            # Its outcome unknown (the store may have stored it and lost the answer): this copy may
+            # be stale, so the next write refused as stale reloads and tries once more, as a turn
+            # started from a warm copy does.
+            self.from_cache = True
+            raise
         except (PermissionDenied, InvalidArgument) as exc:
             if report is None and not runs:
                 raise

@@ -85,6 +85,24 @@ async def test_an_append_whose_answer_is_lost_is_retried_on_a_new_stream_and_sto
         assert seqs == [2] and conv.next_seq == 3
 
 
+async def test_an_append_that_failed_but_landed_does_not_make_the_next_one_stale(
+    base_settings, store_server, store, profile
+):
+    """An append that timed out may still have been stored (its answer lost): the conversation's
+    revision is then behind the store's, and the next append is refused as stale. It reloads and
+    tries once more rather than failing the write (seen as a flake of the hang test below)."""
+    async with conversation_through_relay(base_settings, store_server, store, profile) as (relay, conv, session_id):
+        conv.timeout = 1.0
+        relay.hold_answers()  # the store stores it; the answer does not come back
+        with pytest.raises(Unavailable):
+            await conv.append([Message(role="user", content="stored unseen")])
+        assert await until(lambda: stored_has(store, session_id, "stored unseen"))
+        relay.thaw()
+        await conv.append([Message(role="user", content="the next one")])
+        assert await stored(store, session_id) == ["stored unseen", "the next one"]
+        assert conv.reloads == 1 and [m.content for m in conv.context] == ["stored unseen", "the next one"]
+
+
 async def test_the_turns_end_ends_the_stream_and_a_later_append_is_a_call_of_its_own(
     base_settings, store_server, store, profile
 ):

@@ -288,11 +288,15 @@ async def test_a_sub_agent_its_stop_event_cannot_end_is_cancelled_as_a_last_reso
     caplog.set_level("WARNING", logger="palimpsest.agent.subagent")
     gate = agents_gate()
     parent = (await store.CreateSession(store_pb.CreateSessionRequest(profile_id="audited"))).session
+    # A turn first, so the model's tokenizer is loaded: run alone, the sub-agent's first size check
+    # outlasted its 1 s and it stopped before ever reaching the gate.
+    ollama_sim.script(Reply(text="warm"))
+    await run(agent, "warm up")
     ollama_sim.script(Reply(tool_calls=[("gate", {})]), Reply(text="unused"))
     reply = await agent.RunEphemeral(
         pb.RunEphemeralRequest(text="wait at the gate", parent_session_id=parent.id, timeout_seconds=1)
     )
-    assert not reply.completed_normally
+    assert not reply.completed_normally and gate.entered.is_set()
     assert "sub-agent cancelled: it did not stop within 5s of its timeout" in caplog.text
     (record,) = await runs_of(store, parent.id)
     assert (record.tool, record.outcome) == ("gate", STOPPED) and record.error.startswith("cut short")
