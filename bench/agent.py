@@ -344,7 +344,7 @@ async def _long_path(
             at_turn_end = methods.get("prune at turn end", 0)
             chats = [c for c in sim.chats if c.model == model]
             bodies = [b for b in sim.bodies() if b.get("model") == model]
-            kept = await nothing_lost(store, session_id, turns)
+            kept = await nothing_lost(store, session_id, turns, WINDOW)
             if stats is not None:
                 stats.update(
                     engine=sim.engine,
@@ -410,12 +410,15 @@ def model_time(bodies: list[dict]) -> tuple[float, float]:
     return total, on_summaries
 
 
-async def nothing_lost(store, session_id: str, turns: int, prose: bool = False) -> list[str]:
+async def nothing_lost(store, session_id: str, turns: int, window: int, prose: bool = False) -> list[str]:
     """What the run must not have lost: every tool result compressed out of the context (with
     ``prose``, every long request and answer too) found by memory_search's store call with words
-    from beyond its preview, every user message shown once, at most one live summary."""
-    from palimpsest.shared.prose_weight import PREVIEW_CHARS
+    from beyond its preview (its size at ``window``), every user message shown once, at most one
+    live summary."""
+    from palimpsest.shared.prose_weight import prune_sizes
     from palimpsest.shared.session_reads import whole_context
+
+    PREVIEW_CHARS = prune_sizes(window).preview_chars  # noqa: N806 (what pruning keeps at this window)
 
     shown, before = [], 0
     while True:

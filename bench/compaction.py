@@ -282,7 +282,7 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
             bodies = [b for b in sim.bodies() if b.get("model") == model_name]
             cut = sum(1 for c in sim.chats if c.model == model_name and c.truncated)
             methods, compress_turns = await _common.compressions(store, session_id)
-            lost = await nothing_lost(store, session_id, turns, prose=True)
+            lost = await nothing_lost(store, session_id, turns, window, prose=True)
     finally:
         logging.getLogger("palimpsest").removeHandler(alarms)
     summary_bodies = [i for i, b in enumerate(bodies) if is_summary_body(b)]
@@ -372,7 +372,8 @@ async def run(args) -> str:
         + "\n\n*Model time on summaries*: each request's prompt less the leading messages (and tools) it "
         "shares with the request before — what Ollama keeps evaluated — at the speed's prompt rate, plus what "
         "was generated at its generation rate; CPU-class 200 / 15 tokens a second, GPU-class 1,500 / 50. "
-        "*Found by memory_search*: tool results, requests and answers (over 600 characters) no longer verbatim "
+        "*Found by memory_search*: tool results, requests and answers (over twice the window's preview size: 600 "
+        "characters at 16,384 and more, 300 at 8,192, 150 at 4,096) no longer verbatim "
         "in the context whose words from beyond the preview the store's memory search returns.\n\n"
         + _common.table(
             [

@@ -321,17 +321,22 @@ async def latency(store: SessionStoreStub, compressor: compressor_pb2_grpc.Compr
 SUMMARY_SECONDS = 1.0
 REPLICAS = (1, 2, 4)
 IN_FLIGHT = 16
+_SUMMARY = Reply(text="- summary\nKEYS: a, b", first_chunk_delay=SUMMARY_SECONDS)
+# (the table's name for it, the summarizer's reply, whether the Compress carries the Agent's prompt
+# head: with it a summary by the session's own model takes the prefix form, as the Agent's do).
 PATHS = (
-    ("summary, model takes 1 s", Reply(text="- summary\nKEYS: a, b", first_chunk_delay=SUMMARY_SECONDS)),
-    ("hard truncate (summarizer down)", Reply(http_status=500, error="down")),
+    ("summary, model takes 1 s", _SUMMARY, False),
+    ("summary with the Agent's prompt head", _SUMMARY, True),
+    ("hard truncate (summarizer down)", Reply(http_status=500, error="down"), False),
 )
+AGENT_HEAD = [Message(role="system", content="You are a careful assistant. Answer briefly.")]
 
 
 async def throughput(server, quick: bool) -> str:
     sessions = 16 if quick else 64
     measured: dict[tuple[str, int], tuple[float, float]] = {}
     with OllamaSimulator() as sim:
-        for path, reply in PATHS:
+        for path, reply, head in PATHS:
             sim.set_responder(lambda body, reply=reply: reply)
             for replicas in REPLICAS:
                 async with _common.fresh_database(server, "compress") as dsn:
@@ -361,15 +366,17 @@ async def throughput(server, quick: bool) -> str:
                         async with _common.processes(specs[1:]):
                             for grpc_port, _ in [*ports, checker]:
                                 await _common.wait_ready(f"127.0.0.1:{grpc_port}")
-                            measured[path, replicas] = await _compress_all(store_port, ports, sessions, checker[0])
+                            measured[path, replicas] = await _compress_all(
+                                store_port, ports, sessions, checker[0], head
+                            )
     header = ["replicas"] + [
-        f"{path}: {column}" for path, _ in PATHS for column in ("compressions/s", "Compressor CPU per compression")
+        f"{path}: {column}" for path, _, _ in PATHS for column in ("compressions/s", "Compressor CPU per compression")
     ]
     rows = [
         [replicas]
         + [
             cell
-            for path, _ in PATHS
+            for path, _, _ in PATHS
             for cell in (f"{measured[path, replicas][0]:.1f}", f"{_common.ms(measured[path, replicas][1])} ms")
         ]
         for replicas in REPLICAS
@@ -380,7 +387,9 @@ async def throughput(server, quick: bool) -> str:
         "its own on this machine, every replica with the model's tokenizer loaded (one request) and every "
         "session size-checked by a replica not measured (each row counted and the counts stored, as before a "
         f"model call) before the clock started. The summarizer answers after {SUMMARY_SECONDS:.0f} s (the simulator's delay), or fails at once "
-        "(every compression then hard-truncates, no model wait). *CPU per compression*: the replicas' own CPU "
+        "(every compression then hard-truncates, no model wait). Without a prompt head a summary takes the "
+        "standalone input; with the Agent's (its system prompt), the prefix form, as every compression the "
+        "Agent starts with the session's own model does. *CPU per compression*: the replicas' own CPU "
         "time (user + system, from their `process_cpu_seconds_total` on /metrics) over the run, per "
         "compression.\n\n" + _common.table(header, rows)
     )
@@ -403,9 +412,10 @@ async def size_checked(store: SessionStoreStub, checker: compressor_pb2_grpc.Com
 
 
 async def _compress_all(
-    store_port: int, ports: list[tuple[int, int]], sessions: int, checker_port: int
+    store_port: int, ports: list[tuple[int, int]], sessions: int, checker_port: int, head: bool = False
 ) -> tuple[float, float]:
-    """(compressions a second, the replicas' CPU seconds per compression)."""
+    """(compressions a second, the replicas' CPU seconds per compression); ``head``: each Compress
+    carries the Agent's prompt head, so its summary takes the prefix form."""
     from palimpsest.shared.channels import open_channel
     from palimpsest.shared.settings import Settings
 
@@ -426,7 +436,11 @@ async def _compress_all(
         async def one(session_id: str) -> None:
             async for _ in stub.Compress(
                 pb.CompressRequest(
-                    session_id=session_id, reason=pb.COMPRESSION_REASON_FORCED, model="qwen3.6", window=8192
+                    session_id=session_id,
+                    reason=pb.COMPRESSION_REASON_FORCED,
+                    model="qwen3.6",
+                    window=8192,
+                    prompt_head=AGENT_HEAD if head else [],
                 )
             ):
                 pass

@@ -55,11 +55,8 @@ class TurnCompression(TurnBase):
         )
 
     async def prune_loop_results(self, iteration: int) -> None:
-        """Before a tool loop's next call: its older results to previews, and the long words of the
-        turns before it condensed, so the loop does not fill the window (after its first call too,
-        where the result just read would otherwise meet the last turn's whole answer in the next
-        call's size check, and a small window summarized mid-turn)."""
-        if self._compression_on() and self._worth_pruning(in_loop=True):
+        """The loop's older results to previews before its next call: a loop does not fill the window."""
+        if iteration and self._compression_on() and self._worth_pruning(in_loop=True):
             await run_compression(self.deps.compressor, self.conv, self.sink, self._pruning_request(True))
 
     def _midturn_keep(self) -> int:

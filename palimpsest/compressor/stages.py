@@ -177,8 +177,10 @@ def pending_spike(context: list[Message], kept: list[Message], pricing: Pricing,
 def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
     """At a turn's end: its tool results and long call arguments (and any older ones left) replaced
     by previews, its request and final answer kept; and the long requests and answers older than
-    the newest PROSE_KEEP_TURNS turns condensed. Inside a tool loop (the newest message a result):
-    the loop's older iterations, before the next call. Each part only when it frees ``min_freed`` of the
+    the newest PROSE_KEEP_TURNS turns condensed. Inside a tool loop (the newest message a result, or
+    the plan a tool call of the batch made): the loop's older iterations, before the next call, the
+    newest call's results kept for the call that reads them, and no prose (the answer the user is
+    replying to stays whole while the loop works on it). Each part only when it frees ``min_freed`` of the
     window (None when neither does, or pruning is off): the results change only the prompt's tail,
     prose the turns after it, which the next call then evaluates again."""
     if not knobs.prune_tool_results:
@@ -188,7 +190,8 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
         return None
     newest = turns[-1]
     last = newest[-1]
-    over = last.role == "assistant" and not last.tool_calls
+    # A plan message (the plan tool's, stored after its batch's results) does not end the turn.
+    over = last.role == "assistant" and not last.tool_calls and not last.is_plan
     if over:  # the turn is over: its request and answer stay
         kept = [newest[0], last] if is_turn_start(newest[0]) else [last]
     else:  # a tool loop goes on: its older iterations go, the newest call's results stay
@@ -199,7 +202,7 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     for stand_in in results.previews:
         stand_in.metadata[PRUNED_AT_TURN_END] = True
     recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
-    old_prose = [m for m in context if prose_prunable(m, recent, sizes)]
+    old_prose = [m for m in context if prose_prunable(m, recent, sizes)] if over else []  # not inside a loop
     prose = Pruning(old_prose, [preview(m, sizes=sizes) for m in old_prose])
     parts = [part for part in (results, prose) if part.pruned and _freed(part, pricing) >= gate]
     if not parts:

@@ -1,6 +1,7 @@
 """How long a request or answer counts for condensing, and the sizes pruning works with: its characters, a script of about a token a
 character (CJK) counted DENSE_WEIGHT times. Shared by the Compressor, which condenses old long
-prose, and the Agent, which asks for it after a turn only when some qualifies."""
+prose, and the Agent, which asks for a prune at a turn's end (or before a loop's next call) only
+when some qualifies."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def weighted_chars(text: str) -> int:
 # The sizes above are for this window and larger; a smaller one keeps the same share of itself (a
 # quarter of them at most). The words a turn leaves behind are what fills a small window between
 # summaries: at the full sizes, 8,192 took 9–11 LLM summaries per 100 turns and 4,096 took 19–23
-# with 14–41% re-fires; at this share, 7–8 and 13–16, re-fires 0% at 8,192 and 0–21% at 4,096,
-# and less model time in all (bench compaction, docs/benchmarks.md).
+# with 14–41% re-fires; at this share, about 7–8 and 13–16, re-fires 0% at 8,192, and less model
+# time in all (bench compaction: docs/benchmarks.md has the current figures).
 REFERENCE_WINDOW = 16_384
 MIN_SCALE = 0.25
 

@@ -128,6 +128,40 @@ def test_turn_end_pruning_takes_the_finished_turns_results_and_keeps_its_words()
     assert turn_end_pruning(messages, pricing(), knobs(prune_tool_results=False), 8_192) is None
 
 
+def test_inside_a_loop_the_newest_calls_results_and_the_answer_replied_to_stay_whole():
+    """Between a loop's calls only its older iterations go: not the results the next call reads,
+    even with the plan a call of the batch made stored after them, and not the last turn's answer
+    the user is replying to (long as it is)."""
+    messages = numbered(
+        [
+            Message(role="user", content="turn 0: plan the migration"),
+            Message(role="assistant", content=prose(0, 2_000)),
+            Message(role="user", content="turn 1: do step 3 of the plan above"),
+            Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c0", name="read_log")]),
+            log_result(0),
+            Message(
+                role="assistant",
+                tool_calls=[
+                    common_pb2.ToolCall(id="p1", name="plan"),
+                    common_pb2.ToolCall(id="c1", name="read_log"),
+                ],
+            ),
+            Message(role="tool", name="plan", tool_call_id="p1", content="planned"),
+            log_result(1),
+            Message(role="assistant", content="1. read the log\n2. fix the worker", is_plan=True),
+        ]
+    )
+    pruning = turn_end_pruning(messages, pricing(), knobs(), 8_192)
+    assert pruning is not None and [m.seq for m in pruning.pruned] == [5]  # the older iteration's result
+    from palimpsest.agent.stages.upkeep import worth_pruning_after
+
+    sizes = prune_sizes(8_192)
+    assert worth_pruning_after(messages, 400, sizes, in_loop=True)  # the older result
+    without_older = [m for m in messages if m.seq != 5]
+    assert not worth_pruning_after(without_older, 400, sizes, in_loop=True)  # nothing but what stays
+    assert turn_end_pruning(without_older, pricing(), knobs(), 8_192) is None
+
+
 def test_a_result_pruned_at_its_turns_end_is_a_spike_not_growth():
     """Growth used to count every pruned result at its first size for every turn, which made a
     summary evict far deeper than the turns after it needed."""

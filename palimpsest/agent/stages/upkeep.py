@@ -60,17 +60,19 @@ def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSize
     newest PROSE_KEEP_TURNS turns condensed. A cheap test, so a turn with nothing worth pruning (a
     short result, a short exchange) costs no call; the Compressor decides exactly (at ``sizes``,
     the window's: prune_sizes). ``in_loop``: between a tool loop's calls, where the newest call's
-    results stay whole for the call that reads them."""
+    results (and the plan a call of its batch made) stay whole for the call that reads them, and
+    no prose is condensed (the answer the user is replying to stays whole while the loop runs)."""
     turns, freed = 0, 0  # turns: of the message at hand, from the newest
     newest = len(context)
-    while in_loop and newest and context[newest - 1].role == "tool":
+    while in_loop and newest and (context[newest - 1].role == "tool" or context[newest - 1].is_plan):
         newest -= 1
     for message in reversed(context[:newest]):
         whole = "pruned_from_seq" not in message.metadata and not message.is_summary
         if message.role == "tool" and turns == 0 and whole and len(message.content) >= sizes.prune_min_chars:
             freed += weighted_chars(message.content) - sizes.preview_chars
         elif (
-            turns >= PROSE_KEEP_TURNS
+            not in_loop
+            and turns >= PROSE_KEEP_TURNS
             and message.role in ("user", "assistant")
             and whole
             and weighted_chars(message.content) >= sizes.prose_min_chars

@@ -76,8 +76,9 @@ class ModelSettings:
         "runs (no LLM call); otherwise the summary covers only what remains over it. Long requests and answers "
         "older than the newest turn (1,000+ characters, a CJK text counted three times) are condensed to their "
         "first 300 and last 150 characters (a third of that in CJK) and a pointer; a request the user marked "
-        "important is not. These sizes are for a window of 16,384 tokens or more; a smaller one scales them "
-        "to its share (8,192: half, a result of 600+ characters keeps 150; 4,096 or less: a quarter). The "
+        "important is not. The result and prose sizes (not the arguments' or a critical result's) are for a "
+        "window of 16,384 tokens or more; a smaller one scales them to its share (8,192: half, a result of "
+        "600+ characters keeps 150; 4,096 or less: a quarter). The "
         "display history keeps every byte; `memory_search` finds the pruned text. A "
         "profile sets it with `compression_prune_tool_results` (it governs every pruning stage, "
         "`PALIMPSEST_COMPRESSION_PRUNE_AFTER_TURN`'s too); a forced compaction always summarizes",
@@ -88,8 +89,8 @@ class ModelSettings:
         True,
         "the Agent asks the Compressor (`COMPRESSION_REASON_TURN_END`, no LLM call) to prune a turn's tool "
         "results and long call arguments as soon as the turn ends, and a tool loop's older results before its "
-        "next call, whatever the prompt's size; the long requests and answers of the turns before the newest "
-        "are condensed too (as above), at the turn's end and before a loop's next call. Each part runs only when it frees `PALIMPSEST_COMPRESSION_MIN_FREED` of the window. A "
+        "next call, whatever the prompt's size; after the turn, old long requests and answers are condensed too "
+        "(as above). Each part runs only when it frees `PALIMPSEST_COMPRESSION_MIN_FREED` of the window. A "
         "result is then sent whole to the call that reads it, and as a preview after: the turns that follow do "
         "not fill the window with it, so compressions (and summaries) come less often. `false`: results stay "
         "whole until a compression needs the room",
