@@ -323,12 +323,14 @@ REPLICAS = (1, 2, 4)
 IN_FLIGHT = 16
 _SUMMARY = Reply(text="- summary\nKEYS: a, b", first_chunk_delay=SUMMARY_SECONDS)
 # (the table's name for it, the summarizer's reply, whether the Compress carries the Agent's prompt
-# head: with it a summary by the session's own model takes the prefix form, as the Agent's do).
+# head: with it a summary by the session's own model takes the prefix form, as the Agent's do, when
+# the conversation fits the window as the Agent's does: ~10,800 tokens here, so a 16,384 window).
 PATHS = (
     ("summary, model takes 1 s", _SUMMARY, False),
-    ("summary with the Agent's prompt head", _SUMMARY, True),
+    ("summary with the Agent's prompt head, 16,384 window", _SUMMARY, True),
     ("hard truncate (summarizer down)", Reply(http_status=500, error="down"), False),
 )
+HEAD_WINDOW = 16_384
 AGENT_HEAD = [Message(role="system", content="You are a careful assistant. Answer briefly.")]
 
 
@@ -439,7 +441,7 @@ async def _compress_all(
                     session_id=session_id,
                     reason=pb.COMPRESSION_REASON_FORCED,
                     model="qwen3.6",
-                    window=8192,
+                    window=HEAD_WINDOW if head else 8192,
                     prompt_head=AGENT_HEAD if head else [],
                 )
             ):
