@@ -137,6 +137,11 @@ def test_the_agent_asks_only_when_something_is_worth_pruning():
     assert worth_pruning_after([*old, *turn], 400, PruneSizes())  # a turn older than the newest: long prose
     assert not worth_pruning_after([*turn, *old], 400, PruneSizes())  # the newest turn's own words stay whole
     assert not worth_pruning_after([*old, *turn], 4_000, PruneSizes())  # too little to free in a large window
+    # A result and old prose that free enough only together: neither part runs, so no call.
+    half = Message(role="assistant", content=long[:1_000])
+    mixed = [Message(role="user", content="hi"), half, *turn, Message(role="tool", content=long[:1_500])]
+    assert not worth_pruning_after(mixed, 1_300, PruneSizes())  # 1,200 + 450, each part under 1,300
+    assert worth_pruning_after(mixed, 1_200, PruneSizes())
     condensed = Message(role="assistant", content=long)
     condensed.metadata["pruned_from_seq"] = 2
     assert not worth_pruning_after([Message(role="user", content="hi"), condensed, *turn], 400, PruneSizes())

@@ -55,21 +55,22 @@ async def compress(
 
 
 def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSizes, *, in_loop: bool = False) -> bool:
-    """Whether a TURN_END compression would free ``min_chars`` (weighted): the turn that just ended's
+    """Whether a TURN_END compression would free ``min_chars`` (weighted) by one of its parts: the turn that just ended's
     long tool results, still whole, to previews, and the long requests and answers older than the
     newest PROSE_KEEP_TURNS turns condensed. A cheap test, so a turn with nothing worth pruning (a
     short result, a short exchange) costs no call; the Compressor decides exactly (at ``sizes``,
     the window's: prune_sizes). ``in_loop``: between a tool loop's calls, where the newest call's
     results (and the plan a call of its batch made) stay whole for the call that reads them, and
-    no prose is condensed (the answer the user is replying to stays whole while the loop runs)."""
-    turns, freed = 0, 0  # turns: of the message at hand, from the newest
+    no prose is condensed (the answer the user is replying to stays whole while the loop runs).
+    Each part must free ``min_chars`` on its own, as the Compressor runs each part only then."""
+    turns, results, prose = 0, 0, 0  # turns: of the message at hand, from the newest
     newest = len(context)
     while in_loop and newest and (context[newest - 1].role == "tool" or context[newest - 1].is_plan):
         newest -= 1
     for message in reversed(context[:newest]):
         whole = "pruned_from_seq" not in message.metadata and not message.is_summary
         if message.role == "tool" and turns == 0 and whole and len(message.content) >= sizes.prune_min_chars:
-            freed += weighted_chars(message.content) - sizes.preview_chars
+            results += weighted_chars(message.content) - sizes.preview_chars
         elif (
             not in_loop
             and turns >= PROSE_KEEP_TURNS
@@ -77,10 +78,10 @@ def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSize
             and whole
             and weighted_chars(message.content) >= sizes.prose_min_chars
         ):
-            freed += weighted_chars(message.content) - sizes.condensed_chars
+            prose += weighted_chars(message.content) - sizes.condensed_chars
         if message.role == "user" and not message.is_summary:
             turns += 1
-    return freed >= min_chars
+    return max(results, prose) >= min_chars
 
 
 def pruning_request(
