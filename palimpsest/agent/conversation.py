@@ -349,12 +349,6 @@ class StoredConversation:
 
         try:
             reply = await self._append(request, retry_for, attempt_timeout)
-        except Unavailable:
-            # Its outcome unknown (the store may have stored it and lost the answer): this copy may
-            # be stale, so the next write refused as stale reloads and tries once more, as a turn
-            # started from a warm copy does.
-            self.from_cache = True
-            raise
         except (PermissionDenied, InvalidArgument) as exc:
             if report is None and not runs:
                 raise
@@ -406,9 +400,16 @@ class StoredConversation:
     async def _append(
         self, request: Callable[[], store_pb.AppendMessagesRequest], retry_for: float, attempt_timeout: float
     ) -> store_pb.AppendMessagesResponse:
-        if retry_for > 0:
-            return await self._write_until(self.appends, request, retry_for, attempt_timeout)
-        return await self._write(self.appends, request, attempt_timeout)
+        try:
+            if retry_for > 0:
+                return await self._write_until(self.appends, request, retry_for, attempt_timeout)
+            return await self._write(self.appends, request, attempt_timeout)
+        except Unavailable:
+            # Its outcome unknown (the store may have stored it and lost the answer): this copy may
+            # be stale, so the next write refused as stale reloads and tries once more, as a turn
+            # started from a warm copy does.
+            self.from_cache = True
+            raise
 
     async def done_appending(self) -> None:
         """The turn's own writes are over: the tool runs no append carried (a stop, a cancellation or
