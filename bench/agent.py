@@ -361,6 +361,8 @@ async def _long_path(
     false_alarms = sum(1 for r in alarms.reports if r not in cut_reports)
     limit = WINDOW - output_reserve(WINDOW, Settings().output_reserve_tokens)
     highest = max(c.prompt_tokens for c in chats if c.stream) / limit
+    if stats is not None:
+        stats["highest"] = f"{highest:.3f}"
     summary_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is False}
     chat_ctx = {b["options"]["num_ctx"] for b in bodies if b.get("stream") is not False}
     refires = _common.refires(compress_turns)

@@ -45,7 +45,7 @@ async def run(args) -> str:
         ]:
             stats: dict = {}
             row, _ = await _long_path(args.server, args.quick, path, version, stats, tool)
-            turns, highest = row[1], row[7]
+            turns, highest = row[1], stats["highest"]
             rows.append(
                 [
                     engine,

@@ -68,7 +68,7 @@ async def run(args) -> str:
                         stats["dropped"],
                         stats["refusals"],
                         stats["too_large"],
-                        row[7],
+                        stats["highest"],
                     ]
                 )
     finally:
