@@ -309,8 +309,6 @@ async def _long_path(
         "custom_tools": [tool],
         "agent_tools": ["todo", "memory_search", "fetch_report"],
     }
-    compress_turns: list[int] = []
-    at_turn_end = 0
     before_first_token = after_end = 0.0
     too_large = lost = 0
     alarms = _CutAlarms()
@@ -420,7 +418,7 @@ async def nothing_lost(store, session_id: str, turns: int, window: int, prose: b
     from palimpsest.shared.prose_weight import prune_sizes
     from palimpsest.shared.session_reads import whole_context
 
-    PREVIEW_CHARS = prune_sizes(window).preview_chars  # noqa: N806 (what pruning keeps at this window)
+    preview = prune_sizes(window).preview_chars  # what pruning keeps of a result at this window
 
     shown, before = [], 0
     while True:
@@ -434,10 +432,10 @@ async def nothing_lost(store, session_id: str, turns: int, window: int, prose: b
     context = (await whole_context(store.GetSession, session_id)).context
     live = {m.content for m in context}
     roles = ("tool", "user", "assistant") if prose else ("tool",)
-    gone = [m for m in shown if m.role in roles and len(m.content) > 2 * PREVIEW_CHARS and m.content not in live]
+    gone = [m for m in shown if m.role in roles and len(m.content) > 2 * preview and m.content not in live]
     found = 0
     for result in gone:
-        lines = [line for line in result.content[PREVIEW_CHARS:].splitlines()[1:-1] if line.strip()]
+        lines = [line for line in result.content[preview:].splitlines()[1:-1] if line.strip()]
         middle = len(result.content) // 2  # a condensed request or answer keeps its head and tail
         rest = result.content[-80:] if result.role == "tool" else result.content[middle : middle + 80]
         words = (lines[len(lines) // 2] if lines else rest)[:80].strip()

@@ -35,7 +35,7 @@ from palimpsest.compressor.summary_prefix import scope_of
 from palimpsest.compressor.summary_window import summary_length
 from palimpsest.compressor.token_estimate import trigger_tokens
 from palimpsest.shared.context_view import is_transient
-from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, prune_sizes
+from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PruneSizes, prune_sizes
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 
@@ -133,8 +133,9 @@ def stage(
     level = headroom_level(context, pricing, knobs, window)
     deep = max(MIN_TARGET, min(pipeline.summary_target(knobs, window), level))
     kept = protected(context)
+    sizes = prune_sizes(window)
     pruning = (
-        plan_pruning(context, kept, knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS), prune_sizes(window))
+        plan_pruning(context, kept, knobs.critical_tools, recent_turns(context, PROSE_KEEP_TURNS), sizes)
         if prune
         else NO_PRUNING
     )
@@ -155,19 +156,20 @@ def stage(
     # would cost the LLM calls pruning is there to save. The room is judged after the turn under
     # way, whose results go when it ends.
     reaches = (
-        after - pending_spike(context, kept, pricing, knobs, window)
+        after - pending_spike(context, kept, pricing, knobs, sizes)
         <= min(pipeline.effective_target(knobs, window), max(level, pipeline.summary_target(knobs, window))) * window
     )
     plan = pipeline.make_plan(pruned, pricing, knobs, window, keep_recent_messages, after, deep)
     return Staged(pruning, pruned, freed, plan, reaches, prune)
 
 
-def pending_spike(context: list[Message], kept: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> int:
+def pending_spike(
+    context: list[Message], kept: list[Message], pricing: Pricing, knobs: Knobs, sizes: PruneSizes
+) -> int:
     """What pruning at its end will take off the turn under way (its results a compression keeps),
     where this session's results are pruned as turns end (its previews say so); else 0."""
     if not any(PRUNED_AT_TURN_END in m.metadata for m in context):
         return 0
-    sizes = prune_sizes(window)
     results = [m for m in kept if prunable(m, set(), knobs.critical_tools, sizes)]
     return sum(
         max(0, pricing.estimate([m]) - pricing.estimate([preview(m, knobs.critical_tools, sizes)])) for m in results

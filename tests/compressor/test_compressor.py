@@ -857,17 +857,21 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
         reads.append(details.method.rsplit("/", 1)[-1])
         return await intercept(self, continuation, details)
 
-    monkeypatch.setattr(shared_server.ErrorInterceptor, "intercept_service", recording)
-    check = await compressor.CheckContextSize(
-        pb.CheckContextSizeRequest(
-            model=model,
-            messages=list(session.context),
-            window=WINDOW,
-            session_id=session_id,
-            decide_compression=True,
-            settings=SUMMARY_ONLY,
+    async def size_check(session: common_pb2.Session) -> pb.CheckContextSizeResponse:
+        """The Agent's size check before a call, with its dry run."""
+        return await compressor.CheckContextSize(
+            pb.CheckContextSizeRequest(
+                model=model,
+                messages=list(session.context),
+                window=WINDOW,
+                session_id=session.id,
+                decide_compression=True,
+                settings=SUMMARY_ONLY,
+            )
         )
-    )
+
+    monkeypatch.setattr(shared_server.ErrorInterceptor, "intercept_service", recording)
+    check = await size_check(session)
     assert check.decision == pb.SIZE_DECISION_COMPRESS_FIRST
     done = await compress(
         compressor,
@@ -887,16 +891,7 @@ async def test_a_compress_after_the_size_checks_dry_run_reads_and_plans_the_cont
         await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
     ).session
     reads.clear()
-    await compressor.CheckContextSize(
-        pb.CheckContextSizeRequest(
-            model=model,
-            messages=list(session.context),
-            window=WINDOW,
-            session_id=session_id,
-            decide_compression=True,
-            settings=SUMMARY_ONLY,
-        )
-    )
+    await size_check(session)
     await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_PRETURN, model=model, settings=SUMMARY_ONLY)
     assert reads.count("GetSession") == 2, reads
     assert len(plans) == 3, plans  # the first Compress's one, then this check's and this Compress's
