@@ -143,6 +143,28 @@ def excerpt(content: str, query: str, limit: int) -> str:
     return ("…" if start else "") + text + ("…" if start + limit < len(content) else "")
 
 
+def _label(chunk: common_pb2.RawChunk) -> str:
+    return f"[messages {chunk.turn_range.first}–{chunk.turn_range.last}]\n"
+
+
+def recall_overhead(chunks: Sequence[common_pb2.RawChunk], untrusted: bool) -> int:
+    """The characters of a recall message that are not excerpts: the heading, each label, the
+    separators and the two ellipses an excerpt may get (and each fence, for a tainted session)."""
+    fences = len(chunks) * fence_overhead(RECALL_SOURCE) if untrusted else 0
+    return len(RECALL_HEADING) + sum(len(_label(c)) + 2 + 2 for c in chunks) + fences
+
+
+def fitting_chunks(chunks: Sequence[common_pb2.RawChunk], max_chars: int, untrusted: bool) -> list[common_pb2.RawChunk]:
+    """The most leading ``chunks`` whose excerpts each get MIN_EXCERPT_CHARS of ``max_chars`` once
+    the message's own overhead is paid. Counting the excerpts by the budget alone let a small
+    window's recall (512 characters at 4,096, two fences of about 200) carry a dozen characters of
+    history in 150 tokens of heading and fences."""
+    for n in range(len(chunks), 0, -1):
+        if (max_chars - recall_overhead(chunks[:n], untrusted)) // n >= MIN_EXCERPT_CHARS:
+            return list(chunks[:n])
+    return []
+
+
 def recall_message(
     chunks: Sequence[common_pb2.RawChunk],
     query: str = "",
@@ -153,12 +175,8 @@ def recall_message(
     """Excerpts of compressed-away history, recalled because they match the new request: stored
     in the context just before it (is_recall), never shown; at most ``max_chars`` in all.
     ``untrusted``: the session has taken in outside content, and each excerpt is fenced as such."""
-    labels = [f"[messages {c.turn_range.first}–{c.turn_range.last}]\n" for c in chunks]
-    # The heading, the labels, the separators and two ellipses an excerpt may get count too.
-    overhead = len(RECALL_HEADING) + sum(len(label) + 2 + 2 for label in labels)
-    if untrusted:
-        overhead += len(chunks) * fence_overhead(RECALL_SOURCE)
-    each = min(EXCERPT_MAX_CHARS, (max_chars - overhead) // max(1, len(chunks)))
+    labels = [_label(c) for c in chunks]
+    each = min(EXCERPT_MAX_CHARS, (max_chars - recall_overhead(chunks, untrusted)) // max(1, len(chunks)))
     excerpts = [excerpt(c.content, query, each) for c in chunks]
     if untrusted:
         excerpts = [fence(text, RECALL_SOURCE) for text in excerpts]

@@ -6,12 +6,19 @@ store on PostgreSQL and the Ollama simulator; the fence itself as a pure functio
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from PIL import Image
 
 from ollama_sim import Reply
-from palimpsest.agent.context_builder import recall_message
+from palimpsest.agent.context_builder import (
+    MIN_EXCERPT_CHARS,
+    fitting_chunks,
+    recall_chars,
+    recall_message,
+    recall_overhead,
+)
 from palimpsest.agent.untrusted import NOTICE, fence, fence_overhead
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import common_pb2
@@ -245,3 +252,25 @@ def test_fenced_recall_keeps_to_its_budget():
     assert len(plain.content) <= 1_500 and len(fenced.content) <= 1_500
     assert fenced.content.count("<untrusted_content_") == 2 and "untrusted_content" not in plain.content
     assert fence_overhead("memory recall") == len(fence("", "memory recall"))
+
+
+@pytest.mark.parametrize("window", [2048, 4096, 8192, 32768])
+@pytest.mark.parametrize("untrusted", [False, True])
+def test_a_recall_carries_only_excerpts_long_enough_to_say_something(window, untrusted):
+    chunks = [
+        common_pb2.RawChunk(content=f"vault {i} " + "y" * 5000, turn_range=common_pb2.SeqRange(first=i, last=i + 3))
+        for i in range(1, 5)
+    ]
+    room = recall_chars(window)
+    chosen = fitting_chunks(chunks, room, untrusted)
+    assert chosen == chunks[: len(chosen)]
+    if not chosen:  # not even one excerpt of MIN_EXCERPT_CHARS fits the room
+        assert room - recall_overhead(chunks[:1], untrusted) < MIN_EXCERPT_CHARS
+        return
+    message = recall_message(chosen, "vault", room, untrusted=untrusted)
+    assert len(message.content) <= room
+    excerpts = re.findall(r"y{10,}", message.content)
+    assert len(excerpts) == len(chosen) and min(map(len, excerpts)) >= MIN_EXCERPT_CHARS - 20
+    # One more would have left each too short.
+    if len(chosen) < len(chunks):
+        assert (room - recall_overhead(chunks[: len(chosen) + 1], untrusted)) // (len(chosen) + 1) < MIN_EXCERPT_CHARS

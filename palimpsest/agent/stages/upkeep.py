@@ -194,8 +194,8 @@ async def recall(store: AsyncStoreStub, conv: Conversation, profile: Profile, wi
     injected = session.metadata["injected_chunk_ids"] if session and "injected_chunk_ids" in session.metadata else None
     seen = set(injected) if isinstance(injected, struct_pb2.ListValue) else set()
     # Each excerpt long enough to say something.
-    fits = min(p.memory_recall_k, room // cb.MIN_EXCERPT_CHARS)
-    fresh = [c for c in found.chunks if float(c.id) not in seen][:fits]
+    unseen = [c for c in found.chunks if float(c.id) not in seen][: p.memory_recall_k]
+    fresh = cb.fitting_chunks(unseen, room, conv.untrusted)
     if not fresh:
         return []
     await conv.update(metadata={"injected_chunk_ids": sorted(seen | {float(c.id) for c in fresh})})
