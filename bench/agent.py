@@ -19,6 +19,7 @@ import httpx
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply
 from ollama_sim.server import VERSION
+from palimpsest.compressor.pruning import PRUNED_NOTE
 from palimpsest.shared.ports import free_port
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
@@ -449,7 +450,7 @@ async def nothing_lost(store, session_id: str, turns: int, window: int, prose: b
 
 
 SUMMARY_HEAD = "[Summary of the earlier conversation"
-PRUNED_MARK = "were pruned from the context"  # in a pruned tool result's preview
+PRUNED_MARK = PRUNED_NOTE  # in a pruned tool result's preview
 
 
 def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:

@@ -34,6 +34,9 @@ PRUNED_FROM = "pruned_from_seq"
 # What the pruned message cost the prompt (metadata, set by the pipeline): how fast a conversation
 # grows is measured on what its turns added, not on what is left of them.
 PRUNED_TOKENS = "pruned_tokens"
+# What a result's preview says of the rest, kept short: at 4,096 tokens the longer note (40 tokens)
+# was a fifth of what a tool turn left in the context once pruned.
+PRUNED_NOTE = "pruned from the context"
 # Marks a result pruned when its turn ended rather than when the window filled: it was sent whole
 # for one turn only, so it is a spike in that turn, not growth of every later one.
 PRUNED_AT_TURN_END = "pruned_at_turn_end"
@@ -144,10 +147,9 @@ def condensed_prose(message: Message, sizes: PruneSizes = FULL_SIZES) -> Message
     weight = density(message.content)
     head, tail = sizes.prose_head_chars // weight, sizes.prose_tail_chars // weight
     rest = len(message.content) - head - tail
-    what = "request" if message.role == "user" else "answer"
     out.content = (
-        f"{message.content[:head]}\n[… {rest:,} characters of this {what} condensed; "
-        f"memory_search finds them …]\n{message.content[-tail:]}"
+        f"{message.content[:head]}\n[… {rest:,} characters condensed; memory_search finds them …]\n"
+        f"{message.content[-tail:]}"
     )
     return out
 
@@ -169,11 +171,7 @@ def preview(message: Message, critical_tools: Iterable[str] = (), sizes: PruneSi
         else:
             head = message.content[: sizes.preview_chars]
         rest = len(message.content) - len(head)
-        note = (
-            f"\n[… {rest:,} more characters of this {message.name or 'tool'} result were pruned from the "
-            "context to make room; the full output stays in the session's history, and memory_search "
-            "finds it by its words …]"
-        )
+        note = f"\n[… {rest:,} more characters {PRUNED_NOTE}; memory_search finds them …]"
         out = Message(
             role="tool",
             name=message.name,

@@ -56,7 +56,7 @@ class PruneSizes:
     @property
     def condensed_chars(self) -> int:
         """About what a condensed request or answer keeps: its head, its tail and the note."""
-        return self.prose_head_chars + self.prose_tail_chars + 100
+        return self.prose_head_chars + self.prose_tail_chars + 60
 
 
 def prune_sizes(window: int) -> PruneSizes:

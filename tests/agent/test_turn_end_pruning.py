@@ -14,12 +14,13 @@ import pytest
 
 from ollama_sim import Reply
 from palimpsest.agent.tools.base import ToolContext, ToolResult
+from palimpsest.compressor.pruning import PRUNED_NOTE
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
 
 MODEL = f"turnend-{uuid.uuid4().hex[:8]}"
-PRUNED = "were pruned from the context"
+PRUNED = PRUNED_NOTE  # in a pruned tool result's preview
 
 
 class LogTool:

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
+from palimpsest.compressor.pruning import PRUNED_NOTE
 from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
@@ -691,7 +692,7 @@ async def test_old_tool_results_are_pruned_before_any_summary(compressor, store,
     for i, message in enumerate(context):
         if message.role == "tool":
             assert context[i - 1].tool_calls[0].id == message.tool_call_id  # still right after its call
-    pruned = [m for m in results if "were pruned" in m.content]
+    pruned = [m for m in results if PRUNED_NOTE in m.content]
     assert pruned and all("memory_search" in m.content for m in pruned)
     # The display history keeps every byte; memory search finds a pruned result's words.
     display = await full(store, session_id)

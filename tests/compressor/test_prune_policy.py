@@ -10,6 +10,7 @@ from palimpsest.compressor.pricing import Knobs, Pricing
 from palimpsest.compressor.pruning import (
     PRUNED_AT_TURN_END,
     PRUNED_FROM,
+    PRUNED_NOTE,
     plan_pruning,
     protected,
     recent_turns,
@@ -198,7 +199,7 @@ async def test_turn_end_compression_prunes_without_a_summary(compressor, store, 
         await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
     ).session
     [result] = [m for m in session.context if m.role == "tool"]
-    assert "were pruned" in result.content and session.context[-1].content == "The resets follow the deploys."
+    assert PRUNED_NOTE in result.content and session.context[-1].content == "The resets follow the deploys."
     # Nothing left to prune: no events at all (the Agent asks after every turn that called tools).
     assert await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192) == []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from palimpsest.compressor.pruning import plan_pruning, protected, shortened_arguments
+from palimpsest.compressor.pruning import PRUNED_NOTE, plan_pruning, protected, shortened_arguments
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
@@ -102,7 +102,7 @@ async def test_pruning_runs_before_a_summary_it_cannot_replace(compressor, store
         await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
     ).session.context
     results = [m for m in context if m.role == "tool"]
-    assert any("were pruned" in m.content for m in results), "kept results older than the newest call are previews"
+    assert any(PRUNED_NOTE in m.content for m in results), "kept results older than the newest call are previews"
     assert len(results[-1].content) > 2_000  # the newest call's result stays whole
     alone = await session_with(store, profile, messages)
     events = await compress(
