@@ -189,9 +189,8 @@ def account(
 def prune_outcome(context: list[Message], pruning: Pruning) -> Outcome:
     """Old tool results replaced by their previews: no LLM call, nothing summarized."""
     crumbs = merge_breadcrumbs([], extract_entities(entity_source(pruning.pruned)))
-    return Outcome(
-        pb.COMPRESSION_METHOD_PRUNE, list(pruning.pruned), pruning.apply(context), None, crumbs, list(pruning.previews)
-    )
+    demoted = sorted([*pruning.pruned, *pruning.dropped], key=lambda m: m.seq)
+    return Outcome(pb.COMPRESSION_METHOD_PRUNE, demoted, pruning.apply(context), None, crumbs, list(pruning.previews))
 
 
 def truncate_outcome(context: list[Message], pricing: Pricing, window: int, error: Exception | None) -> Outcome:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from palimpsest.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
@@ -48,11 +48,13 @@ class Pruning:
 
     pruned: list[Message]
     previews: list[Message]
+    dropped: list[Message] = field(default_factory=list)  # task notes of calls made: nothing in their place
 
     def apply(self, context: Sequence[Message]) -> list[Message]:
-        """The context with each pruned message's preview in its place."""
+        """The context with each pruned message's preview in its place, and the dropped left out."""
         by_seq = {m.replaces.first: m for m in self.previews}
-        return [by_seq.get(m.seq, m) for m in context]
+        gone = {m.seq for m in self.dropped}
+        return [by_seq.get(m.seq, m) for m in context if m.seq not in gone]
 
 
 def is_critical(message: Message, critical_tools: Iterable[str]) -> bool:

@@ -34,7 +34,7 @@ from palimpsest.compressor.summary_format import META_SUMMARY_THRESHOLD
 from palimpsest.compressor.summary_prefix import scope_of
 from palimpsest.compressor.summary_window import summary_length
 from palimpsest.compressor.token_estimate import trigger_tokens
-from palimpsest.shared.context_view import is_transient
+from palimpsest.shared.context_view import is_task_note, is_transient
 from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PruneSizes, prune_sizes
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
@@ -210,7 +210,14 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     if not parts:
         return None
     pairs = sorted(((m, p) for part in parts for m, p in zip(part.pruned, part.previews)), key=lambda mp: mp[0].seq)
-    return Pruning([m for m, _ in pairs], [p for _, p in pairs])
+    return Pruning([m for m, _ in pairs], [p for _, p in pairs], spent_notes(context, pairs[0][0].seq))
+
+
+def spent_notes(context: list[Message], after: int) -> list[Message]:
+    """The task notes past seq ``after``: each spoke to one call, made since, and the prompt changes
+    from ``after`` on anyway, so leaving them out costs no evaluated prefix (each was 20 tokens of
+    a 4,096 window for every turn that followed; a goal reminder can be 500)."""
+    return [m for m in context if m.seq > after and is_task_note(m)]
 
 
 def _freed(pruning: Pruning, pricing: Pricing) -> int:

@@ -93,13 +93,16 @@ def reaches_model(message: Message) -> bool:
     return source in LLM_SYSTEM_SOURCES or message.is_recall
 
 
+def is_task_note(message: Message) -> bool:
+    """A note given to one model call (its iteration budget, the goal, a stall warning)."""
+    return message.role == "system" and "source" in message.metadata and message.metadata["source"] == TASK_NOTE
+
+
 def is_transient(message: Message) -> bool:
     """A task note given to one call, or excerpts recalled for one turn: in the context where they
     were given (so prompts only grow at their end), compressed like any message, and with
     nothing of their own to summarize or index."""
-    if message.is_recall:
-        return True
-    return message.role == "system" and "source" in message.metadata and message.metadata["source"] == TASK_NOTE
+    return message.is_recall or is_task_note(message)
 
 
 def slice_for_size_check(text: str) -> str | None:

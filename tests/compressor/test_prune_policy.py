@@ -204,6 +204,37 @@ async def test_turn_end_compression_prunes_without_a_summary(compressor, store, 
     assert await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192) == []
 
 
+async def test_a_turn_end_prune_leaves_out_the_task_notes_past_its_first_preview(compressor, store, profile):
+    """A note spoke to one call: once the prompt changes before it anyway, it goes (it is never
+    shown, and nothing is indexed of it); one before the first preview stays, where the prompt
+    Ollama evaluated still matches."""
+    from palimpsest.agent.context_builder import note_messages
+
+    [early, *late] = note_messages(["[Iteration 2 of 6]", "[Iteration 2 of 6]", "[Iteration 3 of 6]"])
+    messages = [
+        Message(role="user", content="turn 0: is the job up?"),
+        Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="s0", name="status")]),
+        Message(role="tool", name="status", tool_call_id="s0", content="up"),
+        early,
+        Message(role="assistant", content="It is up."),
+        Message(role="user", content="turn 1: read the logs"),
+    ]
+    for i, note in enumerate(late):
+        messages += [Message(role="assistant", tool_calls=[common_pb2.ToolCall(id=f"c{i}", name="read_log")])]
+        messages += [log_result(i), note]
+    messages.append(Message(role="assistant", content="The resets follow the deploys."))
+    session_id = await session_with(store, profile, messages)
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192)
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
+    context = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
+    assert [m.content for m in context if m.role == "system" and "source" in m.metadata] == ["[Iteration 2 of 6]"]
+    assert context[3].content == "[Iteration 2 of 6]"  # the early one, where it was
+    assert [m.role for m in context[6:]] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert all(PRUNED_NOTE in m.content for m in context[6:] if m.role == "tool")
+
+
 def test_results_pruned_within_their_own_turn_are_its_spike():
     """A compression inside a tool loop prunes the loop's older results: they were sent whole
     within that turn only, so they count as its spike, not as growth of every turn."""
