@@ -171,7 +171,7 @@ def preview(message: Message, critical_tools: Iterable[str] = (), sizes: PruneSi
         if is_critical(message, critical_tools):
             head = critical_result_text(message.content)
         else:
-            head = message.content[: sizes.preview_chars]
+            head = message.content[: sizes.preview_chars // density(message.content)]
         rest = len(message.content) - len(head)
         note = f"\n[… {rest:,} more characters {PRUNED_NOTE}; memory_search finds them …]"
         out = Message(

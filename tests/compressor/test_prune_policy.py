@@ -12,6 +12,7 @@ from palimpsest.compressor.pruning import (
     PRUNED_FROM,
     PRUNED_NOTE,
     plan_pruning,
+    preview,
     protected,
     recent_turns,
 )
@@ -109,6 +110,19 @@ def test_a_small_window_condenses_shorter_prose_and_keeps_less_of_it():
     assert result.content.startswith(messages[3].content[:150]) and len(result.content) < 700
 
 
+def test_a_dense_script_result_keeps_a_third_of_the_preview_characters():
+    """A CJK table is about a token a character: its preview keeps what a Latin one's costs."""
+    table = "\n".join(f"| {i:04d} | 计费服务迁移到新集群后，错误预算恢复前保留旧路径 |" for i in range(80))
+    latin = "\n".join(f"| {i:04d} | the billing service keeps its old path warm |" for i in range(80))
+    results = [Message(role="tool", name="t", seq=seq, content=text) for seq, text in ((1, table), (2, latin))]
+    sizes = prune_sizes(4_096)
+    cjk, plain = (preview(m, sizes=sizes).content for m in results)
+    assert cjk.startswith(table[: sizes.preview_chars // 3]) and not cjk.startswith(
+        table[: sizes.preview_chars // 3 + 1]
+    )
+    assert plain.startswith(latin[: sizes.preview_chars]) and not plain.startswith(latin[: sizes.preview_chars + 1])
+
+
 def test_turn_end_pruning_takes_the_finished_turns_results_and_keeps_its_words():
     messages = numbered(
         [
@@ -175,8 +189,8 @@ def test_a_result_pruned_at_its_turns_end_is_a_spike_not_growth():
     assert pruning is not None
     settled = pruning.apply(messages)
     at_end, spike = turn_growth(settled, priced), turn_spike(settled, priced)
-    for preview in pruning.previews:  # the same previews, pruned by a full window instead
-        del preview.metadata[PRUNED_AT_TURN_END]
+    for stand_in in pruning.previews:  # the same previews, pruned by a full window instead
+        del stand_in.metadata[PRUNED_AT_TURN_END]
     late = turn_growth(pruning.apply(messages), priced)
     # Three complete turns before the newest: the spike was spread over them as growth.
     assert spike > 1_000 and late - at_end == pytest.approx(spike / 3, abs=1)
