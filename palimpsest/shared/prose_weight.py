@@ -58,6 +58,11 @@ class PruneSizes:
         """About what a condensed request or answer keeps: its head, its tail and the note."""
         return self.prose_head_chars + self.prose_tail_chars + 60
 
+    @property
+    def preview_kept_chars(self) -> int:
+        """About what a tool result's preview keeps (weighted): its head and the note."""
+        return self.preview_chars + 80
+
 
 def prune_sizes(window: int) -> PruneSizes:
     """The sizes for a conversation's window (0: unknown, the full sizes)."""

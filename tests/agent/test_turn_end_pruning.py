@@ -141,8 +141,9 @@ def test_the_agent_asks_only_when_something_is_worth_pruning():
     # A result and old prose that free enough only together: neither part runs, so no call.
     half = Message(role="assistant", content=long[:1_000])
     mixed = [Message(role="user", content="hi"), half, *turn, Message(role="tool", content=long[:1_500])]
-    assert not worth_pruning_after(mixed, 1_300, PruneSizes())  # 1,200 + 450, each part under 1,300
-    assert worth_pruning_after(mixed, 1_200, PruneSizes())
+    # 1,500 less a preview and its note (380), and 1,000 less head, tail and note (510): each under 1,200.
+    assert not worth_pruning_after(mixed, 1_200, PruneSizes())
+    assert worth_pruning_after(mixed, 1_120, PruneSizes())
     condensed = Message(role="assistant", content=long)
     condensed.metadata["pruned_from_seq"] = 2
     assert not worth_pruning_after([Message(role="user", content="hi"), condensed, *turn], 400, PruneSizes())

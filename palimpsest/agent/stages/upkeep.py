@@ -70,7 +70,7 @@ def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSize
     for message in reversed(context[:newest]):
         whole = "pruned_from_seq" not in message.metadata and not message.is_summary
         if message.role == "tool" and turns == 0 and whole and len(message.content) >= sizes.prune_min_chars:
-            results += weighted_chars(message.content) - sizes.preview_chars
+            results += weighted_chars(message.content) - sizes.preview_kept_chars
         elif (
             not in_loop
             and turns >= PROSE_KEEP_TURNS
