@@ -198,7 +198,7 @@ def test_entities_of_a_long_text_are_the_first_ones_the_whole_text_has() -> None
 
 # What each pattern needs of a text before it is run (a literal, or a short pattern the regex
 # engine skips through fast) must be implied by any match: otherwise a prefilter drops entities.
-_ENTITY_ALPHABET = "aAbZz09_-./\\:~#$%€ `\n\t\u00e9\u4e2dfx"
+_ENTITY_ALPHABET = "aAbZz09_-./\\:~#$%€ `\n\t\u00e9\u4e2dfx\u0663\uff11"  # with two digits not ASCII
 _ENTITY_WORDS = ["git ", "https://", "C:\\", "JIRA-12", "#42", "$ make", "12 ms", "3.5%", "deadbeef1", "a.b", "xY"]
 
 
