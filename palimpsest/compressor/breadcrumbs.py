@@ -11,11 +11,12 @@ import bisect
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from palimpsest.compressor.planner import split_turns
+from palimpsest.compressor.prefilter import Needs, has_digit, may_match
 from palimpsest.v1.common_pb2 import Message
 
 ENTITY_CAP = 40
@@ -49,25 +50,10 @@ _COMMAND_WORDS = (
 _CMD = "|".join(_COMMAND_WORDS)
 _TRAILING_PUNCTUATION = ".,;:!?)]}'\""
 
-# What a piece must hold for a pattern to match in it: a literal (any of several) or a short
-# pattern that begins with a literal or a character class, which the regex engine skips through in
-# C (a lookbehind after it, not before: one before is tried at every position). Most
-# patterns begin with \b or a lookbehind, which the engine tries at every position: 16 of them
-# over 38,000 characters of prose that holds no entity took 16 ms a compression, a fifth of a
-# replica's CPU (bench compressor); a piece that lacks what a pattern needs is not scanned by it.
-_DIGIT = re.compile(r"\d")
-
-
-def _has_digit(text: str) -> bool:
-    r"""Whether ``\d`` matches in ``text``: by substring in ASCII text (the regex steps through a
-    Unicode category test a character at a time, ~70 µs on 4,000 characters that hold no digit),
-    by the regex only where another script may hold a digit of its own."""
-    return any(d in text for d in "0123456789") or (not text.isascii() and _DIGIT.search(text) is not None)
-
-
+# What a piece must hold for a pattern to match in it (see prefilter): a piece that lacks what a
+# pattern needs is not scanned by it.
 _CASE_HUMP = re.compile(r"[A-Z](?<=[a-z0-9][A-Z])")  # [a-z0-9][A-Z]
 _DOTTED_JOIN = re.compile(r"\.(?<=\w\.)[A-Za-z_]")  # \w\.[A-Za-z_]
-Needs = tuple[str, ...] | re.Pattern[str] | Callable[[str], bool]
 
 # Earlier patterns win where matches overlap: a URL is not also a path, a path is not also a
 # dotted name, a command is not also a snake_case identifier. A pattern with a ``cmd`` group
@@ -89,22 +75,14 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str], Needs], ...] = (
             r"\b\d(?:[\d,]*\d)?(?:\.\d+)?[^\S\n]?(?:[KMGTP]i?B|kB|bytes|ms|sec|seconds|minutes|hours|days"
             r"|tokens|px|USD|EUR|GBP)\b"
         ),
-        _has_digit,
+        has_digit,
     ),
-    ("hash", re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"), _has_digit),
+    ("hash", re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"), has_digit),
     ("dotted", re.compile(r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b"), _DOTTED_JOIN),
     ("identifier", re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b"), _CASE_HUMP),  # CamelCase
     ("identifier", re.compile(r"\b[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+\b"), _CASE_HUMP),  # camelCase
     ("identifier", re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_+[A-Za-z0-9]+)+_*\b"), ("_",)),  # snake_case
 )
-
-
-def _may_match(needs: Needs, text: str) -> bool:
-    if isinstance(needs, tuple):
-        return any(literal in text for literal in needs)
-    if isinstance(needs, re.Pattern):
-        return needs.search(text) is not None
-    return needs(text)
 
 
 def _keep_dotted(name: str) -> bool:
@@ -154,7 +132,7 @@ def _entities_in_order(text: str) -> list[str]:
     verdicts: dict[int, bool] = {}  # patterns share a prefilter: each is run once on the text
     for kind, pattern, needs in _PATTERNS:
         if id(needs) not in verdicts:
-            verdicts[id(needs)] = _may_match(needs, text)
+            verdicts[id(needs)] = may_match(needs, text)
         if not verdicts[id(needs)]:
             continue
         for match in pattern.finditer(text):

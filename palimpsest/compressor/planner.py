@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
+from palimpsest.compressor.prefilter import Needs, has_digit, may_match
 from palimpsest.shared.context_view import is_transient
 from palimpsest.v1.common_pb2 import Message
 
@@ -86,13 +87,26 @@ _USER_MARKED = re.compile(
 )
 _ERROR = re.compile(r"\b(error|errors|exception|traceback|failed|failure|fatal|panic)\b", re.I)
 _DECISION = re.compile(r"\b(decided|decision|we will|we'll go with|let'?s go with|agreed|chose|settled on)\b", re.I)
-_REFERENCE = re.compile(
-    r"(?:^|[\s(\"'`])(?:~|\.{1,2})?/[\w.\-]+/[\w.\-/]*"  # /a/b, ./x/y, ~/z/w
-    r"|\b[\w.\-]+/[\w.\-/]*\.\w{1,8}\b"  # src/app.py
-    r"|\b[A-Z][A-Z0-9]+-\d+\b"  # ABC-123
-    r"|(?<![\w&])#\d+\b"  # #123
-    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"  # commit hashes
+# Concrete references (a path, a ticket, an issue number, a commit hash), each with what a text
+# must hold before it is run (prefilter): together they took 10 ms over 60,000 characters of prose
+# that held none of them.
+_REFERENCES: tuple[tuple[re.Pattern[str], Needs], ...] = (
+    (
+        re.compile(
+            r"(?:^|[\s(\"'`])(?:~|\.{1,2})?/[\w.\-]+/[\w.\-/]*"  # /a/b, ./x/y, ~/z/w
+            r"|\b[\w.\-]+/[\w.\-/]*\.\w{1,8}\b"  # src/app.py
+        ),
+        ("/",),
+    ),
+    (re.compile(r"\b[A-Z][A-Z0-9]+-\d+\b"), ("-",)),  # ABC-123
+    (re.compile(r"(?<![\w&])#\d+\b"), ("#",)),  # #123
+    (re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"), has_digit),  # commit hashes
 )
+
+
+def has_reference(text: str) -> bool:
+    """Whether ``text`` names a path, a ticket, an issue number or a commit hash."""
+    return any(may_match(needs, text) and pattern.search(text) is not None for pattern, needs in _REFERENCES)
 
 
 @dataclass(frozen=True)
@@ -199,7 +213,7 @@ def turn_importance(turn: Sequence[Message], critical_tools: Iterable[str] = ())
         score += ERROR_BONUS
     if any(_DECISION.search(m.content) for m in turn if m.role != "tool"):
         score += DECISION_BONUS
-    if any(_REFERENCE.search(t) for t in texts if t):
+    if any(has_reference(t) for t in texts if t):
         score += REFERENCE_BONUS
     return score
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import datetime, timezone
 
 import pytest
@@ -14,11 +15,12 @@ from palimpsest.compressor.breadcrumbs import (
     _PATTERNS,
     CHUNK_CHARS,
     ENTITY_CAP,
-    _may_match,
     chunk_messages,
     extract_entities,
     merge_breadcrumbs,
 )
+from palimpsest.compressor.planner import has_reference
+from palimpsest.compressor.prefilter import may_match
 from palimpsest.v1.common_pb2 import Message, ToolCall
 
 
@@ -208,11 +210,29 @@ def test_no_pattern_matches_a_text_its_prefilter_rules_out(parts: list[str]) -> 
     text = "".join(parts)
     for kind, pattern, needs in _PATTERNS:
         if pattern.search(text):
-            assert _may_match(needs, text), (kind, pattern.pattern, text)
+            assert may_match(needs, text), (kind, pattern.pattern, text)
 
 
 def test_prose_with_no_entity_is_not_scanned_by_every_pattern() -> None:
     """Ordinary sentences rule out most patterns before any is run (what made the scan cheap)."""
     prose = "Can you help me figure out why the data pipeline hangs after I restart the container? " * 40
     assert extract_entities(prose) == []
-    assert [kind for kind, _, needs in _PATTERNS if _may_match(needs, prose)] == []
+    assert [kind for kind, _, needs in _PATTERNS if may_match(needs, prose)] == []
+
+
+# turn importance's references as one pattern, before they were split to run behind prefilters
+_REFERENCE_WHOLE = re.compile(
+    r"(?:^|[\s(\"'`])(?:~|\.{1,2})?/[\w.\-]+/[\w.\-/]*"
+    r"|\b[\w.\-]+/[\w.\-/]*\.\w{1,8}\b"
+    r"|\b[A-Z][A-Z0-9]+-\d+\b"
+    r"|(?<![\w&])#\d+\b"
+    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}\b"
+)
+_REFERENCE_WORDS = ["src/app.py", " /etc/x", "~/a/b", "JIRA-7", "#12", "&#12", "deadbee7", "a-1", "x.y/z"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(_ENTITY_ALPHABET, max_size=12), st.sampled_from(_REFERENCE_WORDS)), max_size=20))
+def test_a_turns_references_are_found_where_the_whole_pattern_finds_them(parts: list[str]) -> None:
+    text = "".join(parts)
+    assert has_reference(text) == (_REFERENCE_WHOLE.search(text) is not None), text
