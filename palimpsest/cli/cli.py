@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(argv: Sequence[str] | None = None) -> int:
     """One command, its failures as one line; without main's process-wide SIGINT routing, which an
     embedding process (a test playing the server's side) must not have imposed on it."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(sessions.dashed_token_args(sys.argv[1:] if argv is None else argv))
     out = Output(json=args.json)
     try:
         environ = dict(os.environ)

@@ -36,6 +36,16 @@ def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 
 
+def new_share(key: bytes, session_id: uuid.UUID) -> tuple[bytes, str]:
+    """(nonce, token) for a new link, its token never beginning with '-': one in 64 did (URL-safe
+    base64), and `pal shared -Xb…` read it as an option, as most command lines would."""
+    while True:
+        nonce = new_nonce()
+        token = share_token(key, session_id, nonce)
+        if not token.startswith("-"):
+            return nonce, token
+
+
 def load_key(configured: str, data_dir: Path) -> bytes:
     """The configured key (PALIMPSEST_SHARE_KEY), else the one in `<data_dir>/share.key`, made on
     first use. Every store replica must use the same key, or links made by one fail on another."""

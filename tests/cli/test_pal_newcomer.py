@@ -226,3 +226,13 @@ async def test_shared_opens_a_share_token(env, store):
     older = await pal("shared", token, "--before", "5", "--json", env=env)
     assert [m["content"] for m in older.json()["messages"]] == ["q0", "a0", "q1", "a1"]
     (await pal("shared", "not-a-token", env=env)).assert_one_line_error()
+
+
+async def test_a_token_beginning_with_a_dash_reaches_the_store(env, store):
+    """Links made before the store stopped issuing them: one token in 64 began with '-'."""
+    s = await new_session(store, "newcomer", *chat_messages(("q", "a")), name="dashed")
+    token = (await pal("sessions", "share", s.id, env=env)).stdout.strip()
+    assert not token.startswith("-")
+    unknown = await pal("shared", "-" + token[1:], "--last", "5", env=env)  # a valid shape, no such link
+    assert unknown.code != 0 and "usage:" not in unknown.stderr, unknown.stderr
+    assert unknown.stderr.startswith("pal: ") and "share" in unknown.stderr.lower(), unknown.stderr

@@ -130,3 +130,15 @@ async def test_links_made_before_the_upgrade_keep_working(schema_0004, base_sett
         )
     }
     assert "token" not in columns
+
+
+def test_no_new_link_begins_with_a_dash():
+    """One URL-safe token in 64 began with '-', which a command line reads as an option."""
+    from palimpsest.store.share_links import new_nonce, new_share, share_token
+
+    key = b"k" * 32
+    ids = [uuid.uuid4() for _ in range(2_000)]
+    assert any(share_token(key, i, new_nonce()).startswith("-") for i in ids)  # the raw derivation does
+    for i in ids:
+        nonce, token = new_share(key, i)
+        assert not token.startswith("-") and token == share_token(key, i, nonce)

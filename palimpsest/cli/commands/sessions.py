@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rich.console import RenderableType
 from rich.text import Text
@@ -88,7 +89,9 @@ def register(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=share)
 
     p = sub.add_parser("shared", help="read a session someone shared with you (its share token)", parents=[common])
-    p.add_argument("token", help="the token `pal sessions share ID` printed")
+    p.add_argument("token", nargs="?", default="", help="the token `pal sessions share ID` printed")
+    # A link made before tokens avoided a leading '-' (see dashed_token_args) arrives here.
+    p.add_argument("--token", dest="dashed_token", default="", help=argparse.SUPPRESS)
     p.add_argument(
         "--last", type=int, default=0, metavar="N", help=f"the newest N messages (default 50, at most {MAX_PAGE})"
     )
@@ -276,7 +279,7 @@ def share(app: App, args: argparse.Namespace) -> int:
 def shared(app: App, args: argparse.Namespace) -> int:
     if args.before < 0:
         raise CliError("--before must not be negative", exit_code=2)
-    token = args.token.strip()
+    token = (args.token or args.dashed_token).strip()
     if not token:
         raise CliError("the share token is empty", exit_code=2)
     response = app.conn.store().GetShared(
@@ -289,3 +292,18 @@ def shared(app: App, args: argparse.Namespace) -> int:
     if response.has_more:
         app.out.note(f"older messages: pal shared TOKEN --before {response.messages[0].seq}")
     return 0
+
+
+# A share token: 32 bytes in URL-safe base64, unpadded.
+_TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+def dashed_token_args(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a share token that begins with '-' after ``shared`` passed as ``--token=…``:
+    links made before the store stopped issuing such tokens (one in 64) would otherwise be read as
+    an unknown option. No option of pal is 43 characters of the token's alphabet."""
+    out = list(argv)
+    if "shared" not in out:
+        return out
+    start = out.index("shared") + 1
+    return out[:start] + [f"--token={a}" if a.startswith("-") and _TOKEN_SHAPE.fullmatch(a) else a for a in out[start:]]

@@ -33,8 +33,7 @@ class Shares:
             )
             if existing is not None and existing["nonce"] is not None:
                 return share_links.share_token(self.share_key, session_id, existing["nonce"]), existing["created_at"]
-            nonce = share_links.new_nonce()
-            token = share_links.share_token(self.share_key, session_id, nonce)
+            nonce, token = share_links.new_share(self.share_key, session_id)
             created_at = await conn.fetchval(
                 "INSERT INTO session_shares (session_id, nonce, token_hash) VALUES ($1, $2, $3)"
                 " ON CONFLICT (session_id) DO UPDATE SET nonce = $2, token_hash = $3,"
