@@ -129,7 +129,14 @@ class VariedTool:
 
         turn = int(str(args["topic"]).rsplit("-", 1)[-1])
         kind = args["kind"]
-        return ToolResult(content=tool_output(kind, turn, int(args.get("call", 0))), critical=kind == "config")
+        critical = kind == "config" and "critical" not in ablated()
+        return ToolResult(content=tool_output(kind, turn, int(args.get("call", 0))), critical=critical)
+
+
+def ablated() -> set[str]:
+    """What COMPACTION_ABLATE switches off to measure its cost: "critical" (the config is an
+    ordinary result), "recall" (no excerpts recalled after a summary); e.g. "critical,recall"."""
+    return {w.strip() for w in os.environ.get("COMPACTION_ABLATE", "").split(",") if w.strip()}
 
 
 def user_text(turn: int) -> str:
@@ -258,6 +265,7 @@ async def one_run(server, turns: int, path: str, window: int, mix: str = "+ loop
         "model": model_name,
         "context_window": window,
         "max_iterations": 6,
+        "memory_recall_enabled": "recall" not in ablated(),
         "custom_tools": ["bench.compaction:VariedTool"],
         "agent_tools": ["todo", "memory_search", "fetch_report"],
     }
