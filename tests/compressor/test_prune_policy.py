@@ -5,6 +5,8 @@ the headroom that counts such a result as one turn's spike rather than every tur
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from palimpsest.compressor.pricing import Knobs, Pricing
 from palimpsest.compressor.pruning import (
@@ -285,3 +287,63 @@ async def test_a_prefix_summary_gives_up_its_slack_before_its_prefix(ollama_sim)
         await client.aclose()
     predict = ollama_sim.bodies()[-1]["options"]["num_predict"]
     assert length + length // 4 <= predict < 2 * length  # before: twice the length, or standalone
+
+
+# -- turn-end pruning over any conversation ------------------------------------------------------
+
+_turn_shapes = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # tool calls in the turn
+        st.sampled_from([20, 400, 3_000]),  # the request's size
+        st.sampled_from([20, 700, 2_500]),  # the answer's size
+        st.sampled_from([50, 900, 6_000]),  # each result's size
+        st.booleans(),  # whether the turn ended (an answer) or its loop still runs
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _conversation(shapes) -> list[Message]:
+    from palimpsest.agent.context_builder import note_messages
+
+    out: list[Message] = []
+    for t, (calls, asked, answered, result, ended) in enumerate(shapes):
+        out.append(Message(role="user", content=f"turn {t}: " + prose(t, asked)))
+        for c in range(calls):
+            if c:  # the note the next call was given
+                out += note_messages([f"[Iteration {c + 1} of 6]"])
+            call_id = f"t{t}c{c}"
+            out.append(Message(role="assistant", tool_calls=[common_pb2.ToolCall(id=call_id, name="read_log")]))
+            out.append(Message(role="tool", name="read_log", tool_call_id=call_id, content=prose(c, result)))
+        if ended or not calls or t < len(shapes) - 1:
+            out.append(Message(role="assistant", content=prose(t, answered)))
+    return numbered(out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_turn_shapes, st.sampled_from([4_096, 8_192, 32_768]))
+def test_a_turn_end_prune_keeps_every_call_with_its_result_and_takes_only_spent_notes(shapes, window):
+    """Whatever the conversation: each result still follows its call, nothing but task notes past
+    the first preview leaves, and the newest call's results (a loop under way) stay whole."""
+    from palimpsest.shared.context_view import is_task_note
+
+    context = _conversation(shapes)
+    pruning = turn_end_pruning(context, pricing(window), knobs(), window)
+    if pruning is None:
+        return
+    after = pruning.apply(context)
+    first = min(m.seq for m in pruning.pruned)
+    assert all(is_task_note(m) and m.seq > first for m in pruning.dropped)
+    assert len(after) == len(context) - len(pruning.dropped)
+    assert [m.replaces.first or m.seq for m in after] == [m.seq for m in context if m not in pruning.dropped]
+    calls = {}
+    for i, m in enumerate(after):
+        for call in m.tool_calls:
+            calls[call.id] = i
+        if m.role == "tool":
+            assert m.tool_call_id in calls and calls[m.tool_call_id] < i, m.tool_call_id
+            between = after[calls[m.tool_call_id] + 1 : i]
+            assert all(b.role == "tool" for b in between)  # the batch's results, nothing else
+    if context[-1].role == "tool":  # a loop under way: the result the next call reads stays whole
+        assert after[-1].content == context[-1].content
