@@ -19,8 +19,8 @@ import httpx
 from bench import _common
 from ollama_sim import OllamaSimulator, Reply
 from ollama_sim.server import VERSION
-from palimpsest.compressor.pruning import PRUNED_NOTE
 from palimpsest.shared.ports import free_port
+from palimpsest.shared.prose_weight import PRUNED_NOTE
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc, common_pb2, session_store_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
@@ -450,7 +450,6 @@ async def nothing_lost(store, session_id: str, turns: int, window: int, prose: b
 
 
 SUMMARY_HEAD = "[Summary of the earlier conversation"
-PRUNED_MARK = PRUNED_NOTE  # in a pruned tool result's preview
 
 
 def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:
@@ -462,7 +461,7 @@ def prefix_reuse(prompts: list[list[dict]]) -> tuple[int, int]:
             {
                 str(m.get("content", ""))
                 for m in p
-                if str(m.get("content", "")).startswith(SUMMARY_HEAD) or PRUNED_MARK in str(m.get("content", ""))
+                if str(m.get("content", "")).startswith(SUMMARY_HEAD) or PRUNED_NOTE in str(m.get("content", ""))
             }
             for p in (before, after)
         ]

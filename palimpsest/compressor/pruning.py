@@ -21,7 +21,7 @@ from typing import Any
 from palimpsest.compressor.planner import is_turn_start, kept_always, marked_important, split_turns, tool_groups
 from palimpsest.compressor.summary_format import CRITICAL_RESULT_MAX_CHARS, critical_result_text
 from palimpsest.shared.context_view import is_transient
-from palimpsest.shared.prose_weight import PruneSizes, density, weighted_chars
+from palimpsest.shared.prose_weight import PruneSizes, condensed_note, density, result_note, weighted_chars
 from palimpsest.v1.common_pb2 import Message, SeqRange
 
 FULL_SIZES = PruneSizes()  # a window of REFERENCE_WINDOW or more: see prune_sizes
@@ -34,9 +34,6 @@ PRUNED_FROM = "pruned_from_seq"
 # What the pruned message cost the prompt (metadata, set by the pipeline): how fast a conversation
 # grows is measured on what its turns added, not on what is left of them.
 PRUNED_TOKENS = "pruned_tokens"
-# What a result's preview says of the rest, kept short: at 4,096 tokens the longer note (40 tokens)
-# was a fifth of what a tool turn left in the context once pruned.
-PRUNED_NOTE = "pruned from the context"
 # Marks a result pruned when its turn ended rather than when the window filled: it was sent whole
 # for one turn only, so it is a spike in that turn, not growth of every later one.
 PRUNED_AT_TURN_END = "pruned_at_turn_end"
@@ -149,10 +146,7 @@ def condensed_prose(message: Message, sizes: PruneSizes = FULL_SIZES) -> Message
     weight = density(message.content)
     head, tail = sizes.prose_head_chars // weight, sizes.prose_tail_chars // weight
     rest = len(message.content) - head - tail
-    out.content = (
-        f"{message.content[:head]}\n[… {rest:,} characters condensed; memory_search finds them …]\n"
-        f"{message.content[-tail:]}"
-    )
+    out.content = message.content[:head] + condensed_note(rest) + message.content[-tail:]
     return out
 
 
@@ -173,7 +167,7 @@ def preview(message: Message, critical_tools: Iterable[str] = (), sizes: PruneSi
         else:
             head = message.content[: sizes.preview_chars // density(message.content)]
         rest = len(message.content) - len(head)
-        note = f"\n[… {rest:,} more characters {PRUNED_NOTE}; memory_search finds them …]"
+        note = result_note(rest)
         out = Message(
             role="tool",
             name=message.name,

@@ -42,6 +42,21 @@ def weighted_chars(text: str) -> int:
 REFERENCE_WINDOW = 16_384
 MIN_SCALE = 0.25
 
+# What a result's preview says of the rest, kept short: at 4,096 tokens the longer note (40 tokens)
+# was a fifth of what a tool turn left in the context once pruned.
+PRUNED_NOTE = "pruned from the context"
+_TYPICAL_REST = 10_000  # the size the notes are priced at: their count of characters varies little
+
+
+def result_note(rest: int) -> str:
+    """What follows a pruned result's head: how much was pruned, and where it is."""
+    return f"\n[… {rest:,} more characters {PRUNED_NOTE}; memory_search finds them …]"
+
+
+def condensed_note(rest: int) -> str:
+    """What stands between a condensed request's or answer's head and tail."""
+    return f"\n[… {rest:,} characters condensed; memory_search finds them …]\n"
+
 
 @dataclass(frozen=True)
 class PruneSizes:
@@ -56,12 +71,12 @@ class PruneSizes:
     @property
     def condensed_chars(self) -> int:
         """About what a condensed request or answer keeps: its head, its tail and the note."""
-        return self.prose_head_chars + self.prose_tail_chars + 60
+        return self.prose_head_chars + self.prose_tail_chars + len(condensed_note(_TYPICAL_REST))
 
     @property
     def preview_kept_chars(self) -> int:
         """About what a tool result's preview keeps (weighted): its head and the note."""
-        return self.preview_chars + 80
+        return self.preview_chars + len(result_note(_TYPICAL_REST))
 
 
 def prune_sizes(window: int) -> PruneSizes:

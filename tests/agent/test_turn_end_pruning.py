@@ -14,13 +14,12 @@ import pytest
 
 from ollama_sim import Reply
 from palimpsest.agent.tools.base import ToolContext, ToolResult
-from palimpsest.compressor.pruning import PRUNED_NOTE
+from palimpsest.shared.prose_weight import PRUNED_NOTE
 from palimpsest.v1 import agent_pb2 as pb
 from palimpsest.v1 import agent_pb2_grpc
 from palimpsest.v1 import session_store_pb2 as store_pb
 
 MODEL = f"turnend-{uuid.uuid4().hex[:8]}"
-PRUNED = PRUNED_NOTE  # in a pruned tool result's preview
 
 
 class LogTool:
@@ -108,9 +107,9 @@ async def test_results_are_pruned_in_the_loop_and_when_the_turn_ends(
     )
     assert len(chats) == 4 and not any(b.get("stream") is False for b in ollama_sim.bodies() if b["model"] == MODEL)
     first, second = tool_contents(chats[2])  # the loop's third call: its older result is a preview
-    assert PRUNED in first and PRUNED not in second
-    assert all(PRUNED in c for c in tool_contents(chats[3]))  # the next turn: both are
-    assert all(PRUNED in m.content for m in context if m.role == "tool")
+    assert PRUNED_NOTE in first and PRUNED_NOTE not in second
+    assert all(PRUNED_NOTE in c for c in tool_contents(chats[3]))  # the next turn: both are
+    assert all(PRUNED_NOTE in m.content for m in context if m.role == "tool")
     assert reasons == ["turnend", "turnend"]
 
 
@@ -118,7 +117,7 @@ async def test_the_setting_turns_it_off(base_settings, store_server, compressor_
     chats, context, reasons = await two_turns(
         base_settings, store_server, compressor_server, ollama_sim, profiles, store, compression_prune_after_turn=False
     )
-    assert not any(PRUNED in c for chat in chats for c in tool_contents(chat))
+    assert not any(PRUNED_NOTE in c for chat in chats for c in tool_contents(chat))
     assert reasons == []
 
 
@@ -141,7 +140,7 @@ def test_the_agent_asks_only_when_something_is_worth_pruning():
     # A result and old prose that free enough only together: neither part runs, so no call.
     half = Message(role="assistant", content=long[:1_000])
     mixed = [Message(role="user", content="hi"), half, *turn, Message(role="tool", content=long[:1_500])]
-    # 1,500 less a preview and its note (380), and 1,000 less head, tail and note (510): each under 1,200.
+    # 1,500 less a preview and its note (379), and 1,000 less head, tail and note (511): each under 1,200.
     assert not worth_pruning_after(mixed, 1_200, PruneSizes())
     assert worth_pruning_after(mixed, 1_120, PruneSizes())
     condensed = Message(role="assistant", content=long)

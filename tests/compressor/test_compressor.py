@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from ollama_sim import Reply
-from palimpsest.compressor.pruning import PRUNED_NOTE
+from palimpsest.shared.prose_weight import PRUNED_NOTE
 from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb

@@ -12,7 +12,6 @@ from palimpsest.compressor.pricing import Knobs, Pricing
 from palimpsest.compressor.pruning import (
     PRUNED_AT_TURN_END,
     PRUNED_FROM,
-    PRUNED_NOTE,
     plan_pruning,
     preview,
     protected,
@@ -20,7 +19,7 @@ from palimpsest.compressor.pruning import (
 )
 from palimpsest.compressor.stages import stage, turn_end_pruning, turn_growth, turn_spike
 from palimpsest.shared.ollama import OllamaClient
-from palimpsest.shared.prose_weight import PROSE_HEAD_CHARS, PROSE_TAIL_CHARS, PruneSizes, prune_sizes
+from palimpsest.shared.prose_weight import PROSE_HEAD_CHARS, PROSE_TAIL_CHARS, PRUNED_NOTE, PruneSizes, prune_sizes
 from palimpsest.shared.settings import Settings
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb

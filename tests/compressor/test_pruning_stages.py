@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from palimpsest.compressor.pruning import PRUNED_NOTE, plan_pruning, protected, shortened_arguments
+from palimpsest.compressor.pruning import plan_pruning, protected, shortened_arguments
+from palimpsest.shared.prose_weight import PRUNED_NOTE
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
