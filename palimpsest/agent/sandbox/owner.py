@@ -6,11 +6,13 @@ left. The workspace is that uid's while its commands run and the Agent's again a
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import pwd
 import signal
 import stat
+import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
@@ -23,15 +25,42 @@ log = logging.getLogger("palimpsest.agent")
 # which such installs rarely reach, and within the 65,536 uids a user-namespaced container maps.
 FIRST_UID = 64000
 POOL_SIZE = 512
+# Where a uid in use is claimed host-wide: two root Agents on one host (replicas, a test run's
+# workers) each have a pool over the same range, and a uid both handed out would share one processes
+# limit, and one's sweep would kill the other's commands. An flock is let go when its holder dies.
+CLAIMS_DIR = Path("/run/palimpsest-sandbox-uids")
 
 
 class SandboxError(Exception):
     """A command cannot be run as asked; the message says why, for the model or the operator."""
 
 
+def _claims_dir() -> Path:
+    for folder in (CLAIMS_DIR, Path(tempfile.gettempdir()) / CLAIMS_DIR.name):
+        try:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            return folder
+        except OSError:
+            continue
+    raise SandboxError(f"no folder to claim sandbox uids in ({CLAIMS_DIR} cannot be made)")
+
+
+def claim(uid: int) -> int | None:
+    """Claim ``uid`` for this process, host-wide: the descriptor that holds the claim (closing it
+    lets go), or None when another process holds it."""
+    fd = os.open(_claims_dir() / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 @dataclass
 class _Lease:
     uid: int
+    claim: int  # the descriptor holding the uid's host-wide claim
     holders: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     sweep: bool = False  # a command may have left processes outside its reach: kill the uid's at the end
@@ -68,12 +97,7 @@ class UidPool:
         (the Agent may have written some since), and back to the Agent by the last holder."""
         lease = self._leases.get(workspace)
         if lease is None:
-            if not self._free:
-                raise SandboxError(
-                    f"too many commands are running at once ({len(self._leases)} workspaces); "
-                    "try again when one has finished"
-                )
-            lease = self._leases[workspace] = _Lease(self._free.popleft())
+            lease = self._leases[workspace] = self._new_lease()
         lease.holders += 1
         try:
             async with lease.lock:
@@ -84,6 +108,19 @@ class UidPool:
             if lease.holders == 0:
                 # Shielded: a cancelled turn must still leave the workspace the Agent's and the uid free.
                 await asyncio.shield(self._give_back(workspace, lease))
+
+    def _new_lease(self) -> _Lease:
+        """The oldest-freed uid no other process on the host holds."""
+        for _ in range(len(self._free)):
+            uid = self._free.popleft()
+            fd = claim(uid)
+            if fd is not None:
+                return _Lease(uid, fd)
+            self._free.append(uid)  # another process's: tried again after the rest
+        raise SandboxError(
+            f"too many commands are running at once ({len(self._leases)} workspaces here, "
+            f"{POOL_SIZE} uids on the host); try again when one has finished"
+        )
 
     async def _give_back(self, workspace: Path, lease: _Lease) -> None:
         async with lease.lock:
@@ -97,6 +134,7 @@ class UidPool:
             finally:
                 if not lease.holders:  # else one arrived meanwhile: it hands the workspace over again
                     del self._leases[workspace]
+                    os.close(lease.claim)
                     self._free.append(lease.uid)
 
 
