@@ -110,7 +110,7 @@ def expected_summary_tokens(context: list[Message], pricing: Pricing, knobs: Kno
     """A new summary is expected as large as the live one it replaces or, without one, a
     sixteenth of the window; never above its cap or an eighth of the window."""
     live = [m for m in context if m.is_summary]
-    summary = pricing.estimate(live[-1:]) if live else window // 16
+    summary = pricing.added(live[-1:]) if live else window // 16
     return min(summary, knobs.summary_max_tokens, window // 8)
 
 
@@ -174,7 +174,7 @@ def account(
     carried besides the old one (system prompt, tool schemas, the template)."""
     tokens = pricing.estimate(outcome.new_context)
     outside = outside_context(context, pricing, current)
-    summary = pricing.estimate([outcome.summary]) if outcome.summary is not None else 0
+    summary = pricing.added([outcome.summary]) if outcome.summary is not None else 0
     target = int(effective_target(knobs, window) * window)
     after = tokens + outside
     return Accounting(

@@ -87,7 +87,7 @@ def recent_complete_turns(context: list[Message]) -> list[list[Message]]:
 
 def unpruned(message: Message, pricing: Pricing) -> int:
     """What pruning took off a preview's original (0 for any other message)."""
-    return max(0, pruned_tokens(message) - pricing.estimate([message])) if PRUNED_TOKENS in message.metadata else 0
+    return max(0, pruned_tokens(message) - pricing.added([message])) if PRUNED_TOKENS in message.metadata else 0
 
 
 def turn_growth(context: list[Message], pricing: Pricing) -> float:
@@ -99,7 +99,7 @@ def turn_growth(context: list[Message], pricing: Pricing) -> float:
         return 0.0
     messages = [m for turn in recent for m in turn]
     lasting = sum(unpruned(m, pricing) for m in messages if PRUNED_AT_TURN_END not in m.metadata)
-    return (pricing.estimate(messages) + lasting) / len(recent)
+    return (pricing.added(messages) + lasting) / len(recent)
 
 
 def turn_spike(context: list[Message], pricing: Pricing) -> int:
@@ -144,12 +144,12 @@ def stage(
         return Staged(pruning, context, 0, plan, False, prune)
     current = {m.seq for m in recent_turns(context, 1)}  # results pruned in their own turn: a spike
     for original, stand_in in zip(pruning.pruned, pruning.previews):
-        stand_in.metadata[PRUNED_TOKENS] = pricing.estimate([original])
+        stand_in.metadata[PRUNED_TOKENS] = pricing.added([original])
         if original.seq in current and original.role == "tool":
             stand_in.metadata[PRUNED_AT_TURN_END] = True
     by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
     pruned = [by_seq.get(m.seq, m) for m in context]
-    freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(list(by_seq.values()))
+    freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.added(list(by_seq.values()))
     after = max(0, prompt_tokens - freed)
     # Pruning alone must leave the same room, but never has to go deeper than a summary would:
     # where turns are mostly tool output the level is out of reach, and a summary every time
@@ -171,9 +171,7 @@ def pending_spike(
     if not any(PRUNED_AT_TURN_END in m.metadata for m in context):
         return 0
     results = [m for m in kept if prunable(m, set(), knobs.critical_tools, sizes)]
-    return sum(
-        max(0, pricing.estimate([m]) - pricing.estimate([preview(m, knobs.critical_tools, sizes)])) for m in results
-    )
+    return sum(max(0, pricing.added([m]) - pricing.added([preview(m, knobs.critical_tools, sizes)])) for m in results)
 
 
 def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
@@ -223,8 +221,8 @@ def spent_notes(context: list[Message], after: int) -> list[Message]:
 def _freed(pruning: Pruning, pricing: Pricing) -> int:
     """What ``pruning`` frees (and each preview's PRUNED_TOKENS set)."""
     for original, stand_in in zip(pruning.pruned, pruning.previews):
-        stand_in.metadata[PRUNED_TOKENS] = pricing.estimate([original])
-    return sum(pruned_tokens(p) for p in pruning.previews) - pricing.estimate(pruning.previews)
+        stand_in.metadata[PRUNED_TOKENS] = pricing.added([original])
+    return sum(pruned_tokens(p) for p in pruning.previews) - pricing.added(pruning.previews)
 
 
 def decide(staged: Staged, pricing: Pricing, knobs: Knobs, window: int, any_gain: bool) -> tuple[str, int]:
@@ -288,7 +286,7 @@ def folds(live: list[Message], fresh: list[Message], pricing: Pricing, budget: i
     if len(live) != 1 or not fresh:
         return False
     added = summary_length(condensed_tokens(fresh, pricing), budget)
-    return pricing.estimate(live) + added <= budget and len(live[0].content) + added * 4 <= META_SUMMARY_THRESHOLD
+    return pricing.added(live) + added <= budget and len(live[0].content) + added * 4 <= META_SUMMARY_THRESHOLD
 
 
 PrefixSource = Callable[[list[Message], str], "Prefix | None"]

@@ -72,7 +72,7 @@ def condensed_tokens(messages: list[Message], pricing: Pricing) -> int:
     capped at CONDENSED_RESULT_TOKENS."""
     words = [m for m in messages if m.role != "tool"]
     results = [m for m in messages if m.role == "tool"]
-    return pricing.estimate(words) + sum(min(CONDENSED_RESULT_TOKENS, pricing.estimate([m])) for m in results)
+    return pricing.added(words) + sum(min(CONDENSED_RESULT_TOKENS, pricing.added([m])) for m in results)
 
 
 def length_line(tokens: int) -> str:
@@ -174,7 +174,7 @@ class Summarizer:
         # line's own ~70 tokens under, well inside num_predict's 5% headroom (summary_window.padded).
         prompt_tokens = pricing.estimate(summary_messages(prompt, formatted.text, formatted.images))
         if line:
-            prompt_tokens += pricing.estimate([Message(role="user", content=line)])
+            prompt_tokens += pricing.added([Message(role="user", content=line)])
         messages = summary_messages(prompt, formatted.text + line, formatted.images)
         predict = num_predict(num_ctx, prompt_tokens, self.knobs.summary_max_tokens)
         if predict <= 0:
@@ -229,7 +229,7 @@ class Summarizer:
         """The summary's length asked for: following what it reads (``sized``), else none."""
         if not sized:
             return None
-        return summary_length(pricing.estimate([Message(role="user", content=formatted.text)]), self.budget)
+        return summary_length(pricing.added([Message(role="user", content=formatted.text)]), self.budget)
 
     async def summarize_prefix(self, prefix: Prefix, pricing: Pricing) -> tuple[str, list[str]]:
         """The prefix form: the conversation's prompt up to the last message condensed, then the
@@ -241,7 +241,7 @@ class Summarizer:
         # The slack past the length asked for gives way first: a prefix just under the trigger of a
         # small window left no room for twice the length, and half the summaries at 4,096 went
         # standalone, evaluating their whole prompt again (bench compaction, calibrated path).
-        room = num_ctx - padded(prefix.tokens + pricing.estimate([instruction]))
+        room = num_ctx - padded(prefix.tokens + pricing.added([instruction]))
         predict = min(predict_for(length, self.knobs.summary_max_tokens), room)
         if predict < length + length // MIN_SLACK_DIVISOR:
             raise ValueError(

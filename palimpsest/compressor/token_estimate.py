@@ -97,6 +97,24 @@ def estimate_tokens(
     return _priced(messages, line, image_fallback, budget_tokens, whole_text_tokens, rates)
 
 
+def marginal_estimate(
+    messages: Sequence[Message],
+    line: Line | None,
+    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
+    budget_tokens: int | None = None,
+    rates: Rates | None = None,
+) -> Estimate:
+    """Tokens that ``messages`` add to a prompt whose fixed overhead is paid, at the calibrated
+    rates: the measure that adds up (a message alone, or the part pruning takes off)."""
+    return _priced(messages, line, image_fallback, budget_tokens, marginal_text_tokens, rates)
+
+
+def marginal_text_tokens(view: Sequence[Message], chars: int, line: Line | None, rates: Rates | None) -> int:
+    if rates is not None:
+        return rates.marginal(len(view), _classes(view))
+    return line_tokens(chars, line, whole=False)
+
+
 def delta_estimate(
     messages: Sequence[Message],
     line: Line | None,

@@ -4,10 +4,13 @@ the headroom that counts such a result as one turn's spike rather than every tur
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from palimpsest.compressor.calibration import Line
 from palimpsest.compressor.pricing import Knobs, Pricing
 from palimpsest.compressor.pruning import (
     PRUNED_AT_TURN_END,
@@ -263,6 +266,50 @@ def test_results_pruned_within_their_own_turn_are_its_spike():
     staged = stage(context, pricing(), knobs(), 8_192, 12, 6_000, True)
     marked = [p for p in staged.pruning.previews if p.role == "tool"]
     assert len(marked) == 2 and all(p.metadata[PRUNED_AT_TURN_END] for p in marked)
+
+
+def _pruned_tool_turns() -> list[Message]:
+    turns: list[Message] = []
+    for i in range(4):
+        turns += [
+            Message(role="user", content=f"turn {i}: " + prose(i, 700)),
+            Message(role="assistant", tool_calls=[common_pb2.ToolCall(id=f"c{i}", name="read_log")]),
+            log_result(i, 3_000),
+            Message(role="assistant", content=prose(i, 900)),
+        ]
+    return numbered([*turns, Message(role="user", content="turn 4: and now?")])
+
+
+def _exact_pricing() -> Pricing:
+    from ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
+    from palimpsest.compressor.model_tokenizers import TokenCounter
+    from palimpsest.compressor.vocabulary import build_tokenizer
+
+    counter = TokenCounter(build_tokenizer(tokenizer_metadata(QWEN3_6)), "exact")
+    return Pricing.build([], 4_096, knobs(), counter=counter)
+
+
+@pytest.mark.parametrize("exact, overhead", [(False, 0), (False, 500), (False, -40), (True, 0)])
+def test_what_pruning_frees_is_what_the_prompt_loses_whatever_its_fixed_cost(exact, overhead):
+    """A prompt's fixed cost (a calibrated line's intercept: the system prompt and tools, ~500
+    tokens; the template's constant and safety margin) is paid once a prompt. Four pruned messages
+    each priced alone paid it four times, and seemed to free 2,200 tokens for 750: pruning claimed
+    the target, left the prompt over its trigger, and the next compression followed within three
+    turns (bench compaction, calibrated path, 4,096). What pruning frees, and a turn's growth, are
+    what the prompt loses and gains, whatever that cost."""
+    rate = 0.3
+    priced = _exact_pricing() if exact else replace(pricing(4_096), line=Line(overhead, rate))
+    context = _pruned_tool_turns()
+    staged = stage(context, priced, knobs(), 4_096, 12, priced.estimate(context), True)
+    assert len(staged.pruning.pruned) >= 4
+    lost = priced.estimate(context) - priced.estimate(staged.context)
+    assert abs(staged.freed - lost) <= 2 * len(staged.pruning.pruned)  # each count rounds up
+    at_end = turn_end_pruning(context[:-1], priced, knobs(), 4_096)
+    assert at_end is not None and len(at_end.pruned) >= 4
+    after = at_end.apply(context[:-1])
+    if not exact:  # a turn's growth does not carry the fixed cost
+        plain = replace(pricing(4_096), line=Line(0, rate))
+        assert abs(turn_growth(after, priced) - turn_growth(after, plain)) <= 2 * len(after)
 
 
 async def test_a_prefix_summary_gives_up_its_slack_before_its_prefix(ollama_sim):
