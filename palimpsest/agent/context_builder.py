@@ -125,7 +125,7 @@ MIN_EXCERPT_CHARS = 200  # less says too little to be worth a place in the promp
 
 
 def recall_chars(window: int) -> int:
-    """What the excerpts recalled since the last compression may hold, in characters."""
+    """What the recalled excerpts in the context may hold together, in characters."""
     return window // RECALL_WINDOW_SHARE * RECALL_CHARS_PER_TOKEN
 
 

@@ -208,14 +208,23 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     if not parts:
         return None
     pairs = sorted(((m, p) for part in parts for m, p in zip(part.pruned, part.previews)), key=lambda mp: mp[0].seq)
-    return Pruning([m for m, _ in pairs], [p for _, p in pairs], spent_notes(context, pairs[0][0].seq))
+    running = None if over or not is_turn_start(newest[0]) else newest[0].seq
+    return Pruning([m for m, _ in pairs], [p for _, p in pairs], spent(context, pairs[0][0].seq, running))
 
 
-def spent_notes(context: list[Message], after: int) -> list[Message]:
-    """The task notes past seq ``after``: each spoke to one call, made since, and the prompt changes
-    from ``after`` on anyway, so leaving them out costs no evaluated prefix (each was 20 tokens of
-    a 4,096 window for every turn that followed; a goal reminder can be 500)."""
-    return [m for m in context if m.seq > after and is_task_note(m)]
+def spent(context: list[Message], after: int, running: int | None = None) -> list[Message]:
+    """The transient messages past seq ``after`` whose moment has passed: task notes (each spoke to
+    one call, made since) and excerpts recalled for a turn that has ended (not for the request at
+    seq ``running``, whose loop still works on it). The prompt changes from ``after`` on anyway, so
+    leaving them out costs no evaluated prefix. Each stayed until the next summary: a note 20
+    tokens of a 4,096 window for every turn that followed (a goal reminder up to 500), a recall
+    about 150, and the room it held kept the next turns from recalling anything."""
+    gone = [m for m in context if m.seq > after and is_task_note(m)]
+    recalls = [m for m in context if m.seq > after and m.is_recall]
+    if running is not None:  # the running turn's own recall stands just before its request
+        starts = [m.seq for m in context if is_turn_start(m)]
+        recalls = [m for m in recalls if any(m.seq < s < running for s in starts)]
+    return sorted([*gone, *recalls], key=lambda m: m.seq)
 
 
 def _freed(pruning: Pruning, pricing: Pricing) -> int:

@@ -253,6 +253,37 @@ async def test_a_turn_end_prune_leaves_out_the_task_notes_past_its_first_preview
     assert all(PRUNED_NOTE in m.content for m in context[6:] if m.role == "tool")
 
 
+async def test_a_turn_end_prune_leaves_out_the_excerpts_recalled_for_ended_turns_past_its_first_preview(
+    compressor, store, profile
+):
+    """Excerpts recalled for a request that has been answered go once the prompt changes before
+    them anyway, and their room is free for the next turn's; one before the first preview stays."""
+    from palimpsest.agent.context_builder import recall_message
+
+    def recalled(what: str) -> Message:
+        return recall_message([common_pb2.RawChunk(content=f"{what}: " + prose(3, 600))], what, 600)
+
+    messages = [
+        recalled("the deploy window"),
+        Message(role="user", content="turn 0: read the logs"),
+        Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c0", name="read_log")]),
+        log_result(0),
+        Message(role="assistant", content="The resets follow the deploys."),
+        recalled("the rollback plan"),
+        Message(role="user", content="turn 1: and the rollback?"),
+        Message(role="assistant", content="Roll back shard 3 first."),
+    ]
+    session_id = await session_with(store, profile, messages)
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192)
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
+    context = (
+        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
+    ).session.context
+    assert [m.content.split("\n")[3][:18] for m in context if m.is_recall] == ["the deploy window:"]
+    assert [m.role for m in context[1:]] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert PRUNED_NOTE in context[3].content
+
+
 def test_results_pruned_within_their_own_turn_are_its_spike():
     """A compression inside a tool loop prunes the loop's older results: they were sent whole
     within that turn only, so they count as its spike, not as growth of every turn."""
@@ -344,6 +375,7 @@ _turn_shapes = st.lists(
         st.sampled_from([20, 700, 2_500]),  # the answer's size
         st.sampled_from([50, 900, 6_000]),  # each result's size
         st.booleans(),  # whether the turn ended (an answer) or its loop still runs
+        st.booleans(),  # whether excerpts were recalled for its request
     ),
     min_size=1,
     max_size=6,
@@ -351,10 +383,12 @@ _turn_shapes = st.lists(
 
 
 def _conversation(shapes) -> list[Message]:
-    from palimpsest.agent.context_builder import note_messages
+    from palimpsest.agent.context_builder import note_messages, recall_message
 
     out: list[Message] = []
-    for t, (calls, asked, answered, result, ended) in enumerate(shapes):
+    for t, (calls, asked, answered, result, ended, recalled) in enumerate(shapes):
+        if recalled:  # stored just before the request it was recalled for
+            out.append(recall_message([common_pb2.RawChunk(content=prose(t + 7, 900))], "deploys", 600))
         out.append(Message(role="user", content=f"turn {t}: " + prose(t, asked)))
         for c in range(calls):
             if c:  # the note the next call was given
@@ -370,8 +404,9 @@ def _conversation(shapes) -> list[Message]:
 @settings(max_examples=150, deadline=None)
 @given(_turn_shapes, st.sampled_from([4_096, 8_192, 32_768]))
 def test_a_turn_end_prune_keeps_every_call_with_its_result_and_takes_only_spent_notes(shapes, window):
-    """Whatever the conversation: each result still follows its call, nothing but task notes past
-    the first preview leaves, and the newest call's results (a loop under way) stay whole."""
+    """Whatever the conversation: each result still follows its call, nothing but task notes and
+    ended turns' recalled excerpts past the first preview leaves (the running turn's recall stays),
+    and the newest call's results (a loop under way) stay whole."""
     from palimpsest.shared.context_view import is_task_note
 
     context = _conversation(shapes)
@@ -380,7 +415,13 @@ def test_a_turn_end_prune_keeps_every_call_with_its_result_and_takes_only_spent_
         return
     after = pruning.apply(context)
     first = min(m.seq for m in pruning.pruned)
-    assert all(is_task_note(m) and m.seq > first for m in pruning.dropped)
+    assert all((is_task_note(m) or m.is_recall) and m.seq > first for m in pruning.dropped)
+    running = context[-1].role != "assistant" or bool(context[-1].tool_calls)
+    requests = [i for i, m in enumerate(context) if m.role == "user"]
+    if running and shapes[-1][5]:  # the loop under way still reads what was recalled for it
+        assert context[requests[-1] - 1] in after
+    if not running:  # every ended turn's recall past the first preview is gone
+        assert all(m in pruning.dropped for m in context if m.is_recall and m.seq > first)
     assert len(after) == len(context) - len(pruning.dropped)
     assert [m.replaces.first or m.seq for m in after] == [m.seq for m in context if m not in pruning.dropped]
     calls = {}

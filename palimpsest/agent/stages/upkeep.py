@@ -172,8 +172,8 @@ async def recall(store: AsyncStoreStub, conv: Conversation, profile: Profile, wi
     p = profile
     if not (p.memory_recall_enabled and text.strip() and conv.has_summary()):
         return []
-    # Excerpts stay in the context until the next compression: what earlier turns recalled
-    # since then counts against the same share of the window.
+    # Excerpts stay in the context until a turn-end prune past them or the next compression: what
+    # earlier turns recalled and is still there counts against the same share of the window.
     room = cb.recall_chars(window) - sum(len(m.content) for m in conv.context if m.is_recall)
     if room < cb.MIN_EXCERPT_CHARS:
         return []
