@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,10 @@ def pool_processes() -> list[int]:
     left = []
     for uid in {uid for _, uid in found}:
         if (fd := owner.claim(uid)) is not None:
-            os.close(fd)
-            left += [pid for pid, u in found if u == uid]
+            try:  # while it is held here no command can start as it: who is still there was left
+                left += [pid for pid in owner._pids() if owner._real_uid(pid) == uid]
+            finally:
+                os.close(fd)
     return left
 
 
@@ -477,7 +480,7 @@ async def test_commands_in_one_workspace_share_its_uid_and_give_it_back(host):
 async def test_a_uid_another_process_holds_is_never_handed_out_and_frees_when_it_dies(host):
     """Two root Agents on one host (replicas, a test run's workers) pool the same uids: one held by
     another process is passed over, and comes free when that process dies, however it dies."""
-    held = owner.FIRST_UID + owner.POOL_SIZE - 2  # the far end of the range: no other test reaches it
+    held = owner.FIRST_UID + owner.POOL_SIZE + 8  # past the Agent's range: no other test's command runs as it
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_A_UID, str(held)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -493,6 +496,90 @@ async def test_a_uid_another_process_holds_is_never_handed_out_and_frees_when_it
         holder.wait()
     async with owner.UidPool(first=held, size=1).lease(host["workspace"]) as who:
         assert who.uid == held
+
+
+def test_a_claim_that_cannot_be_made_is_said_and_leaves_the_pool_whole(monkeypatch, tmp_path):
+    """No folder to claim in (here: both places are files): a SandboxError, and every uid still free."""
+    (tmp_path / "run").write_text("")
+    (tmp_path / "tmp").write_text("")
+    monkeypatch.setattr(owner, "CLAIMS_DIR", tmp_path / "run" / "claims")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    pool = owner.UidPool(first=owner.FIRST_UID + owner.POOL_SIZE + 20, size=3)
+    free = list(pool._free)
+    with pytest.raises(owner.SandboxError, match="no folder to claim sandbox uids in"):
+        pool._new_lease()
+    assert list(pool._free) == free
+
+
+def test_claims_are_never_made_in_a_folder_another_user_could_write_or_through_a_link(monkeypatch, tmp_path):
+    """In /tmp another user may make the folder first, open to all or as a link elsewhere, and plant
+    links in it for root to create files through: such a folder is passed over."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(owner, "CLAIMS_DIR", shared)
+    private = tmp_path / "private"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    assert owner._claims_dir() == private / shared.name
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (private / shared.name).rmdir()
+    (private / shared.name).symlink_to(elsewhere)
+    with pytest.raises(owner.SandboxError):
+        owner._claims_dir()
+    fd = None
+    monkeypatch.setattr(owner, "_claims_dir", lambda: elsewhere)
+    (elsewhere / "64999").symlink_to(tmp_path / "planted")
+    with pytest.raises(owner.SandboxError):
+        fd = owner.claim(64999)  # not through the link
+    assert fd is None and not (tmp_path / "planted").exists()
+
+
+@needs_root
+async def test_a_lease_let_go_twice_closes_its_claim_once(host, monkeypatch):
+    """A command that arrives while the workspace is being given back, and is cancelled before it
+    holds it, queues a second give-back; it must not close the claim again (a descriptor another
+    lease may hold by then), kill the uid's processes or free the uid twice."""
+    release, taking_back = threading.Event(), threading.Event()
+    real_take_back = owner.take_back
+
+    def slow_take_back(*args):
+        taking_back.set()
+        release.wait(10)
+        real_take_back(*args)
+
+    monkeypatch.setattr(owner, "take_back", slow_take_back)
+    first = owner.FIRST_UID + owner.POOL_SIZE + 30
+    pool = owner.UidPool(first=first, size=3)
+    given_back = []
+    real_give_back = pool._give_back
+
+    async def counted(*args):
+        await real_give_back(*args)
+        given_back.append(args[1])
+
+    monkeypatch.setattr(pool, "_give_back", counted)
+    workspace = host["workspace"]
+
+    async def command() -> None:
+        async with pool.lease(workspace):
+            pass
+
+    done = asyncio.ensure_future(command())
+    await until(taking_back.is_set)  # the first give-back holds the lease's lock, in take_back
+    late = asyncio.ensure_future(command())
+    await until(lambda: pool._leases[workspace].holders == 1)  # it joined, and waits for the lock
+    late.cancel()
+    release.set()
+    await done
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    await until(lambda: len(given_back) == 2)
+    assert sorted(pool._free) == [first, first + 1, first + 2] and not pool._leases
+    monkeypatch.setattr(owner, "take_back", real_take_back)
+    async with pool.lease(workspace) as again:
+        os.fstat(again._lease.claim)  # open, and held by this lease alone
 
 
 HOLD_A_UID = """

@@ -36,24 +36,34 @@ class SandboxError(Exception):
 
 
 def _claims_dir() -> Path:
+    """The claims folder: made by this user, or made before by this user and no one else's to
+    write (in the temporary folder another user could have made it first, to plant links)."""
     for folder in (CLAIMS_DIR, Path(tempfile.gettempdir()) / CLAIMS_DIR.name):
         try:
             folder.mkdir(mode=0o700, exist_ok=True)
-            return folder
+            st = os.lstat(folder)
         except OSError:
             continue
-    raise SandboxError(f"no folder to claim sandbox uids in ({CLAIMS_DIR} cannot be made)")
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return folder
+    raise SandboxError(f"no folder to claim sandbox uids in: {CLAIMS_DIR} cannot be made, nor a private one in /tmp")
 
 
 def claim(uid: int) -> int | None:
     """Claim ``uid`` for this process, host-wide: the descriptor that holds the claim (closing it
-    lets go), or None when another process holds it."""
-    fd = os.open(_claims_dir() / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lets go), or None when another process holds it. SandboxError when no claim can be made."""
+    try:
+        fd = os.open(_claims_dir() / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise SandboxError(f"cannot claim a sandbox uid: {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as exc:
+        os.close(fd)
+        raise SandboxError(f"cannot claim a sandbox uid: {exc}") from None
     return fd
 
 
@@ -112,11 +122,13 @@ class UidPool:
     def _new_lease(self) -> _Lease:
         """The oldest-freed uid no other process on the host holds."""
         for _ in range(len(self._free)):
-            uid = self._free.popleft()
-            fd = claim(uid)
+            uid = self._free[0]
+            fd = claim(uid)  # a SandboxError leaves the pool as it was
+            self._free.rotate(-1)
             if fd is not None:
+                self._free.pop()
                 return _Lease(uid, fd)
-            self._free.append(uid)  # another process's: tried again after the rest
+            # another process's: tried again after the rest
         raise SandboxError(
             f"too many commands are running at once ({len(self._leases)} workspaces here, "
             f"{POOL_SIZE} uids on the host); try again when one has finished"
@@ -126,6 +138,10 @@ class UidPool:
         async with lease.lock:
             if lease.holders:
                 return  # another command started here meanwhile and keeps the lease
+            if self._leases.get(workspace) is not lease:
+                # Let go already: one that arrived and was cancelled before it held the lock queued
+                # this second give-back, and the uid (its processes, its claim) may be another's now.
+                return
             try:
                 if lease.sweep:  # first: nothing of the uid may change the files while they are taken back
                     await asyncio.to_thread(kill_user_processes, lease.uid)
