@@ -234,7 +234,7 @@ class Pricing:
         about 500 tokens a message, so four pruned messages seemed to free 2,200 tokens for 750."""
         if self.counter is None:
             return marginal_estimate(messages, self.line, self.image_fallback, self.budget, self.rates).tokens
-        return self.estimate([_ANCHOR, *messages]) - self.estimate([_ANCHOR])
+        return max(0, self.estimate([_ANCHOR, *messages]) - self.estimate([_ANCHOR]))
 
     def full(self, messages: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
         if self.counter is None:

@@ -31,9 +31,11 @@ ARGUMENTS_PRUNE_MIN_CHARS = 1_200
 ARGUMENT_PREVIEW_CHARS = 200
 # Marks a preview (metadata), so a preview is never pruned again.
 PRUNED_FROM = "pruned_from_seq"
-# What the pruned message cost the prompt (metadata, set by the pipeline): how fast a conversation
-# grows is measured on what its turns added, not on what is left of them.
-PRUNED_TOKENS = "pruned_tokens"
+# What the pruned message added to the prompt (metadata, set by the pipeline): how fast a
+# conversation grows is measured on what its turns added, not on what is left of them. Named anew
+# when the measure lost the prompt's fixed cost ("pruned_tokens" carried it, ~500 tokens a preview
+# at calibrated prices): a preview stored before then says nothing, rather than the wrong thing.
+PRUNED_TOKENS = "pruned_added_tokens"
 # Marks a result pruned when its turn ended rather than when the window filled: it was sent whole
 # for one turn only, so it is a spike in that turn, not growth of every later one.
 PRUNED_AT_TURN_END = "pruned_at_turn_end"
