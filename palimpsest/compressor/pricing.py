@@ -35,7 +35,6 @@ from palimpsest.compressor.token_estimate import (
     Estimate,
     baseline_delta_estimate,
     estimate_tokens,
-    marginal_estimate,
     priced_view,
 )
 from palimpsest.shared.context_view import heuristic_tokens, message_budget, message_chars
@@ -233,7 +232,9 @@ class Pricing:
         apart. Summed, single-message estimates charged that cost once each: at calibrated prices
         about 500 tokens a message, so four pruned messages seemed to free 2,200 tokens for 750."""
         if self.counter is None:
-            return marginal_estimate(messages, self.line, self.image_fallback, self.budget, self.rates).tokens
+            return estimate_tokens(
+                messages, self.line, self.image_fallback, self.budget, self.rates, whole=False
+            ).tokens
         return max(0, self.estimate([_ANCHOR, *messages]) - self.estimate([_ANCHOR]))
 
     def full(self, messages: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:

@@ -86,27 +86,20 @@ def estimate_tokens(
     image_fallback: int = DEFAULT_FALLBACK_TOKENS,
     budget_tokens: int | None = None,
     rates: Rates | None = None,
+    *,
+    whole: bool = True,
 ) -> Estimate:
-    """Tokens of a whole prompt made of ``messages``, fixed prompt overhead included.
+    """Tokens of a whole prompt made of ``messages``, fixed prompt overhead included; without
+    ``whole``, what they add to a prompt whose overhead is paid (the measure that adds up: a
+    message alone, or the part pruning takes off).
 
     ``budget_tokens`` is the per-message view budget (``message_budget(window, configured)``);
     pass it whenever the messages will be sent through the Agent's view.
     """
     if not messages:
         return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
-    return _priced(messages, line, image_fallback, budget_tokens, whole_text_tokens, rates)
-
-
-def marginal_estimate(
-    messages: Sequence[Message],
-    line: Line | None,
-    image_fallback: int = DEFAULT_FALLBACK_TOKENS,
-    budget_tokens: int | None = None,
-    rates: Rates | None = None,
-) -> Estimate:
-    """Tokens that ``messages`` add to a prompt whose fixed overhead is paid, at the calibrated
-    rates: the measure that adds up (a message alone, or the part pruning takes off)."""
-    return _priced(messages, line, image_fallback, budget_tokens, marginal_text_tokens, rates)
+    price = whole_text_tokens if whole else marginal_text_tokens
+    return _priced(messages, line, image_fallback, budget_tokens, price, rates)
 
 
 def marginal_text_tokens(view: Sequence[Message], chars: int, line: Line | None, rates: Rates | None) -> int:
@@ -132,10 +125,7 @@ def delta_estimate(
 
 
 def cautious_tokens(view: Sequence[Message], chars: int, line: Line | None, rates: Rates | None = None) -> int:
-    calibrated = (
-        rates.marginal(len(view), _classes(view)) if rates is not None else line_tokens(chars, line, whole=False)
-    )
-    return max(calibrated, heuristic_tokens(chars))
+    return max(marginal_text_tokens(view, chars, line, rates), heuristic_tokens(chars))
 
 
 def baseline_delta_estimate(

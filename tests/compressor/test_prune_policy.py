@@ -222,6 +222,15 @@ async def test_turn_end_compression_prunes_without_a_summary(compressor, store, 
     assert await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192) == []
 
 
+async def pruned_at_turn_end(compressor, store, profile, messages: list[Message]) -> list[Message]:
+    """The context a session of ``messages`` holds after a turn-end prune (which must prune)."""
+    session_id = await session_with(store, profile, messages)
+    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192)
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
+    request = store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT)
+    return list((await store.GetSession(request)).session.context)
+
+
 async def test_a_turn_end_prune_leaves_out_the_task_notes_past_its_first_preview(compressor, store, profile):
     """A note spoke to one call: once the prompt changes before it anyway, it goes (it is never
     shown, and nothing is indexed of it); one before the first preview stays, where the prompt
@@ -241,12 +250,7 @@ async def test_a_turn_end_prune_leaves_out_the_task_notes_past_its_first_preview
         messages += [Message(role="assistant", tool_calls=[common_pb2.ToolCall(id=f"c{i}", name="read_log")])]
         messages += [log_result(i), note]
     messages.append(Message(role="assistant", content="The resets follow the deploys."))
-    session_id = await session_with(store, profile, messages)
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192)
-    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
-    context = (
-        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
-    ).session.context
+    context = await pruned_at_turn_end(compressor, store, profile, messages)
     assert [m.content for m in context if m.role == "system" and "source" in m.metadata] == ["[Iteration 2 of 6]"]
     assert context[3].content == "[Iteration 2 of 6]"  # the early one, where it was
     assert [m.role for m in context[6:]] == ["assistant", "tool", "assistant", "tool", "assistant"]
@@ -273,12 +277,7 @@ async def test_a_turn_end_prune_leaves_out_the_excerpts_recalled_for_ended_turns
         Message(role="user", content="turn 1: and the rollback?"),
         Message(role="assistant", content="Roll back shard 3 first."),
     ]
-    session_id = await session_with(store, profile, messages)
-    events = await compress(compressor, session_id, reason=pb.COMPRESSION_REASON_TURN_END, window=8_192)
-    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
-    context = (
-        await store.GetSession(store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT))
-    ).session.context
+    context = await pruned_at_turn_end(compressor, store, profile, messages)
     assert [m.content.split("\n")[3][:18] for m in context if m.is_recall] == ["the deploy window:"]
     assert [m.role for m in context[1:]] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
     assert PRUNED_NOTE in context[3].content
