@@ -177,12 +177,16 @@ def account(
     summary = pricing.added([outcome.summary]) if outcome.summary is not None else 0
     target = int(effective_target(knobs, window) * window)
     after = tokens + outside
+    # Told apart as the prompt holds them: what the kept messages and the summary add, and the rest
+    # (system prompt, tool schemas, the template's fixed cost), which a whole estimate of the new
+    # context would have put with the kept messages (~500 tokens on the calibrated path).
+    kept = max(0, pricing.added(outcome.new_context) - summary)
     return Accounting(
         tokens,
         max(current, pricing.estimate(context)),
         after,
         target,
-        shortfall(after, target, tokens - summary, summary, outside),
+        shortfall(after, target, kept, summary, max(0, after - kept - summary)),
     )
 
 

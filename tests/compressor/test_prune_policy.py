@@ -342,6 +342,33 @@ def test_what_pruning_frees_is_what_the_prompt_loses_whatever_its_fixed_cost(exa
         assert abs(turn_growth(after, priced) - turn_growth(after, plain)) <= 2 * len(after)
 
 
+def test_a_shortfall_puts_the_prompts_fixed_cost_outside_the_kept_messages():
+    """The words say what stands above the target: the kept messages as they add to the prompt,
+    the summary, and the rest (system prompt, tools, template). A whole estimate of the new context
+    put the line's intercept with the kept messages: "kept 2,408 ... system prompt, tool schemas
+    and template 57" for a prompt whose system prompt and tools were ~500 (bench compaction)."""
+    import re
+
+    from palimpsest.compressor import pipeline
+
+    priced = replace(pricing(4_096), line=Line(500, 0.3))
+    kept = [Message(role="user", content="turn 9: " + prose(9, 6_000))]
+    summary = Message(role="user", content="[Summary of the earlier conversation]\n" + prose(1, 400))
+    outcome = pipeline.Outcome(pb.COMPRESSION_METHOD_SUMMARY, [], [summary, *kept], summary, [])
+    current = priced.estimate([*chat(4), *kept]) + 120  # the prompt carried 120 tokens past its estimate
+    done = pipeline.account(outcome, [*chat(4), *kept], priced, knobs(), 4_096, current)
+    said = [
+        int(n.replace(",", ""))
+        for n in re.findall(
+            r"take ([\d,]+), the summary ([\d,]+), the system prompt, "
+            r"tool schemas and template ([\d,]+)",
+            done.shortfall,
+        )[0]
+    ]
+    assert abs(said[0] - priced.added(kept)) <= 2 and said[1] == priced.added([summary])  # counts round up
+    assert said[2] >= 500 + 120 - 2 and sum(said) == done.tokens_after
+
+
 async def test_a_prefix_summary_gives_up_its_slack_before_its_prefix(ollama_sim):
     """A prefix just under a small window's trigger leaves room for the length asked for, not for
     twice it: num_predict shrinks to the room instead of the summary going standalone."""
