@@ -167,11 +167,10 @@ class Summarizer:
         self, prompt: str, formatted: SummaryInput, num_ctx: int, pricing: Pricing, length: int | None = None
     ) -> str:
         line = length_line(length) if length else ""
-        # Priced as the input already counted (format_for_summary's last candidate) plus the line as
-        # a message of its own, not as one more encode of a ~16,000-character text (40% of a
-        # replica's CPU per compression, bench compressor). With the model's vocabulary that is a few
-        # tokens over the whole; at calibrated prices a negative intercept can leave it up to the
-        # line's own ~70 tokens under, well inside num_predict's 5% headroom (summary_window.padded).
+        # Priced as the input already counted (format_for_summary's last candidate) plus what the
+        # line adds as a message of its own, not as one more encode of a ~16,000-character text
+        # (40% of a replica's CPU per compression, bench compressor): a few tokens over the whole,
+        # where the line's own wrapper is counted and the join with the text is not.
         prompt_tokens = pricing.estimate(summary_messages(prompt, formatted.text, formatted.images))
         if line:
             prompt_tokens += pricing.added([Message(role="user", content=line)])
