@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from palimpsest.compressor.calibration import Line
@@ -160,3 +162,82 @@ def test_a_report_below_the_contents_own_count_proves_a_cut() -> None:
     assert proves_cut(4_098, 7_900)  # half a window, far under the content alone
     assert not proves_cut(7_900, 7_900) and not proves_cut(7_750, 7_900)  # a merge or two at the seams
     assert not proves_cut(3_770, 0)  # no exact count: nothing is proven
+
+
+# -- Pricing.added: the measure that adds up ------------------------------------------------
+
+
+def _pricings():
+    """Each way a prompt is priced, with a fixed cost of its own: the chars / 1.8 fallback, a
+    calibrated line (a large intercept, and a negative one), per-class rates with a margin, and
+    the model's own vocabulary with the template's constants and an unobserved margin."""
+    from dataclasses import replace
+
+    from ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
+    from palimpsest.compressor.calibration import Rates
+    from palimpsest.compressor.model_tokenizers import TokenCounter
+    from palimpsest.compressor.pricing import Knobs, Pricing
+    from palimpsest.compressor.vocabulary import build_tokenizer
+    from palimpsest.shared.settings import Settings
+    from palimpsest.v1 import compressor_pb2
+
+    knobs = Knobs.resolve(Settings(), compressor_pb2.CompressionSettings())
+    plain = Pricing.build([], 8_192, knobs)
+    counter = TokenCounter(build_tokenizer(tokenizer_metadata(QWEN3_6)), "exact")
+    return {
+        "fallback": plain,
+        "line, intercept 500": replace(plain, line=Line(500, 0.3)),
+        "line, intercept -40": replace(plain, line=Line(-40, 0.6)),
+        "rates": replace(plain, rates=Rates(480.0, 6.0, (0.1, 0.5, 0.25, 1.1, 0.6, 0.7), 30, 12)),
+        "exact": Pricing.build([], 8_192, knobs, counter=counter),
+    }
+
+
+_PRICINGS: dict = {}
+
+
+def pricing_named(name: str):
+    if not _PRICINGS:
+        _PRICINGS.update(_pricings())
+    return _PRICINGS[name]
+
+
+_TEXTS = st.sampled_from(
+    [
+        "The rollout keeps the old billing path warm until the error budget recovers. ",
+        "计费服务迁移到新集群后，错误预算恢复前保留旧路径。",
+        '{"id": "7f3a", "latency_ms": 12.5, "tags": ["a", "b"]}\n',
+        "10:42:07 ERROR worker-3 reset id=0x0042af17 after 3 retries\n",
+        "def step(ctx):\n    return ctx.call('fetch', retries=3)\n",
+        "👩‍💻🚀 ✅ ",
+        "   \n\t",
+    ]
+)
+_MESSAGES = st.lists(
+    st.builds(
+        lambda role, parts, times: msg(role, "".join(parts) * times),
+        st.sampled_from(["user", "assistant", "tool", "system"]),
+        st.lists(_TEXTS, min_size=1, max_size=4),
+        st.integers(1, 60),
+    ),
+    max_size=5,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["fallback", "line, intercept 500", "line, intercept -40", "rates", "exact"]),
+    _MESSAGES,
+    _MESSAGES,
+)
+def test_what_messages_add_adds_up_and_the_fixed_cost_is_paid_once(name, first, second):
+    """Whatever the pricing and the content: what two lists add together is what each adds (each
+    count rounds up once), nothing adds less than nothing, and a whole estimate is what the
+    messages add plus one fixed cost, the same for every list."""
+    priced = pricing_named(name)
+    both = priced.added([*first, *second])
+    assert priced.added([]) == 0 and both >= 0
+    assert abs(both - priced.added(first) - priced.added(second)) <= 2 + len(first) + len(second)
+    if first and second and priced.estimate(first) > 0 and priced.estimate(second) > 0:
+        fixed = priced.estimate(first) - priced.added(first)
+        assert abs(priced.estimate(second) - priced.added(second) - fixed) <= 2
