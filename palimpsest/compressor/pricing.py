@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Any
 
 from palimpsest.compressor.calibration import (
@@ -235,7 +236,12 @@ class Pricing:
             return estimate_tokens(
                 messages, self.line, self.image_fallback, self.budget, self.rates, whole=False
             ).tokens
-        return max(0, self.estimate([_ANCHOR, *messages]) - self.estimate([_ANCHOR]))
+        return max(0, self.estimate([_ANCHOR, *messages]) - self._anchor_tokens)
+
+    @cached_property
+    def _anchor_tokens(self) -> int:
+        """The empty anchor's whole estimate: the prompt's fixed cost, taken off every ``added``."""
+        return self.estimate([_ANCHOR])
 
     def full(self, messages: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
         if self.counter is None:

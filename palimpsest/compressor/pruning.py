@@ -47,7 +47,7 @@ class Pruning:
 
     pruned: list[Message]
     previews: list[Message]
-    dropped: list[Message] = field(default_factory=list)  # task notes of calls made: nothing in their place
+    dropped: list[Message] = field(default_factory=list)  # spent task notes and recalls: nothing in their place
 
     def apply(self, context: Sequence[Message]) -> list[Message]:
         """The context with each pruned message's preview in its place, and the dropped left out."""

@@ -142,14 +142,13 @@ def stage(
     if not pruning.pruned:
         plan = pipeline.make_plan(context, pricing, knobs, window, keep_recent_messages, prompt_tokens, deep)
         return Staged(pruning, context, 0, plan, False, prune)
+    freed = _freed(pruning, pricing)
     current = {m.seq for m in recent_turns(context, 1)}  # results pruned in their own turn: a spike
     for original, stand_in in zip(pruning.pruned, pruning.previews):
-        stand_in.metadata[PRUNED_TOKENS] = pricing.added([original])
         if original.seq in current and original.role == "tool":
             stand_in.metadata[PRUNED_AT_TURN_END] = True
     by_seq = {p.replaces.first: standing(p) for p in pruning.previews}
     pruned = [by_seq.get(m.seq, m) for m in context]
-    freed = sum(pruned_tokens(p) for p in pruning.previews) - pricing.added(list(by_seq.values()))
     after = max(0, prompt_tokens - freed)
     # Pruning alone must leave the same room, but never has to go deeper than a summary would:
     # where turns are mostly tool output the level is out of reach, and a summary every time
@@ -219,12 +218,12 @@ def spent(context: list[Message], after: int, running: int | None = None) -> lis
     leaving them out costs no evaluated prefix. Each stayed until the next summary: a note 20
     tokens of a 4,096 window for every turn that followed (a goal reminder up to 500), a recall
     about 150, and the room it held kept the next turns from recalling anything."""
-    gone = [m for m in context if m.seq > after and is_task_note(m)]
-    recalls = [m for m in context if m.seq > after and m.is_recall]
-    if running is not None:  # the running turn's own recall stands just before its request
-        starts = [m.seq for m in context if is_turn_start(m)]
-        recalls = [m for m in recalls if any(m.seq < s < running for s in starts)]
-    return sorted([*gone, *recalls], key=lambda m: m.seq)
+    # The recalls before ``ended`` are ended turns': all, or while a loop runs those before the
+    # request of the turn before it (the running turn's own recall stands after that request).
+    ended: float = float("inf")
+    if running is not None:
+        ended = max((m.seq for m in context if is_turn_start(m) and m.seq < running), default=-1)
+    return [m for m in context if m.seq > after and (is_task_note(m) or (m.is_recall and m.seq < ended))]
 
 
 def _freed(pruning: Pruning, pricing: Pricing) -> int:
