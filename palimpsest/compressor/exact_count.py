@@ -25,7 +25,8 @@ from palimpsest.v1.common_pb2 import Message
 
 
 class Counter(Protocol):
-    def counts(self, texts: Sequence[str]) -> list[int]: ...
+    # for_cut: the texts may be cut right after (a counter may keep what the cut needs).
+    def counts(self, texts: Sequence[str], *, for_cut: bool = False) -> list[int]: ...
 
     def head_and_tail(self, text: str, head_tokens: int, tail_tokens: int) -> tuple[str, str]: ...
 
@@ -189,8 +190,24 @@ def content_md5(message: Message) -> str:
     return hashlib.md5(message.content.encode()).hexdigest()
 
 
-def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
+# A message's content tokens by the message object's identity, the object kept beside them so its
+# id is not reused: for one request, whose messages are priced dozens of times and never changed
+# (a cut or pruned message is a copy). Each read of a protobuf string field copies the string, and
+# the copy's hash is computed anew: the lookup of a cached count cost as much as hashing the context.
+Memo = dict[int, tuple[Message, int]]
+
+
+def unmemoized(messages: Sequence[Message], memo: Memo | None) -> list[int]:
+    """The indexes of ``messages`` whose tokens ``memo`` does not hold (all of them without one)."""
+    if memo is None:
+        return list(range(len(messages)))
+    return [i for i, m in enumerate(messages) if (known := memo.get(id(m))) is None or known[0] is not m]
+
+
+def message_tokens(messages: Sequence[Message], counter: Counter, memo: Memo | None = None) -> list[int]:
     """Content tokens of each message (content plus each tool call), in one batch."""
+    if memo and not unmemoized(messages, memo):
+        return [memo[id(m)][1] for m in messages]
     texts: list[str] = []
     spans: list[int] = []
     for m in messages:
@@ -209,6 +226,8 @@ def message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
             content = scaled_count(content, len(message.content), message.sliced_from_chars)
         out.append(content + sum(counts[at + 1 : at + span]) if span > 1 else content)
         at += span
+    if memo is not None:
+        memo.update((id(m), (m, n)) for m, n in zip(messages, out))
     return out
 
 
@@ -306,16 +325,26 @@ def counted_view(
     budget: int,
     counter: Counter,
     budgets: dict[int, int] | None = None,
+    memo: Memo | None = None,
 ) -> tuple[list[Message], dict[int, str], list[int]]:
     """``exact_view`` and the content tokens of each message of the view, as ``message_tokens`` of
     the view gives them (a message the view keeps whole is not counted twice; a cut one is its cut)."""
-    tokens = message_tokens(messages, counter)
     if budget <= 0 and not budgets:
-        return list(messages), {}, tokens
+        return list(messages), {}, message_tokens(messages, counter, memo)
+    # The contents that may be over their limit (a token is at least one of a char's <= 4 UTF-8
+    # bytes) are counted first, told they may be cut; the count of the rest needs no offsets.
+    limits = [budgets.get(i, budget) if budgets else budget for i in range(len(messages))]
+    cuttable = [
+        text
+        for i in unmemoized(messages, memo)
+        if limits[i] > 0 and messages[i].role in TRUNCATABLE_ROLES and 4 * len(text := messages[i].content) > limits[i]
+    ]
+    if cuttable:
+        counter.counts(cuttable, for_cut=True)
+    tokens = message_tokens(messages, counter, memo)
     view: list[Message] = []
     cuts: dict[int, str] = {}
-    for index, (message, count) in enumerate(zip(messages, tokens)):
-        limit = budgets.get(index, budget) if budgets else budget
+    for index, (message, count, limit) in enumerate(zip(messages, tokens, limits)):
         content = None
         if limit > 0 and count > limit and message.role in TRUNCATABLE_ROLES:
             content = cut_content(message, count, limit, counter)

@@ -21,6 +21,7 @@ from palimpsest.compressor.calibration import (
 from palimpsest.compressor.exact_count import (
     Counter,
     ExactObservation,
+    Memo,
     Shape,
     Template,
     content_md5,
@@ -147,6 +148,9 @@ class Pricing:
     counter: Counter | None = None
     template: Template = field(default_factory=Template)
     rates: Rates | None = None  # per character class, for a model without a usable vocabulary
+    # Each message's content tokens as this pricing counted them (see exact_count.Memo); a Pricing
+    # lives for one request, and ``replace`` (another counter) starts an empty one.
+    _memo: Memo = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -214,7 +218,7 @@ class Pricing:
         """What each message of a view costs on its own: exact content tokens, or the fixed-rate
         price the fallback view is cut at."""
         if self.counter is not None:
-            return message_tokens(view, self.counter)
+            return message_tokens(view, self.counter, self._memo)
         return [heuristic_tokens(message_chars(m)) for m in view]
 
     def count_view(self, view: Sequence[Message], tool_schemas: Sequence[str] = ()) -> Estimate:
@@ -247,7 +251,7 @@ class Pricing:
         if self.counter is None:
             return estimate_tokens(messages, self.line, self.image_fallback, self.budget, self.rates)
         # The view and its counts in one pass: what the view keeps whole is counted once.
-        view, _, tokens = counted_view(messages, self.budget, self.counter)
+        view, _, tokens = counted_view(messages, self.budget, self.counter, memo=self._memo)
         if not view and not tool_schemas:
             return Estimate(tokens=0, text_tokens=0, image_tokens=0, chars=0)
         return self._exact(shape_from(view, tokens, tool_schemas, self.counter, self.image_fallback), view)

@@ -131,12 +131,12 @@ class PrimedCounter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.counter, name)  # digest, tokenizer
 
-    def counts(self, texts: Sequence[str]) -> list[int]:
+    def counts(self, texts: Sequence[str], *, for_cut: bool = False) -> list[int]:
         known = self.known.counts
         found = [known.get((hash(t), len(t))) for t in texts]  # text_key, inlined: this runs per message
         missing = [i for i, n in enumerate(found) if n is None]
         if missing:
-            for i, n in zip(missing, self.counter.counts([texts[i] for i in missing])):
+            for i, n in zip(missing, self.counter.counts([texts[i] for i in missing], for_cut=for_cut)):
                 found[i] = n
         return [n or 0 for n in found]
 

@@ -15,6 +15,7 @@ from ollama_sim.vocabulary import QWEN3_6, tokenizer_metadata
 from palimpsest.compressor.exact_count import (
     ExactObservation,
     Template,
+    counted_view,
     exact_view,
     fit_template,
     shape_of,
@@ -148,13 +149,111 @@ def test_a_cut_view_is_the_same_on_every_call_and_within_its_budget(counter):
     assert "truncated" in first[1].content and big.content == CORPUS["logs"] * 20  # the stored row is untouched
 
 
-@pytest.mark.parametrize("kind", ["logs", "cjk", "code", "emoji"])
-def test_a_long_text_is_cut_from_the_encoding_its_count_made_as_from_its_own(kind):
-    tokenizer = build_tokenizer(tokenizer_metadata(QWEN3_6))
+def whole_cut(tokenizer, text: str, head: int, tail: int) -> tuple[str, str]:
+    """The cut as the text's own whole encoding places it."""
+    offsets = tokenizer.encode(text, add_special_tokens=False).offsets
+    if head + tail >= len(offsets):
+        return text, ""
+    return (text[: offsets[head - 1][1]] if head else "", text[offsets[-tail][0] :] if tail else "")
+
+
+@pytest.mark.parametrize("for_cut", [True, False])
+@pytest.mark.parametrize("kind", ["logs", "cjk", "code", "emoji", "base64"])
+def test_a_long_text_is_cut_where_its_whole_encoding_places_the_cut_however_it_was_counted(counter, kind, for_cut):
+    tokenizer = counter.tokenizer
     text = CORPUS[kind] * 30
     counted = TokenCounter(tokenizer, "counted first")
-    assert counted.count(text) >= 512 and counted._encodings  # the count's encoding is held for the cut
-    fresh = TokenCounter(tokenizer, "never counted")
-    for head, tail in [(100, 50), (1, 1), (300, 0)]:
-        assert counted.head_and_tail(text, head, tail) == fresh.head_and_tail(text, head, tail)
+    total = counted.counts([text], for_cut=for_cut)[0]
+    assert total == len(tokenizer.encode(text, add_special_tokens=False).ids) >= 512
+    # Told it may be cut, the count holds its encoding for the cut; otherwise it skipped the offsets.
+    assert bool(counted._encodings) is for_cut
+    for head, tail in [(100, 50), (1, 1), (300, 0), (0, 300), (total // 2, total // 3), (total, 1)]:
+        assert counted.head_and_tail(text, head, tail) == whole_cut(tokenizer, text, head, tail), (head, tail)
     assert not counted._encodings  # taken by the cut: the cut itself is remembered
+
+
+def test_a_view_counts_only_the_contents_it_may_cut_with_their_offsets(counter):
+    tokenizer = counter.tokenizer
+    fresh = TokenCounter(tokenizer, "view")
+    big_result = Message(role="tool", content=CORPUS["logs"] * 20)
+    big_request = Message(role="user", content=CORPUS["prose"] * 20)  # a user's words are never cut
+    small_result = Message(role="tool", content="ok")
+    view, cuts, _ = counted_view([big_request, big_result, small_result], 500, fresh)
+    assert list(cuts) == [1] and view[1].content == cuts[1]
+    assert view[0].content == big_request.content and view[2].content == "ok"
+    head_tail = fresh.head_and_tail(big_result.content, 1, 1)  # the cut above took its kept encoding
+    assert head_tail == whole_cut(tokenizer, big_result.content, 1, 1) and not fresh._encodings
+
+
+class Asking:
+    """The model's counter, saying which texts it was asked for."""
+
+    def __init__(self, tokenizer):
+        self.inner = TokenCounter(tokenizer, "asked")
+        self.asked: list[str] = []
+
+    def counts(self, texts, *, for_cut=False):
+        self.asked.extend(texts)
+        return self.inner.counts(texts, for_cut=for_cut)
+
+    def head_and_tail(self, text, head, tail):
+        return self.inner.head_and_tail(text, head, tail)
+
+
+def varied(rng: random.Random, rows: int) -> list[Message]:
+    out = []
+    for seq in range(1, rows + 1):
+        role = rng.choice(["user", "assistant", "tool"])
+        body = CORPUS[rng.choice(sorted(CORPUS))] * rng.choice([1, 1, 12])
+        calls = (
+            [ToolCall(name="grep", arguments_json='{"q": "x"}')] if role == "assistant" and rng.random() < 0.3 else []
+        )
+        out.append(Message(seq=seq, role=role, content=body, tool_calls=calls, name="grep" * (role == "tool")))
+    return out
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.sampled_from([0, 300, 1_365]))
+def test_a_pricing_prices_the_same_messages_again_from_memory_and_alike(counter, seed, budget):
+    from palimpsest.compressor.pricing import Knobs, Pricing
+    from palimpsest.shared.settings import Settings
+
+    knobs = Knobs.resolve(Settings(), None)
+    rng = random.Random(seed)
+    context = varied(rng, 30)
+    asking = Asking(counter.tokenizer)
+    pricing = Pricing.build([], 8_192, knobs, None, asking)
+    pricing.budget = budget
+    subsets = [context[rng.randrange(0, 30) :][: rng.randrange(1, 30)] for _ in range(12)]
+    uncached = TokenCounter(counter.tokenizer, "fresh")  # its own caches, no memory of a Pricing
+    for subset in subsets:
+        fresh = Pricing.build([], 8_192, knobs, None, uncached)
+        fresh.budget = budget
+        assert pricing.estimate(subset) == fresh.estimate(subset)
+        assert pricing.message_costs(subset) == fresh.message_costs(subset)
+    asked = len(asking.asked)
+    for subset in subsets:  # all priced before: only a cut view's copies are counted again
+        pricing.estimate(subset)
+    assert len(asking.asked) - asked <= sum(1 for s in subsets for m in s if m.role in ("assistant", "tool")) * 2
+    # A copy with other words is another message, whatever the copied one cost.
+    changed = Message()
+    changed.CopyFrom(context[0])
+    changed.content = "a different text altogether, " * 40
+    fresh = Pricing.build([], 8_192, knobs, None, uncached)
+    fresh.budget = budget
+    assert pricing.estimate([changed, *context[1:4]]) == fresh.estimate([changed, *context[1:4]])
+
+
+def test_a_pricing_for_another_counter_remembers_nothing(counter):
+    from dataclasses import replace
+
+    from palimpsest.compressor.pricing import Knobs, Pricing
+    from palimpsest.shared.settings import Settings
+
+    pricing = Pricing.build([], 8_192, Knobs.resolve(Settings(), None), None, counter)
+    messages = varied(random.Random(1), 10)
+    pricing.estimate(messages)
+    asking = Asking(counter.tokenizer)
+    again = replace(pricing, counter=asking)
+    again.estimate(messages)
+    assert len(asking.asked) >= len(messages)  # counted by its own counter, not answered from the first's memory

@@ -60,7 +60,7 @@ def test_a_stored_count_stands_only_for_the_content_it_was_made_from():
     class Counting:
         asked: list[str] = []
 
-        def counts(self, texts):
+        def counts(self, texts, *, for_cut=False):
             self.asked.extend(texts)
             return [len(t) for t in texts]
 

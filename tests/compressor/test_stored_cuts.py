@@ -38,9 +38,9 @@ class Watched:
         self.counted: list[str] = []
         self.cut: list[str] = []
 
-    def counts(self, texts):
+    def counts(self, texts, *, for_cut=False):
         self.counted.extend(texts)
-        return self.inner.counts(texts)
+        return self.inner.counts(texts, for_cut=for_cut)
 
     def head_and_tail(self, text, head, tail):
         self.cut.append(text)

@@ -237,7 +237,13 @@ def test_what_messages_add_adds_up_and_the_fixed_cost_is_paid_once(name, first, 
     priced = pricing_named(name)
     both = priced.added([*first, *second])
     assert priced.added([]) == 0 and both >= 0
-    assert abs(both - priced.added(first) - priced.added(second)) <= 2 + len(first) + len(second)
+    parts = priced.added(first) + priced.added(second)
+    # Per-class rates are held to at least a token per six characters of what they price: a list
+    # of whitespace alone is lifted to that floor, which the same list beside prose is not. So the
+    # parts may exceed the whole by the lift, never fall under it.
+    lift = sum(-(-len(m.content) // 6) for m in [*first, *second]) if name == "rates" else 0
+    slack = 2 + len(first) + len(second)  # each count rounds up once
+    assert -slack - lift <= both - parts <= slack
     if first and second and priced.estimate(first) > 0 and priced.estimate(second) > 0:
         fixed = priced.estimate(first) - priced.added(first)
         assert abs(priced.estimate(second) - priced.added(second) - fixed) <= 2
