@@ -190,24 +190,39 @@ def content_md5(message: Message) -> str:
     return hashlib.md5(message.content.encode()).hexdigest()
 
 
-# A message's content tokens by the message object's identity, the object kept beside them so its
-# id is not reused: for one request, whose messages are priced dozens of times and never changed
-# (a cut or pruned message is a copy). Each read of a protobuf string field copies the string, and
-# the copy's hash is computed anew: the lookup of a cached count cost as much as hashing the context.
+# A stored row's content tokens by the message object's identity, the object kept beside them so
+# its id is not reused: for one request, whose rows are priced dozens of times and never changed (a
+# cut or pruned message is a copy). Each read of a protobuf string field copies the string, and the
+# copy's hash is computed anew: the lookup of a cached count cost as much as hashing the context.
+# Only stored rows (seq > 0) are remembered: the summary inputs and trial cuts a request prices once
+# would be kept alive by it, images and all.
 Memo = dict[int, tuple[Message, int]]
 
 
 def unmemoized(messages: Sequence[Message], memo: Memo | None) -> list[int]:
     """The indexes of ``messages`` whose tokens ``memo`` does not hold (all of them without one)."""
-    if memo is None:
+    if not memo:
         return list(range(len(messages)))
     return [i for i, m in enumerate(messages) if (known := memo.get(id(m))) is None or known[0] is not m]
 
 
 def message_tokens(messages: Sequence[Message], counter: Counter, memo: Memo | None = None) -> list[int]:
-    """Content tokens of each message (content plus each tool call), in one batch."""
-    if memo and not unmemoized(messages, memo):
-        return [memo[id(m)][1] for m in messages]
+    """Content tokens of each message (content plus each tool call), in one batch; what ``memo``
+    holds is taken from it, and the stored rows counted are added to it."""
+    todo = unmemoized(messages, memo)
+    counted = _message_tokens([messages[i] for i in todo], counter)
+    if memo is None:
+        return counted
+    fresh = dict(zip(todo, counted))
+    for i in todo:
+        if messages[i].seq > 0:
+            memo[id(messages[i])] = (messages[i], fresh[i])
+    return [fresh[i] if i in fresh else memo[id(m)][1] for i, m in enumerate(messages)]
+
+
+def _message_tokens(messages: Sequence[Message], counter: Counter) -> list[int]:
+    if not messages:
+        return []
     texts: list[str] = []
     spans: list[int] = []
     for m in messages:
@@ -226,8 +241,6 @@ def message_tokens(messages: Sequence[Message], counter: Counter, memo: Memo | N
             content = scaled_count(content, len(message.content), message.sliced_from_chars)
         out.append(content + sum(counts[at + 1 : at + span]) if span > 1 else content)
         at += span
-    if memo is not None:
-        memo.update((id(m), (m, n)) for m, n in zip(messages, out))
     return out
 
 

@@ -148,8 +148,9 @@ class Pricing:
     counter: Counter | None = None
     template: Template = field(default_factory=Template)
     rates: Rates | None = None  # per character class, for a model without a usable vocabulary
-    # Each message's content tokens as this pricing counted them (see exact_count.Memo); a Pricing
-    # lives for one request, and ``replace`` (another counter) starts an empty one.
+    # Each stored row's content tokens as this pricing counted them (see exact_count.Memo), for the
+    # request that built it; ``replace`` (another counter, or a copy kept past the request) starts
+    # an empty one.
     _memo: Memo = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod

@@ -257,3 +257,16 @@ def test_a_pricing_for_another_counter_remembers_nothing(counter):
     again = replace(pricing, counter=asking)
     again.estimate(messages)
     assert len(asking.asked) >= len(messages)  # counted by its own counter, not answered from the first's memory
+
+
+def test_only_stored_rows_are_remembered_and_what_is_remembered_is_answered_from_memory(counter):
+    from palimpsest.compressor.exact_count import message_tokens
+
+    memo: dict = {}
+    stored = Message(seq=3, role="user", content="a stored row of the context " * 20)
+    once = Message(role="user", content="a summary input, priced once " * 20)  # kept alive by nothing
+    assert message_tokens([stored, once], counter, memo) == message_tokens([stored, once], counter)
+    assert list(memo) == [id(stored)]
+    asking = Asking(counter.tokenizer)
+    assert message_tokens([once, stored], asking, memo) == message_tokens([once, stored], counter)
+    assert asking.asked == [once.content]  # the stored row came from memory

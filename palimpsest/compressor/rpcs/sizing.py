@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import grpc
 
@@ -252,7 +253,9 @@ class SizeRpcs(CompressorBase):
             log.warning("compression dry run for %s failed: %s", request.session_id, exc)
             return None
         stored = list(session.context)
-        dry = DryRun(session, pricing, knobs, window, tokens)
+        # Kept for the next Compress without this request's memory of its messages (the request
+        # itself would stay alive with them).
+        dry = DryRun(session, replace(pricing), knobs, window, tokens)
         self._kept_for_compress(dry)
         candidates = [request.keep_recent_messages]
         if tokens > limit:
