@@ -4,6 +4,7 @@ so no field can carry what it must not."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import replace
@@ -72,7 +73,9 @@ async def sharing(base_settings, store_server_auth, ollama_sim, tmp_path_factory
         grpc.aio.insecure_channel(agent.address) as agent_channel,
         grpc.aio.insecure_channel(store_server_auth.address) as store_channel,
     ):
-        yield (agent_pb2_grpc.AgentStub(agent_channel), session_store_pb2_grpc.SessionStoreStub(store_channel), root)
+        stub = agent_pb2_grpc.AgentStub(agent_channel)
+        stub.server = agent  # (a turn waits for its post-turn pass: what a share shows is then settled)
+        yield (stub, session_store_pb2_grpc.SessionStoreStub(store_channel), root)
     await agent.stop(0)
     await compressor.stop(0)
 
@@ -80,6 +83,9 @@ async def sharing(base_settings, store_server_auth, ollama_sim, tmp_path_factory
 async def turn(agent, me, text: str, **kw) -> list[pb.AgentEvent]:
     events = [e async for e in agent.RunStream(pb.RunStreamRequest(text=text, **kw), metadata=me)]
     assert events[-1].stream_end.reason == END.STREAM_END_REASON_COMPLETED, events[-1]
+    # The turn's post-turn pass (a prune at its end may commit a compression of its own) is done
+    # before anything else reads the session: otherwise the share below races it.
+    await asyncio.gather(*agent.server.servicer.deps.post_turn_tasks)
     return events
 
 
@@ -183,8 +189,10 @@ async def test_a_share_shows_no_id_no_owner_no_host_path_and_no_other_session(sh
     assert results["share_file"].content.startswith("Shared …/report.html as report.html")
     for left_out in ("session_search", "spawn_agent", "memory_search"):
         assert "left out of this share" in results[left_out].content and not results[left_out].metadata
-    [marker] = [m for m in shared.messages if m.is_compression]
-    assert marker.content.startswith("Context compressed: ") and "\n" not in marker.content
+    # The compaction's marker and the prune at the last turn's end: each one line, nothing of the summary.
+    markers = [m for m in shared.messages if m.is_compression]
+    assert [m.metadata["reason"] for m in markers] == ["forced", "turnend"]
+    assert all(m.content.startswith("Context compressed: ") and "\n" not in m.content for m in markers)
     [answer] = [m for m in shared.messages if m.content.startswith("I looked at")]
     assert answer.content == "I looked at [id] for you."
     assert answer.thinking == "[id] was read; this one is [this session]."
