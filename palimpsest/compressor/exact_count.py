@@ -209,14 +209,11 @@ def unmemoized(messages: Sequence[Message], memo: Memo | None) -> list[int]:
 def message_tokens(messages: Sequence[Message], counter: Counter, memo: Memo | None = None) -> list[int]:
     """Content tokens of each message (content plus each tool call), in one batch; what ``memo``
     holds is taken from it, and the stored rows counted are added to it."""
-    todo = unmemoized(messages, memo)
-    counted = _message_tokens([messages[i] for i in todo], counter)
     if memo is None:
-        return counted
-    fresh = dict(zip(todo, counted))
-    for i in todo:
-        if messages[i].seq > 0:
-            memo[id(messages[i])] = (messages[i], fresh[i])
+        return _message_tokens(messages, counter)
+    todo = unmemoized(messages, memo)
+    fresh = dict(zip(todo, _message_tokens([messages[i] for i in todo], counter)))
+    memo.update((id(messages[i]), (messages[i], n)) for i, n in fresh.items() if messages[i].seq > 0)
     return [fresh[i] if i in fresh else memo[id(m)][1] for i, m in enumerate(messages)]
 
 

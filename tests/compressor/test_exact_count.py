@@ -24,6 +24,7 @@ from palimpsest.compressor.model_tokenizers import TokenCounter
 from palimpsest.compressor.vocabulary import build_tokenizer
 from palimpsest.shared.context_view import to_ollama_messages
 from palimpsest.v1.common_pb2 import Message, ToolCall
+from tests.helpers.compressor_calls import Watched
 
 # The kinds of text whose chars-per-token differ most (1.85 for logs, ~4 for prose, ~1 for CJK).
 CORPUS = {
@@ -185,21 +186,6 @@ def test_a_view_counts_only_the_contents_it_may_cut_with_their_offsets(counter):
     assert head_tail == whole_cut(tokenizer, big_result.content, 1, 1) and not fresh._encodings
 
 
-class Asking:
-    """The model's counter, saying which texts it was asked for."""
-
-    def __init__(self, tokenizer):
-        self.inner = TokenCounter(tokenizer, "asked")
-        self.asked: list[str] = []
-
-    def counts(self, texts, *, for_cut=False):
-        self.asked.extend(texts)
-        return self.inner.counts(texts, for_cut=for_cut)
-
-    def head_and_tail(self, text, head, tail):
-        return self.inner.head_and_tail(text, head, tail)
-
-
 def varied(rng: random.Random, rows: int) -> list[Message]:
     out = []
     for seq in range(1, rows + 1):
@@ -221,8 +207,8 @@ def test_a_pricing_prices_the_same_messages_again_from_memory_and_alike(counter,
     knobs = Knobs.resolve(Settings(), None)
     rng = random.Random(seed)
     context = varied(rng, 30)
-    asking = Asking(counter.tokenizer)
-    pricing = Pricing.build([], 8_192, knobs, None, asking)
+    watched = Watched(counter.tokenizer)
+    pricing = Pricing.build([], 8_192, knobs, None, watched)
     pricing.budget = budget
     subsets = [context[rng.randrange(0, 30) :][: rng.randrange(1, 30)] for _ in range(12)]
     uncached = TokenCounter(counter.tokenizer, "fresh")  # its own caches, no memory of a Pricing
@@ -231,10 +217,10 @@ def test_a_pricing_prices_the_same_messages_again_from_memory_and_alike(counter,
         fresh.budget = budget
         assert pricing.estimate(subset) == fresh.estimate(subset)
         assert pricing.message_costs(subset) == fresh.message_costs(subset)
-    asked = len(asking.asked)
+    asked = len(watched.counted)
     for subset in subsets:  # all priced before: only a cut view's copies are counted again
         pricing.estimate(subset)
-    assert len(asking.asked) - asked <= sum(1 for s in subsets for m in s if m.role in ("assistant", "tool")) * 2
+    assert len(watched.counted) - asked <= sum(1 for s in subsets for m in s if m.role in ("assistant", "tool")) * 2
     # A copy with other words is another message, whatever the copied one cost.
     changed = Message()
     changed.CopyFrom(context[0])
@@ -253,10 +239,10 @@ def test_a_pricing_for_another_counter_remembers_nothing(counter):
     pricing = Pricing.build([], 8_192, Knobs.resolve(Settings(), None), None, counter)
     messages = varied(random.Random(1), 10)
     pricing.estimate(messages)
-    asking = Asking(counter.tokenizer)
-    again = replace(pricing, counter=asking)
+    watched = Watched(counter.tokenizer)
+    again = replace(pricing, counter=watched)
     again.estimate(messages)
-    assert len(asking.asked) >= len(messages)  # counted by its own counter, not answered from the first's memory
+    assert len(watched.counted) >= len(messages)  # counted by its own counter, not answered from the first's memory
 
 
 def test_only_stored_rows_are_remembered_and_what_is_remembered_is_answered_from_memory(counter):
@@ -267,6 +253,6 @@ def test_only_stored_rows_are_remembered_and_what_is_remembered_is_answered_from
     once = Message(role="user", content="a summary input, priced once " * 20)  # kept alive by nothing
     assert message_tokens([stored, once], counter, memo) == message_tokens([stored, once], counter)
     assert list(memo) == [id(stored)]
-    asking = Asking(counter.tokenizer)
-    assert message_tokens([once, stored], asking, memo) == message_tokens([once, stored], counter)
-    assert asking.asked == [once.content]  # the stored row came from memory
+    watched = Watched(counter.tokenizer)
+    assert message_tokens([once, stored], watched, memo) == message_tokens([once, stored], counter)
+    assert watched.counted == [once.content]  # the stored row came from memory

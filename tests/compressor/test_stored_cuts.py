@@ -20,7 +20,7 @@ from palimpsest.compressor.vocabulary import build_tokenizer
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
-from tests.helpers.compressor_calls import MODEL, PIECES, session_with
+from tests.helpers.compressor_calls import MODEL, PIECES, Watched, session_with
 
 Message = common_pb2.Message
 
@@ -28,23 +28,6 @@ Message = common_pb2.Message
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer(tokenizer_metadata(QWEN3_6))
-
-
-class Watched:
-    """A counter that says which texts its tokenizer was asked for."""
-
-    def __init__(self, tokenizer):
-        self.inner = TokenCounter(tokenizer, "watched")
-        self.counted: list[str] = []
-        self.cut: list[str] = []
-
-    def counts(self, texts, *, for_cut=False):
-        self.counted.extend(texts)
-        return self.inner.counts(texts, for_cut=for_cut)
-
-    def head_and_tail(self, text, head, tail):
-        self.cut.append(text)
-        return self.inner.head_and_tail(text, head, tail)
 
 
 def context_of(rng: random.Random, rows: int) -> list[Message]:

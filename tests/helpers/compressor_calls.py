@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from palimpsest.compressor.model_tokenizers import TokenCounter
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
 from palimpsest.v1 import session_store_pb2 as store_pb
@@ -76,3 +77,20 @@ PIECES = [
     "上下文窗口必须始终容纳完整的提示。日本語のテキストも数えます。",
     "Deploy done 🎉🚀 ok ✅ \t\t  \n\n",
 ]
+
+
+class Watched:
+    """A counter that says which texts its tokenizer was asked for."""
+
+    def __init__(self, tokenizer):
+        self.inner = TokenCounter(tokenizer, "watched")
+        self.counted: list[str] = []
+        self.cut: list[str] = []
+
+    def counts(self, texts, *, for_cut=False):
+        self.counted.extend(texts)
+        return self.inner.counts(texts, for_cut=for_cut)
+
+    def head_and_tail(self, text, head, tail):
+        self.cut.append(text)
+        return self.inner.head_and_tail(text, head, tail)
