@@ -54,6 +54,17 @@ class TurnCompression(TurnBase):
             self.conv.context, min_chars, prune_sizes(self.on.window), in_loop=in_loop
         )
 
+    async def shed_recall(self, prompt_tokens: int) -> bool:
+        """Before a mid-turn compression: a TURN_END prune told the next prompt's size, which leaves
+        out the excerpts recalled for the loop's request when that keeps the prompt under the
+        trigger (see stages.shed_recall). Whether it did anything (the conversation is reloaded)."""
+        if not (self._compression_on() and self.settings.compression_prune_after_turn):
+            return False
+        if not any(m.is_recall for m in self.conv.context):
+            return False
+        request = pruning_request(self.session_id, self.on.profile, self.on.window, prompt_tokens, self.conv.revision)
+        return await run_compression(self.deps.compressor, self.conv, self.sink, request)
+
     async def prune_loop_results(self, iteration: int) -> None:
         """The loop's older results to previews before its next call: a loop does not fill the window."""
         if iteration and self._compression_on() and self._worth_pruning(in_loop=True):

@@ -46,7 +46,9 @@ class Committer:
 async def prune_turn_end(committer: Committer, loaded: Loaded) -> AsyncIterator[pb.CompressionEvent]:
     """A turn's results pruned at its end (COMPRESSION_REASON_TURN_END): no events when there is
     nothing worth pruning."""
-    pruning = await asyncio.to_thread(turn_end_pruning, loaded.messages, loaded.pricing, loaded.knobs, loaded.window)
+    pruning = await asyncio.to_thread(
+        turn_end_pruning, loaded.messages, loaded.pricing, loaded.knobs, loaded.window, loaded.current
+    )
     if pruning is None:
         return
     yield pb.CompressionEvent(

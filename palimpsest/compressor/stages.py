@@ -173,7 +173,9 @@ def pending_spike(
     return sum(max(0, pricing.added([m]) - pricing.added([preview(m, knobs.critical_tools, sizes)])) for m in results)
 
 
-def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, window: int) -> Pruning | None:
+def turn_end_pruning(
+    context: list[Message], pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int = 0
+) -> Pruning | None:
     """At a turn's end: its tool results and long call arguments (and any older ones left) replaced
     by previews, its request and final answer kept; and the long requests and answers older than
     the newest PROSE_KEEP_TURNS turns condensed. Inside a tool loop (the newest message a result, or
@@ -181,7 +183,9 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     newest call's results kept for the call that reads them, and no prose (the answer the user is
     replying to stays whole while the loop works on it). Each part only when it frees ``min_freed`` of the
     window (None when neither does, or pruning is off): the results change only the prompt's tail,
-    prose the turns after it, which the next call then evaluates again."""
+    prose the turns after it, which the next call then evaluates again. Inside a loop whose next
+    prompt (``prompt_tokens``, when the caller counted it) reaches the trigger, the excerpts
+    recalled for its request go too when that is what keeps it under (see ``shed_recall``)."""
     if not knobs.prune_tool_results:
         return None
     turns = split_turns([m for m in context if not kept_always(m)])
@@ -203,12 +207,57 @@ def turn_end_pruning(context: list[Message], pricing: Pricing, knobs: Knobs, win
     recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
     old_prose = [m for m in context if prose_prunable(m, recent, sizes)] if over else []  # not inside a loop
     prose = Pruning(old_prose, [preview(m, sizes=sizes) for m in old_prose])
-    parts = [part for part in (results, prose) if part.pruned and _freed(part, pricing) >= gate]
-    if not parts:
-        return None
-    pairs = sorted(((m, p) for part in parts for m, p in zip(part.pruned, part.previews)), key=lambda mp: mp[0].seq)
+    freed = {id(part): _freed(part, pricing) for part in (results, prose) if part.pruned}
+    parts = [part for part in (results, prose) if freed.get(id(part), 0) >= gate]
     running = None if over or not is_turn_start(newest[0]) else newest[0].seq
-    return Pruning([m for m, _ in pairs], [p for _, p in pairs], spent(context, pairs[0][0].seq, running))
+    pairs = sorted(((m, p) for part in parts for m, p in zip(part.pruned, part.previews)), key=lambda mp: mp[0].seq)
+    pruning = (
+        Pruning([m for m, _ in pairs], [p for _, p in pairs], spent(context, pairs[0][0].seq, running))
+        if pairs
+        else None
+    )
+    if running is not None:
+        after = prompt_tokens - sum(freed[id(part)] for part in parts)
+        pruning = shed_recall(context, pruning, running, after, pricing, knobs, window)
+    return pruning
+
+
+def shed_recall(
+    context: list[Message],
+    pruning: Pruning | None,
+    running: int,
+    prompt_tokens: int,
+    pricing: Pricing,
+    knobs: Knobs,
+    window: int,
+) -> Pruning | None:
+    """``pruning`` with the excerpts recalled for the request at seq ``running`` left out too, when
+    the next prompt (``prompt_tokens``, after ``pruning``) reaches the trigger and would stay under it
+    without them; else ``pruning`` as it was. A loop's prompt just over the trigger otherwise ends
+    in a summary of the whole history (bench compaction, 4,096 with loops: 20 tokens over it, with
+    141 of recall, began a chain of 2 re-fires in 21 compressions). The excerpts served the
+    request's first call and stay in memory_search; the next call evaluates again only from them:
+    the request and the loop so far."""
+    trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
+    if prompt_tokens < trigger:
+        return pruning
+    recalled = running_recall(context, running)
+    if not recalled or prompt_tokens - pricing.added(recalled) >= trigger:
+        return pruning
+    base = pruning or NO_PRUNING
+    return Pruning(base.pruned, base.previews, sorted([*base.dropped, *recalled], key=lambda m: m.seq))
+
+
+def running_recall(context: list[Message], running: int) -> list[Message]:
+    """The excerpts recalled for the request at seq ``running``: stored just before it."""
+    at = next((i for i, m in enumerate(context) if m.seq == running), 0)
+    out: list[Message] = []
+    for m in reversed(context[:at]):
+        if not is_transient(m):
+            break
+        if m.is_recall:
+            out.append(m)
+    return out[::-1]
 
 
 def spent(context: list[Message], after: int, running: int | None = None) -> list[Message]:

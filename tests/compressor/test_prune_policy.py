@@ -283,6 +283,84 @@ async def test_a_turn_end_prune_leaves_out_the_excerpts_recalled_for_ended_turns
     assert PRUNED_NOTE in context[3].content
 
 
+def _loop_with_recalls(stored: bool = True) -> list[Message]:
+    """An answered turn with its own recall, then a loop whose request recalled two excerpts: its
+    older call's result short (nothing to prune), its newest call's whole; numbered 1–10 as the
+    store numbers them (``stored``), or to be appended."""
+    from palimpsest.agent.context_builder import recall_message
+
+    def recalled(what: str) -> Message:
+        return recall_message([common_pb2.RawChunk(content=f"{what}: " + prose(3, 600))], what, 600)
+
+    messages = [
+        recalled("the deploy window"),
+        Message(role="user", content="turn 0: when is the deploy window?"),
+        Message(role="assistant", content="Tuesdays at six."),
+        recalled("the rollback plan"),
+        recalled("the shard map"),
+        Message(role="user", content="turn 1: roll back shard 3"),
+        Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c0", name="status")]),
+        Message(role="tool", name="status", tool_call_id="c0", content="shard 3: degraded"),
+        Message(role="assistant", tool_calls=[common_pb2.ToolCall(id="c1", name="read_log")]),
+        log_result(1),
+    ]
+    return numbered(messages) if stored else messages
+
+
+@pytest.mark.parametrize("over", [1, 50])
+def test_a_loop_just_over_the_trigger_sheds_its_requests_recall_rather_than_the_history(over):
+    """Inside a loop whose next prompt reaches the trigger by less than its request's recalled
+    excerpts, a turn-end prune leaves them out (they served its first call; memory_search keeps
+    them) instead of a summary of everything; not an ended turn's excerpts, and not the results."""
+    context = _loop_with_recalls()
+    trigger = 6_144  # 8,192 less the output reserve: under 90% of the window
+    shed = pricing().added([context[3], context[4]])
+    pruning = turn_end_pruning(context, pricing(), knobs(), 8_192, trigger + min(over, shed - 1))
+    assert pruning is not None and not pruning.pruned
+    assert [m.seq for m in pruning.dropped] == [4, 5]
+    assert [m.seq for m in pruning.apply(context)] == [1, 2, 3, 6, 7, 8, 9, 10]
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        0,  # not told the next prompt: a loop's prune before its next call
+        6_143,  # under the trigger: nothing to shed
+        "over by the recall",  # without them still at the trigger: a compression is due anyway
+    ],
+)
+def test_the_recall_stays_when_shedding_it_would_not_keep_the_prompt_under_the_trigger(prompt):
+    context = _loop_with_recalls()
+    if prompt == "over by the recall":
+        prompt = 6_144 + pricing().added([context[3], context[4]])
+    assert turn_end_pruning(context, pricing(), knobs(), 8_192, prompt) is None
+    answered = [*context, Message(role="assistant", content="Rolled back.", seq=11)]
+    ended = turn_end_pruning(answered, pricing(), knobs(), 8_192, 7_000)  # the turn is over: its result goes
+    assert ended is not None and [m.seq for m in ended.pruned] == [10] and not ended.dropped
+
+
+async def test_a_loop_sheds_its_recall_through_the_store(compressor, store, profile, ollama_sim):
+    """The shed excerpts leave the stored context in one commit, a prune with no LLM call, and
+    nothing of them is indexed as memory (they are memory already)."""
+    since = len(ollama_sim.bodies())
+    session_id = await session_with(store, profile, _loop_with_recalls(stored=False))
+    request = store_pb.GetSessionRequest(session_id=session_id, view=store_pb.SESSION_VIEW_CONTEXT)
+    before = (await store.GetSession(request)).session
+    events = await compress(
+        compressor,
+        session_id,
+        reason=pb.COMPRESSION_REASON_TURN_END,
+        window=8_192,
+        current_tokens=6_150,
+        expected_revision=before.revision,
+    )
+    assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE
+    after = (await store.GetSession(request)).session.context
+    assert [m.is_recall for m in after] == [True, False, False, False, False, False, False, False]
+    assert [m.content for m in after[1:]] == [m.content for m in before.context if not m.is_recall]
+    assert not summary_bodies(ollama_sim, since)
+
+
 def test_results_pruned_within_their_own_turn_are_its_spike():
     """A compression inside a tool loop prunes the loop's older results: they were sent whole
     within that turn only, so they count as its spike, not as growth of every turn."""

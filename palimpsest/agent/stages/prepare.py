@@ -58,6 +58,8 @@ class Sizing(Protocol):
         self, reason: cpb.CompressionReason, current_tokens: int, keep_recent_messages: int = 0
     ) -> bool: ...
 
+    async def shed_recall(self, prompt_tokens: int) -> bool: ...
+
 
 def _too_large(check: cpb.CheckContextSizeResponse) -> TooLarge:
     return TooLarge(TOO_LARGE_ANSWER.format(tokens=check.tokens, limit=check.limit))
@@ -85,6 +87,11 @@ async def prepare(
             built = sizing.build()
             check = await sizing.check_size(built, iteration)
         storing = None
+    if check.decision == cpb.SIZE_DECISION_COMPRESS_FIRST and iteration and await sizing.shed_recall(check.tokens):
+        # Inside a loop, the excerpts recalled for its request go first when that keeps the prompt
+        # under the trigger (the Compressor judges): no summary of the whole history for them.
+        built = sizing.build()
+        check = await sizing.check_size(built, iteration)
     if check.decision == cpb.SIZE_DECISION_COMPRESS_FIRST:
         # Pre-turn (first call) or mid-turn (later calls): the Compressor decided on its own
         # count and its dry run, so compression_started never lies. Then one more check,
