@@ -9,6 +9,7 @@ from palimpsest.agent.stages.upkeep import (
 from palimpsest.agent.stages.upkeep import (
     compress_after_turn,
     pruning_request,
+    recalled_for_request,
     title_session,
     worth_pruning_after,
 )
@@ -60,9 +61,10 @@ class TurnCompression(TurnBase):
         trigger (see stages.shed_recall). Whether it did anything (the conversation is reloaded)."""
         if not (self._compression_on() and self.settings.compression_prune_after_turn):
             return False
-        if not any(m.is_recall for m in self.conv.context):
+        if not recalled_for_request(self.conv.context):
             return False
-        request = pruning_request(self.session_id, self.on.profile, self.on.window, prompt_tokens, self.conv.revision)
+        request = self._pruning_request(in_loop=True)
+        request.next_prompt_tokens = prompt_tokens
         return await run_compression(self.deps.compressor, self.conv, self.sink, request)
 
     async def prune_loop_results(self, iteration: int) -> None:

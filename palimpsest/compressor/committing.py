@@ -43,11 +43,13 @@ class Committer:
     max_message_bytes: int
 
 
-async def prune_turn_end(committer: Committer, loaded: Loaded) -> AsyncIterator[pb.CompressionEvent]:
+async def prune_turn_end(
+    committer: Committer, loaded: Loaded, next_prompt_tokens: int = 0
+) -> AsyncIterator[pb.CompressionEvent]:
     """A turn's results pruned at its end (COMPRESSION_REASON_TURN_END): no events when there is
-    nothing worth pruning."""
+    nothing worth pruning. ``next_prompt_tokens``: see stages.turn_end_pruning."""
     pruning = await asyncio.to_thread(
-        turn_end_pruning, loaded.messages, loaded.pricing, loaded.knobs, loaded.window, loaded.current
+        turn_end_pruning, loaded.messages, loaded.pricing, loaded.knobs, loaded.window, next_prompt_tokens
     )
     if pruning is None:
         return

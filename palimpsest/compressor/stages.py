@@ -174,7 +174,7 @@ def pending_spike(
 
 
 def turn_end_pruning(
-    context: list[Message], pricing: Pricing, knobs: Knobs, window: int, prompt_tokens: int = 0
+    context: list[Message], pricing: Pricing, knobs: Knobs, window: int, next_prompt_tokens: int = 0
 ) -> Pruning | None:
     """At a turn's end: its tool results and long call arguments (and any older ones left) replaced
     by previews, its request and final answer kept; and the long requests and answers older than
@@ -184,8 +184,8 @@ def turn_end_pruning(
     replying to stays whole while the loop works on it). Each part only when it frees ``min_freed`` of the
     window (None when neither does, or pruning is off): the results change only the prompt's tail,
     prose the turns after it, which the next call then evaluates again. Inside a loop whose next
-    prompt (``prompt_tokens``, when the caller counted it) reaches the trigger, the excerpts
-    recalled for its request go too when that is what keeps it under (see ``shed_recall``)."""
+    prompt (``next_prompt_tokens``, the size check's count; 0 when not counted) reaches the trigger,
+    the excerpts recalled for its request go too when that is what keeps it under (``shed_recall``)."""
     if not knobs.prune_tool_results:
         return None
     turns = split_turns([m for m in context if not kept_always(m)])
@@ -216,8 +216,9 @@ def turn_end_pruning(
         if pairs
         else None
     )
-    if running is not None:
-        after = prompt_tokens - sum(freed[id(part)] for part in parts)
+    if running is not None and next_prompt_tokens > 0:
+        spent_notes = pricing.added(pruning.dropped) if pruning is not None and pruning.dropped else 0
+        after = next_prompt_tokens - sum(freed[id(part)] for part in parts) - spent_notes
         pruning = shed_recall(context, pruning, running, after, pricing, knobs, window)
     return pruning
 
@@ -238,14 +239,15 @@ def shed_recall(
     141 of recall, began a chain of 2 re-fires in 21 compressions). The excerpts served the
     request's first call and stay in memory_search; the next call evaluates again only from them:
     the request and the loop so far."""
-    trigger = trigger_tokens(knobs.threshold, window, knobs.output_reserve)
+    trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))  # as the size check decides
     if prompt_tokens < trigger:
         return pruning
     recalled = running_recall(context, running)
     if not recalled or prompt_tokens - pricing.added(recalled) >= trigger:
         return pruning
     base = pruning or NO_PRUNING
-    return Pruning(base.pruned, base.previews, sorted([*base.dropped, *recalled], key=lambda m: m.seq))
+    dropped = {m.seq: m for m in [*base.dropped, *recalled]}
+    return Pruning(base.pruned, base.previews, [dropped[seq] for seq in sorted(dropped)])
 
 
 def running_recall(context: list[Message], running: int) -> list[Message]:

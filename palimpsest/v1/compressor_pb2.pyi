@@ -249,7 +249,7 @@ class WouldCompressResponse(_message.Message):
     def __init__(self, would_compress: _Optional[bool] = ..., messages_before: _Optional[int] = ..., messages_after: _Optional[int] = ..., tokens_before: _Optional[int] = ..., kept_tokens: _Optional[int] = ...) -> None: ...
 
 class CompressRequest(_message.Message):
-    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens", "expected_revision", "prompt_head", "tool_schemas")
+    __slots__ = ("session_id", "reason", "model", "window", "keep_recent_messages", "settings", "only_if_over_threshold", "current_tokens", "expected_revision", "prompt_head", "tool_schemas", "next_prompt_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +261,7 @@ class CompressRequest(_message.Message):
     EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     PROMPT_HEAD_FIELD_NUMBER: _ClassVar[int]
     TOOL_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     reason: CompressionReason
     model: str
@@ -272,7 +273,8 @@ class CompressRequest(_message.Message):
     expected_revision: int
     prompt_head: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     tool_schemas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ..., expected_revision: _Optional[int] = ..., prompt_head: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., tool_schemas: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_prompt_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[_Union[CompressionReason, str]] = ..., model: _Optional[str] = ..., window: _Optional[int] = ..., keep_recent_messages: _Optional[int] = ..., settings: _Optional[_Union[CompressionSettings, _Mapping]] = ..., only_if_over_threshold: _Optional[bool] = ..., current_tokens: _Optional[int] = ..., expected_revision: _Optional[int] = ..., prompt_head: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., tool_schemas: _Optional[_Iterable[str]] = ..., next_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class CompressionStarted(_message.Message):
     __slots__ = ("context_tokens", "max_context_tokens")

@@ -230,6 +230,8 @@ async def test_a_loop_just_over_the_trigger_sheds_its_recall_and_summarizes_noth
 
 async def test_a_loop_over_by_more_than_its_recall_is_compressed_as_before(env):
     third, recall_tokens = await probe(env)
-    chats, _, summarized, _ = await one_turn(env, await rows_for(env[2], TRIGGER - third + recall_tokens + 60))
+    chats, events, summarized, _ = await one_turn(env, await rows_for(env[2], TRIGGER - third + recall_tokens + 60))
     assert summarized  # shedding the excerpts alone would not have kept it under: the history is summarized
+    methods = [e.context_compressed.method for e in events if e.HasField("context_compressed")]
+    assert methods == [cpb.COMPRESSION_METHOD_SUMMARY]  # and nothing was shed before it
     assert recalled(chats[1])

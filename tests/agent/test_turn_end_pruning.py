@@ -146,3 +146,18 @@ def test_the_agent_asks_only_when_something_is_worth_pruning():
     condensed = Message(role="assistant", content=long)
     condensed.metadata["pruned_from_seq"] = 2
     assert not worth_pruning_after([Message(role="user", content="hi"), condensed, *turn], 400, PruneSizes())
+
+
+def test_the_agent_asks_to_shed_only_the_excerpts_its_newest_request_recalled():
+    from palimpsest.agent.context_builder import note_messages, recall_message
+    from palimpsest.agent.stages.upkeep import recalled_for_request
+    from palimpsest.v1.common_pb2 import Message, RawChunk
+
+    recall = recall_message([RawChunk(content="the vault rotation plan " * 20)], "vault", 600)
+    earlier = [recall, Message(role="user", content="rotate the vault"), Message(role="assistant", content="done")]
+    assert not recalled_for_request([*earlier, Message(role="user", content="and now?")])  # an ended turn's
+    loop = [Message(role="assistant", content=""), Message(role="tool", content="ok")]
+    assert recalled_for_request(
+        [recall, *note_messages(["[Iteration 2 of 6]"]), Message(role="user", content="go"), *loop]
+    )
+    assert not recalled_for_request([Message(role="user", content="go"), *loop])

@@ -457,6 +457,12 @@ async def test_compress_checks_its_input(compressor, store, profile):
         compress(compressor, "", reason=pb.COMPRESSION_REASON_FORCED), grpc.StatusCode.INVALID_ARGUMENT, "session_id"
     )
     await expect_status(compress(compressor, str(uuid.uuid4())), grpc.StatusCode.NOT_FOUND)
+    for reason, tokens in [(pb.COMPRESSION_REASON_TURN_END, -1), (pb.COMPRESSION_REASON_MIDTURN, 5_000)]:
+        await expect_status(
+            compress(compressor, session_id, reason=reason, next_prompt_tokens=tokens),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "next_prompt_tokens",
+        )
 
 
 # -- replicas -----------------------------------------------------------------------------------

@@ -324,7 +324,7 @@ def test_a_loop_just_over_the_trigger_sheds_its_requests_recall_rather_than_the_
 @pytest.mark.parametrize(
     "prompt",
     [
-        0,  # not told the next prompt: a loop's prune before its next call
+        0,  # not counted: a loop's prune before its next call
         6_143,  # under the trigger: nothing to shed
         "over by the recall",  # without them still at the trigger: a compression is due anyway
     ],
@@ -351,7 +351,7 @@ async def test_a_loop_sheds_its_recall_through_the_store(compressor, store, prof
         session_id,
         reason=pb.COMPRESSION_REASON_TURN_END,
         window=8_192,
-        current_tokens=6_150,
+        next_prompt_tokens=6_150,
         expected_revision=before.revision,
     )
     assert events[-1].compressed.method == pb.COMPRESSION_METHOD_PRUNE

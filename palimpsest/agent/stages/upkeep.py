@@ -13,6 +13,7 @@ from palimpsest.agent.conversation import Conversation
 from palimpsest.agent.events import EventSink
 from palimpsest.agent.profiles import Profile
 from palimpsest.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
+from palimpsest.shared.context_view import is_transient
 from palimpsest.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PruneSizes, weighted_chars
@@ -82,6 +83,19 @@ def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSize
         if message.role == "user" and not message.is_summary:
             turns += 1
     return max(results, prose) >= min_chars
+
+
+def recalled_for_request(context: list[Message]) -> bool:
+    """Whether the newest request recalled excerpts (stored just before it, among its notes)."""
+    at = next(
+        (i for i in range(len(context) - 1, -1, -1) if context[i].role == "user" and not context[i].is_summary), 0
+    )
+    for message in reversed(context[:at]):
+        if message.is_recall:
+            return True
+        if not is_transient(message):
+            return False
+    return False
 
 
 def pruning_request(

@@ -138,6 +138,10 @@ class CompressRpcs(CompressorBase):
         """
         if request.reason not in pipeline._REASON_NAMES:
             raise InvalidArgument("reason", "one of PRETURN, MIDTURN, POSTTURN, FORCED, TURN_END is required")
+        if request.next_prompt_tokens < 0:
+            raise InvalidArgument("next_prompt_tokens", "must not be negative")
+        if request.next_prompt_tokens and request.reason != pb.COMPRESSION_REASON_TURN_END:
+            raise InvalidArgument("next_prompt_tokens", "only a TURN_END compression (inside a tool loop) takes it")
         self._check_prompt_head(request)
         window, knobs, state, model, pricing, messages, current, dry = await self._prepare(request)
         loaded = Loaded(state, window, knobs, pricing, messages, current)
@@ -147,7 +151,7 @@ class CompressRpcs(CompressorBase):
                 f"{request.expected_revision}: another writer changed it"
             )
         if request.reason == pb.COMPRESSION_REASON_TURN_END:
-            async for event in prune_turn_end(self._committer(request), loaded):
+            async for event in prune_turn_end(self._committer(request), loaded, request.next_prompt_tokens):
                 yield event
             return
         truncated_flag = state.baseline is not None and state.baseline.context_truncated

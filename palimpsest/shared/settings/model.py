@@ -90,7 +90,9 @@ class ModelSettings:
         "the Agent asks the Compressor (`COMPRESSION_REASON_TURN_END`, no LLM call) to prune a turn's tool "
         "results and long call arguments as soon as the turn ends, and a tool loop's older results before its "
         "next call, whatever the prompt's size; after the turn, old long requests and answers are condensed too "
-        "(as above). Each part runs only when it frees `PALIMPSEST_COMPRESSION_MIN_FREED` of the window. A "
+        "(as above). Each part runs only when it frees `PALIMPSEST_COMPRESSION_MIN_FREED` of the window. Inside "
+        "a loop whose next call's size check reaches the trigger, the excerpts recalled for its request go first "
+        "(whatever they free) when that keeps the prompt under it, rather than a compression. A "
         "result is then sent whole to the call that reads it, and as a preview after: the turns that follow do "
         "not fill the window with it, so compressions (and summaries) come less often. `false`: results stay "
         "whole until a compression needs the room",
