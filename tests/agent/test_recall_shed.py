@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from dataclasses import replace
 
 import grpc
 import pytest
@@ -16,9 +15,10 @@ import pytest
 from ollama_sim import Reply
 from palimpsest.agent.tools.base import ToolContext, ToolResult
 from palimpsest.v1 import agent_pb2 as pb
-from palimpsest.v1 import agent_pb2_grpc, common_pb2, compressor_pb2_grpc
+from palimpsest.v1 import common_pb2, compressor_pb2_grpc
 from palimpsest.v1 import compressor_pb2 as cpb
 from palimpsest.v1 import session_store_pb2 as store_pb
+from tests.helpers.mcp_agents import agent_with
 
 MODEL = f"shed-{uuid.uuid4().hex[:8]}"
 WINDOW = 4_096
@@ -60,20 +60,15 @@ def scripted(last_rows: int):
     return reply
 
 
-@pytest.fixture(scope="module")
-def profiles(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("shed") / "profiles.json"
-    profile = {
-        "id": "shed",
-        "model": MODEL,
-        "context_window": WINDOW,
-        "max_iterations": 6,
-        "memory_recall_enabled": True,
-        "custom_tools": ["tests.agent.test_recall_shed:RowsTool"],
-        "agent_tools": ["fetch_rows"],
-    }
-    path.write_text(json.dumps({"profiles": [profile]}))
-    return str(path)
+PROFILE = {
+    "id": "shed",
+    "model": MODEL,
+    "context_window": WINDOW,
+    "max_iterations": 6,
+    "memory_recall_enabled": True,
+    "custom_tools": ["tests.agent.test_recall_shed:RowsTool"],
+    "agent_tools": ["fetch_rows"],
+}
 
 
 async def session_to_recall(store) -> str:
@@ -104,27 +99,17 @@ async def session_to_recall(store) -> str:
 async def one_turn(env, last_rows: int):
     """(the turn's chat requests, its events, whether a summary was asked for, the context after),
     in a fresh session, the loop's last result ``last_rows`` rows long."""
-    from palimpsest.agent.app import start_agent
-
-    base_settings, store_server, compressor_server, ollama_sim, profiles, store = env
+    base_settings, store_server, compressor_server, ollama_sim, tmp, store = env
     ollama_sim.clear()
     ollama_sim.set_responder(scripted(last_rows))
-    settings = replace(
-        base_settings,
-        ollama_host=ollama_sim.url,
-        store_addr=store_server.address,
-        compressor_addr=compressor_server.address,
-        profiles_path=profiles,
-    )
     session_id = await session_to_recall(store)
-    running = await start_agent(settings, port=0)
-    try:
-        async with grpc.aio.insecure_channel(running.address) as channel:
-            request = pb.RunStreamRequest(session_id=session_id, text=REQUEST, profile_id="shed")
-            events = [e async for e in agent_pb2_grpc.AgentStub(channel).RunStream(request)]
-            await asyncio.gather(*running.servicer.deps.post_turn_tasks)
-    finally:
-        await running.stop()
+    async with agent_with(base_settings, store_server, compressor_server, ollama_sim, tmp, [PROFILE]) as (
+        agent,
+        running,
+    ):
+        request = pb.RunStreamRequest(session_id=session_id, text=REQUEST, profile_id="shed")
+        events = [e async for e in agent.RunStream(request)]
+        await asyncio.gather(*running.servicer.deps.post_turn_tasks)
     bodies = [b for b in ollama_sim.bodies() if b["model"] == MODEL]
     chats = [b for b in bodies if b.get("stream") is not False]
     view = store_pb.SESSION_VIEW_CONTEXT
@@ -197,9 +182,9 @@ async def rows_for(compressor_server, tokens: int) -> int:
 
 
 @pytest.fixture
-def env(base_settings, store_server, compressor_server, ollama_sim, profiles, store):
+def env(base_settings, store_server, compressor_server, ollama_sim, tmp_path, store):
     ollama_sim.models[MODEL] = ollama_sim.models["qwen3.6"]
-    return base_settings, store_server, compressor_server, ollama_sim, profiles, store
+    return base_settings, store_server, compressor_server, ollama_sim, tmp_path, store
 
 
 async def probe(env) -> tuple[int, int]:
