@@ -59,9 +59,8 @@ class TurnCompression(TurnBase):
         """Before a mid-turn compression: a TURN_END prune told the next prompt's size, which leaves
         out the excerpts recalled for the loop's request when that keeps the prompt under the
         trigger (see stages.shed_recall). Whether it did anything (the conversation is reloaded)."""
-        if not (self._compression_on() and self.settings.compression_prune_after_turn):
-            return False
-        if not recalled_for_request(self.conv.context):
+        on = self._compression_on() and self.settings.compression_prune_after_turn
+        if not (on and recalled_for_request(self.conv.context)):
             return False
         request = self._pruning_request(in_loop=True)
         request.next_prompt_tokens = prompt_tokens

@@ -34,7 +34,7 @@ from palimpsest.compressor.summary_format import META_SUMMARY_THRESHOLD
 from palimpsest.compressor.summary_prefix import scope_of
 from palimpsest.compressor.summary_window import summary_length
 from palimpsest.compressor.token_estimate import trigger_tokens
-from palimpsest.shared.context_view import is_task_note, is_transient
+from palimpsest.shared.context_view import is_task_note, is_transient, recalled_before
 from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PruneSizes, prune_sizes
 from palimpsest.v1 import common_pb2
 from palimpsest.v1 import compressor_pb2 as pb
@@ -207,8 +207,8 @@ def turn_end_pruning(
     recent = {m.seq for m in recent_turns(context, PROSE_KEEP_TURNS)}
     old_prose = [m for m in context if prose_prunable(m, recent, sizes)] if over else []  # not inside a loop
     prose = Pruning(old_prose, [preview(m, sizes=sizes) for m in old_prose])
-    freed = {id(part): _freed(part, pricing) for part in (results, prose) if part.pruned}
-    parts = [part for part in (results, prose) if freed.get(id(part), 0) >= gate]
+    freed = [(part, _freed(part, pricing)) for part in (results, prose) if part.pruned]
+    parts = [part for part, tokens in freed if tokens >= gate]
     running = None if over or not is_turn_start(newest[0]) else newest[0].seq
     pairs = sorted(((m, p) for part in parts for m, p in zip(part.pruned, part.previews)), key=lambda mp: mp[0].seq)
     pruning = (
@@ -218,7 +218,7 @@ def turn_end_pruning(
     )
     if running is not None and next_prompt_tokens > 0:
         spent_notes = pricing.added(pruning.dropped) if pruning is not None and pruning.dropped else 0
-        after = next_prompt_tokens - sum(freed[id(part)] for part in parts) - spent_notes
+        after = next_prompt_tokens - sum(tokens for _, tokens in freed if tokens >= gate) - spent_notes
         pruning = shed_recall(context, pruning, running, after, pricing, knobs, window)
     return pruning
 
@@ -242,24 +242,12 @@ def shed_recall(
     trigger = int(trigger_tokens(knobs.threshold, window, knobs.output_reserve))  # as the size check decides
     if prompt_tokens < trigger:
         return pruning
-    recalled = running_recall(context, running)
+    recalled = recalled_before(context, next((i for i, m in enumerate(context) if m.seq == running), 0))
     if not recalled or prompt_tokens - pricing.added(recalled) >= trigger:
         return pruning
     base = pruning or NO_PRUNING
     dropped = {m.seq: m for m in [*base.dropped, *recalled]}
     return Pruning(base.pruned, base.previews, [dropped[seq] for seq in sorted(dropped)])
-
-
-def running_recall(context: list[Message], running: int) -> list[Message]:
-    """The excerpts recalled for the request at seq ``running``: stored just before it."""
-    at = next((i for i, m in enumerate(context) if m.seq == running), 0)
-    out: list[Message] = []
-    for m in reversed(context[:at]):
-        if not is_transient(m):
-            break
-        if m.is_recall:
-            out.append(m)
-    return out[::-1]
 
 
 def spent(context: list[Message], after: int, running: int | None = None) -> list[Message]:

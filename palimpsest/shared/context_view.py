@@ -105,6 +105,18 @@ def is_transient(message: Message) -> bool:
     return message.is_recall or is_task_note(message)
 
 
+def recalled_before(context: Sequence[Message], at: int) -> list[Message]:
+    """The excerpts recalled for the message at index ``at``: stored just before it, among the
+    notes given with it."""
+    out: list[Message] = []
+    for message in reversed(context[:at]):
+        if not is_transient(message):
+            break
+        if message.is_recall:
+            out.append(message)
+    return out[::-1]
+
+
 def slice_for_size_check(text: str) -> str | None:
     """The head and tail of a text too long to be sized whole; None when it is not."""
     if len(text) <= 2 * SIZE_CHECK_SLICE_CHARS:

@@ -13,7 +13,7 @@ from palimpsest.agent.conversation import Conversation
 from palimpsest.agent.events import EventSink
 from palimpsest.agent.profiles import Profile
 from palimpsest.agent.titles import TITLE_TIMEOUT_S, clean_title, title_first_words, title_request
-from palimpsest.shared.context_view import is_transient
+from palimpsest.shared.context_view import recalled_before
 from palimpsest.shared.errors import Aborted, FailedPrecondition, PalimpsestError
 from palimpsest.shared.ollama import OllamaClient
 from palimpsest.shared.prose_weight import PROSE_KEEP_TURNS, PruneSizes, weighted_chars
@@ -86,16 +86,11 @@ def worth_pruning_after(context: list[Message], min_chars: int, sizes: PruneSize
 
 
 def recalled_for_request(context: list[Message]) -> bool:
-    """Whether the newest request recalled excerpts (stored just before it, among its notes)."""
+    """Whether the newest request (a user message not a summary) recalled excerpts."""
     at = next(
         (i for i in range(len(context) - 1, -1, -1) if context[i].role == "user" and not context[i].is_summary), 0
     )
-    for message in reversed(context[:at]):
-        if message.is_recall:
-            return True
-        if not is_transient(message):
-            return False
-    return False
+    return bool(recalled_before(context, at))
 
 
 def pruning_request(
